@@ -1,0 +1,64 @@
+"""Domain errors, each carrying the exit code the CLI maps it to.
+
+The tree::
+
+    EpisodicError                       exit 1  (unexpected / generic)
+    ├── InvalidInput                    exit 2  bad input, refused before any work
+    │   ├── InvalidEpisodeId
+    │   ├── InvalidWeekId
+    │   └── NoInvocationIdentity        no flow run to derive an allocation key from
+    ├── AllocationConflict              exit 3  fail closed, nothing written
+    ├── EpisodeNotFound                 exit 5
+    └── StorageError                    exit 1
+        └── SchemaNotCurrent            database needs `episodic db upgrade`
+
+Errors are mapped to exit codes in one place (`exit_code` on the class); the CLI prints
+`str(error)` as its one-line reason. Messages never contain credentials.
+"""
+
+from __future__ import annotations
+
+from core.exit_codes import ExitCode
+
+
+class EpisodicError(Exception):
+    """Base class of every error this project raises on purpose."""
+
+    exit_code: ExitCode = ExitCode.ERROR
+
+
+class InvalidInput(EpisodicError, ValueError):
+    exit_code = ExitCode.REFUSED
+
+
+class InvalidEpisodeId(InvalidInput):
+    pass
+
+
+class InvalidWeekId(InvalidInput):
+    pass
+
+
+class NoInvocationIdentity(InvalidInput):
+    """An allocation key was requested outside a flow run and none was given explicitly."""
+
+
+class AllocationConflict(EpisodicError):
+    exit_code = ExitCode.ALLOCATION_CONFLICT
+
+
+class EpisodeNotFound(EpisodicError, LookupError):
+    exit_code = ExitCode.NOT_FOUND
+
+    def __init__(self, pipeline: str, episode_id: str) -> None:
+        super().__init__(f"episode {episode_id} not found in pipeline {pipeline!r}")
+        self.pipeline = pipeline
+        self.episode_id = episode_id
+
+
+class StorageError(EpisodicError):
+    pass
+
+
+class SchemaNotCurrent(StorageError):
+    pass

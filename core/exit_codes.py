@@ -1,0 +1,16 @@
+"""Process exit codes (DESIGN section 10). The single source of truth for their meaning."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    OK = 0
+    ERROR = 1  # unexpected error, or `check` found problems
+    REFUSED = 2  # refused before any work: bad input, budget guard
+    ALLOCATION_CONFLICT = 3
+    RUN_FAILED = 4  # every item failed
+    NOT_FOUND = 5  # episode not found
+    PARTIAL = 6  # some items failed
+    INTERRUPTED = 130

@@ -1,0 +1,93 @@
+"""ISO week ids and episode ids, parsed strictly.
+
+An episode id names a directory on disk, so the strict parse here is also the path-traversal
+guard: anything that is not exactly ``YYYY-Www-N`` (week valid for its ISO year, ``N`` without
+leading zeros) is refused.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import date, datetime, timedelta, tzinfo
+
+from core.errors import InvalidEpisodeId, InvalidWeekId
+
+# ASCII digits only: `\d` would also accept other scripts' digits.
+_WEEK_RE = re.compile(r"([0-9]{4})-W([0-9]{2})")
+_EPISODE_RE = re.compile(r"([0-9]{4})-W([0-9]{2})-(0|[1-9][0-9]{0,9})")
+MAX_SEQUENCE = 2**31 - 1  # fits a 32-bit integer column on every backend
+
+
+def weeks_in_iso_year(year: int) -> int:
+    """52 or 53: December 28th always lies in the last ISO week of its year."""
+    return date(year, 12, 28).isocalendar().week
+
+
+@dataclass(frozen=True, order=True, slots=True)
+class WeekId:
+    year: int
+    week: int
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.year <= 9999:
+            raise InvalidWeekId(f"ISO year {self.year} is out of range")
+        if not 1 <= self.week <= weeks_in_iso_year(self.year):
+            raise InvalidWeekId(
+                f"{self.year} has {weeks_in_iso_year(self.year)} ISO weeks, not week {self.week}"
+            )
+
+    @classmethod
+    def parse(cls, text: str) -> WeekId:
+        match = _WEEK_RE.fullmatch(text) if isinstance(text, str) else None
+        if match is None:
+            raise InvalidWeekId(f"invalid week id {text!r}: expected YYYY-Www, e.g. 2026-W32")
+        return cls(int(match[1]), int(match[2]))
+
+    @classmethod
+    def of(cls, moment: datetime, tz: tzinfo) -> WeekId:
+        """The ISO week containing ``moment`` as seen on a wall clock in ``tz``.
+
+        Naive datetimes are refused: their week is ambiguous.
+        """
+        if moment.tzinfo is None or moment.utcoffset() is None:
+            raise InvalidWeekId(f"a moment needs a timezone to have a week: {moment.isoformat()}")
+        iso = moment.astimezone(tz).isocalendar()
+        return cls(iso.year, iso.week)
+
+    def monday(self) -> date:
+        return date.fromisocalendar(self.year, self.week, 1)
+
+    def next(self) -> WeekId:
+        following = self.monday() + timedelta(weeks=1)
+        iso = following.isocalendar()
+        return WeekId(iso.year, iso.week)
+
+    def __str__(self) -> str:
+        return f"{self.year:04d}-W{self.week:02d}"
+
+
+@dataclass(frozen=True, order=True, slots=True)
+class EpisodeId:
+    week: WeekId
+    sequence: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.sequence <= MAX_SEQUENCE:
+            raise InvalidEpisodeId(f"sequence {self.sequence} is out of range")
+
+    @classmethod
+    def parse(cls, text: str) -> EpisodeId:
+        match = _EPISODE_RE.fullmatch(text) if isinstance(text, str) else None
+        if match is None:
+            raise InvalidEpisodeId(
+                f"invalid episode id {text!r}: expected YYYY-Www-N, e.g. 2026-W32-0"
+            )
+        try:
+            week = WeekId(int(match[1]), int(match[2]))
+        except InvalidWeekId as exc:
+            raise InvalidEpisodeId(f"invalid episode id {text!r}: {exc}") from None
+        return cls(week, int(match[3]))
+
+    def __str__(self) -> str:
+        return f"{self.week}-{self.sequence}"

@@ -1,0 +1,76 @@
+"""Settings read from the environment (``EPISODIC_`` prefix) and validated once, here."""
+
+from __future__ import annotations
+
+import re
+from functools import cached_property
+from pathlib import Path
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from core.errors import InvalidInput
+
+_PIPELINE_RE = re.compile(r"[a-z0-9][a-z0-9_.-]{0,62}")
+
+
+def validate_pipeline(name: str) -> str:
+    """Pipeline names are short lowercase slugs: they appear in lock names and keys."""
+    if not isinstance(name, str) or not _PIPELINE_RE.fullmatch(name):
+        raise InvalidInput(
+            f"invalid pipeline name {name!r}: use 1-63 of a-z 0-9 _ . - starting with a letter or digit"
+        )
+    return name
+
+
+def load_timezone(name: str) -> ZoneInfo:
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise InvalidInput(f"unknown timezone {name!r} (expected an IANA name such as Europe/Berlin)") from None
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="EPISODIC_", frozen=True, extra="ignore")
+
+    home: Path = Field(default=Path(".episodic"), description="working folder: SQLite file, locks, episodes, Prefect home")
+    database_url: str | None = Field(default=None, description="SQLAlchemy URL; default: SQLite under home")
+    timezone: str = Field(default="UTC", description="IANA timezone in which ISO weeks are computed")
+    pipeline: str = Field(default="weekly", description="pipeline name: own lock, own sequences")
+
+    @field_validator("timezone")
+    @classmethod
+    def _check_timezone(cls, value: str) -> str:
+        load_timezone(value)
+        return value
+
+    @field_validator("pipeline")
+    @classmethod
+    def _check_pipeline(cls, value: str) -> str:
+        return validate_pipeline(value)
+
+    @cached_property
+    def tz(self) -> ZoneInfo:
+        return load_timezone(self.timezone)
+
+    @property
+    def home_path(self) -> Path:
+        return self.home.expanduser().absolute()
+
+    @property
+    def url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{self.home_path / 'episodic.db'}"
+
+
+def load_settings() -> Settings:
+    """Settings from the environment; a bad value is an ``InvalidInput`` naming the variable."""
+    try:
+        return Settings()
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = str(first["loc"][0]) if first["loc"] else "?"
+        message = str(first.get("ctx", {}).get("error", first["msg"]))
+        raise InvalidInput(f"EPISODIC_{field.upper()}: {message}") from None

@@ -1,0 +1,76 @@
+"""Engine setup for the two supported backends.
+
+SQLite (the embedded default) runs in WAL mode with a busy timeout; pysqlite's own transaction
+handling is switched off so that we emit ``BEGIN`` ourselves, and a connection can ask for
+``BEGIN IMMEDIATE`` (take the write lock up front) with the ``sqlite_begin`` execution option.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import URL, Connection, make_url
+from sqlalchemy.exc import ArgumentError
+
+from core.errors import InvalidInput
+
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+
+def normalize_url(raw: str) -> URL:
+    """Parse a database URL; bare ``postgresql://`` means psycopg 3 (the driver we ship)."""
+    try:
+        url = make_url(raw)
+    except ArgumentError:
+        raise InvalidInput("EPISODIC_DATABASE_URL is not a valid database URL") from None
+    if url.drivername in ("postgresql", "postgres"):
+        url = url.set(drivername="postgresql+psycopg")
+    if url.get_backend_name() not in ("sqlite", "postgresql"):
+        raise InvalidInput(f"unsupported database backend {url.get_backend_name()!r} (sqlite or postgresql)")
+    if url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:"):
+        raise InvalidInput("SQLite needs a database file (the pipeline lock lives next to it)")
+    return url
+
+
+def sqlite_path(url: URL) -> Path:
+    assert url.database is not None
+    return Path(url.database).absolute()
+
+
+def make_engine(raw_url: str | URL, *, read_only: bool = False, **kwargs: Any) -> Engine:
+    url = normalize_url(raw_url) if isinstance(raw_url, str) else raw_url
+    if url.get_backend_name() == "sqlite":
+        return _sqlite_engine(url, read_only=read_only, **kwargs)
+    connect_args: dict[str, Any] = {}
+    if read_only:
+        connect_args["options"] = "-c default_transaction_read_only=on"
+    return create_engine(url, pool_pre_ping=True, connect_args=connect_args, **kwargs)
+
+
+def _sqlite_engine(url: URL, *, read_only: bool, **kwargs: Any) -> Engine:
+    path = sqlite_path(url)
+    if read_only:
+        url = url.set(database=f"file:{path}?mode=ro", query={"uri": "true"})
+    else:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}, **kwargs)
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None  # we emit BEGIN ourselves
+        cursor = dbapi_connection.cursor()
+        if not read_only:
+            cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: Connection) -> None:
+        mode = connection.get_execution_options().get("sqlite_begin", "DEFERRED")
+        connection.exec_driver_sql(f"BEGIN {'IMMEDIATE' if mode == 'IMMEDIATE' else 'DEFERRED'}")
+
+    return engine

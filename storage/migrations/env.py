@@ -1,0 +1,21 @@
+"""Alembic environment: always run with a connection handed in by `storage.schema`."""
+
+from __future__ import annotations
+
+from alembic import context
+
+from storage.base import Base
+from storage import models  # noqa: F401  (registers the tables on Base.metadata)
+
+connection = context.config.attributes.get("connection")
+if connection is None:
+    raise RuntimeError("run migrations through `episodic db upgrade` (storage.schema.upgrade)")
+
+context.configure(
+    connection=connection,
+    target_metadata=Base.metadata,
+    render_as_batch=connection.dialect.name == "sqlite",
+    compare_type=True,
+)
+with context.begin_transaction():
+    context.run_migrations()

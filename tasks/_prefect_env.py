@@ -1,0 +1,29 @@
+"""Prefect settings this project relies on, applied before Prefect is first imported.
+
+Only defaults are set (a user's explicit environment wins): a project-local ``PREFECT_HOME``
+so the ephemeral server's database is migrated once and reused, a startup timeout long
+enough for that first migration on two cores, result storage under ``EPISODIC_HOME``, and
+no telemetry (this project never reaches out to the network).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+
+def configure() -> None:
+    if "prefect" in sys.modules:  # too late to change what Prefect read at import
+        return
+    home = Path(os.environ.get("EPISODIC_HOME", ".episodic")).expanduser().absolute()
+    defaults = {
+        "PREFECT_HOME": str(home / "prefect"),
+        "PREFECT_LOCAL_STORAGE_PATH": str(home / "results"),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
+        "PREFECT_CLOUD_ENABLE_ORCHESTRATION_TELEMETRY": "false",
+        "DO_NOT_TRACK": "1",
+    }
+    for name, value in defaults.items():
+        os.environ.setdefault(name, value)

@@ -1,0 +1,33 @@
+"""The Prefect task over the allocator."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+from prefect.logging import get_run_logger
+
+from core.ids import WeekId
+from core.settings import load_settings
+from pipeline.allocation import allocate
+from storage.registry import engine_for
+
+
+@task(name="allocate-episode", cache_policy=NO_CACHE, retries=0)
+def allocate_episode(pipeline: str, week_id: str, allocation_key: str) -> dict[str, Any]:
+    """Allocate (or find again) the episode owned by ``allocation_key``.
+
+    Idempotent by construction, so it is never cached: the database is the answer.
+    Transient database errors are retried inside (tenacity); a conflict is raised as is.
+    """
+    logger = get_run_logger()
+    engine = engine_for(load_settings())
+    allocation = allocate(engine, pipeline, WeekId.parse(week_id), allocation_key)
+    logger.info(
+        "%s episode %s for key %s",
+        "allocated" if allocation.created else "found existing",
+        allocation.episode.episode_id,
+        allocation_key,
+    )
+    return allocation.to_dict()
