@@ -54,7 +54,7 @@ class EpisodeEventRow(Base):
     __tablename__ = "episode_events"
     id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
     episode_pk: Mapped[int] = mapped_column(
-        ForeignKey("episodes.id", ondelete="RESTRICT"), index=True
+        BigInteger, ForeignKey("episodes.id", ondelete="RESTRICT"), index=True
     )
     kind: Mapped[str] = mapped_column(String(32))
     at: Mapped[datetime] = mapped_column(default=utcnow)

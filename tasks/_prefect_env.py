@@ -27,3 +27,5 @@ def configure() -> None:
     }
     for name, value in defaults.items():
         os.environ.setdefault(name, value)
+    # Prefect's ephemeral server cannot open its database in a folder that does not exist.
+    Path(os.environ["PREFECT_HOME"]).expanduser().mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,48 @@
+# One Makefile for people and CI. Every target bootstraps what it needs into this folder:
+# .tools (uv), .venv (the locked dependencies), .episodic (database, Prefect home, results).
+PYTHON ?= python3
+UV_VERSION := 0.13.8
+TOOLS := .tools
+UV := $(TOOLS)/bin/uv
+VENV := .venv
+BIN := $(VENV)/bin
+WEEK ?=
+
+export UV_PYTHON := $(PYTHON)
+export UV_PYTHON_DOWNLOADS := never
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+export DO_NOT_TRACK := 1
+
+.PHONY: bootstrap demo test lint format bench clean
+
+bootstrap: $(VENV)/.synced
+
+$(UV):
+	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "Python 3.11+ is required")'
+	$(PYTHON) -m venv $(TOOLS)
+	$(TOOLS)/bin/pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
+
+$(VENV)/.synced: pyproject.toml uv.lock | $(UV)
+	$(UV) sync --frozen --compile-bytecode
+	touch $@
+
+demo: bootstrap  ## the main job: the weekly flow on SQLite + fake provider (WEEK=2026-W32 to pick a week)
+	$(BIN)/episodic demo $(if $(WEEK),--week $(WEEK))
+
+test: bootstrap  ## the whole test suite (SQLite and the local PostgreSQL server)
+	$(BIN)/pytest
+
+lint: bootstrap
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+format: bootstrap
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+bench: bootstrap  ## benchmarks (never part of the tests)
+	$(BIN)/python bench/allocate.py
+
+clean:
+	rm -rf $(VENV) $(TOOLS) .episodic .pytest_cache .mypy_cache .ruff_cache

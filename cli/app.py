@@ -1,0 +1,91 @@
+"""The `episodic` command: a thin Typer app over `pipeline`.
+
+Commands import their dependencies lazily; `episodic --help` and the read-only commands never
+import Prefect. Errors are mapped to exit codes in one place, `main()`: a domain error prints
+one line on stderr and exits with its code (DESIGN 10); set EPISODIC_DEBUG=1 for tracebacks.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+import typer
+
+from cli import allocate as allocate_cmd
+from cli import db, demo, episodes, serve
+from cli.output import error
+
+app = typer.Typer(
+    name="episodic",
+    help="Durable episodes for recurring, paid work: never pay twice.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+app.command("allocate")(allocate_cmd.allocate)
+app.command("demo")(demo.demo)
+app.command("serve")(serve.serve)
+app.add_typer(episodes.app, name="episodes")
+app.add_typer(db.app, name="db")
+
+
+def main(argv: list[str] | None = None) -> None:
+    sys.exit(run(argv))
+
+
+def run(argv: list[str] | None = None) -> int:
+    """Run the CLI and return its exit code (never raises, never prints a traceback)."""
+    from core.exit_codes import ExitCode
+
+    command = typer.main.get_command(app)
+    try:
+        result = command.main(args=argv, prog_name="episodic", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.ClickException as exc:  # usage errors: exit 2
+        exc.show()
+        return exc.exit_code
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        error("interrupted")
+        return ExitCode.INTERRUPTED
+    except Exception as exc:  # noqa: BLE001  (the one place errors become exit codes)
+        return _report(exc)
+    return result if isinstance(result, int) else ExitCode.OK
+
+
+def _report(exc: Exception) -> int:
+    from core.errors import EpisodicError
+    from core.exit_codes import ExitCode
+
+    if os.environ.get("EPISODIC_DEBUG"):
+        import traceback
+
+        traceback.print_exception(exc)
+    if isinstance(exc, EpisodicError):
+        error(str(exc))
+        return exc.exit_code
+    database_error = _database_error(exc)
+    if database_error is not None:
+        error(database_error)
+        return ExitCode.ERROR
+    error(f"unexpected {type(exc).__name__}: {exc} (set EPISODIC_DEBUG=1 for a traceback)")
+    return ExitCode.ERROR
+
+
+def _database_error(exc: Exception) -> str | None:
+    """One line for a driver error, without SQL parameters or connection secrets."""
+    if "sqlalchemy" not in sys.modules:
+        return None
+    from sqlalchemy.exc import DBAPIError
+
+    if not isinstance(exc, DBAPIError):
+        return None
+    first_line = str(exc.orig).strip().splitlines()[0] if exc.orig else type(exc).__name__
+    return f"database error: {first_line}"
+
+
+if __name__ == "__main__":
+    main()

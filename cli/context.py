@@ -1,0 +1,28 @@
+"""What a command needs from its environment: validated settings and an engine."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
+    from core.settings import Settings
+
+
+def settings() -> Settings:
+    from core.settings import load_settings
+
+    return load_settings()
+
+
+def pipeline_name(explicit: str | None) -> str:
+    from core.settings import validate_pipeline
+
+    return validate_pipeline(explicit) if explicit is not None else settings().pipeline
+
+
+def engine(*, read_only: bool = False) -> Engine:
+    from storage.registry import engine_for
+
+    return engine_for(settings(), read_only=read_only)

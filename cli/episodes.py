@@ -1,0 +1,67 @@
+"""`episodic episodes list|show`."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from cli import context
+from cli.options import JsonOption, PipelineOption
+from cli.output import emit_json, table
+
+app = typer.Typer(help="Inspect episodes.", no_args_is_help=True)
+
+
+@app.command("list")
+def list_episodes(
+    week: Annotated[str | None, typer.Option(help="Only this ISO week, e.g. 2026-W32.")] = None,
+    pipeline: PipelineOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """List the pipeline's episodes, oldest week first."""
+    from core.ids import WeekId
+    from storage.episodes import EpisodeRepository
+
+    week_id = WeekId.parse(week) if week is not None else None
+    name = context.pipeline_name(pipeline)
+    episodes = EpisodeRepository(context.engine()).list(name, week_id)
+    if as_json:
+        emit_json([episode.to_dict() for episode in episodes])
+        return
+    if not episodes:
+        typer.echo(f"no episodes in pipeline {name!r}" + (f" for {week_id}" if week_id else ""))
+        return
+    table(
+        f"pipeline {name}",
+        ["episode", "week", "seq", "state", "allocation key", "created (UTC)"],
+        (
+            (e.episode_id, e.week_id, e.sequence, e.state, e.allocation_key,
+             e.created_at.strftime("%Y-%m-%d %H:%M:%S"))
+            for e in episodes
+        ),
+    )
+
+
+@app.command("show")
+def show_episode(
+    episode_id: Annotated[str, typer.Argument(help="Episode id, e.g. 2026-W32-0.")],
+    pipeline: PipelineOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Show one episode and its history. Exit 5 if it does not exist."""
+    from core.ids import EpisodeId
+    from storage.episodes import EpisodeRepository
+
+    parsed = EpisodeId.parse(episode_id)
+    name = context.pipeline_name(pipeline)
+    repository = EpisodeRepository(context.engine())
+    episode = repository.get(name, parsed)
+    history = repository.history(name, parsed)
+    if as_json:
+        emit_json({**episode.to_dict(), "history": [event.to_dict() for event in history]})
+        return
+    for label, value in episode.to_dict().items():
+        typer.echo(f"{label:>15}: {value}")
+    table("history", ["at (UTC)", "event", "detail"],
+          ((ev.at.strftime("%Y-%m-%d %H:%M:%S"), ev.kind, ev.detail) for ev in history))

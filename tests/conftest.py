@@ -1,0 +1,80 @@
+"""Shared fixtures: a clean environment, and the same database fixture for every backend."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+# Before anything imports Prefect: a throwaway Prefect home, no telemetry.
+_SESSION_HOME = Path(tempfile.mkdtemp(prefix="episodic-tests-"))
+os.environ["PREFECT_HOME"] = str(_SESSION_HOME / "prefect")
+os.environ["PREFECT_LOCAL_STORAGE_PATH"] = str(_SESSION_HOME / "results")
+os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "180"
+os.environ["DO_NOT_TRACK"] = "1"
+
+import pytest  # noqa: E402
+from sqlalchemy import Engine  # noqa: E402
+
+from storage.engine import make_engine  # noqa: E402
+from storage.registry import dispose_all  # noqa: E402
+from tests.databases import PostgresDatabases, SqliteDatabases, require_postgres  # noqa: E402
+
+BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
+    """No EPISODIC_* variable from a developer's shell leaks into a test."""
+    for name in list(os.environ):
+        if name.startswith("EPISODIC_") and name != "EPISODIC_TEST_DATABASE_URL":
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("EPISODIC_HOME", str(tmp_path / "home"))
+    yield
+    dispose_all()
+
+
+@pytest.fixture(scope="session")
+def sqlite_databases(tmp_path_factory: pytest.TempPathFactory) -> SqliteDatabases:
+    return SqliteDatabases(tmp_path_factory.mktemp("sqlite-template"))
+
+
+@pytest.fixture(scope="session")
+def postgres_databases() -> Iterator[PostgresDatabases]:
+    require_postgres()
+    databases = PostgresDatabases()
+    yield databases
+    databases.close()
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def database_url(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[str]:
+    """A fresh, migrated database of the requested backend; EPISODIC_DATABASE_URL points at it."""
+    if backend == "sqlite":
+        url = request.getfixturevalue("sqlite_databases").fresh(tmp_path / "home")
+        monkeypatch.setenv("EPISODIC_DATABASE_URL", url)
+        yield url
+        return
+    databases: PostgresDatabases = request.getfixturevalue("postgres_databases")
+    name = databases.fresh()
+    url = databases.url(name)
+    monkeypatch.setenv("EPISODIC_DATABASE_URL", url)
+    yield url
+    dispose_all()
+    databases.drop(name)
+
+
+@pytest.fixture
+def engine(database_url: str) -> Iterator[Engine]:
+    engine = make_engine(database_url)
+    yield engine
+    engine.dispose()

@@ -1,0 +1,30 @@
+from __future__ import annotations
+
+import pytest
+
+from core.errors import InvalidInput
+from core.settings import load_settings
+
+
+def test_defaults(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    monkeypatch.setenv("EPISODIC_HOME", str(tmp_path))
+    settings = load_settings()
+    assert settings.pipeline == "weekly"
+    assert settings.timezone == "UTC"
+    assert settings.url == f"sqlite:///{tmp_path / 'episodic.db'}"
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("EPISODIC_TIMEZONE", "Mars/Base", "EPISODIC_TIMEZONE"),
+        ("EPISODIC_PIPELINE", "Has Spaces", "EPISODIC_PIPELINE"),
+        ("EPISODIC_PIPELINE", "../up", "EPISODIC_PIPELINE"),
+    ],
+)
+def test_bad_values_name_the_variable(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str, message: str
+) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(InvalidInput, match=message):
+        load_settings()
