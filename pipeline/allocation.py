@@ -42,7 +42,7 @@ def resolve_week(week: str | None, at: datetime | None, tz: ZoneInfo) -> WeekId:
 @retry(
     retry=retry_if_exception(is_transient_db_error),
     stop=stop_after_attempt(4),
-    wait=wait_exponential_jitter(initial=0.2, max=3.0),
+    wait=wait_exponential_jitter(multiplier=0.2, max=3.0),
     reraise=True,
 )
 def allocate(engine: Engine, pipeline: str, week: WeekId, allocation_key: str) -> Allocation:

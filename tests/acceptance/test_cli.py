@@ -1,0 +1,149 @@
+"""The installed `episodic` command, as a user runs it, on SQLite and Postgres."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+
+import pytest
+
+Cli = Callable[..., subprocess.CompletedProcess[str]]
+
+pytestmark = pytest.mark.e2e
+
+
+def test_allocate_prints_json_and_is_retry_safe(cli: Cli, database_url: str) -> None:
+    first = cli("allocate", "--key", "manual:1", "--week", "2026-W32", "--json")
+    assert first.returncode == 0, first.stderr
+    payload = json.loads(first.stdout)
+    assert {k: payload[k] for k in ("episode_id", "week_id", "sequence", "allocation_key",
+                                    "pipeline", "created")} == {
+        "episode_id": "2026-W32-0", "week_id": "2026-W32", "sequence": 0,
+        "allocation_key": "manual:1", "pipeline": "weekly", "created": True,
+    }
+    second = cli("allocate", "--key", "manual:2", "--at", "2026-08-07T09:00:00+02:00")
+    assert second.returncode == 0 and second.stdout.strip() == "2026-W32-1 (new)"
+    retry = cli("allocate", "--key", "manual:1", "--week", "2026-W32")
+    assert retry.stdout.strip() == "2026-W32-0 (existing)"
+
+
+def test_a_key_tied_to_another_week_exits_3_and_changes_nothing(cli: Cli, database_url: str) -> None:
+    assert cli("allocate", "--key", "k", "--week", "2026-W32").returncode == 0
+    before = cli("episodes", "list", "--json").stdout
+    moved = cli("allocate", "--key", "k", "--week", "2026-W33", "--json")
+    assert moved.returncode == 3
+    assert "2026-W32-0" in moved.stderr and "Traceback" not in moved.stderr
+    assert cli("episodes", "list", "--json").stdout == before
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["allocate", "--key", "k"],
+        ["allocate", "--key", "k", "--week", "2026-W32", "--at", "2026-08-07T09:00:00Z"],
+        ["allocate", "--key", "k", "--week", "2027-W53"],
+        ["allocate", "--key", "k", "--week", "banana"],
+        ["allocate", "--key", "k", "--at", "2026-08-07T09:00:00"],
+        ["allocate", "--key", "", "--week", "2026-W32"],
+        ["allocate", "--key", "k", "--week", "2026-W32", "--pipeline", "No Spaces"],
+        ["allocate", "--week", "2026-W32"],
+        ["episodes", "show", "../../etc/passwd"],
+        ["episodes", "list", "--week", "2026-W99"],
+        ["no-such-command"],
+    ],
+)
+def test_bad_input_exits_2_with_a_reason_and_no_traceback(
+    cli: Cli, database_url: str, args: list[str]
+) -> None:
+    result = cli(*args)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert result.stderr.strip()
+    assert "Traceback" not in result.stderr + result.stdout
+    assert cli("episodes", "list", "--json").stdout.strip() == "[]"
+
+
+def test_bad_environment_exits_2(cli: Cli, database_url: str) -> None:
+    result = cli("episodes", "list", env={"EPISODIC_TIMEZONE": "Mars/Base"})
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: EPISODIC_TIMEZONE: unknown timezone 'Mars/Base' (expected an IANA name such as "
+        "Europe/Berlin)"
+    ]
+
+
+def test_episodes_list_and_show(cli: Cli, database_url: str) -> None:
+    for key, week in (("a", "2026-W32"), ("b", "2026-W32"), ("c", "2026-W33")):
+        assert cli("allocate", "--key", key, "--week", week).returncode == 0
+    listed = json.loads(cli("episodes", "list", "--json").stdout)
+    assert [e["episode_id"] for e in listed] == ["2026-W32-0", "2026-W32-1", "2026-W33-0"]
+    week = json.loads(cli("episodes", "list", "--week", "2026-W33", "--json").stdout)
+    assert [e["allocation_key"] for e in week] == ["c"]
+    human = cli("episodes", "list")
+    assert human.returncode == 0 and "2026-W32-1" in human.stdout
+
+    shown = json.loads(cli("episodes", "show", "2026-W32-1", "--json").stdout)
+    assert shown["allocation_key"] == "b"
+    assert [event["kind"] for event in shown["history"]] == ["allocated"]
+    assert "2026-W32-1" in cli("episodes", "show", "2026-W32-1").stdout
+
+
+def test_show_missing_episode_exits_5(cli: Cli, database_url: str) -> None:
+    result = cli("episodes", "show", "2026-W32-7")
+    assert result.returncode == 5
+    assert result.stderr.strip() == "error: episode 2026-W32-7 not found in pipeline 'weekly'"
+
+
+def test_pipelines_are_separate(cli: Cli, database_url: str) -> None:
+    assert cli("allocate", "--key", "k", "--week", "2026-W32").returncode == 0
+    other = cli("allocate", "--key", "k", "--week", "2026-W32", "--pipeline", "podcast", "--json")
+    assert json.loads(other.stdout)["sequence"] == 0
+    via_env = cli("episodes", "list", "--json", env={"EPISODIC_PIPELINE": "podcast"})
+    assert [e["pipeline"] for e in json.loads(via_env.stdout)] == ["podcast"]
+
+
+@pytest.mark.parametrize(
+    "command",
+    [[], ["allocate"], ["episodes"], ["episodes", "list"], ["episodes", "show"], ["db"],
+     ["db", "upgrade"], ["db", "current"], ["demo"], ["serve"]],
+)
+def test_every_command_has_help(cli: Cli, command: list[str]) -> None:
+    result = cli(*command, "--help")
+    assert result.returncode == 0
+    assert "Usage: episodic" in result.stdout
+
+
+def test_db_upgrade_on_an_empty_database(cli: Cli, backend: str, request: pytest.FixtureRequest,
+                                         tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    if backend == "sqlite":
+        url = f"sqlite:///{tmp_path / 'fresh.db'}"
+    else:
+        databases = request.getfixturevalue("postgres_databases")
+        name = databases.fresh(migrated=False)
+        request.addfinalizer(lambda: databases.drop(name))
+        url = databases.url(name)
+    env = {"EPISODIC_DATABASE_URL": url}
+    if backend == "postgres":
+        refused = cli("episodes", "list", env=env)
+        assert refused.returncode == 1
+        assert "episodic db upgrade" in refused.stderr
+    first = cli("db", "upgrade", "--json", env=env)
+    assert first.returncode == 0, first.stderr
+    assert json.loads(first.stdout)["to"] == "0001"
+    assert json.loads(cli("db", "upgrade", "--json", env=env).stdout)["changed"] is False
+    assert cli("episodes", "list", "--json", env=env).stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("args", [["--help"], ["episodes", "list"], ["allocate", "--key", "k",
+                                                                      "--week", "2026-W32"]])
+def test_commands_that_run_no_flow_never_import_prefect(database_url: str, args: list[str]) -> None:
+    probe = (
+        "import sys\n"
+        "from cli.app import run\n"
+        f"code = run({args!r})\n"
+        "assert 'prefect' not in sys.modules, 'prefect was imported'\n"
+        "sys.exit(code)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
