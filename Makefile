@@ -42,7 +42,7 @@ format: bootstrap
 	$(BIN)/ruff check --fix .
 
 bench: bootstrap  ## benchmarks (never part of the tests)
-	$(BIN)/python bench/allocate.py
+	$(BIN)/python -m bench.allocate
 
 clean:
 	rm -rf $(VENV) $(TOOLS) .episodic .pytest_cache .mypy_cache .ruff_cache

@@ -12,12 +12,16 @@ from cli.output import emit_json
 
 
 def allocate(
-    key: Annotated[str, typer.Option("--key", help="Allocation key: the invocation's stable identity.")],
+    key: Annotated[
+        str, typer.Option("--key", help="Allocation key: the invocation's stable identity.")
+    ],
     week: Annotated[str | None, typer.Option(help="ISO week, e.g. 2026-W32.")] = None,
     at: Annotated[
         str | None,
-        typer.Option(help="A moment with UTC offset, e.g. 2026-08-07T09:00:00+02:00; its ISO "
-                     "week in EPISODIC_TIMEZONE is used."),
+        typer.Option(
+            help="A moment with UTC offset, e.g. 2026-08-07T09:00:00+02:00; its ISO "
+            "week in EPISODIC_TIMEZONE is used."
+        ),
     ] = None,
     pipeline: PipelineOption = None,
     as_json: JsonOption = False,
@@ -47,4 +51,6 @@ def allocate(
     if as_json:
         emit_json(allocation.to_dict())
     else:
-        typer.echo(f"{allocation.episode.episode_id} ({'new' if allocation.created else 'existing'})")
+        typer.echo(
+            f"{allocation.episode.episode_id} ({'new' if allocation.created else 'existing'})"
+        )

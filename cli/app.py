@@ -51,7 +51,7 @@ def run(argv: list[str] | None = None) -> int:
     except (click.exceptions.Abort, KeyboardInterrupt):
         error("interrupted")
         return ExitCode.INTERRUPTED
-    except Exception as exc:  # noqa: BLE001  (the one place errors become exit codes)
+    except Exception as exc:
         return _report(exc)
     return result if isinstance(result, int) else ExitCode.OK
 

@@ -44,33 +44,43 @@ def demo(
 
 def _run(week_id: Any, timezone: str, tz: Any) -> list[dict[str, Any]]:
     from prefect.schedules import Cron
-    from prefect.states import StateType
+    from prefect.client.schemas.objects import StateType
 
     from flows import local
     from flows.weekly import weekly_episode
 
     start = datetime.combine(week_id.monday(), time(0), tz)
     deployment_id = local.apply_deployment(
-        weekly_episode, "demo-twice-weekly",
+        weekly_episode,
+        "demo-twice-weekly",
         Cron(DEMO_CRON, timezone=timezone, slug="demo-mon-thu"),
     )
-    slots = local.schedule_slots(deployment_id, start, start + timedelta(days=7) - timedelta(seconds=1))
-    slots = [run for run in slots if start <= run.expected_start_time < start + timedelta(days=7)]
+    slots = local.schedule_slots(
+        deployment_id, start, start + timedelta(days=7) - timedelta(seconds=1)
+    )
+    end = start + timedelta(days=7)
+    slots = [r for r in slots if r.expected_start_time and start <= r.expected_start_time < end]
     rows: list[dict[str, Any]] = []
 
     def record(label: str, run: Any, state: Any) -> None:
-        rows.append({
-            "invocation": label,
-            "slot": run.expected_start_time.astimezone(tz).strftime("%a %Y-%m-%d %H:%M %Z"),
-            "flow_run": str(run.id),
-            "state": state.type.value,
-            "episode_id": state.result(raise_on_failure=False) if state.is_completed() else None,
-        })
+        rows.append(
+            {
+                "invocation": label,
+                "slot": run.expected_start_time.astimezone(tz).strftime("%a %Y-%m-%d %H:%M %Z"),
+                "flow_run": str(run.id),
+                "state": state.type.value,
+                "episode_id": state.result(raise_on_failure=False)
+                if state.is_completed()
+                else None,
+            }
+        )
 
     for number, run in enumerate(slots[:2], start=1):
         # A rerun of the demo finds its slots already run: retrying them is the same story.
         fresh = run.state is not None and run.state.type == StateType.SCHEDULED
-        state = local.execute(weekly_episode, run.id) if fresh else local.retry(weekly_episode, run.id)
+        state = (
+            local.execute(weekly_episode, run.id) if fresh else local.retry(weekly_episode, run.id)
+        )
         record(f"slot {number}", run, state)
     first = slots[0]
     record("retry of slot 1", first, local.retry(weekly_episode, first.id))

@@ -36,8 +36,14 @@ def list_episodes(
         f"pipeline {name}",
         ["episode", "week", "seq", "state", "allocation key", "created (UTC)"],
         (
-            (e.episode_id, e.week_id, e.sequence, e.state, e.allocation_key,
-             e.created_at.strftime("%Y-%m-%d %H:%M:%S"))
+            (
+                e.episode_id,
+                e.week_id,
+                e.sequence,
+                e.state,
+                e.allocation_key,
+                e.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+            )
             for e in episodes
         ),
     )
@@ -63,5 +69,8 @@ def show_episode(
         return
     for label, value in episode.to_dict().items():
         typer.echo(f"{label:>15}: {value}")
-    table("history", ["at (UTC)", "event", "detail"],
-          ((ev.at.strftime("%Y-%m-%d %H:%M:%S"), ev.kind, ev.detail) for ev in history))
+    table(
+        "history",
+        ["at (UTC)", "event", "detail"],
+        ((ev.at.strftime("%Y-%m-%d %H:%M:%S"), ev.kind, ev.detail) for ev in history),
+    )

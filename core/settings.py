@@ -19,7 +19,8 @@ def validate_pipeline(name: str) -> str:
     """Pipeline names are short lowercase slugs: they appear in lock names and keys."""
     if not isinstance(name, str) or not _PIPELINE_RE.fullmatch(name):
         raise InvalidInput(
-            f"invalid pipeline name {name!r}: use 1-63 of a-z 0-9 _ . - starting with a letter or digit"
+            f"invalid pipeline name {name!r}: "
+            "use 1-63 of a-z 0-9 _ . - starting with a letter or digit"
         )
     return name
 
@@ -28,15 +29,24 @@ def load_timezone(name: str) -> ZoneInfo:
     try:
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError):
-        raise InvalidInput(f"unknown timezone {name!r} (expected an IANA name such as Europe/Berlin)") from None
+        raise InvalidInput(
+            f"unknown timezone {name!r} (expected an IANA name such as Europe/Berlin)"
+        ) from None
 
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="EPISODIC_", frozen=True, extra="ignore")
 
-    home: Path = Field(default=Path(".episodic"), description="working folder: SQLite file, locks, episodes, Prefect home")
-    database_url: str | None = Field(default=None, description="SQLAlchemy URL; default: SQLite under home")
-    timezone: str = Field(default="UTC", description="IANA timezone in which ISO weeks are computed")
+    home: Path = Field(
+        default=Path(".episodic"),
+        description="working folder: SQLite file, locks, episodes, Prefect home",
+    )
+    database_url: str | None = Field(
+        default=None, description="SQLAlchemy URL; default: SQLite under home"
+    )
+    timezone: str = Field(
+        default="UTC", description="IANA timezone in which ISO weeks are computed"
+    )
     pipeline: str = Field(default="weekly", description="pipeline name: own lock, own sequences")
 
     @field_validator("timezone")

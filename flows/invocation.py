@@ -14,7 +14,7 @@ from core.keys import Invocation
 
 def current_invocation() -> Invocation | None:
     context = FlowRunContext.get()
-    if context is None or context.flow_run is None:
+    if context is None or context.flow_run is None or context.flow is None:
         return None
     flow_run = context.flow_run
     deployment_name = None

@@ -15,18 +15,22 @@ from uuid import UUID
 
 from prefect import Flow
 from prefect.client.orchestration import get_client
+from prefect.deployments.runner import RunnerDeployment
 from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
 from prefect.client.schemas.objects import FlowRun
 from prefect.client.schemas.sorting import FlowRunSort
 from prefect.flow_engine import run_flow
 from prefect.schedules import Schedule
-from prefect.states import Scheduled, State
+from prefect.client.schemas.objects import State
+from prefect.states import Scheduled
 
 
 def apply_deployment(flow: Flow[..., Any], name: str, schedule: Schedule) -> UUID:
     """Register (or update) a served-style deployment of ``flow`` with one schedule."""
     deployment = flow.to_deployment(name=name, schedules=[schedule])
-    deployment_id: UUID = deployment.apply()  # type: ignore[assignment]
+    assert isinstance(deployment, RunnerDeployment)  # sync context: not a coroutine
+    deployment_id = deployment.apply()
+    assert isinstance(deployment_id, UUID)
     return deployment_id
 
 
@@ -35,7 +39,7 @@ def schedule_slots(deployment_id: UUID, start: datetime, end: datetime) -> list[
     with get_client(sync_client=True) as client:
         response = client.request(
             "POST",
-            "/deployments/{id}/schedule",  # type: ignore[arg-type]
+            "/deployments/{id}/schedule",
             path_params={"id": deployment_id},
             json={"start_time": start.isoformat(), "end_time": end.isoformat(), "max_runs": 100},
         )
@@ -55,7 +59,8 @@ def execute(flow: Flow[..., Any], flow_run_id: UUID) -> State[Any]:
     """Execute an existing flow run in this process and return its final state."""
     with get_client(sync_client=True) as client:
         flow_run = client.read_flow_run(flow_run_id)
-    state: State[Any] = run_flow(flow, flow_run=flow_run, return_type="state")  # type: ignore[assignment]
+    state = run_flow(flow, flow_run=flow_run, return_type="state")
+    assert isinstance(state, State)
     return state
 
 

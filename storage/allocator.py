@@ -14,7 +14,7 @@ are the backstop, not the mechanism.
 
 from __future__ import annotations
 
-from sqlalchemy import Engine, func, insert, select
+from sqlalchemy import Engine, Table, bindparam, func, insert, select
 
 from core.episodes import Allocation, Episode
 from core.errors import AllocationConflict
@@ -25,8 +25,21 @@ from storage.base import utcnow
 from storage.lock import LOCK_TIMEOUT_S, locked_transaction
 from storage.models import EpisodeEventRow, EpisodeRow
 
-_episodes = EpisodeRow.__table__
-_events = EpisodeEventRow.__table__
+_episodes: Table = EpisodeRow.__table__  # type: ignore[assignment]
+_events: Table = EpisodeEventRow.__table__  # type: ignore[assignment]
+
+# Statements are built once: constructing them per call cost more than executing them.
+_OWNED = select(
+    _episodes.c.week_id, _episodes.c.sequence, _episodes.c.state, _episodes.c.created_at
+).where(
+    _episodes.c.pipeline == bindparam("pipeline"),
+    _episodes.c.allocation_key == bindparam("allocation_key"),
+)
+_HIGHEST = select(func.max(_episodes.c.sequence)).where(
+    _episodes.c.pipeline == bindparam("pipeline"), _episodes.c.week_id == bindparam("week_id")
+)
+_INSERT_EPISODE = insert(_episodes).returning(_episodes.c.id)
+_INSERT_EVENT = insert(_events)
 
 
 class Allocator:
@@ -39,10 +52,7 @@ class Allocator:
         validate_key(allocation_key)
         with locked_transaction(self._engine, pipeline, self._lock_timeout) as conn:
             owned = conn.execute(
-                select(_episodes.c.week_id, _episodes.c.sequence, _episodes.c.state,
-                       _episodes.c.created_at)
-                .where(_episodes.c.pipeline == pipeline,
-                       _episodes.c.allocation_key == allocation_key)
+                _OWNED, {"pipeline": pipeline, "allocation_key": allocation_key}
             ).all()
             if len(owned) > 1:
                 ids = ", ".join(f"{row.week_id}-{row.sequence}" for row in owned)
@@ -57,26 +67,40 @@ class Allocator:
                         f"{row.week_id}-{row.sequence} in {row.week_id}, not {week}; "
                         "nothing was written"
                     )
-                episode = Episode(pipeline, EpisodeId(week, row.sequence), allocation_key,
-                                  row.state, row.created_at)
+                episode = Episode(
+                    pipeline,
+                    EpisodeId(week, row.sequence),
+                    allocation_key,
+                    row.state,
+                    row.created_at,
+                )
                 return Allocation(episode, created=False)
 
-            highest = conn.execute(
-                select(func.max(_episodes.c.sequence))
-                .where(_episodes.c.pipeline == pipeline, _episodes.c.week_id == str(week))
-            ).scalar()
+            highest = conn.execute(_HIGHEST, {"pipeline": pipeline, "week_id": str(week)}).scalar()
             episode_id = EpisodeId(week, 0 if highest is None else highest + 1)
             now = utcnow()
             pk = conn.execute(
-                insert(_episodes)
-                .values(pipeline=pipeline, week_id=str(week), sequence=episode_id.sequence,
-                        episode_id=str(episode_id), allocation_key=allocation_key,
-                        state="allocated", created_at=now, updated_at=now)
-                .returning(_episodes.c.id)
+                _INSERT_EPISODE,
+                {
+                    "pipeline": pipeline,
+                    "week_id": str(week),
+                    "sequence": episode_id.sequence,
+                    "episode_id": str(episode_id),
+                    "allocation_key": allocation_key,
+                    "state": "allocated",
+                    "created_at": now,
+                    "updated_at": now,
+                },
             ).scalar_one()
             conn.execute(
-                insert(_events).values(episode_pk=pk, kind="allocated", at=now,
-                                       detail={"allocation_key": allocation_key})
+                _INSERT_EVENT,
+                {
+                    "episode_pk": pk,
+                    "kind": "allocated",
+                    "at": now,
+                    "detail": {"allocation_key": allocation_key},
+                },
             )
-            return Allocation(Episode(pipeline, episode_id, allocation_key, "allocated", now),
-                              created=True)
+            return Allocation(
+                Episode(pipeline, episode_id, allocation_key, "allocated", now), created=True
+            )

@@ -17,6 +17,7 @@ from sqlalchemy.exc import ArgumentError
 from core.errors import InvalidInput
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+PG_LOCK_TIMEOUT_MS = 60_000  # bounds every lock wait, the pipeline's advisory lock included
 
 
 def normalize_url(raw: str) -> URL:
@@ -28,7 +29,9 @@ def normalize_url(raw: str) -> URL:
     if url.drivername in ("postgresql", "postgres"):
         url = url.set(drivername="postgresql+psycopg")
     if url.get_backend_name() not in ("sqlite", "postgresql"):
-        raise InvalidInput(f"unsupported database backend {url.get_backend_name()!r} (sqlite or postgresql)")
+        raise InvalidInput(
+            f"unsupported database backend {url.get_backend_name()!r} (sqlite or postgresql)"
+        )
     if url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:"):
         raise InvalidInput("SQLite needs a database file (the pipeline lock lives next to it)")
     return url
@@ -43,10 +46,12 @@ def make_engine(raw_url: str | URL, *, read_only: bool = False, **kwargs: Any) -
     url = normalize_url(raw_url) if isinstance(raw_url, str) else raw_url
     if url.get_backend_name() == "sqlite":
         return _sqlite_engine(url, read_only=read_only, **kwargs)
-    connect_args: dict[str, Any] = {}
+    # No pool_pre_ping: it costs a round trip per checkout, and a dropped connection surfaces
+    # as an OperationalError that callers retry (SQLAlchemy invalidates the pool on it).
+    options = f"-c lock_timeout={PG_LOCK_TIMEOUT_MS}"
     if read_only:
-        connect_args["options"] = "-c default_transaction_read_only=on"
-    return create_engine(url, pool_pre_ping=True, connect_args=connect_args, **kwargs)
+        options += " -c default_transaction_read_only=on"
+    return create_engine(url, connect_args={"options": options}, **kwargs)
 
 
 def _sqlite_engine(url: URL, *, read_only: bool, **kwargs: Any) -> Engine:

@@ -8,7 +8,7 @@ from sqlalchemy.orm import Session
 from core.episodes import Episode, EpisodeEvent
 from core.errors import EpisodeNotFound
 from core.ids import EpisodeId, WeekId
-from storage.models import EpisodeEventRow, EpisodeRow
+from storage.models import EpisodeRow
 
 
 class EpisodeRepository:

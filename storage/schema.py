@@ -7,6 +7,7 @@ costs one small query, which keeps `episodic episodes list` fast.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from filelock import FileLock
 from sqlalchemy import Engine, inspect, text
@@ -14,6 +15,9 @@ from sqlalchemy import Engine, inspect, text
 from core.errors import SchemaNotCurrent
 from storage.engine import sqlite_path
 from storage.lock import advisory_key
+
+if TYPE_CHECKING:
+    from alembic.config import Config
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 # Kept in step with the newest file in migrations/versions (a test checks it).
@@ -27,7 +31,7 @@ def current_revision(engine: Engine) -> str | None:
         return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
 
 
-def alembic_config():  # type: ignore[no-untyped-def]
+def alembic_config() -> Config:
     from alembic.config import Config
 
     config = Config()
@@ -41,11 +45,14 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
 
     config = alembic_config()
     if engine.dialect.name == "sqlite":
-        with FileLock(f"{sqlite_path(engine.url)}.migrate.lock"):
-            with engine.connect().execution_options(sqlite_begin="IMMEDIATE") as conn:
-                with conn.begin():
-                    config.attributes["connection"] = conn
-                    command.upgrade(config, revision)
+        lock = FileLock(f"{sqlite_path(engine.url)}.migrate.lock")
+        with (
+            lock,
+            engine.connect().execution_options(sqlite_begin="IMMEDIATE") as conn,
+            conn.begin(),
+        ):
+            config.attributes["connection"] = conn
+            command.upgrade(config, revision)
         return
     with engine.connect() as conn, conn.begin():
         conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": advisory_key("schema")})

@@ -30,6 +30,10 @@ def pg_admin_url() -> str:
     return url.render_as_string(hide_password=False)
 
 
+def require_postgres_or_reason() -> str | None:
+    return pg_available()
+
+
 def pg_available() -> str | None:
     """None if the server answers, else the reason it does not."""
     try:

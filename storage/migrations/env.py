@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from alembic import context
 
-from storage.base import Base
 from storage import models  # noqa: F401  (registers the tables on Base.metadata)
+from storage.base import Base
 
 connection = context.config.attributes.get("connection")
 if connection is None:

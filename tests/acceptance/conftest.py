@@ -19,7 +19,10 @@ def cli() -> Callable[..., subprocess.CompletedProcess[str]]:
 
     def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [EPISODIC, *args], capture_output=True, text=True, timeout=120,
+            [EPISODIC, *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
             env={**os.environ, **(env or {})},
         )
 

@@ -18,10 +18,16 @@ def test_allocate_prints_json_and_is_retry_safe(cli: Cli, database_url: str) -> 
     first = cli("allocate", "--key", "manual:1", "--week", "2026-W32", "--json")
     assert first.returncode == 0, first.stderr
     payload = json.loads(first.stdout)
-    assert {k: payload[k] for k in ("episode_id", "week_id", "sequence", "allocation_key",
-                                    "pipeline", "created")} == {
-        "episode_id": "2026-W32-0", "week_id": "2026-W32", "sequence": 0,
-        "allocation_key": "manual:1", "pipeline": "weekly", "created": True,
+    assert {
+        k: payload[k]
+        for k in ("episode_id", "week_id", "sequence", "allocation_key", "pipeline", "created")
+    } == {
+        "episode_id": "2026-W32-0",
+        "week_id": "2026-W32",
+        "sequence": 0,
+        "allocation_key": "manual:1",
+        "pipeline": "weekly",
+        "created": True,
     }
     second = cli("allocate", "--key", "manual:2", "--at", "2026-08-07T09:00:00+02:00")
     assert second.returncode == 0 and second.stdout.strip() == "2026-W32-1 (new)"
@@ -29,7 +35,9 @@ def test_allocate_prints_json_and_is_retry_safe(cli: Cli, database_url: str) -> 
     assert retry.stdout.strip() == "2026-W32-0 (existing)"
 
 
-def test_a_key_tied_to_another_week_exits_3_and_changes_nothing(cli: Cli, database_url: str) -> None:
+def test_a_key_tied_to_another_week_exits_3_and_changes_nothing(
+    cli: Cli, database_url: str
+) -> None:
     assert cli("allocate", "--key", "k", "--week", "2026-W32").returncode == 0
     before = cli("episodes", "list", "--json").stdout
     moved = cli("allocate", "--key", "k", "--week", "2026-W33", "--json")
@@ -105,8 +113,18 @@ def test_pipelines_are_separate(cli: Cli, database_url: str) -> None:
 
 @pytest.mark.parametrize(
     "command",
-    [[], ["allocate"], ["episodes"], ["episodes", "list"], ["episodes", "show"], ["db"],
-     ["db", "upgrade"], ["db", "current"], ["demo"], ["serve"]],
+    [
+        [],
+        ["allocate"],
+        ["episodes"],
+        ["episodes", "list"],
+        ["episodes", "show"],
+        ["db"],
+        ["db", "upgrade"],
+        ["db", "current"],
+        ["demo"],
+        ["serve"],
+    ],
 )
 def test_every_command_has_help(cli: Cli, command: list[str]) -> None:
     result = cli(*command, "--help")
@@ -114,8 +132,13 @@ def test_every_command_has_help(cli: Cli, command: list[str]) -> None:
     assert "Usage: episodic" in result.stdout
 
 
-def test_db_upgrade_on_an_empty_database(cli: Cli, backend: str, request: pytest.FixtureRequest,
-                                         tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_db_upgrade_on_an_empty_database(
+    cli: Cli,
+    backend: str,
+    request: pytest.FixtureRequest,
+    tmp_path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     if backend == "sqlite":
         url = f"sqlite:///{tmp_path / 'fresh.db'}"
     else:
@@ -135,8 +158,9 @@ def test_db_upgrade_on_an_empty_database(cli: Cli, backend: str, request: pytest
     assert cli("episodes", "list", "--json", env=env).stdout.strip() == "[]"
 
 
-@pytest.mark.parametrize("args", [["--help"], ["episodes", "list"], ["allocate", "--key", "k",
-                                                                      "--week", "2026-W32"]])
+@pytest.mark.parametrize(
+    "args", [["--help"], ["episodes", "list"], ["allocate", "--key", "k", "--week", "2026-W32"]]
+)
 def test_commands_that_run_no_flow_never_import_prefect(database_url: str, args: list[str]) -> None:
     probe = (
         "import sys\n"

@@ -47,12 +47,16 @@ def slots(deployment_id: UUID, start: datetime = WEEK_START, days: int = 7):  # 
 def episodes(url: str) -> dict[str, str]:
     engine = create_engine(url)
     try:
-        return {e.allocation_key: str(e.episode_id) for e in EpisodeRepository(engine).list("weekly")}
+        return {
+            e.allocation_key: str(e.episode_id) for e in EpisodeRepository(engine).list("weekly")
+        }
     finally:
         engine.dispose()
 
 
-def test_scheduled_slots_get_increasing_sequences_and_a_ui_retry_gets_the_same(harness: str) -> None:
+def test_scheduled_slots_get_increasing_sequences_and_a_ui_retry_gets_the_same(
+    harness: str,
+) -> None:
     deployment_id = deploy("twice-weekly")
     monday, thursday = slots(deployment_id)
     assert monday.auto_scheduled and thursday.auto_scheduled
@@ -106,8 +110,10 @@ def test_a_second_flow_run_for_the_same_slot_gets_the_same_episode(harness: str)
 def test_two_manual_runs_get_two_episodes(harness: str) -> None:
     deployment_id = deploy("manual")
     with get_client(sync_client=True) as client:  # the UI's "Run" button, twice
-        runs = [client.create_flow_run_from_deployment(deployment_id, parameters={"week": "2026-W32"})
-                for _ in range(2)]
+        runs = [
+            client.create_flow_run_from_deployment(deployment_id, parameters={"week": "2026-W32"})
+            for _ in range(2)
+        ]
     assert not any(run.auto_scheduled for run in runs)
     results = [local.execute(weekly_episode, run.id).result() for run in runs]
     assert results == ["2026-W32-0", "2026-W32-1"]
@@ -127,7 +133,9 @@ def test_an_explicit_allocation_key_wins(harness: str) -> None:
     assert episodes(harness) == {"replay:1": "2026-W32-0"}
 
 
-def test_week_is_computed_in_the_pipeline_timezone(harness: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_week_is_computed_in_the_pipeline_timezone(
+    harness: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Monday 00:30 in Berlin is Sunday 22:30 UTC, the previous ISO week in UTC."""
     monkeypatch.setenv("EPISODIC_TIMEZONE", "Europe/Berlin")
     deployment_id = deploy("berlin", cron="30 0 * * 1", timezone="Europe/Berlin")
@@ -144,8 +152,8 @@ def test_a_conflicting_explicit_key_fails_the_flow_and_writes_nothing(harness: s
 
 
 def test_the_key_cannot_be_derived_outside_a_flow_run() -> None:
-    from flows.invocation import current_invocation
     from core.keys import derive_allocation_key
+    from flows.invocation import current_invocation
 
     assert current_invocation() is None
     with pytest.raises(NoInvocationIdentity):

@@ -48,9 +48,20 @@ def test_the_same_key_returns_the_same_episode_from_a_new_process(
 ) -> None:
     first = Allocator(engine).allocate("weekly", W32, "scheduled:slot-1")
     result = subprocess.run(
-        [sys.executable, "-m", "cli.app", "allocate", "--key", "scheduled:slot-1",
-         "--week", "2026-W32", "--json"],
-        capture_output=True, text=True, check=True,
+        [
+            sys.executable,
+            "-m",
+            "cli.app",
+            "allocate",
+            "--key",
+            "scheduled:slot-1",
+            "--week",
+            "2026-W32",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     payload = json.loads(result.stdout)
     assert payload["episode_id"] == str(first.episode.episode_id)
@@ -81,7 +92,9 @@ def test_a_key_owning_several_episodes_fails_closed(engine: Engine) -> None:
         conn.execute(
             text("ALTER TABLE episodes DROP CONSTRAINT uq_episodes_pipeline_allocation_key")
         )
-        conn.execute(update(EpisodeRow).where(EpisodeRow.allocation_key == "b").values(allocation_key="a"))
+        conn.execute(
+            update(EpisodeRow).where(EpisodeRow.allocation_key == "b").values(allocation_key="a")
+        )
     before = counts(engine)
     with pytest.raises(AllocationConflict, match="several episodes"):
         allocator.allocate("weekly", W32, "a")
@@ -130,5 +143,7 @@ def test_postgres_lock_is_transaction_scoped(engine: Engine) -> None:
     """No advisory lock outlives the allocation transaction (a session lock would)."""
     Allocator(engine).allocate("weekly", W32, "k")
     with engine.connect() as conn:
-        held = conn.execute(text("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'")).scalar_one()
+        held = conn.execute(
+            text("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'")
+        ).scalar_one()
     assert held == 0

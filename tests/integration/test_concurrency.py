@@ -33,9 +33,17 @@ def test_concurrent_processes_get_exactly_one_episode_per_key(
 
     workers = [
         subprocess.Popen(
-            [sys.executable, "-m", "tests.integration._allocation_worker",
-             database_url, "2026-W32", json.dumps(plan)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            [
+                sys.executable,
+                "-m",
+                "tests.integration._allocation_worker",
+                database_url,
+                "2026-W32",
+                json.dumps(plan),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
         )
         for plan in plans
     ]

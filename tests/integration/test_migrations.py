@@ -19,9 +19,7 @@ from tests.databases import PostgresDatabases, SqliteDatabases
 
 
 @pytest.fixture
-def empty_engine(
-    backend: str, request: pytest.FixtureRequest, tmp_path: Path
-) -> Iterator[Engine]:
+def empty_engine(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
     if backend == "sqlite":
         databases: SqliteDatabases = request.getfixturevalue("sqlite_databases")
         engine = make_engine(databases.fresh(tmp_path / "empty", migrated=False))
