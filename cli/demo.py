@@ -43,8 +43,8 @@ def demo(
 
 
 def _run(week_id: Any, timezone: str, tz: Any) -> list[dict[str, Any]]:
-    from prefect.schedules import Cron
     from prefect.client.schemas.objects import StateType
+    from prefect.schedules import Cron
 
     from flows import local
     from flows.weekly import weekly_episode

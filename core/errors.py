@@ -7,8 +7,14 @@ The tree::
     │   ├── InvalidEpisodeId
     │   ├── InvalidWeekId
     │   └── NoInvocationIdentity        no flow run to derive an allocation key from
+    │   ├── BudgetExceeded              the plan would spend more than allowed
+    │   ├── InvalidPlaylist
+    │   └── CommandNotAllowed           the episode's state forbids the command
     ├── AllocationConflict              exit 3  fail closed, nothing written
     ├── EpisodeNotFound                 exit 5
+    ├── RunNotFound                     exit 5
+    ├── InvalidTransition               exit 1  a state change the design forbids
+    ├── ProviderConfigError             exit 2  unknown profile, missing credential
     └── StorageError                    exit 1
         └── SchemaNotCurrent            database needs `episodic db upgrade`
 
@@ -62,3 +68,27 @@ class StorageError(EpisodicError):
 
 class SchemaNotCurrent(StorageError):
     pass
+
+
+class BudgetExceeded(InvalidInput):
+    pass
+
+
+class InvalidPlaylist(InvalidInput):
+    pass
+
+
+class CommandNotAllowed(InvalidInput):
+    pass
+
+
+class RunNotFound(EpisodicError, LookupError):
+    exit_code = ExitCode.NOT_FOUND
+
+
+class InvalidTransition(EpisodicError):
+    pass
+
+
+class ProviderConfigError(EpisodicError):
+    exit_code = ExitCode.REFUSED

@@ -48,6 +48,7 @@ class Settings(BaseSettings):
         default="UTC", description="IANA timezone in which ISO weeks are computed"
     )
     pipeline: str = Field(default="weekly", description="pipeline name: own lock, own sequences")
+    providers_file: Path | None = Field(default=None, description="provider profiles YAML")
 
     @field_validator("timezone")
     @classmethod
@@ -67,6 +68,14 @@ class Settings(BaseSettings):
     @property
     def home_path(self) -> Path:
         return self.home.expanduser().absolute()
+
+    @property
+    def providers_path(self) -> Path:
+        return self.providers_file or self.home_path / "providers.yaml"
+
+    @property
+    def episodes_path(self) -> Path:
+        return self.home_path / "episodes"
 
     @property
     def url(self) -> str:

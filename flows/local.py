@@ -15,13 +15,12 @@ from uuid import UUID
 
 from prefect import Flow
 from prefect.client.orchestration import get_client
-from prefect.deployments.runner import RunnerDeployment
 from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
-from prefect.client.schemas.objects import FlowRun
+from prefect.client.schemas.objects import FlowRun, State
 from prefect.client.schemas.sorting import FlowRunSort
+from prefect.deployments.runner import RunnerDeployment
 from prefect.flow_engine import run_flow
 from prefect.schedules import Schedule
-from prefect.client.schemas.objects import State
 from prefect.states import Scheduled
 
 

@@ -64,3 +64,103 @@ class EpisodeEventRow(Base):
 
     def to_domain(self) -> EpisodeEvent:
         return EpisodeEvent(kind=self.kind, at=self.at, detail=dict(self.detail or {}))
+
+
+class EpisodePlanRow(Base):
+    """The playlist an episode generates from (`episodic plan`), as recorded, newest wins."""
+
+    __tablename__ = "episode_plans"
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    episode_pk: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey("episodes.id", ondelete="RESTRICT"), index=True
+    )
+    playlist: Mapped[dict[str, Any]] = mapped_column(JSON)
+    playlist_sha256: Mapped[str] = mapped_column(String(64))
+    reference_sha256: Mapped[list[str]] = mapped_column(JSON)
+    source_path: Mapped[str | None] = mapped_column(String(1024))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class RunRow(Base):
+    __tablename__ = "runs"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    episode_pk: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey("episodes.id", ondelete="RESTRICT"), index=True
+    )
+    command: Mapped[str] = mapped_column(String(32))
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    params: Mapped[dict[str, Any]] = mapped_column(JSON)
+    fingerprint: Mapped[str | None] = mapped_column(String(64), index=True)
+    error_text: Mapped[str | None] = mapped_column(String(2000))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column()
+    heartbeat_at: Mapped[datetime | None] = mapped_column()
+    finished_at: Mapped[datetime | None] = mapped_column()
+
+
+class ItemRow(Base):
+    """One paid image of an episode, identified by its idempotency key across runs."""
+
+    __tablename__ = "items"
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    episode_pk: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey("episodes.id", ondelete="RESTRICT"), index=True
+    )
+    run_id: Mapped[str | None] = mapped_column(
+        String(36), ForeignKey("runs.id", ondelete="RESTRICT"), index=True
+    )
+    idempotency_key: Mapped[str] = mapped_column(String(32), unique=True)
+    position: Mapped[int] = mapped_column(Integer)
+    video_id: Mapped[str] = mapped_column(String(64))
+    part: Mapped[int] = mapped_column(Integer)
+    prompt: Mapped[str] = mapped_column(String(8000))
+    seed: Mapped[int] = mapped_column(BigInteger)
+    state: Mapped[str] = mapped_column(String(16))
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    error_text: Mapped[str | None] = mapped_column(String(2000))
+    output_path: Mapped[str | None] = mapped_column(String(1024))
+    output_sha256: Mapped[str | None] = mapped_column(String(64))
+    force_resubmit: Mapped[bool] = mapped_column(default=False)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column()
+    finished_at: Mapped[datetime | None] = mapped_column()
+
+
+class SubmissionRow(Base):
+    """The ledger of paid calls: intent before the call, then the remote ref and the outcome."""
+
+    __tablename__ = "submissions"
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    item_pk: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey("items.id", ondelete="RESTRICT"), index=True
+    )
+    run_id: Mapped[str] = mapped_column(String(36), ForeignKey("runs.id", ondelete="RESTRICT"))
+    attempt: Mapped[int] = mapped_column(Integer)
+    client_reference: Mapped[str] = mapped_column(String(64), unique=True)
+    provider_profile: Mapped[str] = mapped_column(String(64))
+    state: Mapped[str] = mapped_column(String(16))
+    remote_ref: Mapped[str | None] = mapped_column(String(256))
+    forced: Mapped[bool] = mapped_column(default=False)
+    error_text: Mapped[str | None] = mapped_column(String(2000))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    accepted_at: Mapped[datetime | None] = mapped_column()
+    finished_at: Mapped[datetime | None] = mapped_column()
+
+
+class CostEntryRow(Base):
+    __tablename__ = "cost_entries"
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    episode_pk: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey("episodes.id", ondelete="RESTRICT"), index=True
+    )
+    submission_pk: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey("submissions.id", ondelete="RESTRICT"), unique=True
+    )
+    amount_minor: Mapped[int] = mapped_column(BigInteger)
+    currency: Mapped[str] = mapped_column(String(3))
+    recorded_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -9,6 +9,8 @@ from collections.abc import Callable
 
 import pytest
 
+from storage.schema import HEAD_REVISION
+
 Cli = Callable[..., subprocess.CompletedProcess[str]]
 
 pytestmark = pytest.mark.e2e
@@ -153,7 +155,7 @@ def test_db_upgrade_on_an_empty_database(
         assert "episodic db upgrade" in refused.stderr
     first = cli("db", "upgrade", "--json", env=env)
     assert first.returncode == 0, first.stderr
-    assert json.loads(first.stdout)["to"] == "0001"
+    assert json.loads(first.stdout)["to"] == HEAD_REVISION
     assert json.loads(cli("db", "upgrade", "--json", env=env).stdout)["changed"] is False
     assert cli("episodes", "list", "--json", env=env).stdout.strip() == "[]"
 

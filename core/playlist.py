@@ -1,0 +1,165 @@
+"""The playlist: what an episode generates (format documented in docs/playlist.md).
+
+Pure data and rules; reading the YAML file and hashing reference assets happen in `pipeline`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import string
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from core.errors import InvalidInput
+
+_ID = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
+PROMPT_FIELDS = frozenset({"title", "part", "video_id", "index"})
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Template(_Strict):
+    id: str = Field(pattern=f"^{_ID}$")
+    version: int = Field(ge=1)
+    prompt: str = Field(min_length=1, max_length=4000)
+
+    @field_validator("prompt")
+    @classmethod
+    def _known_fields(cls, prompt: str) -> str:
+        try:
+            fields = {name for _, name, _, _ in string.Formatter().parse(prompt) if name}
+        except ValueError as exc:
+            raise ValueError(f"bad placeholder syntax: {exc}") from None
+        unknown = fields - PROMPT_FIELDS
+        if unknown:
+            raise ValueError(f"unknown placeholders {sorted(unknown)}; use {sorted(PROMPT_FIELDS)}")
+        return prompt
+
+    def spec_hash(self) -> str:
+        return hashlib.sha256(canonical_json(self.model_dump()).encode()).hexdigest()
+
+
+class Video(_Strict):
+    video_id: str = Field(pattern=f"^{_ID}$")
+    title: str = Field(min_length=1, max_length=300)
+    parts: list[int] = Field(default_factory=lambda: [1], min_length=1, max_length=100)
+    seed: int = Field(ge=0, le=2**31 - 1)
+
+    @field_validator("parts")
+    @classmethod
+    def _distinct_positive(cls, parts: list[int]) -> list[int]:
+        if any(p < 1 for p in parts) or len(set(parts)) != len(parts):
+            raise ValueError("parts must be distinct numbers >= 1")
+        return parts
+
+
+class Playlist(_Strict):
+    template: Template
+    provider_profile: str = Field(default="fake", pattern=f"^{_ID}$")
+    reference_assets: list[str] = Field(default_factory=list, max_length=20)
+    items: list[Video] = Field(min_length=1, max_length=100_000)
+
+    @model_validator(mode="after")
+    def _unique_videos(self) -> Playlist:
+        seen: set[str] = set()
+        for video in self.items:
+            if video.video_id in seen:
+                raise ValueError(f"video_id {video.video_id!r} appears twice")
+            seen.add(video.video_id)
+        return self
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedItem:
+    """One paid image: one part of one video, with everything its key is made of."""
+
+    index: int  # 1-based position of the video in the playlist (what --only selects)
+    video_id: str
+    part: int
+    prompt: str
+    seed: int
+    idempotency_key: str
+
+    @property
+    def item_id(self) -> str:
+        return f"{self.video_id}.p{self.part}"
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def item_idempotency_key(
+    *,
+    template_spec_hash: str,
+    provider_profile: str,
+    item_id: str,
+    part: int,
+    prompt: str,
+    seed: int,
+    reference_sha256: list[str],
+) -> str:
+    """sha256 over canonical JSON of every input that changes the paid output (32 hex)."""
+    payload = canonical_json(
+        {
+            "template": template_spec_hash,
+            "profile": provider_profile,
+            "item": item_id,
+            "part": part,
+            "prompt": prompt,
+            "seed": seed,
+            "references": sorted(reference_sha256),
+        }
+    )
+    return hashlib.sha256(payload.encode()).hexdigest()[:32]
+
+
+def expand(playlist: Playlist, reference_sha256: list[str], episode_id: str) -> list[PlannedItem]:
+    """Every paid image of the playlist for one episode, with its idempotency key.
+
+    The item id inside the key is scoped by the episode, so two episodes planned from the same
+    playlist never share keys (the items table holds each key once).
+    """
+    spec = playlist.template.spec_hash()
+    planned = []
+    for index, video in enumerate(playlist.items, start=1):
+        for part in video.parts:
+            prompt = playlist.template.prompt.format(
+                title=video.title, part=part, video_id=video.video_id, index=index
+            )
+            item_id = f"{episode_id}/{video.video_id}.p{part}"
+            key = item_idempotency_key(
+                template_spec_hash=spec,
+                provider_profile=playlist.provider_profile,
+                item_id=item_id,
+                part=part,
+                prompt=prompt,
+                seed=video.seed,
+                reference_sha256=reference_sha256,
+            )
+            planned.append(PlannedItem(index, video.video_id, part, prompt, video.seed, key))
+    return planned
+
+
+_RANGE = re.compile(r"([1-9][0-9]*)(?:-([1-9][0-9]*))?")
+
+
+def parse_selection(text: str, count: int) -> frozenset[int]:
+    """'3,7-9' -> {3, 7, 8, 9}; numbers are 1-based video positions, checked against count."""
+    chosen: set[int] = set()
+    for chunk in text.split(","):
+        match = _RANGE.fullmatch(chunk.strip())
+        if match is None:
+            raise InvalidInput(f"invalid --only {text!r}: expected e.g. 3,7-9")
+        low = int(match[1])
+        high = int(match[2] or low)
+        if high < low or high > count:
+            raise InvalidInput(f"invalid --only {text!r}: the playlist has videos 1-{count}")
+        chosen.update(range(low, high + 1))
+    return frozenset(chosen)

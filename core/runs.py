@@ -1,0 +1,96 @@
+"""Domain objects of paid generation runs (rows stay in `storage`)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    run_id: str
+    episode_id: str
+    pipeline: str
+    command: str
+    state: str
+    params: dict[str, Any]
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    error_text: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    pk: int
+    idempotency_key: str
+    position: int
+    video_id: str
+    part: int
+    prompt: str
+    seed: int
+    state: str
+    attempts: int
+    error_text: str | None
+
+    @property
+    def item_id(self) -> str:
+        return f"{self.video_id}.p{self.part}"
+
+
+@dataclass(frozen=True, slots=True)
+class Submission:
+    pk: int
+    item_pk: int
+    attempt: int
+    client_reference: str
+    state: str
+    remote_ref: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ItemSnapshot:
+    """What planning needs to know of an existing item (one set-based query)."""
+
+    state: str
+    attempts: int
+    started_at: datetime | None
+    open_submission: str | None  # state of a submission without outcome: intent/accepted/unknown
+
+
+@dataclass(frozen=True, slots=True)
+class RunCounts:
+    completed: int = 0
+    failed: int = 0
+    pending: int = 0
+    running: int = 0
+    cancelled: int = 0
+    paid_submissions: int = 0
+    cost_minor: int = 0
+    currency: str = "USD"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class PlanReport:
+    """What a run would do, before anything is written."""
+
+    new_calls: int  # paid submissions the run would make
+    skipped: int  # already completed
+    busy: int  # running in another, live run
+    to_collect: int  # accepted earlier, result not collected yet: no new paid call
+    to_reconcile: int  # acceptance unknown: ask the provider, never resubmit automatically
+    exhausted: int  # failed max_retries + 1 times: left alone
+    estimated_cost_minor: int
+    currency: str
+    new_keys: tuple[str, ...] = field(default=(), repr=False)
+    reuse_keys: tuple[str, ...] = field(default=(), repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.pop("new_keys")
+        data.pop("reuse_keys")
+        return data

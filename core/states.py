@@ -1,0 +1,65 @@
+"""Run and item states and the transitions between them (DESIGN 5), enforced in one place."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from core.errors import InvalidTransition
+
+
+class RunState(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    PAUSED = "paused"
+
+
+class ItemState(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class SubmissionState(StrEnum):
+    INTENT = "intent"  # committed before the paid call; no outcome known yet
+    ACCEPTED = "accepted"  # the provider took it: remote task reference recorded
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"  # the provider refused it or the remote task failed
+    UNKNOWN = "unknown"  # the call may or may not have been accepted: never resubmitted
+
+
+RUN_TRANSITIONS: dict[RunState, frozenset[RunState]] = {
+    RunState.PENDING: frozenset({RunState.RUNNING, RunState.CANCELLED}),
+    RunState.RUNNING: frozenset(
+        {RunState.COMPLETED, RunState.FAILED, RunState.CANCELLED, RunState.PAUSED}
+    ),
+    RunState.PAUSED: frozenset({RunState.RUNNING, RunState.CANCELLED}),
+    RunState.FAILED: frozenset({RunState.RUNNING}),
+    RunState.COMPLETED: frozenset(),
+    RunState.CANCELLED: frozenset(),
+}
+
+ITEM_TRANSITIONS: dict[ItemState, frozenset[ItemState]] = {
+    ItemState.PENDING: frozenset({ItemState.RUNNING, ItemState.CANCELLED}),
+    ItemState.RUNNING: frozenset({ItemState.COMPLETED, ItemState.FAILED, ItemState.CANCELLED}),
+    ItemState.FAILED: frozenset({ItemState.RUNNING, ItemState.CANCELLED}),
+    ItemState.COMPLETED: frozenset(),
+    ItemState.CANCELLED: frozenset({ItemState.PENDING}),
+}
+
+ACTIVE_RUN_STATES = frozenset({RunState.PENDING, RunState.RUNNING})
+RESUMABLE_RUN_STATES = frozenset({RunState.PAUSED, RunState.FAILED})
+
+
+def check_run_transition(current: str, target: str) -> None:
+    if RunState(target) not in RUN_TRANSITIONS[RunState(current)]:
+        raise InvalidTransition(f"run cannot go from {current} to {target}")
+
+
+def check_item_transition(current: str, target: str) -> None:
+    if ItemState(target) not in ITEM_TRANSITIONS[ItemState(current)]:
+        raise InvalidTransition(f"item cannot go from {current} to {target}")

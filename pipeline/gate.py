@@ -1,0 +1,92 @@
+"""The execution gate (DESIGN 4): no credential is read and no provider client is built for
+an episode that does not exist.
+
+The order is structural: `build_provider` accepts only a `GatePass`, and only `open_gate`
+can make one (after parsing the id and loading the episode).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from sqlalchemy import Engine
+
+from core.episodes import Episode
+from core.errors import ProviderConfigError
+from core.ids import EpisodeId
+from providers.base import Provider
+from providers.profiles import Profile
+from storage.episodes import EpisodeRepository
+from storage.runs import RunStore
+
+_GATE_TOKEN = object()
+PAID_COMMANDS = frozenset({"generate", "retry", "resume"})
+
+
+@dataclass(frozen=True, slots=True)
+class GatePass:
+    """Proof that the episode exists and the command may run on it."""
+
+    pipeline: str
+    episode: Episode
+    episode_pk: int
+    command: str
+    _token: object = field(repr=False, compare=False)
+
+    @property
+    def episode_id(self) -> str:
+        return str(self.episode.episode_id)
+
+
+def open_gate(engine: Engine, pipeline: str, episode_id: str, command: str) -> GatePass:
+    """Parse the id (exit 2), load the episode (exit 5), check the command is allowed."""
+    parsed = EpisodeId.parse(episode_id)
+    episode = EpisodeRepository(engine).get(pipeline, parsed)
+    pk = RunStore(engine).episode_pk(pipeline, str(parsed))
+    return GatePass(pipeline, episode, pk, command, _GATE_TOKEN)
+
+
+class CredentialSource(Protocol):
+    def read(self, profile: Profile) -> str: ...
+
+
+class EnvironmentCredentials:
+    """Reads the environment variable a profile names; never logs or echoes the value."""
+
+    def read(self, profile: Profile) -> str:
+        name = profile.credential_env
+        if name is None:
+            raise ProviderConfigError(f"profile {profile.id!r} names no credential_env")
+        value = os.environ.get(name)
+        if not value:
+            raise ProviderConfigError(f"credential for profile {profile.id!r}: ${name} is not set")
+        return value
+
+
+def build_provider(
+    gate: GatePass, profile: Profile, credentials: CredentialSource, state_dir: Path
+) -> Provider:
+    """The only place a provider client is built or a credential read."""
+    if not isinstance(gate, GatePass) or gate._token is not _GATE_TOKEN:
+        raise TypeError("build_provider needs the GatePass of a successful open_gate()")
+    credential = credentials.read(profile) if profile.needs_credential else None
+    if profile.kind == "fake":
+        from providers.fake import FakeProvider
+
+        return FakeProvider(
+            profile_id=profile.id,
+            state_dir=state_dir / "fake-provider",
+            cost_per_image_minor=profile.cost_per_image_minor,
+            currency=profile.currency,
+            max_concurrency=profile.max_concurrency,
+            delay_ms=profile.delay_ms,
+            credential=credential,
+        )
+    from providers.http import HttpProvider
+
+    if profile.base_url is None or credential is None:
+        raise ProviderConfigError(f"http profile {profile.id!r} needs base_url and a credential")
+    return HttpProvider(profile=profile, token=credential)

@@ -1,0 +1,53 @@
+"""Reading a playlist file, hashing its reference assets, recording it for an episode."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from core.errors import InvalidPlaylist
+from core.playlist import PlannedItem, Playlist, canonical_json, expand
+
+
+def load_playlist(path: Path) -> tuple[Playlist, list[str]]:
+    """Parse and validate the YAML file; return it with the sha256 of each reference asset."""
+    import yaml
+
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InvalidPlaylist(f"playlist {path} does not exist") from None
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise InvalidPlaylist(
+            f"playlist {path} cannot be read: {str(exc).splitlines()[0]}"
+        ) from None
+    playlist = parse_playlist(raw, str(path))
+    references = []
+    for name in playlist.reference_assets:
+        asset = (path.parent / name).resolve()
+        if not asset.is_file():
+            raise InvalidPlaylist(f"{path}: reference asset {name!r} does not exist")
+        references.append(hashlib.sha256(asset.read_bytes()).hexdigest())
+    return playlist, references
+
+
+def parse_playlist(raw: Any, source: str) -> Playlist:
+    try:
+        return Playlist.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "(top level)"
+        raise InvalidPlaylist(f"{source}: {where}: {first['msg']}") from None
+
+
+def playlist_sha256(playlist: Playlist) -> str:
+    return hashlib.sha256(canonical_json(playlist.model_dump()).encode()).hexdigest()
+
+
+def planned_items(
+    playlist: dict[str, Any], references: list[str], episode_id: str
+) -> list[PlannedItem]:
+    return expand(parse_playlist(playlist, "recorded plan"), references, episode_id)

@@ -1,0 +1,166 @@
+"""A deterministic, inspectable fake image provider for tests and the demo.
+
+Images are PNGs drawn from the prompt and seed (Pillow), so the same request gives the same
+bytes. Prompt markers inject behaviour:
+
+- ``[[DELAY_MS:n]]``: the job takes n ms (default: the profile's ``delay_ms``, else
+  ``EPISODIC_FAKE_DELAY_MS``, else 0);
+- ``[[FAIL_TRANSIENT]]``: every submit fails transiently; ``[[FAIL_TRANSIENT:n]]``: the first n
+  submits of that client reference fail, then it succeeds;
+- ``[[FAIL_PERMANENT]]``: submit is refused permanently;
+- ``[[LOSE_RESPONSE]]``: the job is accepted, then the reply is lost (``UnknownOutcome``).
+
+Accepted jobs are kept as files under ``state_dir`` (the fake's "server side"), so a later
+process can look a job up by its client reference and collect it. When
+``EPISODIC_FAKE_PROVIDER_LOG`` is set, one JSON line per event is appended there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from providers.base import (
+    Capabilities,
+    ImageRequest,
+    ImageResult,
+    PermanentProviderError,
+    StopCheck,
+    Stopped,
+    TransientProviderError,
+    UnknownOutcome,
+)
+
+_DELAY = re.compile(r"\[\[DELAY_MS:([0-9]{1,7})\]\]")
+_TRANSIENT = re.compile(r"\[\[FAIL_TRANSIENT(?::([0-9]{1,4}))?\]\]")
+_log_guard = threading.Lock()
+
+
+def log_event(event: str, **fields: Any) -> None:
+    path = os.environ.get("EPISODIC_FAKE_PROVIDER_LOG")
+    if not path:
+        return
+    line = json.dumps({"event": event, "at": time.time(), "pid": os.getpid(), **fields})
+    with _log_guard, open(path, "a", encoding="utf-8") as handle:
+        handle.write(line + "\n")
+
+
+def render_png(prompt: str, seed: int, size: int = 64) -> bytes:
+    from PIL import Image
+
+    digest = hashlib.sha256(f"{seed}\x00{prompt}".encode()).digest()
+    image = Image.new("RGB", (size, size), tuple(digest[:3]))
+    pixels = image.load()
+    assert pixels is not None
+    for y in range(size):
+        for x in range(size):
+            if (x * digest[3] + y * digest[4]) % 7 < 3:
+                pixels[x, y] = (digest[5 + (x % 8)], digest[13 + (y % 8)], digest[21])
+    out = io.BytesIO()
+    image.save(out, format="PNG", optimize=False)
+    return out.getvalue()
+
+
+class FakeProvider:
+    def __init__(
+        self,
+        *,
+        profile_id: str,
+        state_dir: Path,
+        cost_per_image_minor: int = 4,
+        currency: str = "USD",
+        max_concurrency: int = 8,
+        delay_ms: int | None = None,
+        credential: str | None = None,
+    ) -> None:
+        self.profile_id = profile_id
+        self.state_dir = state_dir
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        if delay_ms is None:
+            delay_ms = int(os.environ.get("EPISODIC_FAKE_DELAY_MS", "0") or 0)
+        self.delay_ms = delay_ms
+        self.capabilities = Capabilities(
+            max_concurrency=max_concurrency,
+            supports_seed=True,
+            cost_per_image_minor=cost_per_image_minor,
+            currency=currency,
+            can_lookup=True,
+        )
+        self._transient_seen: dict[str, int] = {}
+        self._guard = threading.Lock()
+        self.submissions: list[ImageRequest] = []  # what this client received, for inspection
+        log_event("client_built", profile=profile_id, has_credential=credential is not None)
+
+    def submit(self, request: ImageRequest) -> str:
+        log_event(
+            "submit",
+            client_reference=request.client_reference,
+            episode_id=request.episode_id,
+            item_id=request.item_id,
+        )
+        with self._guard:
+            self.submissions.append(request)
+        transient = _TRANSIENT.search(request.prompt)
+        if transient:
+            with self._guard:
+                seen = self._transient_seen.get(request.client_reference, 0) + 1
+                self._transient_seen[request.client_reference] = seen
+            limit = transient[1]
+            if limit is None or seen <= int(limit):
+                raise TransientProviderError(f"fake transient failure #{seen}")
+        if "[[FAIL_PERMANENT]]" in request.prompt:
+            raise PermanentProviderError("fake permanent refusal")
+        remote_ref = self._remote_ref(request.client_reference)
+        delay = _DELAY.search(request.prompt)
+        job = {
+            "remote_ref": remote_ref,
+            "client_reference": request.client_reference,
+            "prompt": request.prompt,
+            "seed": request.seed,
+            "ready_at": time.time() + (int(delay[1]) if delay else self.delay_ms) / 1000,
+        }
+        self._job_path(remote_ref).write_text(json.dumps(job))
+        log_event("accepted", client_reference=request.client_reference, remote_ref=remote_ref)
+        if "[[LOSE_RESPONSE]]" in request.prompt:
+            raise UnknownOutcome("fake provider accepted the job, then the reply was lost")
+        return remote_ref
+
+    def collect(self, remote_ref: str, *, deadline_s: float, should_stop: StopCheck) -> ImageResult:
+        path = self._job_path(remote_ref)
+        if not path.exists():
+            raise PermanentProviderError(f"unknown remote task {remote_ref}")
+        job = json.loads(path.read_text())
+        give_up = time.monotonic() + deadline_s
+        while (wait := job["ready_at"] - time.time()) > 0:
+            if should_stop():
+                raise Stopped()
+            if time.monotonic() > give_up:
+                raise TransientProviderError(f"remote task {remote_ref} not ready in time")
+            time.sleep(min(wait, 0.05))
+        log_event("collect", remote_ref=remote_ref)
+        content = render_png(job["prompt"], job["seed"])
+        return ImageResult(content, "image/png", self.capabilities.cost_per_image_minor)
+
+    def lookup(self, client_reference: str) -> str | None:
+        log_event("lookup", client_reference=client_reference)
+        remote_ref = self._remote_ref(client_reference)
+        return remote_ref if self._job_path(remote_ref).exists() else None
+
+    def close(self) -> None:
+        pass
+
+    @staticmethod
+    def _remote_ref(client_reference: str) -> str:
+        return "fake-" + hashlib.sha256(client_reference.encode()).hexdigest()[:20]
+
+    def _job_path(self, remote_ref: str) -> Path:
+        if not re.fullmatch(r"fake-[0-9a-f]{20}", remote_ref):
+            raise PermanentProviderError("malformed remote task reference")
+        return self.state_dir / f"{remote_ref}.json"

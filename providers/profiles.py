@@ -1,0 +1,76 @@
+"""Provider profiles: which provider, how much it costs, where its credential comes from.
+
+Built in: ``fake`` (the deterministic fake provider). More profiles come from a YAML file,
+``EPISODIC_PROVIDERS_FILE`` (default ``$EPISODIC_HOME/providers.yaml``)::
+
+    profiles:
+      replicate-sdxl:
+        kind: http
+        base_url: https://images.example.com/v1
+        credential_env: IMAGE_API_TOKEN        # or credential_secret_block: image-api-token
+        cost_per_image_minor: 5
+        currency: USD
+        max_concurrency: 4
+        timeout_s: 30
+
+A profile names where its credential lives; it never contains the credential itself.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from core.errors import ProviderConfigError
+
+
+class Profile(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str
+    kind: Literal["fake", "http"]
+    cost_per_image_minor: int = Field(ge=0)
+    currency: str = Field(default="USD", pattern="^[A-Z]{3}$")
+    max_concurrency: int = Field(default=4, ge=1, le=256)
+    base_url: str | None = None
+    credential_env: str | None = Field(default=None, pattern="^[A-Z_][A-Z0-9_]*$")
+    credential_secret_block: str | None = None
+    timeout_s: float = Field(default=30.0, gt=0, le=600)
+    poll_interval_s: float = Field(default=1.0, gt=0, le=60)
+    delay_ms: int | None = Field(default=None, ge=0)
+
+    @property
+    def needs_credential(self) -> bool:
+        return self.credential_env is not None or self.credential_secret_block is not None
+
+
+BUILTIN = {
+    "fake": Profile(id="fake", kind="fake", cost_per_image_minor=4, max_concurrency=8),
+}
+
+
+def load_profiles(path: Path | None) -> dict[str, Profile]:
+    profiles = dict(BUILTIN)
+    if path is None or not path.exists():
+        return profiles
+    import yaml
+
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        for profile_id, fields in (raw.get("profiles") or {}).items():
+            profiles[profile_id] = Profile(id=profile_id, **fields)
+    except (yaml.YAMLError, ValidationError, TypeError, AttributeError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ProviderConfigError(f"{path}: invalid provider profiles: {first}") from None
+    return profiles
+
+
+def get_profile(profiles: dict[str, Profile], profile_id: str) -> Profile:
+    try:
+        return profiles[profile_id]
+    except KeyError:
+        raise ProviderConfigError(
+            f"unknown provider profile {profile_id!r} (known: {', '.join(sorted(profiles))})"
+        ) from None
