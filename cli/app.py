@@ -14,7 +14,7 @@ import click
 import typer
 
 from cli import allocate as allocate_cmd
-from cli import db, demo, episodes, serve
+from cli import db, demo, episodes, generate, runs, serve
 from cli.output import error
 
 app = typer.Typer(
@@ -26,9 +26,13 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 app.command("allocate")(allocate_cmd.allocate)
+app.command("plan")(generate.plan)
+app.command("generate")(generate.generate)
+app.command("retry")(generate.retry)
 app.command("demo")(demo.demo)
 app.command("serve")(serve.serve)
 app.add_typer(episodes.app, name="episodes")
+app.add_typer(runs.app, name="runs")
 app.add_typer(db.app, name="db")
 
 

@@ -36,6 +36,7 @@ from providers.profiles import Profile
 from storage.runs import RunStore
 
 INTERRUPTED = "interrupted"
+RUNNABLE = frozenset({"new", "collect", "reconcile", "retry"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,6 +299,9 @@ class RunEngine:
         except ProviderError as exc:
             self.store.set_item_state(item.pk, ItemState.FAILED, _reason(exc))
             return "failed"
+        except Exception as exc:  # a bug or an outage must not leave the item "running"
+            self.store.set_item_state(item.pk, ItemState.FAILED, f"error: {_reason(exc)}")
+            raise
 
     def _advance(self, run_id: str, item: Item, options: RunOptions) -> str:
         submission = self.store.open_submission(item.pk)

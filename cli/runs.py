@@ -1,0 +1,95 @@
+"""`episodic runs list|show|resume|cancel`."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from cli import context
+from cli.options import JsonOption, PipelineOption
+from cli.output import emit_json, table
+
+app = typer.Typer(help="Inspect, resume and cancel generation runs.", no_args_is_help=True)
+RunArg = Annotated[str, typer.Argument(help="Run id (from `episodic runs list`).")]
+
+
+@app.command("list")
+def list_runs(
+    episode: Annotated[str | None, typer.Option(help="Only runs of this episode.")] = None,
+    pipeline: PipelineOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """List runs, newest first."""
+    from core.ids import EpisodeId
+    from storage.runs import RunStore
+
+    episode_id = str(EpisodeId.parse(episode)) if episode else None
+    store = RunStore(context.engine())
+    runs = store.list_runs(context.pipeline_name(pipeline), episode_id)
+    if as_json:
+        emit_json([{**_run_dict(r), **store.counts(r.run_id).to_dict()} for r in runs])
+        return
+    if not runs:
+        typer.echo("no runs")
+        return
+    table(None, ["run", "episode", "command", "state", "created (UTC)"],
+          ((r.run_id, r.episode_id, r.command, r.state,
+            r.created_at.strftime("%Y-%m-%d %H:%M:%S")) for r in runs))
+
+
+@app.command("show")
+def show_run(run_id: RunArg, as_json: JsonOption = False) -> None:
+    """Show a run, its counts, cost and items."""
+    from core.money import format_minor
+    from storage.runs import RunStore
+
+    store = RunStore(context.engine())
+    run = store.get_run(run_id)
+    counts = store.counts(run_id)
+    items = store.run_items(run_id)
+    if as_json:
+        emit_json({**_run_dict(run), **counts.to_dict(), "items": [
+            {"item_id": i.item_id, "state": i.state, "attempts": i.attempts,
+             "idempotency_key": i.idempotency_key, "error_text": i.error_text} for i in items]})
+        return
+    typer.echo(f"run {run.run_id} ({run.command} {run.episode_id}): {run.state}"
+               + (f" ({run.error_text})" if run.error_text else ""))
+    typer.echo(f"  completed {counts.completed}, failed {counts.failed}, pending {counts.pending}, "
+               f"paid submissions {counts.paid_submissions}, cost "
+               f"{format_minor(counts.cost_minor, counts.currency)}")
+    table(None, ["item", "state", "attempts", "error"],
+          ((i.item_id, i.state, i.attempts, i.error_text or "") for i in items))
+
+
+@app.command("resume")
+def resume(
+    run_id: RunArg,
+    force_resubmit: Annotated[bool, typer.Option(help="Resubmit items whose acceptance is unknown (recorded in the ledger).")] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Resume a paused or failed run: collect accepted work, retry failed items, never pay twice."""
+    from cli.generate import resume_run
+
+    resume_run(run_id, force_resubmit=force_resubmit, as_json=as_json)
+
+
+@app.command("cancel")
+def cancel(run_id: RunArg, as_json: JsonOption = False) -> None:
+    """Cancel a pending, running or paused run; its unstarted items are cancelled too."""
+    from core.states import RunState
+    from storage.runs import RunStore
+
+    store = RunStore(context.engine())
+    store.transition_run(run_id, RunState.CANCELLED, "cancelled by operator")
+    run = store.get_run(run_id)
+    emit_json(_run_dict(run)) if as_json else typer.echo(f"run {run_id} cancelled")
+
+
+def _run_dict(run: object) -> dict[str, object]:
+    from dataclasses import asdict
+
+    data = asdict(run)  # type: ignore[call-overload]
+    return {k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in data.items()}
+
+
