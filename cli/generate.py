@@ -32,22 +32,42 @@ def plan(
         emit_json(result)
         return
     verb = "recorded" if result["recorded"] else "unchanged"
-    typer.echo(f"{result['episode_id']}: plan {verb}: {result['videos']} videos, "
-               f"{result['images']} images, template {result['template']}, "
-               f"provider {result['provider_profile']}")
+    typer.echo(
+        f"{result['episode_id']}: plan {verb}: {result['videos']} videos, "
+        f"{result['images']} images, template {result['template']}, "
+        f"provider {result['provider_profile']}"
+    )
 
 
 def generate(
     episode_id: EpisodeArg,
-    only: Annotated[str | None, typer.Option(help="Only these videos (1-based), e.g. 3,7-9.")] = None,
-    concurrency: Annotated[int, typer.Option(min=1, max=64, help="Parallel paid calls (capped by the provider).")] = 4,
-    max_retries: Annotated[int, typer.Option(min=0, max=20, help="Retries of a failed item, counted across runs.")] = 2,
-    max_images: Annotated[int | None, typer.Option(min=0, help="Refuse a plan with more new paid calls.")] = None,
-    max_cost: Annotated[str | None, typer.Option(help="Refuse a plan estimated above this amount, e.g. 5.00.")] = None,
-    stale_after: Annotated[float, typer.Option(min=1, help="Seconds after which a running item counts as failed.")] = 900,
-    show_plan: Annotated[bool, typer.Option("--plan", help="Only show the plan: new calls, skipped, cost.")] = False,
-    resume: Annotated[str | None, typer.Option(help="Resume this run instead (alias of `runs resume`).")] = None,
-    force_resubmit: Annotated[bool, typer.Option(help="Resubmit items whose acceptance is unknown (recorded).")] = False,
+    only: Annotated[
+        str | None, typer.Option(help="Only these videos (1-based), e.g. 3,7-9.")
+    ] = None,
+    concurrency: Annotated[
+        int, typer.Option(min=1, max=64, help="Parallel paid calls (capped by the provider).")
+    ] = 4,
+    max_retries: Annotated[
+        int, typer.Option(min=0, max=20, help="Retries of a failed item, counted across runs.")
+    ] = 2,
+    max_images: Annotated[
+        int | None, typer.Option(min=0, help="Refuse a plan with more new paid calls.")
+    ] = None,
+    max_cost: Annotated[
+        str | None, typer.Option(help="Refuse a plan estimated above this amount, e.g. 5.00.")
+    ] = None,
+    stale_after: Annotated[
+        float, typer.Option(min=1, help="Seconds after which a running item counts as failed.")
+    ] = 900,
+    show_plan: Annotated[
+        bool, typer.Option("--plan", help="Only show the plan: new calls, skipped, cost.")
+    ] = False,
+    resume: Annotated[
+        str | None, typer.Option(help="Resume this run instead (alias of `runs resume`).")
+    ] = None,
+    force_resubmit: Annotated[
+        bool, typer.Option(help="Resubmit items whose acceptance is unknown (recorded).")
+    ] = False,
     pipeline: PipelineOption = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -63,14 +83,18 @@ def generate(
         resume_run(resume, force_resubmit=force_resubmit, as_json=as_json)
         return
     engine = context.engine()
-    prepared = prepare(engine, context.settings(), context.pipeline_name(pipeline), episode_id,
-                       "generate")
+    prepared = prepare(
+        engine, context.settings(), context.pipeline_name(pipeline), episode_id, "generate"
+    )
     videos = max(item.index for item in prepared.items)
     options = RunOptions(
-        only=parse_selection(only, videos) if only else None, concurrency=concurrency,
-        max_retries=max_retries, max_images=max_images,
+        only=parse_selection(only, videos) if only else None,
+        concurrency=concurrency,
+        max_retries=max_retries,
+        max_images=max_images,
         max_cost_minor=parse_amount(max_cost) if max_cost is not None else None,
-        stale_after_s=stale_after, force_resubmit=force_resubmit,
+        stale_after_s=stale_after,
+        force_resubmit=force_resubmit,
     )
     store = RunStore(engine)
     report = make_plan(store, prepared.gate, prepared.items, options, prepared.profile)
@@ -84,7 +108,9 @@ def generate(
 
 def retry(
     episode_id: EpisodeArg,
-    force_resubmit: Annotated[bool, typer.Option(help="Resubmit items whose acceptance is unknown.")] = False,
+    force_resubmit: Annotated[
+        bool, typer.Option(help="Resubmit items whose acceptance is unknown.")
+    ] = False,
     pipeline: PipelineOption = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -93,8 +119,9 @@ def retry(
     from pipeline.gate import open_gate
     from storage.runs import RunStore
 
-    gate = open_gate(context.engine(), context.pipeline_name(pipeline),
-                     str(EpisodeId.parse(episode_id)), "retry")
+    gate = open_gate(
+        context.engine(), context.pipeline_name(pipeline), str(EpisodeId.parse(episode_id)), "retry"
+    )
     run_id = RunStore(context.engine()).latest_run(gate.episode_pk, "generate")
     if run_id is None:
         from core.errors import CommandNotAllowed
@@ -123,8 +150,9 @@ def resume_run(run_id: str, *, force_resubmit: bool, as_json: bool) -> None:
     _execute(prepared, run_id, options, 0, as_json)
 
 
-def _execute(prepared: Prepared, run_id: str, options: RunOptions, skipped: int,
-             as_json: bool) -> None:
+def _execute(
+    prepared: Prepared, run_id: str, options: RunOptions, skipped: int, as_json: bool
+) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from core.money import format_minor
@@ -134,8 +162,14 @@ def _execute(prepared: Prepared, run_id: str, options: RunOptions, skipped: int,
 
     engine = run_engine(context.engine(), context.settings(), prepared, EnvironmentCredentials())
     total = len(RunStore(context.engine()).run_items(run_id))
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), transient=True, disable=as_json) as progress:
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        transient=True,
+        disable=as_json,
+    ) as progress:
         task = progress.add_task(f"generating {prepared.gate.episode_id}", total=total)
         engine.on_progress = lambda item, result: progress.advance(task)
         outcome: RunOutcome = engine.execute(run_id, options, skipped)
@@ -143,9 +177,11 @@ def _execute(prepared: Prepared, run_id: str, options: RunOptions, skipped: int,
         emit_json(outcome.to_dict())
     else:
         counts = outcome.counts
-        typer.echo(f"{outcome.message}\n  completed {counts.completed}, skipped {outcome.skipped}, "
-                   f"failed {counts.failed}, new paid submissions {counts.paid_submissions}, "
-                   f"cost {format_minor(counts.cost_minor, counts.currency)}")
+        typer.echo(
+            f"{outcome.message}\n  completed {counts.completed}, skipped {outcome.skipped}, "
+            f"failed {counts.failed}, new paid submissions {counts.paid_submissions}, "
+            f"cost {format_minor(counts.cost_minor, counts.currency)}"
+        )
     raise typer.Exit(int(outcome.exit_code))
 
 
@@ -159,4 +195,5 @@ def _print_plan(report: dict[str, object], as_json: bool) -> None:
         f"plan: {report['new_calls']} new paid calls, {report['skipped']} skipped (done), "
         f"{report['to_collect']} to collect, {report['to_reconcile']} to reconcile, "
         f"{report['busy']} busy, {report['exhausted']} out of retries; estimated cost "
-        f"{format_minor(int(str(report['estimated_cost_minor'])), str(report['currency']))}")
+        f"{format_minor(int(str(report['estimated_cost_minor'])), str(report['currency']))}"
+    )

@@ -33,9 +33,14 @@ def list_runs(
     if not runs:
         typer.echo("no runs")
         return
-    table(None, ["run", "episode", "command", "state", "created (UTC)"],
-          ((r.run_id, r.episode_id, r.command, r.state,
-            r.created_at.strftime("%Y-%m-%d %H:%M:%S")) for r in runs))
+    table(
+        None,
+        ["run", "episode", "command", "state", "created (UTC)"],
+        (
+            (r.run_id, r.episode_id, r.command, r.state, r.created_at.strftime("%Y-%m-%d %H:%M:%S"))
+            for r in runs
+        ),
+    )
 
 
 @app.command("show")
@@ -49,23 +54,46 @@ def show_run(run_id: RunArg, as_json: JsonOption = False) -> None:
     counts = store.counts(run_id)
     items = store.run_items(run_id)
     if as_json:
-        emit_json({**_run_dict(run), **counts.to_dict(), "items": [
-            {"item_id": i.item_id, "state": i.state, "attempts": i.attempts,
-             "idempotency_key": i.idempotency_key, "error_text": i.error_text} for i in items]})
+        emit_json(
+            {
+                **_run_dict(run),
+                **counts.to_dict(),
+                "items": [
+                    {
+                        "item_id": i.item_id,
+                        "state": i.state,
+                        "attempts": i.attempts,
+                        "idempotency_key": i.idempotency_key,
+                        "error_text": i.error_text,
+                    }
+                    for i in items
+                ],
+            }
+        )
         return
-    typer.echo(f"run {run.run_id} ({run.command} {run.episode_id}): {run.state}"
-               + (f" ({run.error_text})" if run.error_text else ""))
-    typer.echo(f"  completed {counts.completed}, failed {counts.failed}, pending {counts.pending}, "
-               f"paid submissions {counts.paid_submissions}, cost "
-               f"{format_minor(counts.cost_minor, counts.currency)}")
-    table(None, ["item", "state", "attempts", "error"],
-          ((i.item_id, i.state, i.attempts, i.error_text or "") for i in items))
+    typer.echo(
+        f"run {run.run_id} ({run.command} {run.episode_id}): {run.state}"
+        + (f" ({run.error_text})" if run.error_text else "")
+    )
+    typer.echo(
+        f"  completed {counts.completed}, failed {counts.failed}, pending {counts.pending}, "
+        f"paid submissions {counts.paid_submissions}, cost "
+        f"{format_minor(counts.cost_minor, counts.currency)}"
+    )
+    table(
+        None,
+        ["item", "state", "attempts", "error"],
+        ((i.item_id, i.state, i.attempts, i.error_text or "") for i in items),
+    )
 
 
 @app.command("resume")
 def resume(
     run_id: RunArg,
-    force_resubmit: Annotated[bool, typer.Option(help="Resubmit items whose acceptance is unknown (recorded in the ledger).")] = False,
+    force_resubmit: Annotated[
+        bool,
+        typer.Option(help="Resubmit items whose acceptance is unknown (recorded in the ledger)."),
+    ] = False,
     as_json: JsonOption = False,
 ) -> None:
     """Resume a paused or failed run: collect accepted work, retry failed items, never pay twice."""
@@ -91,5 +119,3 @@ def _run_dict(run: object) -> dict[str, object]:
 
     data = asdict(run)  # type: ignore[call-overload]
     return {k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in data.items()}
-
-

@@ -242,10 +242,8 @@ class RunEngine:
     on_progress: Callable[[Item, str], None] = lambda item, result: None
 
     def execute(self, run_id: str, options: RunOptions, skipped: int = 0) -> RunOutcome:
+        runnable = self.runnable_items(run_id, options)
         self.store.transition_run(run_id, RunState.RUNNING)
-        runnable = self.store.run_items(
-            run_id, [ItemState.PENDING, ItemState.FAILED, ItemState.RUNNING]
-        )
         concurrency = max(1, min(options.concurrency, self.provider.capabilities.max_concurrency))
         try:
             self.executor(
@@ -257,11 +255,34 @@ class RunEngine:
             )
         except KeyboardInterrupt:
             self.stop.set()
+        except Exception as exc:
+            self.stop.set()
+            self.store.fail_running_items(run_id, f"error: {_reason(exc)}")
+            self.store.transition_run(run_id, RunState.FAILED, f"error: {_reason(exc)}")
+            raise
         if self.stop.is_set():
             self.store.fail_running_items(run_id, INTERRUPTED)
             self.store.transition_run(run_id, RunState.PAUSED, INTERRUPTED)
             return self._outcome(run_id, RunState.PAUSED, ExitCode.INTERRUPTED, skipped)
         return self.finish(run_id, skipped)
+
+    def runnable_items(self, run_id: str, options: RunOptions) -> list[Item]:
+        """The run's items that the planning rules still allow to run (resume obeys them too)."""
+        candidates = self.store.run_items(
+            run_id, [ItemState.PENDING, ItemState.FAILED, ItemState.RUNNING]
+        )
+        snapshots = self.store.snapshots(self.gate.episode_pk)
+        kinds = {
+            it.pk: classify(snapshots.get(it.idempotency_key), options, self.store)
+            for it in candidates
+        }
+        paid = sum(1 for it in candidates if kinds[it.pk] in ("new", "retry"))
+        if options.max_images is not None and paid > options.max_images:
+            raise BudgetExceeded(
+                f"run needs {paid} new paid calls, --max-images allows {options.max_images}; "
+                "nothing was done"
+            )
+        return [it for it in candidates if kinds[it.pk] in RUNNABLE]
 
     def finish(self, run_id: str, skipped: int) -> RunOutcome:
         counts = self.store.counts(run_id)
@@ -299,6 +320,9 @@ class RunEngine:
         except ProviderError as exc:
             self.store.set_item_state(item.pk, ItemState.FAILED, _reason(exc))
             return "failed"
+        except Exception as exc:  # a bug or an outage must not leave the item "running"
+            self.store.set_item_state(item.pk, ItemState.FAILED, f"error: {_reason(exc)}")
+            raise
         except Exception as exc:  # a bug or an outage must not leave the item "running"
             self.store.set_item_state(item.pk, ItemState.FAILED, f"error: {_reason(exc)}")
             raise

@@ -1,0 +1,109 @@
+"""Helpers for generation tests: playlists on disk, an allocated and planned episode, the log."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from sqlalchemy import Engine
+
+from core.ids import WeekId
+from core.settings import Settings, load_settings
+from pipeline.allocation import allocate
+from pipeline.gate import EnvironmentCredentials
+from pipeline.generation import prepare, record_plan, run_engine
+from pipeline.runs import RunOptions, RunOutcome, create_run, plan
+from storage.runs import RunStore
+
+
+def write_playlist(
+    folder: Path,
+    titles: list[str],
+    *,
+    template_version: int = 1,
+    seeds: list[int] | None = None,
+    prompt: str = "cover for {title} part {part}",
+    references: dict[str, str] | None = None,
+    parts: dict[int, list[int]] | None = None,
+    profile: str = "fake",
+) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in (references or {}).items():
+        (folder / name).write_text(text)
+    items = []
+    for n, title in enumerate(titles, start=1):
+        video: dict[str, Any] = {
+            "video_id": f"v{n:02d}",
+            "title": title,
+            "seed": (seeds or [])[n - 1] if seeds else 100 + n,
+        }
+        if parts and n in parts:
+            video["parts"] = parts[n]
+        items.append(video)
+    data = {
+        "template": {"id": "cover", "version": template_version, "prompt": prompt},
+        "provider_profile": profile,
+        "reference_assets": sorted(references or {}),
+        "items": items,
+    }
+    path = folder / "playlist.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def provider_log() -> list[dict[str, Any]]:
+    path = os.environ["EPISODIC_FAKE_PROVIDER_LOG"]
+    if not Path(path).exists():
+        return []
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line]
+
+
+def submissions_per_item() -> Counter[str]:
+    return Counter(e["item_id"] for e in provider_log() if e["event"] == "submit")
+
+
+@dataclass
+class Episode:
+    engine: Engine
+    episode_id: str
+
+    @property
+    def settings(self) -> Settings:
+        return load_settings()
+
+    def plan(self, playlist: Path) -> None:
+        record_plan(self.engine, "weekly", self.episode_id, playlist)
+
+    def generate(self, **options: Any) -> RunOutcome:
+        prepared = prepare(self.engine, self.settings, "weekly", self.episode_id, "generate")
+        opts = RunOptions(**options)
+        store = RunStore(self.engine)
+        report = plan(store, prepared.gate, prepared.items, opts, prepared.profile)
+        run_id = create_run(store, prepared.gate, prepared.items, report, opts, prepared.profile)
+        return run_engine(self.engine, self.settings, prepared, EnvironmentCredentials()).execute(
+            run_id, opts, report.skipped
+        )
+
+    def resume(self, run_id: str, **overrides: Any) -> RunOutcome:
+        from dataclasses import replace
+
+        from pipeline.runs import prepare_resume
+
+        store = RunStore(self.engine)
+        run = store.get_run(run_id)
+        prepare_resume(store, run_id)
+        prepared = prepare(self.engine, self.settings, "weekly", self.episode_id, "resume")
+        options = replace(RunOptions.from_params(run.params), **overrides)
+        return run_engine(self.engine, self.settings, prepared, EnvironmentCredentials()).execute(
+            run_id, options
+        )
+
+
+def new_episode(engine: Engine, key: str = "test:1") -> Episode:
+    allocation = allocate(engine, "weekly", WeekId.parse("2026-W32"), key)
+    return Episode(engine, str(allocation.episode.episode_id))

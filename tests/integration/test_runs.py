@@ -1,0 +1,216 @@
+"""The run engine and the ledger with the fake provider, on SQLite and Postgres."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, func, select, update
+
+from core.errors import BudgetExceeded, CommandNotAllowed, EpisodeNotFound
+from core.exit_codes import ExitCode
+from core.states import RunState
+from storage.base import utcnow
+from storage.models import CostEntryRow, ItemRow, RunRow, SubmissionRow
+from tests.generation import (
+    Episode,
+    new_episode,
+    provider_log,
+    submissions_per_item,
+    write_playlist,
+)
+
+
+@pytest.fixture(autouse=True)
+def fake_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "provider.jsonl"
+    monkeypatch.setenv("EPISODIC_FAKE_PROVIDER_LOG", str(path))
+    return path
+
+
+@pytest.fixture
+def episode(engine: Engine, database_url: str) -> Episode:
+    return new_episode(engine)
+
+
+def count(engine: Engine, table: type) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(select(func.count()).select_from(table)).scalar_one())
+
+
+def test_a_run_completes_and_records_the_ledger(episode: Episode, tmp_path: Path) -> None:
+    episode.plan(write_playlist(tmp_path / "p", ["a", "b", "c"], parts={2: [1, 2]}))
+    outcome = episode.generate()
+    assert outcome.exit_code == ExitCode.OK and outcome.state == RunState.COMPLETED
+    assert outcome.counts.completed == 4 and outcome.counts.paid_submissions == 4
+    assert outcome.counts.cost_minor == 16  # 4 images at 4 cents
+    assert sorted(submissions_per_item().values()) == [1, 1, 1, 1]
+    with episode.engine.connect() as conn:
+        subs = conn.execute(select(SubmissionRow.state, SubmissionRow.remote_ref)).all()
+        paths = conn.execute(select(ItemRow.output_path, ItemRow.output_sha256)).all()
+    assert {s.state for s in subs} == {"succeeded"} and all(s.remote_ref for s in subs)
+    assert count(episode.engine, CostEntryRow) == 4
+    for path, sha in paths:
+        import hashlib
+
+        assert hashlib.sha256(Path(path).read_bytes()).hexdigest() == sha
+        assert Path(path).parent.name == "images" and episode.episode_id in path
+
+
+def test_an_unchanged_second_run_skips_everything_and_pays_nothing(
+    episode: Episode, tmp_path: Path
+) -> None:
+    episode.plan(write_playlist(tmp_path / "p", ["a", "b"]))
+    episode.generate()
+    second = episode.generate()
+    assert second.exit_code == ExitCode.OK and second.skipped == 2
+    assert second.counts.paid_submissions == 0
+    assert sum(submissions_per_item().values()) == 2
+
+
+def test_transient_failures_are_retried_inside_one_attempt(
+    episode: Episode, tmp_path: Path
+) -> None:
+    episode.plan(write_playlist(tmp_path / "p", ["ok [[FAIL_TRANSIENT:2]]"]))
+    outcome = episode.generate()
+    assert outcome.exit_code == ExitCode.OK
+    assert submissions_per_item() == {"v01.p1": 3}  # two transient refusals, then accepted
+    with episode.engine.connect() as conn:
+        assert conn.execute(select(ItemRow.attempts)).scalar_one() == 1
+
+
+def test_partial_failure_exits_6_and_resume_retries_until_max_retries(
+    episode: Episode, tmp_path: Path
+) -> None:
+    episode.plan(write_playlist(tmp_path / "p", ["good", "bad [[FAIL_TRANSIENT]]"]))
+    first = episode.generate(max_retries=1)
+    assert first.exit_code == ExitCode.PARTIAL and first.state == RunState.FAILED
+    assert f"episodic runs resume {first.run_id}" in first.message
+    second = episode.resume(first.run_id)
+    assert second.exit_code == ExitCode.PARTIAL
+    third = episode.resume(first.run_id)  # max_retries=1: two attempts were all it gets
+    assert third.counts.paid_submissions == 3  # good once, bad twice: no third attempt
+    with episode.engine.connect() as conn:
+        attempts = dict(conn.execute(select(ItemRow.video_id, ItemRow.attempts)).all())
+    assert attempts == {"v01": 1, "v02": 2}
+    assert submissions_per_item()["v01.p1"] == 1
+
+
+def test_every_item_failing_exits_4(episode: Episode, tmp_path: Path) -> None:
+    episode.plan(write_playlist(tmp_path / "p", ["x [[FAIL_PERMANENT]]", "y [[FAIL_PERMANENT]]"]))
+    outcome = episode.generate()
+    assert outcome.exit_code == ExitCode.RUN_FAILED
+    assert submissions_per_item() == {"v01.p1": 1, "v02.p1": 1}  # permanent: no in-attempt retry
+
+
+def test_lost_response_is_reconciled_by_client_reference_never_resubmitted(
+    episode: Episode, tmp_path: Path
+) -> None:
+    episode.plan(write_playlist(tmp_path / "p", ["lost [[LOSE_RESPONSE]]", "fine"]))
+    first = episode.generate()
+    assert first.exit_code == ExitCode.PARTIAL
+    with episode.engine.connect() as conn:
+        assert conn.execute(
+            select(SubmissionRow.state).where(SubmissionRow.attempt == 1).order_by(SubmissionRow.id)
+        ).scalars().all() == ["unknown", "succeeded"]
+    second = episode.resume(first.run_id)
+    assert second.exit_code == ExitCode.OK
+    assert submissions_per_item() == {"v01.p1": 1, "v02.p1": 1}
+    assert any(e["event"] == "lookup" for e in provider_log())
+
+
+def test_unknown_acceptance_waits_for_an_operator_then_force_resubmit_is_recorded(
+    episode: Episode, tmp_path: Path
+) -> None:
+    episode.plan(write_playlist(tmp_path / "p", ["lost [[LOSE_RESPONSE]]"]))
+    first = episode.generate()
+    for job in (Path(episode.settings.home_path) / "fake-provider").glob("*.json"):
+        job.unlink()  # the provider has no record of it: lookup cannot settle the question
+    again = episode.resume(first.run_id)
+    assert again.exit_code == ExitCode.RUN_FAILED
+    assert submissions_per_item() == {"v01.p1": 1}
+    with episode.engine.connect() as conn:
+        assert "force-resubmit" in conn.execute(select(ItemRow.error_text)).scalar_one()
+    forced = episode.resume(first.run_id, force_resubmit=True)
+    assert submissions_per_item() == {"v01.p1": 2}
+    assert forced.exit_code == ExitCode.RUN_FAILED  # the marker loses this reply too
+    with episode.engine.connect() as conn:
+        rows = conn.execute(
+            select(SubmissionRow.attempt, SubmissionRow.forced, SubmissionRow.state).order_by(
+                SubmissionRow.id
+            )
+        ).all()
+    assert [(r.attempt, r.forced) for r in rows] == [(1, False), (2, True)]
+    assert rows[0].state == "failed"  # abandoned by the operator, in the ledger
+
+
+def test_a_stale_running_item_is_treated_as_failed(episode: Episode, tmp_path: Path) -> None:
+    episode.plan(write_playlist(tmp_path / "p", ["a"]))
+    first = episode.generate()
+    with episode.engine.begin() as conn:  # a crashed worker left it running long ago
+        conn.execute(
+            update(ItemRow).values(
+                state="running", started_at=utcnow() - timedelta(hours=1), output_path=None
+            )
+        )
+        conn.execute(update(SubmissionRow).values(state="failed"))
+    fresh = episode.generate(stale_after_s=60)
+    assert fresh.counts.completed == 1 and fresh.run_id != first.run_id
+    busy = episode.generate(stale_after_s=7200)  # now completed: skipped either way
+    assert busy.skipped == 1
+
+
+def test_a_recent_running_item_is_left_to_its_run(episode: Episode, tmp_path: Path) -> None:
+    episode.plan(write_playlist(tmp_path / "p", ["a"]))
+    episode.generate()
+    with episode.engine.begin() as conn:
+        conn.execute(update(ItemRow).values(state="running", started_at=utcnow()))
+    outcome = episode.generate(stale_after_s=900)
+    assert outcome.counts.paid_submissions == 0 and outcome.counts.completed == 0
+
+
+def test_only_selects_videos(episode: Episode, tmp_path: Path) -> None:
+    episode.plan(write_playlist(tmp_path / "p", [f"t{n}" for n in range(1, 11)]))
+    outcome = episode.generate(only=frozenset({3, 7, 8, 9}))
+    assert outcome.counts.completed == 4
+    assert set(submissions_per_item()) == {"v03.p1", "v07.p1", "v08.p1", "v09.p1"}
+
+
+def test_the_budget_guard_creates_nothing(episode: Episode, tmp_path: Path) -> None:
+    episode.plan(write_playlist(tmp_path / "p", ["a", "b", "c"]))
+    with pytest.raises(BudgetExceeded, match="3 new paid calls"):
+        episode.generate(max_images=2)
+    with pytest.raises(BudgetExceeded, match="0.12 USD"):
+        episode.generate(max_cost_minor=11)
+    assert count(episode.engine, RunRow) == 0 and count(episode.engine, ItemRow) == 0
+    assert provider_log() == []
+    assert episode.generate(max_images=3, max_cost_minor=12).exit_code == ExitCode.OK
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"template_version": 2},
+        {"seeds": [7, 102]},
+        {"references": {"style.txt": "new palette"}},
+        {"prompt": "another cover for {title} part {part}"},
+    ],
+)
+def test_changing_an_input_regenerates(episode: Episode, tmp_path: Path, change: dict) -> None:
+    base = {"references": {"style.txt": "palette"}}
+    episode.plan(write_playlist(tmp_path / "a", ["a", "b"], **base))
+    episode.generate()
+    episode.plan(write_playlist(tmp_path / "b", ["a", "b"], **{**base, **change}))
+    again = episode.generate()
+    expected = 1 if "seeds" in change else 2  # only the video whose seed changed
+    assert again.counts.paid_submissions == expected
+
+
+def test_generate_needs_a_plan_and_an_existing_episode(engine: Engine, database_url: str) -> None:
+    episode = new_episode(engine)
+    with pytest.raises(CommandNotAllowed, match="no plan"):
+        episode.generate()
+    with pytest.raises(EpisodeNotFound):
+        Episode(engine, "2026-W32-5").generate()
+    assert provider_log() == []
