@@ -323,9 +323,6 @@ class RunEngine:
         except Exception as exc:  # a bug or an outage must not leave the item "running"
             self.store.set_item_state(item.pk, ItemState.FAILED, f"error: {_reason(exc)}")
             raise
-        except Exception as exc:  # a bug or an outage must not leave the item "running"
-            self.store.set_item_state(item.pk, ItemState.FAILED, f"error: {_reason(exc)}")
-            raise
 
     def _advance(self, run_id: str, item: Item, options: RunOptions) -> str:
         submission = self.store.open_submission(item.pk)
@@ -378,7 +375,7 @@ class RunEngine:
             client_reference, self.gate.episode_id, item.item_id, item.prompt, item.seed
         )
         try:
-            remote_ref = _with_transient_retries(lambda: self.provider.submit(request))
+            remote_ref: str = _with_transient_retries(lambda: self.provider.submit(request))
         except UnknownOutcome as exc:
             self.store.close_submission(submission_pk, SubmissionState.UNKNOWN, _reason(exc))
             self.store.set_item_state(

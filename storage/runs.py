@@ -105,16 +105,17 @@ class RunStore:
     def snapshots(self, episode_pk: int) -> dict[str, ItemSnapshot]:
         """Every item of the episode with its open submission, in two set-based queries."""
         with tx.read(self.engine) as conn:
-            open_subs = dict(
-                conn.execute(
+            open_subs: dict[int, str] = {
+                row.item_pk: row.state
+                for row in conn.execute(
                     select(_subs.c.item_pk, _subs.c.state)
                     .join(_items, _items.c.id == _subs.c.item_pk)
                     .where(
                         _items.c.episode_pk == episode_pk,
                         _subs.c.state.in_([s.value for s in OPEN_SUBMISSION_STATES]),
                     )
-                ).all()
-            )
+                )
+            }
             rows = conn.execute(
                 select(
                     _items.c.id,
@@ -268,13 +269,14 @@ class RunStore:
 
     def counts(self, run_id: str) -> RunCounts:
         with tx.read(self.engine) as conn:
-            states = dict(
-                conn.execute(
+            states: dict[str, int] = {
+                row[0]: int(row[1])
+                for row in conn.execute(
                     select(_items.c.state, func.count())
                     .where(_items.c.run_id == run_id)
                     .group_by(_items.c.state)
-                ).all()
-            )
+                )
+            }
             paid = conn.execute(
                 select(func.count()).select_from(_subs).where(_subs.c.run_id == run_id)
             ).scalar_one()

@@ -181,7 +181,7 @@ def test_the_budget_guard_creates_nothing(episode: Episode, tmp_path: Path) -> N
     episode.plan(write_playlist(tmp_path / "p", ["a", "b", "c"]))
     with pytest.raises(BudgetExceeded, match="3 new paid calls"):
         episode.generate(max_images=2)
-    with pytest.raises(BudgetExceeded, match="0.12 USD"):
+    with pytest.raises(BudgetExceeded, match=r"0\.12 USD"):
         episode.generate(max_cost_minor=11)
     assert count(episode.engine, RunRow) == 0 and count(episode.engine, ItemRow) == 0
     assert provider_log() == []
