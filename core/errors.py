@@ -13,7 +13,7 @@ The tree::
     ├── AllocationConflict              exit 3  fail closed, nothing written
     ├── EpisodeNotFound                 exit 5
     ├── RunNotFound                     exit 5
-    ├── InvalidTransition               exit 1  a state change the design forbids
+    ├── InvalidTransition               exit 2  a state change the design forbids
     ├── ProviderConfigError             exit 2  unknown profile, missing credential
     └── StorageError                    exit 1
         └── SchemaNotCurrent            database needs `episodic db upgrade`
@@ -87,7 +87,7 @@ class RunNotFound(EpisodicError, LookupError):
 
 
 class InvalidTransition(EpisodicError):
-    pass
+    exit_code = ExitCode.REFUSED
 
 
 class ProviderConfigError(EpisodicError):

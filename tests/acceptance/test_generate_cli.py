@@ -1,0 +1,140 @@
+"""`episodic plan|generate|runs|retry` as a user runs them, including Ctrl-C mid-run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.acceptance.conftest import EPISODIC
+from tests.generation import submissions_per_item, write_playlist
+
+Cli = Callable[..., subprocess.CompletedProcess[str]]
+pytestmark = pytest.mark.e2e
+SQLITE_ONLY = pytest.mark.parametrize("backend", ["sqlite"])
+
+
+@pytest.fixture(autouse=True)
+def fake_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "provider.jsonl"
+    monkeypatch.setenv("EPISODIC_FAKE_PROVIDER_LOG", str(path))
+    return path
+
+
+@pytest.fixture
+def planned(cli: Cli, database_url: str, tmp_path: Path) -> Callable[[list[str]], str]:
+    def make(titles: list[str]) -> str:
+        assert cli("allocate", "--key", "k", "--week", "2026-W32").returncode == 0
+        playlist = write_playlist(tmp_path / "pl", titles)
+        result = cli("plan", "2026-W32-0", "--playlist", str(playlist))
+        assert result.returncode == 0, result.stderr
+        return "2026-W32-0"
+
+    return make
+
+
+def test_generate_json_then_nothing_left_to_pay(
+    cli: Cli, planned: Callable[[list[str]], str]
+) -> None:
+    episode = planned(["a", "b", "c"])
+    shown = cli("generate", episode, "--plan", "--json")
+    assert json.loads(shown.stdout)["new_calls"] == 3 and submissions_per_item() == {}
+    first = cli("generate", episode, "--json")
+    assert first.returncode == 0, first.stderr
+    payload = json.loads(first.stdout)
+    assert {
+        k: payload[k]
+        for k in ("state", "completed", "skipped", "failed", "paid_submissions", "cost_minor")
+    } == {
+        "state": "completed",
+        "completed": 3,
+        "skipped": 0,
+        "failed": 0,
+        "paid_submissions": 3,
+        "cost_minor": 12,
+    }
+    again = json.loads(cli("generate", episode, "--json").stdout)
+    assert again["skipped"] == 3 and again["paid_submissions"] == 0
+    runs = json.loads(cli("runs", "list", "--episode", episode, "--json").stdout)
+    assert [r["state"] for r in runs] == ["completed", "completed"]
+    shown_run = json.loads(cli("runs", "show", payload["run_id"], "--json").stdout)
+    assert len(shown_run["items"]) == 3
+
+
+@SQLITE_ONLY
+def test_exit_codes(cli: Cli, planned: Callable[[list[str]], str]) -> None:
+    episode = planned(["ok", "bad [[FAIL_PERMANENT]]"])
+    assert cli("generate", "2026-W32-3").returncode == 5
+    assert cli("generate", "2026-W99-0").returncode == 2
+    for bad in (
+        ["--only", "0"],
+        ["--only", "3"],
+        ["--only", "x"],
+        ["--max-cost", "-1"],
+        ["--max-cost", "1.001"],
+        ["--concurrency", "0"],
+    ):
+        result = cli("generate", episode, *bad)
+        assert result.returncode == 2, (bad, result.stderr)
+        assert "Traceback" not in result.stderr
+    budget = cli("generate", episode, "--max-images", "1")
+    assert budget.returncode == 2 and "nothing was created" in budget.stderr
+    assert json.loads(cli("runs", "list", "--json").stdout) == []
+    partial = cli("generate", episode)
+    assert partial.returncode == 6
+    run_id = json.loads(cli("runs", "list", "--json").stdout)[0]["run_id"]
+    assert f"episodic runs resume {run_id}" in partial.stdout
+    assert cli("runs", "resume", "no-such-run").returncode == 5
+    retried = cli("retry", episode, "--json")  # the failed item gets its second attempt
+    assert retried.returncode == 6
+    refused = cli("runs", "cancel", run_id)  # failed -> cancelled is not a transition
+    assert refused.returncode == 2 and "cannot go from failed to cancelled" in refused.stderr
+
+
+@SQLITE_ONLY
+def test_all_failed_exits_4(cli: Cli, planned: Callable[[list[str]], str]) -> None:
+    episode = planned(["bad [[FAIL_PERMANENT]]"])
+    assert cli("generate", episode).returncode == 4
+
+
+def test_ctrl_c_pauses_the_run_and_resume_pays_each_item_once(
+    cli: Cli, planned: Callable[[list[str]], str], fake_log: Path
+) -> None:
+    episode = planned([f"video {n}" for n in range(1, 9)])
+    env = {**os.environ, "EPISODIC_FAKE_DELAY_MS": "1500"}
+    assert EPISODIC is not None
+    process = subprocess.Popen(
+        [EPISODIC, "generate", episode, "--concurrency", "2"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and sum(submissions_per_item().values()) < 3:
+        time.sleep(0.05)
+    assert sum(submissions_per_item().values()) >= 3, "the run never got going"
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 130, (out, err)
+    (run,) = json.loads(cli("runs", "list", "--json").stdout)
+    assert run["state"] == "paused"
+    items = json.loads(cli("runs", "show", run["run_id"], "--json").stdout)["items"]
+    interrupted = [i for i in items if i["error_text"] == "interrupted"]
+    assert interrupted and all(i["state"] == "failed" for i in interrupted)
+    assert any(i["state"] == "pending" for i in items)  # never started: untouched
+    before = submissions_per_item()
+
+    resumed = cli("runs", "resume", run["run_id"], "--json")
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout)["state"] == "completed"
+    after = submissions_per_item()
+    assert set(after) == {f"v{n:02d}.p1" for n in range(1, 9)}
+    assert set(after.values()) == {1}, f"an item was paid twice: {after}"
+    assert all(after[key] == count for key, count in before.items())

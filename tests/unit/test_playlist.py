@@ -1,0 +1,99 @@
+from __future__ import annotations
+
+import pytest
+
+from core.errors import InvalidInput
+from core.money import format_minor, parse_amount
+from core.playlist import Playlist, expand, item_idempotency_key, parse_selection
+
+BASE = dict(
+    template_spec_hash="t",
+    provider_profile="fake",
+    item_id="e/v1.p1",
+    part=1,
+    prompt="p",
+    seed=1,
+    reference_sha256=[],
+)
+
+
+def test_key_is_32_hex_and_changes_with_every_input() -> None:
+    key = item_idempotency_key(**BASE)
+    assert len(key) == 32 and int(key, 16) >= 0
+    for field, value in [
+        ("template_spec_hash", "u"),
+        ("provider_profile", "other"),
+        ("item_id", "e/v2.p1"),
+        ("part", 2),
+        ("prompt", "q"),
+        ("seed", 2),
+        ("reference_sha256", ["abc"]),
+    ]:
+        assert item_idempotency_key(**{**BASE, field: value}) != key, field
+
+
+def test_key_encoding_is_unambiguous() -> None:
+    """Plain concatenation would make ('ab', 'c') and ('a', 'bc') collide."""
+    one = item_idempotency_key(**{**BASE, "item_id": "ab", "prompt": "c"})
+    two = item_idempotency_key(**{**BASE, "item_id": "a", "prompt": "bc"})
+    assert one != two
+
+
+def test_keys_are_scoped_by_episode() -> None:
+    playlist = Playlist.model_validate(
+        {
+            "template": {"id": "t", "version": 1, "prompt": "{title} {part}"},
+            "items": [{"video_id": "v1", "title": "x", "seed": 1, "parts": [1, 2]}],
+        }
+    )
+    first = expand(playlist, [], "2026-W32-0")
+    second = expand(playlist, [], "2026-W32-1")
+    assert [i.prompt for i in first] == ["x 1", "x 2"]
+    assert {i.idempotency_key for i in first}.isdisjoint({i.idempotency_key for i in second})
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        {
+            "template": {"id": "t", "version": 1, "prompt": "{nope}"},
+            "items": [{"video_id": "v", "title": "x", "seed": 1}],
+        },
+        {
+            "template": {"id": "t", "version": 0, "prompt": "x"},
+            "items": [{"video_id": "v", "title": "x", "seed": 1}],
+        },
+        {"template": {"id": "t", "version": 1, "prompt": "x"}, "items": []},
+        {
+            "template": {"id": "t", "version": 1, "prompt": "x"},
+            "items": [{"video_id": "../v", "title": "x", "seed": 1}],
+        },
+        {
+            "template": {"id": "t", "version": 1, "prompt": "x"},
+            "items": [{"video_id": "v", "title": "x", "seed": 1, "parts": [1, 1]}],
+        },
+        {
+            "template": {"id": "t", "version": 1, "prompt": "x"},
+            "extra": 1,
+            "items": [{"video_id": "v", "title": "x", "seed": 1}],
+        },
+    ],
+)
+def test_bad_playlists_are_refused(raw: dict) -> None:
+    with pytest.raises(ValueError):
+        Playlist.model_validate(raw)
+
+
+def test_selection() -> None:
+    assert parse_selection("3,7-9", 12) == {3, 7, 8, 9}
+    for bad in ("0", "13", "9-7", "a", "1,,2", "-1"):
+        with pytest.raises(InvalidInput):
+            parse_selection(bad, 12)
+
+
+def test_money_is_integer_minor_units() -> None:
+    assert parse_amount("12.50") == 1250 and parse_amount("0") == 0
+    assert format_minor(1250) == "12.50 USD"
+    for bad in ("-1", "1.001", "NaN", "inf", "abc", ""):
+        with pytest.raises(InvalidInput):
+            parse_amount(bad)
