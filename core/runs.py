@@ -33,6 +33,13 @@ class Item:
     state: str
     attempts: int
     error_text: str | None
+    created_at: datetime | None = None
+
+    @property
+    def ledger_ref(self) -> str:
+        """This row in this database: stable across retries, different in another database."""
+        stamp = self.created_at.isoformat() if self.created_at else "?"
+        return f"{self.pk}@{stamp}"
 
     @property
     def item_id(self) -> str:

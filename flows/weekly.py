@@ -17,6 +17,7 @@ from core.keys import derive_allocation_key
 from core.settings import load_settings, validate_pipeline
 from flows.invocation import current_invocation
 from tasks.allocate import allocate_episode
+from tasks.plan import plan_episode
 
 FLOW_NAME = "weekly-episode"
 
@@ -26,6 +27,7 @@ def weekly_episode(
     allocation_key: str | None = None,
     week: str | None = None,
     pipeline: str | None = None,
+    playlist: str | None = None,
 ) -> str:
     """Allocate this invocation's episode and return its id.
 
@@ -34,6 +36,7 @@ def weekly_episode(
         week: ISO week such as 2026-W32; default: the week of the scheduled start time in
             EPISODIC_TIMEZONE.
         pipeline: pipeline name; default: EPISODIC_PIPELINE.
+        playlist: path of a playlist YAML to record as the episode's plan (spends nothing).
     """
     logger = get_run_logger()
     settings = load_settings()
@@ -49,4 +52,7 @@ def weekly_episode(
     allocation = allocate_episode(pipeline_name, str(week_id), key)
     episode_id: str = allocation["episode_id"]
     logger.info("invocation %s owns episode %s (pipeline %s)", key, episode_id, pipeline_name)
+    if playlist is not None:
+        planned = plan_episode(pipeline_name, episode_id, playlist)
+        logger.info("plan of %s: %s", episode_id, planned)
     return episode_id

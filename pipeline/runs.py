@@ -248,7 +248,7 @@ class RunEngine:
         try:
             self.executor(
                 runnable,
-                lambda it: self.process(run_id, it, options),
+                _ItemWork(self, run_id, options),
                 concurrency,
                 self.stop,
                 self.on_progress,
@@ -410,6 +410,18 @@ class RunEngine:
             self.provider.capabilities.currency,
         )
         return "completed"
+
+
+@dataclass(frozen=True)
+class _ItemWork:
+    """`work(item)` for an executor; carries the run id for executors that need it."""
+
+    engine: RunEngine
+    run_id: str
+    options: RunOptions
+
+    def __call__(self, item: Item) -> str:
+        return self.engine.process(self.run_id, item, self.options)
 
 
 def _with_transient_retries(call: Callable[[], Any]) -> Any:

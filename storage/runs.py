@@ -469,6 +469,7 @@ def _item(row: Any) -> Item:
         state=row.state,
         attempts=row.attempts,
         error_text=row.error_text,
+        created_at=row.created_at,
     )
 
 

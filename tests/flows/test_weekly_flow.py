@@ -9,6 +9,7 @@ so the tests ask for the schedule explicitly (DESIGN 9).
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from uuid import UUID, uuid4
 
 import pytest
@@ -158,3 +159,19 @@ def test_the_key_cannot_be_derived_outside_a_flow_run() -> None:
     assert current_invocation() is None
     with pytest.raises(NoInvocationIdentity):
         derive_allocation_key(current_invocation())
+
+
+def test_the_weekly_flow_plans_from_a_playlist_parameter(harness: str, tmp_path: Path) -> None:
+    from storage.engine import make_engine
+    from storage.runs import RunStore
+    from tests.generation import write_playlist
+
+    playlist = write_playlist(tmp_path / "pl", ["a", "b"])
+    assert (
+        weekly_episode(allocation_key="k", week="2026-W32", playlist=str(playlist)) == "2026-W32-0"
+    )
+    engine = make_engine(harness)
+    store = RunStore(engine)
+    recorded = store.latest_plan(store.episode_pk("weekly", "2026-W32-0"))
+    engine.dispose()
+    assert recorded is not None and [v["video_id"] for v in recorded[0]["items"]] == ["v01", "v02"]

@@ -1,0 +1,130 @@
+"""`generate_episode`: a paid generation run from Prefect (deployment, UI, or a parent flow).
+
+The same engine as `episodic generate`; each item runs as a cached `generate_item` task.
+Cancelling the flow run pauses the run as Ctrl-C does: in-flight items are marked failed
+("interrupted"), accepted remote tasks keep their references, and a resume collects them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+from prefect import flow
+from prefect.artifacts import (
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
+from prefect.client.schemas.objects import FlowRun, State
+from prefect.logging import get_run_logger
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from core.errors import EpisodicError
+from core.exit_codes import ExitCode
+from core.money import format_minor, parse_amount
+from core.playlist import parse_selection
+from core.settings import load_settings
+from pipeline.generation import prepare, run_engine
+from pipeline.runs import RunOptions, create_run, plan
+from storage.registry import engine_for
+from storage.runs import RunStore
+from tasks.generate import (
+    PrefectSecretCredentials,
+    _engines,
+    prefect_executor,
+    register,
+    unregister,
+)
+
+
+class GenerationFailed(EpisodicError):
+    """The run ended with failed items; the message carries the resume command."""
+
+
+def _pause_on_cancel(flow: Any, flow_run: FlowRun, state: State[Any]) -> None:
+    for engine, _options in list(_engines.values()):
+        engine.stop.set()
+
+
+def artifact_key(episode_id: str, what: str) -> str:
+    return f"episode-{episode_id.lower()}-{what}"
+
+
+@flow(
+    name="generate-episode",
+    task_runner=ThreadPoolTaskRunner(max_workers=8),  # type: ignore[arg-type]
+    on_cancellation=[_pause_on_cancel],
+    on_crashed=[_pause_on_cancel],
+    validate_parameters=True,
+)
+def generate_episode(
+    episode_id: str,
+    only: str | None = None,
+    concurrency: int = 4,
+    max_retries: int = 2,
+    max_images: int | None = None,
+    max_cost: str | None = None,
+    pipeline: str | None = None,
+) -> dict[str, Any]:
+    """Generate the images of an existing episode (required id; no default).
+
+    Finished items are skipped, failed ones retried up to max_retries (across runs), and a
+    submission whose acceptance is unknown is reconciled, never resubmitted.
+    """
+    logger = get_run_logger()
+    settings = load_settings()
+    db = engine_for(settings)
+    prepared = prepare(db, settings, pipeline or settings.pipeline, episode_id, "generate")
+    videos = max(item.index for item in prepared.items)
+    options = RunOptions(
+        only=parse_selection(only, videos) if only else None,
+        concurrency=concurrency,
+        max_retries=max_retries,
+        max_images=max_images,
+        max_cost_minor=parse_amount(max_cost) if max_cost is not None else None,
+    )
+    store = RunStore(db)
+    report = plan(store, prepared.gate, prepared.items, options, prepared.profile)
+    logger.info("plan for %s: %s", prepared.gate.episode_id, report.to_dict())
+    run_id = create_run(store, prepared.gate, prepared.items, report, options, prepared.profile)
+    engine = run_engine(
+        db, settings, prepared, PrefectSecretCredentials(), executor=prefect_executor
+    )
+    total = max(1, len(store.run_items(run_id)))
+    progress_id: UUID = create_progress_artifact(  # type: ignore[assignment]
+        0.0,
+        key=artifact_key(prepared.gate.episode_id, "progress"),
+        description=f"generation run {run_id}",
+    )
+    done = [0]
+
+    def on_progress(item: object, result: str) -> None:
+        done[0] += 1
+        update_progress_artifact(progress_id, 100.0 * done[0] / total)
+
+    engine.on_progress = on_progress
+    register(run_id, engine, options)
+    try:
+        outcome = engine.execute(run_id, options, report.skipped)
+    finally:
+        unregister(run_id)
+    counts = outcome.counts
+    create_table_artifact(
+        key=artifact_key(prepared.gate.episode_id, "cost"),
+        table=[
+            {
+                "run": run_id,
+                "completed": counts.completed,
+                "skipped": outcome.skipped,
+                "failed": counts.failed,
+                "paid submissions": counts.paid_submissions,
+                "cost": format_minor(counts.cost_minor, counts.currency),
+            }
+        ],
+        description=f"cost of generation run {run_id} for {prepared.gate.episode_id}",
+    )
+    logger.info(outcome.message)
+    if outcome.exit_code != ExitCode.OK:
+        raise GenerationFailed(outcome.message)
+    return outcome.to_dict()
