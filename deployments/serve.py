@@ -11,7 +11,10 @@ from prefect.deployments.runner import RunnerDeployment
 from prefect.schedules import Cron, Schedule
 
 from core.settings import load_settings
+from flows.generate import generate_episode
+from flows.limits import ensure_provider_limit
 from flows.weekly import weekly_episode
+from providers.profiles import load_profiles
 
 WEEKLY_CRON = "30 0 * * 1"  # Mondays 00:30 in EPISODIC_TIMEZONE
 
@@ -27,11 +30,24 @@ def all_deployments() -> list[RunnerDeployment]:
         schedules=[weekly_schedule(settings.timezone)],
         description="Allocate this week's episode (one per scheduled slot, retry-safe).",
     )
+    generate = generate_episode.to_deployment(
+        name="generate",
+        description="Generate an existing episode's images (episode_id is required).",
+    )
     assert isinstance(weekly, RunnerDeployment)  # sync context: not a coroutine
-    return [weekly]
+    assert isinstance(generate, RunnerDeployment)
+    return [weekly, generate]
+
+
+def ensure_limits() -> None:
+    """One global concurrency limit per provider profile (paid tasks acquire it strictly)."""
+    settings = load_settings()
+    for profile in load_profiles(settings.providers_path).values():
+        ensure_provider_limit(profile.id, profile.max_concurrency)
 
 
 def serve_all() -> None:
+    ensure_limits()
     serve(*all_deployments())
 
 

@@ -129,6 +129,9 @@ def plan(
     reuse_keys: list[str] = []
     for item in selected:
         snapshot = snapshots.get(item.idempotency_key)
+        if snapshot is not None and snapshot.state == ItemState.COMPLETED:
+            tally["skip"] += 1  # the bulk of a resume: no further rule applies
+            continue
         kind = classify(snapshot, options, store)
         tally[kind] += 1
         if kind in ("new", "collect", "retry", "reconcile"):
@@ -309,10 +312,18 @@ class RunEngine:
         """Take one item as far as it goes; returns what happened. Never pays twice."""
         if self.stop.is_set():
             return "not started"
-        current = ItemState(item.state)
-        if current != ItemState.RUNNING:  # a stale running item is taken over as it is
+        fresh = item.attempts == 0 and item.state == ItemState.PENDING
+        if not fresh and item.state != ItemState.RUNNING:  # a stale one is taken over as is
             self.store.set_item_state(item.pk, ItemState.RUNNING)
         try:
+            if fresh:  # never submitted, so no submission can be open: start and intend at once
+                submission = self.store.begin_submission(
+                    item, run_id, self.profile.id, forced=False, start_item=True
+                )
+                remote_ref = self._submit(submission.pk, submission.client_reference, item)
+                if remote_ref is None:
+                    return "unknown"
+                return self._collect(item, submission.pk, remote_ref, options)
             return self._advance(run_id, item, options)
         except Stopped:
             self.store.set_item_state(item.pk, ItemState.FAILED, INTERRUPTED)

@@ -53,16 +53,15 @@ def log_event(event: str, **fields: Any) -> None:
 
 
 def render_png(prompt: str, seed: int, size: int = 64) -> bytes:
+    """A deterministic picture of (prompt, seed): a colour field with a hashed pattern."""
     from PIL import Image
 
     digest = hashlib.sha256(f"{seed}\x00{prompt}".encode()).digest()
+    tile = Image.frombytes("RGB", (8, 8), (digest * 6)[: 8 * 8 * 3])
     image = Image.new("RGB", (size, size), tuple(digest[:3]))
-    pixels = image.load()
-    assert pixels is not None
-    for y in range(size):
-        for x in range(size):
-            if (x * digest[3] + y * digest[4]) % 7 < 3:
-                pixels[x, y] = (digest[5 + (x % 8)], digest[13 + (y % 8)], digest[21])
+    image.paste(
+        tile.resize((size // 2, size // 2), Image.Resampling.NEAREST), (size // 4, size // 4)
+    )
     out = io.BytesIO()
     image.save(out, format="PNG", optimize=False)
     return out.getvalue()
@@ -94,6 +93,7 @@ class FakeProvider:
             can_lookup=True,
         )
         self._transient_seen: dict[str, int] = {}
+        self._jobs: dict[str, dict[str, Any]] = {}
         self._guard = threading.Lock()
         self.submissions: list[ImageRequest] = []  # what this client received, for inspection
         log_event("client_built", profile=profile_id, has_credential=credential is not None)
@@ -127,16 +127,21 @@ class FakeProvider:
             "ready_at": time.time() + (int(delay[1]) if delay else self.delay_ms) / 1000,
         }
         self._job_path(remote_ref).write_text(json.dumps(job))
+        with self._guard:
+            self._jobs[remote_ref] = job
         log_event("accepted", client_reference=request.client_reference, remote_ref=remote_ref)
         if "[[LOSE_RESPONSE]]" in request.prompt:
             raise UnknownOutcome("fake provider accepted the job, then the reply was lost")
         return remote_ref
 
     def collect(self, remote_ref: str, *, deadline_s: float, should_stop: StopCheck) -> ImageResult:
-        path = self._job_path(remote_ref)
-        if not path.exists():
-            raise PermanentProviderError(f"unknown remote task {remote_ref}")
-        job = json.loads(path.read_text())
+        with self._guard:
+            job = self._jobs.get(remote_ref)
+        if job is None:  # accepted by another client (another process): read its record
+            path = self._job_path(remote_ref)
+            if not path.exists():
+                raise PermanentProviderError(f"unknown remote task {remote_ref}")
+            job = json.loads(path.read_text())
         give_up = time.monotonic() + deadline_s
         while (wait := job["ready_at"] - time.time()) > 0:
             if should_stop():

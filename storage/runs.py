@@ -45,6 +45,20 @@ _costs: Table = CostEntryRow.__table__  # type: ignore[assignment]
 OPEN_SUBMISSION_STATES = (SubmissionState.INTENT, SubmissionState.ACCEPTED, SubmissionState.UNKNOWN)
 
 
+_COMPLETED = ItemSnapshot(ItemState.COMPLETED, 0, None, None)
+
+
+class ItemIndex:
+    """Snapshots of an episode's items by idempotency key (completed ones kept as bare keys)."""
+
+    def __init__(self, completed: set[str], others: dict[str, ItemSnapshot]) -> None:
+        self._completed = completed
+        self._others = others
+
+    def get(self, key: str) -> ItemSnapshot | None:
+        return _COMPLETED if key in self._completed else self._others.get(key)
+
+
 class RunStore:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -102,9 +116,23 @@ class RunStore:
         return None if row is None else (dict(row[0]), list(row[1]))
 
     # ------------------------------------------------------------------ planning
-    def snapshots(self, episode_pk: int) -> dict[str, ItemSnapshot]:
-        """Every item of the episode with its open submission, in two set-based queries."""
+    def snapshots(self, episode_pk: int) -> ItemIndex:
+        """Every item of the episode, set-based: three queries however many items there are.
+
+        Completed items (the bulk of a resume) are fetched as bare keys; only the rest are
+        fetched with the details planning needs.
+        """
+        done = ItemState.COMPLETED.value
         with tx.read(self.engine) as conn:
+            completed = set(
+                conn.execute(
+                    select(_items.c.idempotency_key).where(
+                        _items.c.episode_pk == episode_pk, _items.c.state == done
+                    )
+                )
+                .scalars()
+                .all()
+            )
             open_subs: dict[int, str] = {
                 row.item_pk: row.state
                 for row in conn.execute(
@@ -112,6 +140,7 @@ class RunStore:
                     .join(_items, _items.c.id == _subs.c.item_pk)
                     .where(
                         _items.c.episode_pk == episode_pk,
+                        _items.c.state != done,
                         _subs.c.state.in_([s.value for s in OPEN_SUBMISSION_STATES]),
                     )
                 )
@@ -123,14 +152,15 @@ class RunStore:
                     _items.c.state,
                     _items.c.attempts,
                     _items.c.started_at,
-                ).where(_items.c.episode_pk == episode_pk)
+                ).where(_items.c.episode_pk == episode_pk, _items.c.state != done)
             ).all()
-        return {
+        others = {
             row.idempotency_key: ItemSnapshot(
                 row.state, row.attempts, row.started_at, open_subs.get(row.id)
             )
             for row in rows
         }
+        return ItemIndex(completed, others)
 
     def create_run(
         self,
@@ -337,10 +367,22 @@ class RunStore:
             ).first()
         return None if row is None else _submission(row)
 
-    def begin_submission(self, item: Item, run_id: str, profile: str, forced: bool) -> Submission:
+    def begin_submission(
+        self, item: Item, run_id: str, profile: str, forced: bool, *, start_item: bool = False
+    ) -> Submission:
         """Commit the intent of a paid call (and count the attempt) before making it."""
         now = utcnow()
         with tx.write(self.engine) as conn:
+            if start_item:  # the item's start and its first intent in one transaction
+                current = conn.execute(
+                    select(_items.c.state).where(_items.c.id == item.pk)
+                ).scalar_one()
+                check_item_transition(current, ItemState.RUNNING)
+                conn.execute(
+                    update(_items)
+                    .where(_items.c.id == item.pk)
+                    .values(state=ItemState.RUNNING, started_at=now, error_text=None)
+                )
             attempt = conn.execute(
                 update(_items)
                 .where(_items.c.id == item.pk)

@@ -16,7 +16,7 @@ from typing import Any
 from prefect import task
 from prefect.concurrency.sync import concurrency as concurrency_slot
 from prefect.context import TaskRunContext
-from prefect.futures import PrefectFuture, wait
+from prefect.futures import PrefectFuture, as_completed
 
 from core.runs import Item
 from pipeline.runs import RunEngine, RunOptions
@@ -94,9 +94,9 @@ def prefect_executor(
             running[future] = item
         if not running:
             break
-        for future in wait(list(running), timeout=0.5).done:
-            item = running.pop(future)
-            progress(item, "completed" if future.state.is_completed() else "failed")
+        future = next(as_completed(list(running)))  # refill as soon as any one finishes
+        item = running.pop(future)
+        progress(item, "completed" if future.state.is_completed() else "failed")
 
 
 def _run_of(work: Callable[[Item], str]) -> str:

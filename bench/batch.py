@@ -1,0 +1,283 @@
+"""Batch benchmark for paid generation (issue 3), each figure next to a baseline of the same run.
+
+(a) makespan of 200 items at 200 ms fake latency, concurrency 8, through the CLI
+    (`episodic generate` in a subprocess) and through the Prefect flow, against the ideal
+    items / concurrency x latency. Target <= 1.10x. The run's own makespan comes from the
+    ledger (started_at -> finished_at); the whole command's wall time is shown beside it.
+(b) bookkeeping throughput with a zero-latency provider (items/s through the engine) against
+    the raw single-row insert rate of the same database measured in the same run. Target >= 0.3x.
+(c) planning a resume of 100,000 items of which 99% are complete. Target < 1 s on each backend.
+
+Run: make bench  (or .venv/bin/python -m bench.batch [--skip-postgres] [--skip-flow])
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _env(home: Path, url: str | None, **extra: str) -> dict[str, str]:
+    env = {**os.environ, "EPISODIC_HOME": str(home), **extra}
+    env.pop("EPISODIC_FAKE_PROVIDER_LOG", None)
+    if url:
+        env["EPISODIC_DATABASE_URL"] = url
+    return env
+
+
+def _playlist(folder: Path, videos: int) -> Path:
+    from tests.generation import write_playlist
+
+    return write_playlist(folder, [f"video {n}" for n in range(1, videos + 1)])
+
+
+def _setup_episode(url: str, folder: Path, videos: int) -> str:
+    from core.ids import WeekId
+    from pipeline.allocation import allocate
+    from pipeline.generation import record_plan
+    from storage.engine import make_engine
+    from storage.schema import upgrade
+
+    engine = make_engine(url)
+    upgrade(engine)
+    episode = str(
+        allocate(
+            engine, "weekly", WeekId.parse("2026-W32"), f"bench-{folder.name}"
+        ).episode.episode_id
+    )
+    record_plan(engine, "weekly", episode, _playlist(folder, videos))
+    engine.dispose()
+    return episode
+
+
+def _run_makespan(url: str) -> float:
+    from storage.engine import make_engine
+    from storage.runs import RunStore
+
+    engine = make_engine(url)
+    (run,) = RunStore(engine).list_runs("weekly")
+    engine.dispose()
+    assert run.state == "completed", run.state
+    assert run.started_at and run.finished_at
+    return (run.finished_at - run.started_at).total_seconds()
+
+
+def bench_makespan(tmp: Path, skip_flow: bool) -> None:
+    items, latency_ms, concurrency = 200, 200, 8
+    ideal = items / concurrency * latency_ms / 1000
+    print(
+        f"(a) makespan: {items} items, {latency_ms} ms latency, concurrency {concurrency}; "
+        f"ideal {ideal:.2f} s (target <= 1.10x)"
+    )
+    home = tmp / "cli"
+    url = f"sqlite:///{home / 'episodic.db'}"
+    episode = _setup_episode(url, home / "pl", items)
+    env = _env(home, None, EPISODIC_FAKE_DELAY_MS=str(latency_ms))
+    start = time.perf_counter()
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cli.app",
+            "generate",
+            episode,
+            "--concurrency",
+            str(concurrency),
+            "--json",
+        ],
+        env=env,
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    wall = time.perf_counter() - start
+    run = _run_makespan(url)
+    print(
+        f"    CLI   run {run:6.2f} s = {run / ideal:.2f}x ideal   (whole command {wall:.2f} s = "
+        f"{wall / ideal:.2f}x, start-up included)"
+    )
+    if skip_flow:
+        return
+    home = tmp / "flow"
+    url = f"sqlite:///{home / 'episodic.db'}"
+    episode = _setup_episode(url, home / "pl", items)
+    prefect_home = ROOT / ".episodic" / "prefect"  # reuse the migrated ephemeral server db
+    env = _env(home, None, EPISODIC_FAKE_DELAY_MS=str(latency_ms), PREFECT_HOME=str(prefect_home))
+    code = (
+        "import tasks, time\n"
+        "from flows.limits import ensure_provider_limit\n"
+        "from flows.generate import generate_episode\n"
+        f"ensure_provider_limit('fake', {concurrency})\n"
+        "t = time.perf_counter()\n"
+        f"generate_episode(episode_id='{episode}', concurrency={concurrency})\n"
+        "print(time.perf_counter() - t)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, check=True, text=True, capture_output=True
+    ).stdout
+    flow_wall = float(out.strip().splitlines()[-1])
+    run = _run_makespan(url)
+    print(
+        f"    flow  run {run:6.2f} s = {run / ideal:.2f}x ideal   (whole flow call {flow_wall:.2f} s"
+        f" = {flow_wall / ideal:.2f}x)"
+    )
+
+
+def _raw_insert_rate(url: str, rows: int) -> float:
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        import sqlite3
+
+        Path(str(parsed.database)).parent.mkdir(parents=True, exist_ok=True)
+        conn: Any = sqlite3.connect(parsed.database, isolation_level=None)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS bench_raw (id INTEGER PRIMARY KEY, k TEXT, v TEXT)"
+        )
+        start = time.perf_counter()
+        for n in range(rows):
+            conn.execute("BEGIN")
+            conn.execute("INSERT INTO bench_raw (k, v) VALUES (?, ?)", (f"k{n}", "x" * 64))
+            conn.execute("COMMIT")
+        return rows / (time.perf_counter() - start)
+    import psycopg
+
+    with psycopg.connect(
+        parsed.set(drivername="postgresql").render_as_string(hide_password=False)
+    ) as pg:
+        pg.execute(
+            "CREATE TABLE IF NOT EXISTS bench_raw (id bigserial PRIMARY KEY, k text, v text)"
+        )
+        pg.commit()
+        start = time.perf_counter()
+        for n in range(rows):
+            pg.execute("INSERT INTO bench_raw (k, v) VALUES (%s, %s)", (f"k{n}", "x" * 64))
+            pg.commit()
+        return rows / (time.perf_counter() - start)
+
+
+def _engine_rate(url: str, home: Path, videos: int) -> float:
+    os.environ["EPISODIC_HOME"] = str(home)
+    os.environ["EPISODIC_DATABASE_URL"] = url
+    os.environ["EPISODIC_FAKE_DELAY_MS"] = "0"
+    from core.settings import load_settings
+    from pipeline.gate import EnvironmentCredentials
+    from pipeline.generation import prepare, run_engine
+    from pipeline.runs import RunOptions, create_run, plan
+    from storage.engine import make_engine
+    from storage.runs import RunStore
+
+    episode = _setup_episode(url, home / "pl", videos)
+    engine = make_engine(url)
+    settings = load_settings()
+    prepared = prepare(engine, settings, "weekly", episode, "generate")
+    options = RunOptions(concurrency=8)
+    store = RunStore(engine)
+    report = plan(store, prepared.gate, prepared.items, options, prepared.profile)
+    run_id = create_run(store, prepared.gate, prepared.items, report, options, prepared.profile)
+    runner = run_engine(engine, settings, prepared, EnvironmentCredentials())
+    start = time.perf_counter()
+    outcome = runner.execute(run_id, options)
+    elapsed = time.perf_counter() - start
+    assert outcome.counts.completed == videos
+    engine.dispose()
+    return videos / elapsed
+
+
+def bench_bookkeeping(tmp: Path, backends: dict[str, Any]) -> None:
+    print("\n(b) bookkeeping: zero-latency provider, concurrency 8 (target >= 0.3x raw inserts)")
+    for name, make_url in backends.items():
+        url = make_url()
+        raw = _raw_insert_rate(url, 2000)
+        ours = _engine_rate(url, tmp / f"book-{name}", 500)
+        print(
+            f"    {name:8} engine {ours:7.0f} items/s   raw single-row inserts {raw:7.0f}/s   "
+            f"ratio {ours / raw:.2f}"
+        )
+
+
+def bench_planning(tmp: Path, backends: dict[str, Any]) -> None:
+    print("\n(c) planning a resume of 100,000 items, 99% complete (target < 1 s)")
+    from sqlalchemy import update
+
+    from core.playlist import PlannedItem
+    from pipeline.gate import open_gate
+    from pipeline.runs import RunOptions, plan
+    from providers.profiles import BUILTIN
+    from storage.engine import make_engine
+    from storage.models import ItemRow
+    from storage.runs import RunStore
+
+    for name, make_url in backends.items():
+        url = make_url()
+        episode = _setup_episode(url, tmp / f"plan-{name}", 1)
+        engine = make_engine(url)
+        gate = open_gate(engine, "weekly", episode, "generate")
+        items = [
+            PlannedItem(n, f"v{n}", 1, f"prompt {n}", n, f"{n:032x}") for n in range(1, 100_001)
+        ]
+        store = RunStore(engine)
+        run_id = store.create_run(gate.episode_pk, "generate", {}, items, [])
+        with engine.begin() as conn:
+            conn.execute(update(ItemRow).where(ItemRow.position > 1000).values(state="completed"))
+        options = RunOptions()
+        start = time.perf_counter()
+        report = plan(store, gate, items, options, BUILTIN["fake"])
+        elapsed = time.perf_counter() - start
+        assert report.skipped == 99_000 and report.new_calls == 1000, report
+        print(
+            f"    {name:8} {elapsed:6.3f} s  ({report.new_calls} to run, {report.skipped} skipped)"
+            f"{'' if elapsed < 1 else '  over target'}"
+        )
+        engine.dispose()
+        del run_id
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--skip-postgres", action="store_true")
+    parser.add_argument("--skip-flow", action="store_true")
+    args = parser.parse_args()
+    os.chdir(ROOT)
+    with tempfile.TemporaryDirectory(prefix="episodic-batch-") as name:
+        tmp = Path(name)
+        backends: dict[str, Any] = {}
+        counter = iter(range(1000))
+        backends["sqlite"] = lambda: f"sqlite:///{tmp / f'db-{next(counter)}' / 'episodic.db'}"
+        pg = None
+        if not args.skip_postgres:
+            from tests.databases import PostgresDatabases
+
+            pg = PostgresDatabases()
+            backends["postgres"] = lambda: pg.url(pg.fresh(migrated=True))
+        try:
+            bench_makespan(tmp, args.skip_flow)
+            bench_bookkeeping(tmp, backends)
+            bench_planning(tmp, backends)
+        finally:
+            if pg is not None:
+                from sqlalchemy import text
+
+                with pg.admin.connect() as conn:
+                    names = conn.execute(
+                        text("SELECT datname FROM pg_database WHERE datname LIKE 'episodic_t_%'")
+                    ).scalars()
+                    for db in list(names):
+                        pg.drop(db)
+                pg.close()
+
+
+if __name__ == "__main__":
+    main()
