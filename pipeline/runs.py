@@ -263,11 +263,18 @@ class RunEngine:
             self.store.fail_running_items(run_id, f"error: {_reason(exc)}")
             self.store.transition_run(run_id, RunState.FAILED, f"error: {_reason(exc)}")
             raise
+        except BaseException:  # a termination signal (a cancelled flow run gets SIGTERM)
+            self.stop.set()
+            self._pause(run_id)
+            raise
         if self.stop.is_set():
-            self.store.fail_running_items(run_id, INTERRUPTED)
-            self.store.transition_run(run_id, RunState.PAUSED, INTERRUPTED)
+            self._pause(run_id)
             return self._outcome(run_id, RunState.PAUSED, ExitCode.INTERRUPTED, skipped)
         return self.finish(run_id, skipped)
+
+    def _pause(self, run_id: str) -> None:
+        self.store.fail_running_items(run_id, INTERRUPTED)
+        self.store.transition_run(run_id, RunState.PAUSED, INTERRUPTED)
 
     def runnable_items(self, run_id: str, options: RunOptions) -> list[Item]:
         """The run's items that the planning rules still allow to run (resume obeys them too)."""

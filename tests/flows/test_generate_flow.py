@@ -118,3 +118,106 @@ def test_episode_id_is_a_required_parameter() -> None:
     parameter = inspect.signature(generate_episode.fn).parameters["episode_id"]
     assert parameter.default is inspect.Parameter.empty
     assert "episode_id" in generate_episode.parameters.required
+
+
+def test_the_flow_reads_the_credential_from_a_secret_block_and_pays_over_http(
+    harness: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from prefect.blocks.system import Secret
+
+    from tests.http_server import TOKEN, PredictionsServer
+
+    with PredictionsServer() as server:
+        profiles = tmp_path / "providers.yaml"
+        profiles.write_text(
+            "profiles:\n  http-secret:\n    kind: http\n"
+            f"    base_url: {server.base_url}\n"
+            "    credential_secret_block: episodic-test-token\n"
+            "    cost_per_image_minor: 5\n    timeout_s: 2\n    poll_interval_s: 0.05\n"
+        )
+        monkeypatch.setenv("EPISODIC_PROVIDERS_FILE", str(profiles))
+        Secret(value=TOKEN).save("episodic-test-token", overwrite=True)
+        ensure_provider_limit("http-secret", 2)
+        engine = create_engine(harness)
+        episode_id = str(
+            allocate(engine, "weekly", WeekId.parse("2026-W32"), "secret").episode.episode_id
+        )
+        engine.dispose()
+        from storage.engine import make_engine
+
+        db = make_engine(harness)
+        record_plan(
+            db,
+            "weekly",
+            episode_id,
+            write_playlist(tmp_path / "p", ["a", "b"], profile="http-secret"),
+        )
+        db.dispose()
+        result = generate_episode(episode_id=episode_id)
+    assert result["state"] == "completed" and result["cost_minor"] == 10
+    assert sorted(server.accepted.values()) == [1, 1]
+
+
+@pytest.mark.parametrize(
+    "backend", ["sqlite"]
+)  # backend-neutral; the ledger runs on both elsewhere
+def test_cancelling_the_flow_run_pauses_the_run_and_resume_pays_once(
+    harness: str, episode: str, tmp_path: Path
+) -> None:
+    """A cancelled flow run's process gets SIGTERM: in-flight items are marked interrupted,
+    the run is paused, and `episodic runs resume` finishes it without paying twice."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from prefect.settings import PREFECT_API_URL
+
+    plan(harness, episode, tmp_path / "p", [f"video {n}" for n in range(1, 7)])
+    env = {
+        **os.environ,
+        "PREFECT_API_URL": str(PREFECT_API_URL.value()),
+        "EPISODIC_FAKE_DELAY_MS": "2000",
+    }
+    code = (
+        "import tasks\nfrom flows.generate import generate_episode\n"
+        f"generate_episode(episode_id={episode!r}, concurrency=2)\n"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", code],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and sum(submissions_per_item().values()) < 2:
+        time.sleep(0.05)
+    assert sum(submissions_per_item().values()) >= 2, "the flow never started paying"
+    process.send_signal(signal.SIGTERM)
+    process.communicate(timeout=90)
+
+    from storage.engine import make_engine
+    from storage.runs import RunStore
+
+    engine = make_engine(harness)
+    store = RunStore(engine)
+    (run,) = store.list_runs("weekly")
+    items = store.run_items(run.run_id)
+    engine.dispose()
+    assert run.state == "paused"
+    assert any(i.error_text == "interrupted" and i.state == "failed" for i in items)
+    before = submissions_per_item()
+    resumed = subprocess.run(
+        [sys.executable, "-m", "cli.app", "runs", "resume", run.run_id, "--json"],
+        env={**os.environ, "EPISODIC_FAKE_DELAY_MS": "0"},
+        capture_output=True,
+        text=True,
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout)["state"] == "completed"
+    after = submissions_per_item()
+    assert set(after.values()) == {1} and len(after) == 6
+    assert all(after[key] == 1 for key in before)
