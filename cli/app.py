@@ -14,7 +14,7 @@ import click
 import typer
 
 from cli import allocate as allocate_cmd
-from cli import db, demo, episodes, generate, runs, serve
+from cli import db, demo, episodes, generate, review, runs, serve
 from cli.output import error
 
 app = typer.Typer(
@@ -29,6 +29,8 @@ app.command("allocate")(allocate_cmd.allocate)
 app.command("plan")(generate.plan)
 app.command("generate")(generate.generate)
 app.command("retry")(generate.retry)
+app.command("approve")(review.approve)
+app.command("assemble")(review.assemble)
 app.command("demo")(demo.demo)
 app.command("serve")(serve.serve)
 app.add_typer(episodes.app, name="episodes")

@@ -63,3 +63,25 @@ def check_run_transition(current: str, target: str) -> None:
 def check_item_transition(current: str, target: str) -> None:
     if ItemState(target) not in ITEM_TRANSITIONS[ItemState(current)]:
         raise InvalidTransition(f"item cannot go from {current} to {target}")
+
+
+class EpisodeState(StrEnum):
+    ALLOCATED = "allocated"
+    GENERATED = "generated"  # every planned image completed
+    APPROVED = "approved"
+    REJECTED = "rejected"
+    ASSEMBLED = "assembled"
+
+
+EPISODE_TRANSITIONS: dict[EpisodeState, frozenset[EpisodeState]] = {
+    EpisodeState.ALLOCATED: frozenset({EpisodeState.GENERATED}),
+    EpisodeState.GENERATED: frozenset({EpisodeState.APPROVED, EpisodeState.REJECTED}),
+    EpisodeState.REJECTED: frozenset({EpisodeState.GENERATED}),  # regenerated after a rejection
+    EpisodeState.APPROVED: frozenset({EpisodeState.ASSEMBLED}),
+    EpisodeState.ASSEMBLED: frozenset(),
+}
+
+
+def check_episode_transition(current: str, target: str) -> None:
+    if EpisodeState(target) not in EPISODE_TRANSITIONS[EpisodeState(current)]:
+        raise InvalidTransition(f"episode cannot go from {current} to {target}")

@@ -87,4 +87,5 @@ def run_engine(
         output_dir=settings.episodes_path / prepared.gate.episode_id / "images",
         executor=executor,
         stop=stop or threading.Event(),
+        planned_keys=frozenset(item.idempotency_key for item in prepared.items),
     )

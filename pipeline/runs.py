@@ -21,7 +21,13 @@ from core.errors import BudgetExceeded, CommandNotAllowed
 from core.exit_codes import ExitCode
 from core.playlist import PlannedItem
 from core.runs import Item, ItemSnapshot, PlanReport, RunCounts
-from core.states import RESUMABLE_RUN_STATES, ItemState, RunState, SubmissionState
+from core.states import (
+    RESUMABLE_RUN_STATES,
+    EpisodeState,
+    ItemState,
+    RunState,
+    SubmissionState,
+)
 from pipeline.gate import GatePass
 from providers.base import (
     ImageRequest,
@@ -33,6 +39,7 @@ from providers.base import (
     UnknownOutcome,
 )
 from providers.profiles import Profile
+from storage.review import ReviewStore
 from storage.runs import RunStore
 
 INTERRUPTED = "interrupted"
@@ -243,6 +250,7 @@ class RunEngine:
     executor: ItemExecutor = thread_pool_executor
     stop: threading.Event = field(default_factory=threading.Event)
     on_progress: Callable[[Item, str], None] = lambda item, result: None
+    planned_keys: frozenset[str] = frozenset()
 
     def execute(self, run_id: str, options: RunOptions, skipped: int = 0) -> RunOutcome:
         runnable = self.runnable_items(run_id, options)
@@ -272,6 +280,22 @@ class RunEngine:
             return self._outcome(run_id, RunState.PAUSED, ExitCode.INTERRUPTED, skipped)
         return self.finish(run_id, skipped)
 
+    def _mark_generated(self, run_id: str) -> None:
+        """The episode is generated once every image of its current plan is completed."""
+        if not self.planned_keys:
+            return
+        index = self.store.snapshots(self.gate.episode_pk)
+        done = all(
+            (snap := index.get(key)) is not None and snap.state == ItemState.COMPLETED
+            for key in self.planned_keys
+        )
+        review = ReviewStore(self.store.engine)
+        if done and review.state(self.gate.episode_pk) in (
+            EpisodeState.ALLOCATED,
+            EpisodeState.REJECTED,
+        ):
+            review.transition(self.gate.episode_pk, EpisodeState.GENERATED, {"run_id": run_id})
+
     def _pause(self, run_id: str) -> None:
         self.store.fail_running_items(run_id, INTERRUPTED)
         self.store.transition_run(run_id, RunState.PAUSED, INTERRUPTED)
@@ -298,6 +322,7 @@ class RunEngine:
         counts = self.store.counts(run_id)
         if counts.failed == 0 and counts.pending == 0 and counts.running == 0:
             self.store.transition_run(run_id, RunState.COMPLETED)
+            self._mark_generated(run_id)
             return self._outcome(run_id, RunState.COMPLETED, ExitCode.OK, skipped)
         code = ExitCode.PARTIAL if counts.completed or skipped else ExitCode.RUN_FAILED
         self.store.transition_run(run_id, RunState.FAILED, f"{counts.failed} items failed")

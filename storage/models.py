@@ -164,3 +164,34 @@ class CostEntryRow(Base):
     amount_minor: Mapped[int] = mapped_column(BigInteger)
     currency: Mapped[str] = mapped_column(String(3))
     recorded_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class ApprovalRow(Base):
+    """A person's decision on a generated episode (append-only)."""
+
+    __tablename__ = "approvals"
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    episode_pk: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey("episodes.id", ondelete="RESTRICT"), index=True
+    )
+    decision: Mapped[str] = mapped_column(String(16))
+    decided_by: Mapped[str] = mapped_column(String(100))
+    note: Mapped[str | None] = mapped_column(String(2000))
+    decided_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class EpisodeMediaRow(Base):
+    """Final media of an episode (cover, manifest) with the sha256 recorded at assembly."""
+
+    __tablename__ = "episode_media"
+    __table_args__ = (UniqueConstraint("episode_pk", "kind"),)
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    episode_pk: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey("episodes.id", ondelete="RESTRICT")
+    )
+    kind: Mapped[str] = mapped_column(String(32))
+    path: Mapped[str] = mapped_column(String(1024))
+    sha256: Mapped[str] = mapped_column(String(64))
+    recorded_at: Mapped[datetime] = mapped_column(default=utcnow)

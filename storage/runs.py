@@ -519,3 +519,26 @@ def _submission(row: Any) -> Submission:
     return Submission(
         row.id, row.item_pk, row.attempt, row.client_reference, row.state, row.remote_ref
     )
+
+
+def completed_outputs(engine: Engine, episode_pk: int) -> list[dict[str, Any]]:
+    """Completed items of an episode with the remote ref and cost of their paid call."""
+    with tx.read(engine) as conn:
+        rows = conn.execute(
+            select(
+                _items.c.idempotency_key,
+                _items.c.video_id,
+                _items.c.part,
+                _items.c.position,
+                _items.c.output_path,
+                _items.c.output_sha256,
+                _subs.c.remote_ref,
+                _costs.c.amount_minor,
+                _costs.c.currency,
+            )
+            .join(_subs, (_subs.c.item_pk == _items.c.id) & (_subs.c.state == "succeeded"))
+            .join(_costs, _costs.c.submission_pk == _subs.c.id)
+            .where(_items.c.episode_pk == episode_pk, _items.c.state == ItemState.COMPLETED)
+            .order_by(_items.c.position, _items.c.part)
+        ).all()
+    return [dict(row._mapping) for row in rows]

@@ -1,0 +1,63 @@
+"""`episodic approve` and `episodic assemble`."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from cli import context
+from cli.options import JsonOption, PipelineOption
+from cli.output import emit_json
+
+EpisodeArg = Annotated[str, typer.Argument(help="Episode id, e.g. 2026-W32-0 (must exist).")]
+
+
+def approve(
+    episode_id: EpisodeArg,
+    by: Annotated[str, typer.Option("--by", help="Who decides (recorded).")],
+    reject: Annotated[bool, typer.Option("--reject", help="Reject instead of approving.")] = False,
+    note: Annotated[str | None, typer.Option("--note", help="A note with the approval.")] = None,
+    reason: Annotated[
+        str | None, typer.Option("--reason", help="Why (required to reject).")
+    ] = None,
+    pipeline: PipelineOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Approve (or --reject) a generated episode's images. Recorded with who and when."""
+    from pipeline.review import decide
+
+    result = decide(
+        context.engine(),
+        context.pipeline_name(pipeline),
+        episode_id,
+        approve=not reject,
+        by=by,
+        note=reason if reject else note,
+    )
+    if as_json:
+        emit_json(result)
+    else:
+        verb = "already" if not result["changed"] else "now"
+        typer.echo(f"{result['episode_id']} is {verb} {result['state']}")
+
+
+def assemble(
+    episode_id: EpisodeArg,
+    pipeline: PipelineOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Assemble an approved episode (cover, manifest); rerunning it changes nothing."""
+    from pipeline.review import assemble as run_assembly
+
+    result = run_assembly(
+        context.engine(), context.settings(), context.pipeline_name(pipeline), episode_id
+    )
+    if as_json:
+        emit_json(result)
+    else:
+        typer.echo(
+            f"{result['episode_id']} assembled ({result['images']} images)"
+            f"{'' if result['changed'] else ', unchanged'}\n  cover    {result['cover']}"
+            f"\n  manifest {result['manifest']}"
+        )

@@ -1,0 +1,172 @@
+"""Approval and assembly of a generated episode (DESIGN 7).
+
+Approval records who decided what, and when. Assembly composes the cover from the approved
+images and writes a manifest; it is deterministic (same approved inputs, same bytes), records
+the hashes, and rerunning it changes nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine
+
+from core.errors import CommandNotAllowed, InvalidInput, StorageError
+from core.settings import Settings
+from core.states import EpisodeState
+from pipeline.gate import open_gate
+from pipeline.playlists import planned_items
+from pipeline.runs import write_atomically
+from storage.review import ReviewStore
+from storage.runs import RunStore, completed_outputs
+
+THUMB = 128
+
+
+def validate_person(name: str) -> str:
+    if not isinstance(name, str) or not name.strip() or len(name) > 100 or not name.isprintable():
+        raise InvalidInput("--by needs a name (1-100 printable characters)")
+    return name.strip()
+
+
+def decide(
+    engine: Engine, pipeline: str, episode_id: str, *, approve: bool, by: str, note: str | None
+) -> dict[str, Any]:
+    """Approve or reject a generated episode. Refused unless it is waiting for a decision."""
+    by = validate_person(by)
+    if not approve and not (note and note.strip()):
+        raise InvalidInput("a rejection needs --reason")
+    gate = open_gate(engine, pipeline, episode_id, "approve")
+    review = ReviewStore(engine)
+    state = review.state(gate.episode_pk)
+    wanted = EpisodeState.APPROVED if approve else EpisodeState.REJECTED
+    if state == wanted:  # the same decision again (a retried flow, a double click): a no-op
+        return {"episode_id": gate.episode_id, "state": state, "changed": False}
+    if state != EpisodeState.GENERATED:
+        raise CommandNotAllowed(
+            f"episode {gate.episode_id} is {state}: only a generated episode can be "
+            f"{'approved' if approve else 'rejected'}"
+        )
+    review.decide(gate.episode_pk, approve, by, note)
+    return {"episode_id": gate.episode_id, "state": wanted.value, "changed": True, "by": by}
+
+
+def assemble(engine: Engine, settings: Settings, pipeline: str, episode_id: str) -> dict[str, Any]:
+    """Compose the cover and the manifest of an approved episode; record their hashes."""
+    gate = open_gate(engine, pipeline, episode_id, "assemble")
+    review = ReviewStore(engine)
+    state = review.state(gate.episode_pk)
+    if state not in (EpisodeState.APPROVED, EpisodeState.ASSEMBLED):
+        raise CommandNotAllowed(
+            f"episode {gate.episode_id} is {state}: only an approved episode is assembled"
+        )
+    outputs = _approved_outputs(engine, gate.episode_pk)
+    folder = settings.episodes_path / gate.episode_id
+    cover = _cover([Path(o["output_path"]) for o in outputs])
+    cover_sha = write_atomically(folder / "cover.png", cover)
+    manifest = _manifest(gate.episode_id, outputs, folder, cover_sha)
+    manifest_sha = write_atomically(folder / "manifest.json", manifest)
+    media = {
+        "cover": (str(folder / "cover.png"), cover_sha),
+        "manifest": (str(folder / "manifest.json"), manifest_sha),
+    }
+    changed = review.record_media(gate.episode_pk, media)
+    if state == EpisodeState.APPROVED:
+        review.transition(
+            gate.episode_pk,
+            EpisodeState.ASSEMBLED,
+            {"cover_sha256": cover_sha, "manifest_sha256": manifest_sha},
+        )
+    return {
+        "episode_id": gate.episode_id,
+        "state": EpisodeState.ASSEMBLED.value,
+        "changed": changed or state == EpisodeState.APPROVED,
+        "cover": media["cover"][0],
+        "cover_sha256": cover_sha,
+        "manifest": media["manifest"][0],
+        "manifest_sha256": manifest_sha,
+        "images": len(outputs),
+    }
+
+
+def _approved_outputs(engine: Engine, episode_pk: int) -> list[dict[str, Any]]:
+    store = RunStore(engine)
+    recorded = store.latest_plan(episode_pk)
+    if recorded is None:
+        raise CommandNotAllowed("episode has no plan")
+    episode_id = next(iter(_episode_ids(store, episode_pk)))
+    planned = {it.idempotency_key for it in planned_items(recorded[0], recorded[1], episode_id)}
+    outputs = [o for o in completed_outputs(engine, episode_pk) if o["idempotency_key"] in planned]
+    if len(outputs) != len(planned):
+        raise CommandNotAllowed(f"{len(planned) - len(outputs)} planned images are not completed")
+    for output in outputs:  # never assemble from files that are not what the ledger paid for
+        path = Path(output["output_path"])
+        if not path.is_file():
+            raise StorageError(f"image {path} is missing")
+        if hashlib.sha256(path.read_bytes()).hexdigest() != output["output_sha256"]:
+            raise StorageError(f"image {path} does not match its recorded sha256")
+    if not outputs:
+        raise CommandNotAllowed("episode has no completed images")
+    return outputs
+
+
+def _episode_ids(store: RunStore, episode_pk: int) -> set[str]:
+    from sqlalchemy import select
+
+    from storage.models import EpisodeRow
+
+    with store.engine.connect() as conn:
+        return {
+            str(
+                conn.execute(
+                    select(EpisodeRow.episode_id).where(EpisodeRow.id == episode_pk)
+                ).scalar_one()
+            )
+        }
+
+
+def _cover(paths: list[Path]) -> bytes:
+    """A grid of thumbnails in playlist order: same inputs, same PNG bytes."""
+    from PIL import Image
+
+    columns = math.ceil(math.sqrt(len(paths)))
+    rows = math.ceil(len(paths) / columns)
+    sheet = Image.new("RGB", (columns * THUMB, rows * THUMB), (16, 16, 16))
+    for n, path in enumerate(paths):
+        with Image.open(path) as image:
+            thumb = image.convert("RGB").resize((THUMB, THUMB), Image.Resampling.NEAREST)
+        sheet.paste(thumb, ((n % columns) * THUMB, (n // columns) * THUMB))
+    out = io.BytesIO()
+    sheet.save(out, format="PNG", optimize=False)
+    return out.getvalue()
+
+
+def _manifest(
+    episode_id: str, outputs: list[dict[str, Any]], folder: Path, cover_sha: str
+) -> bytes:
+    """Canonical JSON, paths relative to the episode folder, no timestamps: deterministic."""
+    items = [
+        {
+            "item_id": f"{o['video_id']}.p{o['part']}",
+            "idempotency_key": o["idempotency_key"],
+            "path": str(Path(o["output_path"]).relative_to(folder)),
+            "sha256": o["output_sha256"],
+            "remote_ref": o["remote_ref"],
+            "cost_minor": o["amount_minor"],
+            "currency": o["currency"],
+        }
+        for o in outputs
+    ]
+    document = {
+        "episode_id": episode_id,
+        "cover": {"path": "cover.png", "sha256": cover_sha},
+        "items": items,
+        "total_cost_minor": sum(o["amount_minor"] for o in outputs),
+        "currency": outputs[0]["currency"],
+    }
+    return (json.dumps(document, indent=2, sort_keys=True) + "\n").encode()

@@ -1,0 +1,134 @@
+"""Episode state changes with history, approvals and recorded final media."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Engine, Table, insert, select, update
+
+from core.states import EpisodeState, check_episode_transition
+from storage import tx
+from storage.base import utcnow
+from storage.models import ApprovalRow, EpisodeEventRow, EpisodeMediaRow, EpisodeRow
+
+_episodes: Table = EpisodeRow.__table__  # type: ignore[assignment]
+_events: Table = EpisodeEventRow.__table__  # type: ignore[assignment]
+_approvals: Table = ApprovalRow.__table__  # type: ignore[assignment]
+_media: Table = EpisodeMediaRow.__table__  # type: ignore[assignment]
+
+
+class ReviewStore:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def state(self, episode_pk: int) -> str:
+        with tx.read(self.engine) as conn:
+            return str(
+                conn.execute(
+                    select(_episodes.c.state).where(_episodes.c.id == episode_pk)
+                ).scalar_one()
+            )
+
+    def transition(self, episode_pk: int, target: EpisodeState, detail: dict[str, Any]) -> bool:
+        """Move the episode along an allowed transition, with a history event (no-op if there)."""
+        now = utcnow()
+        with tx.write(self.engine) as conn:
+            current = conn.execute(
+                select(_episodes.c.state).where(_episodes.c.id == episode_pk)
+            ).scalar_one()
+            if current == target:
+                return False
+            check_episode_transition(current, target)
+            conn.execute(
+                update(_episodes)
+                .where(_episodes.c.id == episode_pk)
+                .values(state=target, updated_at=now)
+            )
+            conn.execute(
+                insert(_events).values(
+                    episode_pk=episode_pk, kind=target.value, at=now, detail=detail
+                )
+            )
+            return True
+
+    def decide(self, episode_pk: int, approve: bool, by: str, note: str | None) -> None:
+        """Record the decision and move the episode, in one transaction."""
+        now = utcnow()
+        target = EpisodeState.APPROVED if approve else EpisodeState.REJECTED
+        with tx.write(self.engine) as conn:
+            current = conn.execute(
+                select(_episodes.c.state).where(_episodes.c.id == episode_pk)
+            ).scalar_one()
+            check_episode_transition(current, target)
+            conn.execute(
+                insert(_approvals).values(
+                    episode_pk=episode_pk,
+                    decision=target.value,
+                    decided_by=by,
+                    note=note,
+                    decided_at=now,
+                )
+            )
+            conn.execute(
+                update(_episodes)
+                .where(_episodes.c.id == episode_pk)
+                .values(state=target, updated_at=now)
+            )
+            conn.execute(
+                insert(_events).values(
+                    episode_pk=episode_pk,
+                    kind=target.value,
+                    at=now,
+                    detail={"by": by, "note": note},
+                )
+            )
+
+    def approvals(self, episode_pk: int) -> list[dict[str, Any]]:
+        with tx.read(self.engine) as conn:
+            rows = conn.execute(
+                select(_approvals)
+                .where(_approvals.c.episode_pk == episode_pk)
+                .order_by(_approvals.c.id)
+            ).all()
+        return [
+            {
+                "decision": r.decision,
+                "by": r.decided_by,
+                "note": r.note,
+                "at": r.decided_at.isoformat(),
+            }
+            for r in rows
+        ]
+
+    def media(self, episode_pk: int) -> dict[str, tuple[str, str]]:
+        with tx.read(self.engine) as conn:
+            rows = conn.execute(
+                select(_media.c.kind, _media.c.path, _media.c.sha256).where(
+                    _media.c.episode_pk == episode_pk
+                )
+            ).all()
+        return {r.kind: (r.path, r.sha256) for r in rows}
+
+    def record_media(self, episode_pk: int, media: dict[str, tuple[str, str]]) -> bool:
+        """Record final media hashes; True if anything changed (reassembly changes nothing)."""
+        if self.media(episode_pk) == media:
+            return False
+        now = utcnow()
+        with tx.write(self.engine) as conn:
+            for kind, (path, sha256) in media.items():
+                changed = conn.execute(
+                    update(_media)
+                    .where(_media.c.episode_pk == episode_pk, _media.c.kind == kind)
+                    .values(path=path, sha256=sha256, recorded_at=now)
+                ).rowcount
+                if not changed:
+                    conn.execute(
+                        insert(_media).values(
+                            episode_pk=episode_pk,
+                            kind=kind,
+                            path=path,
+                            sha256=sha256,
+                            recorded_at=now,
+                        )
+                    )
+        return True

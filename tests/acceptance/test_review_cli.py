@@ -1,0 +1,53 @@
+"""Assembly on two machines' worth of fresh directories gives the same bytes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.generation import write_playlist
+
+Cli = Callable[..., subprocess.CompletedProcess[str]]
+pytestmark = pytest.mark.e2e
+
+
+def test_two_fresh_homes_assemble_identical_bytes(cli: Cli, tmp_path: Path) -> None:
+    playlist = write_playlist(tmp_path / "pl", ["a", "b", "c"])
+    hashes = []
+    for machine in ("one", "two"):
+        env = {"EPISODIC_HOME": str(tmp_path / machine)}
+        steps = [
+            ["allocate", "--key", "k", "--week", "2026-W32"],
+            ["plan", "2026-W32-0", "--playlist", str(playlist)],
+            ["generate", "2026-W32-0"],
+            ["approve", "2026-W32-0", "--by", "ann"],
+        ]
+        for step in steps:
+            result = cli(*step, env=env)
+            assert result.returncode == 0, (step, result.stderr)
+        assembled = json.loads(cli("assemble", "2026-W32-0", "--json", env=env).stdout)
+        folder = tmp_path / machine / "episodes" / "2026-W32-0"
+        hashes.append(
+            (
+                assembled["cover_sha256"],
+                assembled["manifest_sha256"],
+                hashlib.sha256((folder / "cover.png").read_bytes()).hexdigest(),
+            )
+        )
+    assert hashes[0] == hashes[1]
+    assert hashes[0][0] == hashes[0][2]
+
+
+def test_review_commands_refuse_out_of_order(cli: Cli, tmp_path: Path) -> None:
+    env = {"EPISODIC_HOME": str(tmp_path / "h")}
+    assert cli("approve", "2026-W32-0", "--by", "ann", env=env).returncode == 5
+    assert cli("allocate", "--key", "k", "--week", "2026-W32", env=env).returncode == 0
+    refused = cli("approve", "2026-W32-0", "--by", "ann", env=env)
+    assert refused.returncode == 2 and "only a generated episode" in refused.stderr
+    assert cli("assemble", "2026-W32-0", env=env).returncode == 2
+    assert cli("approve", "2026-W32-0", "--reject", "--by", "ann", env=env).returncode == 2
