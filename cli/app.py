@@ -14,7 +14,7 @@ import click
 import typer
 
 from cli import allocate as allocate_cmd
-from cli import db, demo, episodes, generate, review, runs, serve
+from cli import check, db, demo, episodes, generate, review, runs, serve
 from cli.output import error
 
 app = typer.Typer(
@@ -31,6 +31,7 @@ app.command("generate")(generate.generate)
 app.command("retry")(generate.retry)
 app.command("approve")(review.approve)
 app.command("assemble")(review.assemble)
+app.command("check")(check.check)
 app.command("demo")(demo.demo)
 app.command("serve")(serve.serve)
 app.add_typer(episodes.app, name="episodes")

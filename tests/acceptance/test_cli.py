@@ -133,6 +133,7 @@ def test_pipelines_are_separate(cli: Cli, database_url: str) -> None:
         ["runs", "cancel"],
         ["approve"],
         ["assemble"],
+        ["check"],
         ["demo"],
         ["serve"],
     ],

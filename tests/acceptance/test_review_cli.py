@@ -51,3 +51,22 @@ def test_review_commands_refuse_out_of_order(cli: Cli, tmp_path: Path) -> None:
     assert refused.returncode == 2 and "only a generated episode" in refused.stderr
     assert cli("assemble", "2026-W32-0", env=env).returncode == 2
     assert cli("approve", "2026-W32-0", "--reject", "--by", "ann", env=env).returncode == 2
+
+
+def test_check_exit_codes(cli: Cli, tmp_path: Path) -> None:
+    env = {"EPISODIC_HOME": str(tmp_path / "h")}
+    playlist = write_playlist(tmp_path / "pl", ["a"])
+    for step in (
+        ["allocate", "--key", "k", "--week", "2026-W32"],
+        ["plan", "2026-W32-0", "--playlist", str(playlist)],
+        ["generate", "2026-W32-0"],
+    ):
+        assert cli(*step, env=env).returncode == 0
+    assert cli("check", env=env).returncode == 2  # neither an id nor --all
+    assert cli("check", "--all", env=env).stdout.strip() == "clean"
+    assert cli("check", "2026-W32-4", env=env).returncode == 5
+    image = tmp_path / "h" / "episodes" / "2026-W32-0" / "images" / "v01.p1.png"
+    image.write_bytes(b"tampered")
+    result = cli("check", "2026-W32-0", "--json", env=env)
+    assert result.returncode == 1
+    assert json.loads(result.stdout)["findings"][0]["check"] == "files"

@@ -1,0 +1,175 @@
+"""`episodic check`: a read-only audit of episodes, their files and the ledger (DESIGN 7).
+
+It opens the database read-only (SQLite ``mode=ro``, Postgres read-only transactions) and
+only reads files; each problem is one finding. Clean: exit 0; findings: exit 1.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, select
+
+from core.errors import EpisodicError
+from core.ids import EpisodeId
+from core.states import EpisodeState
+from pipeline.playlists import planned_items
+from storage.models import (
+    CostEntryRow,
+    EpisodeMediaRow,
+    EpisodeRow,
+    ItemRow,
+    SubmissionRow,
+)
+from storage.runs import RunStore
+
+NEEDS_ALL_IMAGES = {EpisodeState.GENERATED, EpisodeState.APPROVED, EpisodeState.ASSEMBLED}
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    episode_id: str
+    check: str
+    detail: str
+
+    def to_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+def check_episodes(engine: Engine, pipeline: str, episode_id: str | None = None) -> list[Finding]:
+    with engine.connect() as conn:
+        query = select(EpisodeRow).where(EpisodeRow.pipeline == pipeline)
+        if episode_id is not None:
+            query = query.where(EpisodeRow.episode_id == str(EpisodeId.parse(episode_id)))
+        episodes = conn.execute(query.order_by(EpisodeRow.week_id, EpisodeRow.sequence)).all()
+    if episode_id is not None and not episodes:
+        from core.errors import EpisodeNotFound
+
+        raise EpisodeNotFound(pipeline, episode_id)
+    findings: list[Finding] = []
+    for episode in episodes:
+        findings.extend(_check_one(engine, episode))
+    return findings
+
+
+def _check_one(engine: Engine, episode: Any) -> list[Finding]:
+    eid = episode.episode_id
+    out: list[Finding] = []
+
+    def add(check: str, detail: str) -> None:
+        out.append(Finding(eid, check, detail))
+
+    try:
+        parsed = EpisodeId.parse(eid)
+        if str(parsed.week) != episode.week_id or parsed.sequence != episode.sequence:
+            add(
+                "identity",
+                f"id {eid} disagrees with week {episode.week_id} / sequence {episode.sequence}",
+            )
+    except EpisodicError as exc:
+        add("identity", str(exc))
+    with engine.connect() as conn:
+        items = conn.execute(select(ItemRow).where(ItemRow.episode_pk == episode.id)).all()
+        subs = conn.execute(
+            select(SubmissionRow)
+            .join(ItemRow, ItemRow.id == SubmissionRow.item_pk)
+            .where(ItemRow.episode_pk == episode.id)
+        ).all()
+        costs = conn.execute(
+            select(CostEntryRow).where(CostEntryRow.episode_pk == episode.id)
+        ).all()
+        media = conn.execute(
+            select(EpisodeMediaRow).where(EpisodeMediaRow.episode_pk == episode.id)
+        ).all()
+    succeeded = Counter(s.item_pk for s in subs if s.state == "succeeded")
+    cost_by_sub = Counter(c.submission_pk for c in costs)
+    sub_ids = {s.id: s for s in subs}
+    for item in items:
+        if item.state == "completed":
+            _check_file(
+                add, f"image {item.video_id}.p{item.part}", item.output_path, item.output_sha256
+            )
+            if succeeded[item.id] != 1:
+                add(
+                    "ledger",
+                    f"completed item {item.video_id}.p{item.part} has "
+                    f"{succeeded[item.id]} succeeded submissions, expected 1",
+                )
+        elif succeeded[item.id]:
+            add(
+                "state",
+                f"item {item.video_id}.p{item.part} is {item.state} but has a succeeded submission",
+            )
+    for sub in subs:
+        if sub.state in ("accepted", "succeeded") and not sub.remote_ref:
+            add(
+                "remote-refs",
+                f"submission {sub.client_reference} is {sub.state} without a remote task reference",
+            )
+        expected = 1 if sub.state == "succeeded" else 0
+        if cost_by_sub[sub.id] != expected:
+            add(
+                "ledger",
+                f"submission {sub.client_reference} ({sub.state}) has "
+                f"{cost_by_sub[sub.id]} cost entries, expected {expected}",
+            )
+    for cost in costs:
+        if cost.submission_pk not in sub_ids:
+            add("ledger", f"cost entry {cost.id} belongs to no submission of this episode")
+        if cost.amount_minor < 0:
+            add("ledger", f"cost entry {cost.id} is negative")
+    _check_states(add, engine, episode, items, media)
+    return out
+
+
+def _check_states(
+    add: Any, engine: Engine, episode: Any, items: Sequence[Any], media: Sequence[Any]
+) -> None:
+    state = episode.state
+    if state in NEEDS_ALL_IMAGES:
+        recorded = RunStore(engine).latest_plan(episode.id)
+        if recorded is None:
+            add("state", f"episode is {state} but has no plan")
+        else:
+            keys = {
+                it.idempotency_key
+                for it in planned_items(recorded[0], recorded[1], episode.episode_id)
+            }
+            done = {i.idempotency_key for i in items if i.state == "completed"}
+            if missing := keys - done:
+                add(
+                    "state",
+                    f"episode is {state} but {len(missing)} planned images are not completed",
+                )
+    kinds = {m.kind: m for m in media}
+    if state == EpisodeState.ASSEMBLED and set(kinds) != {"cover", "manifest"}:
+        add("state", f"episode is assembled but its media are {sorted(kinds)}")
+    for row in media:
+        _check_file(add, row.kind, row.path, row.sha256)
+    manifest = kinds.get("manifest")
+    if manifest is not None and Path(manifest.path).is_file():
+        try:
+            document = json.loads(Path(manifest.path).read_text())
+            total = sum(i["cost_minor"] for i in document["items"])
+            if total != document["total_cost_minor"]:
+                add("ledger", "manifest total does not equal the sum of its items")
+        except (ValueError, KeyError, TypeError):
+            add("files", "manifest is not a valid manifest")
+
+
+def _check_file(add: Any, label: str, path: str | None, sha256: str | None) -> None:
+    if not path or not sha256:
+        add("files", f"{label} has no recorded file or sha256")
+        return
+    file = Path(path)
+    if not file.is_file():
+        add("files", f"{label} is missing: {path}")
+        return
+    if hashlib.sha256(file.read_bytes()).hexdigest() != sha256:
+        add("files", f"{label} does not match its recorded sha256: {path}")
