@@ -24,9 +24,11 @@ from prefect.schedules import Schedule
 from prefect.states import Scheduled
 
 
-def apply_deployment(flow: Flow[..., Any], name: str, schedule: Schedule) -> UUID:
+def apply_deployment(
+    flow: Flow[..., Any], name: str, schedule: Schedule, parameters: dict[str, Any] | None = None
+) -> UUID:
     """Register (or update) a served-style deployment of ``flow`` with one schedule."""
-    deployment = flow.to_deployment(name=name, schedules=[schedule])
+    deployment = flow.to_deployment(name=name, schedules=[schedule], parameters=parameters or {})
     assert isinstance(deployment, RunnerDeployment)  # sync context: not a coroutine
     deployment_id = deployment.apply()
     assert isinstance(deployment_id, UUID)

@@ -45,7 +45,8 @@ def decide(
     review = ReviewStore(engine)
     state = review.state(gate.episode_pk)
     wanted = EpisodeState.APPROVED if approve else EpisodeState.REJECTED
-    if state == wanted:  # the same decision again (a retried flow, a double click): a no-op
+    already = state == wanted or (approve and state == EpisodeState.ASSEMBLED)
+    if already:  # the same decision again (a retried flow, a double click): a no-op
         return {"episode_id": gate.episode_id, "state": state, "changed": False}
     if state != EpisodeState.GENERATED:
         raise CommandNotAllowed(

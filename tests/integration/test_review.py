@@ -103,6 +103,9 @@ def test_assembly_is_deterministic_and_reassembly_changes_nothing(generated: Epi
     before = snapshot(generated.engine)
     second = assemble(generated.engine, settings, "weekly", generated.episode_id)
     assert not second["changed"]
+    assert not decide(
+        generated.engine, "weekly", generated.episode_id, approve=True, by="ann", note=None
+    )["changed"]  # approving an assembled episode again: a no-op
     assert Path(second["cover"]).read_bytes() == cover
     assert Path(second["manifest"]).read_bytes() == manifest
     assert snapshot(generated.engine) == before
