@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Engine, Table, insert, select, update
+from sqlalchemy import Connection, Engine, Table, insert, select, update
 
 from core.states import EpisodeState, check_episode_transition
 from storage import tx
@@ -31,55 +31,21 @@ class ReviewStore:
 
     def transition(self, episode_pk: int, target: EpisodeState, detail: dict[str, Any]) -> bool:
         """Move the episode along an allowed transition, with a history event (no-op if there)."""
-        now = utcnow()
         with tx.write(self.engine) as conn:
-            current = conn.execute(
-                select(_episodes.c.state).where(_episodes.c.id == episode_pk)
-            ).scalar_one()
-            if current == target:
-                return False
-            check_episode_transition(current, target)
-            conn.execute(
-                update(_episodes)
-                .where(_episodes.c.id == episode_pk)
-                .values(state=target, updated_at=now)
-            )
-            conn.execute(
-                insert(_events).values(
-                    episode_pk=episode_pk, kind=target.value, at=now, detail=detail
-                )
-            )
-            return True
+            return _move(conn, episode_pk, target, detail)
 
     def decide(self, episode_pk: int, approve: bool, by: str, note: str | None) -> None:
         """Record the decision and move the episode, in one transaction."""
-        now = utcnow()
         target = EpisodeState.APPROVED if approve else EpisodeState.REJECTED
         with tx.write(self.engine) as conn:
-            current = conn.execute(
-                select(_episodes.c.state).where(_episodes.c.id == episode_pk)
-            ).scalar_one()
-            check_episode_transition(current, target)
+            _move(conn, episode_pk, target, {"by": by, "note": note})
             conn.execute(
                 insert(_approvals).values(
                     episode_pk=episode_pk,
                     decision=target.value,
                     decided_by=by,
                     note=note,
-                    decided_at=now,
-                )
-            )
-            conn.execute(
-                update(_episodes)
-                .where(_episodes.c.id == episode_pk)
-                .values(state=target, updated_at=now)
-            )
-            conn.execute(
-                insert(_events).values(
-                    episode_pk=episode_pk,
-                    kind=target.value,
-                    at=now,
-                    detail={"by": by, "note": note},
+                    decided_at=utcnow(),
                 )
             )
 
@@ -132,3 +98,21 @@ class ReviewStore:
                         )
                     )
         return True
+
+
+def _move(conn: Connection, episode_pk: int, target: EpisodeState, detail: dict[str, Any]) -> bool:
+    """The one place an episode changes state: checked, timestamped, recorded in its history."""
+    current = conn.execute(
+        select(_episodes.c.state).where(_episodes.c.id == episode_pk)
+    ).scalar_one()
+    if current == target:
+        return False
+    check_episode_transition(current, target)
+    now = utcnow()
+    conn.execute(
+        update(_episodes).where(_episodes.c.id == episode_pk).values(state=target, updated_at=now)
+    )
+    conn.execute(
+        insert(_events).values(episode_pk=episode_pk, kind=target.value, at=now, detail=detail)
+    )
+    return True
