@@ -136,7 +136,7 @@ def _run(week_id: Any, timezone: str, tz: Any, playlist: Path) -> list[dict[str,
         weekly_episode,
         "demo-twice-weekly",
         Cron(DEMO_CRON, timezone=timezone, slug="demo-mon-thu"),
-        parameters={"playlist": str(playlist)},
+        parameters={"playlist": str(playlist), "generate": False},  # the demo generates below
     )
     slots = local.schedule_slots(
         deployment_id, start, start + timedelta(days=7) - timedelta(seconds=1)

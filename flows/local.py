@@ -19,6 +19,7 @@ from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
 from prefect.client.schemas.objects import FlowRun, State
 from prefect.client.schemas.sorting import FlowRunSort
 from prefect.deployments.runner import RunnerDeployment
+from prefect.exceptions import Pause
 from prefect.flow_engine import run_flow
 from prefect.schedules import Schedule
 from prefect.states import Scheduled
@@ -60,7 +61,11 @@ def execute(flow: Flow[..., Any], flow_run_id: UUID) -> State[Any]:
     """Execute an existing flow run in this process and return its final state."""
     with get_client(sync_client=True) as client:
         flow_run = client.read_flow_run(flow_run_id)
-    state = run_flow(flow, flow_run=flow_run, return_type="state")
+    try:
+        state = run_flow(flow, flow_run=flow_run, return_type="state")
+    except Pause:  # suspended (waiting for input): the run's state says so
+        with get_client(sync_client=True) as client:
+            state = client.read_flow_run(flow_run_id).state
     assert isinstance(state, State)
     return state
 

@@ -15,7 +15,9 @@ from core.errors import NoInvocationIdentity
 from core.ids import WeekId
 from core.keys import derive_allocation_key
 from core.settings import load_settings, validate_pipeline
+from flows.generate import generate_episode
 from flows.invocation import current_invocation
+from flows.review import approval_step, assemble_episode
 from tasks.allocate import allocate_episode
 from tasks.plan import plan_episode
 
@@ -28,6 +30,9 @@ def weekly_episode(
     week: str | None = None,
     pipeline: str | None = None,
     playlist: str | None = None,
+    generate: bool = True,
+    wait_for_approval: bool = True,
+    approval_timeout_s: int = 7 * 24 * 3600,
 ) -> str:
     """Allocate this invocation's episode and return its id.
 
@@ -36,7 +41,11 @@ def weekly_episode(
         week: ISO week such as 2026-W32; default: the week of the scheduled start time in
             EPISODIC_TIMEZONE.
         pipeline: pipeline name; default: EPISODIC_PIPELINE.
-        playlist: path of a playlist YAML to record as the episode's plan (spends nothing).
+        playlist: path of a playlist YAML to record as the episode's plan. With a playlist the
+            whole chain runs: generate (paid, never twice), wait for approval (the run
+            suspends; resume it from the UI with a decision), assemble.
+        generate: with a playlist, run the paid generation (False: only plan).
+        wait_for_approval: suspend for a decision after generation (needs a deployment run).
     """
     logger = get_run_logger()
     settings = load_settings()
@@ -52,7 +61,20 @@ def weekly_episode(
     allocation = allocate_episode(pipeline_name, str(week_id), key)
     episode_id: str = allocation["episode_id"]
     logger.info("invocation %s owns episode %s (pipeline %s)", key, episode_id, pipeline_name)
-    if playlist is not None:
-        planned = plan_episode(pipeline_name, episode_id, playlist)
-        logger.info("plan of %s: %s", episode_id, planned)
+    if playlist is None:
+        return episode_id
+    planned = plan_episode(pipeline_name, episode_id, playlist)
+    logger.info("plan of %s: %s", episode_id, planned)
+    if not generate:
+        return episode_id
+    generated = generate_episode(episode_id=episode_id, pipeline=pipeline_name)
+    logger.info("generation of %s: %s", episode_id, generated)
+    if not wait_for_approval:
+        return episode_id
+    answer = approval_step(episode_id, pipeline_name, approval_timeout_s)
+    if answer.decision == "approve":
+        assembled = assemble_episode(episode_id=episode_id, pipeline=pipeline_name)
+        logger.info("assembled %s: cover %s", episode_id, assembled["cover"])
+    else:
+        logger.info("episode %s rejected by %s: %s", episode_id, answer.reviewer, answer.note)
     return episode_id

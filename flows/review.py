@@ -1,0 +1,93 @@
+"""Approval and assembly from Prefect.
+
+`approval_step` waits for a person inside a deployment's top-level flow run: it suspends the
+run (no worker is held) with a typed input form whose description lists the episode's images
+and cost. Resuming from the UI starts the run again from the top, where allocation and
+generation are idempotent (no paid call), and the suspend returns the submitted input.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from prefect import flow
+from prefect.flow_runs import suspend_flow_run
+from prefect.input import RunInput
+from prefect.logging import get_run_logger
+
+from core.money import format_minor
+from core.settings import load_settings
+from pipeline.review import assemble, decide
+from storage.registry import engine_for
+from storage.runs import RunStore, completed_outputs
+
+DAY_S = 24 * 3600
+
+
+class ApprovalInput(RunInput):
+    decision: Literal["approve", "reject"]
+    reviewer: str
+    note: str = ""
+
+
+def approval_form_description(episode_id: str, pipeline: str) -> str:
+    engine = engine_for(load_settings())
+    store = RunStore(engine)
+    pk = store.episode_pk(pipeline, episode_id)
+    outputs = completed_outputs(engine, pk)
+    lines = [
+        f"## Approve episode {episode_id}",
+        "",
+        f"{len(outputs)} images, cost so far {format_minor(store.episode_cost(pk))}.",
+        "",
+        "| image | file | sha256 |",
+        "|---|---|---|",
+    ]
+    lines += [
+        f"| {o['video_id']}.p{o['part']} | `{o['output_path']}` | `{o['output_sha256'][:12]}` |"
+        for o in outputs
+    ]
+    return "\n".join(lines)
+
+
+def approval_step(episode_id: str, pipeline: str, timeout_s: int) -> ApprovalInput:
+    """Suspend for a decision (or return the one given on resume) and record it."""
+    form = ApprovalInput.with_initial_data(
+        description=approval_form_description(episode_id, pipeline), decision="approve", reviewer=""
+    )
+    answer: ApprovalInput = suspend_flow_run(
+        wait_for_input=form, timeout=timeout_s, key=f"approval-{episode_id.lower()}"
+    )
+    record_decision(episode_id, pipeline, answer)
+    return answer
+
+
+def record_decision(episode_id: str, pipeline: str, answer: ApprovalInput) -> dict[str, Any]:
+    engine = engine_for(load_settings())
+    return decide(
+        engine,
+        pipeline,
+        episode_id,
+        approve=answer.decision == "approve",
+        by=answer.reviewer,
+        note=answer.note or None,
+    )
+
+
+@flow(name="approve-episode", validate_parameters=True)
+def approve_episode(
+    episode_id: str, pipeline: str | None = None, timeout_s: int = 7 * DAY_S
+) -> dict[str, Any]:
+    """Wait for a person's decision on a generated episode (deploy it: it suspends)."""
+    settings = load_settings()
+    name = pipeline or settings.pipeline
+    answer = approval_step(episode_id, name, timeout_s)
+    get_run_logger().info("episode %s: %s by %s", episode_id, answer.decision, answer.reviewer)
+    return {"episode_id": episode_id, "decision": answer.decision, "by": answer.reviewer}
+
+
+@flow(name="assemble-episode", validate_parameters=True)
+def assemble_episode(episode_id: str, pipeline: str | None = None) -> dict[str, Any]:
+    """Assemble an approved episode (refused otherwise); rerunning it changes nothing."""
+    settings = load_settings()
+    return assemble(engine_for(settings), settings, pipeline or settings.pipeline, episode_id)

@@ -1,0 +1,79 @@
+"""The whole weekly chain in a deployment run: generate, suspend for approval, assemble.
+
+The flow run suspends with a typed input form (no worker held); `resume_flow_run` with input
+plays the reviewer in the UI; the resumed run starts from the top and makes no paid call.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+from uuid import uuid4
+
+import pytest
+from prefect.client.orchestration import get_client
+from prefect.flow_runs import resume_flow_run
+from prefect.schedules import Cron
+
+from flows import local
+from flows.limits import ensure_provider_limit
+from flows.weekly import weekly_episode
+from storage.engine import make_engine
+from storage.episodes import EpisodeRepository
+from tests.generation import provider_log, submissions_per_item, write_playlist
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def suspended(harness: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.setenv("EPISODIC_FAKE_PROVIDER_LOG", str(tmp_path / "provider.jsonl"))
+    ensure_provider_limit("fake", 8)
+    playlist = write_playlist(tmp_path / "pl", ["a", "b"])
+    name = f"chain-{uuid4().hex[:8]}"
+    deployment = local.apply_deployment(
+        weekly_episode,
+        name,
+        Cron("0 9 * * 1", timezone="UTC", slug=f"{name}-slot"),
+        parameters={"playlist": str(playlist)},
+    )
+    start = datetime(2026, 8, 3, tzinfo=UTC)
+    (run,) = local.schedule_slots(deployment, start, start + timedelta(days=7, seconds=-1))
+    state = local.execute(weekly_episode, run.id)
+    assert state.is_paused(), state
+    return run
+
+
+def episode_state(url: str) -> str:
+    engine = make_engine(url)
+    (episode,) = EpisodeRepository(engine).list("weekly")
+    engine.dispose()
+    return episode.state
+
+
+def test_approve_from_the_ui_assembles_and_pays_nothing_more(harness: str, suspended: Any) -> None:
+    assert episode_state(harness) == "generated"
+    with get_client(sync_client=True) as client:
+        paused = client.read_flow_run(suspended.id).state
+    assert paused is not None and paused.state_details.run_input_keyset  # a form is waiting
+    paid_before = dict(submissions_per_item())
+    resume_flow_run(
+        suspended.id, run_input={"decision": "approve", "reviewer": "ann", "note": "lovely"}
+    )
+    state = local.execute(weekly_episode, suspended.id)
+    assert state.is_completed(), state
+    assert state.result() == "2026-W32-0"
+    assert episode_state(harness) == "assembled"
+    assert dict(submissions_per_item()) == paid_before == {"v01.p1": 1, "v02.p1": 1}
+    assert [e["event"] for e in provider_log()].count("submit") == 2
+
+
+def test_reject_from_the_ui_records_it_and_does_not_assemble(harness: str, suspended: Any) -> None:
+    resume_flow_run(
+        suspended.id, run_input={"decision": "reject", "reviewer": "bob", "note": "too dark"}
+    )
+    state = local.execute(weekly_episode, suspended.id)
+    assert state.is_completed(), state
+    assert episode_state(harness) == "rejected"
+    assert sum(submissions_per_item().values()) == 2
