@@ -14,7 +14,7 @@ import click
 import typer
 
 from cli import allocate as allocate_cmd
-from cli import check, db, demo, episodes, generate, review, runs, serve
+from cli import check, db, demo, episodes, generate, legacy, review, runs, serve
 from cli.output import error
 
 app = typer.Typer(
@@ -32,6 +32,7 @@ app.command("retry")(generate.retry)
 app.command("approve")(review.approve)
 app.command("assemble")(review.assemble)
 app.command("check")(check.check)
+app.command("migrate-legacy")(legacy.migrate_legacy)
 app.command("demo")(demo.demo)
 app.command("serve")(serve.serve)
 app.add_typer(episodes.app, name="episodes")

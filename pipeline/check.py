@@ -22,6 +22,7 @@ from core.states import EpisodeState
 from pipeline.playlists import planned_items
 from storage.models import (
     CostEntryRow,
+    EpisodeEventRow,
     EpisodeMediaRow,
     EpisodeRow,
     ItemRow,
@@ -87,6 +88,11 @@ def _check_one(engine: Engine, episode: Any) -> list[Finding]:
         media = conn.execute(
             select(EpisodeMediaRow).where(EpisodeMediaRow.episode_pk == episode.id)
         ).all()
+        migrated = conn.execute(
+            select(EpisodeEventRow.id).where(
+                EpisodeEventRow.episode_pk == episode.id, EpisodeEventRow.kind == "migrated"
+            )
+        ).first()
     succeeded = Counter(s.item_pk for s in subs if s.state == "succeeded")
     cost_by_sub = Counter(c.submission_pk for c in costs)
     sub_ids = {s.id: s for s in subs}
@@ -124,15 +130,24 @@ def _check_one(engine: Engine, episode: Any) -> list[Finding]:
             add("ledger", f"cost entry {cost.id} belongs to no submission of this episode")
         if cost.amount_minor < 0:
             add("ledger", f"cost entry {cost.id} is negative")
-    _check_states(add, engine, episode, items, media)
+    _check_states(add, engine, episode, items, media, migrated=migrated is not None)
     return out
 
 
 def _check_states(
-    add: Any, engine: Engine, episode: Any, items: Sequence[Any], media: Sequence[Any]
+    add: Any,
+    engine: Engine,
+    episode: Any,
+    items: Sequence[Any],
+    media: Sequence[Any],
+    *,
+    migrated: bool,
 ) -> None:
     state = episode.state
-    if state in NEEDS_ALL_IMAGES:
+    if state in NEEDS_ALL_IMAGES and migrated:  # imported whole: no playlist, all images done
+        if any(i.state != "completed" for i in items):
+            add("state", f"migrated episode is {state} but not every image is completed")
+    elif state in NEEDS_ALL_IMAGES:
         recorded = RunStore(engine).latest_plan(episode.id)
         if recorded is None:
             add("state", f"episode is {state} but has no plan")

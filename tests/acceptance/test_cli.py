@@ -134,6 +134,7 @@ def test_pipelines_are_separate(cli: Cli, database_url: str) -> None:
         ["approve"],
         ["assemble"],
         ["check"],
+        ["migrate-legacy"],
         ["demo"],
         ["serve"],
     ],

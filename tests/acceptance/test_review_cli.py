@@ -70,3 +70,16 @@ def test_check_exit_codes(cli: Cli, tmp_path: Path) -> None:
     result = cli("check", "2026-W32-0", "--json", env=env)
     assert result.returncode == 1
     assert json.loads(result.stdout)["findings"][0]["check"] == "files"
+
+
+def test_migrate_legacy_dry_run_then_apply(cli: Cli, tmp_path: Path) -> None:
+    example = Path(__file__).resolve().parents[2] / "examples" / "legacy"
+    env = {"EPISODIC_HOME": str(tmp_path / "h")}
+    dry = cli("migrate-legacy", str(example), "--json", env=env)
+    assert dry.returncode == 0, dry.stderr
+    assert {e["action"] for e in json.loads(dry.stdout)["episodes"]} == {"would import"}
+    assert json.loads(cli("episodes", "list", "--json", env=env).stdout) == []
+    applied = json.loads(cli("migrate-legacy", str(example), "--apply", "--json", env=env).stdout)
+    assert [e["episode_id"] for e in applied["episodes"]] == ["2026-W30-0", "2026-W31-0"]
+    assert cli("check", "--all", env=env).stdout.strip() == "clean"
+    assert cli("migrate-legacy", str(tmp_path / "nowhere"), env=env).returncode == 2
