@@ -51,7 +51,12 @@ def approval_form_description(episode_id: str, pipeline: str) -> str:
 
 
 def approval_step(episode_id: str, pipeline: str, timeout_s: int) -> ApprovalInput:
-    """Suspend for a decision (or return the one given on resume) and record it."""
+    """Suspend for a decision (or return the one given on resume) and record it.
+
+    Refused before suspending unless the episode is generated (or already decided, when a
+    resumed run comes back here).
+    """
+    _check_waiting(episode_id, pipeline)
     form = ApprovalInput.with_initial_data(
         description=approval_form_description(episode_id, pipeline), decision="approve", reviewer=""
     )
@@ -60,6 +65,19 @@ def approval_step(episode_id: str, pipeline: str, timeout_s: int) -> ApprovalInp
     )
     record_decision(episode_id, pipeline, answer)
     return answer
+
+
+def _check_waiting(episode_id: str, pipeline: str) -> None:
+    from core.errors import CommandNotAllowed
+    from core.ids import EpisodeId
+    from storage.episodes import EpisodeRepository
+
+    engine = engine_for(load_settings())
+    state = EpisodeRepository(engine).get(pipeline, EpisodeId.parse(episode_id)).state
+    if state not in ("generated", "approved", "rejected", "assembled"):
+        raise CommandNotAllowed(
+            f"episode {episode_id} is {state}: only a generated episode waits for approval"
+        )
 
 
 def record_decision(episode_id: str, pipeline: str, answer: ApprovalInput) -> dict[str, Any]:

@@ -77,3 +77,19 @@ def test_reject_from_the_ui_records_it_and_does_not_assemble(harness: str, suspe
     assert state.is_completed(), state
     assert episode_state(harness) == "rejected"
     assert sum(submissions_per_item().values()) == 2
+
+
+def test_review_flows_refuse_episodes_in_the_wrong_state(harness: str) -> None:
+    from core.ids import WeekId
+    from flows.review import approve_episode, assemble_episode
+    from pipeline.allocation import allocate
+
+    engine = make_engine(harness)
+    allocate(engine, "weekly", WeekId.parse("2026-W32"), "never-generated")
+    engine.dispose()
+    approving = approve_episode(episode_id="2026-W32-0", return_state=True)
+    assert approving.is_failed() and "only a generated episode" in (approving.message or "")
+    assembling = assemble_episode(episode_id="2026-W32-0", return_state=True)
+    assert assembling.is_failed() and "only an approved episode" in (assembling.message or "")
+    missing = assemble_episode(episode_id="2026-W32-7", return_state=True)
+    assert missing.is_failed() and "not found" in (missing.message or "")
