@@ -1,8 +1,10 @@
 """`generate_episode`: a paid generation run from Prefect (deployment, UI, or a parent flow).
 
 The same engine as `episodic generate`; each item runs as a cached `generate_item` task.
-Cancelling the flow run pauses the run as Ctrl-C does: in-flight items are marked failed
-("interrupted"), accepted remote tasks keep their references, and a resume collects them.
+Cancelling the flow run pauses the run as Ctrl-C does (Prefect delivers the cancellation as
+SIGTERM, raised in the flow as a termination signal that the engine handles): in-flight items
+are marked failed ("interrupted"), accepted remote tasks keep their references, and a resume
+collects them.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from prefect.artifacts import (
     create_table_artifact,
     update_progress_artifact,
 )
-from prefect.client.schemas.objects import FlowRun, State
 from prefect.logging import get_run_logger
 from prefect.task_runners import ThreadPoolTaskRunner
 
@@ -31,7 +32,6 @@ from storage.registry import engine_for
 from storage.runs import RunStore
 from tasks.generate import (
     PrefectSecretCredentials,
-    _engines,
     prefect_executor,
     register,
     unregister,
@@ -42,11 +42,6 @@ class GenerationFailed(EpisodicError):
     """The run ended with failed items; the message carries the resume command."""
 
 
-def _pause_on_cancel(flow: Any, flow_run: FlowRun, state: State[Any]) -> None:
-    for engine, _options in list(_engines.values()):
-        engine.stop.set()
-
-
 def artifact_key(episode_id: str, what: str) -> str:
     return f"episode-{episode_id.lower()}-{what}"
 
@@ -54,8 +49,6 @@ def artifact_key(episode_id: str, what: str) -> str:
 @flow(
     name="generate-episode",
     task_runner=ThreadPoolTaskRunner(max_workers=8),  # type: ignore[arg-type]
-    on_cancellation=[_pause_on_cancel],
-    on_crashed=[_pause_on_cancel],
     validate_parameters=True,
 )
 def generate_episode(

@@ -20,7 +20,6 @@ from core.ids import EpisodeId
 from providers.base import Provider
 from providers.profiles import Profile
 from storage.episodes import EpisodeRepository
-from storage.runs import RunStore
 
 _GATE_TOKEN = object()
 PAID_COMMANDS = frozenset({"generate", "retry", "resume"})
@@ -44,8 +43,7 @@ class GatePass:
 def open_gate(engine: Engine, pipeline: str, episode_id: str, command: str) -> GatePass:
     """Parse the id (exit 2), load the episode (exit 5), check the command is allowed."""
     parsed = EpisodeId.parse(episode_id)
-    episode = EpisodeRepository(engine).get(pipeline, parsed)
-    pk = RunStore(engine).episode_pk(pipeline, str(parsed))
+    episode, pk = EpisodeRepository(engine).locate(pipeline, parsed)
     return GatePass(pipeline, episode, pk, command, _GATE_TOKEN)
 
 

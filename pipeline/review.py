@@ -66,7 +66,7 @@ def assemble(engine: Engine, settings: Settings, pipeline: str, episode_id: str)
         raise CommandNotAllowed(
             f"episode {gate.episode_id} is {state}: only an approved episode is assembled"
         )
-    outputs = _approved_outputs(engine, gate.episode_pk)
+    outputs = _approved_outputs(engine, gate.episode_pk, gate.episode_id)
     folder = settings.episodes_path / gate.episode_id
     cover = _cover([Path(o["output_path"]) for o in outputs])
     cover_sha = write_atomically(folder / "cover.png", cover)
@@ -95,12 +95,11 @@ def assemble(engine: Engine, settings: Settings, pipeline: str, episode_id: str)
     }
 
 
-def _approved_outputs(engine: Engine, episode_pk: int) -> list[dict[str, Any]]:
+def _approved_outputs(engine: Engine, episode_pk: int, episode_id: str) -> list[dict[str, Any]]:
     store = RunStore(engine)
     recorded = store.latest_plan(episode_pk)
     if recorded is None:
         raise CommandNotAllowed("episode has no plan")
-    episode_id = next(iter(_episode_ids(store, episode_pk)))
     planned = {it.idempotency_key for it in planned_items(recorded[0], recorded[1], episode_id)}
     outputs = [o for o in completed_outputs(engine, episode_pk) if o["idempotency_key"] in planned]
     if len(outputs) != len(planned):
@@ -114,21 +113,6 @@ def _approved_outputs(engine: Engine, episode_pk: int) -> list[dict[str, Any]]:
     if not outputs:
         raise CommandNotAllowed("episode has no completed images")
     return outputs
-
-
-def _episode_ids(store: RunStore, episode_pk: int) -> set[str]:
-    from sqlalchemy import select
-
-    from storage.models import EpisodeRow
-
-    with store.engine.connect() as conn:
-        return {
-            str(
-                conn.execute(
-                    select(EpisodeRow.episode_id).where(EpisodeRow.id == episode_pk)
-                ).scalar_one()
-            )
-        }
 
 
 def _cover(paths: list[Path]) -> bytes:

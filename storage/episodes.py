@@ -20,6 +20,12 @@ class EpisodeRepository:
             row = self._row(session, pipeline, episode_id)
             return row.to_domain()
 
+    def locate(self, pipeline: str, episode_id: EpisodeId) -> tuple[Episode, int]:
+        """The episode and its row key, in one query."""
+        with Session(self._engine) as session:
+            row = self._row(session, pipeline, episode_id)
+            return row.to_domain(), row.id
+
     def history(self, pipeline: str, episode_id: EpisodeId) -> list[EpisodeEvent]:
         with Session(self._engine) as session:
             row = self._row(session, pipeline, episode_id)

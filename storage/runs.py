@@ -297,6 +297,10 @@ class RunStore:
             rows = conn.execute(query.order_by(_items.c.position, _items.c.part)).all()
         return [_item(row) for row in rows]
 
+    def get_item(self, item_pk: int) -> Item:
+        with tx.read(self.engine) as conn:
+            return _item(conn.execute(select(_items).where(_items.c.id == item_pk)).one())
+
     def counts(self, run_id: str) -> RunCounts:
         with tx.read(self.engine) as conn:
             states: dict[str, int] = {

@@ -66,7 +66,7 @@ def generate_item(
 ) -> dict[str, str]:
     with _guard:
         engine, options = _engines[run_id]
-    item = next(it for it in engine.store.run_items(run_id) if it.pk == item_pk)
+    item = engine.store.get_item(item_pk)
     with concurrency_slot(provider_limit_name(engine.profile.id), occupy=1, strict=True):
         outcome = engine.process(run_id, item, options)
     if outcome != "completed":
