@@ -56,9 +56,6 @@ def generate(
     max_cost: Annotated[
         str | None, typer.Option(help="Refuse a plan estimated above this amount, e.g. 5.00.")
     ] = None,
-    stale_after: Annotated[
-        float, typer.Option(min=1, help="Seconds after which a running item counts as failed.")
-    ] = 900,
     show_plan: Annotated[
         bool, typer.Option("--plan", help="Only show the plan: new calls, skipped, cost.")
     ] = False,
@@ -93,7 +90,7 @@ def generate(
         max_retries=max_retries,
         max_images=max_images,
         max_cost_minor=parse_amount(max_cost) if max_cost is not None else None,
-        stale_after_s=stale_after,
+        lease_s=context.settings().lease_s,
         force_resubmit=force_resubmit,
     )
     store = RunStore(engine)

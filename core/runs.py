@@ -62,8 +62,43 @@ class ItemSnapshot:
 
     state: str
     attempts: int
-    started_at: datetime | None
+    lease_expires_at: datetime | None  # a running item's claim is live until then
     open_submission: str | None  # state of a submission without outcome: intent/accepted/unknown
+    claim_run_id: str | None = None
+
+    def held(self, now: datetime) -> bool:
+        """Running under a live claim: its holder is alive and will finish it."""
+        return (
+            self.state == "running"
+            and self.lease_expires_at is not None
+            and self.lease_expires_at > now
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """The right to work on one item, held by `owner` until `lease` expires (DESIGN 5).
+
+    `action` says what the holder does next: ``submit`` (a new intent was committed with the
+    claim: make the paid call), ``collect`` (an accepted job: fetch its output, free) or
+    ``reconcile`` (acceptance unknown: ask the provider, never a new paid call).
+    """
+
+    item: Item
+    run_id: str
+    owner: str
+    action: str
+    submission: Submission | None
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why an item could not be claimed: ``done`` (completed), ``busy`` (another live holder,
+    `holder_run`), ``exhausted`` (out of retries) or ``stopped`` (the run is no longer running).
+    """
+
+    reason: str
+    holder_run: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,6 +49,13 @@ class Settings(BaseSettings):
     )
     pipeline: str = Field(default="weekly", description="pipeline name: own lock, own sequences")
     providers_file: Path | None = Field(default=None, description="provider profiles YAML")
+    lease_s: float = Field(
+        default=30.0,
+        ge=2.0,
+        le=3600.0,
+        allow_inf_nan=False,
+        description="seconds a claim on an item lives without a heartbeat (renewed every third)",
+    )
 
     @field_validator("timezone")
     @classmethod

@@ -30,12 +30,7 @@ from pipeline.generation import prepare, run_engine
 from pipeline.runs import RunOptions, create_run, plan
 from storage.registry import engine_for
 from storage.runs import RunStore
-from tasks.generate import (
-    PrefectSecretCredentials,
-    prefect_executor,
-    register,
-    unregister,
-)
+from tasks.generate import PrefectSecretCredentials, prefect_executor
 
 
 class GenerationFailed(EpisodicError):
@@ -76,6 +71,7 @@ def generate_episode(
         max_retries=max_retries,
         max_images=max_images,
         max_cost_minor=parse_amount(max_cost) if max_cost is not None else None,
+        lease_s=settings.lease_s,
     )
     store = RunStore(db)
     report = plan(store, prepared.gate, prepared.items, options, prepared.profile)
@@ -97,11 +93,7 @@ def generate_episode(
         update_progress_artifact(progress_id, 100.0 * done[0] / total)
 
     engine.on_progress = on_progress
-    register(run_id, engine, options)
-    try:
-        outcome = engine.execute(run_id, options, report.skipped)
-    finally:
-        unregister(run_id)
+    outcome = engine.execute(run_id, options, report.skipped)
     counts = outcome.counts
     create_table_artifact(
         key=artifact_key(prepared.gate.episode_id, "cost"),

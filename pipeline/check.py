@@ -20,6 +20,7 @@ from core.errors import EpisodicError
 from core.ids import EpisodeId
 from core.states import EpisodeState
 from pipeline.playlists import planned_items
+from storage.base import utcnow
 from storage.models import (
     CostEntryRow,
     EpisodeEventRow,
@@ -112,19 +113,45 @@ def _check_one(engine: Engine, episode: Any) -> list[Finding]:
                 "state",
                 f"item {item.video_id}.p{item.part} is {item.state} but has a succeeded submission",
             )
+    now = utcnow()
+    held = {  # items whose live claim holder is still working on them: not a finding yet
+        item.id
+        for item in items
+        if item.state == "running"
+        and item.lease_expires_at is not None
+        and item.lease_expires_at > now
+    }
     for sub in subs:
         if sub.state in ("accepted", "succeeded") and not sub.remote_ref:
             add(
                 "remote-refs",
                 f"submission {sub.client_reference} is {sub.state} without a remote task reference",
             )
-        expected = 1 if sub.state == "succeeded" else 0
-        if cost_by_sub[sub.id] != expected:
+        allowed = {"succeeded": {1}, "failed": {0, 1}}.get(sub.state, {0})
+        if cost_by_sub[sub.id] not in allowed:
             add(
                 "ledger",
                 f"submission {sub.client_reference} ({sub.state}) has "
-                f"{cost_by_sub[sub.id]} cost entries, expected {expected}",
+                f"{cost_by_sub[sub.id]} cost entries, expected {' or '.join(map(str, allowed))}",
             )
+        if sub.item_pk in held:
+            continue
+        if sub.state == "accepted":
+            add(
+                "ledger",
+                f"provider job {sub.remote_ref} ({sub.client_reference}) was accepted but never "
+                "collected: `episodic retry` collects it at no cost",
+            )
+        elif sub.state in ("intent", "unknown"):
+            add(
+                "ledger",
+                f"submission {sub.client_reference} may have made a provider job that the "
+                "ledger does not know (acceptance unknown): `episodic retry` asks the provider",
+            )
+    refs = Counter((s.provider_profile, s.remote_ref) for s in subs if s.remote_ref)
+    for (profile, ref), times in refs.items():
+        if times > 1:
+            add("ledger", f"provider job {ref} of {profile} is recorded by {times} submissions")
     for cost in costs:
         if cost.submission_pk not in sub_ids:
             add("ledger", f"cost entry {cost.id} belongs to no submission of this episode")

@@ -11,10 +11,11 @@ from sqlalchemy import Engine
 from core.errors import CommandNotAllowed
 from core.playlist import PlannedItem
 from core.settings import Settings
+from pipeline.engine import ItemExecutor, RunEngine, thread_pool_executor
 from pipeline.gate import CredentialSource, GatePass, build_provider, open_gate
 from pipeline.playlists import load_playlist, planned_items, playlist_sha256
-from pipeline.runs import ItemExecutor, RunEngine, thread_pool_executor
 from providers.profiles import Profile, get_profile, load_profiles
+from storage.claims import ClaimStore
 from storage.runs import RunStore
 
 
@@ -81,6 +82,7 @@ def run_engine(
     provider = build_provider(prepared.gate, prepared.profile, credentials, settings.home_path)
     return RunEngine(
         store=RunStore(engine),
+        claims=ClaimStore(engine),
         gate=prepared.gate,
         provider=provider,
         profile=prepared.profile,

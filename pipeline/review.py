@@ -53,7 +53,14 @@ def decide(
             f"episode {gate.episode_id} is {state}: only a generated episode can be "
             f"{'approved' if approve else 'rejected'}"
         )
-    review.decide(gate.episode_pk, approve, by, note)
+    lost_to = review.decide(gate.episode_pk, approve, by, note)
+    if lost_to is not None:  # a concurrent decision won the compare-and-set
+        if lost_to == wanted.value:
+            return {"episode_id": gate.episode_id, "state": lost_to, "changed": False}
+        raise CommandNotAllowed(
+            f"episode {gate.episode_id} was just {lost_to} by someone else; this decision "
+            "was not recorded"
+        )
     return {"episode_id": gate.episode_id, "state": wanted.value, "changed": True, "by": by}
 
 

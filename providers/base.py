@@ -1,12 +1,25 @@
 """The one seam to paid image providers: a small protocol, its data and its errors.
 
-Errors::
+Errors are classified by what they *prove* about the provider's side (DESIGN 5)::
 
     ProviderError
-    ├── TransientProviderError      safe to retry the same call (nothing was accepted)
-    │   └── RateLimited
-    ├── PermanentProviderError      the provider refused; retrying will not help
-    └── UnknownOutcome              the call may have been accepted: never resubmit blindly
+    ├── NotCreated                  proven: no job exists for this call
+    │   ├── TransientProviderError  safe to send the same call again (never sent, 429, ...)
+    │   │   └── RateLimited
+    │   └── PermanentProviderError  refused (validation, auth); sending again will not help
+    ├── UnknownOutcome              the request may have left the machine: a job may exist.
+    │                               Never answered by a new paid call; resolved by sending the
+    │                               *same* call again (only if the provider honours idempotent
+    │                               create), by `lookup`, or by an operator
+    ├── RemoteJobFailed             the provider says the accepted job itself failed
+    └── CollectionPending           an accepted job whose output is not collected yet (poll or
+                                    download errors, a status we do not know, not done in
+                                    time): free to try again later, never bought again
+
+`submit` raises only `NotCreated` subclasses and `UnknownOutcome`; `collect` raises only
+`RemoteJobFailed`, `CollectionPending` and `Stopped`; `lookup` returns a remote reference only
+when exactly one job carries our client reference (verified on the provider's reply, never
+assumed from a filter) and raises `UnknownOutcome` when the answer is ambiguous.
 """
 
 from __future__ import annotations
@@ -19,7 +32,11 @@ class ProviderError(Exception):
     pass
 
 
-class TransientProviderError(ProviderError):
+class NotCreated(ProviderError):
+    """The provider did not create a job for this call (documented refusal, or never sent)."""
+
+
+class TransientProviderError(NotCreated):
     pass
 
 
@@ -27,7 +44,7 @@ class RateLimited(TransientProviderError):
     pass
 
 
-class PermanentProviderError(ProviderError):
+class PermanentProviderError(NotCreated):
     pass
 
 
@@ -35,13 +52,35 @@ class UnknownOutcome(ProviderError):
     pass
 
 
+class RemoteJobFailed(ProviderError):
+    """The provider reports the job failed or was cancelled; `cost_minor` is what it billed."""
+
+    def __init__(self, message: str, cost_minor: int = 0) -> None:
+        super().__init__(message)
+        self.cost_minor = cost_minor
+
+
+class CollectionPending(ProviderError):
+    """The job was accepted but its output could not be collected yet (free to retry)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Capabilities:
+    """What a provider can promise; the engine's handling of unknown outcomes follows it.
+
+    - ``idempotent_create``: sending the same create with the same client reference (also the
+      ``Idempotency-Key``) never makes a second job, so an unknown outcome may be resolved by
+      sending it again;
+    - ``can_lookup``: a job can be found by the client reference we sent;
+    - neither: an unknown outcome waits for an operator.
+    """
+
     max_concurrency: int
     supports_seed: bool
-    cost_per_image_minor: int
+    cost_per_image_minor: int  # minor units of `currency` per image
     currency: str
-    can_lookup: bool  # can find a job by the client reference we sent
+    can_lookup: bool
+    idempotent_create: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +111,7 @@ class Provider(Protocol):
         ...
 
     def lookup(self, client_reference: str) -> str | None:
-        """The remote reference of a job we submitted with this client reference, if any."""
+        """The remote reference of the one job we submitted with this client reference."""
         ...
 
     def close(self) -> None: ...

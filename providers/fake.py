@@ -1,18 +1,31 @@
 """A deterministic, inspectable fake image provider for tests and the demo.
 
 Images are PNGs drawn from the prompt and seed (Pillow), so the same request gives the same
-bytes. Prompt markers inject behaviour:
+bytes. The fake honours idempotent create and lookup (``idempotent_create=True``,
+``can_lookup=True``): a submit whose client reference already has a job returns that job's
+remote reference (event ``submit_replayed``) and creates nothing. Prompt markers inject
+behaviour:
 
 - ``[[DELAY_MS:n]]``: the job takes n ms (default: the profile's ``delay_ms``, else
-  ``EPISODIC_FAKE_DELAY_MS``, else 0);
+  ``EPISODIC_FAKE_DELAY_MS``, else 0); a job not ready by the collect deadline raises
+  ``CollectionPending``;
 - ``[[FAIL_TRANSIENT]]``: every submit fails transiently; ``[[FAIL_TRANSIENT:n]]``: the first n
-  submits of that client reference fail, then it succeeds;
-- ``[[FAIL_PERMANENT]]``: submit is refused permanently;
-- ``[[LOSE_RESPONSE]]``: the job is accepted, then the reply is lost (``UnknownOutcome``).
+  submits of that client reference fail, then it succeeds (no job is created before that);
+- ``[[FAIL_PERMANENT]]``: submit is refused permanently (no job is created);
+- ``[[NO_LOOKUP]]``: a lookup never finds the job (an unknown outcome waits for an operator);
+- ``[[LOSE_RESPONSE]]``: the job is created, then the reply is lost (``UnknownOutcome``); sending
+  the same call again replays the job;
+- ``[[FAIL_REMOTE]]``: the job is created, then fails: collect raises ``RemoteJobFailed``
+  billed at the per-image price.
 
-Accepted jobs are kept as files under ``state_dir`` (the fake's "server side"), so a later
+Collecting a remote reference the fake never created raises ``RemoteJobFailed`` (cost 0).
+
+Created jobs are kept as files under ``state_dir`` (the fake's "server side"), so a later
 process can look a job up by its client reference and collect it. When
-``EPISODIC_FAKE_PROVIDER_LOG`` is set, one JSON line per event is appended there.
+``EPISODIC_FAKE_PROVIDER_LOG`` is set, one JSON line per event is appended there: ``submit``
+(every create call that arrived), ``job_created`` (once per job really created, with its
+client reference, item, episode, remote reference and cost) and ``accepted`` (the same moment,
+kept for older readers), ``submit_replayed``, ``lookup``, ``collect`` and ``client_built``.
 """
 
 from __future__ import annotations
@@ -29,9 +42,11 @@ from typing import Any
 
 from providers.base import (
     Capabilities,
+    CollectionPending,
     ImageRequest,
     ImageResult,
     PermanentProviderError,
+    RemoteJobFailed,
     StopCheck,
     Stopped,
     TransientProviderError,
@@ -91,6 +106,7 @@ class FakeProvider:
             cost_per_image_minor=cost_per_image_minor,
             currency=currency,
             can_lookup=True,
+            idempotent_create=True,
         )
         self._transient_seen: dict[str, int] = {}
         self._jobs: dict[str, dict[str, Any]] = {}
@@ -126,37 +142,52 @@ class FakeProvider:
             "seed": request.seed,
             "ready_at": time.time() + (int(delay[1]) if delay else self.delay_ms) / 1000,
         }
-        self._job_path(remote_ref).write_text(json.dumps(job))
         with self._guard:
-            self._jobs[remote_ref] = job
+            created = _create_exclusive(self._job_path(remote_ref), json.dumps(job))
+            if created:
+                self._jobs[remote_ref] = job
+        if not created:  # idempotent create: this client reference already has its job
+            log_event(
+                "submit_replayed", client_reference=request.client_reference, remote_ref=remote_ref
+            )
+            return remote_ref
+        log_event(
+            "job_created",
+            client_reference=request.client_reference,
+            item_id=request.item_id,
+            episode_id=request.episode_id,
+            remote_ref=remote_ref,
+            cost_minor=self.capabilities.cost_per_image_minor,
+        )
         log_event("accepted", client_reference=request.client_reference, remote_ref=remote_ref)
         if "[[LOSE_RESPONSE]]" in request.prompt:
             raise UnknownOutcome("fake provider accepted the job, then the reply was lost")
         return remote_ref
 
     def collect(self, remote_ref: str, *, deadline_s: float, should_stop: StopCheck) -> ImageResult:
-        with self._guard:
-            job = self._jobs.get(remote_ref)
-        if job is None:  # accepted by another client (another process): read its record
-            path = self._job_path(remote_ref)
-            if not path.exists():
-                raise PermanentProviderError(f"unknown remote task {remote_ref}")
-            job = json.loads(path.read_text())
+        job = self._job(remote_ref)
+        if job is None:
+            raise RemoteJobFailed(f"unknown remote task {remote_ref[:40]!r}", 0)
         give_up = time.monotonic() + deadline_s
         while (wait := job["ready_at"] - time.time()) > 0:
             if should_stop():
                 raise Stopped()
             if time.monotonic() > give_up:
-                raise TransientProviderError(f"remote task {remote_ref} not ready in time")
+                raise CollectionPending(f"remote task {remote_ref} not ready in time")
             time.sleep(min(wait, 0.05))
         log_event("collect", remote_ref=remote_ref)
+        if "[[FAIL_REMOTE]]" in job["prompt"]:
+            raise RemoteJobFailed("fake remote job failed", self.capabilities.cost_per_image_minor)
         content = render_png(job["prompt"], job["seed"])
         return ImageResult(content, "image/png", self.capabilities.cost_per_image_minor)
 
     def lookup(self, client_reference: str) -> str | None:
         log_event("lookup", client_reference=client_reference)
         remote_ref = self._remote_ref(client_reference)
-        return remote_ref if self._job_path(remote_ref).exists() else None
+        path = self._job_path(remote_ref)
+        if not path.exists() or "[[NO_LOOKUP]]" in json.loads(path.read_text())["prompt"]:
+            return None
+        return remote_ref
 
     def close(self) -> None:
         pass
@@ -166,6 +197,28 @@ class FakeProvider:
         return "fake-" + hashlib.sha256(client_reference.encode()).hexdigest()[:20]
 
     def _job_path(self, remote_ref: str) -> Path:
-        if not re.fullmatch(r"fake-[0-9a-f]{20}", remote_ref):
-            raise PermanentProviderError("malformed remote task reference")
         return self.state_dir / f"{remote_ref}.json"
+
+    def _job(self, remote_ref: str) -> dict[str, Any] | None:
+        """The job of this remote reference, created by this or another client (process)."""
+        if not re.fullmatch(r"fake-[0-9a-f]{20}", remote_ref):
+            return None
+        with self._guard:
+            job = self._jobs.get(remote_ref)
+        if job is not None:
+            return job
+        path = self._job_path(remote_ref)
+        return json.loads(path.read_text()) if path.exists() else None
+
+
+def _create_exclusive(path: Path, text: str) -> bool:
+    """Write `text` to `path` unless it exists; atomic across processes (False: it existed)."""
+    staging = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
+    staging.write_text(text, encoding="utf-8")
+    try:
+        os.link(staging, path)
+    except FileExistsError:
+        return False
+    finally:
+        staging.unlink()
+    return True

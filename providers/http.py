@@ -1,31 +1,62 @@
-"""A real HTTP provider for asynchronous submit/poll image APIs (shaped like Replicate's
-predictions API): ``POST /predictions`` returns an id, ``GET /predictions/{id}`` polls it,
-``GET /predictions?client_reference=...`` finds a job we sent, and the output is downloaded.
+"""A real HTTP provider for asynchronous submit/poll image APIs (our predictions protocol, shaped
+like Replicate's): ``POST /predictions`` returns an ``id``, ``GET /predictions/{id}`` polls it,
+``GET /predictions?client_reference=...`` finds a job we sent, and the output URL is downloaded.
 
-Every create carries an ``Idempotency-Key`` (the submission's client reference). Error mapping:
+Every create carries an ``Idempotency-Key`` (the submission's client reference) and is sent
+once: this module never retries a create, the engine decides what may be sent again. Errors
+follow what they prove (``providers.base``)::
 
-- not sent (connect error) or refused before acceptance (429, 5xx): transient, safe to retry;
-- other 4xx: permanent;
-- sent but no reply (read timeout, dropped connection): ``UnknownOutcome``: the job may exist,
-  so the engine reconciles by client reference instead of sending it again.
+    create never sent      ConnectError, ConnectTimeout, PoolTimeout   TransientProviderError
+                           LocalProtocolError, UnsupportedProtocol,
+                           InvalidURL (e.g. an invalid header)         PermanentProviderError
+    create answered        429                                         RateLimited
+                           400, 401, 403, 404, 405, other 4xx          PermanentProviderError
+                           422 validation                              PermanentProviderError
+                           422 whose body mentions idempotency, 409    UnknownOutcome
+                           3xx, 5xx (502, 504, ...)                    UnknownOutcome
+                           2xx without JSON or without a valid id      UnknownOutcome
+    create sent, no reply  read/write timeout, dropped connection      UnknownOutcome
 
-Polls and downloads are free and are retried with tenacity on transient errors.
+``collect`` polls until the deadline with tenacity: ``succeeded`` is downloaded, ``failed`` and
+``canceled`` raise ``RemoteJobFailed``; ``starting``, ``processing`` and any status we do not
+know are polled again at ``poll_interval_s``; poll and download errors of any kind (transport,
+5xx, 429, 401, 404, a reply that is not a JSON object, a succeeded reply without a usable URL)
+are retried with exponential backoff. Each retry polls again, so an expired pre-signed output
+URL is replaced by a fresh one. At the deadline it raises ``CollectionPending`` (free to collect
+later); an output larger than ``MAX_IMAGE_BYTES`` raises it at once. What a job cost: the
+reply's ``cost_minor`` (a non-negative integer in the profile's currency) when present, else
+the profile's ``cost_per_image_minor``; a failed job is assumed billed at that price.
+
+``lookup`` believes only the reply: it keeps the jobs whose ``client_reference`` equals ours
+exactly (a server that ignores the filter cannot hand us another item's job), follows at most
+``MAX_LOOKUP_PAGES`` same-origin ``next`` links, and answers ``None`` (no such job), the id
+(exactly one) or ``UnknownOutcome`` (two jobs, an unusable reply, any HTTP or transport error).
+
+Credentials go to the provider's origin only: the API client never follows redirects, a
+``next`` link to another origin is refused, and outputs are downloaded by a second client that
+carries no credential at all (pre-signed URLs, even on the provider's own origin). Error texts
+carry a status or an exception type, never a response body nor the token.
 """
 
 from __future__ import annotations
 
+import random
+import re
 import time
 from typing import Any
 
 import httpx
-from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
+from tenacity import RetryCallState, Retrying, retry_if_exception_type
 
+from core.errors import ProviderConfigError
 from providers.base import (
     Capabilities,
+    CollectionPending,
     ImageRequest,
     ImageResult,
     PermanentProviderError,
     RateLimited,
+    RemoteJobFailed,
     StopCheck,
     Stopped,
     TransientProviderError,
@@ -34,27 +65,67 @@ from providers.base import (
 from providers.profiles import Profile
 
 MAX_IMAGE_BYTES = 50 * 1024 * 1024
+MAX_LOOKUP_PAGES = 20
+MAX_BACKOFF_S = 5.0
+
+_TOKEN = re.compile(r"[\x21-\x7e]+")  # printable ASCII: no whitespace, no control characters
+_JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:~-]{0,255}")  # safe as one URL path segment
+_STATUS = re.compile(r"[a-z_]{1,32}")
+_NEVER_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+_NOT_SENDABLE = (httpx.LocalProtocolError, httpx.UnsupportedProtocol, httpx.InvalidURL)
+_HTTP_FAILURES = (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError)
+
+
+class _NotYet(Exception):
+    """This collect attempt did not get the output; ``failed``: an error, not just not done."""
+
+    def __init__(self, reason: str, *, failed: bool = True) -> None:
+        super().__init__(reason)
+        self.failed = failed
 
 
 class HttpProvider:
     def __init__(
-        self, *, profile: Profile, token: str, transport: httpx.BaseTransport | None = None
+        self,
+        *,
+        profile: Profile,
+        token: str,
+        transport: httpx.BaseTransport | None = None,
+        download_transport: httpx.BaseTransport | None = None,
     ) -> None:
-        assert profile.base_url is not None
+        if profile.base_url is None:
+            raise ProviderConfigError(f"http profile {profile.id!r} needs base_url")
+        if not _TOKEN.fullmatch(token):  # never echoed: it is the credential
+            raise ProviderConfigError(
+                f"credential for profile {profile.id!r} is not a usable bearer token "
+                "(empty, or holds whitespace, control or non-ASCII characters)"
+            )
         self.profile = profile
         self.capabilities = Capabilities(
             max_concurrency=profile.max_concurrency,
             supports_seed=True,
             cost_per_image_minor=profile.cost_per_image_minor,
             currency=profile.currency,
-            can_lookup=True,
+            can_lookup=profile.lookup,
+            idempotent_create=profile.idempotent_create,
         )
-        self._client = httpx.Client(
-            base_url=profile.base_url.rstrip("/"),
-            headers={"Authorization": f"Bearer {token}", "User-Agent": "episodic"},
-            timeout=httpx.Timeout(profile.timeout_s, connect=min(10.0, profile.timeout_s)),
-            transport=transport,
-            follow_redirects=False,
+        timeout = httpx.Timeout(profile.timeout_s, connect=min(10.0, profile.timeout_s))
+        try:
+            self._origin = httpx.URL(profile.base_url)
+            self._api = httpx.Client(
+                base_url=profile.base_url.rstrip("/"),
+                headers={"Authorization": f"Bearer {token}", "User-Agent": "episodic"},
+                timeout=timeout,
+                transport=transport,
+                follow_redirects=False,
+            )
+        except httpx.InvalidURL:
+            raise ProviderConfigError(f"http profile {profile.id!r}: invalid base_url") from None
+        self._files = httpx.Client(  # no credential: outputs are public or pre-signed URLs
+            headers={"User-Agent": "episodic"},
+            timeout=timeout,
+            transport=download_transport,
+            follow_redirects=True,
         )
 
     def submit(self, request: ImageRequest) -> str:
@@ -63,106 +134,206 @@ class HttpProvider:
             "client_reference": request.client_reference,
         }
         try:
-            response = self._client.post(
+            response = self._api.post(
                 "/predictions", json=body, headers={"Idempotency-Key": request.client_reference}
             )
-        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
-            raise TransientProviderError(
-                f"could not reach the provider: {type(exc).__name__}"
-            ) from None
-        except httpx.TransportError as exc:  # sent, but the reply never came
-            raise UnknownOutcome(f"no reply to the create call: {type(exc).__name__}") from None
-        _raise_for_status(response, "create")
-        return _field(response, "id")
+        except _NEVER_SENT as exc:
+            raise TransientProviderError(f"create not sent: {type(exc).__name__}") from None
+        except _NOT_SENDABLE as exc:
+            raise PermanentProviderError(f"create not sent: {type(exc).__name__}") from None
+        except httpx.HTTPError as exc:  # the request may have left the machine
+            raise UnknownOutcome(f"create sent, no reply: {type(exc).__name__}") from None
+        return _created_id(response)
 
     def collect(self, remote_ref: str, *, deadline_s: float, should_stop: StopCheck) -> ImageResult:
+        if not _JOB_ID.fullmatch(remote_ref):
+            raise CollectionPending("malformed remote task reference")
         give_up = time.monotonic() + deadline_s
-        while True:
-            job = self._get_json(f"/predictions/{remote_ref}")
-            status = job.get("status")
-            if status == "succeeded":
-                return self._download(job)
-            if status in ("failed", "canceled"):
-                raise PermanentProviderError(f"remote task {status}: {str(job.get('error'))[:200]}")
-            if status not in ("starting", "processing"):
-                raise PermanentProviderError(f"unexpected status {status!r}")
-            if time.monotonic() > give_up:
-                raise TransientProviderError(f"remote task {remote_ref} not done in time")
-            for _ in range(max(1, int(self.profile.poll_interval_s / 0.05))):
+        interval = self.profile.poll_interval_s
+        failures = 0  # in a row: a job that is merely not done is polled at the interval
+
+        def wait(state: RetryCallState) -> float:
+            nonlocal failures
+            error = state.outcome.exception() if state.outcome else None
+            failures = failures + 1 if isinstance(error, _NotYet) and error.failed else 0
+            seconds = _backoff(interval, failures) if failures else interval
+            return max(0.0, min(seconds, give_up - time.monotonic()))
+
+        def sleep(seconds: float) -> None:
+            until = time.monotonic() + seconds
+            while True:
                 if should_stop():
                     raise Stopped()
-                time.sleep(0.05)
+                left = until - time.monotonic()
+                if left <= 0:
+                    return
+                time.sleep(min(left, 0.05))
+
+        retrying = Retrying(
+            retry=retry_if_exception_type(_NotYet),
+            stop=lambda _state: time.monotonic() >= give_up,
+            wait=wait,
+            sleep=sleep,
+            reraise=True,
+        )
+        try:
+            return retrying(self._collect_once, remote_ref)
+        except _NotYet as exc:
+            raise CollectionPending(
+                f"remote task {remote_ref} not collected within {deadline_s:g}s: {exc}"
+            ) from None
 
     def lookup(self, client_reference: str) -> str | None:
-        found = self._get_json("/predictions", params={"client_reference": client_reference})
-        results = found.get("results")
-        if not isinstance(results, list) or not results:
-            return None
-        first = results[0]
-        return str(first["id"]) if isinstance(first, dict) and "id" in first else None
+        found: set[str] = set()
+        url: str | httpx.URL = "/predictions"
+        params: dict[str, str] | None = {"client_reference": client_reference}
+        for _ in range(MAX_LOOKUP_PAGES):
+            page, page_url = self._lookup_page(url, params)
+            results = page.get("results")
+            if not isinstance(results, list):
+                raise UnknownOutcome("lookup: reply without a results list")
+            for entry in results:
+                if isinstance(entry, dict) and entry.get("client_reference") == client_reference:
+                    job_id = entry.get("id")
+                    if not isinstance(job_id, str) or not _JOB_ID.fullmatch(job_id):
+                        raise UnknownOutcome(
+                            "lookup: a job carrying our reference has no usable id"
+                        )
+                    found.add(job_id)
+            link = page.get("next")
+            if link is None or link == "":
+                break
+            url, params = self._same_origin(page_url, link), None
+        else:
+            raise UnknownOutcome(f"lookup: more than {MAX_LOOKUP_PAGES} pages of results")
+        if len(found) > 1:
+            raise UnknownOutcome(f"lookup: {len(found)} jobs carry our client reference: ambiguous")
+        return next(iter(found), None)
 
     def close(self) -> None:
-        self._client.close()
+        self._api.close()
+        self._files.close()
+
+    def _collect_once(self, remote_ref: str) -> ImageResult:
+        job = self._poll(remote_ref)
+        status = job.get("status")
+        if status in ("failed", "canceled"):
+            raise RemoteJobFailed(f"remote task {status}", self._billed(job))
+        if status != "succeeded":
+            label = status if isinstance(status, str) and _STATUS.fullmatch(status) else "?"
+            raise _NotYet(f"status {label}", failed=False)
+        return self._download(job)
+
+    def _poll(self, remote_ref: str) -> dict[str, Any]:
+        try:
+            response = self._api.get(f"/predictions/{remote_ref}")
+        except _HTTP_FAILURES as exc:
+            raise _NotYet(f"poll: {type(exc).__name__}") from None
+        if not response.is_success:
+            raise _NotYet(f"poll: HTTP {response.status_code}")
+        try:
+            job = response.json()
+        except ValueError:
+            raise _NotYet("poll: reply is not JSON") from None
+        if not isinstance(job, dict):
+            raise _NotYet("poll: reply is not a JSON object")
+        return job
 
     def _download(self, job: dict[str, Any]) -> ImageResult:
         output = job.get("output")
         url = output[0] if isinstance(output, list) and output else output
-        if not isinstance(url, str):
-            raise PermanentProviderError("succeeded task has no output URL")
-        response = self._retrying(lambda: self._client.get(url))
-        _raise_for_status(response, "download")
-        content = response.content
-        if not content or len(content) > MAX_IMAGE_BYTES:
-            raise PermanentProviderError(f"output of {len(content)} bytes refused")
-        media_type = response.headers.get("content-type", "application/octet-stream").split(";")[0]
-        return ImageResult(content, media_type, self.capabilities.cost_per_image_minor)
-
-    def _get_json(self, path: str, params: dict[str, str] | None = None) -> dict[str, Any]:
-        response = self._retrying(lambda: self._client.get(path, params=params))
-        _raise_for_status(response, "poll")
+        if not isinstance(url, str) or not url.lower().startswith(("http://", "https://")):
+            raise _NotYet("succeeded reply without an http(s) output URL")
         try:
-            data = response.json()
+            with self._files.stream("GET", url) as response:
+                if not response.is_success:
+                    raise _NotYet(f"download: HTTP {response.status_code}")
+                content = _read_capped(response)
+                media_type = response.headers.get("content-type", "application/octet-stream")
+        except _HTTP_FAILURES as exc:
+            raise _NotYet(f"download: {type(exc).__name__}") from None
+        if not content:
+            raise _NotYet("download: empty output")
+        return ImageResult(content, media_type.split(";")[0].strip(), self._billed(job))
+
+    def _billed(self, job: dict[str, Any]) -> int:
+        cost = job.get("cost_minor")
+        if isinstance(cost, int) and not isinstance(cost, bool) and cost >= 0:
+            return cost
+        return self.profile.cost_per_image_minor
+
+    def _lookup_page(
+        self, url: str | httpx.URL, params: dict[str, str] | None
+    ) -> tuple[dict[str, Any], httpx.URL]:
+        try:
+            response = self._api.get(url, params=params)
+        except _HTTP_FAILURES as exc:
+            raise UnknownOutcome(f"lookup: {type(exc).__name__}") from None
+        if response.status_code != 200:
+            raise UnknownOutcome(f"lookup: HTTP {response.status_code}")
+        try:
+            page = response.json()
         except ValueError:
-            raise TransientProviderError("provider sent a reply that is not JSON") from None
-        if not isinstance(data, dict):
-            raise PermanentProviderError("provider reply is not a JSON object")
-        return data
+            raise UnknownOutcome("lookup: reply is not JSON") from None
+        if not isinstance(page, dict):
+            raise UnknownOutcome("lookup: reply is not a JSON object")
+        return page, response.request.url
 
-    def _retrying(self, call: Any) -> httpx.Response:
-        def attempt() -> httpx.Response:
-            try:
-                response: httpx.Response = call()
-            except httpx.TransportError as exc:
-                raise TransientProviderError(f"transport: {type(exc).__name__}") from None
-            if response.status_code == 429 or response.status_code >= 500:
-                raise TransientProviderError(f"HTTP {response.status_code}")
-            return response
-
-        retrying = Retrying(
-            retry=retry_if_exception_type(TransientProviderError),
-            stop=stop_after_attempt(5),
-            wait=wait_exponential_jitter(multiplier=0.1, max=5.0),
-            reraise=True,
-        )
-        return retrying(attempt)
+    def _same_origin(self, page_url: httpx.URL, link: object) -> httpx.URL:
+        """The next page's URL, only on the provider's origin (it gets the credential)."""
+        try:
+            target = page_url.join(link) if isinstance(link, str) else None
+        except httpx.InvalidURL:
+            target = None
+        origin = self._origin
+        if target is None or (target.scheme, target.host, target.port) != (
+            origin.scheme,
+            origin.host,
+            origin.port,
+        ):
+            raise UnknownOutcome("lookup: next link is not on the provider's origin")
+        return target
 
 
-def _raise_for_status(response: httpx.Response, what: str) -> None:
+def _created_id(response: httpx.Response) -> str:
     code = response.status_code
-    if code < 400:
-        return
+    if response.is_success:
+        try:
+            job_id = response.json().get("id")
+        except (ValueError, AttributeError):
+            raise UnknownOutcome(
+                f"create: HTTP {code} without a JSON object: job unknown"
+            ) from None
+        if not isinstance(job_id, str) or not _JOB_ID.fullmatch(job_id):
+            raise UnknownOutcome(f"create: HTTP {code} without a valid id: job unknown")
+        return job_id
     if code == 429:
-        raise RateLimited(f"{what}: HTTP 429 rate limited")
-    if code >= 500:
-        raise TransientProviderError(f"{what}: HTTP {code}")
-    raise PermanentProviderError(f"{what}: HTTP {code}")  # body not echoed: it may hold secrets
+        raise RateLimited("create: HTTP 429 rate limited")
+    if code == 422 and "idempot" in response.text.lower():
+        raise UnknownOutcome("create: HTTP 422 (idempotency key in use): a job may exist")
+    if code == 409:
+        raise UnknownOutcome("create: HTTP 409 (conflict): a job may exist")
+    if 400 <= code < 500:  # body not echoed: it may hold secrets
+        kind = " (validation)" if code == 422 else ""
+        raise PermanentProviderError(f"create refused: HTTP {code}{kind}")
+    raise UnknownOutcome(f"create: HTTP {code}: a job may exist")
 
 
-def _field(response: httpx.Response, name: str) -> str:
-    try:
-        value = response.json()[name]
-    except (ValueError, KeyError, TypeError):
-        raise UnknownOutcome(f"create reply without {name!r}: acceptance unknown") from None
-    if not isinstance(value, str) or not value or len(value) > 256:
-        raise UnknownOutcome(f"create reply with a malformed {name!r}")
-    return value
+def _backoff(interval: float, failures: int) -> float:
+    """Exponential backoff with jitter after `failures` errors in a row, capped."""
+    exponential: float = interval * 2.0 ** min(failures - 1, 16)
+    return min(exponential + random.uniform(0, interval), MAX_BACKOFF_S)
+
+
+def _read_capped(response: httpx.Response) -> bytes:
+    declared = response.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_IMAGE_BYTES:
+        raise CollectionPending(f"output of {declared} bytes refused (limit {MAX_IMAGE_BYTES})")
+    chunks: list[bytes] = []
+    size = 0
+    for chunk in response.iter_bytes():
+        size += len(chunk)
+        if size > MAX_IMAGE_BYTES:
+            raise CollectionPending(f"output larger than {MAX_IMAGE_BYTES} bytes refused")
+        chunks.append(chunk)
+    return b"".join(chunks)

@@ -12,8 +12,23 @@ Built in: ``fake`` (the deterministic fake provider). More profiles come from a 
         currency: USD
         max_concurrency: 4
         timeout_s: 30
+        idempotent_create: false               # see below
+        lookup: true
 
 A profile names where its credential lives; it never contains the credential itself.
+
+What an ``http`` profile promises about its provider (the engine's handling of an unknown
+create outcome follows it, see ``providers.base.Capabilities``):
+
+- ``idempotent_create`` (default false): the provider honours the ``Idempotency-Key`` header on
+  create, so sending the same create again never makes a second job. Declare it only when the
+  provider documents it; false means an unknown outcome is never answered by sending again;
+- ``lookup`` (default true): a job can be found by the client reference we sent
+  (``GET /predictions?client_reference=...``); false leaves unknown outcomes to an operator
+  unless ``idempotent_create`` is set.
+
+The builtin ``fake`` profile ignores both: the fake provider declares its own (it honours
+idempotency and can look jobs up).
 """
 
 from __future__ import annotations
@@ -40,6 +55,8 @@ class Profile(BaseModel):
     timeout_s: float = Field(default=30.0, gt=0, le=600)
     poll_interval_s: float = Field(default=1.0, gt=0, le=60)
     delay_ms: int | None = Field(default=None, ge=0)
+    idempotent_create: bool = False
+    lookup: bool = True
 
     @property
     def needs_credential(self) -> bool:

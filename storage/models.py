@@ -124,15 +124,36 @@ class ItemRow(Base):
     output_path: Mapped[str | None] = mapped_column(String(1024))
     output_sha256: Mapped[str | None] = mapped_column(String(64))
     force_resubmit: Mapped[bool] = mapped_column(default=False)
+    # The claim (DESIGN 5): only the holder may submit; liveness is "lease not expired".
+    claim_owner: Mapped[str | None] = mapped_column(String(64), index=True)
+    claim_run_id: Mapped[str | None] = mapped_column(String(36))
+    lease_expires_at: Mapped[datetime | None] = mapped_column()
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column()
     finished_at: Mapped[datetime | None] = mapped_column()
+
+
+class RunItemRow(Base):
+    """Which items a run was asked to finish. Items are shared: two runs of one episode may
+    both include an item; whoever holds its claim does the paid work, the other follows."""
+
+    __tablename__ = "run_items"
+
+    run_id: Mapped[str] = mapped_column(
+        String(36), ForeignKey("runs.id", ondelete="RESTRICT"), primary_key=True
+    )
+    item_pk: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey("items.id", ondelete="RESTRICT"), primary_key=True, index=True
+    )
 
 
 class SubmissionRow(Base):
     """The ledger of paid calls: intent before the call, then the remote ref and the outcome."""
 
     __tablename__ = "submissions"
+    # One job of the provider belongs to one submission: a lookup that answers with another
+    # item's job can never be recorded (nor its cost counted) twice.
+    __table_args__ = (UniqueConstraint("provider_profile", "remote_ref"),)
 
     id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
     item_pk: Mapped[int] = mapped_column(

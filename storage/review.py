@@ -6,7 +6,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, Table, insert, select, update
 
-from core.states import EpisodeState, check_episode_transition
+from core.states import EPISODE_TRANSITIONS, EpisodeState, check_episode_transition
 from storage import tx
 from storage.base import utcnow
 from storage.models import ApprovalRow, EpisodeEventRow, EpisodeMediaRow, EpisodeRow
@@ -15,6 +15,10 @@ _episodes: Table = EpisodeRow.__table__  # type: ignore[assignment]
 _events: Table = EpisodeEventRow.__table__  # type: ignore[assignment]
 _approvals: Table = ApprovalRow.__table__  # type: ignore[assignment]
 _media: Table = EpisodeMediaRow.__table__  # type: ignore[assignment]
+
+
+def sources_of_episode(target: EpisodeState) -> list[str]:
+    return [s.value for s, targets in EPISODE_TRANSITIONS.items() if target in targets]
 
 
 class ReviewStore:
@@ -34,11 +38,22 @@ class ReviewStore:
         with tx.write(self.engine) as conn:
             return _move(conn, episode_pk, target, detail)
 
-    def decide(self, episode_pk: int, approve: bool, by: str, note: str | None) -> None:
-        """Record the decision and move the episode, in one transaction."""
+    def decide(self, episode_pk: int, approve: bool, by: str, note: str | None) -> str | None:
+        """Record the decision and move the episode from `generated`, in one transaction.
+
+        Returns None when this decision was recorded, else the state the episode is in (a
+        concurrent decision won the compare-and-set; nothing was written).
+        """
         target = EpisodeState.APPROVED if approve else EpisodeState.REJECTED
         with tx.write(self.engine) as conn:
-            _move(conn, episode_pk, target, {"by": by, "note": note})
+            if not _move(
+                conn, episode_pk, target, {"by": by, "note": note}, source=EpisodeState.GENERATED
+            ):
+                return str(
+                    conn.execute(
+                        select(_episodes.c.state).where(_episodes.c.id == episode_pk)
+                    ).scalar_one()
+                )
             conn.execute(
                 insert(_approvals).values(
                     episode_pk=episode_pk,
@@ -48,6 +63,7 @@ class ReviewStore:
                     decided_at=utcnow(),
                 )
             )
+        return None
 
     def approvals(self, episode_pk: int) -> list[dict[str, Any]]:
         with tx.read(self.engine) as conn:
@@ -100,18 +116,35 @@ class ReviewStore:
         return True
 
 
-def _move(conn: Connection, episode_pk: int, target: EpisodeState, detail: dict[str, Any]) -> bool:
-    """The one place an episode changes state: checked, timestamped, recorded in its history."""
-    current = conn.execute(
-        select(_episodes.c.state).where(_episodes.c.id == episode_pk)
-    ).scalar_one()
-    if current == target:
-        return False
-    check_episode_transition(current, target)
+def _move(
+    conn: Connection,
+    episode_pk: int,
+    target: EpisodeState,
+    detail: dict[str, Any],
+    *,
+    source: EpisodeState | None = None,
+) -> bool:
+    """The one place an episode changes state: one guarded statement, recorded in its history.
+
+    ``UPDATE … WHERE state IN (:allowed sources)`` (or exactly `source`): True if this call
+    moved it; False if it already is in `target` or, with `source`, is no longer there (a
+    concurrent caller won). Any other state is an `InvalidTransition`.
+    """
+    allowed = [source.value] if source is not None else sources_of_episode(target)
     now = utcnow()
-    conn.execute(
-        update(_episodes).where(_episodes.c.id == episode_pk).values(state=target, updated_at=now)
-    )
+    moved = conn.execute(
+        update(_episodes)
+        .where(_episodes.c.id == episode_pk, _episodes.c.state.in_(allowed))
+        .values(state=target, updated_at=now)
+    ).rowcount
+    if not moved:
+        current = conn.execute(
+            select(_episodes.c.state).where(_episodes.c.id == episode_pk)
+        ).scalar_one()
+        if current == target or source is not None:
+            return False
+        check_episode_transition(current, target)  # raises: not allowed from here
+        return False
     conn.execute(
         insert(_events).values(episode_pk=episode_pk, kind=target.value, at=now, detail=detail)
     )

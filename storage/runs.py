@@ -1,29 +1,26 @@
-"""Runs, items and the spend ledger (submissions, cost entries).
+"""Runs, their items and planning reads (the ledger's writes live in `storage.claims`).
 
-Every state change goes through `core.states` (one place for the allowed transitions) and is
-committed in its own short transaction, so a crash loses at most the step in flight. Planning
-reads are set-based: one query for all items of an episode, however many there are.
+Every state change is one guarded statement (``UPDATE … WHERE id = :id AND state IN
+(:allowed)``, rowcount checked): reading a state in Python and then writing it is a race
+under Postgres READ COMMITTED. A run does not own its items: `run_items` records which items
+each run was asked to finish, and two runs of one episode share them (the claim on an item,
+not the run, decides who pays for it). Planning reads are set-based: a few queries for all
+items of an episode, however many there are.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Sequence
-from datetime import datetime, timedelta
-from typing import Any
+from datetime import datetime
+from typing import Any, TypeVar
 
-from sqlalchemy import Engine, Table, func, insert, select, update
+from sqlalchemy import Connection, Engine, Table, func, insert, select, update
 
-from core.errors import EpisodeNotFound, RunNotFound
+from core.errors import EpisodeNotFound, InvalidTransition, RunNotFound, StorageError
 from core.playlist import PlannedItem
-from core.runs import Item, ItemSnapshot, Run, RunCounts, Submission
-from core.states import (
-    ItemState,
-    RunState,
-    SubmissionState,
-    check_item_transition,
-    check_run_transition,
-)
+from core.runs import Item, ItemSnapshot, Run, RunCounts
+from core.states import RUN_TRANSITIONS, ItemState, RunState, SubmissionState
 from storage import tx
 from storage.base import utcnow
 from storage.models import (
@@ -31,6 +28,7 @@ from storage.models import (
     EpisodePlanRow,
     EpisodeRow,
     ItemRow,
+    RunItemRow,
     RunRow,
     SubmissionRow,
 )
@@ -39,13 +37,18 @@ _episodes: Table = EpisodeRow.__table__  # type: ignore[assignment]
 _plans: Table = EpisodePlanRow.__table__  # type: ignore[assignment]
 _runs: Table = RunRow.__table__  # type: ignore[assignment]
 _items: Table = ItemRow.__table__  # type: ignore[assignment]
+_members: Table = RunItemRow.__table__  # type: ignore[assignment]
 _subs: Table = SubmissionRow.__table__  # type: ignore[assignment]
 _costs: Table = CostEntryRow.__table__  # type: ignore[assignment]
 
 OPEN_SUBMISSION_STATES = (SubmissionState.INTENT, SubmissionState.ACCEPTED, SubmissionState.UNKNOWN)
-
-
+_T = TypeVar("_T")
 _COMPLETED = ItemSnapshot(ItemState.COMPLETED, 0, None, None)
+
+
+def sources_of(target: RunState) -> list[str]:
+    """The run states from which `target` may be reached (core.states is the one table)."""
+    return [s.value for s, targets in RUN_TRANSITIONS.items() if target in targets]
 
 
 class ItemIndex:
@@ -151,12 +154,17 @@ class RunStore:
                     _items.c.idempotency_key,
                     _items.c.state,
                     _items.c.attempts,
-                    _items.c.started_at,
+                    _items.c.lease_expires_at,
+                    _items.c.claim_run_id,
                 ).where(_items.c.episode_pk == episode_pk, _items.c.state != done)
             ).all()
         others = {
             row.idempotency_key: ItemSnapshot(
-                row.state, row.attempts, row.started_at, open_subs.get(row.id)
+                row.state,
+                row.attempts,
+                row.lease_expires_at,
+                open_subs.get(row.id),
+                row.claim_run_id,
             )
             for row in rows
         }
@@ -170,9 +178,14 @@ class RunStore:
         new_items: Sequence[PlannedItem],
         reuse_keys: Iterable[str],
     ) -> str:
-        """Insert the run (pending), its new items, and attach reused items, atomically."""
+        """Insert the run (pending) and its membership, creating items that do not exist yet.
+
+        Another run of the episode may create the same items at the same moment: an item
+        that already exists is joined, never an error (``ON CONFLICT DO NOTHING``).
+        """
         run_id = str(uuid.uuid4())
         now = utcnow()
+        keys = [it.idempotency_key for it in new_items] + list(reuse_keys)
         with tx.write(self.engine) as conn:
             conn.execute(
                 insert(_runs).values(
@@ -185,36 +198,34 @@ class RunStore:
                 )
             )
             if new_items:
-                conn.execute(
-                    insert(_items),
-                    [
-                        {
-                            "episode_pk": episode_pk,
-                            "run_id": run_id,
-                            "idempotency_key": it.idempotency_key,
-                            "position": it.index,
-                            "video_id": it.video_id,
-                            "part": it.part,
-                            "prompt": it.prompt,
-                            "seed": it.seed,
-                            "state": ItemState.PENDING,
-                            "attempts": 0,
-                            "force_resubmit": False,
-                            "created_at": now,
-                        }
-                        for it in new_items
-                    ],
+                _insert_new_items(conn, episode_pk, run_id, new_items, now)
+            pks: list[int] = []
+            for key_chunk in _chunks(keys, 500):
+                pks.extend(
+                    conn.execute(
+                        select(_items.c.id).where(
+                            _items.c.idempotency_key.in_(key_chunk),
+                            _items.c.episode_pk == episode_pk,
+                        )
+                    ).scalars()
                 )
-            keys = list(reuse_keys)
-            for chunk in _chunks(keys, 500):
-                conn.execute(
-                    update(_items)
-                    .where(_items.c.idempotency_key.in_(chunk), _items.c.episode_pk == episode_pk)
-                    .values(run_id=run_id, force_resubmit=bool(params.get("force_resubmit")))
+            if len(pks) != len(set(keys)):
+                raise StorageError(
+                    f"{len(set(keys)) - len(pks)} planned item keys belong to another episode"
                 )
-            conn.execute(  # a cancelled item attached to a new run starts over as pending
+            if pks:
+                conn.execute(insert(_members), [{"run_id": run_id, "item_pk": pk} for pk in pks])
+            if params.get("force_resubmit"):
+                for chunk in _chunks(pks, 500):
+                    conn.execute(
+                        update(_items).where(_items.c.id.in_(chunk)).values(force_resubmit=True)
+                    )
+            conn.execute(  # a cancelled item included in a new run starts over as pending
                 update(_items)
-                .where(_items.c.run_id == run_id, _items.c.state == ItemState.CANCELLED)
+                .where(
+                    _items.c.id.in_(select(_members.c.item_pk).where(_members.c.run_id == run_id)),
+                    _items.c.state == ItemState.CANCELLED,
+                )
                 .values(state=ItemState.PENDING)
             )
         return run_id
@@ -254,60 +265,93 @@ class RunStore:
                 .limit(1)
             ).scalar()
 
-    def transition_run(self, run_id: str, target: RunState, error_text: str | None = None) -> None:
+    def run_state(self, run_id: str) -> str:
+        with tx.read(self.engine) as conn:
+            state = conn.execute(select(_runs.c.state).where(_runs.c.id == run_id)).scalar()
+        if state is None:
+            raise RunNotFound(f"run {run_id} not found")
+        return str(state)
+
+    def transition_run(self, run_id: str, target: RunState, error_text: str | None = None) -> bool:
+        """Move the run to `target` with one guarded statement.
+
+        Returns True if this call moved it, False if it already was there (a concurrent
+        caller got there first). Raises `InvalidTransition` naming the current state when
+        the move is not allowed from it (e.g. a run cancelled meanwhile), `RunNotFound`.
+        """
         now = utcnow()
+        values: dict[str, Any] = {"state": target, "error_text": error_text, "heartbeat_at": now}
+        if target == RunState.RUNNING:
+            values.update(started_at=now, finished_at=None)
+        else:
+            values["finished_at"] = now
         with tx.write(self.engine) as conn:
-            current = conn.execute(select(_runs.c.state).where(_runs.c.id == run_id)).scalar()
-            if current is None:
-                raise RunNotFound(f"run {run_id} not found")
-            if current == target:
-                return
-            check_run_transition(current, target)
-            values: dict[str, Any] = {
-                "state": target,
-                "error_text": error_text,
-                "heartbeat_at": now,
-            }
-            if target == RunState.RUNNING:
-                values.update(started_at=now, finished_at=None)
-            elif target in (
-                RunState.COMPLETED,
-                RunState.FAILED,
-                RunState.CANCELLED,
-                RunState.PAUSED,
-            ):
-                values["finished_at"] = now
-            conn.execute(update(_runs).where(_runs.c.id == run_id).values(**values))
-            if target == RunState.CANCELLED:  # nothing is left orphaned
+            moved = conn.execute(
+                update(_runs)
+                .where(_runs.c.id == run_id, _runs.c.state.in_(sources_of(target)))
+                .values(**values)
+            ).rowcount
+            if moved and target == RunState.CANCELLED:  # nothing unstarted is left behind
                 conn.execute(
                     update(_items)
-                    .where(_items.c.run_id == run_id, _items.c.state == ItemState.PENDING)
+                    .where(
+                        _items.c.id.in_(
+                            select(_members.c.item_pk).where(_members.c.run_id == run_id)
+                        ),
+                        _items.c.state == ItemState.PENDING,
+                    )
                     .values(state=ItemState.CANCELLED, finished_at=now)
                 )
-
-    def heartbeat(self, run_id: str) -> None:
-        with tx.write(self.engine) as conn:
-            conn.execute(update(_runs).where(_runs.c.id == run_id).values(heartbeat_at=utcnow()))
+            if moved:
+                return True
+            current = conn.execute(select(_runs.c.state).where(_runs.c.id == run_id)).scalar()
+        if current is None:
+            raise RunNotFound(f"run {run_id} not found")
+        if current == target:
+            return False
+        raise InvalidTransition(f"run {run_id} is {current}: it cannot become {target}")
 
     def run_items(self, run_id: str, states: Iterable[str] | None = None) -> list[Item]:
-        query = select(_items).where(_items.c.run_id == run_id)
+        query = (
+            select(_items)
+            .join(_members, _members.c.item_pk == _items.c.id)
+            .where(_members.c.run_id == run_id)
+        )
         if states is not None:
             query = query.where(_items.c.state.in_(list(states)))
         with tx.read(self.engine) as conn:
             rows = conn.execute(query.order_by(_items.c.position, _items.c.part)).all()
-        return [_item(row) for row in rows]
+        return [item_from_row(row) for row in rows]
 
     def get_item(self, item_pk: int) -> Item:
         with tx.read(self.engine) as conn:
-            return _item(conn.execute(select(_items).where(_items.c.id == item_pk)).one())
+            return item_from_row(conn.execute(select(_items).where(_items.c.id == item_pk)).one())
+
+    def held_elsewhere(self, run_id: str, owner: str, now: datetime | None = None) -> list[str]:
+        """Run ids holding live claims on this run's unfinished items (other owners)."""
+        now = now or utcnow()
+        with tx.read(self.engine) as conn:
+            rows = conn.execute(
+                select(_items.c.claim_run_id)
+                .join(_members, _members.c.item_pk == _items.c.id)
+                .where(
+                    _members.c.run_id == run_id,
+                    _items.c.state == ItemState.RUNNING,
+                    _items.c.lease_expires_at > now,
+                    _items.c.claim_owner != owner,
+                )
+            ).scalars()
+            return sorted({str(r) for r in rows})
 
     def counts(self, run_id: str) -> RunCounts:
+        """Item states of the run's members; paid submissions and cost this run made."""
         with tx.read(self.engine) as conn:
             states: dict[str, int] = {
                 row[0]: int(row[1])
                 for row in conn.execute(
                     select(_items.c.state, func.count())
-                    .where(_items.c.run_id == run_id)
+                    .join(_members, _members.c.item_pk == _items.c.id)
+                    .where(_members.c.run_id == run_id)
                     .group_by(_items.c.state)
                 )
             }
@@ -332,143 +376,6 @@ class RunStore:
             currency=cost[1] or "USD",
         )
 
-    def fail_running_items(self, run_id: str, error_text: str) -> int:
-        """Mark the run's still-running items failed (interrupt, cancellation)."""
-        with tx.write(self.engine) as conn:
-            return conn.execute(
-                update(_items)
-                .where(_items.c.run_id == run_id, _items.c.state == ItemState.RUNNING)
-                .values(state=ItemState.FAILED, error_text=error_text, finished_at=utcnow())
-            ).rowcount
-
-    # ------------------------------------------------------------------ items and the ledger
-    def set_item_state(
-        self, item_pk: int, target: ItemState, error_text: str | None = None
-    ) -> None:
-        now = utcnow()
-        with tx.write(self.engine) as conn:
-            current = conn.execute(
-                select(_items.c.state).where(_items.c.id == item_pk)
-            ).scalar_one()
-            check_item_transition(current, target)
-            values: dict[str, Any] = {"state": target, "error_text": error_text}
-            if target == ItemState.RUNNING:
-                values["started_at"] = now
-            else:
-                values["finished_at"] = now
-            conn.execute(update(_items).where(_items.c.id == item_pk).values(**values))
-
-    def open_submission(self, item_pk: int) -> Submission | None:
-        with tx.read(self.engine) as conn:
-            row = conn.execute(
-                select(_subs)
-                .where(
-                    _subs.c.item_pk == item_pk,
-                    _subs.c.state.in_([s.value for s in OPEN_SUBMISSION_STATES]),
-                )
-                .order_by(_subs.c.id.desc())
-                .limit(1)
-            ).first()
-        return None if row is None else _submission(row)
-
-    def begin_submission(
-        self, item: Item, run_id: str, profile: str, forced: bool, *, start_item: bool = False
-    ) -> Submission:
-        """Commit the intent of a paid call (and count the attempt) before making it."""
-        now = utcnow()
-        with tx.write(self.engine) as conn:
-            if start_item:  # the item's start and its first intent in one transaction
-                current = conn.execute(
-                    select(_items.c.state).where(_items.c.id == item.pk)
-                ).scalar_one()
-                check_item_transition(current, ItemState.RUNNING)
-                conn.execute(
-                    update(_items)
-                    .where(_items.c.id == item.pk)
-                    .values(state=ItemState.RUNNING, started_at=now, error_text=None)
-                )
-            attempt = conn.execute(
-                update(_items)
-                .where(_items.c.id == item.pk)
-                .values(attempts=_items.c.attempts + 1, force_resubmit=False)
-                .returning(_items.c.attempts)
-            ).scalar_one()
-            client_reference = f"{item.idempotency_key}-{attempt}"
-            pk = conn.execute(
-                insert(_subs)
-                .values(
-                    item_pk=item.pk,
-                    run_id=run_id,
-                    attempt=attempt,
-                    client_reference=client_reference,
-                    provider_profile=profile,
-                    state=SubmissionState.INTENT,
-                    forced=forced,
-                    created_at=now,
-                )
-                .returning(_subs.c.id)
-            ).scalar_one()
-        return Submission(pk, item.pk, attempt, client_reference, SubmissionState.INTENT, None)
-
-    def accept_submission(self, submission_pk: int, remote_ref: str) -> None:
-        with tx.write(self.engine) as conn:
-            conn.execute(
-                update(_subs)
-                .where(_subs.c.id == submission_pk)
-                .values(state=SubmissionState.ACCEPTED, remote_ref=remote_ref, accepted_at=utcnow())
-            )
-
-    def close_submission(self, submission_pk: int, state: SubmissionState, error_text: str) -> None:
-        with tx.write(self.engine) as conn:
-            conn.execute(
-                update(_subs)
-                .where(_subs.c.id == submission_pk)
-                .values(state=state, error_text=error_text[:2000], finished_at=utcnow())
-            )
-
-    def complete_item(
-        self,
-        item_pk: int,
-        submission_pk: int,
-        episode_pk: int,
-        output_path: str,
-        sha256: str,
-        cost_minor: int,
-        currency: str,
-    ) -> None:
-        """Outcome, cost and item completion in one transaction."""
-        now = utcnow()
-        with tx.write(self.engine) as conn:
-            current = conn.execute(
-                select(_items.c.state).where(_items.c.id == item_pk)
-            ).scalar_one()
-            check_item_transition(current, ItemState.COMPLETED)
-            conn.execute(
-                update(_subs)
-                .where(_subs.c.id == submission_pk)
-                .values(state=SubmissionState.SUCCEEDED, finished_at=now)
-            )
-            conn.execute(
-                insert(_costs).values(
-                    episode_pk=episode_pk,
-                    submission_pk=submission_pk,
-                    amount_minor=cost_minor,
-                    currency=currency,
-                    recorded_at=now,
-                )
-            )
-            conn.execute(
-                update(_items)
-                .where(_items.c.id == item_pk)
-                .values(
-                    state=ItemState.COMPLETED,
-                    output_path=output_path,
-                    output_sha256=sha256,
-                    error_text=None,
-                    finished_at=now,
-                )
-            )
-
     def episode_cost(self, episode_pk: int) -> int:
         with tx.read(self.engine) as conn:
             return int(
@@ -479,11 +386,45 @@ class RunStore:
                 ).scalar_one()
             )
 
-    def is_stale(self, started_at: datetime | None, stale_after_s: float) -> bool:
-        return started_at is None or started_at < utcnow() - timedelta(seconds=stale_after_s)
+
+def _insert_new_items(
+    conn: Connection,
+    episode_pk: int,
+    run_id: str,
+    new_items: Sequence[PlannedItem],
+    now: datetime,
+) -> None:
+    rows = [
+        {
+            "episode_pk": episode_pk,
+            "run_id": run_id,
+            "idempotency_key": it.idempotency_key,
+            "position": it.index,
+            "video_id": it.video_id,
+            "part": it.part,
+            "prompt": it.prompt,
+            "seed": it.seed,
+            "state": ItemState.PENDING,
+            "attempts": 0,
+            "force_resubmit": False,
+            "created_at": now,
+        }
+        for it in new_items
+    ]
+    if conn.dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+        statement: Any = pg_insert(_items).on_conflict_do_nothing(
+            index_elements=["idempotency_key"]
+        )
+    else:
+        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+        statement = sqlite_insert(_items).on_conflict_do_nothing(index_elements=["idempotency_key"])
+    conn.execute(statement, rows)
 
 
-def _chunks(values: list[str], size: int) -> Iterable[list[str]]:
+def _chunks(values: Sequence[_T], size: int) -> Iterable[Sequence[_T]]:
     for start in range(0, len(values), size):
         yield values[start : start + size]
 
@@ -503,7 +444,7 @@ def _run(row: Any) -> Run:
     )
 
 
-def _item(row: Any) -> Item:
+def item_from_row(row: Any) -> Item:
     return Item(
         pk=row.id,
         idempotency_key=row.idempotency_key,
@@ -516,12 +457,6 @@ def _item(row: Any) -> Item:
         attempts=row.attempts,
         error_text=row.error_text,
         created_at=row.created_at,
-    )
-
-
-def _submission(row: Any) -> Submission:
-    return Submission(
-        row.id, row.item_pk, row.attempt, row.client_reference, row.state, row.remote_ref
     )
 
 

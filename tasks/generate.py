@@ -4,12 +4,15 @@
 persisted (EPISODIC_HOME/results), so a retried or re-created flow run skips an item that
 already finished without asking the database or the provider. Only a completed item returns:
 any other outcome raises, so it is never cached. Each paid step holds a slot of the
-provider's global concurrency limit (strict: a missing limit is an error).
+provider's global concurrency limit (strict: a missing limit is an error). Items are claimed
+(`storage.claims`) before their task is created: an item held by another run is followed by
+the engine, not run as a task that would fail.
 """
 
 from __future__ import annotations
 
 import threading
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -19,10 +22,10 @@ from prefect.context import TaskRunContext
 from prefect.futures import PrefectFuture, as_completed
 
 from core.runs import Item
-from pipeline.runs import RunEngine, RunOptions
+from pipeline.engine import ItemJob
 from providers.profiles import Profile
 
-_engines: dict[str, tuple[RunEngine, RunOptions]] = {}
+_jobs: dict[str, ItemJob] = {}
 _guard = threading.Lock()
 
 
@@ -32,16 +35,6 @@ class ItemNotCompleted(Exception):
 
 def provider_limit_name(profile_id: str) -> str:
     return f"episodic-provider-{profile_id}"
-
-
-def register(run_id: str, engine: RunEngine, options: RunOptions) -> None:
-    with _guard:
-        _engines[run_id] = (engine, options)
-
-
-def unregister(run_id: str) -> None:
-    with _guard:
-        _engines.pop(run_id, None)
 
 
 def item_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
@@ -62,13 +55,15 @@ def item_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
     task_run_name="item {item_id}",
 )
 def generate_item(
-    run_id: str, item_pk: int, item_id: str, idempotency_key: str, ledger_ref: str
+    owner: str, item_pk: int, item_id: str, idempotency_key: str, ledger_ref: str, profile: str
 ) -> dict[str, str]:
+    """Work one item this process has already claimed (the claim is made before the task
+    exists, so an item another run holds never shows up as a task here)."""
     with _guard:
-        engine, options = _engines[run_id]
-    item = engine.store.get_item(item_pk)
-    with concurrency_slot(provider_limit_name(engine.profile.id), occupy=1, strict=True):
-        outcome = engine.process(run_id, item, options)
+        job = _jobs[owner]
+    claim = job.take(item_pk)  # type: ignore[attr-defined]
+    with concurrency_slot(provider_limit_name(profile), occupy=1, strict=True):
+        outcome = job.run(claim)
     if outcome != "completed":
         raise ItemNotCompleted(f"item {item_id}: {outcome}")
     return {"item_id": item_id, "idempotency_key": idempotency_key, "outcome": outcome}
@@ -76,34 +71,35 @@ def generate_item(
 
 def prefect_executor(
     items: Sequence[Item],
-    work: Callable[[Item], str],
+    job: ItemJob,
     concurrency: int,
     stop: threading.Event,
     progress: Callable[[Item, str], None],
 ) -> None:
-    """Runs each item as a `generate_item` task, at most `concurrency` at a time."""
-    run_id = _run_of(work)
-    queue = list(items)
+    """Claims each item, then runs it as a `generate_item` task, `concurrency` at a time."""
+    profile = job.engine.profile.id  # type: ignore[attr-defined]
+    with _guard:
+        _jobs[job.owner] = job
+    queue = deque(items)
     running: dict[PrefectFuture[dict[str, str]], Item] = {}
-    while queue or running:
-        while queue and len(running) < concurrency and not stop.is_set():
-            item = queue.pop(0)
-            future = generate_item.submit(
-                run_id, item.pk, item.item_id, item.idempotency_key, item.ledger_ref
-            )
-            running[future] = item
-        if not running:
-            break
-        future = next(as_completed(list(running)))  # refill as soon as any one finishes
-        item = running.pop(future)
-        progress(item, "completed" if future.state.is_completed() else "failed")
-
-
-def _run_of(work: Callable[[Item], str]) -> str:
-    run_id = getattr(work, "run_id", None)
-    if not isinstance(run_id, str):
-        raise TypeError("the item work function carries no run_id")
-    return run_id
+    try:
+        while queue or running:
+            while queue and len(running) < concurrency and not stop.is_set():
+                item = queue.popleft()
+                if job.claim(item) is None:
+                    continue
+                future = generate_item.submit(
+                    job.owner, item.pk, item.item_id, item.idempotency_key, item.ledger_ref, profile
+                )
+                running[future] = item
+            if not running:
+                break
+            future = next(as_completed(list(running)))  # refill as soon as any one finishes
+            item = running.pop(future)
+            progress(item, "completed" if future.state.is_completed() else "failed")
+    finally:
+        with _guard:
+            _jobs.pop(job.owner, None)
 
 
 class PrefectSecretCredentials:

@@ -107,3 +107,19 @@ class Episode:
 def new_episode(engine: Engine, key: str = "test:1") -> Episode:
     allocation = allocate(engine, "weekly", WeekId.parse("2026-W32"), key)
     return Episode(engine, str(allocation.episode.episode_id))
+
+
+def jobs_per_key() -> Counter[str]:
+    """Jobs the fake provider really made, per item idempotency key (its own log)."""
+    return Counter(
+        e["client_reference"].rsplit("-", 1)[0]
+        for e in provider_log()
+        if e["event"] == "job_created"
+    )
+
+
+def creates_per_key() -> Counter[str]:
+    """Create calls that reached the fake provider, per item idempotency key."""
+    return Counter(
+        e["client_reference"].rsplit("-", 1)[0] for e in provider_log() if e["event"] == "submit"
+    )

@@ -1,53 +1,60 @@
 """A real local HTTP server speaking the predictions protocol, with fault injection.
 
-Markers in the prompt choose a fault for the create call:
-``[[HTTP_429:n]]`` / ``[[HTTP_500:n]]`` (the first n creates of that client reference are
-refused), ``[[SLOW_MS:n]]`` (the reply comes after n ms), ``[[ACCEPT_DROP]]`` (the job is
-accepted, then the connection is closed without a reply). The server honours
-``Idempotency-Key`` and counts every create it accepts, per client reference.
+``PredictionsServer`` serves ``POST /v1/predictions``, ``GET /v1/predictions/{id}``,
+``GET /v1/predictions?client_reference=...`` (bearer ``TOKEN`` required) and the outputs at
+``GET /v1/files/{id}.png`` (no credential required). Markers in the prompt inject faults; ``:n``
+applies one to the first n calls (default 1), counted per Idempotency-Key for creates and per
+job for polls and downloads.
+
+Create, refused and no job made: ``[[HTTP_429:n]]``, ``[[HTTP_500:n]]``, ``[[REFUSE_422:n]]``
+(validation). Create, job made, then: ``[[CREATED_502:n]]``, ``[[CREATED_504:n]]``,
+``[[CREATED_409:n]]``, ``[[CREATED_422_IDEMPOTENCY:n]]`` (an idempotency-key problem),
+``[[MALFORMED_CREATE:n]]`` (201 with a body that is not JSON), ``[[ACCEPT_DROP:n]]`` (connection
+closed without a reply), ``[[SLOW_MS:n]]`` (every reply after n ms).
+Collect: ``[[POLL_QUEUED:n]]`` (status ``queued``), ``[[POLL_401:n]]``, ``[[POLL_500:n]]``,
+``[[POLL_BADJSON:n]]``, ``[[DOWNLOAD_404:n]]``, ``[[REMOTE_FAIL]]`` (the job ends ``failed``).
+
+Options: ``honour_idempotency`` (False: every create makes a new job), ``processing_polls``
+(polls answered ``processing`` before the job succeeds), ``price_minor`` (billed per job made),
+``list_ignores_filter`` (the list returns every job, newest first), ``page_size`` (the list is
+paginated with relative ``next`` links), ``output_host`` (outputs are served by a second
+``FileServer`` on another origin). Both servers record every request in ``requests``.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import socket
 import threading
 import time
 import uuid
 from collections import Counter
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, urlparse
+from urllib.parse import parse_qs, urlencode, urlparse
 
 from providers.fake import render_png
 
 TOKEN = "test-token-not-a-secret"
+IDEMPOTENCY_PROBLEM = {
+    "type": "https://example.com/problems/idempotency-key-reuse",
+    "title": "Idempotency-Key in use",
+}
+_CREATED_FAULTS = (
+    ("CREATED_502", 502, {"detail": "bad gateway"}),
+    ("CREATED_504", 504, {"detail": "gateway timeout"}),
+    ("CREATED_409", 409, {"detail": "conflict"}),
+    ("CREATED_422_IDEMPOTENCY", 422, IDEMPOTENCY_PROBLEM),
+)
 
 
-class PredictionsServer:
-    def __init__(self, *, processing_polls: int = 1) -> None:
-        self.jobs: dict[str, dict[str, Any]] = {}
-        self.by_key: dict[str, str] = {}
-        self.accepted: Counter[str] = Counter()  # creates that made a job, per client reference
-        self.create_calls: Counter[str] = Counter()  # every create call that arrived
-        self.lock = threading.Lock()
-        self.processing_polls = processing_polls
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
-        self.httpd.daemon_threads = True
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-
-    @property
-    def base_url(self) -> str:
-        host, port = self.httpd.server_address[:2]
-        return f"http://{host!s}:{port}/v1"
-
-    def __enter__(self) -> PredictionsServer:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+@dataclass(frozen=True)
+class Seen:
+    method: str
+    path: str  # with the query string
+    headers: dict[str, str]  # names lower-cased
 
 
 def _marker(prompt: str, name: str) -> int | None:
@@ -57,17 +64,184 @@ def _marker(prompt: str, name: str) -> int | None:
     return int(match[1]) if match[1] else 1
 
 
-def _handler(server: PredictionsServer) -> type[BaseHTTPRequestHandler]:
+def _hits(prompt: str, name: str, count: int) -> bool:
+    limit = _marker(prompt, name)
+    return limit is not None and count <= limit
+
+
+class _Http:
+    """One ThreadingHTTPServer on a loopback address, recording every request."""
+
+    def __init__(self, owner: PredictionsServer, host: str, api: bool) -> None:
+        self.requests: list[Seen] = []
+        self.httpd = ThreadingHTTPServer((host, 0), _handler(owner, self, api))
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True)
+
+    @property
+    def origin(self) -> str:
+        host, port = self.httpd.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+class FileServer(_Http):
+    """Serves outputs at ``/files/{id}.png`` from another origin (127.0.0.2 when bindable)."""
+
+    def __init__(self, owner: PredictionsServer) -> None:
+        super().__init__(owner, _second_loopback(), api=False)
+
+    @property
+    def base_url(self) -> str:
+        return self.origin
+
+
+class PredictionsServer(_Http):
+    def __init__(
+        self,
+        *,
+        processing_polls: int = 1,
+        honour_idempotency: bool = True,
+        price_minor: int = 5,
+        list_ignores_filter: bool = False,
+        page_size: int | None = None,
+        output_host: bool = False,
+    ) -> None:
+        self.jobs: dict[str, dict[str, Any]] = {}  # insertion order: oldest first
+        self.by_key: dict[str, str] = {}  # Idempotency-Key -> job id, when honoured
+        self.jobs_made: Counter[str] = Counter()  # jobs created, per Idempotency-Key
+        self.create_calls: Counter[str] = Counter()  # every create call that arrived
+        self.downloads: Counter[str] = Counter()  # per job id
+        self.bill_minor = 0
+        self.lock = threading.Lock()
+        self.processing_polls = processing_polls
+        self.honour_idempotency = honour_idempotency
+        self.price_minor = price_minor
+        self.list_ignores_filter = list_ignores_filter
+        self.page_size = page_size
+        self.files = FileServer(self) if output_host else None
+        self.faults_off = False  # set True to end every collect fault (the CDN caught up)
+        super().__init__(self, "127.0.0.1", api=True)
+
+    @property
+    def accepted(self) -> Counter[str]:
+        """Jobs made per client reference (the older name of ``jobs_made``)."""
+        return self.jobs_made
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.origin}/v1"
+
+    def output_url(self, job_id: str) -> str:
+        base = self.files.base_url if self.files else self.base_url
+        return f"{base}/files/{job_id}.png"
+
+    def __enter__(self) -> PredictionsServer:
+        self.start()
+        if self.files:
+            self.files.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+        if self.files:
+            self.files.stop()
+
+    def create(self, key: str, body: dict[str, Any]) -> str:
+        """The job for this create: a new one, or the key's job when idempotency is honoured."""
+        with self.lock:
+            if self.honour_idempotency and key in self.by_key:
+                return self.by_key[key]
+            job_id = uuid.uuid4().hex
+            self.by_key[key] = job_id
+            self.jobs[job_id] = {
+                "id": job_id,
+                "polls": 0,
+                "prompt": body["input"]["prompt"],
+                "seed": body["input"]["seed"],
+                "client_reference": body.get("client_reference"),
+            }
+            self.jobs_made[key] += 1
+            self.bill_minor += self.price_minor
+            return job_id
+
+    def listing(self, ref: str, page: int) -> dict[str, Any]:
+        with self.lock:
+            jobs = list(reversed(self.jobs.values()))
+        if not self.list_ignores_filter:
+            jobs = [job for job in jobs if job["client_reference"] == ref]
+        results = [{"id": job["id"], "client_reference": job["client_reference"]} for job in jobs]
+        size = self.page_size or len(results) or 1
+        reply: dict[str, Any] = {"results": results[(page - 1) * size : page * size]}
+        if page * size < len(results):
+            query = urlencode({"client_reference": ref, "page": page + 1})
+            reply["next"] = f"/v1/predictions?{query}"
+        return reply
+
+    def poll(self, job: dict[str, Any]) -> tuple[int, Any]:
+        with self.lock:
+            job["polls"] += 1
+            polls = job["polls"]
+        prompt = job["prompt"]
+        if not self.faults_off and _hits(prompt, "POLL_401", polls):
+            return 401, {"detail": "unauthorized"}
+        if not self.faults_off and _hits(prompt, "POLL_500", polls):
+            return 500, {"detail": "internal error"}
+        if not self.faults_off and _hits(prompt, "POLL_BADJSON", polls):
+            return 200, b'{"status": "succ'
+        reply: dict[str, Any] = {"id": job["id"], "status": "processing"}
+        if not self.faults_off and _hits(prompt, "POLL_QUEUED", polls):
+            reply["status"] = "queued"
+        elif polls > self.processing_polls and "[[REMOTE_FAIL]]" in prompt:
+            reply.update(status="failed", error="the model crashed")
+        elif polls > self.processing_polls:
+            reply.update(status="succeeded", output=[self.output_url(job["id"])])
+        return 200, reply
+
+    def file(self, job_id: str) -> tuple[int, Any]:
+        job = self.jobs.get(job_id)
+        if job is None:
+            return 404, {"detail": "no such file"}
+        with self.lock:
+            self.downloads[job_id] += 1
+            count = self.downloads[job_id]
+        if not self.faults_off and _hits(job["prompt"], "DOWNLOAD_404", count):
+            return 404, {"detail": "not there yet"}
+        return 200, render_png(job["prompt"], job["seed"])
+
+
+def _second_loopback() -> str:
+    """127.0.0.2 where it can be bound (Linux), else 127.0.0.1 (another port: another origin)."""
+    try:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.2", 0))
+        return "127.0.0.2"
+    except OSError:
+        return "127.0.0.1"
+
+
+def _handler(server: PredictionsServer, http: _Http, api: bool) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
         def log_message(self, *args: object) -> None:
             pass
 
-        def _send(self, code: int, body: Any, content_type: str = "application/json") -> None:
+        def _record(self) -> None:
+            headers = {name.lower(): value for name, value in self.headers.items()}
+            http.requests.append(Seen(self.command, self.path, headers))
+
+        def _send(self, code: int, body: Any) -> None:
             data = body if isinstance(body, bytes) else json.dumps(body).encode()
+            png = data.startswith(b"\x89PNG")
             self.send_response(code)
-            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Type", "image/png" if png else "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
@@ -79,72 +253,57 @@ def _handler(server: PredictionsServer) -> type[BaseHTTPRequestHandler]:
             return True
 
         def do_POST(self) -> None:
+            self._record()
             length = int(self.headers.get("Content-Length", "0"))
             body = json.loads(self.rfile.read(length) or b"{}")
-            if not self._authorized() or urlparse(self.path).path != "/v1/predictions":
+            if not api or urlparse(self.path).path != "/v1/predictions":
+                self._send(404, {"detail": "not found"})
                 return
-            key = self.headers.get("Idempotency-Key", "")
+            if not self._authorized():
+                return
+            key = self.headers.get("Idempotency-Key") or str(body.get("client_reference"))
             prompt = body["input"]["prompt"]
             with server.lock:
                 server.create_calls[key] += 1
                 calls = server.create_calls[key]
-            for name, code in (("HTTP_429", 429), ("HTTP_500", 500)):
-                limit = _marker(prompt, name)
-                if limit is not None and calls <= limit:
-                    self._send(code, {"detail": name})
+            for name, code in (("HTTP_429", 429), ("HTTP_500", 500), ("REFUSE_422", 422)):
+                if _hits(prompt, name, calls):
+                    self._send(code, {"detail": name.lower()})
                     return
-            with server.lock:
-                job_id = server.by_key.get(key)
-                if job_id is None:
-                    job_id = uuid.uuid4().hex
-                    server.by_key[key] = job_id
-                    server.jobs[job_id] = {
-                        "id": job_id,
-                        "polls": 0,
-                        "prompt": prompt,
-                        "seed": body["input"]["seed"],
-                        "client_reference": body.get("client_reference"),
-                    }
-                    server.accepted[key] += 1
+            job_id = server.create(key, body)
             slow = _marker(prompt, "SLOW_MS")
             if slow:
                 time.sleep(slow / 1000)
-            if _marker(prompt, "ACCEPT_DROP") is not None and calls == 1:
+            if _hits(prompt, "ACCEPT_DROP", calls):
                 self.close_connection = True
-                self.connection.close()  # accepted, but the caller never hears it
+                self.connection.shutdown(socket.SHUT_RDWR)  # made, but the caller never hears
+                return
+            for name, code, problem in _CREATED_FAULTS:
+                if _hits(prompt, name, calls):
+                    self._send(code, problem)
+                    return
+            if _hits(prompt, "MALFORMED_CREATE", calls):
+                self._send(201, b"<html>created</html>")
                 return
             self._send(201, {"id": job_id, "status": "starting"})
 
         def do_GET(self) -> None:
-            if not self._authorized():
-                return
+            self._record()
             url = urlparse(self.path)
-            if url.path == "/v1/predictions":
-                ref = parse_qs(url.query).get("client_reference", [""])[0]
-                with server.lock:
-                    job_id = server.by_key.get(ref)
-                self._send(200, {"results": [{"id": job_id}] if job_id else []})
+            files = "/v1/files/" if api else "/files/"
+            if url.path.startswith(files):  # outputs need no credential
+                self._send(*server.file(url.path.rsplit("/", 1)[-1].removesuffix(".png")))
+            elif not api:
+                self._send(404, {"detail": "not found"})
+            elif not self._authorized():
                 return
-            if url.path.startswith("/v1/files/"):
-                job = server.jobs.get(url.path.rsplit("/", 1)[-1].removesuffix(".png"))
-                if job is None:
-                    self._send(404, {"detail": "no such file"})
-                    return
-                self._send(200, render_png(job["prompt"], job["seed"]), "image/png")
-                return
-            job = server.jobs.get(url.path.rsplit("/", 1)[-1])
-            if job is None:
+            elif url.path == "/v1/predictions":
+                query = parse_qs(url.query)
+                ref = query.get("client_reference", [""])[0]
+                self._send(200, server.listing(ref, int(query.get("page", ["1"])[0])))
+            elif (job := server.jobs.get(url.path.removeprefix("/v1/predictions/"))) is not None:
+                self._send(*server.poll(job))
+            else:
                 self._send(404, {"detail": "no such prediction"})
-                return
-            with server.lock:
-                job["polls"] += 1
-                done = job["polls"] > server.processing_polls
-            reply: dict[str, Any] = {
-                "id": job["id"],
-                "status": "succeeded" if done else "processing",
-            }
-            if done:
-                reply["output"] = [f"{server.base_url}/files/{job['id']}.png"]
-            self._send(200, reply)
 
     return Handler

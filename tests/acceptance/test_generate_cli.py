@@ -94,7 +94,7 @@ def test_exit_codes(cli: Cli, planned: Callable[[list[str]], str]) -> None:
     retried = cli("retry", episode, "--json")  # the failed item gets its second attempt
     assert retried.returncode == 6
     refused = cli("runs", "cancel", run_id)  # failed -> cancelled is not a transition
-    assert refused.returncode == 2 and "cannot go from failed to cancelled" in refused.stderr
+    assert refused.returncode == 2 and "is failed: it cannot become cancelled" in refused.stderr
 
 
 @SQLITE_ONLY

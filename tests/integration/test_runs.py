@@ -109,29 +109,26 @@ def test_lost_response_is_reconciled_by_client_reference_never_resubmitted(
 ) -> None:
     episode.plan(write_playlist(tmp_path / "p", ["lost [[LOSE_RESPONSE]]", "fine"]))
     first = episode.generate()
-    assert first.exit_code == ExitCode.PARTIAL
-    with episode.engine.connect() as conn:
-        assert conn.execute(
-            select(SubmissionRow.state).where(SubmissionRow.attempt == 1).order_by(SubmissionRow.id)
-        ).scalars().all() == ["unknown", "succeeded"]
-    second = episode.resume(first.run_id)
-    assert second.exit_code == ExitCode.OK
+    assert first.exit_code == ExitCode.OK  # settled at once: the lookup found our job
     assert submissions_per_item() == {"v01.p1": 1, "v02.p1": 1}
     assert any(e["event"] == "lookup" for e in provider_log())
+    with episode.engine.connect() as conn:
+        assert set(conn.execute(select(SubmissionRow.state)).scalars()) == {"succeeded"}
+    assert episode.generate().counts.paid_submissions == 0
 
 
 def test_unknown_acceptance_waits_for_an_operator_then_force_resubmit_is_recorded(
     episode: Episode, tmp_path: Path
 ) -> None:
-    episode.plan(write_playlist(tmp_path / "p", ["lost [[LOSE_RESPONSE]]"]))
+    episode.plan(write_playlist(tmp_path / "p", ["lost [[LOSE_RESPONSE]] [[NO_LOOKUP]]"]))
     first = episode.generate()
-    for job in (Path(episode.settings.home_path) / "fake-provider").glob("*.json"):
-        job.unlink()  # the provider has no record of it: lookup cannot settle the question
+    assert first.exit_code == ExitCode.RUN_FAILED
     again = episode.resume(first.run_id)
     assert again.exit_code == ExitCode.RUN_FAILED
-    assert submissions_per_item() == {"v01.p1": 1}
+    assert submissions_per_item() == {"v01.p1": 1}  # never resubmitted on its own
     with episode.engine.connect() as conn:
         assert "force-resubmit" in conn.execute(select(ItemRow.error_text)).scalar_one()
+        assert conn.execute(select(SubmissionRow.state)).scalar_one() == "unknown"
     forced = episode.resume(first.run_id, force_resubmit=True)
     assert submissions_per_item() == {"v01.p1": 2}
     assert forced.exit_code == ExitCode.RUN_FAILED  # the marker loses this reply too
@@ -145,29 +142,45 @@ def test_unknown_acceptance_waits_for_an_operator_then_force_resubmit_is_recorde
     assert rows[0].state == "failed"  # abandoned by the operator, in the ledger
 
 
-def test_a_stale_running_item_is_treated_as_failed(episode: Episode, tmp_path: Path) -> None:
+def test_an_expired_claim_is_taken_over(episode: Episode, tmp_path: Path) -> None:
     episode.plan(write_playlist(tmp_path / "p", ["a"]))
     first = episode.generate()
-    with episode.engine.begin() as conn:  # a crashed worker left it running long ago
+    with episode.engine.begin() as conn:  # a crashed worker left it running, lease expired
         conn.execute(
             update(ItemRow).values(
-                state="running", started_at=utcnow() - timedelta(hours=1), output_path=None
+                state="running",
+                claim_owner="dead-host:1:x",
+                lease_expires_at=utcnow() - timedelta(seconds=1),
+                output_path=None,
             )
         )
         conn.execute(update(SubmissionRow).values(state="failed"))
-    fresh = episode.generate(stale_after_s=60)
+    fresh = episode.generate()
     assert fresh.counts.completed == 1 and fresh.run_id != first.run_id
-    busy = episode.generate(stale_after_s=7200)  # now completed: skipped either way
-    assert busy.skipped == 1
+    assert fresh.counts.paid_submissions == 1
+    assert episode.generate().skipped == 1
 
 
-def test_a_recent_running_item_is_left_to_its_run(episode: Episode, tmp_path: Path) -> None:
-    episode.plan(write_playlist(tmp_path / "p", ["a"]))
-    episode.generate()
-    with episode.engine.begin() as conn:
-        conn.execute(update(ItemRow).values(state="running", started_at=utcnow()))
-    outcome = episode.generate(stale_after_s=900)
-    assert outcome.counts.paid_submissions == 0 and outcome.counts.completed == 0
+def test_a_live_claim_is_followed_until_its_lease_expires(episode: Episode, tmp_path: Path) -> None:
+    episode.plan(write_playlist(tmp_path / "p", ["a", "b"]))
+    first = episode.generate()
+    with episode.engine.begin() as conn:  # another worker holds v01 for two more seconds
+        conn.execute(
+            update(ItemRow)
+            .where(ItemRow.video_id == "v01")
+            .values(
+                state="running",
+                claim_owner="other-host:1:x",
+                claim_run_id=first.run_id,
+                lease_expires_at=utcnow() + timedelta(seconds=2),
+                output_path=None,
+            )
+        )
+        conn.execute(update(SubmissionRow).values(state="failed"))
+    outcome = episode.generate()
+    assert outcome.exit_code == ExitCode.OK and outcome.followed == (first.run_id,)
+    assert outcome.counts.paid_submissions == 1  # then took over the abandoned item once
+    assert submissions_per_item() == {"v01.p1": 2, "v02.p1": 1}
 
 
 def test_only_selects_videos(episode: Episode, tmp_path: Path) -> None:

@@ -1,0 +1,514 @@
+"""The run engine (DESIGN 5): execute a run's items under claims, then finish it. No Prefect.
+
+The CLI and the Prefect flow share it; they differ only in the `ItemExecutor` that runs the
+per-item work (a thread pool here, cached Prefect tasks in `tasks.generate`).
+
+How a run spends money exactly once:
+
+- **Claims.** Before any paid call the executor *claims* the item (`storage.claims`): one
+  transaction checks the run is running, takes the item with a lease and commits the intent
+  of the paid call. Several runs, processes or Prefect workers on one episode split its
+  items; an item held by another live claim is *followed* (this run waits for it and reports
+  it completed when its holder finishes), never bought twice.
+- **Leases and heartbeats.** A background heartbeat renews this process's leases every
+  third of the lease and watches the run's state: a cancel or a pause from anywhere stops
+  this process at the next item. A killed holder's lease expires and another run takes over;
+  the intent it left behind is reconciled, never resubmitted.
+- **Errors by what they prove** (`providers.base`): refused → the item fails (a retry is a
+  new attempt); unknown → the submission is reconciled (lookup by our client reference, or
+  the same create again when the provider honours idempotent creates), never a new paid
+  call; accepted → collected, across runs, until the provider says the job failed.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import uuid
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from contextlib import suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
+
+from core.errors import BudgetExceeded, CommandNotAllowed, InvalidTransition
+from core.exit_codes import ExitCode
+from core.runs import Claim, Item, Refusal, Submission
+from core.states import EpisodeState, ItemState, RunState
+from pipeline.gate import GatePass
+from pipeline.runs import RunOptions, RunOutcome, classify, write_atomically
+from providers.base import (
+    CollectionPending,
+    ImageRequest,
+    NotCreated,
+    PermanentProviderError,
+    Provider,
+    ProviderError,
+    RemoteJobFailed,
+    Stopped,
+    TransientProviderError,
+    UnknownOutcome,
+)
+from providers.profiles import Profile
+from storage.base import utcnow
+from storage.claims import ClaimStore
+from storage.review import ReviewStore
+from storage.runs import RunStore
+
+INTERRUPTED = "interrupted"
+FOLLOWABLE = frozenset({"new", "collect", "reconcile", "retry", "busy"})
+
+
+def new_owner() -> str:
+    """A claim owner: host, process and a random part (readable in `runs show`)."""
+    return f"{socket.gethostname()[:24]}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+
+
+class ItemJob(Protocol):
+    """What an executor drives: claim an item (None: not ours to do now), then run it."""
+
+    run_id: str
+    owner: str
+
+    def claim(self, item: Item) -> Claim | None: ...
+
+    def run(self, claim: Claim) -> str: ...
+
+
+class ItemExecutor(Protocol):
+    """Claims and runs items, at most `concurrency` at a time; stops dispatching on `stop`."""
+
+    def __call__(
+        self,
+        items: Sequence[Item],
+        job: ItemJob,
+        concurrency: int,
+        stop: threading.Event,
+        progress: Callable[[Item, str], None],
+    ) -> None: ...
+
+
+def thread_pool_executor(
+    items: Sequence[Item],
+    job: ItemJob,
+    concurrency: int,
+    stop: threading.Event,
+    progress: Callable[[Item, str], None],
+) -> None:
+    """The CLI's executor. Claims in the dispatching thread, works in a pool of threads."""
+    with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="item") as pool:
+        pending: dict[Future[str], Item] = {}
+        queue = deque(items)
+        try:
+            while queue or pending:
+                while queue and len(pending) < concurrency and not stop.is_set():
+                    item = queue.popleft()
+                    claim = job.claim(item)
+                    if claim is not None:
+                        pending[pool.submit(job.run, claim)] = item
+                if not pending:
+                    break
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for future in done:
+                    progress(pending.pop(future), future.result())
+        except BaseException:
+            stop.set()
+            for future in pending:
+                future.cancel()
+            wait(pending)
+            raise
+
+
+class _Heartbeat(threading.Thread):
+    """Renews the owner's leases and stops the run's work when the run stops running."""
+
+    def __init__(
+        self, claims: ClaimStore, owner: str, run_id: str, lease_s: float, stop: threading.Event
+    ) -> None:
+        super().__init__(name=f"heartbeat-{run_id[:8]}", daemon=True)
+        self.claims, self.owner, self.run_id, self.lease_s = claims, owner, run_id, lease_s
+        self.stop_work = stop
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(max(0.2, self.lease_s / 3)):
+            try:
+                state = self.claims.renew(self.owner, self.run_id, self.lease_s)
+            except Exception:  # a database hiccup: try again; guarded writes stay safe
+                continue
+            if state != RunState.RUNNING:
+                self.stop_work.set()
+
+
+@dataclass
+class _Job:
+    """One process's share of one run: its claims, and the items it found held elsewhere."""
+
+    engine: RunEngine
+    run_id: str
+    owner: str
+    options: RunOptions
+    allow_retry: bool = True
+    busy: dict[int, str] = field(default_factory=dict)
+    followed: set[str] = field(default_factory=set)
+    claims: dict[int, Claim] = field(default_factory=dict)
+    guard: threading.Lock = field(default_factory=threading.Lock)
+
+    def claim(self, item: Item) -> Claim | None:
+        engine = self.engine
+        got = engine.claims.claim(
+            item.pk,
+            self.run_id,
+            self.owner,
+            lease_s=self.options.lease_s,
+            max_attempts=self.options.max_attempts,
+            profile=engine.profile.id,
+            allow_retry=self.allow_retry,
+        )
+        if isinstance(got, Claim):
+            with self.guard:
+                self.claims[item.pk] = got
+            return got
+        self._refused(item, got)
+        return None
+
+    def _refused(self, item: Item, refusal: Refusal) -> None:
+        if refusal.reason == "busy":
+            self.busy[item.pk] = refusal.holder_run or "?"
+            if refusal.holder_run and refusal.holder_run != self.run_id:
+                self.followed.add(refusal.holder_run)
+        elif refusal.reason == "stopped":
+            self.engine.stop.set()
+        else:  # done, exhausted, failed: nothing for this process to do
+            self.engine.on_progress(item, "completed" if refusal.reason == "done" else "skipped")
+
+    def take(self, item_pk: int) -> Claim:
+        """The claim made for `item_pk` (executors that run items elsewhere look it up)."""
+        with self.guard:
+            return self.claims.pop(item_pk)
+
+    def run(self, claim: Claim) -> str:
+        with self.guard:
+            self.claims.pop(claim.item.pk, None)
+        return self.engine.process(claim, self.options)
+
+
+@dataclass
+class RunEngine:
+    store: RunStore
+    claims: ClaimStore
+    gate: GatePass
+    provider: Provider
+    profile: Profile
+    output_dir: Path
+    executor: ItemExecutor = thread_pool_executor
+    stop: threading.Event = field(default_factory=threading.Event)
+    on_progress: Callable[[Item, str], None] = lambda item, result: None
+    planned_keys: frozenset[str] = frozenset()
+    follow_poll_s: float = 0.5
+
+    # ------------------------------------------------------------------ the run
+    def execute(self, run_id: str, options: RunOptions, skipped: int = 0) -> RunOutcome:
+        """Run (or join) `run_id` until its items are done, failed, or it is stopped."""
+        items = self.runnable_items(run_id, options)
+        self._start(run_id)
+        job = _Job(self, run_id, new_owner(), options)
+        heartbeat = _Heartbeat(self.claims, job.owner, run_id, options.lease_s, self.stop)
+        heartbeat.start()
+        concurrency = max(1, min(options.concurrency, self.provider.capabilities.max_concurrency))
+        try:
+            while items:
+                job.busy.clear()
+                self.executor(items, job, concurrency, self.stop, self.on_progress)
+                if self.stop.is_set() or not job.busy:
+                    break
+                # Follow items held by other live claims: finished, taken over, or given up.
+                job.allow_retry = False
+                waiting = set(job.busy)
+                items = [it for it in items if it.pk in waiting]
+                self.stop.wait(self.follow_poll_s)
+        except KeyboardInterrupt:
+            self.stop.set()
+        except Exception as exc:
+            self.stop.set()
+            self.claims.release_all(job.owner, f"error: {_reason(exc)}")
+            self._move(run_id, RunState.FAILED, f"error: {_reason(exc)}")
+            raise
+        except BaseException:  # a termination signal (a cancelled flow run gets SIGTERM)
+            self.stop.set()
+            self._pause(run_id, job.owner)
+            raise
+        finally:
+            heartbeat.done.set()
+        followed = tuple(sorted(job.followed))
+        if self.stop.is_set():
+            return self._stopped(run_id, job.owner, skipped, followed)
+        return self.finish(run_id, skipped, followed)
+
+    def runnable_items(self, run_id: str, options: RunOptions) -> list[Item]:
+        """The run's items the planning rules still allow (a resume obeys them too)."""
+        candidates = self.store.run_items(
+            run_id, [ItemState.PENDING, ItemState.FAILED, ItemState.RUNNING, ItemState.CANCELLED]
+        )
+        snapshots = self.store.snapshots(self.gate.episode_pk)
+        now = utcnow()
+        kinds = {
+            it.pk: classify(snapshots.get(it.idempotency_key), options, now) for it in candidates
+        }
+        paid = sum(1 for it in candidates if kinds[it.pk] in ("new", "retry"))
+        if options.max_images is not None and paid > options.max_images:
+            raise BudgetExceeded(
+                f"run needs {paid} new paid calls, --max-images allows {options.max_images}; "
+                "nothing was done"
+            )
+        return [it for it in candidates if kinds[it.pk] in FOLLOWABLE]
+
+    def finish(self, run_id: str, skipped: int, followed: tuple[str, ...] = ()) -> RunOutcome:
+        counts = self.store.counts(run_id)
+        if counts.failed == 0 and counts.pending == 0 and counts.running == 0:
+            state = self._move(run_id, RunState.COMPLETED)
+        else:
+            state = self._move(run_id, RunState.FAILED, f"{counts.failed} items failed")
+        return self._outcome(run_id, state, skipped, followed)
+
+    def _start(self, run_id: str) -> None:
+        try:
+            self.store.transition_run(run_id, RunState.RUNNING)  # False: joined a running run
+        except InvalidTransition as exc:
+            raise CommandNotAllowed(str(exc)) from None
+
+    def _move(self, run_id: str, target: RunState, error_text: str | None = None) -> RunState:
+        """Move the run if it still can; the state it ends in (a concurrent move may win)."""
+        with suppress(InvalidTransition):
+            self.store.transition_run(run_id, target, error_text)
+        return RunState(self.store.run_state(run_id))
+
+    def _pause(self, run_id: str, owner: str) -> None:
+        self.claims.release_all(owner, INTERRUPTED)
+        self._move(run_id, RunState.PAUSED, INTERRUPTED)
+
+    def _stopped(
+        self, run_id: str, owner: str, skipped: int, followed: tuple[str, ...]
+    ) -> RunOutcome:
+        """Stopped by an interrupt, or by a cancel/pause/finish of the run from elsewhere."""
+        self.claims.release_all(owner, INTERRUPTED)
+        state = RunState(self.store.run_state(run_id))
+        if state == RunState.RUNNING:
+            state = self._move(run_id, RunState.PAUSED, INTERRUPTED)
+        return self._outcome(run_id, state, skipped, followed)
+
+    def _mark_generated(self, run_id: str) -> None:
+        """The episode is generated once every image of its current plan is completed."""
+        if not self.planned_keys:
+            return
+        index = self.store.snapshots(self.gate.episode_pk)
+        done = all(
+            (snap := index.get(key)) is not None and snap.state == ItemState.COMPLETED
+            for key in self.planned_keys
+        )
+        if not done:
+            return
+        with suppress(InvalidTransition):  # from allocated or rejected; approved stays approved
+            ReviewStore(self.store.engine).transition(
+                self.gate.episode_pk, EpisodeState.GENERATED, {"run_id": run_id}
+            )
+
+    def _outcome(
+        self, run_id: str, state: RunState, skipped: int, followed: tuple[str, ...]
+    ) -> RunOutcome:
+        counts = self.store.counts(run_id)
+        resume = f"episodic runs resume {run_id}"
+        if state == RunState.COMPLETED:
+            self._mark_generated(run_id)
+            code, message = ExitCode.OK, f"run {run_id} completed"
+            if followed:
+                message += f" (followed items in progress by run {', '.join(followed)})"
+        elif state == RunState.FAILED:
+            code = ExitCode.PARTIAL if counts.completed or skipped else ExitCode.RUN_FAILED
+            what = (
+                f"{counts.failed} items failed" if code == ExitCode.PARTIAL else "every item failed"
+            )
+            message = f"run {run_id}: {what}; resume with: {resume}"
+        elif state == RunState.CANCELLED:
+            code = ExitCode.INTERRUPTED
+            message = f"run {run_id} was cancelled; it stopped before its next paid call"
+        else:
+            code = ExitCode.INTERRUPTED
+            message = f"run {run_id} interrupted and paused; resume with: {resume}"
+        return RunOutcome(run_id, state, code, counts, skipped, message, followed)
+
+    # ------------------------------------------------------------------ one item
+    def process(self, claim: Claim, options: RunOptions) -> str:
+        """Take one claimed item as far as it goes; returns what happened. Never pays twice."""
+        if self.stop.is_set():
+            self.claims.release(claim, INTERRUPTED)
+            return INTERRUPTED
+        try:
+            if claim.action == "submit":
+                assert claim.submission is not None
+                found = self._send(claim, claim.submission)
+            elif claim.action == "collect":
+                assert claim.submission is not None and claim.submission.remote_ref
+                found = (claim.submission.pk, claim.submission.remote_ref)
+            else:
+                found = self._reconcile(claim, options)
+            if found is None:
+                return "unknown"
+            return self._collect(claim, found[0], found[1], options)
+        except Stopped:
+            self.claims.release(claim, INTERRUPTED)
+            return INTERRUPTED
+        except CollectionPending as exc:
+            self.claims.release(
+                claim,
+                f"accepted job not collected yet ({_reason(exc)}); a resume collects it at no cost",
+            )
+            return "collect later"
+        except RemoteJobFailed as exc:
+            self.claims.release(claim, f"remote job failed: {_reason(exc)}")
+            return "failed"
+        except NotCreated as exc:
+            self.claims.release(claim, _reason(exc))
+            return "failed"
+        except Exception as exc:  # a bug or an outage must not leave the item "running"
+            self.claims.release(claim, f"error: {_reason(exc)}")
+            raise
+
+    def _request(self, claim: Claim, submission: Submission) -> ImageRequest:
+        item = claim.item
+        return ImageRequest(
+            submission.client_reference, self.gate.episode_id, item.item_id, item.prompt, item.seed
+        )
+
+    def _send(self, claim: Claim, submission: Submission) -> tuple[int, str] | None:
+        """The paid call of an intent. None: acceptance unknown (item released, explained)."""
+        request = self._request(claim, submission)
+        try:
+            remote_ref: str = self._retry_not_created(lambda: self.provider.submit(request))
+        except UnknownOutcome as exc:
+            self.claims.mark_unknown(submission.pk, _reason(exc))
+            found = self._resolve(submission, request)
+            if found is None:
+                self.claims.release(claim, self._unknown_text(claim, submission, _reason(exc)))
+                return None
+            return submission.pk, found
+        except NotCreated as exc:
+            self.claims.close_failed(submission.pk, _reason(exc))
+            raise
+        if not self.claims.accept(submission.pk, remote_ref):
+            self.claims.mark_unknown(submission.pk, "provider answered with a job already recorded")
+            self.claims.release(
+                claim, "provider answered with a job recorded for another submission"
+            )
+            return None
+        return submission.pk, remote_ref
+
+    def _reconcile(self, claim: Claim, options: RunOptions) -> tuple[int, str] | None:
+        """An intent or unknown from before: ask the provider; resubmit only when forced."""
+        submission = claim.submission
+        assert submission is not None
+        found = self._resolve(submission, self._request(claim, submission))
+        if found is not None:
+            return submission.pk, found
+        if not options.force_resubmit:
+            self.claims.mark_unknown(submission.pk, "acceptance unknown")
+            self.claims.release(claim, self._unknown_text(claim, submission, "no reply recorded"))
+            return None
+        self.claims.close_failed(submission.pk, "abandoned by operator (--force-resubmit)")
+        fresh = self.claims.new_attempt(claim, self.profile.id, forced=True)
+        if fresh is None:  # the run stopped or the claim was lost: spend nothing
+            raise Stopped()
+        return self._send(claim, fresh)
+
+    def _resolve(self, submission: Submission, request: ImageRequest) -> str | None:
+        """Settle an unknown without a new paid call, as far as the provider's promises go."""
+        caps = self.provider.capabilities
+        if not (caps.can_lookup or caps.idempotent_create):
+            return None
+        for delay in (0.0, 0.2, 0.5, 1.0):
+            if self.stop.wait(delay):
+                return None
+            try:
+                if caps.can_lookup:
+                    remote_ref = self.provider.lookup(submission.client_reference)
+                else:  # the same create, same key: the provider returns the job it made
+                    remote_ref = self.provider.submit(request)
+            except (UnknownOutcome, TransientProviderError):
+                continue
+            except (PermanentProviderError, ProviderError):
+                return None
+            if remote_ref is not None and self.claims.accept(submission.pk, remote_ref):
+                return remote_ref
+            if remote_ref is not None:  # another submission's job: never ours
+                return None
+        return None
+
+    def _unknown_text(self, claim: Claim, submission: Submission, reason: str) -> str:
+        caps = self.provider.capabilities
+        run = claim.run_id
+        if caps.can_lookup or caps.idempotent_create:
+            return (
+                f"acceptance unknown ({reason}); not resubmitted: `episodic runs resume {run}` "
+                "asks the provider again; only after checking the provider yourself: "
+                "--force-resubmit"
+            )
+        return (
+            f"acceptance unknown ({reason}); provider profile {self.profile.id!r} can neither "
+            f"look jobs up nor dedupe creates: look for client reference "
+            f"{submission.client_reference} at the provider, then `episodic runs resume {run} "
+            "--force-resubmit` if it is not there"
+        )
+
+    def _collect(
+        self, claim: Claim, submission_pk: int, remote_ref: str, options: RunOptions
+    ) -> str:
+        try:
+            result = self.provider.collect(
+                remote_ref, deadline_s=options.collect_timeout_s, should_stop=self.stop.is_set
+            )
+        except RemoteJobFailed as exc:
+            self.claims.close_failed(
+                submission_pk,
+                f"remote job failed: {_reason(exc)}",
+                episode_pk=self.gate.episode_pk,
+                cost_minor=exc.cost_minor,
+                currency=self.provider.capabilities.currency,
+            )
+            raise
+        path = self.output_dir / f"{claim.item.item_id}.png"
+        sha256 = write_atomically(path, result.content)
+        completed = self.claims.complete(
+            claim,
+            submission_pk,
+            self.gate.episode_pk,
+            str(path),
+            sha256,
+            result.cost_minor,
+            self.provider.capabilities.currency,
+        )
+        return "completed" if completed else "taken over"
+
+    def _retry_not_created(self, call: Callable[[], str]) -> str:
+        """Send again only what provably created nothing (never sent, 429), with backoff."""
+
+        def attempt() -> str:
+            if self.stop.is_set():
+                raise Stopped()
+            return call()
+
+        retrying = Retrying(
+            retry=retry_if_exception_type(TransientProviderError),
+            stop=stop_after_attempt(4),
+            wait=wait_exponential_jitter(multiplier=0.05, max=2.0),
+            reraise=True,
+        )
+        return retrying(attempt)
+
+
+def _reason(exc: BaseException) -> str:
+    return (str(exc) or type(exc).__name__)[:500]

@@ -1,0 +1,356 @@
+"""Claims on items and the spend ledger's writes (DESIGN 5: claims and leases, not checks).
+
+A worker *claims* an item before any paid call: one transaction locks the item row
+(``SELECT … FOR UPDATE`` on Postgres; SQLite's ``BEGIN IMMEDIATE`` already serializes
+writers), checks the run is still running, decides what the holder does next, records the
+claim (owner, run, lease expiry) and, for a new paid call, counts the attempt and commits the
+submission *intent* in the same transaction. Every later write of the holder is guarded by
+its ownership (``… WHERE claim_owner = :owner AND state = 'running'``) and answers False when
+someone else has taken the item over; submissions move only along their own states. So any
+number of runs, processes or Prefect workers on one episode split its items, and each item is
+submitted once.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import Connection, Engine, Table, and_, exists, insert, select, update
+from sqlalchemy.exc import IntegrityError
+
+from core.runs import Claim, Item, Refusal, Submission
+from core.states import ItemState, RunState, SubmissionState
+from storage import tx
+from storage.base import utcnow
+from storage.models import CostEntryRow, ItemRow, RunRow, SubmissionRow
+from storage.runs import OPEN_SUBMISSION_STATES, item_from_row
+
+_runs: Table = RunRow.__table__  # type: ignore[assignment]
+_items: Table = ItemRow.__table__  # type: ignore[assignment]
+_subs: Table = SubmissionRow.__table__  # type: ignore[assignment]
+_costs: Table = CostEntryRow.__table__  # type: ignore[assignment]
+
+_OPEN = [s.value for s in OPEN_SUBMISSION_STATES]
+_UNSETTLED = [SubmissionState.INTENT.value, SubmissionState.UNKNOWN.value]
+
+
+class _Lost(Exception):
+    """Rolls a guarded transaction back: the claim or the submission moved meanwhile."""
+
+
+class ClaimStore:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    # ------------------------------------------------------------------ claiming
+    def claim(
+        self,
+        item_pk: int,
+        run_id: str,
+        owner: str,
+        *,
+        lease_s: float,
+        max_attempts: int,
+        profile: str,
+        allow_retry: bool = True,
+    ) -> Claim | Refusal:
+        """Claim the item for `owner` (and intend a paid call if one is due), atomically.
+
+        Refusals: ``stopped`` (the run is not running: cancelled or paused), ``done``,
+        ``busy`` (another owner's lease is live), ``exhausted`` (``max_attempts`` paid
+        calls made and none open) and, with ``allow_retry=False`` (a run following another
+        run's work), ``failed`` (its holder gave it up: not retried by a follower).
+        """
+        now = utcnow()
+        with tx.write(self.engine) as conn:
+            run_state = conn.execute(select(_runs.c.state).where(_runs.c.id == run_id)).scalar()
+            if run_state != RunState.RUNNING:
+                return Refusal("stopped")
+            row = conn.execute(select(_items).where(_items.c.id == item_pk).with_for_update()).one()
+            if row.state == ItemState.COMPLETED:
+                return Refusal("done", row.claim_run_id)
+            live = row.lease_expires_at is not None and row.lease_expires_at > now
+            if row.state == ItemState.RUNNING and live and row.claim_owner != owner:
+                return Refusal("busy", row.claim_run_id)
+            sub = conn.execute(
+                select(_subs)
+                .where(_subs.c.item_pk == item_pk, _subs.c.state.in_(_OPEN))
+                .order_by(_subs.c.id.desc())
+                .limit(1)
+            ).first()
+            if sub is None and row.attempts >= max_attempts:
+                return Refusal("exhausted")
+            if sub is None and not allow_retry and row.state == ItemState.FAILED:
+                return Refusal("failed", row.claim_run_id)
+            conn.execute(
+                update(_items)
+                .where(_items.c.id == item_pk)
+                .values(
+                    state=ItemState.RUNNING,
+                    claim_owner=owner,
+                    claim_run_id=run_id,
+                    lease_expires_at=now + timedelta(seconds=lease_s),
+                    started_at=now,
+                    finished_at=None,
+                    error_text=None,
+                )
+            )
+            item = item_from_row(row)
+            if sub is not None:
+                action = "collect" if sub.state == SubmissionState.ACCEPTED else "reconcile"
+                return Claim(item, run_id, owner, action, _submission(sub))
+            submission = _intend(conn, item, run_id, profile, forced=False)
+            return Claim(item, run_id, owner, "submit", submission)
+
+    def new_attempt(self, claim: Claim, profile: str, *, forced: bool) -> Submission | None:
+        """A further paid call for a claimed item (operator's --force-resubmit).
+
+        Re-checks, in the same transaction, that the run is running and the claim still
+        ours and live; None if not (stop spending).
+        """
+        now = utcnow()
+        with tx.write(self.engine) as conn:
+            held = conn.execute(
+                select(_items.c.id)
+                .where(
+                    _items.c.id == claim.item.pk,
+                    _items.c.claim_owner == claim.owner,
+                    _items.c.state == ItemState.RUNNING,
+                    _items.c.lease_expires_at > now,
+                    exists().where(
+                        and_(_runs.c.id == claim.run_id, _runs.c.state == RunState.RUNNING)
+                    ),
+                )
+                .with_for_update()
+            ).first()
+            if held is None:
+                return None
+            return _intend(conn, claim.item, claim.run_id, profile, forced=forced)
+
+    def still_holds(self, claim: Claim) -> bool:
+        """The claim is ours, live, and its run is running (checked before paid calls)."""
+        now = utcnow()
+        with tx.read(self.engine) as conn:
+            return (
+                conn.execute(
+                    select(_items.c.id).where(
+                        _items.c.id == claim.item.pk,
+                        _items.c.claim_owner == claim.owner,
+                        _items.c.state == ItemState.RUNNING,
+                        _items.c.lease_expires_at > now,
+                        exists().where(
+                            and_(_runs.c.id == claim.run_id, _runs.c.state == RunState.RUNNING)
+                        ),
+                    )
+                ).first()
+                is not None
+            )
+
+    def renew(self, owner: str, run_id: str, lease_s: float) -> str | None:
+        """Heartbeat: extend every live claim of `owner`; return the run's state."""
+        now = utcnow()
+        with tx.write(self.engine) as conn:
+            conn.execute(
+                update(_items)
+                .where(_items.c.claim_owner == owner, _items.c.state == ItemState.RUNNING)
+                .values(lease_expires_at=now + timedelta(seconds=lease_s))
+            )
+            conn.execute(update(_runs).where(_runs.c.id == run_id).values(heartbeat_at=now))
+            state = conn.execute(select(_runs.c.state).where(_runs.c.id == run_id)).scalar()
+        return None if state is None else str(state)
+
+    def release(self, claim: Claim, error_text: str) -> bool:
+        """The holder gives the item up as failed (resumable); False if it was not ours."""
+        with tx.write(self.engine) as conn:
+            return bool(
+                conn.execute(
+                    update(_items)
+                    .where(
+                        _items.c.id == claim.item.pk,
+                        _items.c.claim_owner == claim.owner,
+                        _items.c.state == ItemState.RUNNING,
+                    )
+                    .values(
+                        state=ItemState.FAILED,
+                        error_text=error_text[:2000],
+                        finished_at=utcnow(),
+                        lease_expires_at=None,
+                    )
+                ).rowcount
+            )
+
+    def release_all(self, owner: str, error_text: str) -> int:
+        """Give up every item `owner` still holds (interrupt, cancellation, crash path)."""
+        with tx.write(self.engine) as conn:
+            return int(
+                conn.execute(
+                    update(_items)
+                    .where(_items.c.claim_owner == owner, _items.c.state == ItemState.RUNNING)
+                    .values(
+                        state=ItemState.FAILED,
+                        error_text=error_text[:2000],
+                        finished_at=utcnow(),
+                        lease_expires_at=None,
+                    )
+                ).rowcount
+            )
+
+    # ------------------------------------------------------------------ the ledger
+    def accept(self, submission_pk: int, remote_ref: str) -> bool:
+        """Record the provider's job for an intent (or a reconciled unknown).
+
+        Never guarded by the claim: a job that exists is recorded whoever learns of it.
+        False when the remote reference already belongs to another submission (a lookup
+        that answered with another item's job) or the submission has another outcome.
+        """
+        try:
+            with tx.write(self.engine) as conn:
+                moved = conn.execute(
+                    update(_subs)
+                    .where(_subs.c.id == submission_pk, _subs.c.state.in_(_UNSETTLED))
+                    .values(
+                        state=SubmissionState.ACCEPTED,
+                        remote_ref=remote_ref,
+                        accepted_at=utcnow(),
+                        error_text=None,
+                    )
+                ).rowcount
+                if moved:
+                    return True
+                current = conn.execute(
+                    select(_subs.c.state, _subs.c.remote_ref).where(_subs.c.id == submission_pk)
+                ).one()
+                return bool(
+                    current.state == SubmissionState.ACCEPTED and current.remote_ref == remote_ref
+                )
+        except IntegrityError:
+            return False
+
+    def mark_unknown(self, submission_pk: int, reason: str) -> None:
+        with tx.write(self.engine) as conn:
+            conn.execute(
+                update(_subs)
+                .where(_subs.c.id == submission_pk, _subs.c.state.in_(_UNSETTLED))
+                .values(state=SubmissionState.UNKNOWN, error_text=reason[:2000])
+            )
+
+    def close_failed(
+        self,
+        submission_pk: int,
+        reason: str,
+        *,
+        episode_pk: int | None = None,
+        cost_minor: int = 0,
+        currency: str = "USD",
+    ) -> bool:
+        """The provider refused the call, the job failed, or an operator abandoned it.
+
+        A failed job the provider billed (`cost_minor` > 0) gets its cost entry in the same
+        transaction: the ledger shows what the provider charged.
+        """
+        now = utcnow()
+        with tx.write(self.engine) as conn:
+            moved = conn.execute(
+                update(_subs)
+                .where(_subs.c.id == submission_pk, _subs.c.state.in_(_OPEN))
+                .values(state=SubmissionState.FAILED, error_text=reason[:2000], finished_at=now)
+            ).rowcount
+            if moved and cost_minor > 0 and episode_pk is not None:
+                conn.execute(
+                    insert(_costs).values(
+                        episode_pk=episode_pk,
+                        submission_pk=submission_pk,
+                        amount_minor=cost_minor,
+                        currency=currency,
+                        recorded_at=now,
+                    )
+                )
+            return bool(moved)
+
+    def complete(
+        self,
+        claim: Claim,
+        submission_pk: int,
+        episode_pk: int,
+        output_path: str,
+        sha256: str,
+        cost_minor: int,
+        currency: str,
+    ) -> bool:
+        """Outcome, cost and item completion in one guarded transaction.
+
+        False (and nothing written) when the claim was taken over or the submission already
+        has an outcome: the new holder finishes the item, and the cost is counted once.
+        """
+        now = utcnow()
+        try:
+            with tx.write(self.engine) as conn:
+                item_moved = conn.execute(
+                    update(_items)
+                    .where(
+                        _items.c.id == claim.item.pk,
+                        _items.c.claim_owner == claim.owner,
+                        _items.c.state == ItemState.RUNNING,
+                    )
+                    .values(
+                        state=ItemState.COMPLETED,
+                        output_path=output_path,
+                        output_sha256=sha256,
+                        error_text=None,
+                        finished_at=now,
+                        lease_expires_at=None,
+                    )
+                ).rowcount
+                sub_moved = conn.execute(
+                    update(_subs)
+                    .where(_subs.c.id == submission_pk, _subs.c.state == SubmissionState.ACCEPTED)
+                    .values(state=SubmissionState.SUCCEEDED, finished_at=now)
+                ).rowcount
+                if not (item_moved and sub_moved):
+                    raise _Lost()
+                conn.execute(
+                    insert(_costs).values(
+                        episode_pk=episode_pk,
+                        submission_pk=submission_pk,
+                        amount_minor=cost_minor,
+                        currency=currency,
+                        recorded_at=now,
+                    )
+                )
+        except _Lost:
+            return False
+        return True
+
+
+def _intend(conn: Connection, item: Item, run_id: str, profile: str, *, forced: bool) -> Submission:
+    """Count the attempt and commit the intent of a paid call (caller holds the claim)."""
+    now = utcnow()
+    attempt = conn.execute(
+        update(_items)
+        .where(_items.c.id == item.pk)
+        .values(attempts=_items.c.attempts + 1, force_resubmit=False)
+        .returning(_items.c.attempts)
+    ).scalar_one()
+    client_reference = f"{item.idempotency_key}-{attempt}"
+    pk = conn.execute(
+        insert(_subs)
+        .values(
+            item_pk=item.pk,
+            run_id=run_id,
+            attempt=attempt,
+            client_reference=client_reference,
+            provider_profile=profile,
+            state=SubmissionState.INTENT,
+            forced=forced,
+            created_at=now,
+        )
+        .returning(_subs.c.id)
+    ).scalar_one()
+    return Submission(pk, item.pk, attempt, client_reference, SubmissionState.INTENT, None)
+
+
+def _submission(row: Any) -> Submission:
+    return Submission(
+        row.id, row.item_pk, row.attempt, row.client_reference, row.state, row.remote_ref
+    )

@@ -1,0 +1,155 @@
+"""Worker functions for the race tests, run in separate OS processes (spawn) released together
+by a `multiprocessing.Barrier`. Each returns plain data through a queue; exceptions are
+returned as text so the parent can assert that nobody crashed."""
+
+from __future__ import annotations
+
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+
+def _engine(url: str) -> Any:
+    from storage.engine import make_engine
+
+    return make_engine(url)
+
+
+def claim_worker(
+    barrier: Any, url: str, home: str, trials: list[tuple[int, str]], results: Any
+) -> None:
+    """Per trial: claim one item of a running run; the winner makes the paid call."""
+    from core.runs import Claim
+    from pipeline.engine import new_owner
+    from providers.base import ImageRequest
+    from providers.fake import FakeProvider
+    from storage.claims import ClaimStore
+
+    claims = ClaimStore(_engine(url))
+    provider = FakeProvider(profile_id="fake", state_dir=Path(home) / "fake-provider")
+    owner = new_owner()
+    out: list[Any] = []
+    for item_pk, run_id in trials:
+        barrier.wait(timeout=120)
+        try:
+            got = claims.claim(item_pk, run_id, owner, lease_s=30, max_attempts=3, profile="fake")
+            if isinstance(got, Claim):
+                if got.action == "submit":
+                    assert got.submission is not None
+                    item = got.item
+                    provider.submit(
+                        ImageRequest(
+                            got.submission.client_reference,
+                            "e",
+                            item.item_id,
+                            item.prompt,
+                            item.seed,
+                        )
+                    )
+                out.append([item_pk, got.action])
+            else:
+                out.append([item_pk, got.reason])
+        except Exception:
+            out.append([item_pk, "error: " + traceback.format_exc(limit=3)])
+    results.put(out)
+
+
+def generate_worker(
+    barrier: Any, url: str, episode_ids: list[str], mode: str, results: Any
+) -> None:
+    """Per trial: a whole `generate` (or a resume of the given run) of one episode."""
+    from tests.generation import Episode
+
+    engine = _engine(url)
+    out: list[Any] = []
+    for target in episode_ids:
+        barrier.wait(timeout=120)
+        try:
+            if mode == "resume" and ":" in target:
+                episode_id, run_id = target.split(":", 1)
+                outcome = Episode(engine, episode_id).resume(run_id)
+            else:
+                outcome = Episode(engine, target.split(":", 1)[0]).generate(lease_s=5)
+            out.append([target, outcome.state.value, int(outcome.exit_code), outcome.run_id])
+        except Exception:
+            out.append([target, "error: " + traceback.format_exc(limit=5), -1, None])
+    results.put(out)
+
+
+def run_worker(barrier: Any, url: str, episode_id: str, run_id: str, results: Any) -> None:
+    """Execute an existing run (as `runs resume` does) and report its outcome."""
+    from tests.generation import Episode
+
+    engine = _engine(url)
+    barrier.wait(timeout=120)
+    try:
+        outcome = Episode(engine, episode_id).resume(run_id)
+        results.put(["run", outcome.state.value, int(outcome.exit_code), time.time()])
+    except Exception:
+        results.put(["run", "error: " + traceback.format_exc(limit=5), -1, time.time()])
+
+
+def cancel_worker(barrier: Any, url: str, run_id: str, delay_s: float, results: Any) -> None:
+    """Cancel the run `delay_s` after the release, as `episodic runs cancel` does."""
+    from core.states import RunState
+    from storage.runs import RunStore
+
+    store = RunStore(_engine(url))
+    barrier.wait(timeout=120)
+    time.sleep(delay_s)
+    try:
+        store.transition_run(run_id, RunState.CANCELLED, "cancelled by operator")
+        results.put(["cancel", "ok", 0, time.time()])
+    except Exception as exc:
+        results.put(["cancel", f"error: {exc}", -1, time.time()])
+
+
+def decide_worker(
+    barrier: Any, url: str, episode_ids: list[str], approve: bool, results: Any
+) -> None:
+    """Per trial: approve (or reject) one generated episode at the same moment as another."""
+    from core.errors import CommandNotAllowed
+    from pipeline.review import decide
+
+    engine = _engine(url)
+    out: list[Any] = []
+    for episode_id in episode_ids:
+        barrier.wait(timeout=120)
+        try:
+            result = decide(
+                engine,
+                "weekly",
+                episode_id,
+                approve=approve,
+                by="ann" if approve else "bob",
+                note=None if approve else "no",
+            )
+            out.append([episode_id, "recorded" if result["changed"] else "no-op"])
+        except CommandNotAllowed:
+            out.append([episode_id, "refused"])
+        except Exception:
+            out.append([episode_id, "error: " + traceback.format_exc(limit=3)])
+    results.put(out)
+
+
+def run_processes(targets: list[tuple[Any, tuple[Any, ...]]], timeout: float = 300) -> list[Any]:
+    """Start one spawned process per (function, args), all sharing one barrier; collect."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(len(targets))
+    results = ctx.Queue()
+    processes = [
+        ctx.Process(target=fn, args=(barrier, *args, results), daemon=True) for fn, args in targets
+    ]
+    for process in processes:
+        process.start()
+    collected: list[Any] = []
+    deadline = time.monotonic() + timeout
+    for _ in processes:
+        collected.append(results.get(timeout=max(1.0, deadline - time.monotonic())))
+    for process in processes:
+        process.join(timeout=30)
+        assert process.exitcode == 0, f"worker exited with {process.exitcode}"
+    return collected

@@ -1,0 +1,230 @@
+"""Races between real OS processes released together by a barrier, on SQLite and Postgres.
+
+Exactly-once is counted from the provider's side: the fake provider's own log of the jobs it
+made and the create calls it received, never from our tables. SQLite's BEGIN IMMEDIATE
+serializes writers; Postgres READ COMMITTED does not, which is where a check-then-write
+claim used to let two processes pay for one item.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, func, select, update
+
+from core.ids import WeekId
+from core.settings import load_settings
+from core.states import RunState
+from pipeline.allocation import allocate
+from pipeline.check import check_episodes
+from storage.models import ApprovalRow, EpisodeRow, ItemRow, SubmissionRow
+from storage.runs import RunStore
+from tests.generation import (
+    Episode,
+    creates_per_key,
+    jobs_per_key,
+    new_episode,
+    provider_log,
+    write_playlist,
+)
+from tests.integration import race_workers as w
+
+pytestmark = pytest.mark.slow
+PROCESSES = 4
+TRIALS = 25
+
+
+@pytest.fixture(autouse=True)
+def fake_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "provider.jsonl"
+    monkeypatch.setenv("EPISODIC_FAKE_PROVIDER_LOG", str(path))
+    return path
+
+
+def _running_run(episode: Episode) -> str:
+    """A run that includes every planned item, moved to running (nothing claimed yet)."""
+    from pipeline.generation import prepare
+    from pipeline.runs import RunOptions, create_run, plan
+
+    prepared = prepare(episode.engine, episode.settings, "weekly", episode.episode_id, "generate")
+    store = RunStore(episode.engine)
+    options = RunOptions()
+    report = plan(store, prepared.gate, prepared.items, options, prepared.profile)
+    run_id = create_run(store, prepared.gate, prepared.items, report, options, prepared.profile)
+    store.transition_run(run_id, RunState.RUNNING)
+    return run_id
+
+
+def _claim_race(engine: Engine, database_url: str, run_id: str) -> list[list[object]]:
+    with engine.connect() as conn:
+        pks = conn.execute(select(ItemRow.id).order_by(ItemRow.id)).scalars().all()
+    home = str(load_settings().home_path)
+    trials = [(pk, run_id) for pk in pks]
+    answers = w.run_processes(
+        [(w.claim_worker, (database_url, home, trials)) for _ in range(PROCESSES)]
+    )
+    return [row for answer in answers for row in answer]
+
+
+def test_one_pending_item_is_claimed_and_paid_once(
+    engine: Engine, database_url: str, tmp_path: Path
+) -> None:
+    episode = new_episode(engine)
+    episode.plan(write_playlist(tmp_path / "p", [f"t{n}" for n in range(TRIALS)]))
+    run_id = _running_run(episode)
+    rows = _claim_race(engine, database_url, run_id)
+    assert not [r for r in rows if str(r[1]).startswith("error")], rows
+    per_item = Counter(r[0] for r in rows if r[1] == "submit")
+    assert len(per_item) == TRIALS and set(per_item.values()) == {1}  # one winner per trial
+    assert Counter(r[1] for r in rows)["busy"] == TRIALS * (PROCESSES - 1)
+    assert len(jobs_per_key()) == TRIALS and set(jobs_per_key().values()) == {1}
+    assert set(creates_per_key().values()) == {1}
+
+
+def test_a_failed_item_is_retried_by_one_process_only(
+    engine: Engine, database_url: str, tmp_path: Path
+) -> None:
+    episode = new_episode(engine)
+    episode.plan(write_playlist(tmp_path / "p", [f"t{n}" for n in range(TRIALS)]))
+    run_id = _running_run(episode)
+    with engine.begin() as conn:  # every item failed once before, nothing open: a retry is due
+        conn.execute(update(ItemRow).values(state="failed", attempts=1))
+    rows = _claim_race(engine, database_url, run_id)
+    assert not [r for r in rows if str(r[1]).startswith("error")], rows
+    per_item = Counter(r[0] for r in rows if r[1] == "submit")
+    assert len(per_item) == TRIALS and set(per_item.values()) == {1}
+    with engine.connect() as conn:
+        assert set(conn.execute(select(ItemRow.attempts)).scalars()) == {2}
+        refs = conn.execute(select(SubmissionRow.client_reference)).scalars().all()
+    assert len(refs) == TRIALS and all(ref.endswith("-2") for ref in refs)
+    assert set(creates_per_key().values()) == {1}
+
+
+def _episodes(engine: Engine, tmp_path: Path, count: int, videos: int) -> list[Episode]:
+    episodes = []
+    for n in range(count):
+        allocation = allocate(engine, "weekly", WeekId.parse("2026-W32"), f"race:{n}")
+        episode = Episode(engine, str(allocation.episode.episode_id))
+        episode.plan(write_playlist(tmp_path / f"p{n}", [f"e{n} v{k}" for k in range(videos)]))
+        episodes.append(episode)
+    return episodes
+
+
+def _assert_paid_once_and_clean(engine: Engine, episodes: list[Episode], videos: int) -> None:
+    jobs = jobs_per_key()
+    assert len(jobs) == len(episodes) * videos, "an item was never paid for"
+    assert set(jobs.values()) == {1}, f"paid twice: {[k for k, v in jobs.items() if v > 1]}"
+    assert set(creates_per_key().values()) == {1}
+    with engine.connect() as conn:
+        states = Counter(conn.execute(select(ItemRow.state)).scalars())
+        episode_states = Counter(conn.execute(select(EpisodeRow.state)).scalars())
+    assert states == {"completed": len(episodes) * videos}
+    assert episode_states == {"generated": len(episodes)}
+    assert check_episodes(engine, "weekly") == []
+
+
+@pytest.mark.parametrize("delay_ms", [0, 20])
+def test_whole_generate_runs_of_one_episode_pay_each_item_once(
+    engine: Engine,
+    database_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    delay_ms: int,
+) -> None:
+    monkeypatch.setenv("EPISODIC_FAKE_DELAY_MS", str(delay_ms))
+    videos, trials = 6, 8
+    episodes = _episodes(engine, tmp_path, trials, videos)
+    ids = [e.episode_id for e in episodes]
+    answers = w.run_processes(
+        [(w.generate_worker, (database_url, ids, "generate")) for _ in range(3)]
+    )
+    rows = [row for answer in answers for row in answer]
+    assert not [r for r in rows if str(r[1]).startswith("error")], rows
+    assert {(r[1], r[2]) for r in rows} == {("completed", 0)}  # every caller: completed, exit 0
+    _assert_paid_once_and_clean(engine, episodes, videos)
+
+
+def test_resume_racing_a_new_generate_pays_each_item_once(
+    engine: Engine, database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EPISODIC_FAKE_DELAY_MS", "10")
+    videos, trials = 6, 6
+    episodes = _episodes(engine, tmp_path, trials, videos)
+    targets = []
+    for episode in episodes:  # a paused run per episode, nothing paid yet
+        run_id = _running_run(episode)
+        RunStore(engine).transition_run(run_id, RunState.PAUSED, "interrupted")
+        targets.append(f"{episode.episode_id}:{run_id}")
+    answers = w.run_processes(
+        [
+            (w.generate_worker, (database_url, targets, "resume")),
+            (w.generate_worker, (database_url, targets, "generate")),
+            (w.generate_worker, (database_url, targets, "generate")),
+        ]
+    )
+    rows = [row for answer in answers for row in answer]
+    assert not [r for r in rows if str(r[1]).startswith("error")], rows
+    assert {(r[1], r[2]) for r in rows} == {("completed", 0)}
+    _assert_paid_once_and_clean(engine, episodes, videos)
+
+
+def test_cancel_stops_a_running_run_within_one_item(
+    engine: Engine, database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EPISODIC_FAKE_DELAY_MS", "100")
+    episode = new_episode(engine)
+    episode.plan(write_playlist(tmp_path / "p", [f"t{n}" for n in range(40)]))
+    run_id = _running_run(episode)
+    RunStore(engine).transition_run(run_id, RunState.PAUSED, "ready")
+    answers = w.run_processes(
+        [
+            (w.run_worker, (database_url, episode.episode_id, run_id)),
+            (w.cancel_worker, (database_url, run_id, 0.6)),
+        ]
+    )
+    by_kind = {a[0]: a for a in answers}
+    assert by_kind["cancel"][1] == "ok"
+    assert by_kind["run"][1] == "cancelled" and by_kind["run"][2] == 130, by_kind["run"]
+    cancelled_at = float(by_kind["cancel"][3])
+    created = [e for e in provider_log() if e["event"] == "job_created"]
+    late = [e for e in created if e["at"] > cancelled_at]
+    assert 0 < len(created) < 40
+    assert len(late) <= 4, f"{len(late)} paid calls after the cancel (concurrency is 4)"
+    assert set(jobs_per_key().values()) == {1}
+    assert RunStore(engine).run_state(run_id) == "cancelled"
+    with engine.connect() as conn:
+        assert (
+            conn.execute(
+                select(func.count()).select_from(ItemRow).where(ItemRow.state == "running")
+            ).scalar_one()
+            == 0
+        )
+
+
+def test_approve_and_reject_at_the_same_moment_record_one_decision(
+    engine: Engine, database_url: str, tmp_path: Path
+) -> None:
+    trials = 10
+    episodes = _episodes(engine, tmp_path, trials, 1)
+    for episode in episodes:
+        episode.generate()
+    ids = [e.episode_id for e in episodes]
+    answers = w.run_processes(
+        [
+            (w.decide_worker, (database_url, ids, True)),
+            (w.decide_worker, (database_url, ids, False)),
+        ]
+    )
+    rows = [row for answer in answers for row in answer]
+    assert not [r for r in rows if str(r[1]).startswith("error")], rows
+    per_episode: dict[str, list[str]] = {}
+    for episode_id, result in rows:
+        per_episode.setdefault(episode_id, []).append(result)
+    assert all(sorted(v) == ["recorded", "refused"] for v in per_episode.values()), per_episode
+    with engine.connect() as conn:
+        decisions = Counter(conn.execute(select(ApprovalRow.episode_pk)).scalars())
+        states = Counter(conn.execute(select(EpisodeRow.state)).scalars())
+    assert len(decisions) == trials and set(decisions.values()) == {1}
+    assert sum(states.values()) == trials and set(states) <= {"approved", "rejected"}
