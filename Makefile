@@ -44,6 +44,7 @@ format: bootstrap
 bench: bootstrap  ## benchmarks (never part of the tests)
 	$(BIN)/python -m bench.allocate
 	$(BIN)/python -m bench.batch
+	$(BIN)/python -m bench.claims
 
 clean:
 	rm -rf $(VENV) $(TOOLS) .episodic .pytest_cache .mypy_cache .ruff_cache

@@ -83,7 +83,7 @@ def test_a_finished_item_is_a_cache_hit_without_the_database_or_provider(
     @flow
     def recreated() -> object:  # a re-created flow run asking for the same item again
         key, ledger_ref = _only_item(harness)
-        return generate_item(result["run_id"], -1, "v01.p1", key, ledger_ref, return_state=True)
+        return generate_item("no-owner", -1, "v01.p1", key, ledger_ref, "fake", return_state=True)
 
     state = recreated()
     assert state.name == "Cached"
@@ -221,3 +221,42 @@ def test_cancelling_the_flow_run_pauses_the_run_and_resume_pays_once(
     after = submissions_per_item()
     assert set(after.values()) == {1} and len(after) == 6
     assert all(after[key] == 1 for key in before)
+
+
+def test_two_flow_runs_of_one_episode_split_the_items_and_none_fails(
+    harness: str, episode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A flow retry racing its original, two workers on one slot: the same episode, at once."""
+    import threading
+
+    from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterFlowRunId
+    from prefect.client.schemas.objects import StateType
+
+    from tests.generation import jobs_per_key
+
+    monkeypatch.setenv("EPISODIC_FAKE_DELAY_MS", "150")
+    plan(harness, episode, tmp_path / "p", [f"t{n}" for n in range(8)])
+    barrier = threading.Barrier(2)
+    states: list[object] = []
+
+    def run() -> None:
+        barrier.wait()
+        states.append(generate_episode(episode_id=episode, concurrency=4, return_state=True))
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=240)
+    assert len(states) == 2 and all(s.is_completed() for s in states)  # type: ignore[attr-defined]
+    results = [s.result() for s in states]  # type: ignore[attr-defined]
+    assert all(r["state"] == "completed" for r in results)
+    assert sum(r["paid_submissions"] for r in results) == 8  # the two runs split the items
+    assert len(jobs_per_key()) == 8 and set(jobs_per_key().values()) == {1}
+    flow_runs = [s.state_details.flow_run_id for s in states]  # type: ignore[attr-defined]
+    with get_client(sync_client=True) as client:
+        task_runs = client.read_task_runs(
+            task_run_filter=TaskRunFilter(flow_run_id=TaskRunFilterFlowRunId(any_=flow_runs))
+        )
+    assert task_runs and len(task_runs) == 8  # one task per item, none for followed ones
+    assert not [t for t in task_runs if t.state_type == StateType.FAILED], "a red task run"
