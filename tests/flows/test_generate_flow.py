@@ -77,7 +77,7 @@ def test_a_finished_item_is_a_cache_hit_without_the_database_or_provider(
     harness: str, episode: str, tmp_path: Path
 ) -> None:
     plan(harness, episode, tmp_path / "p", ["a"])
-    result = generate_episode(episode_id=episode)
+    generate_episode(episode_id=episode)
     events_before = len(provider_log())
 
     @flow
