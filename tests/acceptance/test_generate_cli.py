@@ -138,3 +138,30 @@ def test_ctrl_c_pauses_the_run_and_resume_pays_each_item_once(
     assert set(after) == {f"v{n:02d}.p1" for n in range(1, 9)}
     assert set(after.values()) == {1}, f"an item was paid twice: {after}"
     assert all(after[key] == count for key, count in before.items())
+
+
+def test_two_generate_commands_at_once_pay_each_item_once_and_both_succeed(
+    cli: Cli, planned: Callable[[list[str]], str]
+) -> None:
+    """A person clicking twice: two `episodic generate E` processes started together."""
+    from tests.generation import jobs_per_key
+
+    episode = planned([f"t{n} [[DELAY_MS:150]]" for n in range(8)])
+    commands = [
+        subprocess.Popen(
+            [EPISODIC, "generate", episode, "--json"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=os.environ.copy(),
+        )
+        for _ in range(2)
+    ]
+    outputs = [command.communicate(timeout=240) for command in commands]
+    for command, (out, err) in zip(commands, outputs, strict=True):
+        assert command.returncode == 0, err
+        assert json.loads(out)["state"] == "completed"
+    paid = [json.loads(out)["paid_submissions"] for out, _ in outputs]
+    assert sum(paid) == 8  # the two runs split the items between them
+    assert len(jobs_per_key()) == 8 and set(jobs_per_key().values()) == {1}
+    assert cli("check", "--all").returncode == 0
