@@ -197,6 +197,20 @@ class _Job:
             self.claims.pop(claim.item.pk, None)
         return self.engine.process(claim, self.options)
 
+    def abandon(self, claim: Claim, reason: str = INTERRUPTED) -> None:
+        """Give up a claim whose work never started: the intent was never sent."""
+        with self.guard:
+            self.claims.pop(claim.item.pk, None)
+        self.engine.withdraw_unsent(claim)
+        self.engine.claims.release(claim, reason)
+
+    def abandon_untaken(self) -> None:
+        """Claims made but never run (a cancelled future, a task that never started)."""
+        with self.guard:
+            left = list(self.claims.values())
+        for claim in left:
+            self.abandon(claim)
+
 
 @dataclass
 class RunEngine:
@@ -244,6 +258,7 @@ class RunEngine:
             self._pause(run_id, job.owner)
             raise
         finally:
+            job.abandon_untaken()
             heartbeat.done.set()
         followed = tuple(sorted(job.followed))
         if self.stop.is_set():
@@ -346,6 +361,7 @@ class RunEngine:
     def process(self, claim: Claim, options: RunOptions) -> str:
         """Take one claimed item as far as it goes; returns what happened. Never pays twice."""
         if self.stop.is_set():
+            self.withdraw_unsent(claim)
             self.claims.release(claim, INTERRUPTED)
             return INTERRUPTED
         try:
@@ -379,6 +395,11 @@ class RunEngine:
             self.claims.release(claim, f"error: {_reason(exc)}")
             raise
 
+    def withdraw_unsent(self, claim: Claim) -> None:
+        """A claim's fresh intent whose call was never made goes away (attempt given back)."""
+        if claim.action == "submit" and claim.submission is not None:
+            self.claims.withdraw(claim, claim.submission)
+
     def _request(self, claim: Claim, submission: Submission) -> ImageRequest:
         item = claim.item
         return ImageRequest(
@@ -388,8 +409,14 @@ class RunEngine:
     def _send(self, claim: Claim, submission: Submission) -> tuple[int, str] | None:
         """The paid call of an intent. None: acceptance unknown (item released, explained)."""
         request = self._request(claim, submission)
+        if not self.claims.still_holds(claim):  # cancelled, paused or taken over: no call
+            self.claims.withdraw(claim, submission)
+            raise Stopped()
         try:
             remote_ref: str = self._retry_not_created(lambda: self.provider.submit(request))
+        except Stopped:  # between tries that provably created nothing: nothing was sent
+            self.claims.withdraw(claim, submission)
+            raise
         except UnknownOutcome as exc:
             self.claims.mark_unknown(submission.pk, _reason(exc))
             found = self._resolve(submission, request)
@@ -434,9 +461,12 @@ class RunEngine:
             if self.stop.wait(delay):
                 return None
             try:
+                remote_ref = None
                 if caps.can_lookup:
                     remote_ref = self.provider.lookup(submission.client_reference)
-                else:  # the same create, same key: the provider returns the job it made
+                if remote_ref is None and caps.idempotent_create:
+                    # the same create, same key: the provider returns the job it made, or
+                    # makes the one job this submission stands for
                     remote_ref = self.provider.submit(request)
             except (UnknownOutcome, TransientProviderError):
                 continue

@@ -12,7 +12,8 @@ behaviour:
 - ``[[FAIL_TRANSIENT]]``: every submit fails transiently; ``[[FAIL_TRANSIENT:n]]``: the first n
   submits of that client reference fail, then it succeeds (no job is created before that);
 - ``[[FAIL_PERMANENT]]``: submit is refused permanently (no job is created);
-- ``[[NO_LOOKUP]]``: a lookup never finds the job (an unknown outcome waits for an operator);
+- ``[[NO_LOOKUP]]``: a lookup never finds the job; with ``[[LOSE_RESPONSE]]`` every reply to
+  its create is lost too, so nothing can settle the outcome but an operator;
 - ``[[LOSE_RESPONSE]]``: the job is created, then the reply is lost (``UnknownOutcome``); sending
   the same call again replays the job;
 - ``[[FAIL_REMOTE]]``: the job is created, then fails: collect raises ``RemoteJobFailed``
@@ -150,6 +151,8 @@ class FakeProvider:
             log_event(
                 "submit_replayed", client_reference=request.client_reference, remote_ref=remote_ref
             )
+            if "[[NO_LOOKUP]]" in request.prompt and "[[LOSE_RESPONSE]]" in request.prompt:
+                raise UnknownOutcome("fake provider: the reply was lost again")
             return remote_ref
         log_event(
             "job_created",

@@ -16,7 +16,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Table, and_, exists, insert, select, update
+from sqlalchemy import Connection, Engine, Table, and_, delete, exists, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from core.runs import Claim, Item, Refusal, Submission
@@ -179,6 +179,32 @@ class ClaimStore:
                     )
                 ).rowcount
             )
+
+    def withdraw(self, claim: Claim, submission: Submission) -> bool:
+        """An intent whose call provably never left the machine (stopped before sending).
+
+        The intent is removed and its attempt given back, so a later run submits the item
+        normally instead of treating it as an unknown outcome. False if it was not ours.
+        """
+        with tx.write(self.engine) as conn:
+            removed = conn.execute(
+                delete(_subs).where(
+                    _subs.c.id == submission.pk,
+                    _subs.c.state == SubmissionState.INTENT,
+                    ~exists().where(_costs.c.submission_pk == submission.pk),
+                )
+            ).rowcount
+            if removed:
+                conn.execute(
+                    update(_items)
+                    .where(
+                        _items.c.id == claim.item.pk,
+                        _items.c.claim_owner == claim.owner,
+                        _items.c.attempts == submission.attempt,
+                    )
+                    .values(attempts=_items.c.attempts - 1)
+                )
+            return bool(removed)
 
     def release_all(self, owner: str, error_text: str) -> int:
         """Give up every item `owner` still holds (interrupt, cancellation, crash path)."""

@@ -62,8 +62,15 @@ def generate_item(
     with _guard:
         job = _jobs[owner]
     claim = job.take(item_pk)  # type: ignore[attr-defined]
-    with concurrency_slot(provider_limit_name(profile), occupy=1, strict=True):
-        outcome = job.run(claim)
+    started = False
+    try:
+        with concurrency_slot(provider_limit_name(profile), occupy=1, strict=True):
+            started = True
+            outcome = job.run(claim)
+    except BaseException:
+        if not started:  # no slot (a missing limit, a cancel while waiting): nothing was sent
+            job.abandon(claim, "not started: no provider slot")  # type: ignore[attr-defined]
+        raise
     if outcome != "completed":
         raise ItemNotCompleted(f"item {item_id}: {outcome}")
     return {"item_id": item_id, "idempotency_key": idempotency_key, "outcome": outcome}

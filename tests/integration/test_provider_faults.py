@@ -221,3 +221,14 @@ def test_a_create_never_sent_is_a_plain_failure(
     with pytest.raises(ProviderConfigError):
         episode.generate()
     assert not server.requests
+
+
+def test_a_5xx_with_no_job_is_settled_by_an_idempotent_resend_even_with_lookup(
+    make: object, tmp_path: Path
+) -> None:
+    # HTTP 500 before the job was made: the lookup finds nothing, and a provider that honours
+    # Idempotency-Key is sent the same create again, which makes the one job.
+    episode, server = make(honour=True, idempotent=True, lookup=True)  # type: ignore[operator]
+    _plan(episode, tmp_path, ["flaky [[HTTP_500]]", "fine"])
+    assert episode.generate().exit_code == ExitCode.OK
+    _assert_once_and_billed(episode, server, 2)

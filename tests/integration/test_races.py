@@ -201,6 +201,12 @@ def test_cancel_stops_a_running_run_within_one_item(
             ).scalar_one()
             == 0
         )
+    # Nothing is left as "unknown" by the stop: the next generate finishes the episode, and
+    # every item has exactly one provider job.
+    monkeypatch.setenv("EPISODIC_FAKE_DELAY_MS", "0")
+    assert episode.generate().exit_code == 0
+    assert len(jobs_per_key()) == 40 and set(jobs_per_key().values()) == {1}
+    assert check_episodes(engine, "weekly") == []
 
 
 def test_approve_and_reject_at_the_same_moment_record_one_decision(

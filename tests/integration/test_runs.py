@@ -13,6 +13,7 @@ from core.exit_codes import ExitCode
 from core.states import RunState
 from storage.base import utcnow
 from storage.models import CostEntryRow, ItemRow, RunRow, SubmissionRow
+from storage.runs import RunStore
 from tests.generation import (
     Episode,
     new_episode,
@@ -125,12 +126,12 @@ def test_unknown_acceptance_waits_for_an_operator_then_force_resubmit_is_recorde
     assert first.exit_code == ExitCode.RUN_FAILED
     again = episode.resume(first.run_id)
     assert again.exit_code == ExitCode.RUN_FAILED
-    assert submissions_per_item() == {"v01.p1": 1}  # never resubmitted on its own
+    assert jobs_per_item() == {"v01.p1": 1}  # never a new job on its own (same-key resends only)
     with episode.engine.connect() as conn:
         assert "force-resubmit" in conn.execute(select(ItemRow.error_text)).scalar_one()
         assert conn.execute(select(SubmissionRow.state)).scalar_one() == "unknown"
     forced = episode.resume(first.run_id, force_resubmit=True)
-    assert submissions_per_item() == {"v01.p1": 2}
+    assert jobs_per_item() == {"v01.p1": 2}
     assert forced.exit_code == ExitCode.RUN_FAILED  # the marker loses this reply too
     with episode.engine.connect() as conn:
         rows = conn.execute(
@@ -227,3 +228,50 @@ def test_generate_needs_a_plan_and_an_existing_episode(engine: Engine, database_
     with pytest.raises(EpisodeNotFound):
         Episode(engine, "2026-W32-5").generate()
     assert provider_log() == []
+
+
+def test_a_stop_before_the_call_withdraws_the_intent(episode: Episode, tmp_path: Path) -> None:
+    """Claimed, intended, then stopped before sending: no unknown is left behind."""
+    from pipeline.check import check_episodes
+    from pipeline.gate import EnvironmentCredentials
+    from pipeline.generation import prepare, run_engine
+    from pipeline.runs import RunOptions, create_run, plan
+
+    episode.plan(write_playlist(tmp_path / "p", ["a", "b", "c"]))
+
+    def claims_then_dies(items, job, concurrency, stop, progress):  # a task that never ran
+        for item in items:
+            job.claim(item)
+        raise RuntimeError("no provider slot")
+
+    prepared = prepare(episode.engine, episode.settings, "weekly", episode.episode_id, "generate")
+    store = RunStore(episode.engine)
+    options = RunOptions()
+    report = plan(store, prepared.gate, prepared.items, options, prepared.profile)
+    run_id = create_run(store, prepared.gate, prepared.items, report, options, prepared.profile)
+    engine = run_engine(
+        episode.engine,
+        episode.settings,
+        prepared,
+        EnvironmentCredentials(),
+        executor=claims_then_dies,
+    )
+    with pytest.raises(RuntimeError, match="no provider slot"):
+        engine.execute(run_id, options)
+    assert count(episode.engine, SubmissionRow) == 0 and provider_log_jobs() == 0
+    with episode.engine.connect() as conn:
+        assert set(conn.execute(select(ItemRow.attempts)).scalars()) == {0}
+    assert check_episodes(episode.engine, "weekly") == []
+    again = episode.generate()
+    assert again.exit_code == ExitCode.OK and again.counts.paid_submissions == 3
+    assert submissions_per_item() == {"v01.p1": 1, "v02.p1": 1, "v03.p1": 1}
+
+
+def provider_log_jobs() -> int:
+    return sum(1 for e in provider_log() if e["event"] == "job_created")
+
+
+def jobs_per_item() -> dict[str, int]:
+    from collections import Counter
+
+    return dict(Counter(e["item_id"] for e in provider_log() if e["event"] == "job_created"))
