@@ -52,7 +52,6 @@ ITEM_TRANSITIONS: dict[ItemState, frozenset[ItemState]] = {
 }
 
 ACTIVE_RUN_STATES = frozenset({RunState.PENDING, RunState.RUNNING})
-RESUMABLE_RUN_STATES = frozenset({RunState.PAUSED, RunState.FAILED})
 
 
 def check_run_transition(current: str, target: str) -> None:

@@ -46,7 +46,6 @@ from providers.base import (
     CollectionPending,
     ImageRequest,
     NotCreated,
-    PermanentProviderError,
     Provider,
     ProviderError,
     RemoteJobFailed,
@@ -75,9 +74,16 @@ class ItemJob(Protocol):
     run_id: str
     owner: str
 
+    @property
+    def profile_id(self) -> str: ...
+
     def claim(self, item: Item) -> Claim | None: ...
 
+    def take(self, item_pk: int) -> Claim: ...
+
     def run(self, claim: Claim) -> str: ...
+
+    def abandon(self, claim: Claim, reason: str = ...) -> None: ...
 
 
 class ItemExecutor(Protocol):
@@ -158,6 +164,10 @@ class _Job:
     followed: set[str] = field(default_factory=set)
     claims: dict[int, Claim] = field(default_factory=dict)
     guard: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def profile_id(self) -> str:
+        return self.engine.profile.id
 
     def claim(self, item: Item) -> Claim | None:
         engine = self.engine
@@ -470,7 +480,7 @@ class RunEngine:
                     remote_ref = self.provider.submit(request)
             except (UnknownOutcome, TransientProviderError):
                 continue
-            except (PermanentProviderError, ProviderError):
+            except ProviderError:  # refused or failed: it will not settle this way
                 return None
             if remote_ref is not None and self.claims.accept(submission.pk, remote_ref):
                 return remote_ref

@@ -13,10 +13,22 @@ submitted once.
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Table, and_, delete, exists, insert, select, update
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Engine,
+    Table,
+    and_,
+    delete,
+    exists,
+    insert,
+    select,
+    true,
+    update,
+)
 from sqlalchemy.exc import IntegrityError
 
 from core.runs import Claim, Item, Refusal, Submission
@@ -112,17 +124,7 @@ class ClaimStore:
         now = utcnow()
         with tx.write(self.engine) as conn:
             held = conn.execute(
-                select(_items.c.id)
-                .where(
-                    _items.c.id == claim.item.pk,
-                    _items.c.claim_owner == claim.owner,
-                    _items.c.state == ItemState.RUNNING,
-                    _items.c.lease_expires_at > now,
-                    exists().where(
-                        and_(_runs.c.id == claim.run_id, _runs.c.state == RunState.RUNNING)
-                    ),
-                )
-                .with_for_update()
+                select(_items.c.id).where(_holds(claim, now)).with_for_update()
             ).first()
             if held is None:
                 return None
@@ -132,20 +134,7 @@ class ClaimStore:
         """The claim is ours, live, and its run is running (checked before paid calls)."""
         now = utcnow()
         with tx.read(self.engine) as conn:
-            return (
-                conn.execute(
-                    select(_items.c.id).where(
-                        _items.c.id == claim.item.pk,
-                        _items.c.claim_owner == claim.owner,
-                        _items.c.state == ItemState.RUNNING,
-                        _items.c.lease_expires_at > now,
-                        exists().where(
-                            and_(_runs.c.id == claim.run_id, _runs.c.state == RunState.RUNNING)
-                        ),
-                    )
-                ).first()
-                is not None
-            )
+            return conn.execute(select(_items.c.id).where(_holds(claim, now))).first() is not None
 
     def renew(self, owner: str, run_id: str, lease_s: float) -> str | None:
         """Heartbeat: extend every live claim of `owner`; return the run's state."""
@@ -162,23 +151,7 @@ class ClaimStore:
 
     def release(self, claim: Claim, error_text: str) -> bool:
         """The holder gives the item up as failed (resumable); False if it was not ours."""
-        with tx.write(self.engine) as conn:
-            return bool(
-                conn.execute(
-                    update(_items)
-                    .where(
-                        _items.c.id == claim.item.pk,
-                        _items.c.claim_owner == claim.owner,
-                        _items.c.state == ItemState.RUNNING,
-                    )
-                    .values(
-                        state=ItemState.FAILED,
-                        error_text=error_text[:2000],
-                        finished_at=utcnow(),
-                        lease_expires_at=None,
-                    )
-                ).rowcount
-            )
+        return bool(self._give_up(_items.c.id == claim.item.pk, claim.owner, error_text))
 
     def withdraw(self, claim: Claim, submission: Submission) -> bool:
         """An intent whose call provably never left the machine (stopped before sending).
@@ -208,11 +181,16 @@ class ClaimStore:
 
     def release_all(self, owner: str, error_text: str) -> int:
         """Give up every item `owner` still holds (interrupt, cancellation, crash path)."""
+        return self._give_up(true(), owner, error_text)
+
+    def _give_up(self, which: ColumnElement[bool], owner: str, error_text: str) -> int:
         with tx.write(self.engine) as conn:
             return int(
                 conn.execute(
                     update(_items)
-                    .where(_items.c.claim_owner == owner, _items.c.state == ItemState.RUNNING)
+                    .where(
+                        which, _items.c.claim_owner == owner, _items.c.state == ItemState.RUNNING
+                    )
                     .values(
                         state=ItemState.FAILED,
                         error_text=error_text[:2000],
@@ -349,13 +327,24 @@ class ClaimStore:
         return True
 
 
+def _holds(claim: Claim, now: datetime) -> ColumnElement[bool]:
+    """The claim is still ours and live, and its run is running."""
+    return and_(
+        _items.c.id == claim.item.pk,
+        _items.c.claim_owner == claim.owner,
+        _items.c.state == ItemState.RUNNING,
+        _items.c.lease_expires_at > now,
+        exists().where(and_(_runs.c.id == claim.run_id, _runs.c.state == RunState.RUNNING)),
+    )
+
+
 def _intend(conn: Connection, item: Item, run_id: str, profile: str, *, forced: bool) -> Submission:
     """Count the attempt and commit the intent of a paid call (caller holds the claim)."""
     now = utcnow()
     attempt = conn.execute(
         update(_items)
         .where(_items.c.id == item.pk)
-        .values(attempts=_items.c.attempts + 1, force_resubmit=False)
+        .values(attempts=_items.c.attempts + 1)
         .returning(_items.c.attempts)
     ).scalar_one()
     client_reference = f"{item.idempotency_key}-{attempt}"

@@ -96,23 +96,17 @@ class ReviewStore:
         if self.media(episode_pk) == media:
             return False
         now = utcnow()
-        with tx.write(self.engine) as conn:
+        with tx.write(self.engine) as conn:  # an upsert: two assemblies at once never collide
             for kind, (path, sha256) in media.items():
-                changed = conn.execute(
-                    update(_media)
-                    .where(_media.c.episode_pk == episode_pk, _media.c.kind == kind)
-                    .values(path=path, sha256=sha256, recorded_at=now)
-                ).rowcount
-                if not changed:
-                    conn.execute(
-                        insert(_media).values(
-                            episode_pk=episode_pk,
-                            kind=kind,
-                            path=path,
-                            sha256=sha256,
-                            recorded_at=now,
-                        )
+                statement = tx.insert_for(conn, _media).values(
+                    episode_pk=episode_pk, kind=kind, path=path, sha256=sha256, recorded_at=now
+                )
+                conn.execute(
+                    statement.on_conflict_do_update(
+                        index_elements=["episode_pk", "kind"],
+                        set_={"path": path, "sha256": sha256, "recorded_at": now},
                     )
+                )
         return True
 
 

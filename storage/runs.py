@@ -215,11 +215,6 @@ class RunStore:
                 )
             if pks:
                 conn.execute(insert(_members), [{"run_id": run_id, "item_pk": pk} for pk in pks])
-            if params.get("force_resubmit"):
-                for chunk in _chunks(pks, 500):
-                    conn.execute(
-                        update(_items).where(_items.c.id.in_(chunk)).values(force_resubmit=True)
-                    )
             conn.execute(  # a cancelled item included in a new run starts over as pending
                 update(_items)
                 .where(
@@ -327,22 +322,6 @@ class RunStore:
         with tx.read(self.engine) as conn:
             return item_from_row(conn.execute(select(_items).where(_items.c.id == item_pk)).one())
 
-    def held_elsewhere(self, run_id: str, owner: str, now: datetime | None = None) -> list[str]:
-        """Run ids holding live claims on this run's unfinished items (other owners)."""
-        now = now or utcnow()
-        with tx.read(self.engine) as conn:
-            rows = conn.execute(
-                select(_items.c.claim_run_id)
-                .join(_members, _members.c.item_pk == _items.c.id)
-                .where(
-                    _members.c.run_id == run_id,
-                    _items.c.state == ItemState.RUNNING,
-                    _items.c.lease_expires_at > now,
-                    _items.c.claim_owner != owner,
-                )
-            ).scalars()
-            return sorted({str(r) for r in rows})
-
     def counts(self, run_id: str) -> RunCounts:
         """Item states of the run's members; paid submissions and cost this run made."""
         with tx.read(self.engine) as conn:
@@ -411,16 +390,9 @@ def _insert_new_items(
         }
         for it in new_items
     ]
-    if conn.dialect.name == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert as pg_insert
-
-        statement: Any = pg_insert(_items).on_conflict_do_nothing(
-            index_elements=["idempotency_key"]
-        )
-    else:
-        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-
-        statement = sqlite_insert(_items).on_conflict_do_nothing(index_elements=["idempotency_key"])
+    statement = tx.insert_for(conn, _items).on_conflict_do_nothing(
+        index_elements=["idempotency_key"]
+    )
     conn.execute(statement, rows)
 
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
-from sqlalchemy import Connection, Engine
+from sqlalchemy import Connection, Engine, Table
 
 
 @contextmanager
@@ -22,3 +23,15 @@ def write(engine: Engine) -> Iterator[Connection]:
 def read(engine: Engine) -> Iterator[Connection]:
     with engine.connect() as conn, conn.begin():
         yield conn
+
+
+def insert_for(conn: Connection, table: Table) -> Any:
+    """The dialect's INSERT, which has ``on_conflict_do_nothing`` / ``on_conflict_do_update``
+    on both backends (Postgres and SQLite share the syntax)."""
+    if conn.dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+        return pg_insert(table)
+    from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+    return sqlite_insert(table)

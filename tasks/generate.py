@@ -61,7 +61,7 @@ def generate_item(
     exists, so an item another run holds never shows up as a task here)."""
     with _guard:
         job = _jobs[owner]
-    claim = job.take(item_pk)  # type: ignore[attr-defined]
+    claim = job.take(item_pk)
     started = False
     try:
         with concurrency_slot(provider_limit_name(profile), occupy=1, strict=True):
@@ -69,7 +69,7 @@ def generate_item(
             outcome = job.run(claim)
     except BaseException:
         if not started:  # no slot (a missing limit, a cancel while waiting): nothing was sent
-            job.abandon(claim, "not started: no provider slot")  # type: ignore[attr-defined]
+            job.abandon(claim, "not started: no provider slot")
         raise
     if outcome != "completed":
         raise ItemNotCompleted(f"item {item_id}: {outcome}")
@@ -84,7 +84,7 @@ def prefect_executor(
     progress: Callable[[Item, str], None],
 ) -> None:
     """Claims each item, then runs it as a `generate_item` task, `concurrency` at a time."""
-    profile = job.engine.profile.id  # type: ignore[attr-defined]
+    profile = job.profile_id
     with _guard:
         _jobs[job.owner] = job
     queue = deque(items)
