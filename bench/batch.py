@@ -172,22 +172,16 @@ def _engine_rate(url: str, home: Path, videos: int) -> float:
     os.environ["EPISODIC_FAKE_DELAY_MS"] = "0"
     from core.settings import load_settings
     from pipeline.gate import EnvironmentCredentials
-    from pipeline.generation import prepare, run_engine
-    from pipeline.runs import RunOptions, create_run, plan
+    from pipeline.generation import generate
+    from pipeline.runs import RunOptions
     from storage.engine import make_engine
-    from storage.runs import RunStore
 
     episode = _setup_episode(url, home / "pl", videos)
     engine = make_engine(url)
     settings = load_settings()
-    prepared = prepare(engine, settings, "weekly", episode, "generate")
     options = RunOptions(concurrency=8)
-    store = RunStore(engine)
-    report = plan(store, prepared.gate, prepared.items, options, prepared.profile)
-    run_id = create_run(store, prepared.gate, prepared.items, report, options, prepared.profile)
-    runner = run_engine(engine, settings, prepared, EnvironmentCredentials())
-    start = time.perf_counter()
-    outcome = runner.execute(run_id, options)
+    start = time.perf_counter()  # the whole Python API: plan, admission, run
+    outcome = generate(engine, settings, "weekly", episode, options, EnvironmentCredentials())
     elapsed = time.perf_counter() - start
     assert outcome.counts.completed == videos
     engine.dispose()

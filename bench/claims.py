@@ -167,18 +167,14 @@ def _new_episode(engine: Any, home: Path, key: str, count: int) -> Any:
 def _running_run(episode: Any) -> tuple[str, int, list[int]]:
     """A run of every planned item, moved to running (as tests/integration/test_races.py)."""
     from core.states import ItemState, RunState
-    from pipeline.generation import prepare
-    from pipeline.runs import RunOptions, create_run, plan
     from storage.runs import RunStore
+    from tests.generation import new_run
 
-    prepared = prepare(episode.engine, episode.settings, "weekly", episode.episode_id, "generate")
     store = RunStore(episode.engine)
-    options = RunOptions()
-    report = plan(store, prepared.gate, prepared.items, options, prepared.profile)
-    run_id = create_run(store, prepared.gate, prepared.items, report, options, prepared.profile)
+    run_id = new_run(episode)
     store.transition_run(run_id, RunState.RUNNING)
     pks = sorted(item.pk for item in store.run_items(run_id, [ItemState.PENDING]))
-    return run_id, prepared.gate.episode_pk, pks
+    return run_id, store.episode_pk("weekly", episode.episode_id), pks
 
 
 def _ledger_check(engine: Any, episode_pk: int, expected: int) -> list[str]:

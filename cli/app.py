@@ -8,7 +8,9 @@ one line on stderr and exits with its code (DESIGN 10); set EPISODIC_DEBUG=1 for
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 
 import click
 import typer
@@ -41,7 +43,21 @@ app.add_typer(db.app, name="db")
 
 
 def main(argv: list[str] | None = None) -> None:
+    _terminate_like_interrupt()
     sys.exit(run(argv))
+
+
+def _terminate_like_interrupt() -> None:
+    """SIGTERM (systemd, `docker stop`, a CI timeout) stops the command as Ctrl-C does: a
+    generation run releases its claims and pauses (exit 130), resumable at once. Further
+    SIGTERMs while it winds down are ignored, so the pause is recorded."""
+
+    def handler(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, handler)
 
 
 def run(argv: list[str] | None = None) -> int:

@@ -2,18 +2,27 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from cli import context
-from cli.options import JsonOption, PipelineOption
+from cli.options import (
+    AllowDuplicateOption,
+    BatchIdOption,
+    IdempotencyKeyOption,
+    JsonOption,
+    PipelineOption,
+)
 from cli.output import emit_json
 
 if TYPE_CHECKING:
-    from pipeline.generation import Prepared
-    from pipeline.runs import RunOptions, RunOutcome
+    from pipeline.engine import RunEngine
+    from pipeline.generation import OnStart
+    from pipeline.runs import RunOutcome
 
 EpisodeArg = Annotated[str, typer.Argument(help="Episode id, e.g. 2026-W32-0 (must exist).")]
 
@@ -65,14 +74,22 @@ def generate(
     force_resubmit: Annotated[
         bool, typer.Option(help="Resubmit items whose acceptance is unknown (recorded).")
     ] = False,
+    idempotency_key: IdempotencyKeyOption = None,
+    allow_duplicate: AllowDuplicateOption = False,
+    batch_id: BatchIdOption = None,
     pipeline: PipelineOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Generate EPISODE_ID's images: skip finished items, retry failed ones, never pay twice."""
+    """Generate EPISODE_ID's images: skip finished items, retry failed ones, never pay twice.
+
+    An identical request while a run of it is active joins that run (deduplicated).
+    """
     from core.money import parse_amount
     from core.playlist import parse_selection
+    from pipeline.gate import EnvironmentCredentials
+    from pipeline.generation import generate as generate_run
     from pipeline.generation import prepare
-    from pipeline.runs import RunOptions, check_budget, create_run
+    from pipeline.runs import RunOptions, check_budget
     from pipeline.runs import plan as make_plan
     from storage.runs import RunStore
 
@@ -80,9 +97,9 @@ def generate(
         resume_run(resume, force_resubmit=force_resubmit, as_json=as_json)
         return
     engine = context.engine()
-    prepared = prepare(
-        engine, context.settings(), context.pipeline_name(pipeline), episode_id, "generate"
-    )
+    settings = context.settings()
+    name = context.pipeline_name(pipeline)
+    prepared = prepare(engine, settings, name, episode_id, "generate")
     videos = max(item.index for item in prepared.items)
     options = RunOptions(
         only=parse_selection(only, videos) if only else None,
@@ -90,17 +107,30 @@ def generate(
         max_retries=max_retries,
         max_images=max_images,
         max_cost_minor=parse_amount(max_cost) if max_cost is not None else None,
-        lease_s=context.settings().lease_s,
+        lease_s=settings.lease_s,
         force_resubmit=force_resubmit,
     )
-    store = RunStore(engine)
-    report = make_plan(store, prepared.gate, prepared.items, options, prepared.profile)
     if show_plan:
+        report = make_plan(
+            RunStore(engine), prepared.gate, prepared.items, options, prepared.profile
+        )
         check_budget(report, options)
         _print_plan(report.to_dict(), as_json)
         return
-    run_id = create_run(store, prepared.gate, prepared.items, report, options, prepared.profile)
-    _execute(prepared, run_id, options, report.skipped, as_json)
+    with _progress(as_json) as on_start:
+        outcome = generate_run(
+            engine,
+            settings,
+            name,
+            episode_id,
+            options,
+            EnvironmentCredentials(),
+            idempotency_key=idempotency_key,
+            batch_id=batch_id,
+            allow_duplicate=allow_duplicate,
+            on_start=on_start,
+        )
+    _report(outcome, as_json)
 
 
 def retry(
@@ -111,7 +141,8 @@ def retry(
     pipeline: PipelineOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Retry the failed items of EPISODE_ID's latest generation run."""
+    """Retry the failed items of EPISODE_ID's latest generation run (or join it if it is
+    still running; a run whose process died is taken over)."""
     from core.ids import EpisodeId
     from pipeline.gate import open_gate
     from storage.runs import RunStore
@@ -128,37 +159,26 @@ def retry(
 
 
 def resume_run(run_id: str, *, force_resubmit: bool, as_json: bool) -> None:
-    from dataclasses import replace
+    from pipeline.gate import EnvironmentCredentials
+    from pipeline.generation import resume
 
-    from pipeline.generation import prepare
-    from pipeline.runs import RunOptions, prepare_resume
-    from storage.runs import RunStore
-
-    engine = context.engine()
-    store = RunStore(engine)
-    run = store.get_run(run_id)
-    prepared = prepare(engine, context.settings(), run.pipeline, run.episode_id, "resume")
-    if run.state == "completed":
-        outcome_json = {"run_id": run_id, "state": "completed", "message": "nothing to resume"}
-        emit_json(outcome_json) if as_json else typer.echo(f"run {run_id} already completed")
-        return
-    prepare_resume(store, run_id)
-    options = replace(RunOptions.from_params(run.params), force_resubmit=force_resubmit)
-    _execute(prepared, run_id, options, 0, as_json)
+    with _progress(as_json) as on_start:
+        outcome = resume(
+            context.engine(),
+            context.settings(),
+            run_id,
+            EnvironmentCredentials(),
+            force_resubmit=force_resubmit,
+            on_start=on_start,
+        )
+    _report(outcome, as_json)
 
 
-def _execute(
-    prepared: Prepared, run_id: str, options: RunOptions, skipped: int, as_json: bool
-) -> None:
+@contextmanager
+def _progress(as_json: bool) -> Iterator[OnStart]:
+    """A progress bar over the run's items, started once the run is known."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from core.money import format_minor
-    from pipeline.gate import EnvironmentCredentials
-    from pipeline.generation import run_engine
-    from storage.runs import RunStore
-
-    engine = run_engine(context.engine(), context.settings(), prepared, EnvironmentCredentials())
-    total = len(RunStore(context.engine()).run_items(run_id))
     with Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -167,17 +187,28 @@ def _execute(
         transient=True,
         disable=as_json,
     ) as progress:
-        task = progress.add_task(f"generating {prepared.gate.episode_id}", total=total)
-        engine.on_progress = lambda item, result: progress.advance(task)
-        outcome: RunOutcome = engine.execute(run_id, options, skipped)
+
+        def on_start(engine: RunEngine, run_id: str) -> None:
+            task = progress.add_task(
+                f"generating {engine.gate.episode_id}", total=len(engine.store.run_items(run_id))
+            )
+            engine.on_progress = lambda item, result: progress.advance(task)
+
+        yield on_start
+
+
+def _report(outcome: RunOutcome, as_json: bool) -> None:
+    from core.money import format_minor
+
     if as_json:
         emit_json(outcome.to_dict())
     else:
         counts = outcome.counts
+        joined = " (deduplicated: joined the active run)" if outcome.deduplicated else ""
         typer.echo(
-            f"{outcome.message}\n  completed {counts.completed}, skipped {outcome.skipped}, "
-            f"failed {counts.failed}, new paid submissions {counts.paid_submissions}, "
-            f"cost {format_minor(counts.cost_minor, counts.currency)}"
+            f"{outcome.message}{joined}\n  completed {counts.completed}, skipped "
+            f"{outcome.skipped}, failed {counts.failed}, new paid submissions "
+            f"{counts.paid_submissions}, cost {format_minor(counts.cost_minor, counts.currency)}"
         )
     raise typer.Exit(int(outcome.exit_code))
 

@@ -11,3 +11,23 @@ PipelineOption = Annotated[
     str | None,
     typer.Option("--pipeline", help="Pipeline name [default: EPISODIC_PIPELINE or 'weekly']."),
 ]
+IdempotencyKeyOption = Annotated[
+    str | None,
+    typer.Option(
+        "--idempotency-key",
+        help="Your key for this request: a repeat within the dedup window joins the same run; "
+        "the same key with other parameters is refused.",
+    ),
+]
+AllowDuplicateOption = Annotated[
+    bool,
+    typer.Option(
+        "--allow-duplicate",
+        help="Start a parallel run even if the same request is active (items are still "
+        "paid once: runs split them).",
+    ),
+]
+BatchIdOption = Annotated[
+    str | None,
+    typer.Option("--batch-id", help="Parallel batches of one request get their own runs."),
+]

@@ -9,7 +9,8 @@ The tree::
     │   └── NoInvocationIdentity        no flow run to derive an allocation key from
     │   ├── BudgetExceeded              the plan would spend more than allowed
     │   ├── InvalidPlaylist
-    │   └── CommandNotAllowed           the episode's state forbids the command
+    │   ├── CommandNotAllowed           the episode's state forbids the command
+    │   └── IdempotencyKeyReused        an explicit key sent again with other parameters
     ├── AllocationConflict              exit 3  fail closed, nothing written
     ├── EpisodeNotFound                 exit 5
     ├── RunNotFound                     exit 5
@@ -80,6 +81,19 @@ class InvalidPlaylist(InvalidInput):
 
 class CommandNotAllowed(InvalidInput):
     pass
+
+
+class IdempotencyKeyReused(InvalidInput):
+    """An explicit idempotency key was sent again with different parameters (as in Stripe's
+    API and the IETF Idempotency-Key draft: an error, never a silent second run)."""
+
+    def __init__(self, key: str, run_id: str) -> None:
+        super().__init__(
+            f"idempotency key {key!r} was used for run {run_id} with different parameters; "
+            "use a new key for a different request"
+        )
+        self.key = key
+        self.run_id = run_id
 
 
 class RunNotFound(EpisodicError, LookupError):

@@ -19,6 +19,11 @@ class Run:
     started_at: datetime | None
     finished_at: datetime | None
     error_text: str | None
+    heartbeat_at: datetime | None = None
+    lease_expires_at: datetime | None = None
+    idempotency_key: str | None = None
+    batch_id: str | None = None
+    fingerprint: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +135,11 @@ class PlanReport:
     currency: str
     new_keys: tuple[str, ...] = field(default=(), repr=False)
     reuse_keys: tuple[str, ...] = field(default=(), repr=False)
+
+    @property
+    def has_work(self) -> bool:
+        """Something to submit, collect, reconcile or follow (else no run is created)."""
+        return bool(self.new_calls or self.busy or self.to_collect or self.to_reconcile)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

@@ -56,6 +56,20 @@ class Settings(BaseSettings):
         allow_inf_nan=False,
         description="seconds a claim on an item lives without a heartbeat (renewed every third)",
     )
+    dedup_window_s: float = Field(
+        default=900.0,
+        ge=0.0,
+        le=7 * 24 * 3600.0,
+        allow_inf_nan=False,
+        description="seconds within which an identical request joins the active run (0: never)",
+    )
+    pending_ttl_s: float = Field(
+        default=900.0,
+        ge=10.0,
+        le=30 * 24 * 3600.0,
+        allow_inf_nan=False,
+        description="seconds after which the sweep cancels a run or flow run that never started",
+    )
 
     @field_validator("timezone")
     @classmethod

@@ -26,10 +26,10 @@ from core.exit_codes import ExitCode
 from core.money import format_minor, parse_amount
 from core.playlist import parse_selection
 from core.settings import load_settings
-from pipeline.generation import prepare, run_engine
-from pipeline.runs import RunOptions, create_run, plan
+from pipeline.engine import RunEngine
+from pipeline.generation import generate, prepare
+from pipeline.runs import RunOptions
 from storage.registry import engine_for
-from storage.runs import RunStore
 from tasks.generate import PrefectSecretCredentials, prefect_executor
 
 
@@ -54,16 +54,22 @@ def generate_episode(
     max_images: int | None = None,
     max_cost: str | None = None,
     pipeline: str | None = None,
+    idempotency_key: str | None = None,
+    allow_duplicate: bool = False,
+    batch_id: str | None = None,
 ) -> dict[str, Any]:
     """Generate the images of an existing episode (required id; no default).
 
     Finished items are skipped, failed ones retried up to max_retries (across runs), and a
-    submission whose acceptance is unknown is reconciled, never resubmitted.
+    submission whose acceptance is unknown is reconciled, never resubmitted. The same request
+    while a run of it is active (same idempotency_key, or same parameters) joins that run:
+    the result says ``deduplicated: true``.
     """
     logger = get_run_logger()
     settings = load_settings()
     db = engine_for(settings)
-    prepared = prepare(db, settings, pipeline or settings.pipeline, episode_id, "generate")
+    name = pipeline or settings.pipeline
+    prepared = prepare(db, settings, name, episode_id, "generate")
     videos = max(item.index for item in prepared.items)
     options = RunOptions(
         only=parse_selection(only, videos) if only else None,
@@ -73,30 +79,49 @@ def generate_episode(
         max_cost_minor=parse_amount(max_cost) if max_cost is not None else None,
         lease_s=settings.lease_s,
     )
-    store = RunStore(db)
-    report = plan(store, prepared.gate, prepared.items, options, prepared.profile)
-    logger.info("plan for %s: %s", prepared.gate.episode_id, report.to_dict())
-    run_id = create_run(store, prepared.gate, prepared.items, report, options, prepared.profile)
-    engine = run_engine(
-        db, settings, prepared, PrefectSecretCredentials(), executor=prefect_executor
-    )
-    total = max(1, len(store.run_items(run_id)))
-    progress_id: UUID = create_progress_artifact(  # type: ignore[assignment]
-        0.0,
-        key=artifact_key(prepared.gate.episode_id, "progress"),
-        description=f"generation run {run_id}",
-    )
-    done = [0]
 
-    def on_progress(item: object, result: str) -> None:
-        done[0] += 1
-        update_progress_artifact(progress_id, 100.0 * done[0] / total)
+    def on_start(engine: RunEngine, run_id: str) -> None:
+        total = max(1, len(engine.store.run_items(run_id)))
+        progress_id: UUID = create_progress_artifact(  # type: ignore[assignment]
+            0.0,
+            key=artifact_key(episode_id, "progress"),
+            description=f"generation run {run_id}",
+        )
+        done = [0]
 
-    engine.on_progress = on_progress
-    outcome = engine.execute(run_id, options, report.skipped)
+        def on_progress(item: object, result: str) -> None:
+            done[0] += 1
+            update_progress_artifact(progress_id, 100.0 * done[0] / total)
+
+        engine.on_progress = on_progress
+
+    outcome = generate(
+        db,
+        settings,
+        name,
+        episode_id,
+        options,
+        PrefectSecretCredentials(),
+        idempotency_key=idempotency_key,
+        batch_id=batch_id,
+        allow_duplicate=allow_duplicate,
+        executor=prefect_executor,
+        on_start=on_start,
+    )
+    if outcome.deduplicated:
+        logger.info(
+            "deduplicated: run %s was already working on the same request; joined it",
+            outcome.run_id,
+        )
+    if outcome.run_id is None:
+        logger.info(outcome.message)
+        if outcome.exit_code != ExitCode.OK:
+            raise GenerationFailed(outcome.message)
+        return outcome.to_dict()
+    run_id = outcome.run_id
     counts = outcome.counts
     create_table_artifact(
-        key=artifact_key(prepared.gate.episode_id, "cost"),
+        key=artifact_key(episode_id, "cost"),
         table=[
             {
                 "run": run_id,
@@ -107,7 +132,7 @@ def generate_episode(
                 "cost": format_minor(counts.cost_minor, counts.currency),
             }
         ],
-        description=f"cost of generation run {run_id} for {prepared.gate.episode_id}",
+        description=f"cost of generation run {run_id} for {episode_id}",
     )
     logger.info(outcome.message)
     if outcome.exit_code != ExitCode.OK:

@@ -30,7 +30,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -237,11 +237,18 @@ class RunEngine:
     follow_poll_s: float = 0.5
 
     # ------------------------------------------------------------------ the run
-    def execute(self, run_id: str, options: RunOptions, skipped: int = 0) -> RunOutcome:
-        """Run (or join) `run_id` until its items are done, failed, or it is stopped."""
+    def execute(
+        self, run_id: str, options: RunOptions, skipped: int = 0, *, deduplicated: bool = False
+    ) -> RunOutcome:
+        """Run (or join) `run_id` until its items are done, failed, or it is stopped.
+
+        `deduplicated` only labels the outcome (the caller's request joined an existing run).
+        """
         items = self.runnable_items(run_id, options)
-        self._start(run_id)
         job = _Job(self, run_id, new_owner(), options)
+        ended = self._start(run_id, job.owner, options.lease_s)
+        if ended is not None:  # the run we joined finished meanwhile: its outcome is ours
+            return replace(self._outcome(run_id, ended, skipped, ()), deduplicated=deduplicated)
         heartbeat = _Heartbeat(self.claims, job.owner, run_id, options.lease_s, self.stop)
         heartbeat.start()
         concurrency = max(1, min(options.concurrency, self.provider.capabilities.max_concurrency))
@@ -272,8 +279,10 @@ class RunEngine:
             heartbeat.done.set()
         followed = tuple(sorted(job.followed))
         if self.stop.is_set():
-            return self._stopped(run_id, job.owner, skipped, followed)
-        return self.finish(run_id, skipped, followed)
+            outcome = self._stopped(run_id, job.owner, skipped, followed)
+        else:
+            outcome = self.finish(run_id, skipped, followed)
+        return replace(outcome, deduplicated=deduplicated)
 
     def runnable_items(self, run_id: str, options: RunOptions) -> list[Item]:
         """The run's items the planning rules still allow (a resume obeys them too)."""
@@ -301,11 +310,25 @@ class RunEngine:
             state = self._move(run_id, RunState.FAILED, f"{counts.failed} items failed")
         return self._outcome(run_id, state, skipped, followed)
 
-    def _start(self, run_id: str) -> None:
-        try:
-            self.store.transition_run(run_id, RunState.RUNNING)  # False: joined a running run
-        except InvalidTransition as exc:
-            raise CommandNotAllowed(str(exc)) from None
+    def _start(self, run_id: str, owner: str, lease_s: float) -> RunState | None:
+        """Start the run, or join it and renew its lease at once (a run whose process died
+        is taken over before a sweep can reap it; one the sweep just reaped is restarted).
+
+        Returns None when this process may work on the run, or the terminal state
+        (completed, cancelled) it reached before this process could join it.
+        """
+        for _ in range(3):
+            try:
+                if self.store.transition_run(run_id, RunState.RUNNING, lease_s=lease_s):
+                    return None
+            except InvalidTransition as exc:
+                state = RunState(self.store.run_state(run_id))
+                if state in (RunState.COMPLETED, RunState.CANCELLED):
+                    return state
+                raise CommandNotAllowed(str(exc)) from None
+            if self.claims.renew(owner, run_id, lease_s) == RunState.RUNNING:
+                return None
+        raise CommandNotAllowed(f"run {run_id} keeps changing state; try again")
 
     def _move(self, run_id: str, target: RunState, error_text: str | None = None) -> RunState:
         """Move the run if it still can; the state it ends in (a concurrent move may win)."""
@@ -327,8 +350,9 @@ class RunEngine:
             state = self._move(run_id, RunState.PAUSED, INTERRUPTED)
         return self._outcome(run_id, state, skipped, followed)
 
-    def _mark_generated(self, run_id: str) -> None:
-        """The episode is generated once every image of its current plan is completed."""
+    def mark_generated(self, run_id: str | None) -> None:
+        """The episode is generated once every image of its current plan is completed
+        (also when a request found nothing to do: a rejected episode regenerates)."""
         if not self.planned_keys:
             return
         index = self.store.snapshots(self.gate.episode_pk)
@@ -340,7 +364,9 @@ class RunEngine:
             return
         with suppress(InvalidTransition):  # from allocated or rejected; approved stays approved
             ReviewStore(self.store.engine).transition(
-                self.gate.episode_pk, EpisodeState.GENERATED, {"run_id": run_id}
+                self.gate.episode_pk,
+                EpisodeState.GENERATED,
+                {"run_id": run_id} if run_id else {"reason": "every planned item completed"},
             )
 
     def _outcome(
@@ -349,7 +375,7 @@ class RunEngine:
         counts = self.store.counts(run_id)
         resume = f"episodic runs resume {run_id}"
         if state == RunState.COMPLETED:
-            self._mark_generated(run_id)
+            self.mark_generated(run_id)
             code, message = ExitCode.OK, f"run {run_id} completed"
             if followed:
                 message += f" (followed items in progress by run {', '.join(followed)})"

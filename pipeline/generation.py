@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from sqlalchemy import Engine
@@ -11,9 +12,21 @@ from sqlalchemy import Engine
 from core.errors import CommandNotAllowed
 from core.playlist import PlannedItem
 from core.settings import Settings
+from core.states import RunState
 from pipeline.engine import ItemExecutor, RunEngine, thread_pool_executor
 from pipeline.gate import CredentialSource, GatePass, build_provider, open_gate
 from pipeline.playlists import load_playlist, planned_items, playlist_sha256
+from pipeline.runs import (
+    RunOptions,
+    RunOutcome,
+    admit_run,
+    check_budget,
+    dedup_policy,
+    nothing_to_do,
+    plan,
+    prepare_resume,
+    run_request,
+)
 from providers.profiles import Profile, get_profile, load_profiles
 from storage.claims import ClaimStore
 from storage.runs import RunStore
@@ -91,3 +104,95 @@ def run_engine(
         stop=stop or threading.Event(),
         planned_keys=frozenset(item.idempotency_key for item in prepared.items),
     )
+
+
+OnStart = Callable[[RunEngine, str], None]
+
+
+def generate(
+    engine: Engine,
+    settings: Settings,
+    pipeline: str,
+    episode_id: str,
+    options: RunOptions,
+    credentials: CredentialSource,
+    *,
+    idempotency_key: str | None = None,
+    batch_id: str | None = None,
+    allow_duplicate: bool = False,
+    executor: ItemExecutor = thread_pool_executor,
+    on_start: OnStart | None = None,
+) -> RunOutcome:
+    """The Python API of `episodic generate` (the CLI and the Prefect flow call it).
+
+    In this order, so that a refused request writes nothing: the gate (id, episode), the
+    recorded plan, the budget guard, the credential (provider built), and only then the
+    choke point `admit_run`, which reuses an active run of the same request
+    (``outcome.deduplicated``) or creates one. `on_start(engine, run_id)` is called before
+    the run executes (progress displays). Errors: `InvalidInput` and its kin (exit 2),
+    `EpisodeNotFound` (5), `ProviderConfigError` (2), `IdempotencyKeyReused` (2).
+    """
+    prepared = prepare(engine, settings, pipeline, episode_id, "generate")
+    request = run_request(
+        prepared.gate,
+        prepared.items,
+        options,
+        prepared.profile,
+        idempotency_key=idempotency_key,
+        batch_id=batch_id,
+        allow_duplicate=allow_duplicate,
+    )
+    store = RunStore(engine)
+    report = plan(store, prepared.gate, prepared.items, options, prepared.profile)
+    check_budget(report, options)
+    run = run_engine(engine, settings, prepared, credentials, executor)
+    admission = admit_run(
+        store,
+        prepared.gate,
+        prepared.items,
+        report,
+        options,
+        prepared.profile,
+        request,
+        dedup_policy(settings),
+    )
+    if admission.run_id is None:
+        outcome = nothing_to_do(prepared.gate, report, options)
+        if outcome.state == RunState.COMPLETED:
+            run.mark_generated(None)
+        return outcome
+    if on_start is not None:
+        on_start(run, admission.run_id)
+    return run.execute(
+        admission.run_id, options, report.skipped, deduplicated=admission.deduplicated
+    )
+
+
+def resume(
+    engine: Engine,
+    settings: Settings,
+    run_id: str,
+    credentials: CredentialSource,
+    *,
+    force_resubmit: bool = False,
+    executor: ItemExecutor = thread_pool_executor,
+    on_start: OnStart | None = None,
+) -> RunOutcome:
+    """The Python API of `episodic runs resume` / `retry`: finish a paused or failed run,
+    join a live one (``deduplicated``), or take over one whose process died (lease expired).
+    A completed run answers at once. Errors: `RunNotFound` (5), `CommandNotAllowed` (2)."""
+    store = RunStore(engine)
+    stored = store.get_run(run_id)
+    prepared = prepare(engine, settings, stored.pipeline, stored.episode_id, "resume")
+    if stored.state == "completed":
+        from core.exit_codes import ExitCode
+
+        counts = store.counts(run_id)
+        message = f"run {run_id} already completed; nothing to resume"
+        return RunOutcome(run_id, RunState.COMPLETED, ExitCode.OK, counts, 0, message)
+    options = replace(RunOptions.from_params(stored.params), force_resubmit=force_resubmit)
+    run = run_engine(engine, settings, prepared, credentials, executor)
+    admission = prepare_resume(store, run_id, dedup_policy(settings))
+    if on_start is not None:
+        on_start(run, run_id)
+    return run.execute(run_id, options, 0, deduplicated=admission.deduplicated)

@@ -14,15 +14,17 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from core.dedup import Admission, RunRequest, parse_batch_id, parse_idempotency_key
 from core.errors import BudgetExceeded, CommandNotAllowed
 from core.exit_codes import ExitCode
 from core.playlist import PlannedItem
 from core.runs import ItemSnapshot, PlanReport, RunCounts
+from core.settings import Settings
 from core.states import ItemState, RunState, SubmissionState
 from pipeline.gate import GatePass
 from providers.profiles import Profile
 from storage.base import utcnow
-from storage.runs import RunStore
+from storage.runs import DedupPolicy, RunStore
 
 DEFAULT_LEASE_S = 30.0
 
@@ -111,8 +113,9 @@ def plan(
             continue
         kind = classify(snapshot, options, now)
         tally[kind] += 1
-        if kind in ("new", "collect", "retry", "reconcile", "busy"):  # busy: followed
-            (new_keys if snapshot is None else reuse_keys).append(item.idempotency_key)
+        # busy: followed; exhausted: a member, so the run cannot end "completed" while it
+        # stays failed (the engine does not run it)
+        (new_keys if snapshot is None else reuse_keys).append(item.idempotency_key)
     paid = tally["new"] + tally["retry"]
     return PlanReport(
         new_calls=paid,
@@ -141,51 +144,128 @@ def check_budget(report: PlanReport, options: RunOptions) -> None:
         )
 
 
-def create_run(
+def dedup_policy(settings: Settings) -> DedupPolicy:
+    """The dedup window, pending TTL and fallback lease from settings (seconds)."""
+    return DedupPolicy(
+        window_s=settings.dedup_window_s,
+        pending_ttl_s=settings.pending_ttl_s,
+        fallback_lease_s=settings.lease_s,
+    )
+
+
+def run_request(
+    gate: GatePass,
+    items: Sequence[PlannedItem],
+    options: RunOptions,
+    profile: Profile,
+    *,
+    idempotency_key: str | None = None,
+    batch_id: str | None = None,
+    allow_duplicate: bool = False,
+) -> RunRequest:
+    """The request as dedup sees it: what is generated (selection, plan digest, retry and
+    cost limits, provider profile), not how fast (concurrency and lease are left out)."""
+    keys = sorted(it.idempotency_key for it in items)
+    params = {
+        "only": sorted(options.only) if options.only is not None else None,
+        "max_retries": options.max_retries,
+        "max_images": options.max_images,
+        "max_cost_minor": options.max_cost_minor,
+        "force_resubmit": options.force_resubmit,
+        "provider_profile": profile.id,
+        "plan_sha256": hashlib.sha256(",".join(keys).encode()).hexdigest(),
+    }
+    return RunRequest(
+        pipeline=gate.pipeline,
+        episode_id=gate.episode_id,
+        command=gate.command,
+        params=params,
+        idempotency_key=parse_idempotency_key(idempotency_key),
+        batch_id=parse_batch_id(batch_id),
+        allow_duplicate=allow_duplicate,
+    )
+
+
+def admit_run(
     store: RunStore,
     gate: GatePass,
     items: Sequence[PlannedItem],
     report: PlanReport,
     options: RunOptions,
     profile: Profile,
-) -> str:
+    request: RunRequest,
+    policy: DedupPolicy,
+) -> Admission:
+    """The one way a generation run comes to exist (CLI, Python API, Prefect flows).
+
+    Call it last, after validation, the budget guard and the credential check (a refused
+    request writes nothing). An active run of the same request (DESIGN 6) is reused and the
+    answer says ``deduplicated``; with nothing to do (every item completed or out of
+    retries) no run is created and the answer has no run id.
+    Raises `BudgetExceeded`, `IdempotencyKeyReused` (exit 2).
+    """
     check_budget(report, options)
     new = set(report.new_keys)
     params = {**options.params(), "provider_profile": profile.id}
-    return store.create_run(
+    return store.admit(
         gate.episode_pk,
-        gate.command,
+        request,
         params,
         [it for it in items if it.idempotency_key in new],
         report.reuse_keys,
+        policy=policy,
+        create=report.has_work,
     )
+
+
+def nothing_to_do(gate: GatePass, report: PlanReport, options: RunOptions) -> RunOutcome:
+    """The answer when no run was needed: every item completed, or the rest out of retries."""
+    if report.exhausted:
+        code = ExitCode.PARTIAL if report.skipped else ExitCode.RUN_FAILED
+        message = (
+            f"{gate.episode_id}: {report.exhausted} items failed {options.max_attempts} times "
+            f"and are out of retries; run `episodic generate {gate.episode_id} --max-retries "
+            f"{options.max_retries + 1}` to allow another paid attempt"
+        )
+        return RunOutcome(None, RunState.FAILED, code, RunCounts(), report.skipped, message)
+    message = f"{gate.episode_id}: all {report.skipped} items already completed; nothing to do"
+    return RunOutcome(None, RunState.COMPLETED, ExitCode.OK, RunCounts(), report.skipped, message)
 
 
 JOINABLE_RUN_STATES = frozenset({RunState.PAUSED, RunState.FAILED, RunState.RUNNING})
 
 
-def prepare_resume(store: RunStore, run_id: str) -> None:
-    """A paused or failed run resumes; a running one is joined (claims split its items)."""
+def prepare_resume(store: RunStore, run_id: str, policy: DedupPolicy) -> Admission:
+    """A paused or failed run resumes; a running one is joined (claims split its items).
+
+    ``deduplicated`` is True when the run is alive (another process is working on it: this
+    caller joins it); a running run whose lease expired (its process died) is taken over.
+    Raises `CommandNotAllowed` for a completed or cancelled run, `RunNotFound`.
+    """
     run = store.get_run(run_id)
     if RunState(run.state) not in JOINABLE_RUN_STATES:
         raise CommandNotAllowed(
             f"run {run_id} is {run.state}; only paused, failed or running runs resume"
         )
+    alive = RunState(run.state) == RunState.RUNNING and store.join(run_id, policy)
+    return Admission(run_id, deduplicated=alive)
 
 
 @dataclass(frozen=True, slots=True)
 class RunOutcome:
-    run_id: str
+    run_id: str | None  # None: nothing to do, no run was created
     state: RunState
     exit_code: ExitCode
     counts: RunCounts
     skipped: int
     message: str
     followed: tuple[str, ...] = ()  # other runs whose claims this run waited for
+    deduplicated: bool = False  # the run already existed for the same request: joined
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "run_id": self.run_id,
+            "deduplicated": self.deduplicated,
             "state": self.state.value,
             "exit_code": int(self.exit_code),
             "skipped": self.skipped,

@@ -137,7 +137,8 @@ class ClaimStore:
             return conn.execute(select(_items.c.id).where(_holds(claim, now))).first() is not None
 
     def renew(self, owner: str, run_id: str, lease_s: float) -> str | None:
-        """Heartbeat: extend every live claim of `owner`; return the run's state."""
+        """Heartbeat: extend every live claim of `owner` and the run's lease by `lease_s`
+        seconds; return the run's state (None if it does not exist)."""
         now = utcnow()
         with tx.write(self.engine) as conn:
             conn.execute(
@@ -145,7 +146,11 @@ class ClaimStore:
                 .where(_items.c.claim_owner == owner, _items.c.state == ItemState.RUNNING)
                 .values(lease_expires_at=now + timedelta(seconds=lease_s))
             )
-            conn.execute(update(_runs).where(_runs.c.id == run_id).values(heartbeat_at=now))
+            conn.execute(  # the run's lease: alive while any process working on it renews
+                update(_runs)
+                .where(_runs.c.id == run_id, _runs.c.state == RunState.RUNNING)
+                .values(heartbeat_at=now, lease_expires_at=now + timedelta(seconds=lease_s))
+            )
             state = conn.execute(select(_runs.c.state).where(_runs.c.id == run_id)).scalar()
         return None if state is None else str(state)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, ForeignKey, Integer, String, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, ForeignKey, Index, Integer, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from core.episodes import Episode, EpisodeEvent
@@ -92,12 +92,24 @@ class RunRow(Base):
     command: Mapped[str] = mapped_column(String(32))
     state: Mapped[str] = mapped_column(String(16), index=True)
     params: Mapped[dict[str, Any]] = mapped_column(JSON)
-    fingerprint: Mapped[str | None] = mapped_column(String(64), index=True)
+    # Dispatch dedup (DESIGN 6): the request's fingerprint (explicit key or a digest of
+    # pipeline, episode, command and canonical parameters) and the digest of its parameters.
+    fingerprint: Mapped[str | None] = mapped_column(String(64))
+    request_sha256: Mapped[str | None] = mapped_column(String(64))
+    idempotency_key: Mapped[str | None] = mapped_column(String(255))
+    batch_id: Mapped[str | None] = mapped_column(String(64))
     error_text: Mapped[str | None] = mapped_column(String(2000))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column()
     heartbeat_at: Mapped[datetime | None] = mapped_column()
+    # Liveness: every process working on the run pushes this forward; expired = nobody is.
+    lease_expires_at: Mapped[datetime | None] = mapped_column()
     finished_at: Mapped[datetime | None] = mapped_column()
+
+    __table_args__ = (
+        Index("ix_runs_fingerprint_created_at", "fingerprint", "created_at"),
+        Index("ix_runs_state_created_at", "state", "created_at"),
+    )
 
 
 class ItemRow(Base):
@@ -131,6 +143,8 @@ class ItemRow(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column()
     finished_at: Mapped[datetime | None] = mapped_column()
+
+    __table_args__ = (Index("ix_items_state_lease", "state", "lease_expires_at"),)
 
 
 class RunItemRow(Base):

@@ -12,17 +12,38 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Sequence
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, Engine, Table, func, insert, select, update
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Engine,
+    Table,
+    and_,
+    func,
+    insert,
+    or_,
+    select,
+    text,
+    update,
+)
 
-from core.errors import EpisodeNotFound, InvalidTransition, RunNotFound, StorageError
+from core.dedup import Admission, RunRequest
+from core.errors import (
+    EpisodeNotFound,
+    IdempotencyKeyReused,
+    InvalidTransition,
+    RunNotFound,
+    StorageError,
+)
 from core.playlist import PlannedItem
 from core.runs import Item, ItemSnapshot, Run, RunCounts
 from core.states import RUN_TRANSITIONS, ItemState, RunState, SubmissionState
 from storage import tx
 from storage.base import utcnow
+from storage.lock import advisory_key
 from storage.models import (
     CostEntryRow,
     EpisodePlanRow,
@@ -43,7 +64,42 @@ _costs: Table = CostEntryRow.__table__  # type: ignore[assignment]
 
 OPEN_SUBMISSION_STATES = (SubmissionState.INTENT, SubmissionState.ACCEPTED, SubmissionState.UNKNOWN)
 _T = TypeVar("_T")
+_ADVISORY_XACT_LOCK = text("SELECT pg_advisory_xact_lock(:k)")
 _COMPLETED = ItemSnapshot(ItemState.COMPLETED, 0, None, None)
+
+
+@dataclass(frozen=True, slots=True)
+class DedupPolicy:
+    """Seconds: the dedup window, the pending TTL, and the lease assumed for a running run
+    that never recorded one (rows written before run leases existed)."""
+
+    window_s: float = 900.0
+    pending_ttl_s: float = 900.0
+    fallback_lease_s: float = 30.0
+
+
+def run_alive(now: datetime, fallback_lease_s: float) -> ColumnElement[bool]:
+    """A running run's lease is live: renewed by a heartbeat, or (no lease recorded) its
+    latest sign of life ``COALESCE(heartbeat_at, started_at, created_at)`` is recent."""
+    return or_(
+        _runs.c.lease_expires_at >= now,
+        and_(
+            _runs.c.lease_expires_at.is_(None),
+            func.coalesce(_runs.c.heartbeat_at, _runs.c.started_at, _runs.c.created_at)
+            >= now - timedelta(seconds=fallback_lease_s),
+        ),
+    )
+
+
+def active_run(now: datetime, policy: DedupPolicy) -> ColumnElement[bool]:
+    """Pending and younger than the pending TTL, or running with a live lease."""
+    return or_(
+        and_(
+            _runs.c.state == RunState.PENDING,
+            _runs.c.created_at >= now - timedelta(seconds=policy.pending_ttl_s),
+        ),
+        and_(_runs.c.state == RunState.RUNNING, run_alive(now, policy.fallback_lease_s)),
+    )
 
 
 def sources_of(target: RunState) -> list[str]:
@@ -178,52 +234,82 @@ class RunStore:
         new_items: Sequence[PlannedItem],
         reuse_keys: Iterable[str],
     ) -> str:
-        """Insert the run (pending) and its membership, creating items that do not exist yet.
-
-        Another run of the episode may create the same items at the same moment: an item
-        that already exists is joined, never an error (``ON CONFLICT DO NOTHING``).
-        """
-        run_id = str(uuid.uuid4())
-        now = utcnow()
-        keys = [it.idempotency_key for it in new_items] + list(reuse_keys)
+        """Insert a run without any dedup (benchmarks and tests; callers use `admit`)."""
         with tx.write(self.engine) as conn:
-            conn.execute(
-                insert(_runs).values(
-                    id=run_id,
-                    episode_pk=episode_pk,
-                    command=command,
-                    state=RunState.PENDING,
-                    params=params,
-                    created_at=now,
+            return _insert_run(conn, episode_pk, command, params, new_items, reuse_keys, {})
+
+    def admit(
+        self,
+        episode_pk: int,
+        request: RunRequest,
+        params: dict[str, Any],
+        new_items: Sequence[PlannedItem],
+        reuse_keys: Sequence[str],
+        *,
+        policy: DedupPolicy,
+        create: bool = True,
+    ) -> Admission:
+        """The write choke point (DESIGN 6): reuse an active run of the same request, or
+        create one, in one transaction serialized per fingerprint.
+
+        Postgres takes ``pg_advisory_xact_lock`` on the fingerprint (READ COMMITTED would let
+        two callers both see "no run" and both insert); SQLite's ``BEGIN IMMEDIATE`` already
+        serializes writers. Within ``policy.window_s`` of its creation a ``pending`` run
+        (younger than the pending TTL) or a ``running`` run whose lease is live is reused
+        (``deduplicated=True``), unless the request allows duplicates. An explicit idempotency
+        key seen within the window with other parameters raises `IdempotencyKeyReused`.
+        With ``create=False`` (nothing to do) no run is written: the answer has no run id.
+        """
+        fingerprint = request.fingerprint
+        now = utcnow()
+        with tx.write(self.engine) as conn:
+            if conn.dialect.name == "postgresql":
+                conn.execute(_ADVISORY_XACT_LOCK, {"k": advisory_key(f"run:{fingerprint}")})
+            if policy.window_s > 0:
+                recent = (_runs.c.fingerprint == fingerprint) & (
+                    _runs.c.created_at >= now - timedelta(seconds=policy.window_s)
                 )
+                if request.idempotency_key is not None:
+                    other = conn.execute(
+                        select(_runs.c.id)
+                        .where(recent, _runs.c.request_sha256 != request.request_sha256)
+                        .order_by(_runs.c.created_at.desc())
+                        .limit(1)
+                    ).scalar()
+                    if other is not None:
+                        raise IdempotencyKeyReused(request.idempotency_key, other)
+                if not request.allow_duplicate:
+                    existing = conn.execute(
+                        select(_runs.c.id)
+                        .where(recent, active_run(now, policy))
+                        .order_by(_runs.c.created_at.desc())
+                        .limit(1)
+                    ).scalar()
+                    if existing is not None:
+                        return Admission(existing, deduplicated=True, fingerprint=fingerprint)
+            if not create:
+                return Admission(None, fingerprint=fingerprint)
+            extra = {
+                "fingerprint": fingerprint,
+                "request_sha256": request.request_sha256,
+                "idempotency_key": request.idempotency_key,
+                "batch_id": request.batch_id,
+            }
+            run_id = _insert_run(
+                conn, episode_pk, request.command, params, new_items, reuse_keys, extra
             )
-            if new_items:
-                _insert_new_items(conn, episode_pk, run_id, new_items, now)
-            pks: list[int] = []
-            for key_chunk in _chunks(keys, 500):
-                pks.extend(
-                    conn.execute(
-                        select(_items.c.id).where(
-                            _items.c.idempotency_key.in_(key_chunk),
-                            _items.c.episode_pk == episode_pk,
-                        )
-                    ).scalars()
-                )
-            if len(pks) != len(set(keys)):
-                raise StorageError(
-                    f"{len(set(keys)) - len(pks)} planned item keys belong to another episode"
-                )
-            if pks:
-                conn.execute(insert(_members), [{"run_id": run_id, "item_pk": pk} for pk in pks])
-            conn.execute(  # a cancelled item included in a new run starts over as pending
-                update(_items)
-                .where(
-                    _items.c.id.in_(select(_members.c.item_pk).where(_members.c.run_id == run_id)),
-                    _items.c.state == ItemState.CANCELLED,
-                )
-                .values(state=ItemState.PENDING)
+        return Admission(run_id, created=True, fingerprint=fingerprint)
+
+    def join(self, run_id: str, policy: DedupPolicy) -> bool:
+        """True if `run_id` is active now (pending, or running with a live lease): a caller
+        resuming it joins work in progress rather than recovering a dead run."""
+        with tx.read(self.engine) as conn:
+            return (
+                conn.execute(
+                    select(_runs.c.id).where(_runs.c.id == run_id, active_run(utcnow(), policy))
+                ).first()
+                is not None
             )
-        return run_id
 
     # ------------------------------------------------------------------ runs
     def get_run(self, run_id: str) -> Run:
@@ -267,36 +353,40 @@ class RunStore:
             raise RunNotFound(f"run {run_id} not found")
         return str(state)
 
-    def transition_run(self, run_id: str, target: RunState, error_text: str | None = None) -> bool:
+    def transition_run(
+        self,
+        run_id: str,
+        target: RunState,
+        error_text: str | None = None,
+        *,
+        lease_s: float | None = None,
+    ) -> bool:
         """Move the run to `target` with one guarded statement.
 
-        Returns True if this call moved it, False if it already was there (a concurrent
-        caller got there first). Raises `InvalidTransition` naming the current state when
-        the move is not allowed from it (e.g. a run cancelled meanwhile), `RunNotFound`.
+        Entering ``running`` starts the run's lease (`lease_s` seconds, renewed by every
+        process working on it); any other target ends it. Returns True if this call moved
+        the run, False if it already was there (a concurrent caller got there first). Raises
+        `InvalidTransition` naming the current state when the move is not allowed from it
+        (e.g. a run cancelled meanwhile), `RunNotFound`.
         """
         now = utcnow()
         values: dict[str, Any] = {"state": target, "error_text": error_text, "heartbeat_at": now}
         if target == RunState.RUNNING:
-            values.update(started_at=now, finished_at=None)
+            values.update(
+                started_at=now,
+                finished_at=None,
+                lease_expires_at=now + timedelta(seconds=lease_s or 30.0),
+            )
         else:
-            values["finished_at"] = now
+            values.update(finished_at=now, lease_expires_at=None)
         with tx.write(self.engine) as conn:
             moved = conn.execute(
                 update(_runs)
                 .where(_runs.c.id == run_id, _runs.c.state.in_(sources_of(target)))
                 .values(**values)
             ).rowcount
-            if moved and target == RunState.CANCELLED:  # nothing unstarted is left behind
-                conn.execute(
-                    update(_items)
-                    .where(
-                        _items.c.id.in_(
-                            select(_members.c.item_pk).where(_members.c.run_id == run_id)
-                        ),
-                        _items.c.state == ItemState.PENDING,
-                    )
-                    .values(state=ItemState.CANCELLED, finished_at=now)
-                )
+            if moved and target == RunState.CANCELLED:
+                cancel_orphaned_items(conn, [run_id], now)
             if moved:
                 return True
             current = conn.execute(select(_runs.c.state).where(_runs.c.id == run_id)).scalar()
@@ -366,6 +456,94 @@ class RunStore:
             )
 
 
+def cancel_orphaned_items(conn: Connection, run_ids: Sequence[str], now: datetime) -> int:
+    """Terminalize the unstarted children of cancelled runs: their ``pending`` items that no
+    other active run includes become ``cancelled``. Running items stay with their claim
+    holder (its heartbeat sees the cancel and stops; a dead holder's lease expires and the
+    sweep fails the item); submissions are never touched (they are the ledger's evidence)."""
+    if not run_ids:
+        return 0
+    other = _members.alias("other")
+    live_elsewhere = (
+        select(other.c.item_pk)
+        .join(_runs, _runs.c.id == other.c.run_id)
+        .where(
+            other.c.run_id.not_in(list(run_ids)),
+            _runs.c.state.in_([RunState.PENDING, RunState.RUNNING, RunState.PAUSED]),
+        )
+    )
+    return int(
+        conn.execute(
+            update(_items)
+            .where(
+                _items.c.id.in_(
+                    select(_members.c.item_pk).where(_members.c.run_id.in_(list(run_ids)))
+                ),
+                _items.c.id.not_in(live_elsewhere),
+                _items.c.state == ItemState.PENDING,
+            )
+            .values(state=ItemState.CANCELLED, finished_at=now)
+        ).rowcount
+    )
+
+
+def _insert_run(
+    conn: Connection,
+    episode_pk: int,
+    command: str,
+    params: dict[str, Any],
+    new_items: Sequence[PlannedItem],
+    reuse_keys: Iterable[str],
+    extra: dict[str, Any],
+) -> str:
+    """Insert the run (pending) and its membership, creating items that do not exist yet.
+
+    Another run of the episode may create the same items at the same moment: an item
+    that already exists is joined, never an error (``ON CONFLICT DO NOTHING``).
+    """
+    run_id = str(uuid.uuid4())
+    now = utcnow()
+    keys = [it.idempotency_key for it in new_items] + list(reuse_keys)
+    conn.execute(
+        insert(_runs).values(
+            id=run_id,
+            episode_pk=episode_pk,
+            command=command,
+            state=RunState.PENDING,
+            params=params,
+            created_at=now,
+            **extra,
+        )
+    )
+    if new_items:
+        _insert_new_items(conn, episode_pk, run_id, new_items, now)
+    pks: list[int] = []
+    for key_chunk in _chunks(keys, 500):
+        pks.extend(
+            conn.execute(
+                select(_items.c.id).where(
+                    _items.c.idempotency_key.in_(key_chunk),
+                    _items.c.episode_pk == episode_pk,
+                )
+            ).scalars()
+        )
+    if len(pks) != len(set(keys)):
+        raise StorageError(
+            f"{len(set(keys)) - len(pks)} planned item keys belong to another episode"
+        )
+    if pks:
+        conn.execute(insert(_members), [{"run_id": run_id, "item_pk": pk} for pk in pks])
+    conn.execute(  # a cancelled item included in a new run starts over as pending
+        update(_items)
+        .where(
+            _items.c.id.in_(select(_members.c.item_pk).where(_members.c.run_id == run_id)),
+            _items.c.state == ItemState.CANCELLED,
+        )
+        .values(state=ItemState.PENDING)
+    )
+    return run_id
+
+
 def _insert_new_items(
     conn: Connection,
     episode_pk: int,
@@ -413,6 +591,11 @@ def _run(row: Any) -> Run:
         started_at=row.started_at,
         finished_at=row.finished_at,
         error_text=row.error_text,
+        heartbeat_at=row.heartbeat_at,
+        lease_expires_at=row.lease_expires_at,
+        idempotency_key=row.idempotency_key,
+        batch_id=row.batch_id,
+        fingerprint=row.fingerprint,
     )
 
 

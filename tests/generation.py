@@ -16,8 +16,8 @@ from core.ids import WeekId
 from core.settings import Settings, load_settings
 from pipeline.allocation import allocate
 from pipeline.gate import EnvironmentCredentials
-from pipeline.generation import prepare, record_plan, run_engine
-from pipeline.runs import RunOptions, RunOutcome, create_run, plan
+from pipeline.generation import generate, prepare, record_plan, run_engine
+from pipeline.runs import RunOptions, RunOutcome
 from storage.runs import RunStore
 
 
@@ -79,29 +79,58 @@ class Episode:
     def plan(self, playlist: Path) -> None:
         record_plan(self.engine, "weekly", self.episode_id, playlist)
 
-    def generate(self, **options: Any) -> RunOutcome:
-        prepared = prepare(self.engine, self.settings, "weekly", self.episode_id, "generate")
-        opts = RunOptions(**options)
-        store = RunStore(self.engine)
-        report = plan(store, prepared.gate, prepared.items, opts, prepared.profile)
-        run_id = create_run(store, prepared.gate, prepared.items, report, opts, prepared.profile)
-        return run_engine(self.engine, self.settings, prepared, EnvironmentCredentials()).execute(
-            run_id, opts, report.skipped
+    def generate(self, *, dedup: dict[str, Any] | None = None, **options: Any) -> RunOutcome:
+        """Through the Python API (the choke point); `dedup` passes idempotency_key,
+        batch_id or allow_duplicate."""
+        return generate(
+            self.engine,
+            self.settings,
+            "weekly",
+            self.episode_id,
+            RunOptions(**options),
+            EnvironmentCredentials(),
+            **(dedup or {}),
         )
 
     def resume(self, run_id: str, **overrides: Any) -> RunOutcome:
         from dataclasses import replace
 
-        from pipeline.runs import prepare_resume
+        from pipeline.runs import dedup_policy, prepare_resume
 
         store = RunStore(self.engine)
         run = store.get_run(run_id)
-        prepare_resume(store, run_id)
+        admission = prepare_resume(store, run_id, dedup_policy(self.settings))
         prepared = prepare(self.engine, self.settings, "weekly", self.episode_id, "resume")
         options = replace(RunOptions.from_params(run.params), **overrides)
         return run_engine(self.engine, self.settings, prepared, EnvironmentCredentials()).execute(
-            run_id, options
+            run_id, options, deduplicated=admission.deduplicated
         )
+
+
+def new_run(episode: Episode, options: RunOptions | None = None) -> str:
+    """A run of every planned item through the choke point, not started (pending)."""
+    from core.settings import load_settings
+    from pipeline.runs import admit_run, dedup_policy, plan, run_request
+
+    prepared = prepare(episode.engine, episode.settings, "weekly", episode.episode_id, "generate")
+    store = RunStore(episode.engine)
+    opts = options or RunOptions()
+    report = plan(store, prepared.gate, prepared.items, opts, prepared.profile)
+    request = run_request(
+        prepared.gate, prepared.items, opts, prepared.profile, allow_duplicate=True
+    )
+    admission = admit_run(
+        store,
+        prepared.gate,
+        prepared.items,
+        report,
+        opts,
+        prepared.profile,
+        request,
+        dedup_policy(load_settings()),
+    )
+    assert admission.run_id is not None
+    return admission.run_id
 
 
 def new_episode(engine: Engine, key: str = "test:1") -> Episode:

@@ -45,15 +45,10 @@ def fake_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def _running_run(episode: Episode) -> str:
     """A run that includes every planned item, moved to running (nothing claimed yet)."""
-    from pipeline.generation import prepare
-    from pipeline.runs import RunOptions, create_run, plan
+    from tests.generation import new_run
 
-    prepared = prepare(episode.engine, episode.settings, "weekly", episode.episode_id, "generate")
-    store = RunStore(episode.engine)
-    options = RunOptions()
-    report = plan(store, prepared.gate, prepared.items, options, prepared.profile)
-    run_id = create_run(store, prepared.gate, prepared.items, report, options, prepared.profile)
-    store.transition_run(run_id, RunState.RUNNING)
+    run_id = new_run(episode)
+    RunStore(episode.engine).transition_run(run_id, RunState.RUNNING)
     return run_id
 
 

@@ -13,7 +13,6 @@ from core.exit_codes import ExitCode
 from core.states import RunState
 from storage.base import utcnow
 from storage.models import CostEntryRow, ItemRow, RunRow, SubmissionRow
-from storage.runs import RunStore
 from tests.generation import (
     Episode,
     new_episode,
@@ -235,7 +234,8 @@ def test_a_stop_before_the_call_withdraws_the_intent(episode: Episode, tmp_path:
     from pipeline.check import check_episodes
     from pipeline.gate import EnvironmentCredentials
     from pipeline.generation import prepare, run_engine
-    from pipeline.runs import RunOptions, create_run, plan
+    from pipeline.runs import RunOptions
+    from tests.generation import new_run
 
     episode.plan(write_playlist(tmp_path / "p", ["a", "b", "c"]))
 
@@ -245,10 +245,8 @@ def test_a_stop_before_the_call_withdraws_the_intent(episode: Episode, tmp_path:
         raise RuntimeError("no provider slot")
 
     prepared = prepare(episode.engine, episode.settings, "weekly", episode.episode_id, "generate")
-    store = RunStore(episode.engine)
     options = RunOptions()
-    report = plan(store, prepared.gate, prepared.items, options, prepared.profile)
-    run_id = create_run(store, prepared.gate, prepared.items, report, options, prepared.profile)
+    run_id = new_run(episode, options)
     engine = run_engine(
         episode.engine,
         episode.settings,

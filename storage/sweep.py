@@ -1,0 +1,212 @@
+"""The stale sweep (DESIGN 6): the safety net for whatever the choke point let through.
+
+Buckets, each a guarded bulk move along an allowed transition:
+
+- ``expired_runs``: ``running`` runs whose lease expired (no process renews it; rows without
+  a lease are judged by ``COALESCE(heartbeat_at, started_at, created_at)``) → ``failed``,
+  resumable, with the reason recorded;
+- ``expired_items``: ``running`` items whose claim lease expired → ``failed`` (claim
+  cleared; an open submission stays as it is: an accepted job keeps its reference and a
+  resume collects it, an intent is reconciled, never resubmitted);
+- ``stale_pending_runs``: ``pending`` runs older than the pending TTL (never started) →
+  ``cancelled``;
+- ``orphaned_items``: ``pending`` items of cancelled runs that no active run includes →
+  ``cancelled``.
+
+Every ``UPDATE`` repeats its selection condition, so two sweeps at once (or a sweep racing a
+worker that just renewed its lease) never move a row twice or move a live one: each reports
+only the rows its own statement moved (``RETURNING``). Completed work is never touched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Engine,
+    Table,
+    and_,
+    literal,
+    or_,
+    select,
+    update,
+)
+
+from core.states import ItemState, RunState
+from storage import tx
+from storage.base import utcnow
+from storage.models import ItemRow, RunItemRow, RunRow
+from storage.runs import DedupPolicy, cancel_orphaned_items, run_alive
+
+_runs: Table = RunRow.__table__  # type: ignore[assignment]
+_items: Table = ItemRow.__table__  # type: ignore[assignment]
+_members: Table = RunItemRow.__table__  # type: ignore[assignment]
+
+BUCKETS = ("expired_runs", "expired_items", "stale_pending_runs", "orphaned_items")
+_CHUNK = 500
+
+
+@dataclass(frozen=True, slots=True)
+class SweepReport:
+    """Per bucket, the ids moved (or, in a dry run, that would be moved)."""
+
+    dry_run: bool
+    at: datetime
+    moved: dict[str, list[Any]] = field(default_factory=dict)
+
+    def count(self, bucket: str) -> int:
+        return len(self.moved.get(bucket, []))
+
+    @property
+    def total(self) -> int:
+        return sum(len(v) for v in self.moved.values())
+
+
+def _expired_run(now: datetime, policy: DedupPolicy) -> ColumnElement[bool]:
+    return and_(_runs.c.state == RunState.RUNNING, ~run_alive(now, policy.fallback_lease_s))
+
+
+def _expired_item(now: datetime) -> ColumnElement[bool]:
+    return and_(
+        _items.c.state == ItemState.RUNNING,
+        or_(_items.c.lease_expires_at < now, _items.c.lease_expires_at.is_(None)),
+    )
+
+
+def _stale_pending(now: datetime, policy: DedupPolicy) -> ColumnElement[bool]:
+    return and_(
+        _runs.c.state == RunState.PENDING,
+        _runs.c.created_at < now - timedelta(seconds=policy.pending_ttl_s),
+    )
+
+
+def _orphaned_item_ids(conn: Connection) -> list[int]:
+    active = [RunState.PENDING, RunState.RUNNING, RunState.PAUSED]
+    live = select(_members.c.item_pk).join(_runs, _runs.c.id == _members.c.run_id)
+    rows = conn.execute(
+        select(_items.c.id)
+        .where(
+            _items.c.state == ItemState.PENDING,
+            _items.c.id.in_(live.where(_runs.c.state == RunState.CANCELLED)),
+            _items.c.id.not_in(live.where(_runs.c.state.in_(active))),
+        )
+        .order_by(_items.c.id)
+    )
+    return [int(pk) for pk in rows.scalars()]
+
+
+class Sweeper:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def sweep(self, policy: DedupPolicy, *, dry_run: bool = False) -> SweepReport:
+        """Run every bucket once; returns what each moved. Safe to run concurrently."""
+        now = utcnow()
+        report = SweepReport(dry_run, now, {bucket: [] for bucket in BUCKETS})
+        expired = _expired_run(now, policy)
+        self._bucket(
+            report,
+            "expired_runs",
+            select(_runs.c.id).where(expired).order_by(_runs.c.created_at),
+            lambda ids: (
+                update(_runs)
+                .where(_runs.c.id.in_(ids), expired)
+                .values(
+                    state=RunState.FAILED,
+                    finished_at=now,
+                    lease_expires_at=None,
+                    error_text=literal(
+                        "lease expired: no process renewed it (killed?); resume with "
+                        "`episodic runs resume "
+                    )
+                    + _runs.c.id
+                    + literal("`"),
+                )
+                .returning(_runs.c.id)
+            ),
+            dry_run,
+        )
+        item_expired = _expired_item(now)
+        self._bucket(
+            report,
+            "expired_items",
+            select(_items.c.id).where(item_expired).order_by(_items.c.id),
+            lambda ids: (
+                update(_items)
+                .where(_items.c.id.in_(ids), item_expired)
+                .values(
+                    state=ItemState.FAILED,
+                    claim_owner=None,
+                    lease_expires_at=None,
+                    finished_at=now,
+                    error_text="lease expired: its worker stopped renewing the claim; "
+                    "a resume continues it (an accepted job is collected, never bought again)",
+                )
+                .returning(_items.c.id)
+            ),
+            dry_run,
+        )
+        stale = _stale_pending(now, policy)
+        self._bucket(
+            report,
+            "stale_pending_runs",
+            select(_runs.c.id).where(stale).order_by(_runs.c.created_at),
+            lambda ids: (
+                update(_runs)
+                .where(_runs.c.id.in_(ids), stale)
+                .values(
+                    state=RunState.CANCELLED,
+                    finished_at=now,
+                    error_text=f"never started within {policy.pending_ttl_s:g} s: "
+                    "cancelled by the sweep",
+                )
+                .returning(_runs.c.id)
+            ),
+            dry_run,
+        )
+        with tx.write(self.engine) if not dry_run else tx.read(self.engine) as conn:
+            orphans = _orphaned_item_ids(conn)
+            if not dry_run and orphans:
+                orphans = [
+                    int(pk)
+                    for chunk in _chunks(orphans)
+                    for pk in conn.execute(
+                        update(_items)
+                        .where(_items.c.id.in_(chunk), _items.c.state == ItemState.PENDING)
+                        .values(state=ItemState.CANCELLED, finished_at=now)
+                        .returning(_items.c.id)
+                    ).scalars()
+                ]
+        report.moved["orphaned_items"] = orphans
+        return report
+
+    def _bucket(
+        self,
+        report: SweepReport,
+        bucket: str,
+        candidates: Any,
+        move: Callable[[Sequence[Any]], Any],
+        dry_run: bool,
+    ) -> None:
+        with tx.read(self.engine) as conn:
+            ids = [row[0] for row in conn.execute(candidates)]
+        if dry_run or not ids:
+            report.moved[bucket] = ids
+            return
+        moved: list[Any] = []
+        for chunk in _chunks(ids):
+            with tx.write(self.engine) as conn:
+                done = list(conn.execute(move(chunk)).scalars())
+                if bucket == "stale_pending_runs" and done:
+                    cancel_orphaned_items(conn, done, report.at)
+            moved.extend(done)
+        report.moved[bucket] = moved
+
+
+def _chunks(values: Sequence[Any]) -> list[Sequence[Any]]:
+    return [values[i : i + _CHUNK] for i in range(0, len(values), _CHUNK)]
