@@ -16,7 +16,7 @@ import click
 import typer
 
 from cli import allocate as allocate_cmd
-from cli import check, db, demo, episodes, generate, legacy, review, runs, serve
+from cli import check, db, demo, episodes, generate, legacy, maintenance, review, runs, serve
 from cli.output import error
 
 app = typer.Typer(
@@ -37,6 +37,8 @@ app.command("check")(check.check)
 app.command("migrate-legacy")(legacy.migrate_legacy)
 app.command("demo")(demo.demo)
 app.command("serve")(serve.serve)
+app.command("sweep")(maintenance.sweep)
+app.command("dispatch")(maintenance.dispatch)
 app.add_typer(episodes.app, name="episodes")
 app.add_typer(runs.app, name="runs")
 app.add_typer(db.app, name="db")

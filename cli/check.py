@@ -22,11 +22,15 @@ def check(
     """Audit episodes read-only (ids, files, ledger, states); exit 1 on findings."""
     from core.errors import InvalidInput
     from pipeline.check import check_episodes
+    from pipeline.runs import dedup_policy
 
     if (episode_id is None) == (not check_all):
         raise InvalidInput("give an EPISODE_ID or --all")
     findings = check_episodes(
-        context.engine(read_only=True), context.pipeline_name(pipeline), episode_id
+        context.engine(read_only=True),
+        context.pipeline_name(pipeline),
+        episode_id,
+        dedup_policy(context.settings()),
     )
     if as_json:
         emit_json({"clean": not findings, "findings": [f.to_dict() for f in findings]})

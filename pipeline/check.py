@@ -11,6 +11,7 @@ import json
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +28,10 @@ from storage.models import (
     EpisodeMediaRow,
     EpisodeRow,
     ItemRow,
+    RunRow,
     SubmissionRow,
 )
-from storage.runs import RunStore
+from storage.runs import DedupPolicy, RunStore
 
 NEEDS_ALL_IMAGES = {EpisodeState.GENERATED, EpisodeState.APPROVED, EpisodeState.ASSEMBLED}
 
@@ -44,7 +46,15 @@ class Finding:
         return asdict(self)
 
 
-def check_episodes(engine: Engine, pipeline: str, episode_id: str | None = None) -> list[Finding]:
+def check_episodes(
+    engine: Engine,
+    pipeline: str,
+    episode_id: str | None = None,
+    policy: DedupPolicy | None = None,
+) -> list[Finding]:
+    """Every finding for the pipeline's episodes (or one). `policy` gives the pending TTL
+    and fallback lease by which stuck runs are judged (default: the built-in defaults)."""
+    policy = policy or DedupPolicy()
     with engine.connect() as conn:
         query = select(EpisodeRow).where(EpisodeRow.pipeline == pipeline)
         if episode_id is not None:
@@ -56,11 +66,11 @@ def check_episodes(engine: Engine, pipeline: str, episode_id: str | None = None)
         raise EpisodeNotFound(pipeline, episode_id)
     findings: list[Finding] = []
     for episode in episodes:
-        findings.extend(_check_one(engine, episode))
+        findings.extend(_check_one(engine, episode, policy))
     return findings
 
 
-def _check_one(engine: Engine, episode: Any) -> list[Finding]:
+def _check_one(engine: Engine, episode: Any, policy: DedupPolicy) -> list[Finding]:
     eid = episode.episode_id
     out: list[Finding] = []
 
@@ -88,6 +98,11 @@ def _check_one(engine: Engine, episode: Any) -> list[Finding]:
         ).all()
         media = conn.execute(
             select(EpisodeMediaRow).where(EpisodeMediaRow.episode_pk == episode.id)
+        ).all()
+        runs = conn.execute(
+            select(RunRow).where(
+                RunRow.episode_pk == episode.id, RunRow.state.in_(["pending", "running"])
+            )
         ).all()
         migrated = conn.execute(
             select(EpisodeEventRow.id).where(
@@ -121,6 +136,7 @@ def _check_one(engine: Engine, episode: Any) -> list[Finding]:
         and item.lease_expires_at is not None
         and item.lease_expires_at > now
     }
+    _check_liveness(add, runs, items, now, policy)
     for sub in subs:
         if sub.state in ("accepted", "succeeded") and not sub.remote_ref:
             add(
@@ -159,6 +175,40 @@ def _check_one(engine: Engine, episode: Any) -> list[Finding]:
             add("ledger", f"cost entry {cost.id} is negative")
     _check_states(add, engine, episode, items, media, migrated=migrated is not None)
     return out
+
+
+def _check_liveness(
+    add: Any, runs: Sequence[Any], items: Sequence[Any], now: Any, policy: DedupPolicy
+) -> None:
+    """Runs and items that claim to be working but that no live process holds."""
+    fallback = timedelta(seconds=policy.fallback_lease_s)
+    for run in runs:
+        if run.state == "running":
+            expires = run.lease_expires_at or (
+                (run.heartbeat_at or run.started_at or run.created_at) + fallback
+            )
+            if expires < now:
+                add(
+                    "liveness",
+                    f"run {run.id} is running but its lease expired at "
+                    f"{expires:%Y-%m-%d %H:%M:%S} UTC (its process is gone): "
+                    f"`episodic runs resume {run.id}` finishes it, `episodic sweep` fails it",
+                )
+        elif run.created_at < now - timedelta(seconds=policy.pending_ttl_s):
+            add(
+                "liveness",
+                f"run {run.id} has been pending since {run.created_at:%Y-%m-%d %H:%M:%S} UTC "
+                "and never started: `episodic sweep` cancels it",
+            )
+    for item in items:
+        if item.state == "running" and (
+            item.lease_expires_at is None or item.lease_expires_at <= now
+        ):
+            add(
+                "liveness",
+                f"item {item.video_id}.p{item.part} is running but its claim expired: "
+                "`episodic retry` continues it",
+            )
 
 
 def _check_states(

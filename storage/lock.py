@@ -73,3 +73,20 @@ def locked_transaction(
     with engine.connect() as conn, conn.begin():
         conn.execute(_ADVISORY_XACT_LOCK, {"k": _pipeline_key(pipeline)})
         yield conn
+
+
+@contextmanager
+def keyed_transaction(engine: Engine, name: str) -> Iterator[Connection]:
+    """A write transaction serialized with every other one on `name`, across processes.
+
+    Postgres: ``pg_advisory_xact_lock`` on a key derived from `name`. SQLite: the database
+    write lock itself (``BEGIN IMMEDIATE``), which already serializes every writer; no lock
+    file per name is left behind.
+    """
+    if engine.dialect.name == "sqlite":
+        with engine.connect().execution_options(sqlite_begin="IMMEDIATE") as conn, conn.begin():
+            yield conn
+        return
+    with engine.connect() as conn, conn.begin():
+        conn.execute(_ADVISORY_XACT_LOCK, {"k": advisory_key(name)})
+        yield conn

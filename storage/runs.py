@@ -26,7 +26,6 @@ from sqlalchemy import (
     insert,
     or_,
     select,
-    text,
     update,
 )
 
@@ -43,7 +42,7 @@ from core.runs import Item, ItemSnapshot, Run, RunCounts
 from core.states import RUN_TRANSITIONS, ItemState, RunState, SubmissionState
 from storage import tx
 from storage.base import utcnow
-from storage.lock import advisory_key
+from storage.lock import keyed_transaction
 from storage.models import (
     CostEntryRow,
     EpisodePlanRow,
@@ -64,7 +63,6 @@ _costs: Table = CostEntryRow.__table__  # type: ignore[assignment]
 
 OPEN_SUBMISSION_STATES = (SubmissionState.INTENT, SubmissionState.ACCEPTED, SubmissionState.UNKNOWN)
 _T = TypeVar("_T")
-_ADVISORY_XACT_LOCK = text("SELECT pg_advisory_xact_lock(:k)")
 _COMPLETED = ItemSnapshot(ItemState.COMPLETED, 0, None, None)
 
 
@@ -262,9 +260,7 @@ class RunStore:
         """
         fingerprint = request.fingerprint
         now = utcnow()
-        with tx.write(self.engine) as conn:
-            if conn.dialect.name == "postgresql":
-                conn.execute(_ADVISORY_XACT_LOCK, {"k": advisory_key(f"run:{fingerprint}")})
+        with keyed_transaction(self.engine, f"run:{fingerprint}") as conn:
             if policy.window_s > 0:
                 recent = (_runs.c.fingerprint == fingerprint) & (
                     _runs.c.created_at >= now - timedelta(seconds=policy.window_s)

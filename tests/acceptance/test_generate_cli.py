@@ -61,8 +61,9 @@ def test_generate_json_then_nothing_left_to_pay(
     }
     again = json.loads(cli("generate", episode, "--json").stdout)
     assert again["skipped"] == 3 and again["paid_submissions"] == 0
+    assert again["run_id"] is None and again["deduplicated"] is False  # nothing to do: no run
     runs = json.loads(cli("runs", "list", "--episode", episode, "--json").stdout)
-    assert [r["state"] for r in runs] == ["completed", "completed"]
+    assert [r["state"] for r in runs] == ["completed"]
     shown_run = json.loads(cli("runs", "show", payload["run_id"], "--json").stdout)
     assert len(shown_run["items"]) == 3
 
@@ -161,7 +162,12 @@ def test_two_generate_commands_at_once_pay_each_item_once_and_both_succeed(
     for command, (out, err) in zip(commands, outputs, strict=True):
         assert command.returncode == 0, err
         assert json.loads(out)["state"] == "completed"
-    paid = [json.loads(out)["paid_submissions"] for out, _ in outputs]
-    assert sum(paid) == 8  # the two runs split the items between them
+    answers = [json.loads(out) for out, _ in outputs]
+    runs = {a["run_id"] for a in answers} - {None}  # None: the other had already finished
+    assert len(runs) == 1, answers  # the second click joined the first one's run
+    if None not in {a["run_id"] for a in answers}:
+        assert sorted(a["deduplicated"] for a in answers) == [False, True]
+    listed = json.loads(cli("runs", "list", "--episode", episode, "--json").stdout)
+    assert [r["run_id"] for r in listed] == list(runs)
     assert len(jobs_per_key()) == 8 and set(jobs_per_key().values()) == {1}
     assert cli("check", "--all").returncode == 0

@@ -56,7 +56,12 @@ def claim_worker(
 
 
 def generate_worker(
-    barrier: Any, url: str, episode_ids: list[str], mode: str, results: Any
+    barrier: Any,
+    url: str,
+    episode_ids: list[str],
+    mode: str,
+    results: Any,
+    dedup: dict[str, Any] | None = None,
 ) -> None:
     """Per trial: a whole `generate` (or a resume of the given run) of one episode."""
     from tests.generation import Episode
@@ -70,11 +75,26 @@ def generate_worker(
                 episode_id, run_id = target.split(":", 1)
                 outcome = Episode(engine, episode_id).resume(run_id)
             else:
-                outcome = Episode(engine, target.split(":", 1)[0]).generate(lease_s=5)
-            out.append([target, outcome.state.value, int(outcome.exit_code), outcome.run_id])
+                outcome = Episode(engine, target.split(":", 1)[0]).generate(lease_s=5, dedup=dedup)
+            out.append(
+                [
+                    target,
+                    outcome.state.value,
+                    int(outcome.exit_code),
+                    outcome.run_id,
+                    outcome.deduplicated,
+                ]
+            )
         except Exception:
             out.append([target, "error: " + traceback.format_exc(limit=5), -1, None])
     results.put(out)
+
+
+def generate_with(
+    barrier: Any, url: str, episode_ids: list[str], dedup: dict[str, Any], results: Any
+) -> None:
+    """`generate_worker` with dedup options (idempotency_key, batch_id, allow_duplicate)."""
+    generate_worker(barrier, url, episode_ids, "generate", results, dedup)
 
 
 def run_worker(barrier: Any, url: str, episode_id: str, run_id: str, results: Any) -> None:
@@ -153,3 +173,84 @@ def run_processes(targets: list[tuple[Any, tuple[Any, ...]]], timeout: float = 3
         process.join(timeout=30)
         assert process.exitcode == 0, f"worker exited with {process.exitcode}"
     return collected
+
+
+def admit_worker(
+    barrier: Any,
+    url: str,
+    home: str,
+    episode_id: str,
+    threads: int,
+    dedup: dict[str, Any],
+    results: Any,
+) -> None:
+    """`threads` callers in this process ask the choke point for the same generate request
+    (no execution): the dedup decision alone, released with every other process."""
+    import os
+    import threading
+
+    os.environ["EPISODIC_HOME"] = home
+    os.environ["EPISODIC_DATABASE_URL"] = url
+    from core.settings import load_settings
+    from pipeline.generation import prepare
+    from pipeline.runs import RunOptions, admit_run, dedup_policy, plan, run_request
+    from storage.runs import RunStore
+
+    from storage.engine import make_engine
+
+    # Postgres allows 100 sessions here: 200 callers share 2 connections per process, as
+    # callers behind a pool (or PgBouncer) do.
+    pool = {} if url.startswith("sqlite") else {"pool_size": 2, "max_overflow": 0}
+    engine = make_engine(url, **pool)
+    settings = load_settings()
+    prepared = prepare(engine, settings, "weekly", episode_id, "generate")
+    options = RunOptions()
+    store = RunStore(engine)
+    inner = threading.Barrier(threads)
+    out: list[Any] = []
+    guard = threading.Lock()
+
+    def ask() -> None:
+        report = plan(store, prepared.gate, prepared.items, options, prepared.profile)
+        request = run_request(prepared.gate, prepared.items, options, prepared.profile, **dedup)
+        inner.wait(timeout=120)
+        try:
+            got = admit_run(
+                store,
+                prepared.gate,
+                prepared.items,
+                report,
+                options,
+                prepared.profile,
+                request,
+                dedup_policy(settings),
+            )
+            row = [got.run_id, got.deduplicated]
+        except Exception:
+            row = [None, "error: " + traceback.format_exc(limit=3)]
+        with guard:
+            out.append(row)
+
+    barrier.wait(timeout=120)
+    workers = [threading.Thread(target=ask) for _ in range(threads)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    results.put(out)
+
+
+def cli_generate(home: str, url: str, episode_id: str, *extra: str, env: dict[str, str]) -> Any:
+    """Start `episodic generate` as a real process (for SIGTERM / kill -9 tests)."""
+    import os
+    import subprocess
+    import sys
+
+    bin_dir = Path(sys.executable).parent
+    return subprocess.Popen(
+        [str(bin_dir / "episodic"), "generate", episode_id, "--json", *extra],
+        env={**os.environ, "EPISODIC_HOME": home, "EPISODIC_DATABASE_URL": url, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
