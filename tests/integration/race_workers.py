@@ -194,9 +194,8 @@ def admit_worker(
     from core.settings import load_settings
     from pipeline.generation import prepare
     from pipeline.runs import RunOptions, admit_run, dedup_policy, plan, run_request
-    from storage.runs import RunStore
-
     from storage.engine import make_engine
+    from storage.runs import RunStore
 
     # Postgres allows 100 sessions here: 200 callers share 2 connections per process, as
     # callers behind a pool (or PgBouncer) do.
@@ -254,3 +253,21 @@ def cli_generate(home: str, url: str, episode_id: str, *extra: str, env: dict[st
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def sweep_worker(barrier: Any, url: str, home: str, results: Any) -> None:
+    """One `episodic sweep`, released together with the others."""
+    import os
+
+    os.environ["EPISODIC_HOME"] = home
+    from core.settings import load_settings
+    from pipeline.sweep import sweep
+
+    engine = _engine(url)
+    settings = load_settings()
+    barrier.wait(timeout=120)
+    try:
+        report = sweep(engine, settings)
+        results.put({k: [str(x) for x in v] for k, v in report.moved.items()})
+    except Exception:
+        results.put({"error": [traceback.format_exc(limit=5)]})
