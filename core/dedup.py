@@ -103,7 +103,12 @@ class Admission:
     run_id: str | None
     deduplicated: bool = False
     created: bool = False
+    taken_over: bool = False  # the same request's run whose process died: continued here
     fingerprint: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"run_id": self.run_id, "deduplicated": self.deduplicated}
+        return {
+            "run_id": self.run_id,
+            "deduplicated": self.deduplicated,
+            "taken_over": self.taken_over,
+        }

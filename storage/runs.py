@@ -254,7 +254,9 @@ class RunStore:
         two callers both see "no run" and both insert); SQLite's ``BEGIN IMMEDIATE`` already
         serializes writers. Within ``policy.window_s`` of its creation a ``pending`` run
         (younger than the pending TTL) or a ``running`` run whose lease is live is reused
-        (``deduplicated=True``), unless the request allows duplicates. An explicit idempotency
+        (``deduplicated=True``), unless the request allows duplicates; a ``running`` run of
+        the same request whose lease expired (its process died) is taken over
+        (``taken_over=True``) rather than left stuck beside a new one. An explicit idempotency
         key seen within the window with other parameters raises `IdempotencyKeyReused`.
         With ``create=False`` (nothing to do) no run is written: the answer has no run id.
         """
@@ -283,6 +285,26 @@ class RunStore:
                     ).scalar()
                     if existing is not None:
                         return Admission(existing, deduplicated=True, fingerprint=fingerprint)
+                    dead = conn.execute(  # the same request, its process gone: take it over
+                        select(_runs.c.id)
+                        .where(
+                            recent,
+                            _runs.c.state == RunState.RUNNING,
+                            ~run_alive(now, policy.fallback_lease_s),
+                        )
+                        .order_by(_runs.c.created_at.desc())
+                        .limit(1)
+                    ).scalar()
+                    if dead is not None:
+                        conn.execute(  # alive again: a concurrent caller joins, not re-takes
+                            update(_runs)
+                            .where(_runs.c.id == dead)
+                            .values(
+                                heartbeat_at=now,
+                                lease_expires_at=now + timedelta(seconds=policy.fallback_lease_s),
+                            )
+                        )
+                        return Admission(dead, taken_over=True, fingerprint=fingerprint)
             if not create:
                 return Admission(None, fingerprint=fingerprint)
             extra = {

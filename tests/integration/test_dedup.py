@@ -215,11 +215,11 @@ def test_after_the_window_a_new_run_is_created(
     assert new_run_with(episode)[1] is False
 
 
-def test_a_dead_run_is_not_joined_but_its_items_are_taken_over(
+def test_a_dead_run_of_the_same_request_is_taken_over_not_left_stuck(
     episode: Episode, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A running run whose lease expired is not active: the same request makes a new run,
-    which takes over the dead run's items and pays each once."""
+    """A running run whose lease expired is not active (not "deduplicated"), but it is the
+    same request: it is continued, not left running beside a new run; each item paid once."""
     from datetime import timedelta
 
     from storage.base import utcnow
@@ -232,8 +232,9 @@ def test_a_dead_run_is_not_joined_but_its_items_are_taken_over(
             .values(state="running", lease_expires_at=utcnow() - timedelta(seconds=5))
         )
     outcome = episode.generate()
-    assert outcome.run_id != dead and not outcome.deduplicated
+    assert outcome.run_id == dead and not outcome.deduplicated
     assert outcome.state.value == "completed"
+    assert _runs(episode.engine) == 1
     assert set(jobs_per_key().values()) == {1} and len(jobs_per_key()) == 4
 
 

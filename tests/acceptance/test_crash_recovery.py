@@ -1,0 +1,155 @@
+"""A real `episodic generate` killed mid-run (SIGTERM as systemd, `docker stop` or a CI
+timeout send it; kill -9), then the one recovery command. Money is counted from the fake
+provider's own log: one job per item, whatever was killed when."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.acceptance.conftest import EPISODIC
+from tests.generation import jobs_per_key, provider_log, write_playlist
+
+Cli = Callable[..., subprocess.CompletedProcess[str]]
+pytestmark = pytest.mark.e2e
+ITEMS = 10
+LEASE_S = "2"
+
+
+@pytest.fixture(autouse=True)
+def environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EPISODIC_FAKE_PROVIDER_LOG", str(tmp_path / "provider.jsonl"))
+    monkeypatch.setenv("EPISODIC_LEASE_S", LEASE_S)
+    monkeypatch.setenv("EPISODIC_FAKE_DELAY_MS", "400")
+
+
+@pytest.fixture
+def episode(cli: Cli, database_url: str, tmp_path: Path) -> str:
+    assert cli("allocate", "--key", "k", "--week", "2026-W32").returncode == 0
+    playlist = write_playlist(tmp_path / "pl", [f"t{n}" for n in range(ITEMS)])
+    assert cli("plan", "2026-W32-0", "--playlist", str(playlist)).returncode == 0
+    return "2026-W32-0"
+
+
+def _start_and_kill(episode: str, sig: signal.Signals) -> subprocess.CompletedProcess[str]:
+    assert EPISODIC is not None
+    process = subprocess.Popen(
+        [EPISODIC, "generate", episode, "--json", "--concurrency", "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=os.environ.copy(),
+    )
+    deadline = time.monotonic() + 60
+    while sum(1 for e in provider_log() if e["event"] == "job_created") < 3:
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, "generate made no progress"
+        time.sleep(0.05)
+    process.send_signal(sig)
+    out, err = process.communicate(timeout=60)
+    return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+
+
+def _runs(cli: Cli, episode: str) -> list[dict[str, object]]:
+    return list(json.loads(cli("runs", "list", "--episode", episode, "--json").stdout))
+
+
+@pytest.mark.parametrize("recovery", ["retry", "runs resume"])
+def test_sigterm_pauses_the_run_and_one_command_finishes_it(
+    cli: Cli, episode: str, recovery: str
+) -> None:
+    killed = _start_and_kill(episode, signal.SIGTERM)
+    assert killed.returncode == 130, killed.stderr
+    assert json.loads(killed.stdout)["state"] == "paused"
+    [run] = _runs(cli, episode)
+    assert run["state"] == "paused"
+    args = ["retry", episode] if recovery == "retry" else ["runs", "resume", str(run["run_id"])]
+    done = cli(*args, "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["state"] == "completed"
+    _assert_finished_once(cli, episode)
+
+
+@pytest.mark.parametrize("recovery", ["retry", "generate", "runs resume"])
+def test_kill_9_leaves_a_running_run_that_one_command_finishes(
+    cli: Cli, episode: str, recovery: str
+) -> None:
+    killed = _start_and_kill(episode, signal.SIGKILL)
+    assert killed.returncode == -signal.SIGKILL
+    [run] = _runs(cli, episode)
+    assert run["state"] == "running"  # nobody could record anything
+    # Immediately, while the dead process's leases are still live: the command follows the
+    # items it held and takes them over when the leases expire; it never says "completed"
+    # while any item is unfinished.
+    args = {
+        "retry": ["retry", episode],
+        "generate": ["generate", episode],
+        "runs resume": ["runs", "resume", str(run["run_id"])],
+    }[recovery]
+    done = cli(*args, "--json")
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    assert answer["state"] == "completed"
+    assert answer["failed"] == 0 and answer["pending"] == 0 and answer["running"] == 0
+    _assert_finished_once(cli, episode)
+
+
+def test_after_kill_9_check_reports_the_dead_run_and_the_sweep_reaps_it(
+    cli: Cli, episode: str
+) -> None:
+    killed = _start_and_kill(episode, signal.SIGKILL)
+    assert killed.returncode == -signal.SIGKILL
+    [run] = _runs(cli, episode)
+    time.sleep(float(LEASE_S) + 0.5)  # the leases expire: nobody renews them
+    checked = cli("check", "--all")
+    assert checked.returncode == 1 and "lease expired" in checked.stdout, checked.stdout
+    swept = cli("sweep", "--json")
+    assert swept.returncode == 0, swept.stderr
+    buckets = json.loads(swept.stdout)["buckets"]
+    assert buckets["expired_runs"]["ids"] == [run["run_id"]]
+    assert buckets["expired_items"]["count"] >= 1
+    again = json.loads(cli("sweep", "--json").stdout)["buckets"]
+    assert all(b["count"] == 0 for b in again.values())  # a second sweep finds nothing
+    [reaped] = _runs(cli, episode)
+    assert reaped["state"] == "failed"
+    done = cli("retry", episode, "--json")
+    assert done.returncode == 0, done.stderr
+    _assert_finished_once(cli, episode)
+
+
+def _assert_finished_once(cli: Cli, episode: str) -> None:
+    jobs = jobs_per_key()
+    assert len(jobs) == ITEMS and set(jobs.values()) == {1}, jobs
+    shown = json.loads(cli("episodes", "show", episode, "--json").stdout)
+    assert shown["state"] == "generated"
+    checked = cli("check", "--all")
+    assert checked.returncode == 0, checked.stdout
+    assert not [r for r in _runs(cli, episode) if r["state"] in ("running", "pending")]
+
+
+def test_refused_generates_leave_no_rows(cli: Cli, database_url: str, tmp_path: Path) -> None:
+    """The seed incident from the command line: a credential that is not set, five times."""
+    profiles = tmp_path / "providers.yaml"
+    profiles.write_text(
+        "profiles:\n  paid:\n    kind: http\n    base_url: http://127.0.0.1:9/v1\n"
+        "    credential_env: PAID_TOKEN\n    cost_per_image_minor: 4\n"
+    )
+    env = {"EPISODIC_PROVIDERS_FILE": str(profiles)}
+    assert cli("allocate", "--key", "k", "--week", "2026-W32", env=env).returncode == 0
+    playlist = write_playlist(tmp_path / "pl", ["a", "b"], profile="paid")
+    assert cli("plan", "2026-W32-0", "--playlist", str(playlist), env=env).returncode == 0
+    for _ in range(5):
+        refused = cli("generate", "2026-W32-0", env=env)
+        assert refused.returncode == 2
+        assert refused.stderr.strip().splitlines() == [
+            "error: credential for profile 'paid': $PAID_TOKEN is not set"
+        ]
+    assert _runs(cli, "2026-W32-0") == []
+    assert cli("check", "--all", env=env).returncode == 0
