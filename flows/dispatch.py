@@ -171,8 +171,7 @@ def _existing(
     recent = FlowRunFilterExpectedStartTime(after_=since)
     if settings.dedup_window_s > 0:
         if request.idempotency_key is not None:
-            for run in client.read_flow_runs(
-                deployment_filter=of_deployment,
+            for run in client.read_flow_runs(  # a key names one request, across deployments
                 flow_run_filter=FlowRunFilter(
                     tags=FlowRunFilterTags(all_=[fp_tag]), expected_start_time=recent
                 ),
