@@ -89,6 +89,16 @@ def run_alive(now: datetime, fallback_lease_s: float) -> ColumnElement[bool]:
     )
 
 
+def _is_active(row: Any, now: datetime, policy: DedupPolicy) -> bool:
+    """`active_run` for one fetched row (the choke point reads the rows once)."""
+    if row.state == RunState.PENDING:
+        return bool(row.created_at >= now - timedelta(seconds=policy.pending_ttl_s))
+    if row.lease_expires_at is not None:
+        return bool(row.lease_expires_at >= now)
+    seen = row.heartbeat_at or row.started_at or row.created_at
+    return bool(seen >= now - timedelta(seconds=policy.fallback_lease_s))
+
+
 def active_run(now: datetime, policy: DedupPolicy) -> ColumnElement[bool]:
     """Pending and younger than the pending TTL, or running with a live lease."""
     return or_(
@@ -277,25 +287,25 @@ class RunStore:
                     if other is not None:
                         raise IdempotencyKeyReused(request.idempotency_key, other)
                 if not request.allow_duplicate:
-                    existing = conn.execute(
-                        select(_runs.c.id)
-                        .where(recent, active_run(now, policy))
-                        .order_by(_runs.c.created_at.desc())
-                        .limit(1)
-                    ).scalar()
-                    if existing is not None:
-                        return Admission(existing, deduplicated=True, fingerprint=fingerprint)
-                    dead = conn.execute(  # the same request, its process gone: take it over
-                        select(_runs.c.id)
-                        .where(
-                            recent,
-                            _runs.c.state == RunState.RUNNING,
-                            ~run_alive(now, policy.fallback_lease_s),
+                    # One indexed read: the request's unfinished runs within the window.
+                    unfinished = conn.execute(
+                        select(
+                            _runs.c.id,
+                            _runs.c.state,
+                            _runs.c.created_at,
+                            _runs.c.started_at,
+                            _runs.c.heartbeat_at,
+                            _runs.c.lease_expires_at,
                         )
+                        .where(recent, _runs.c.state.in_([RunState.PENDING, RunState.RUNNING]))
                         .order_by(_runs.c.created_at.desc())
-                        .limit(1)
-                    ).scalar()
-                    if dead is not None:
+                        .limit(20)
+                    ).all()
+                    for row in unfinished:
+                        if _is_active(row, now, policy):
+                            return Admission(row.id, deduplicated=True, fingerprint=fingerprint)
+                    dead = next((r.id for r in unfinished if r.state == RunState.RUNNING), None)
+                    if dead is not None:  # the same request, its process gone: take it over
                         conn.execute(  # alive again: a concurrent caller joins, not re-takes
                             update(_runs)
                             .where(_runs.c.id == dead)
