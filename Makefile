@@ -45,6 +45,7 @@ bench: bootstrap  ## benchmarks (never part of the tests)
 	$(BIN)/python -m bench.allocate
 	$(BIN)/python -m bench.batch
 	$(BIN)/python -m bench.claims
+	$(BIN)/python -m bench.dedup
 
 clean:
 	rm -rf $(VENV) $(TOOLS) .episodic .pytest_cache .mypy_cache .ruff_cache
