@@ -171,3 +171,22 @@ def test_two_generate_commands_at_once_pay_each_item_once_and_both_succeed(
     assert [r["run_id"] for r in listed] == list(runs)
     assert len(jobs_per_key()) == 8 and set(jobs_per_key().values()) == {1}
     assert cli("check", "--all").returncode == 0
+
+
+def test_an_idempotency_key_sent_again_with_other_parameters_is_refused(
+    cli: Cli, planned: Callable[[list[str]], str]
+) -> None:
+    episode = planned(["a [[DELAY_MS:50]]", "b"])
+    first = cli("generate", episode, "--idempotency-key", "cron-2026-08-03", "--json")
+    assert first.returncode == 0, first.stderr
+    run_id = json.loads(first.stdout)["run_id"]
+    refused = cli("generate", episode, "--idempotency-key", "cron-2026-08-03", "--max-retries", "5")
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines() == [
+        f"error: idempotency key 'cron-2026-08-03' was used for run {run_id} with different "
+        "parameters; use a new key for a different request"
+    ]
+    for bad in ("has space", "x" * 256, "clé"):
+        answer = cli("generate", episode, "--idempotency-key", bad)
+        assert answer.returncode == 2 and answer.stderr.startswith("error: invalid idempotency")
+    assert len(json.loads(cli("runs", "list", "--json").stdout)) == 1
