@@ -75,6 +75,15 @@ def show_run(run_id: RunArg, as_json: JsonOption = False) -> None:
         f"run {run.run_id} ({run.command} {run.episode_id}): {run.state}"
         + (f" ({run.error_text})" if run.error_text else "")
     )
+    extras = [
+        f"idempotency key {run.idempotency_key}" if run.idempotency_key else "",
+        f"batch {run.batch_id}" if run.batch_id else "",
+        f"lease until {run.lease_expires_at:%Y-%m-%d %H:%M:%S} UTC"
+        if run.state == "running" and run.lease_expires_at
+        else "",
+    ]
+    if any(extras):
+        typer.echo("  " + ", ".join(e for e in extras if e))
     typer.echo(
         f"  completed {counts.completed}, failed {counts.failed}, pending {counts.pending}, "
         f"paid submissions {counts.paid_submissions}, cost "

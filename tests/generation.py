@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 from sqlalchemy import Engine
 
+from core.dedup import Admission
 from core.ids import WeekId
 from core.settings import Settings, load_settings
 from pipeline.allocation import allocate
@@ -107,19 +108,23 @@ class Episode:
         )
 
 
-def new_run(episode: Episode, options: RunOptions | None = None) -> str:
-    """A run of every planned item through the choke point, not started (pending)."""
-    from core.settings import load_settings
+def admit(
+    engine: Engine,
+    episode_id: str,
+    options: RunOptions | None = None,
+    **dedup: Any,
+) -> Admission:
+    """The choke point alone (plan, budget, admission; nothing executed), with dedup options
+    (idempotency_key, batch_id, allow_duplicate)."""
     from pipeline.runs import admit_run, dedup_policy, plan, run_request
 
-    prepared = prepare(episode.engine, episode.settings, "weekly", episode.episode_id, "generate")
-    store = RunStore(episode.engine)
+    settings = load_settings()
+    prepared = prepare(engine, settings, "weekly", episode_id, "generate")
+    store = RunStore(engine)
     opts = options or RunOptions()
     report = plan(store, prepared.gate, prepared.items, opts, prepared.profile)
-    request = run_request(
-        prepared.gate, prepared.items, opts, prepared.profile, allow_duplicate=True
-    )
-    admission = admit_run(
+    request = run_request(prepared.gate, prepared.items, opts, prepared.profile, **dedup)
+    return admit_run(
         store,
         prepared.gate,
         prepared.items,
@@ -127,10 +132,15 @@ def new_run(episode: Episode, options: RunOptions | None = None) -> str:
         opts,
         prepared.profile,
         request,
-        dedup_policy(load_settings()),
+        dedup_policy(settings),
     )
-    assert admission.run_id is not None
-    return admission.run_id
+
+
+def new_run(episode: Episode, options: RunOptions | None = None) -> str:
+    """A run of every planned item through the choke point, not started (pending)."""
+    run_id = admit(episode.engine, episode.episode_id, options, allow_duplicate=True).run_id
+    assert run_id is not None
+    return run_id
 
 
 def new_episode(engine: Engine, key: str = "test:1") -> Episode:

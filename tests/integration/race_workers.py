@@ -191,39 +191,21 @@ def admit_worker(
 
     os.environ["EPISODIC_HOME"] = home
     os.environ["EPISODIC_DATABASE_URL"] = url
-    from core.settings import load_settings
-    from pipeline.generation import prepare
-    from pipeline.runs import RunOptions, admit_run, dedup_policy, plan, run_request
     from storage.engine import make_engine
-    from storage.runs import RunStore
+    from tests.generation import admit
 
     # Postgres allows 100 sessions here: 200 callers share 2 connections per process, as
     # callers behind a pool (or PgBouncer) do.
     pool = {} if url.startswith("sqlite") else {"pool_size": 2, "max_overflow": 0}
     engine = make_engine(url, **pool)
-    settings = load_settings()
-    prepared = prepare(engine, settings, "weekly", episode_id, "generate")
-    options = RunOptions()
-    store = RunStore(engine)
     inner = threading.Barrier(threads)
     out: list[Any] = []
     guard = threading.Lock()
 
     def ask() -> None:
-        report = plan(store, prepared.gate, prepared.items, options, prepared.profile)
-        request = run_request(prepared.gate, prepared.items, options, prepared.profile, **dedup)
         inner.wait(timeout=120)
         try:
-            got = admit_run(
-                store,
-                prepared.gate,
-                prepared.items,
-                report,
-                options,
-                prepared.profile,
-                request,
-                dedup_policy(settings),
-            )
+            got = admit(engine, episode_id, **dedup)
             row = [got.run_id, got.deduplicated]
         except Exception:
             row = [None, "error: " + traceback.format_exc(limit=3)]

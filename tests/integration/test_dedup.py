@@ -16,9 +16,11 @@ from sqlalchemy import Engine, func, select, update
 
 from core.errors import IdempotencyKeyReused, ProviderConfigError
 from pipeline.check import check_episodes
+from pipeline.runs import RunOptions
 from storage.models import RunRow
 from tests.generation import (
     Episode,
+    admit,
     jobs_per_key,
     new_episode,
     new_run,
@@ -142,26 +144,7 @@ def test_the_same_batch_id_dedups(episode: Episode) -> None:
 
 
 def new_run_with(episode: Episode, **dedup: object) -> tuple[str | None, bool]:
-    from core.settings import load_settings
-    from pipeline.generation import prepare
-    from pipeline.runs import RunOptions, admit_run, dedup_policy, plan, run_request
-    from storage.runs import RunStore
-
-    prepared = prepare(episode.engine, episode.settings, "weekly", episode.episode_id, "generate")
-    store = RunStore(episode.engine)
-    options = RunOptions()
-    report = plan(store, prepared.gate, prepared.items, options, prepared.profile)
-    request = run_request(prepared.gate, prepared.items, options, prepared.profile, **dedup)  # type: ignore[arg-type]
-    got = admit_run(
-        store,
-        prepared.gate,
-        prepared.items,
-        report,
-        options,
-        prepared.profile,
-        request,
-        dedup_policy(load_settings()),
-    )
+    got = admit(episode.engine, episode.episode_id, **dedup)
     return got.run_id, got.deduplicated
 
 
@@ -169,33 +152,12 @@ def test_an_explicit_key_with_other_parameters_is_refused(episode: Episode) -> N
     first = new_run_with(episode, idempotency_key="cron-2026-08-03")
     assert first[1] is False
     assert new_run_with(episode, idempotency_key="cron-2026-08-03") == (first[0], True)
-    with pytest.raises(IdempotencyKeyReused) as refused:
-        from core.settings import load_settings
-        from pipeline.generation import prepare
-        from pipeline.runs import RunOptions, admit_run, dedup_policy, plan, run_request
-        from storage.runs import RunStore
-
-        prepared = prepare(
-            episode.engine, episode.settings, "weekly", episode.episode_id, "generate"
-        )
-        store = RunStore(episode.engine)
-        options = RunOptions(max_retries=5)  # other parameters, same key
-        request = run_request(
-            prepared.gate,
-            prepared.items,
-            options,
-            prepared.profile,
+    with pytest.raises(IdempotencyKeyReused) as refused:  # other parameters, same key
+        admit(
+            episode.engine,
+            episode.episode_id,
+            RunOptions(max_retries=5),
             idempotency_key="cron-2026-08-03",
-        )
-        admit_run(
-            store,
-            prepared.gate,
-            prepared.items,
-            plan(store, prepared.gate, prepared.items, options, prepared.profile),
-            options,
-            prepared.profile,
-            request,
-            dedup_policy(load_settings()),
         )
     assert first[0] in str(refused.value)
     assert refused.value.exit_code == 2
