@@ -84,6 +84,7 @@ def generate(
 
     An identical request while a run of it is active joins that run (deduplicated).
     """
+    from core.dedup import check_dedup_options
     from core.money import parse_amount
     from core.playlist import parse_selection
     from pipeline.gate import EnvironmentCredentials
@@ -93,6 +94,7 @@ def generate(
     from pipeline.runs import plan as make_plan
     from storage.runs import RunStore
 
+    check_dedup_options(idempotency_key, batch_id, allow_duplicate)
     if resume is not None:
         resume_run(resume, force_resubmit=force_resubmit, as_json=as_json)
         return
@@ -142,20 +144,22 @@ def retry(
     as_json: JsonOption = False,
 ) -> None:
     """Retry the failed items of EPISODE_ID's latest generation run (or join it if it is
-    still running; a run whose process died is taken over)."""
-    from core.ids import EpisodeId
-    from pipeline.gate import open_gate
-    from storage.runs import RunStore
+    still running; a run whose process died is taken over; a cancelled run's request is
+    asked again)."""
+    from pipeline.gate import EnvironmentCredentials
+    from pipeline.generation import retry as retry_run
 
-    gate = open_gate(
-        context.engine(), context.pipeline_name(pipeline), str(EpisodeId.parse(episode_id)), "retry"
-    )
-    run_id = RunStore(context.engine()).latest_run(gate.episode_pk, "generate")
-    if run_id is None:
-        from core.errors import CommandNotAllowed
-
-        raise CommandNotAllowed(f"episode {gate.episode_id} has no generation run to retry")
-    resume_run(run_id, force_resubmit=force_resubmit, as_json=as_json)
+    with _progress(as_json) as on_start:
+        outcome = retry_run(
+            context.engine(),
+            context.settings(),
+            context.pipeline_name(pipeline),
+            episode_id,
+            EnvironmentCredentials(),
+            force_resubmit=force_resubmit,
+            on_start=on_start,
+        )
+    _report(outcome, as_json)
 
 
 def resume_run(run_id: str, *, force_resubmit: bool, as_json: bool) -> None:
@@ -176,25 +180,34 @@ def resume_run(run_id: str, *, force_resubmit: bool, as_json: bool) -> None:
 
 @contextmanager
 def _progress(as_json: bool) -> Iterator[OnStart]:
-    """A progress bar over the run's items, started once the run is known."""
+    """A progress bar over the run's items, shown once the run is known (a refused request
+    prints nothing but its one-line error)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    with Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        transient=True,
-        disable=as_json,
-    ) as progress:
+    shown: list[Progress] = []
 
-        def on_start(engine: RunEngine, run_id: str) -> None:
-            task = progress.add_task(
-                f"generating {engine.gate.episode_id}", total=len(engine.store.run_items(run_id))
-            )
-            engine.on_progress = lambda item, result: progress.advance(task)
+    def on_start(engine: RunEngine, run_id: str) -> None:
+        if as_json:
+            return
+        progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            transient=True,
+        )
+        progress.start()
+        shown.append(progress)
+        task = progress.add_task(
+            f"generating {engine.gate.episode_id}", total=len(engine.store.run_items(run_id))
+        )
+        engine.on_progress = lambda item, result: progress.advance(task)
 
+    try:
         yield on_start
+    finally:
+        for progress in shown:
+            progress.stop()
 
 
 def _report(outcome: RunOutcome, as_json: bool) -> None:
@@ -204,7 +217,12 @@ def _report(outcome: RunOutcome, as_json: bool) -> None:
         emit_json(outcome.to_dict())
     else:
         counts = outcome.counts
-        joined = " (deduplicated: joined the active run)" if outcome.deduplicated else ""
+        joined = (
+            " (deduplicated: joined the run already working on this request; the figures "
+            "below are that run's totals, not this process's)"
+            if outcome.deduplicated
+            else ""
+        )
         typer.echo(
             f"{outcome.message}{joined}\n  completed {counts.completed}, skipped "
             f"{outcome.skipped}, failed {counts.failed}, new paid submissions "

@@ -44,6 +44,20 @@ def parse_batch_id(value: str | None) -> str | None:
     return value
 
 
+def check_dedup_options(
+    idempotency_key: str | None, batch_id: str | None, allow_duplicate: bool
+) -> None:
+    """Validate the dedup options together: an explicit key names one request, so it cannot
+    be combined with an opt-out (`--batch-id`, `--allow-duplicate`). Raises `InvalidInput`."""
+    parse_idempotency_key(idempotency_key)
+    parse_batch_id(batch_id)
+    if idempotency_key is not None and (batch_id is not None or allow_duplicate):
+        raise InvalidInput(
+            "--idempotency-key names one request: do not combine it with --batch-id or "
+            "--allow-duplicate"
+        )
+
+
 def canonical_json(value: Any) -> str:
     """Sorted keys, no whitespace, ASCII only; floats are refused (money is integral)."""
 

@@ -51,7 +51,7 @@ class Settings(BaseSettings):
     providers_file: Path | None = Field(default=None, description="provider profiles YAML")
     lease_s: float = Field(
         default=30.0,
-        ge=2.0,
+        ge=5.0,  # renewed every third: under 5 s a loaded host misses renewals
         le=3600.0,
         allow_inf_nan=False,
         description="seconds a claim on an item lives without a heartbeat (renewed every third)",

@@ -35,7 +35,7 @@ from prefect.exceptions import ObjectNotFound
 from prefect.settings import get_current_settings
 from sqlalchemy import Engine
 
-from core.dedup import RunRequest, parse_idempotency_key
+from core.dedup import RunRequest, check_dedup_options, parse_idempotency_key
 from core.errors import IdempotencyKeyReused, InvalidInput, ProviderConfigError
 from core.settings import Settings
 from pipeline.gate import open_gate
@@ -100,6 +100,7 @@ def dispatch(
     `EpisodeNotFound` (5), `ProviderConfigError` (deployment not registered: 2),
     `IdempotencyKeyReused` (2).
     """
+    check_dedup_options(idempotency_key, None, allow_duplicate)
     if command not in DEPLOYMENTS:
         raise InvalidInput(f"unknown command {command!r}: use one of {', '.join(DEPLOYMENTS)}")
     if not get_current_settings().api.url:

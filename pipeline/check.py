@@ -225,19 +225,26 @@ def _check_states(
         if any(i.state != "completed" for i in items):
             add("state", f"migrated episode is {state} but not every image is completed")
     elif state in NEEDS_ALL_IMAGES:
-        recorded = RunStore(engine).latest_plan(episode.id)
-        if recorded is None:
+        keys = _planned_keys(engine, episode)
+        if keys is None:
             add("state", f"episode is {state} but has no plan")
         else:
-            keys = {
-                it.idempotency_key
-                for it in planned_items(recorded[0], recorded[1], episode.episode_id)
-            }
             done = {i.idempotency_key for i in items if i.state == "completed"}
             if missing := keys - done:
                 add(
                     "state",
                     f"episode is {state} but {len(missing)} planned images are not completed",
+                )
+    elif state == EpisodeState.ALLOCATED and items:
+        keys = _planned_keys(engine, episode)
+        if keys:
+            done = {i.idempotency_key for i in items if i.state == "completed"}
+            if keys <= done:
+                add(
+                    "state",
+                    "episode is allocated but every planned image is completed (a crash "
+                    f"before it was marked): `episodic retry {episode.episode_id}` marks it "
+                    "generated",
                 )
     kinds = {m.kind: m for m in media}
     if state == EpisodeState.ASSEMBLED and set(kinds) != {"cover", "manifest"}:
@@ -253,6 +260,16 @@ def _check_states(
                 add("ledger", "manifest total does not equal the sum of its items")
         except (ValueError, KeyError, TypeError):
             add("files", "manifest is not a valid manifest")
+
+
+def _planned_keys(engine: Engine, episode: Any) -> set[str] | None:
+    """The item keys of the episode's current plan (None: no plan recorded)."""
+    recorded = RunStore(engine).latest_plan(episode.id)
+    if recorded is None:
+        return None
+    return {
+        it.idempotency_key for it in planned_items(recorded[0], recorded[1], episode.episode_id)
+    }
 
 
 def _check_file(add: Any, label: str, path: str | None, sha256: str | None) -> None:

@@ -351,23 +351,8 @@ class RunEngine:
         return self._outcome(run_id, state, skipped, followed)
 
     def mark_generated(self, run_id: str | None) -> None:
-        """The episode is generated once every image of its current plan is completed
-        (also when a request found nothing to do: a rejected episode regenerates)."""
-        if not self.planned_keys:
-            return
-        index = self.store.snapshots(self.gate.episode_pk)
-        done = all(
-            (snap := index.get(key)) is not None and snap.state == ItemState.COMPLETED
-            for key in self.planned_keys
-        )
-        if not done:
-            return
-        with suppress(InvalidTransition):  # from allocated or rejected; approved stays approved
-            ReviewStore(self.store.engine).transition(
-                self.gate.episode_pk,
-                EpisodeState.GENERATED,
-                {"run_id": run_id} if run_id else {"reason": "every planned item completed"},
-            )
+        """The episode is generated once every image of its current plan is completed."""
+        mark_generated(self.store, self.gate.episode_pk, self.planned_keys, run_id)
 
     def _outcome(
         self, run_id: str, state: RunState, skipped: int, followed: tuple[str, ...]
@@ -574,6 +559,30 @@ class RunEngine:
             reraise=True,
         )
         return retrying(attempt)
+
+
+def mark_generated(
+    store: RunStore, episode_pk: int, planned_keys: frozenset[str], run_id: str | None
+) -> bool:
+    """Move the episode to ``generated`` once every image of its current plan is completed
+    (from allocated or rejected; approved stays approved). Idempotent: a recovery command
+    calls it again after a crash between a run's completion and this step. True if every
+    planned image is completed."""
+    if not planned_keys:
+        return False
+    index = store.snapshots(episode_pk)
+    done = all(
+        (snap := index.get(key)) is not None and snap.state == ItemState.COMPLETED
+        for key in planned_keys
+    )
+    if done:
+        with suppress(InvalidTransition):
+            ReviewStore(store.engine).transition(
+                episode_pk,
+                EpisodeState.GENERATED,
+                {"run_id": run_id} if run_id else {"reason": "every planned item completed"},
+            )
+    return done
 
 
 def _reason(exc: BaseException) -> str:

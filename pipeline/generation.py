@@ -161,11 +161,16 @@ def generate(
         if outcome.state == RunState.COMPLETED:
             run.mark_generated(None)
         return outcome
-    if on_start is not None:
-        on_start(run, admission.run_id)
-    return run.execute(
-        admission.run_id, options, report.skipped, deduplicated=admission.deduplicated
-    )
+    try:
+        if on_start is not None:
+            on_start(run, admission.run_id)
+        return run.execute(
+            admission.run_id, options, report.skipped, deduplicated=admission.deduplicated
+        )
+    except BaseException:
+        if admission.created:  # interrupted before the run started: no ghost pending row
+            store.abandon_pending(admission.run_id, "interrupted before it started")
+        raise
 
 
 def resume(
@@ -184,15 +189,70 @@ def resume(
     store = RunStore(engine)
     stored = store.get_run(run_id)
     prepared = prepare(engine, settings, stored.pipeline, stored.episode_id, "resume")
-    if stored.state == "completed":
-        from core.exit_codes import ExitCode
-
-        counts = store.counts(run_id)
-        message = f"run {run_id} already completed; nothing to resume"
-        return RunOutcome(run_id, RunState.COMPLETED, ExitCode.OK, counts, 0, message)
+    if stored.state == RunState.COMPLETED:
+        return _already_completed(store, prepared, run_id)
     options = replace(RunOptions.from_params(stored.params), force_resubmit=force_resubmit)
     run = run_engine(engine, settings, prepared, credentials, executor)
     admission = prepare_resume(store, run_id, dedup_policy(settings))
     if on_start is not None:
         on_start(run, run_id)
     return run.execute(run_id, options, 0, deduplicated=admission.deduplicated)
+
+
+def retry(
+    engine: Engine,
+    settings: Settings,
+    pipeline: str,
+    episode_id: str,
+    credentials: CredentialSource,
+    *,
+    force_resubmit: bool = False,
+    executor: ItemExecutor = thread_pool_executor,
+    on_start: OnStart | None = None,
+) -> RunOutcome:
+    """The Python API of `episodic retry`: resume the episode's latest generation run; if it
+    was cancelled, ask again for the same request (a new run through the choke point, which
+    collects accepted jobs and reconciles unknowns at no cost).
+    Errors: `CommandNotAllowed` (no generation run yet: exit 2), `EpisodeNotFound` (5)."""
+    gate = open_gate(engine, pipeline, episode_id, "retry")
+    store = RunStore(engine)
+    run_id = store.latest_run(gate.episode_pk, "generate")
+    if run_id is None:
+        raise CommandNotAllowed(f"episode {gate.episode_id} has no generation run to retry")
+    latest = store.get_run(run_id)
+    if latest.state != RunState.CANCELLED:
+        return resume(
+            engine,
+            settings,
+            run_id,
+            credentials,
+            force_resubmit=force_resubmit,
+            executor=executor,
+            on_start=on_start,
+        )
+    options = replace(RunOptions.from_params(latest.params), force_resubmit=force_resubmit)
+    return generate(
+        engine,
+        settings,
+        pipeline,
+        gate.episode_id,
+        options,
+        credentials,
+        idempotency_key=None,
+        batch_id=latest.batch_id,
+        executor=executor,
+        on_start=on_start,
+    )
+
+
+def _already_completed(store: RunStore, prepared: Prepared, run_id: str) -> RunOutcome:
+    """A completed run answers at once, and the episode is marked generated if a crash
+    came between the run's completion and that step (credential-free)."""
+    from core.exit_codes import ExitCode
+    from pipeline.engine import mark_generated
+
+    keys = frozenset(item.idempotency_key for item in prepared.items)
+    mark_generated(store, prepared.gate.episode_pk, keys, run_id)
+    counts = store.counts(run_id)
+    message = f"run {run_id} already completed; nothing to resume"
+    return RunOutcome(run_id, RunState.COMPLETED, ExitCode.OK, counts, 0, message)

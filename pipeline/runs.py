@@ -14,7 +14,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from core.dedup import Admission, RunRequest, parse_batch_id, parse_idempotency_key
+from core.dedup import (
+    Admission,
+    RunRequest,
+    check_dedup_options,
+    parse_batch_id,
+    parse_idempotency_key,
+)
 from core.errors import BudgetExceeded, CommandNotAllowed
 from core.exit_codes import ExitCode
 from core.playlist import PlannedItem
@@ -165,6 +171,7 @@ def run_request(
 ) -> RunRequest:
     """The request as dedup sees it: what is generated (selection, plan digest, retry and
     cost limits, provider profile), not how fast (concurrency and lease are left out)."""
+    check_dedup_options(idempotency_key, batch_id, allow_duplicate)
     keys = sorted(it.idempotency_key for it in items)
     params = {
         "only": sorted(options.only) if options.only is not None else None,
@@ -232,11 +239,16 @@ def nothing_to_do(gate: GatePass, report: PlanReport, options: RunOptions) -> Ru
     return RunOutcome(None, RunState.COMPLETED, ExitCode.OK, RunCounts(), report.skipped, message)
 
 
-JOINABLE_RUN_STATES = frozenset({RunState.PAUSED, RunState.FAILED, RunState.RUNNING})
+# pending: its creator died before starting it; completed: answered with its outcome (a
+# resume racing the run's last item must not fail)
+JOINABLE_RUN_STATES = frozenset(
+    {RunState.PENDING, RunState.PAUSED, RunState.FAILED, RunState.RUNNING, RunState.COMPLETED}
+)
 
 
 def prepare_resume(store: RunStore, run_id: str, policy: DedupPolicy) -> Admission:
-    """A paused or failed run resumes; a running one is joined (claims split its items).
+    """A pending, paused or failed run resumes; a running one is joined (claims split its
+    items); a completed one answers with its outcome.
 
     ``deduplicated`` is True when the run is alive (another process is working on it: this
     caller joins it); a running run whose lease expired (its process died) is taken over.
@@ -245,7 +257,8 @@ def prepare_resume(store: RunStore, run_id: str, policy: DedupPolicy) -> Admissi
     run = store.get_run(run_id)
     if RunState(run.state) not in JOINABLE_RUN_STATES:
         raise CommandNotAllowed(
-            f"run {run_id} is {run.state}; only paused, failed or running runs resume"
+            f"run {run_id} is {run.state}; only pending, paused, failed or running runs "
+            "resume (`episodic retry EPISODE` asks again for a cancelled run's request)"
         )
     alive = RunState(run.state) == RunState.RUNNING and store.join(run_id, policy)
     return Admission(run_id, deduplicated=alive)

@@ -74,8 +74,8 @@ class ClaimStore:
         calls made and none open) and, with ``allow_retry=False`` (a run following another
         run's work), ``failed`` (its holder gave it up: not retried by a follower).
         """
-        now = utcnow()
         with tx.write(self.engine) as conn:
+            now = utcnow()  # read with the write lock held (a waited-for lock ages a lease)
             run_state = conn.execute(select(_runs.c.state).where(_runs.c.id == run_id)).scalar()
             if run_state != RunState.RUNNING:
                 return Refusal("stopped")
@@ -139,8 +139,11 @@ class ClaimStore:
     def renew(self, owner: str, run_id: str, lease_s: float) -> str | None:
         """Heartbeat: extend every live claim of `owner` and the run's lease by `lease_s`
         seconds; return the run's state (None if it does not exist)."""
-        now = utcnow()
         with tx.write(self.engine) as conn:
+            # The clock is read once the write lock is held: a renewal that waited for a
+            # busy SQLite writer must not write a lease that has already run out.
+            state = conn.execute(select(_runs.c.state).where(_runs.c.id == run_id)).scalar()
+            now = utcnow()
             conn.execute(
                 update(_items)
                 .where(_items.c.claim_owner == owner, _items.c.state == ItemState.RUNNING)
@@ -151,7 +154,6 @@ class ClaimStore:
                 .where(_runs.c.id == run_id, _runs.c.state == RunState.RUNNING)
                 .values(heartbeat_at=now, lease_expires_at=now + timedelta(seconds=lease_s))
             )
-            state = conn.execute(select(_runs.c.state).where(_runs.c.id == run_id)).scalar()
         return None if state is None else str(state)
 
     def release(self, claim: Claim, error_text: str) -> bool:

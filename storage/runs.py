@@ -265,9 +265,10 @@ class RunStore:
         serializes writers. Within ``policy.window_s`` of its creation a ``pending`` run
         (younger than the pending TTL) or a ``running`` run whose lease is live is reused
         (``deduplicated=True``), unless the request allows duplicates; a ``running`` run of
-        the same request whose lease expired (its process died) is taken over
-        (``taken_over=True``) rather than left stuck beside a new one. An explicit idempotency
-        key seen within the window with other parameters raises `IdempotencyKeyReused`.
+        the same request whose lease expired (its process died) or a ``paused`` one (Ctrl-C,
+        SIGTERM) is taken over (``taken_over=True``) rather than left beside a new one. An
+        explicit idempotency key seen within the window with other parameters raises
+        `IdempotencyKeyReused`.
         With ``create=False`` (nothing to do) no run is written: the answer has no run id.
         """
         fingerprint = request.fingerprint
@@ -297,15 +298,21 @@ class RunStore:
                             _runs.c.heartbeat_at,
                             _runs.c.lease_expires_at,
                         )
-                        .where(recent, _runs.c.state.in_([RunState.PENDING, RunState.RUNNING]))
+                        .where(
+                            recent,
+                            _runs.c.state.in_(
+                                [RunState.PENDING, RunState.RUNNING, RunState.PAUSED]
+                            ),
+                        )
                         .order_by(_runs.c.created_at.desc())
                         .limit(20)
                     ).all()
                     for row in unfinished:
                         if _is_active(row, now, policy):
                             return Admission(row.id, deduplicated=True, fingerprint=fingerprint)
-                    dead = next((r.id for r in unfinished if r.state == RunState.RUNNING), None)
-                    if dead is not None:  # the same request, its process gone: take it over
+                    dead = next((r.id for r in unfinished if r.state != RunState.PENDING), None)
+                    if dead is not None:  # the same request, its process gone or paused
+                        # (Ctrl-C, SIGTERM): continue it rather than leave it beside a new run
                         conn.execute(  # alive again: a concurrent caller joins, not re-takes
                             update(_runs)
                             .where(_runs.c.id == dead)
@@ -423,6 +430,20 @@ class RunStore:
         if current == target:
             return False
         raise InvalidTransition(f"run {run_id} is {current}: it cannot become {target}")
+
+    def abandon_pending(self, run_id: str, reason: str) -> bool:
+        """Cancel a run that never started (its creator was interrupted before starting it);
+        False if it has started meanwhile (someone joined it): then it is left alone."""
+        now = utcnow()
+        with tx.write(self.engine) as conn:
+            moved = conn.execute(
+                update(_runs)
+                .where(_runs.c.id == run_id, _runs.c.state == RunState.PENDING)
+                .values(state=RunState.CANCELLED, finished_at=now, error_text=reason)
+            ).rowcount
+            if moved:
+                cancel_orphaned_items(conn, [run_id], now)
+        return bool(moved)
 
     def run_items(self, run_id: str, states: Iterable[str] | None = None) -> list[Item]:
         query = (

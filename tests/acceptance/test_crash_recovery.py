@@ -20,7 +20,7 @@ from tests.generation import jobs_per_key, provider_log, write_playlist
 Cli = Callable[..., subprocess.CompletedProcess[str]]
 pytestmark = pytest.mark.e2e
 ITEMS = 10
-LEASE_S = "2"
+LEASE_S = "5"
 
 
 @pytest.fixture(autouse=True)
@@ -147,7 +147,7 @@ def test_refused_generates_leave_no_rows(cli: Cli, database_url: str, tmp_path: 
     assert cli("plan", "2026-W32-0", "--playlist", str(playlist), env=env).returncode == 0
     for _ in range(5):
         refused = cli("generate", "2026-W32-0", env=env)
-        assert refused.returncode == 2
+        assert refused.returncode == 2 and refused.stdout == ""
         assert refused.stderr.strip().splitlines() == [
             "error: credential for profile 'paid': $PAID_TOKEN is not set"
         ]

@@ -187,6 +187,8 @@ def test_an_idempotency_key_sent_again_with_other_parameters_is_refused(
         "parameters; use a new key for a different request"
     ]
     for bad in ("has space", "x" * 256, "clé"):
-        answer = cli("generate", episode, "--idempotency-key", bad)
-        assert answer.returncode == 2 and answer.stderr.startswith("error: invalid idempotency")
+        for plan_only in ([], ["--plan"]):
+            answer = cli("generate", episode, "--idempotency-key", bad, *plan_only)
+            assert answer.returncode == 2 and answer.stderr.startswith("error: invalid idempot")
+            assert answer.stdout == ""
     assert len(json.loads(cli("runs", "list", "--json").stdout)) == 1

@@ -227,3 +227,105 @@ def test_nothing_to_do_creates_no_run(episode: Episode) -> None:
     assert again.run_id is None and again.exit_code == 0 and again.skipped == 4
     assert "nothing to do" in again.message
     assert _runs(episode.engine) == 1
+
+
+# ---------------------------------------------------------------- recovery (helper findings)
+def _retry(episode: Episode) -> object:
+    from pipeline.gate import EnvironmentCredentials
+    from pipeline.generation import retry
+
+    return retry(
+        episode.engine, episode.settings, "weekly", episode.episode_id, EnvironmentCredentials()
+    )
+
+
+def _episode_state(episode: Episode) -> str:
+    from storage.models import EpisodeRow
+
+    with episode.engine.connect() as conn:
+        return str(conn.execute(select(EpisodeRow.state)).scalar_one())
+
+
+def test_a_crash_between_completion_and_generated_is_reported_and_retry_repairs_it(
+    episode: Episode,
+) -> None:
+    from storage.models import EpisodeRow
+
+    assert episode.generate().state.value == "completed"
+    with episode.engine.begin() as conn:  # the process died right before marking it
+        conn.execute(update(EpisodeRow).values(state="allocated"))
+    findings = check_episodes(episode.engine, "weekly")
+    assert [f.check for f in findings] == ["state"] and "retry" in findings[0].detail
+    outcome = _retry(episode)
+    assert outcome.exit_code == 0  # type: ignore[attr-defined]
+    assert _episode_state(episode) == "generated"
+    assert check_episodes(episode.engine, "weekly") == []
+
+
+def test_a_run_left_pending_by_a_crash_is_finished_by_retry_and_resume(
+    episode: Episode,
+) -> None:
+    older = new_run(episode)  # two processes died before starting their runs
+    ghost = new_run(episode)
+    outcome = _retry(episode)  # the latest run
+    assert outcome.run_id == ghost and outcome.state.value == "completed"  # type: ignore[attr-defined]
+    assert episode.resume(older).state.value == "completed"  # nothing left, still resumable
+    assert set(jobs_per_key().values()) == {1}
+
+
+def test_an_interrupt_before_the_run_starts_leaves_no_pending_row(episode: Episode) -> None:
+    from pipeline.gate import EnvironmentCredentials
+    from pipeline.generation import generate
+    from pipeline.runs import RunOptions
+
+    def interrupted(engine: object, run_id: str) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        generate(
+            episode.engine,
+            episode.settings,
+            "weekly",
+            episode.episode_id,
+            RunOptions(),
+            EnvironmentCredentials(),
+            on_start=interrupted,
+        )
+    with episode.engine.connect() as conn:
+        assert [r[0] for r in conn.execute(select(RunRow.state))] == ["cancelled"]
+    assert jobs_per_key() == {}  # nothing was sent
+    assert episode.generate().state.value == "completed"
+
+
+def test_the_same_request_after_a_pause_continues_the_paused_run(episode: Episode) -> None:
+    from core.states import RunState
+    from storage.runs import RunStore
+
+    paused = admit(episode.engine, episode.episode_id).run_id
+    assert paused is not None
+    store = RunStore(episode.engine)
+    store.transition_run(paused, RunState.RUNNING, lease_s=30)
+    store.transition_run(paused, RunState.PAUSED, "interrupted")  # Ctrl-C or SIGTERM
+    outcome = episode.generate()
+    assert outcome.run_id == paused and outcome.state.value == "completed"
+    assert _runs(episode.engine) == 1
+
+
+def test_retry_of_a_cancelled_run_asks_again_and_pays_once(episode: Episode) -> None:
+    from core.states import RunState
+    from storage.runs import RunStore
+
+    cancelled = new_run(episode)
+    RunStore(episode.engine).transition_run(cancelled, RunState.CANCELLED, "by operator")
+    outcome = _retry(episode)
+    assert outcome.run_id != cancelled and outcome.state.value == "completed"  # type: ignore[attr-defined]
+    assert set(jobs_per_key().values()) == {1} and len(jobs_per_key()) == 4
+
+
+def test_an_explicit_key_cannot_be_combined_with_an_opt_out(episode: Episode) -> None:
+    from core.errors import InvalidInput
+
+    for extra in ({"batch_id": "b"}, {"allow_duplicate": True}):
+        with pytest.raises(InvalidInput, match="names one request"):
+            admit(episode.engine, episode.episode_id, idempotency_key="k", **extra)
+    assert _runs(episode.engine) == 0

@@ -20,6 +20,12 @@ def test_defaults(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
         ("EPISODIC_TIMEZONE", "Mars/Base", "EPISODIC_TIMEZONE"),
         ("EPISODIC_PIPELINE", "Has Spaces", "EPISODIC_PIPELINE"),
         ("EPISODIC_PIPELINE", "../up", "EPISODIC_PIPELINE"),
+        ("EPISODIC_LEASE_S", "2", "EPISODIC_LEASE_S"),  # too short to renew under load
+        ("EPISODIC_LEASE_S", "nan", "EPISODIC_LEASE_S"),
+        ("EPISODIC_DEDUP_WINDOW_S", "-1", "EPISODIC_DEDUP_WINDOW_S"),
+        ("EPISODIC_DEDUP_WINDOW_S", "1e309", "EPISODIC_DEDUP_WINDOW_S"),
+        ("EPISODIC_PENDING_TTL_S", "0", "EPISODIC_PENDING_TTL_S"),
+        ("EPISODIC_PENDING_TTL_S", "inf", "EPISODIC_PENDING_TTL_S"),
     ],
 )
 def test_bad_values_name_the_variable(
