@@ -104,6 +104,22 @@ def test_every_item_failing_exits_4(episode: Episode, tmp_path: Path) -> None:
     assert submissions_per_item() == {"v01.p1": 1, "v02.p1": 1}  # permanent: no in-attempt retry
 
 
+def test_items_out_of_retries_never_let_generate_say_completed(
+    episode: Episode, tmp_path: Path
+) -> None:
+    """Every paid attempt of one item is used up: a later generate creates no run, says so,
+    and exits 6 with the --max-retries to use, never "completed"."""
+    episode.plan(write_playlist(tmp_path / "p", ["ok", "bad [[FAIL_PERMANENT]]"]))
+    for _ in range(2):
+        assert episode.generate(max_retries=1).exit_code == ExitCode.PARTIAL
+    outcome = episode.generate(max_retries=1)
+    assert outcome.run_id is None and outcome.exit_code == ExitCode.PARTIAL
+    assert "out of retries" in outcome.message and "--max-retries 2" in outcome.message
+    assert submissions_per_item() == {"v01.p1": 1, "v02.p1": 2}
+    more = episode.generate(max_retries=2)  # one more attempt allowed: one more paid call
+    assert more.exit_code == ExitCode.PARTIAL and submissions_per_item()["v02.p1"] == 3
+
+
 def test_lost_response_is_reconciled_by_client_reference_never_resubmitted(
     episode: Episode, tmp_path: Path
 ) -> None:
