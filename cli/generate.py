@@ -111,6 +111,7 @@ def generate(
         max_cost_minor=parse_amount(max_cost) if max_cost is not None else None,
         lease_s=settings.lease_s,
         force_resubmit=force_resubmit,
+        cap_minor=settings.max_run_cost_minor,
     )
     if show_plan:
         report = make_plan(

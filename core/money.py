@@ -2,25 +2,29 @@
 
 from __future__ import annotations
 
-from decimal import Decimal, InvalidOperation
+import re
+from decimal import Decimal
 
 from core.errors import InvalidInput
 
 MINOR_DIGITS = 2  # cents
+_SCALE = 100  # minor units per unit
+# ASCII digits only (Decimal would take '١٢' or '1e999999999'), at most 9 before the point
+_AMOUNT = re.compile(r"(0|[1-9][0-9]{0,8})(?:\.([0-9]{1,2}))?")
 
 
 def parse_amount(text: str) -> int:
-    """'12.50' -> 1250. Refuses negatives, more than two decimals, NaN and junk."""
-    try:
-        value = Decimal(text.strip())
-    except (InvalidOperation, AttributeError):
-        raise InvalidInput(f"invalid amount {text!r}: expected e.g. 12.50") from None
-    if not value.is_finite() or value < 0:
-        raise InvalidInput(f"invalid amount {text!r}: must be a non-negative number")
-    minor = value.scaleb(MINOR_DIGITS)
-    if minor != minor.to_integral_value():
-        raise InvalidInput(f"invalid amount {text!r}: at most {MINOR_DIGITS} decimals")
-    return int(minor)
+    """'12.50' -> 1250 (minor units). Plain ASCII decimals only, at most two decimals,
+    0 to 999,999,999.99; anything else (exponents, NaN, signs, non-ASCII digits) is
+    `InvalidInput`."""
+    match = _AMOUNT.fullmatch(text.strip()) if isinstance(text, str) else None
+    if match is None:
+        raise InvalidInput(
+            f"invalid amount {text!r}: expected a plain amount such as 12.50 "
+            f"(0 to 999999999.99, at most {MINOR_DIGITS} decimals)"
+        )
+    whole, cents = str(match[1]), str(match[2] or "")
+    return int(whole) * _SCALE + int(cents.ljust(MINOR_DIGITS, "0"))
 
 
 def format_minor(amount: int, currency: str = "USD") -> str:

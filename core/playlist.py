@@ -12,11 +12,13 @@ import string
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
 from core.errors import InvalidInput
 
 _ID = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")  # tab and newlines are text
+MAX_PROMPT_CHARS = 8000  # items.prompt: checked when planning, on every backend
 PROMPT_FIELDS = frozenset({"title", "part", "video_id", "index"})
 
 
@@ -24,18 +26,34 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def _no_control(text: str) -> str:
+    if _CONTROL.search(text):
+        raise ValueError("control characters (NUL, escapes) are not allowed")
+    return text
+
+
 class Template(_Strict):
     id: str = Field(pattern=f"^{_ID}$")
-    version: int = Field(ge=1)
+    version: int = Field(ge=1, le=1_000_000, strict=True)
     prompt: str = Field(min_length=1, max_length=4000)
 
     @field_validator("prompt")
     @classmethod
     def _known_fields(cls, prompt: str) -> str:
+        _no_control(prompt)
         try:
-            fields = {name for _, name, _, _ in string.Formatter().parse(prompt) if name}
+            parsed = list(string.Formatter().parse(prompt))
         except ValueError as exc:
             raise ValueError(f"bad placeholder syntax: {exc}") from None
+        for _, name, spec, conversion in parsed:
+            if name is not None and (spec or conversion):  # {title!r:>99999999999}
+                raise ValueError(
+                    f"placeholder {{{name}}} has a conversion or format spec: "
+                    "use bare placeholders such as {title}"
+                )
+        fields = {name for _, name, _, _ in parsed if name is not None}
+        if "" in fields:
+            raise ValueError("empty placeholder {}: name the field, e.g. {title}")
         unknown = fields - PROMPT_FIELDS
         if unknown:
             raise ValueError(f"unknown placeholders {sorted(unknown)}; use {sorted(PROMPT_FIELDS)}")
@@ -48,8 +66,13 @@ class Template(_Strict):
 class Video(_Strict):
     video_id: str = Field(pattern=f"^{_ID}$")
     title: str = Field(min_length=1, max_length=300)
-    parts: list[int] = Field(default_factory=lambda: [1], min_length=1, max_length=100)
-    seed: int = Field(ge=0, le=2**31 - 1)
+    parts: list[StrictInt] = Field(default_factory=lambda: [1], min_length=1, max_length=100)
+    seed: int = Field(ge=0, le=2**31 - 1, strict=True)  # `seed: true` is not 1
+
+    @field_validator("title")
+    @classmethod
+    def _printable_title(cls, title: str) -> str:
+        return _no_control(title)
 
     @field_validator("parts")
     @classmethod
@@ -133,6 +156,11 @@ def expand(playlist: Playlist, reference_sha256: list[str], episode_id: str) -> 
             prompt = playlist.template.prompt.format(
                 title=video.title, part=part, video_id=video.video_id, index=index
             )
+            if len(prompt) > MAX_PROMPT_CHARS:
+                raise InvalidInput(
+                    f"video {video.video_id} part {part}: the prompt is {len(prompt)} "
+                    f"characters; at most {MAX_PROMPT_CHARS}"
+                )
             item_id = f"{episode_id}/{video.video_id}.p{part}"
             key = item_idempotency_key(
                 template_spec_hash=spec,

@@ -71,6 +71,41 @@ class Settings(BaseSettings):
         description="seconds after which the sweep cancels a run or flow run that never started",
     )
 
+    max_run_cost: str = Field(
+        default="25.00",
+        description="per-run spending cap when neither --max-cost nor --max-images is given",
+    )
+
+    @field_validator("max_run_cost")
+    @classmethod
+    def _check_cap(cls, value: str) -> str:
+        from core.money import parse_amount
+
+        try:
+            parse_amount(value)
+        except InvalidInput as exc:
+            raise ValueError(str(exc)) from None
+        return value
+
+    @property
+    def max_run_cost_minor(self) -> int:
+        from core.money import parse_amount
+
+        return parse_amount(self.max_run_cost)
+
+    @field_validator("home")
+    @classmethod
+    def _check_home(cls, value: Path) -> Path:
+        resolved = value.expanduser()
+        if resolved.exists() and not resolved.is_dir():
+            raise ValueError(f"{value} exists and is not a directory")
+        for parent in resolved.absolute().parents:  # the first existing ancestor
+            if parent.exists():
+                if not parent.is_dir():
+                    raise ValueError(f"{value} cannot be created: {parent} is not a directory")
+                break
+        return value
+
     @field_validator("timezone")
     @classmethod
     def _check_timezone(cls, value: str) -> str:

@@ -61,7 +61,18 @@ class EnvironmentCredentials:
         value = os.environ.get(name)
         if not value:
             raise ProviderConfigError(f"credential for profile {profile.id!r}: ${name} is not set")
-        return value
+        return check_credential(profile, value, f"${name}")
+
+
+def check_credential(profile: Profile, value: str, source: str) -> str:
+    """A credential goes into an HTTP header: printable ASCII without spaces, or refused
+    (naming where it came from, never echoing it)."""
+    if not value.isascii() or not value.isprintable() or any(c.isspace() for c in value):
+        raise ProviderConfigError(
+            f"credential for profile {profile.id!r}: {source} must be printable ASCII "
+            "without spaces (it is sent as an HTTP header)"
+        )
+    return value
 
 
 def build_provider(

@@ -133,6 +133,8 @@ def generate(
     `EpisodeNotFound` (5), `ProviderConfigError` (2), `IdempotencyKeyReused` (2).
     """
     prepared = prepare(engine, settings, pipeline, episode_id, "generate")
+    if options.cap_minor is None:
+        options = replace(options, cap_minor=settings.max_run_cost_minor)
     request = run_request(
         prepared.gate,
         prepared.items,

@@ -26,8 +26,13 @@ def load_playlist(path: Path) -> tuple[Playlist, list[str]]:
         ) from None
     playlist = parse_playlist(raw, str(path))
     references = []
+    folder = path.parent.resolve()
     for name in playlist.reference_assets:
-        asset = (path.parent / name).resolve()
+        asset = (folder / name).resolve()  # symlinks resolved too
+        if not asset.is_relative_to(folder):
+            raise InvalidPlaylist(
+                f"{path}: reference asset {name!r} is outside the playlist's folder"
+            )
         if not asset.is_file():
             raise InvalidPlaylist(f"{path}: reference asset {name!r} does not exist")
         references.append(hashlib.sha256(asset.read_bytes()).hexdigest())

@@ -23,6 +23,7 @@ from core.dedup import (
 )
 from core.errors import BudgetExceeded, CommandNotAllowed
 from core.exit_codes import ExitCode
+from core.money import format_minor
 from core.playlist import PlannedItem
 from core.runs import ItemSnapshot, PlanReport, RunCounts
 from core.settings import Settings
@@ -45,6 +46,9 @@ class RunOptions:
     lease_s: float = DEFAULT_LEASE_S  # a claim lives this long without a heartbeat
     force_resubmit: bool = False
     collect_timeout_s: float = 600.0
+    # EPISODIC_MAX_RUN_COST in minor units: applies when neither max_images nor max_cost is
+    # given (a 100,000-image playlist never starts by default)
+    cap_minor: int | None = None
 
     @property
     def max_attempts(self) -> int:
@@ -138,6 +142,21 @@ def plan(
 
 
 def check_budget(report: PlanReport, options: RunOptions) -> None:
+    """Refuse (`BudgetExceeded`, exit 2, nothing written) a plan above --max-images,
+    --max-cost, or, when neither is given, the configured per-run cap."""
+    unlimited = options.max_images is None and options.max_cost_minor is None
+    cap = options.cap_minor
+    if unlimited and cap is not None and report.estimated_cost_minor > cap:
+        raise BudgetExceeded(
+            f"plan: {report.new_calls} new paid calls, estimated "
+            f"{format_minor(report.estimated_cost_minor, report.currency)}, above the "
+            f"per-run cap EPISODIC_MAX_RUN_COST ({format_minor(cap, report.currency)}); pass "
+            "--max-cost or --max-images to allow it (or raise the cap); nothing was created"
+        )
+    _check_limits(report, options)
+
+
+def _check_limits(report: PlanReport, options: RunOptions) -> None:
     if options.max_images is not None and report.new_calls > options.max_images:
         raise BudgetExceeded(
             f"plan needs {report.new_calls} new paid calls, --max-images allows "

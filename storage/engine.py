@@ -59,7 +59,14 @@ def _sqlite_engine(url: URL, *, read_only: bool, **kwargs: Any) -> Engine:
     if read_only:
         url = url.set(database=f"file:{path}?mode=ro", query={"uri": "true"})
     else:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            from core.errors import InvalidInput
+
+            raise InvalidInput(
+                f"SQLite database {path}: its folder cannot be created ({exc.strerror})"
+            ) from None
     engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}, **kwargs)
 
     @event.listens_for(engine, "connect")

@@ -116,8 +116,12 @@ class PrefectSecretCredentials:
         if profile.credential_secret_block:
             from prefect.blocks.system import Secret
 
+            from pipeline.gate import check_credential
+
             secret: Secret[str] = Secret.load(profile.credential_secret_block)  # type: ignore[assignment]
-            return str(secret.get())
+            return check_credential(
+                profile, str(secret.get()), f"Secret block {profile.credential_secret_block!r}"
+            )
         from pipeline.gate import EnvironmentCredentials
 
         return EnvironmentCredentials().read(profile)

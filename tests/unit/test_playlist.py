@@ -77,6 +77,43 @@ def test_keys_are_scoped_by_episode() -> None:
             "extra": 1,
             "items": [{"video_id": "v", "title": "x", "seed": 1}],
         },
+        # issue 9: format specs and conversions (a MemoryError), control characters, bools
+        {
+            "template": {"id": "t", "version": 1, "prompt": "{title!r:>99999999999}"},
+            "items": [{"video_id": "v", "title": "x", "seed": 1}],
+        },
+        {
+            "template": {"id": "t", "version": 1, "prompt": "{title:>20}"},
+            "items": [{"video_id": "v", "title": "x", "seed": 1}],
+        },
+        {
+            "template": {"id": "t", "version": 1, "prompt": "{}"},
+            "items": [{"video_id": "v", "title": "x", "seed": 1}],
+        },
+        {
+            "template": {"id": "t", "version": 1, "prompt": "x"},
+            "items": [{"video_id": "v", "title": "a\x00b", "seed": 1}],
+        },
+        {
+            "template": {"id": "t", "version": 1, "prompt": "x\x1b[31m"},
+            "items": [{"video_id": "v", "title": "x", "seed": 1}],
+        },
+        {
+            "template": {"id": "t", "version": 1, "prompt": "x"},
+            "items": [{"video_id": "v", "title": "x", "seed": True}],
+        },
+        {
+            "template": {"id": "t", "version": True, "prompt": "x"},
+            "items": [{"video_id": "v", "title": "x", "seed": 1}],
+        },
+        {
+            "template": {"id": "t", "version": 1, "prompt": "x"},
+            "items": [{"video_id": "v", "title": "x", "seed": 1, "parts": [True]}],
+        },
+        {
+            "template": {"id": "t", "version": 1, "prompt": "x"},
+            "items": [{"video_id": "v", "title": "x", "seed": 1.5}],
+        },
     ],
 )
 def test_bad_playlists_are_refused(raw: dict) -> None:
@@ -94,6 +131,34 @@ def test_selection() -> None:
 def test_money_is_integer_minor_units() -> None:
     assert parse_amount("12.50") == 1250 and parse_amount("0") == 0
     assert format_minor(1250) == "12.50 USD"
-    for bad in ("-1", "1.001", "NaN", "inf", "abc", ""):
+    assert parse_amount(" 999999999.99 ") == 99_999_999_999 and parse_amount("0.5") == 50
+    for bad in (
+        "-1",
+        "1.001",
+        "NaN",
+        "inf",
+        "abc",
+        "",
+        "1e999999999",  # issue 9: Decimal takes it and int() of it never ends
+        "1E3",
+        "\u0661\u0662",  # Arabic-Indic digits: Decimal reads them as 12
+        "\uff11",  # a full-width 1
+        "+5",
+        "1,000",
+        "1000000000",
+        "5.",
+        ".5",
+    ):
         with pytest.raises(InvalidInput):
             parse_amount(bad)
+
+
+def test_a_rendered_prompt_longer_than_its_column_is_refused_when_planning() -> None:
+    playlist = Playlist.model_validate(
+        {
+            "template": {"id": "t", "version": 1, "prompt": "{title}" * 40},
+            "items": [{"video_id": "v1", "title": "x" * 300, "seed": 1}],
+        }
+    )
+    with pytest.raises(InvalidInput, match="at most 8000"):
+        expand(playlist, [], "2026-W32-0")

@@ -26,6 +26,10 @@ def test_defaults(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
         ("EPISODIC_DEDUP_WINDOW_S", "1e309", "EPISODIC_DEDUP_WINDOW_S"),
         ("EPISODIC_PENDING_TTL_S", "0", "EPISODIC_PENDING_TTL_S"),
         ("EPISODIC_PENDING_TTL_S", "inf", "EPISODIC_PENDING_TTL_S"),
+        ("EPISODIC_HOME", "/dev/null", "EPISODIC_HOME: /dev/null exists and is not a dir"),
+        ("EPISODIC_HOME", "/dev/null/x", "EPISODIC_HOME: /dev/null/x cannot be created"),
+        ("EPISODIC_MAX_RUN_COST", "1e9", "EPISODIC_MAX_RUN_COST"),
+        ("EPISODIC_MAX_RUN_COST", "-5", "EPISODIC_MAX_RUN_COST"),
     ],
 )
 def test_bad_values_name_the_variable(

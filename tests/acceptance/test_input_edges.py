@@ -1,0 +1,154 @@
+"""Inputs from outside, at their boundary (issue 9, case 4 and 5): each is a one-line error
+with exit 2 or is accepted correctly, never exit 1 or a traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.generation import provider_log, write_playlist
+
+Cli = Callable[..., subprocess.CompletedProcess[str]]
+pytestmark = pytest.mark.e2e
+SQLITE_ONLY = pytest.mark.parametrize("backend", ["sqlite"])
+
+
+@pytest.fixture(autouse=True)
+def fake_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EPISODIC_FAKE_PROVIDER_LOG", str(tmp_path / "provider.jsonl"))
+
+
+def _one_line_refusal(result: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+@SQLITE_ONLY
+def test_markup_in_an_allocation_key_is_shown_as_text(cli: Cli, database_url: str) -> None:
+    assert cli("allocate", "--key", "[/x]", "--week", "2026-W32").returncode == 0
+    assert cli("allocate", "--key", "[bold red]boom", "--week", "2026-W32").returncode == 0
+    listed = cli("episodes", "list")
+    assert listed.returncode == 0, listed.stderr
+    assert "[/x]" in listed.stdout and "[bold red]boom" in listed.stdout
+    shown = cli("episodes", "show", "2026-W32-0")
+    assert shown.returncode == 0 and "[/x]" in shown.stdout
+
+
+@SQLITE_ONLY
+def test_amounts_are_plain_ascii_decimals(cli: Cli, database_url: str, tmp_path: Path) -> None:
+    assert cli("allocate", "--key", "k", "--week", "2026-W32").returncode == 0
+    playlist = write_playlist(tmp_path / "pl", ["a"])
+    assert cli("plan", "2026-W32-0", "--playlist", str(playlist)).returncode == 0
+    for bad in ("1e999999999", "\u0661\u0662", "1E3", "nan"):
+        _one_line_refusal(cli("generate", "2026-W32-0", "--max-cost", bad), "invalid amount")
+    assert json.loads(cli("runs", "list", "--json").stdout) == []
+
+
+@SQLITE_ONLY
+def test_reference_assets_stay_inside_the_playlist_folder(
+    cli: Cli, database_url: str, tmp_path: Path
+) -> None:
+    assert cli("allocate", "--key", "k", "--week", "2026-W32").returncode == 0
+    folder = tmp_path / "pl"
+    playlist = write_playlist(folder, ["a"], references={"style.txt": "ok"})
+    data = yaml.safe_load(playlist.read_text())
+    (tmp_path / "secret.txt").write_text("not yours")
+    (folder / "link.txt").symlink_to(tmp_path / "secret.txt")
+    for name in ("../../../../etc/hostname", "../secret.txt", "link.txt", "/etc/hostname"):
+        data["reference_assets"] = [name]
+        playlist.write_text(yaml.safe_dump(data))
+        _one_line_refusal(
+            cli("plan", "2026-W32-0", "--playlist", str(playlist)), "outside the playlist"
+        )
+    data["reference_assets"] = ["style.txt"]
+    playlist.write_text(yaml.safe_dump(data))
+    assert cli("plan", "2026-W32-0", "--playlist", str(playlist)).returncode == 0
+
+
+def test_text_that_no_column_takes_is_refused_at_plan_time(
+    cli: Cli, database_url: str, tmp_path: Path
+) -> None:
+    """Refused by `plan` on both backends, not at `generate` on Postgres."""
+    assert cli("allocate", "--key", "k", "--week", "2026-W32").returncode == 0
+    cases = [
+        (write_playlist(tmp_path / "nul", ["a\x00b"]), "control characters"),
+        (write_playlist(tmp_path / "esc", ["a\x1b[2Jb"]), "control characters"),
+        (write_playlist(tmp_path / "long", ["x" * 300], prompt="{title}" * 40), "at most 8000"),
+        (write_playlist(tmp_path / "spec", ["a"], prompt="{title!r:>99999999999}"), "spec"),
+    ]
+    seeded = write_playlist(tmp_path / "seed", ["a"])
+    data = yaml.safe_load(seeded.read_text())
+    data["items"][0]["seed"] = True
+    seeded.write_text(yaml.safe_dump(data))
+    cases.append((seeded, "seed"))
+    for playlist, needle in cases:
+        _one_line_refusal(cli("plan", "2026-W32-0", "--playlist", str(playlist)), needle)
+    assert "no plan" in cli("generate", "2026-W32-0").stderr
+
+
+@SQLITE_ONLY
+def test_a_non_ascii_credential_is_refused_without_echoing_it(
+    cli: Cli, database_url: str, tmp_path: Path
+) -> None:
+    profiles = tmp_path / "providers.yaml"
+    profiles.write_text(
+        "profiles:\n  paid:\n    kind: http\n    base_url: http://127.0.0.1:9/v1\n"
+        "    credential_env: PAID_TOKEN\n    cost_per_image_minor: 4\n"
+    )
+    env = {"EPISODIC_PROVIDERS_FILE": str(profiles), "PAID_TOKEN": "s3cr\u00e9t-value"}
+    assert cli("allocate", "--key", "k", "--week", "2026-W32", env=env).returncode == 0
+    playlist = write_playlist(tmp_path / "pl", ["a"], profile="paid")
+    assert cli("plan", "2026-W32-0", "--playlist", str(playlist), env=env).returncode == 0
+    refused = cli("generate", "2026-W32-0", env=env)
+    _one_line_refusal(refused, "$PAID_TOKEN", "printable ASCII")
+    assert "s3cr" not in refused.stderr + refused.stdout
+    assert json.loads(cli("runs", "list", "--json", env=env).stdout) == []
+
+
+@SQLITE_ONLY
+def test_broken_homes_and_database_paths_are_one_line_errors(cli: Cli, tmp_path: Path) -> None:
+    base = {k: v for k, v in os.environ.items() if k != "EPISODIC_DATABASE_URL"}
+    for env, needle in (
+        ({"EPISODIC_HOME": "/dev/null"}, "EPISODIC_HOME"),
+        ({"EPISODIC_HOME": "/dev/null/x"}, "EPISODIC_HOME"),
+        ({"EPISODIC_DATABASE_URL": "sqlite:////dev/null/x/e.db"}, "cannot be created"),
+    ):
+        result = subprocess.run(
+            [str(Path(sys.executable).parent / "episodic"), "episodes", "list"],
+            capture_output=True,
+            text=True,
+            env={**base, **env},
+            timeout=60,
+        )
+        _one_line_refusal(result, needle)
+    deep = tmp_path / "not" / "yet" / "there.db"  # a folder that does not exist: created
+    made = cli("episodes", "list", env={"EPISODIC_DATABASE_URL": f"sqlite:///{deep}"})
+    assert made.returncode == 0 and deep.is_file()
+
+
+def test_without_limits_a_default_cap_refuses_a_costly_plan(
+    cli: Cli, database_url: str, tmp_path: Path
+) -> None:
+    """A playlist that expands to far more than anyone meant: refused by default, with the
+    plan shown; an explicit limit lets it run."""
+    assert cli("allocate", "--key", "k", "--week", "2026-W32").returncode == 0
+    playlist = write_playlist(tmp_path / "pl", ["a", "b", "c"])  # 3 images, 0.12 USD
+    assert cli("plan", "2026-W32-0", "--playlist", str(playlist)).returncode == 0
+    capped = {"EPISODIC_MAX_RUN_COST": "0.10"}
+    for extra in ([], ["--plan"]):
+        refused = cli("generate", "2026-W32-0", *extra, env=capped)
+        _one_line_refusal(refused, "3 new paid calls", "0.12 USD", "EPISODIC_MAX_RUN_COST")
+    assert json.loads(cli("runs", "list", "--json").stdout) == []
+    assert [e for e in provider_log() if e["event"] == "job_created"] == []
+    allowed = cli("generate", "2026-W32-0", "--max-cost", "0.20", env=capped)
+    assert allowed.returncode == 0, allowed.stderr
