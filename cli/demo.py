@@ -53,10 +53,11 @@ def demo(
             ),
         )
     episodes = sorted({r["episode_id"] for r in rows if r["episode_id"]})
-    from pipeline.generation import record_plan
+    from pipeline.generation import record_plan, recorded_plan_summary
 
     for episode_id in episodes:  # the flow runs planned them; slots run by an older demo did not
-        record_plan(context.engine(), settings.pipeline, episode_id, playlist.absolute())
+        if recorded_plan_summary(context.engine(), settings.pipeline, episode_id) is None:
+            record_plan(context.engine(), settings.pipeline, episode_id, playlist.absolute())
     story = _paid_story(episodes, settings.pipeline)
     if as_json:
         emit_json({"week_id": str(week_id), "runs": rows, **story})

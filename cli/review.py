@@ -61,3 +61,26 @@ def assemble(
             f"{'' if result['changed'] else ', unchanged'}\n  cover    {result['cover']}"
             f"\n  manifest {result['manifest']}"
         )
+
+
+def reopen(
+    episode_id: EpisodeArg,
+    by: Annotated[str, typer.Option("--by", help="Who reopens it (recorded).")],
+    reason: Annotated[str, typer.Option("--reason", help="Why (recorded).")],
+    pipeline: PipelineOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Unfreeze an approved or assembled episode's plan (the approval is reset; history keeps
+    the earlier plan and decision). Then plan, generate and approve it again."""
+    from pipeline.review import reopen as run_reopen
+
+    result = run_reopen(
+        context.engine(), context.pipeline_name(pipeline), episode_id, by=by, reason=reason
+    )
+    if as_json:
+        emit_json(result)
+    else:
+        typer.echo(
+            f"{result['episode_id']} reopened (was {result['from']}): plan, generate and "
+            "approve it again"
+        )

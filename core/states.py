@@ -72,13 +72,19 @@ class EpisodeState(StrEnum):
     ASSEMBLED = "assembled"
 
 
+# Back to `allocated`: a changed plan before approval (its images must be generated and
+# reviewed again), or `episodic reopen` after it (recorded with a reason). Nothing else
+# moves an approved episode's plan: what was approved is what ships.
 EPISODE_TRANSITIONS: dict[EpisodeState, frozenset[EpisodeState]] = {
     EpisodeState.ALLOCATED: frozenset({EpisodeState.GENERATED}),
-    EpisodeState.GENERATED: frozenset({EpisodeState.APPROVED, EpisodeState.REJECTED}),
-    EpisodeState.REJECTED: frozenset({EpisodeState.GENERATED}),  # regenerated after a rejection
-    EpisodeState.APPROVED: frozenset({EpisodeState.ASSEMBLED}),
-    EpisodeState.ASSEMBLED: frozenset(),
+    EpisodeState.GENERATED: frozenset(
+        {EpisodeState.APPROVED, EpisodeState.REJECTED, EpisodeState.ALLOCATED}
+    ),
+    EpisodeState.REJECTED: frozenset({EpisodeState.GENERATED, EpisodeState.ALLOCATED}),
+    EpisodeState.APPROVED: frozenset({EpisodeState.ASSEMBLED, EpisodeState.ALLOCATED}),
+    EpisodeState.ASSEMBLED: frozenset({EpisodeState.ALLOCATED}),
 }
+FROZEN_PLAN_STATES = frozenset({EpisodeState.APPROVED, EpisodeState.ASSEMBLED})
 
 
 def check_episode_transition(current: str, target: str) -> None:

@@ -531,7 +531,10 @@ class RunEngine:
                 currency=self.provider.capabilities.currency,
             )
             raise
-        path = self.output_dir / f"{claim.item.item_id}.png"
+        # Content-addressed by the item key: another plan's image of the same video and part
+        # has another key, so a file a reviewer saw or a ledger row points at is never
+        # overwritten (going back to an earlier plan finds its images where they were).
+        path = self.output_dir / f"{claim.item.item_id}.{claim.item.idempotency_key}.png"
         sha256 = write_atomically(path, result.content)
         completed = self.claims.complete(
             claim,

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from sqlalchemy import Engine
 
-from core.errors import CommandNotAllowed
+from core.errors import CommandNotAllowed, InvalidTransition
 from core.playlist import PlannedItem
 from core.settings import Settings
-from core.states import RunState
+from core.states import FROZEN_PLAN_STATES, EpisodeState, RunState
 from pipeline.engine import ItemExecutor, RunEngine, thread_pool_executor
 from pipeline.gate import CredentialSource, GatePass, build_provider, open_gate
 from pipeline.playlists import load_playlist, planned_items, playlist_sha256
@@ -29,6 +30,7 @@ from pipeline.runs import (
 )
 from providers.profiles import Profile, get_profile, load_profiles
 from storage.claims import ClaimStore
+from storage.review import ReviewStore
 from storage.runs import RunStore
 
 
@@ -44,7 +46,15 @@ def record_plan(
 ) -> dict[str, object]:
     """`episodic plan`: validate the playlist and record it for an existing episode."""
     gate = open_gate(engine, pipeline, episode_id, "plan")
+    review = ReviewStore(engine)
+    state = EpisodeState(review.state(gate.episode_pk))
+    if state in FROZEN_PLAN_STATES:
+        raise CommandNotAllowed(
+            f"episode {gate.episode_id} is {state}: its plan is frozen (what was approved is "
+            f"what ships); `episodic reopen {gate.episode_id} --reason TEXT --by NAME` first"
+        )
     playlist, references = load_playlist(playlist_path)
+    items = planned_items(playlist.model_dump(mode="json"), references, gate.episode_id)
     store = RunStore(engine)
     stored = store.record_plan(
         gate.episode_pk,
@@ -53,7 +63,14 @@ def record_plan(
         references,
         str(playlist_path),
     )
-    items = planned_items(playlist.model_dump(mode="json"), references, gate.episode_id)
+    if stored and state in (EpisodeState.GENERATED, EpisodeState.REJECTED):
+        # the new plan's images are not the ones a reviewer would see: generate them again
+        with suppress(InvalidTransition):
+            review.transition(
+                gate.episode_pk,
+                EpisodeState.ALLOCATED,
+                {"reason": "re-planned", "plan_sha256": playlist_sha256(playlist)},
+            )
     return {
         "episode_id": gate.episode_id,
         "recorded": stored,
@@ -61,6 +78,31 @@ def record_plan(
         "images": len(items),
         "provider_profile": playlist.provider_profile,
         "template": f"{playlist.template.id} v{playlist.template.version}",
+    }
+
+
+def recorded_plan_summary(
+    engine: Engine, pipeline: str, episode_id: str
+) -> dict[str, object] | None:
+    """The recorded plan of an episode, summarised as `record_plan` answers, or None.
+
+    A resumed Prefect run uses it instead of reading the playlist file again: what was
+    planned (and then approved) is what the run continues with.
+    """
+    gate = open_gate(engine, pipeline, episode_id, "plan")
+    recorded = RunStore(engine).latest_plan(gate.episode_pk)
+    if recorded is None:
+        return None
+    playlist, references = recorded
+    items = planned_items(playlist, references, gate.episode_id)
+    template = playlist.get("template", {})
+    return {
+        "episode_id": gate.episode_id,
+        "recorded": False,
+        "videos": len(playlist.get("items", [])),
+        "images": len(items),
+        "provider_profile": playlist.get("provider_profile", "fake"),
+        "template": f"{template.get('id')} v{template.get('version')}",
     }
 
 

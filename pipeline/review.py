@@ -18,7 +18,7 @@ from sqlalchemy import Engine
 
 from core.errors import CommandNotAllowed, InvalidInput, StorageError
 from core.settings import Settings
-from core.states import EpisodeState
+from core.states import FROZEN_PLAN_STATES, EpisodeState
 from pipeline.gate import open_gate
 from pipeline.playlists import planned_items
 from pipeline.runs import write_atomically
@@ -53,7 +53,11 @@ def decide(
             f"episode {gate.episode_id} is {state}: only a generated episode can be "
             f"{'approved' if approve else 'rejected'}"
         )
-    lost_to = review.decide(gate.episode_pk, approve, by, note)
+    approved_items: dict[str, str] | None = None
+    if approve:  # what the reviewer saw, checked on disk now: exactly this ships
+        outputs = _planned_outputs(engine, gate.episode_pk, gate.episode_id)
+        approved_items = {o["idempotency_key"]: o["output_sha256"] for o in outputs}
+    lost_to = review.decide(gate.episode_pk, approve, by, note, items=approved_items)
     if lost_to is not None:  # a concurrent decision won the compare-and-set
         if lost_to == wanted.value:
             return {"episode_id": gate.episode_id, "state": lost_to, "changed": False}
@@ -73,7 +77,15 @@ def assemble(engine: Engine, settings: Settings, pipeline: str, episode_id: str)
         raise CommandNotAllowed(
             f"episode {gate.episode_id} is {state}: only an approved episode is assembled"
         )
-    outputs = _approved_outputs(engine, gate.episode_pk, gate.episode_id)
+    outputs = _planned_outputs(engine, gate.episode_pk, gate.episode_id)
+    approved = review.approved_items(gate.episode_pk)
+    shipping = {o["idempotency_key"]: o["output_sha256"] for o in outputs}
+    if approved is not None and shipping != approved:
+        raise CommandNotAllowed(
+            f"episode {gate.episode_id}: its images are not the ones that were approved "
+            f"({len(set(shipping.items()) ^ set(approved.items()))} differ); nothing was "
+            f"assembled: `episodic reopen {gate.episode_id}` and review it again"
+        )
     folder = settings.episodes_path / gate.episode_id
     cover = _cover([Path(o["output_path"]) for o in outputs])
     cover_sha = write_atomically(folder / "cover.png", cover)
@@ -102,7 +114,32 @@ def assemble(engine: Engine, settings: Settings, pipeline: str, episode_id: str)
     }
 
 
-def _approved_outputs(engine: Engine, episode_pk: int, episode_id: str) -> list[dict[str, Any]]:
+def reopen(
+    engine: Engine, pipeline: str, episode_id: str, *, by: str, reason: str
+) -> dict[str, Any]:
+    """Unfreeze an approved or assembled episode's plan, recording who and why; the approval
+    is reset (the episode is `allocated` until its plan is generated and reviewed again).
+    History keeps the earlier plan, decision and media. Refused for other states (exit 2)."""
+    by = validate_person(by)
+    if not isinstance(reason, str) or not reason.strip() or len(reason) > 2000:
+        raise InvalidInput("reopen needs --reason (1-2000 characters)")
+    gate = open_gate(engine, pipeline, episode_id, "reopen")
+    review = ReviewStore(engine)
+    state = EpisodeState(review.state(gate.episode_pk))
+    if state not in FROZEN_PLAN_STATES:
+        raise CommandNotAllowed(
+            f"episode {gate.episode_id} is {state}: only an approved or assembled episode is "
+            "reopened (its plan can be changed with `episodic plan` as it is)"
+        )
+    moved = review.transition(
+        gate.episode_pk,
+        EpisodeState.ALLOCATED,
+        {"reopened_by": by, "reason": reason.strip(), "from": state.value},
+    )
+    return {"episode_id": gate.episode_id, "state": "allocated", "changed": moved, "from": state}
+
+
+def _planned_outputs(engine: Engine, episode_pk: int, episode_id: str) -> list[dict[str, Any]]:
     store = RunStore(engine)
     recorded = store.latest_plan(episode_pk)
     if recorded is None:

@@ -38,7 +38,15 @@ class ReviewStore:
         with tx.write(self.engine) as conn:
             return _move(conn, episode_pk, target, detail)
 
-    def decide(self, episode_pk: int, approve: bool, by: str, note: str | None) -> str | None:
+    def decide(
+        self,
+        episode_pk: int,
+        approve: bool,
+        by: str,
+        note: str | None,
+        *,
+        items: dict[str, str] | None = None,
+    ) -> str | None:
         """Record the decision and move the episode from `generated`, in one transaction.
 
         Returns None when this decision was recorded, else the state the episode is in (a
@@ -46,9 +54,10 @@ class ReviewStore:
         """
         target = EpisodeState.APPROVED if approve else EpisodeState.REJECTED
         with tx.write(self.engine) as conn:
-            if not _move(
-                conn, episode_pk, target, {"by": by, "note": note}, source=EpisodeState.GENERATED
-            ):
+            detail: dict[str, Any] = {"by": by, "note": note}
+            if items is not None:  # the approval record: item key -> sha256 of its image
+                detail["items"] = dict(sorted(items.items()))
+            if not _move(conn, episode_pk, target, detail, source=EpisodeState.GENERATED):
                 return str(
                     conn.execute(
                         select(_episodes.c.state).where(_episodes.c.id == episode_pk)
@@ -81,6 +90,20 @@ class ReviewStore:
             }
             for r in rows
         ]
+
+    def approved_items(self, episode_pk: int) -> dict[str, str] | None:
+        """The item keys and image sha256 of the latest approval (None: none recorded, e.g.
+        an episode approved before approvals recorded them, or migrated)."""
+        with tx.read(self.engine) as conn:
+            detail = conn.execute(
+                select(_events.c.detail)
+                .where(_events.c.episode_pk == episode_pk, _events.c.kind == "approved")
+                .order_by(_events.c.id.desc())
+                .limit(1)
+            ).scalar()
+        if not detail or "items" not in detail:
+            return None
+        return {str(k): str(v) for k, v in dict(detail["items"]).items()}
 
     def media(self, episode_pk: int) -> dict[str, tuple[str, str]]:
         with tx.read(self.engine) as conn:

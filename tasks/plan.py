@@ -9,11 +9,17 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from core.settings import load_settings
-from pipeline.generation import record_plan
+from pipeline.generation import record_plan, recorded_plan_summary
 from storage.registry import engine_for
 
 
 @task(name="plan-episode", cache_policy=NO_CACHE)
 def plan_episode(pipeline: str, episode_id: str, playlist: str) -> dict[str, Any]:
-    """Validate the playlist file and record it for the episode (unchanged: a no-op)."""
-    return record_plan(engine_for(load_settings()), pipeline, episode_id, Path(playlist))
+    """Record the playlist file as the episode's plan, once: when a plan is recorded already
+    (a retried or resumed run, which starts again from the top) the file is not read again,
+    so editing it while a run waits for approval changes nothing that run ships."""
+    engine = engine_for(load_settings())
+    recorded = recorded_plan_summary(engine, pipeline, episode_id)
+    if recorded is not None:
+        return recorded
+    return record_plan(engine, pipeline, episode_id, Path(playlist))

@@ -65,7 +65,7 @@ def test_check_exit_codes(cli: Cli, tmp_path: Path) -> None:
     assert cli("check", env=env).returncode == 2  # neither an id nor --all
     assert cli("check", "--all", env=env).stdout.strip() == "clean"
     assert cli("check", "2026-W32-4", env=env).returncode == 5
-    image = tmp_path / "h" / "episodes" / "2026-W32-0" / "images" / "v01.p1.png"
+    [image] = (tmp_path / "h" / "episodes" / "2026-W32-0" / "images").glob("v01.p1.*.png")
     image.write_bytes(b"tampered")
     result = cli("check", "2026-W32-0", "--json", env=env)
     assert result.returncode == 1

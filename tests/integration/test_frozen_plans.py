@@ -1,0 +1,133 @@
+"""What was approved is what ships (issue 9, cases 1 and 2), on SQLite and Postgres.
+
+Money is counted from the fake provider's own log (`jobs_per_key`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, func, select
+
+from core.errors import CommandNotAllowed
+from core.settings import load_settings
+from pipeline.check import check_episodes
+from pipeline.review import assemble, decide, reopen
+from storage.models import EpisodePlanRow, EpisodeRow
+from tests.generation import Episode, jobs_per_key, new_episode, write_playlist
+
+
+@pytest.fixture(autouse=True)
+def fake_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EPISODIC_FAKE_PROVIDER_LOG", str(tmp_path / "provider.jsonl"))
+
+
+def _state(episode: Episode) -> str:
+    with episode.engine.connect() as conn:
+        return str(conn.execute(select(EpisodeRow.state)).scalar_one())
+
+
+def _approve(episode: Episode) -> None:
+    decide(episode.engine, "weekly", episode.episode_id, approve=True, by="ann", note=None)
+
+
+def _plan(episode: Episode, tmp_path: Path, name: str, titles: list[str]) -> Path:
+    playlist = write_playlist(tmp_path / name, titles)
+    episode.plan(playlist)
+    return playlist
+
+
+def test_an_approved_plan_is_frozen_until_reopened(engine: Engine, tmp_path: Path) -> None:
+    episode = new_episode(engine)
+    _plan(episode, tmp_path, "a", ["one", "two"])
+    assert episode.generate().exit_code == 0
+    _approve(episode)
+    with pytest.raises(CommandNotAllowed, match="frozen"):
+        _plan(episode, tmp_path, "b", ["one", "CHANGED"])
+    assert len(jobs_per_key()) == 2  # nothing bought for the refused plan
+    assembled = assemble(engine, load_settings(), "weekly", episode.episode_id)
+    with pytest.raises(CommandNotAllowed, match="frozen"):
+        _plan(episode, tmp_path, "b", ["one", "CHANGED"])
+    reopened = reopen(engine, "weekly", episode.episode_id, by="bob", reason="typo in v02")
+    assert reopened["from"] == "assembled" and _state(episode) == "allocated"
+    _plan(episode, tmp_path, "b", ["one", "CHANGED"])
+    with pytest.raises(CommandNotAllowed):  # not generated yet: nothing to approve
+        _approve(episode)
+    assert episode.generate().counts.paid_submissions == 1  # only the changed image
+    _approve(episode)
+    again = assemble(engine, load_settings(), "weekly", episode.episode_id)
+    assert again["cover_sha256"] != assembled["cover_sha256"]
+    manifest = json.loads(Path(again["manifest"]).read_text())
+    assert {i["item_id"] for i in manifest["items"]} == {"v01.p1", "v02.p1"}
+    with engine.connect() as conn:  # history keeps both plans
+        assert conn.execute(select(func.count()).select_from(EpisodePlanRow)).scalar_one() == 2
+    assert set(jobs_per_key().values()) == {1} and len(jobs_per_key()) == 3
+    assert check_episodes(engine, "weekly") == []
+
+
+def test_replanning_before_approval_needs_a_new_generation_and_going_back_pays_nothing(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """Plan A, generate, plan B, generate, plan A again: A's images are still A's (content-
+    addressed files, never overwritten), nothing is paid again, and approval and assembly
+    ship exactly A."""
+    episode = new_episode(engine)
+    plan_a = _plan(episode, tmp_path, "a", ["one", "two"])
+    assert episode.generate().exit_code == 0
+    assert _state(episode) == "generated"
+    _plan(episode, tmp_path, "b", ["one", "CHANGED"])
+    assert _state(episode) == "allocated"  # the reviewer would not see plan B's images
+    with pytest.raises(CommandNotAllowed):
+        _approve(episode)
+    assert episode.generate().counts.paid_submissions == 1
+    episode.plan(plan_a)
+    outcome = episode.generate()
+    assert outcome.run_id is None and outcome.exit_code == 0  # every image of A exists
+    assert _state(episode) == "generated"
+    _approve(episode)
+    result = assemble(engine, load_settings(), "weekly", episode.episode_id)
+    assert result["images"] == 2
+    assert set(jobs_per_key().values()) == {1} and len(jobs_per_key()) == 3
+    assert check_episodes(engine, "weekly") == []
+
+
+def test_assembly_refuses_images_that_are_not_the_approved_ones(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """Whatever way the plan moved after approval (an older version, a hand-edited row),
+    assembly compares with the approval record and ships nothing else."""
+    from sqlalchemy import update
+
+    from storage.models import ItemRow
+
+    episode = new_episode(engine)
+    _plan(episode, tmp_path, "a", ["one", "two"])
+    assert episode.generate().exit_code == 0
+    _approve(episode)
+    with engine.begin() as conn:  # the ledger now claims another image for one item
+        first = conn.execute(select(ItemRow.id).order_by(ItemRow.id).limit(1)).scalar_one()
+        path = conn.execute(select(ItemRow.output_path).where(ItemRow.id == first)).scalar_one()
+        Path(path).write_bytes(b"another image")
+        import hashlib
+
+        conn.execute(
+            update(ItemRow)
+            .where(ItemRow.id == first)
+            .values(output_sha256=hashlib.sha256(b"another image").hexdigest())
+        )
+    with pytest.raises(CommandNotAllowed, match="not the ones that were approved"):
+        assemble(engine, load_settings(), "weekly", episode.episode_id)
+
+
+def test_reopen_is_refused_unless_approved_or_assembled(engine: Engine, tmp_path: Path) -> None:
+    from core.errors import InvalidInput
+
+    episode = new_episode(engine)
+    _plan(episode, tmp_path, "a", ["one"])
+    with pytest.raises(CommandNotAllowed, match="only an approved or assembled"):
+        reopen(engine, "weekly", episode.episode_id, by="bob", reason="why")
+    assert episode.generate().exit_code == 0
+    _approve(episode)
+    with pytest.raises(InvalidInput, match="--reason"):
+        reopen(engine, "weekly", episode.episode_id, by="bob", reason="  ")
