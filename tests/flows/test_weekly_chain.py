@@ -69,6 +69,33 @@ def test_approve_from_the_ui_assembles_and_pays_nothing_more(harness: str, suspe
     assert [e["event"] for e in provider_log()].count("submit") == 2
 
 
+def test_editing_the_playlist_while_the_run_waits_changes_nothing_it_ships(
+    harness: str, suspended: Any, tmp_path: Path
+) -> None:
+    """Issue 9: the resumed run starts from the top; it must not re-plan from the edited
+    file. Approve assembles exactly the images the reviewer saw; nothing more is paid."""
+    import json
+
+    from storage.review import ReviewStore
+    from storage.runs import RunStore
+
+    write_playlist(tmp_path / "pl", ["a", "EDITED WHILE WAITING", "extra"])  # same file
+    paid_before = dict(submissions_per_item())
+    resume_flow_run(suspended.id, run_input={"decision": "approve", "reviewer": "ann"})
+    state = local.execute(weekly_episode, suspended.id)
+    assert state.is_completed(), state
+    assert episode_state(harness) == "assembled"
+    assert dict(submissions_per_item()) == paid_before == {"v01.p1": 1, "v02.p1": 1}
+    engine = make_engine(harness)
+    pk = RunStore(engine).episode_pk("weekly", "2026-W32-0")
+    approved = ReviewStore(engine).approved_items(pk)
+    manifest_path, _ = ReviewStore(engine).media(pk)["manifest"]
+    engine.dispose()
+    manifest = json.loads(Path(manifest_path).read_text())
+    assert approved == {i["idempotency_key"]: i["sha256"] for i in manifest["items"]}
+    assert [i["item_id"] for i in manifest["items"]] == ["v01.p1", "v02.p1"]
+
+
 def test_reject_from_the_ui_records_it_and_does_not_assemble(harness: str, suspended: Any) -> None:
     resume_flow_run(
         suspended.id, run_input={"decision": "reject", "reviewer": "bob", "note": "too dark"}
