@@ -1,0 +1,126 @@
+"""Property: whatever sequence of plan / generate / approve / reopen / assemble a team runs,
+no assembly ever ships an image whose hash is not in the approval record (issue 9).
+
+A hypothesis state machine on a fresh SQLite home per example (Postgres runs the same code
+paths in tests/integration/test_frozen_plans.py)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from contextlib import suppress
+from pathlib import Path
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    rule,
+    run_state_machine_as_test,
+)
+
+from core.errors import CommandNotAllowed
+from core.ids import WeekId
+from core.settings import load_settings
+from pipeline.allocation import allocate
+from pipeline.review import assemble, decide, reopen
+from storage.engine import make_engine
+from storage.review import ReviewStore
+from storage.runs import RunStore
+from storage.schema import ensure_schema
+from tests.generation import Episode, write_playlist
+
+PLANS = [["one", "two"], ["one", "TWO"], ["uno", "two", "three"]]
+
+
+class ApprovalMachine(RuleBasedStateMachine):
+    assemblies = 0  # across examples: the property must really be exercised
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.home = Path(tempfile.mkdtemp(prefix="episodic-prop-"))
+        self.saved = {k: os.environ.get(k) for k in ("EPISODIC_HOME", "EPISODIC_DATABASE_URL")}
+        os.environ["EPISODIC_HOME"] = str(self.home)
+        os.environ.pop("EPISODIC_DATABASE_URL", None)
+        self.engine = make_engine(load_settings().url)
+        ensure_schema(self.engine, auto_upgrade=True)
+        allocation = allocate(self.engine, "weekly", WeekId.parse("2026-W32"), "prop")
+        self.episode = Episode(self.engine, str(allocation.episode.episode_id))
+        self.shipped: list[dict[str, str]] = []
+
+    def teardown(self) -> None:
+        self.engine.dispose()
+        for key, value in self.saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        shutil.rmtree(self.home, ignore_errors=True)
+
+    @rule(which=st.integers(0, len(PLANS) - 1))
+    def plan(self, which: int) -> None:
+        with suppress(CommandNotAllowed):  # refused in this state: fine
+            self.episode.plan(write_playlist(self.home / f"pl{which}", PLANS[which]))
+
+    @rule()
+    def generate(self) -> None:
+        with suppress(CommandNotAllowed):  # refused in this state: fine
+            self.episode.generate()
+
+    @rule()
+    def approve(self) -> None:
+        with suppress(CommandNotAllowed):  # refused in this state: fine
+            decide(self.engine, "weekly", self.episode.episode_id, approve=True, by="a", note=None)
+
+    @rule()
+    def reopen(self) -> None:
+        with suppress(CommandNotAllowed):  # refused in this state: fine
+            reopen(self.engine, "weekly", self.episode.episode_id, by="b", reason="again")
+
+    @rule()
+    def assemble(self) -> None:
+        try:
+            result = assemble(self.engine, load_settings(), "weekly", self.episode.episode_id)
+        except CommandNotAllowed:
+            return
+        manifest = json.loads(Path(result["manifest"]).read_text())
+        pk = RunStore(self.engine).episode_pk("weekly", self.episode.episode_id)
+        approved = ReviewStore(self.engine).approved_items(pk)
+        assert approved is not None
+        shipped = {i["idempotency_key"]: i["sha256"] for i in manifest["items"]}
+        assert shipped == approved  # exactly the approval record
+        folder = Path(result["manifest"]).parent
+        for item in manifest["items"]:  # and the files are those bytes
+            data = (folder / item["path"]).read_bytes()
+            assert hashlib.sha256(data).hexdigest() == item["sha256"]
+        self.shipped.append(shipped)
+        ApprovalMachine.assemblies += 1
+
+    @invariant()
+    def state_is_known(self) -> None:
+        pk = RunStore(self.engine).episode_pk("weekly", self.episode.episode_id)
+        assert ReviewStore(self.engine).state(pk) in {
+            "allocated",
+            "generated",
+            "approved",
+            "rejected",
+            "assembled",
+        }
+
+
+def test_no_assembly_ships_an_image_outside_the_approval_record() -> None:
+    ApprovalMachine.assemblies = 0
+    run_state_machine_as_test(
+        ApprovalMachine,
+        settings=settings(
+            max_examples=60,
+            stateful_step_count=20,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow],
+        ),
+    )
+    assert ApprovalMachine.assemblies > 0  # not vacuous: some sequences did assemble
