@@ -115,7 +115,6 @@ def test_a_non_ascii_credential_is_refused_without_echoing_it(
     assert json.loads(cli("runs", "list", "--json", env=env).stdout) == []
 
 
-@SQLITE_ONLY
 def test_broken_homes_and_database_paths_are_one_line_errors(cli: Cli, tmp_path: Path) -> None:
     base = {k: v for k, v in os.environ.items() if k != "EPISODIC_DATABASE_URL"}
     for env, needle in (
