@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
 from core.errors import InvalidInput
+from core.settings import UNSCOPED_PIPELINE
 
 _ID = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")  # tab and newlines are text
@@ -143,12 +144,19 @@ def item_idempotency_key(
     return hashlib.sha256(payload.encode()).hexdigest()[:32]
 
 
-def expand(playlist: Playlist, reference_sha256: list[str], episode_id: str) -> list[PlannedItem]:
-    """Every paid image of the playlist for one episode, with its idempotency key.
+def scoped_item_id(pipeline: str, episode_id: str, video_id: str, part: int) -> str:
+    """The item id inside a key: scoped by episode and pipeline, so two episodes (of one
+    pipeline or of two) planned from one playlist never share a key, a row or a file. The
+    pipeline `weekly` keeps the form that predates pipeline scoping (its keys never change);
+    pipeline names cannot contain ':', so the two forms never meet."""
+    item = f"{episode_id}/{video_id}.p{part}"
+    return item if pipeline == UNSCOPED_PIPELINE else f"{pipeline}:{item}"
 
-    The item id inside the key is scoped by the episode, so two episodes planned from the same
-    playlist never share keys (the items table holds each key once).
-    """
+
+def expand(
+    playlist: Playlist, reference_sha256: list[str], episode_id: str, pipeline: str
+) -> list[PlannedItem]:
+    """Every paid image of the playlist for one episode of one pipeline, with its key."""
     spec = playlist.template.spec_hash()
     planned = []
     for index, video in enumerate(playlist.items, start=1):
@@ -161,7 +169,7 @@ def expand(playlist: Playlist, reference_sha256: list[str], episode_id: str) -> 
                     f"video {video.video_id} part {part}: the prompt is {len(prompt)} "
                     f"characters; at most {MAX_PROMPT_CHARS}"
                 )
-            item_id = f"{episode_id}/{video.video_id}.p{part}"
+            item_id = scoped_item_id(pipeline, episode_id, video.video_id, part)
             key = item_idempotency_key(
                 template_spec_hash=spec,
                 provider_profile=playlist.provider_profile,

@@ -13,6 +13,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from core.errors import InvalidInput
 
 _PIPELINE_RE = re.compile(r"[a-z0-9][a-z0-9_.-]{0,62}")
+# The pipeline whose item keys and folders predate pipeline scoping: they stay unscoped, so
+# nothing an existing home paid for changes key or moves.
+UNSCOPED_PIPELINE = "weekly"
 
 
 def validate_pipeline(name: str) -> str:
@@ -132,6 +135,14 @@ class Settings(BaseSettings):
     @property
     def episodes_path(self) -> Path:
         return self.home_path / "episodes"
+
+    def episode_folder(self, pipeline: str, episode_id: str) -> Path:
+        """Where an episode's files live, scoped by pipeline: `episodes/{episode_id}` for the
+        pipeline `weekly` (the layout that predates pipelines, kept so existing homes stay
+        valid) and `episodes/pipelines/{pipeline}/{episode_id}` for every other one."""
+        if pipeline == UNSCOPED_PIPELINE:
+            return self.episodes_path / episode_id
+        return self.episodes_path / "pipelines" / validate_pipeline(pipeline) / episode_id
 
     @property
     def url(self) -> str:

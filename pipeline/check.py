@@ -268,7 +268,8 @@ def _planned_keys(engine: Engine, episode: Any) -> set[str] | None:
     if recorded is None:
         return None
     return {
-        it.idempotency_key for it in planned_items(recorded[0], recorded[1], episode.episode_id)
+        it.idempotency_key
+        for it in planned_items(recorded[0], recorded[1], episode.episode_id, episode.pipeline)
     }
 
 

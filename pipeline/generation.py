@@ -54,7 +54,9 @@ def record_plan(
             f"what ships); `episodic reopen {gate.episode_id} --reason TEXT --by NAME` first"
         )
     playlist, references = load_playlist(playlist_path)
-    items = planned_items(playlist.model_dump(mode="json"), references, gate.episode_id)
+    items = planned_items(
+        playlist.model_dump(mode="json"), references, gate.episode_id, gate.pipeline
+    )
     store = RunStore(engine)
     stored = store.record_plan(
         gate.episode_pk,
@@ -94,7 +96,7 @@ def recorded_plan_summary(
     if recorded is None:
         return None
     playlist, references = recorded
-    items = planned_items(playlist, references, gate.episode_id)
+    items = planned_items(playlist, references, gate.episode_id, gate.pipeline)
     template = playlist.get("template", {})
     return {
         "episode_id": gate.episode_id,
@@ -118,7 +120,7 @@ def prepare(
             "--playlist FILE` first"
         )
     playlist, references = recorded
-    items = planned_items(playlist, references, gate.episode_id)
+    items = planned_items(playlist, references, gate.episode_id, gate.pipeline)
     profile = get_profile(
         load_profiles(settings.providers_path), str(playlist.get("provider_profile", "fake"))
     )
@@ -141,7 +143,8 @@ def run_engine(
         gate=prepared.gate,
         provider=provider,
         profile=prepared.profile,
-        output_dir=settings.episodes_path / prepared.gate.episode_id / "images",
+        output_dir=settings.episode_folder(prepared.gate.pipeline, prepared.gate.episode_id)
+        / "images",
         executor=executor,
         stop=stop or threading.Event(),
         planned_keys=frozenset(item.idempotency_key for item in prepared.items),

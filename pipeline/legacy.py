@@ -206,7 +206,7 @@ def _import(engine: Engine, settings: Settings, pipeline: str, legacy: LegacyEpi
     episode_id = str(allocation.episode.episode_id)
     store = RunStore(engine)
     pk = store.episode_pk(pipeline, episode_id)
-    out = settings.episodes_path / episode_id
+    out = settings.episode_folder(pipeline, episode_id)
     state = legacy.state
     items = [
         PlannedItem(

@@ -53,6 +53,7 @@ def playlist_sha256(playlist: Playlist) -> str:
 
 
 def planned_items(
-    playlist: dict[str, Any], references: list[str], episode_id: str
+    playlist: dict[str, Any], references: list[str], episode_id: str, pipeline: str
 ) -> list[PlannedItem]:
-    return expand(parse_playlist(playlist, "recorded plan"), references, episode_id)
+    """The recorded plan's paid images for one episode of one pipeline (keys scoped by both)."""
+    return expand(parse_playlist(playlist, "recorded plan"), references, episode_id, pipeline)

@@ -11,6 +11,7 @@ import hashlib
 import io
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from sqlalchemy import Engine
 from core.errors import CommandNotAllowed, InvalidInput, StorageError
 from core.settings import Settings
 from core.states import FROZEN_PLAN_STATES, EpisodeState
-from pipeline.gate import open_gate
+from pipeline.gate import GatePass, open_gate
 from pipeline.playlists import planned_items
 from pipeline.runs import write_atomically
 from storage.review import ReviewStore
@@ -55,7 +56,7 @@ def decide(
         )
     approved_items: dict[str, str] | None = None
     if approve:  # what the reviewer saw, checked on disk now: exactly this ships
-        outputs = _planned_outputs(engine, gate.episode_pk, gate.episode_id)
+        outputs = _planned_outputs(engine, gate)
         approved_items = {o["idempotency_key"]: o["output_sha256"] for o in outputs}
     lost_to = review.decide(gate.episode_pk, approve, by, note, items=approved_items)
     if lost_to is not None:  # a concurrent decision won the compare-and-set
@@ -77,7 +78,7 @@ def assemble(engine: Engine, settings: Settings, pipeline: str, episode_id: str)
         raise CommandNotAllowed(
             f"episode {gate.episode_id} is {state}: only an approved episode is assembled"
         )
-    outputs = _planned_outputs(engine, gate.episode_pk, gate.episode_id)
+    outputs = _planned_outputs(engine, gate)
     approved = review.approved_items(gate.episode_pk)
     shipping = {o["idempotency_key"]: o["output_sha256"] for o in outputs}
     if approved is not None and shipping != approved:
@@ -86,7 +87,7 @@ def assemble(engine: Engine, settings: Settings, pipeline: str, episode_id: str)
             f"({len(set(shipping.items()) ^ set(approved.items()))} differ); nothing was "
             f"assembled: `episodic reopen {gate.episode_id}` and review it again"
         )
-    folder = settings.episodes_path / gate.episode_id
+    folder = settings.episode_folder(gate.pipeline, gate.episode_id)
     cover = _cover([Path(o["output_path"]) for o in outputs])
     cover_sha = write_atomically(folder / "cover.png", cover)
     manifest = _manifest(gate.episode_id, outputs, folder, cover_sha)
@@ -139,13 +140,19 @@ def reopen(
     return {"episode_id": gate.episode_id, "state": "allocated", "changed": moved, "from": state}
 
 
-def _planned_outputs(engine: Engine, episode_pk: int, episode_id: str) -> list[dict[str, Any]]:
+def _planned_outputs(engine: Engine, gate: GatePass) -> list[dict[str, Any]]:
+    """The current plan's completed images, each file checked against its recorded sha256."""
     store = RunStore(engine)
-    recorded = store.latest_plan(episode_pk)
+    recorded = store.latest_plan(gate.episode_pk)
     if recorded is None:
         raise CommandNotAllowed("episode has no plan")
-    planned = {it.idempotency_key for it in planned_items(recorded[0], recorded[1], episode_id)}
-    outputs = [o for o in completed_outputs(engine, episode_pk) if o["idempotency_key"] in planned]
+    planned = {
+        it.idempotency_key
+        for it in planned_items(recorded[0], recorded[1], gate.episode_id, gate.pipeline)
+    }
+    outputs = [
+        o for o in completed_outputs(engine, gate.episode_pk) if o["idempotency_key"] in planned
+    ]
     if len(outputs) != len(planned):
         raise CommandNotAllowed(f"{len(planned) - len(outputs)} planned images are not completed")
     for output in outputs:  # never assemble from files that are not what the ledger paid for
@@ -183,7 +190,8 @@ def _manifest(
         {
             "item_id": f"{o['video_id']}.p{o['part']}",
             "idempotency_key": o["idempotency_key"],
-            "path": str(Path(o["output_path"]).relative_to(folder)),
+            # relative to the episode folder (images of an older layout may sit elsewhere)
+            "path": os.path.relpath(o["output_path"], folder),
             "sha256": o["output_sha256"],
             "remote_ref": o["remote_ref"],
             "cost_minor": o["amount_minor"],

@@ -118,9 +118,10 @@ def test_no_assembly_ships_an_image_outside_the_approval_record() -> None:
         ApprovalMachine,
         settings=settings(
             max_examples=60,
+            derandomize=True,  # the same sequences every run: no flaky vacuity check
             stateful_step_count=20,
             deadline=None,
             suppress_health_check=[HealthCheck.too_slow],
         ),
     )
-    assert ApprovalMachine.assemblies > 0  # not vacuous: some sequences did assemble
+    assert ApprovalMachine.assemblies > 0, "no sequence assembled: the property went untested"

@@ -46,10 +46,32 @@ def test_keys_are_scoped_by_episode() -> None:
             "items": [{"video_id": "v1", "title": "x", "seed": 1, "parts": [1, 2]}],
         }
     )
-    first = expand(playlist, [], "2026-W32-0")
-    second = expand(playlist, [], "2026-W32-1")
+    first = expand(playlist, [], "2026-W32-0", "weekly")
+    second = expand(playlist, [], "2026-W32-1", "weekly")
     assert [i.prompt for i in first] == ["x 1", "x 2"]
     assert {i.idempotency_key for i in first}.isdisjoint({i.idempotency_key for i in second})
+
+
+def test_keys_are_scoped_by_pipeline_and_weekly_keys_never_change() -> None:
+    playlist = Playlist.model_validate(
+        {
+            "template": {"id": "t", "version": 1, "prompt": "{title}"},
+            "items": [{"video_id": "v1", "title": "x", "seed": 1}],
+        }
+    )
+    weekly = expand(playlist, [], "2026-W35-0", "weekly")
+    other = expand(playlist, [], "2026-W35-0", "other")
+    assert weekly[0].idempotency_key != other[0].idempotency_key
+    unscoped = item_idempotency_key(  # the key as it was before pipelines were in keys
+        template_spec_hash=playlist.template.spec_hash(),
+        provider_profile="fake",
+        item_id="2026-W35-0/v1.p1",
+        part=1,
+        prompt="x",
+        seed=1,
+        reference_sha256=[],
+    )
+    assert weekly[0].idempotency_key == unscoped
 
 
 @pytest.mark.parametrize(
@@ -161,4 +183,4 @@ def test_a_rendered_prompt_longer_than_its_column_is_refused_when_planning() -> 
         }
     )
     with pytest.raises(InvalidInput, match="at most 8000"):
-        expand(playlist, [], "2026-W32-0")
+        expand(playlist, [], "2026-W32-0", "weekly")

@@ -1,0 +1,84 @@
+"""Two pipelines never share a row or a file (issue 9, case 3), and the migration that
+re-keys items of existing non-default pipelines pays nothing again. SQLite and Postgres."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, select, text
+
+from core.ids import WeekId
+from core.settings import load_settings
+from pipeline.allocation import allocate
+from pipeline.check import check_episodes
+from pipeline.gate import EnvironmentCredentials
+from pipeline.generation import generate, record_plan
+from pipeline.runs import RunOptions
+from storage.models import ItemRow
+from tests.generation import jobs_per_key, write_playlist
+
+
+@pytest.fixture(autouse=True)
+def fake_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EPISODIC_FAKE_PROVIDER_LOG", str(tmp_path / "provider.jsonl"))
+
+
+def _generate(engine: Engine, pipeline: str, episode_id: str) -> object:
+    return generate(
+        engine, load_settings(), pipeline, episode_id, RunOptions(), EnvironmentCredentials()
+    )
+
+
+def test_the_same_episode_id_in_two_pipelines_shares_nothing(
+    engine: Engine, tmp_path: Path
+) -> None:
+    playlist = write_playlist(tmp_path / "pl", ["a", "b"])
+    for pipeline in ("weekly", "other"):
+        episode = allocate(engine, pipeline, WeekId.parse("2026-W35"), "k").episode
+        assert str(episode.episode_id) == "2026-W35-0"
+        record_plan(engine, pipeline, "2026-W35-0", playlist)  # no UNIQUE error
+        assert _generate(engine, pipeline, "2026-W35-0").exit_code == 0  # type: ignore[attr-defined]
+    with engine.connect() as conn:
+        paths = list(conn.execute(select(ItemRow.output_path)).scalars())
+    assert len(paths) == len(set(paths)) == 4
+    episodes = load_settings().episodes_path
+    assert sum(1 for p in paths if Path(p).is_relative_to(episodes / "2026-W35-0")) == 2
+    assert sum(1 for p in paths if "pipelines/other/2026-W35-0" in p) == 2
+    assert set(jobs_per_key().values()) == {1} and len(jobs_per_key()) == 4
+    assert check_episodes(engine, "weekly") == [] and check_episodes(engine, "other") == []
+
+
+def test_upgrading_rekeys_existing_items_of_other_pipelines_and_pays_nothing(
+    engine: Engine, database_url: str, tmp_path: Path
+) -> None:
+    """An `other` pipeline episode generated before keys were scoped (simulated: its items
+    re-keyed back with the migration's downgrade), then upgraded: generate pays nothing."""
+    from storage.schema import alembic_config
+
+    playlist = write_playlist(tmp_path / "pl", ["a", "b"])
+    allocate(engine, "other", WeekId.parse("2026-W35"), "k")
+    record_plan(engine, "other", "2026-W35-0", playlist)
+    assert _generate(engine, "other", "2026-W35-0").exit_code == 0  # type: ignore[attr-defined]
+    with engine.connect() as conn:
+        scoped = sorted(conn.execute(select(ItemRow.idempotency_key)).scalars())
+
+    from alembic import command
+
+    def alembic(step: str, revision: str) -> None:
+        with engine.begin() as conn:
+            config = alembic_config()
+            config.attributes["connection"] = conn
+            getattr(command, step)(config, revision)
+
+    alembic("downgrade", "0005")
+    with engine.connect() as conn:
+        old = sorted(conn.execute(select(ItemRow.idempotency_key)).scalars())
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0005"
+    assert set(old).isdisjoint(scoped)  # the keys as they were before scoping
+    alembic("upgrade", "head")
+    with engine.connect() as conn:
+        assert sorted(conn.execute(select(ItemRow.idempotency_key)).scalars()) == scoped
+    again = _generate(engine, "other", "2026-W35-0")
+    assert again.run_id is None and again.exit_code == 0  # type: ignore[attr-defined]
+    assert set(jobs_per_key().values()) == {1} and len(jobs_per_key()) == 2
