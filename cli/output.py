@@ -18,14 +18,14 @@ def error(message: str) -> None:
 
 def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
     from rich.console import Console
-    from rich.markup import escape
     from rich.table import Table
+    from rich.text import Text
 
-    grid = Table(title=escape(title) if title else None, title_justify="left")
+    grid = Table(title=Text(title) if title else None, title_justify="left")
     for column in columns:
         grid.add_column(column)
-    for row in rows:  # every cell is data, never Rich markup: `[/x]` prints as itself
-        grid.add_row(*(escape(str(cell)) for cell in row))
+    for row in rows:  # every cell is data (Text): no markup, no :emoji: codes, as typed
+        grid.add_row(*(Text(str(cell)) for cell in row))
     console = Console()
     if not console.is_terminal:  # pipes and CI logs: do not squeeze into 80 columns
         console = Console(width=160)

@@ -18,7 +18,10 @@ from core.errors import InvalidInput
 from core.settings import UNSCOPED_PIPELINE
 
 _ID = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")  # tab and newlines are text
+# C0 and C1 controls (NUL, ESC, CSI) and bidirectional overrides; tab and newlines are text
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+MAX_PART = 9999
+MAX_IMAGES_PER_PLAN = 100_000
 MAX_PROMPT_CHARS = 8000  # items.prompt: checked when planning, on every backend
 PROMPT_FIELDS = frozenset({"title", "part", "video_id", "index"})
 
@@ -29,8 +32,17 @@ class _Strict(BaseModel):
 
 def _no_control(text: str) -> str:
     if _CONTROL.search(text):
-        raise ValueError("control characters (NUL, escapes) are not allowed")
+        raise ValueError("control characters (NUL, escapes, bidi overrides) are not allowed")
     return text
+
+
+def check_text(text: str, what: str) -> str:
+    """Free text from people (titles, notes, reasons): no control characters. Raises
+    `InvalidInput` naming `what`."""
+    try:
+        return _no_control(text)
+    except ValueError as exc:
+        raise InvalidInput(f"{what}: {exc}") from None
 
 
 class Template(_Strict):
@@ -78,8 +90,8 @@ class Video(_Strict):
     @field_validator("parts")
     @classmethod
     def _distinct_positive(cls, parts: list[int]) -> list[int]:
-        if any(p < 1 for p in parts) or len(set(parts)) != len(parts):
-            raise ValueError("parts must be distinct numbers >= 1")
+        if any(p < 1 or p > MAX_PART for p in parts) or len(set(parts)) != len(parts):
+            raise ValueError(f"parts must be distinct numbers from 1 to {MAX_PART}")
         return parts
 
 
@@ -91,6 +103,9 @@ class Playlist(_Strict):
 
     @model_validator(mode="after")
     def _unique_videos(self) -> Playlist:
+        images = sum(len(video.parts) for video in self.items)
+        if images > MAX_IMAGES_PER_PLAN:
+            raise ValueError(f"{images} images in one plan; at most {MAX_IMAGES_PER_PLAN}")
         seen: set[str] = set()
         for video in self.items:
             if video.video_id in seen:

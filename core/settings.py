@@ -16,6 +16,7 @@ _PIPELINE_RE = re.compile(r"[a-z0-9][a-z0-9_.-]{0,62}")
 # The pipeline whose item keys and folders predate pipeline scoping: they stay unscoped, so
 # nothing an existing home paid for changes key or moves.
 UNSCOPED_PIPELINE = "weekly"
+MAX_HOME_CHARS = 600  # an image path under it stays within its 1024-character column
 
 
 def validate_pipeline(name: str) -> str:
@@ -100,6 +101,8 @@ class Settings(BaseSettings):
     @classmethod
     def _check_home(cls, value: Path) -> Path:
         resolved = value.expanduser()
+        if len(str(resolved.absolute())) > MAX_HOME_CHARS:  # file paths under it are stored
+            raise ValueError(f"the path is longer than {MAX_HOME_CHARS} characters")
         if resolved.exists() and not resolved.is_dir():
             raise ValueError(f"{value} exists and is not a directory")
         for parent in resolved.absolute().parents:  # the first existing ancestor

@@ -17,9 +17,10 @@ from prefect.logging import get_run_logger
 
 from core.money import format_minor
 from core.settings import load_settings
-from pipeline.review import assemble, decide
+from pipeline.review import approval_digest, assemble, decide, review_set
 from storage.registry import engine_for
-from storage.runs import RunStore, completed_outputs
+from storage.review import ReviewStore
+from storage.runs import RunStore
 
 DAY_S = 24 * 3600
 
@@ -30,11 +31,14 @@ class ApprovalInput(RunInput):
     note: str = ""
 
 
-def approval_form_description(episode_id: str, pipeline: str) -> str:
+def approval_form_description(
+    episode_id: str, pipeline: str, outputs: list[dict[str, Any]] | None = None
+) -> str:
+    """The form's Markdown: exactly the images the decision is about (the current plan's)."""
     engine = engine_for(load_settings())
     store = RunStore(engine)
     pk = store.episode_pk(pipeline, episode_id)
-    outputs = completed_outputs(engine, pk)
+    outputs = review_set(engine, pipeline, episode_id) if outputs is None else outputs
     lines = [
         f"## Approve episode {episode_id}",
         "",
@@ -54,16 +58,32 @@ def approval_step(episode_id: str, pipeline: str, timeout_s: int) -> ApprovalInp
     """Suspend for a decision (or return the one given on resume) and record it.
 
     Refused before suspending unless the episode is generated (or already decided, when a
-    resumed run comes back here).
+    resumed run comes back here). The decision is bound to the images the form showed: the
+    suspend key carries their digest, so if the plan or an image changes while the run waits,
+    the resumed run asks again with a new form instead of applying the old answer to images
+    nobody saw (and `decide` re-checks the digest when it records).
     """
     _check_waiting(episode_id, pipeline)
+    engine = engine_for(load_settings())
+    review = ReviewStore(engine)
+    pk = RunStore(engine).episode_pk(pipeline, episode_id)
+    state = review.state(pk)
+    outputs = review_set(engine, pipeline, episode_id) if state == "generated" else []
+    shown = {o["idempotency_key"]: o["output_sha256"] for o in outputs}
+    if state in ("approved", "assembled"):  # decided before a retry: the same key again
+        shown = review.approved_items(pk) or {}
+    digest = approval_digest(shown)
     form = ApprovalInput.with_initial_data(
-        description=approval_form_description(episode_id, pipeline), decision="approve", reviewer=""
+        description=approval_form_description(episode_id, pipeline, outputs),
+        decision="approve",
+        reviewer="",
     )
     answer: ApprovalInput = suspend_flow_run(
-        wait_for_input=form, timeout=timeout_s, key=f"approval-{episode_id.lower()}"
+        wait_for_input=form,
+        timeout=timeout_s,
+        key=f"approval-{episode_id.lower()}-{digest[:16]}",
     )
-    record_decision(episode_id, pipeline, answer)
+    record_decision(episode_id, pipeline, answer, expected_digest=digest if outputs else None)
     return answer
 
 
@@ -80,7 +100,9 @@ def _check_waiting(episode_id: str, pipeline: str) -> None:
         )
 
 
-def record_decision(episode_id: str, pipeline: str, answer: ApprovalInput) -> dict[str, Any]:
+def record_decision(
+    episode_id: str, pipeline: str, answer: ApprovalInput, expected_digest: str | None = None
+) -> dict[str, Any]:
     engine = engine_for(load_settings())
     return decide(
         engine,
@@ -89,6 +111,7 @@ def record_decision(episode_id: str, pipeline: str, answer: ApprovalInput) -> di
         approve=answer.decision == "approve",
         by=answer.reviewer,
         note=answer.note or None,
+        expected_digest=expected_digest,
     )
 
 

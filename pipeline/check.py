@@ -17,7 +17,7 @@ from typing import Any
 
 from sqlalchemy import Engine, select
 
-from core.errors import EpisodicError
+from core.errors import EpisodicError, InvalidInput
 from core.ids import EpisodeId
 from core.states import EpisodeState
 from pipeline.playlists import planned_items
@@ -173,7 +173,10 @@ def _check_one(engine: Engine, episode: Any, policy: DedupPolicy) -> list[Findin
             add("ledger", f"cost entry {cost.id} belongs to no submission of this episode")
         if cost.amount_minor < 0:
             add("ledger", f"cost entry {cost.id} is negative")
-    _check_states(add, engine, episode, items, media, migrated=migrated is not None)
+    try:
+        _check_states(add, engine, episode, items, media, migrated=migrated is not None)
+    except _PlanUnreadable as exc:
+        add("plan", f"the recorded plan is refused by today's rules ({exc}): re-plan it")
     return out
 
 
@@ -267,10 +270,15 @@ def _planned_keys(engine: Engine, episode: Any) -> set[str] | None:
     recorded = RunStore(engine).latest_plan(episode.id)
     if recorded is None:
         return None
-    return {
-        it.idempotency_key
-        for it in planned_items(recorded[0], recorded[1], episode.episode_id, episode.pipeline)
-    }
+    try:
+        items = planned_items(recorded[0], recorded[1], episode.episode_id, episode.pipeline)
+    except InvalidInput as exc:  # recorded by an older version whose rules were looser
+        raise _PlanUnreadable(str(exc)) from None
+    return {it.idempotency_key for it in items}
+
+
+class _PlanUnreadable(Exception):
+    pass
 
 
 def _check_file(add: Any, label: str, path: str | None, sha256: str | None) -> None:

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from contextlib import suppress
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from sqlalchemy import Engine
 
-from core.errors import CommandNotAllowed, InvalidTransition
+from core.errors import CommandNotAllowed
 from core.playlist import PlannedItem
 from core.settings import Settings
-from core.states import FROZEN_PLAN_STATES, EpisodeState, RunState
+from core.states import RunState
 from pipeline.engine import ItemExecutor, RunEngine, thread_pool_executor
 from pipeline.gate import CredentialSource, GatePass, build_provider, open_gate
 from pipeline.playlists import load_playlist, planned_items, playlist_sha256
@@ -30,7 +29,6 @@ from pipeline.runs import (
 )
 from providers.profiles import Profile, get_profile, load_profiles
 from storage.claims import ClaimStore
-from storage.review import ReviewStore
 from storage.runs import RunStore
 
 
@@ -46,33 +44,17 @@ def record_plan(
 ) -> dict[str, object]:
     """`episodic plan`: validate the playlist and record it for an existing episode."""
     gate = open_gate(engine, pipeline, episode_id, "plan")
-    review = ReviewStore(engine)
-    state = EpisodeState(review.state(gate.episode_pk))
-    if state in FROZEN_PLAN_STATES:
-        raise CommandNotAllowed(
-            f"episode {gate.episode_id} is {state}: its plan is frozen (what was approved is "
-            f"what ships); `episodic reopen {gate.episode_id} --reason TEXT --by NAME` first"
-        )
     playlist, references = load_playlist(playlist_path)
     items = planned_items(
         playlist.model_dump(mode="json"), references, gate.episode_id, gate.pipeline
     )
-    store = RunStore(engine)
-    stored = store.record_plan(
+    stored = RunStore(engine).record_plan(  # frozen check and state change: one transaction
         gate.episode_pk,
         playlist.model_dump(mode="json"),
         playlist_sha256(playlist),
         references,
         str(playlist_path),
     )
-    if stored and state in (EpisodeState.GENERATED, EpisodeState.REJECTED):
-        # the new plan's images are not the ones a reviewer would see: generate them again
-        with suppress(InvalidTransition):
-            review.transition(
-                gate.episode_pk,
-                EpisodeState.ALLOCATED,
-                {"reason": "re-planned", "plan_sha256": playlist_sha256(playlist)},
-            )
     return {
         "episode_id": gate.episode_id,
         "recorded": stored,

@@ -11,12 +11,20 @@ from pydantic import ValidationError
 from core.errors import InvalidPlaylist
 from core.playlist import PlannedItem, Playlist, canonical_json, expand
 
+MAX_PLAYLIST_BYTES = 5_000_000
+
 
 def load_playlist(path: Path) -> tuple[Playlist, list[str]]:
     """Parse and validate the YAML file; return it with the sha256 of each reference asset."""
     import yaml
 
     try:
+        if path.is_file() and path.stat().st_size > MAX_PLAYLIST_BYTES:
+            raise InvalidPlaylist(
+                f"playlist {path} is larger than {MAX_PLAYLIST_BYTES // 1_000_000} MB"
+            )
+        if path.exists() and not path.is_file():
+            raise InvalidPlaylist(f"playlist {path} is not a regular file")
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise InvalidPlaylist(f"playlist {path} does not exist") from None
@@ -28,14 +36,23 @@ def load_playlist(path: Path) -> tuple[Playlist, list[str]]:
     references = []
     folder = path.parent.resolve()
     for name in playlist.reference_assets:
+        if "\x00" in name or len(name) > 1024:
+            raise InvalidPlaylist(
+                f"{path}: reference asset names are paths of at most 1024 characters without NUL"
+            )
         asset = (folder / name).resolve()  # symlinks resolved too
         if not asset.is_relative_to(folder):
             raise InvalidPlaylist(
                 f"{path}: reference asset {name!r} is outside the playlist's folder"
             )
-        if not asset.is_file():
-            raise InvalidPlaylist(f"{path}: reference asset {name!r} does not exist")
-        references.append(hashlib.sha256(asset.read_bytes()).hexdigest())
+        try:
+            if not asset.is_file():
+                raise InvalidPlaylist(f"{path}: reference asset {name!r} does not exist")
+            references.append(hashlib.sha256(asset.read_bytes()).hexdigest())
+        except OSError as exc:
+            raise InvalidPlaylist(
+                f"{path}: reference asset cannot be read ({exc.strerror})"
+            ) from None
     return playlist, references
 
 

@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy import Engine
 
 from core.errors import CommandNotAllowed, InvalidInput, StorageError
+from core.playlist import check_text
 from core.settings import Settings
 from core.states import FROZEN_PLAN_STATES, EpisodeState
 from pipeline.gate import GatePass, open_gate
@@ -32,16 +33,40 @@ THUMB = 128
 def validate_person(name: str) -> str:
     if not isinstance(name, str) or not name.strip() or len(name) > 100 or not name.isprintable():
         raise InvalidInput("--by needs a name (1-100 printable characters)")
-    return name.strip()
+    return check_text(name.strip(), "--by")
+
+
+def approval_digest(items: dict[str, str]) -> str:
+    """sha256 (hex) of what a reviewer is shown: item key -> image sha256, canonical JSON."""
+    return hashlib.sha256(json.dumps(items, sort_keys=True).encode()).hexdigest()
+
+
+def review_set(engine: Engine, pipeline: str, episode_id: str) -> list[dict[str, Any]]:
+    """The images a decision is about: the current plan's completed images, in plan order,
+    each file checked against its recorded sha256 (what the approval form shows)."""
+    return _planned_outputs(engine, open_gate(engine, pipeline, episode_id, "approve"))
 
 
 def decide(
-    engine: Engine, pipeline: str, episode_id: str, *, approve: bool, by: str, note: str | None
+    engine: Engine,
+    pipeline: str,
+    episode_id: str,
+    *,
+    approve: bool,
+    by: str,
+    note: str | None,
+    expected_digest: str | None = None,
 ) -> dict[str, Any]:
-    """Approve or reject a generated episode. Refused unless it is waiting for a decision."""
+    """Approve or reject a generated episode. Refused unless it is waiting for a decision.
+
+    `expected_digest` (`approval_digest` of the images the reviewer was shown, e.g. by the
+    Prefect form) binds the decision to them: if the plan or its images changed since, the
+    decision is refused (`CommandNotAllowed`) and nothing is recorded."""
     by = validate_person(by)
     if not approve and not (note and note.strip()):
         raise InvalidInput("a rejection needs --reason")
+    if note is not None:
+        check_text(note, "--note/--reason")
     gate = open_gate(engine, pipeline, episode_id, "approve")
     review = ReviewStore(engine)
     state = review.state(gate.episode_pk)
@@ -55,9 +80,15 @@ def decide(
             f"{'approved' if approve else 'rejected'}"
         )
     approved_items: dict[str, str] | None = None
-    if approve:  # what the reviewer saw, checked on disk now: exactly this ships
+    if approve or expected_digest is not None:  # checked on disk now: exactly this ships
         outputs = _planned_outputs(engine, gate)
-        approved_items = {o["idempotency_key"]: o["output_sha256"] for o in outputs}
+        shown = {o["idempotency_key"]: o["output_sha256"] for o in outputs}
+        if expected_digest is not None and approval_digest(shown) != expected_digest:
+            raise CommandNotAllowed(
+                f"episode {gate.episode_id}: its images changed since they were shown for "
+                "review; nothing was recorded: review them again"
+            )
+        approved_items = shown if approve else None
     lost_to = review.decide(gate.episode_pk, approve, by, note, items=approved_items)
     if lost_to is not None:  # a concurrent decision won the compare-and-set
         if lost_to == wanted.value:
@@ -124,6 +155,7 @@ def reopen(
     by = validate_person(by)
     if not isinstance(reason, str) or not reason.strip() or len(reason) > 2000:
         raise InvalidInput("reopen needs --reason (1-2000 characters)")
+    check_text(reason, "--reason")
     gate = open_gate(engine, pipeline, episode_id, "reopen")
     review = ReviewStore(engine)
     state = EpisodeState(review.state(gate.episode_pk))
@@ -146,13 +178,17 @@ def _planned_outputs(engine: Engine, gate: GatePass) -> list[dict[str, Any]]:
     recorded = store.latest_plan(gate.episode_pk)
     if recorded is None:
         raise CommandNotAllowed("episode has no plan")
-    planned = {
-        it.idempotency_key
-        for it in planned_items(recorded[0], recorded[1], gate.episode_id, gate.pipeline)
+    order = {  # the plan's order (a re-planned playlist may reorder existing images)
+        it.idempotency_key: n
+        for n, it in enumerate(
+            planned_items(recorded[0], recorded[1], gate.episode_id, gate.pipeline)
+        )
     }
-    outputs = [
-        o for o in completed_outputs(engine, gate.episode_pk) if o["idempotency_key"] in planned
-    ]
+    planned = set(order)
+    outputs = sorted(
+        (o for o in completed_outputs(engine, gate.episode_pk) if o["idempotency_key"] in planned),
+        key=lambda o: order[o["idempotency_key"]],
+    )
     if len(outputs) != len(planned):
         raise CommandNotAllowed(f"{len(planned) - len(outputs)} planned images are not completed")
     for output in outputs:  # never assemble from files that are not what the ledger paid for

@@ -46,9 +46,9 @@ class Profile(BaseModel):
 
     id: str
     kind: Literal["fake", "http"]
-    cost_per_image_minor: int = Field(ge=0)
+    cost_per_image_minor: int = Field(ge=0, le=10**9, strict=True)  # minor units, an int
     currency: str = Field(default="USD", pattern="^[A-Z]{3}$")
-    max_concurrency: int = Field(default=4, ge=1, le=256)
+    max_concurrency: int = Field(default=4, ge=1, le=256, strict=True)
     base_url: str | None = None
     credential_env: str | None = Field(default=None, pattern="^[A-Z_][A-Z0-9_]*$")
     credential_secret_block: str | None = None

@@ -133,6 +133,18 @@ class ReviewStore:
         return True
 
 
+def move_episode(
+    conn: Connection,
+    episode_pk: int,
+    target: EpisodeState,
+    detail: dict[str, Any],
+    *,
+    source: EpisodeState | None = None,
+) -> bool:
+    """`_move` inside a caller's transaction (a plan recorded with its state change)."""
+    return _move(conn, episode_pk, target, detail, source=source)
+
+
 def _move(
     conn: Connection,
     episode_pk: int,

@@ -31,6 +31,7 @@ from sqlalchemy import (
 
 from core.dedup import Admission, RunRequest
 from core.errors import (
+    CommandNotAllowed,
     EpisodeNotFound,
     IdempotencyKeyReused,
     InvalidTransition,
@@ -39,7 +40,14 @@ from core.errors import (
 )
 from core.playlist import PlannedItem
 from core.runs import Item, ItemSnapshot, Run, RunCounts
-from core.states import RUN_TRANSITIONS, ItemState, RunState, SubmissionState
+from core.states import (
+    FROZEN_PLAN_STATES,
+    RUN_TRANSITIONS,
+    EpisodeState,
+    ItemState,
+    RunState,
+    SubmissionState,
+)
 from storage import tx
 from storage.base import utcnow
 from storage.lock import keyed_transaction
@@ -150,8 +158,28 @@ class RunStore:
         references: list[str],
         source: str | None,
     ) -> bool:
-        """Store the playlist unless the newest plan is the same; True if it was stored."""
+        """Store the playlist unless the newest plan is the same; True if it was stored.
+
+        One transaction with the episode row locked (``FOR UPDATE``; SQLite: the write lock),
+        so a plan and a decision never interleave: an approved or assembled episode's plan is
+        frozen (`CommandNotAllowed`), and a changed plan moves a generated or rejected episode
+        back to ``allocated`` (its new images must be generated and reviewed).
+        """
+        from storage.review import move_episode
+
         with tx.write(self.engine) as conn:
+            state = conn.execute(
+                select(_episodes.c.state).where(_episodes.c.id == episode_pk).with_for_update()
+            ).scalar_one()
+            if state in FROZEN_PLAN_STATES:
+                episode_id = conn.execute(
+                    select(_episodes.c.episode_id).where(_episodes.c.id == episode_pk)
+                ).scalar_one()
+                raise CommandNotAllowed(
+                    f"episode {episode_id} is {state}: its plan is frozen (what was approved "
+                    f"is what ships); `episodic reopen {episode_id} --reason TEXT --by NAME` "
+                    "first"
+                )
             latest = conn.execute(
                 select(_plans.c.playlist_sha256, _plans.c.reference_sha256)
                 .where(_plans.c.episode_pk == episode_pk)
@@ -166,10 +194,18 @@ class RunStore:
                     playlist=playlist,
                     playlist_sha256=sha256,
                     reference_sha256=references,
-                    source_path=source,
+                    source_path=source[:1024] if source else None,
                     created_at=utcnow(),
                 )
             )
+            if state in (EpisodeState.GENERATED, EpisodeState.REJECTED):
+                move_episode(
+                    conn,
+                    episode_pk,
+                    EpisodeState.ALLOCATED,
+                    {"reason": "re-planned", "plan_sha256": sha256},
+                    source=EpisodeState(state),
+                )
             return True
 
     def latest_plan(self, episode_pk: int) -> tuple[dict[str, Any], list[str]] | None:

@@ -37,9 +37,11 @@ def _one_line_refusal(result: subprocess.CompletedProcess[str], *needles: str) -
 def test_markup_in_an_allocation_key_is_shown_as_text(cli: Cli, database_url: str) -> None:
     assert cli("allocate", "--key", "[/x]", "--week", "2026-W32").returncode == 0
     assert cli("allocate", "--key", "[bold red]boom", "--week", "2026-W32").returncode == 0
+    assert cli("allocate", "--key", "x:smile:y", "--week", "2026-W32").returncode == 0
     listed = cli("episodes", "list")
     assert listed.returncode == 0, listed.stderr
     assert "[/x]" in listed.stdout and "[bold red]boom" in listed.stdout
+    assert "x:smile:y" in listed.stdout
     shown = cli("episodes", "show", "2026-W32-0")
     assert shown.returncode == 0 and "[/x]" in shown.stdout
 
@@ -64,12 +66,18 @@ def test_reference_assets_stay_inside_the_playlist_folder(
     data = yaml.safe_load(playlist.read_text())
     (tmp_path / "secret.txt").write_text("not yours")
     (folder / "link.txt").symlink_to(tmp_path / "secret.txt")
-    for name in ("../../../../etc/hostname", "../secret.txt", "link.txt", "/etc/hostname"):
+    for name, needle in (
+        ("../../../../etc/hostname", "outside the playlist"),
+        ("../secret.txt", "outside the playlist"),
+        ("link.txt", "outside the playlist"),
+        ("/etc/hostname", "outside the playlist"),
+        ("a\x00b", "without NUL"),
+        ("x" * 6000, "at most 1024"),
+    ):
         data["reference_assets"] = [name]
         playlist.write_text(yaml.safe_dump(data))
-        _one_line_refusal(
-            cli("plan", "2026-W32-0", "--playlist", str(playlist)), "outside the playlist"
-        )
+        _one_line_refusal(cli("plan", "2026-W32-0", "--playlist", str(playlist)), needle)
+    _one_line_refusal(cli("plan", "2026-W32-0", "--playlist", "/dev/zero"), "regular file")
     data["reference_assets"] = ["style.txt"]
     playlist.write_text(yaml.safe_dump(data))
     assert cli("plan", "2026-W32-0", "--playlist", str(playlist)).returncode == 0

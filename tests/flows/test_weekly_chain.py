@@ -96,6 +96,23 @@ def test_editing_the_playlist_while_the_run_waits_changes_nothing_it_ships(
     assert [i["item_id"] for i in manifest["items"]] == ["v01.p1", "v02.p1"]
 
 
+def test_a_replan_while_the_run_waits_makes_it_ask_again_instead_of_approving(
+    harness: str, suspended: Any, tmp_path: Path
+) -> None:
+    """Another operator re-plans the waiting episode: the reviewer's answer was about the
+    old images, so the resumed run (which generates the new plan) asks again with a new form;
+    nothing is approved or assembled that the form did not show."""
+    from pipeline.generation import record_plan
+
+    engine = make_engine(harness)
+    record_plan(engine, "weekly", "2026-W32-0", write_playlist(tmp_path / "b", ["a", "NEW"]))
+    engine.dispose()
+    resume_flow_run(suspended.id, run_input={"decision": "approve", "reviewer": "ann"})
+    state = local.execute(weekly_episode, suspended.id)
+    assert state.is_paused(), state  # a new form, for the images of the new plan
+    assert episode_state(harness) == "generated"
+
+
 def test_reject_from_the_ui_records_it_and_does_not_assemble(harness: str, suspended: Any) -> None:
     resume_flow_run(
         suspended.id, run_input={"decision": "reject", "reviewer": "bob", "note": "too dark"}

@@ -131,3 +131,72 @@ def test_reopen_is_refused_unless_approved_or_assembled(engine: Engine, tmp_path
     _approve(episode)
     with pytest.raises(InvalidInput, match="--reason"):
         reopen(engine, "weekly", episode.episode_id, by="bob", reason="  ")
+
+
+# ---------------------------------------------------------------- helper findings (issue 9)
+def test_a_decision_is_bound_to_the_images_that_were_shown(engine: Engine, tmp_path: Path) -> None:
+    """Shown A, then someone re-plans and regenerates while the reviewer looks: approving
+    with the digest of what was shown is refused; nothing is recorded."""
+    from pipeline.review import approval_digest, review_set
+
+    episode = new_episode(engine)
+    _plan(episode, tmp_path, "a", ["one", "two"])
+    assert episode.generate().exit_code == 0
+    shown = review_set(engine, "weekly", episode.episode_id)
+    digest = approval_digest({o["idempotency_key"]: o["output_sha256"] for o in shown})
+    _plan(episode, tmp_path, "b", ["one", "CHANGED"])
+    assert episode.generate().exit_code == 0 and _state(episode) == "generated"
+    with pytest.raises(CommandNotAllowed, match="changed since they were shown"):
+        decide(
+            engine,
+            "weekly",
+            episode.episode_id,
+            approve=True,
+            by="ann",
+            note=None,
+            expected_digest=digest,
+        )
+    assert _state(episode) == "generated"
+    now = review_set(engine, "weekly", episode.episode_id)
+    assert [o["video_id"] for o in now] == ["v01", "v02"]  # the current plan only
+    fresh = approval_digest({o["idempotency_key"]: o["output_sha256"] for o in now})
+    decide(
+        engine,
+        "weekly",
+        episode.episode_id,
+        approve=True,
+        by="ann",
+        note=None,
+        expected_digest=fresh,
+    )
+    assert _state(episode) == "approved"
+
+
+def test_a_reordered_plan_ships_in_its_own_order(engine: Engine, tmp_path: Path) -> None:
+    episode = new_episode(engine)
+    titles = ["one", "two", "three"]
+    episode.plan(write_playlist(tmp_path / "a", titles, seeds=[1, 2, 3]))
+    assert episode.generate().exit_code == 0
+    reordered = write_playlist(tmp_path / "b", titles[::-1], seeds=[3, 2, 1])
+    # same titles and seeds per video, in reverse order: video ids follow the position, so
+    # this is a new plan; what matters is that assembly follows the plan's order
+    episode.plan(reordered)
+    episode.generate()
+    _approve(episode)
+    result = assemble(engine, load_settings(), "weekly", episode.episode_id)
+    manifest = json.loads(Path(result["manifest"]).read_text())
+    assert [i["item_id"] for i in manifest["items"]] == ["v01.p1", "v02.p1", "v03.p1"]
+
+
+def test_check_reports_a_recorded_plan_todays_rules_refuse(engine: Engine, tmp_path: Path) -> None:
+    from sqlalchemy import update
+
+    episode = new_episode(engine)
+    _plan(episode, tmp_path, "a", ["one"])
+    assert episode.generate().exit_code == 0
+    with engine.begin() as conn:  # as an older version, with looser rules, recorded it
+        playlist = conn.execute(select(EpisodePlanRow.playlist)).scalar_one()
+        playlist["items"][0]["title"] = "esc \x1b[2J"
+        conn.execute(update(EpisodePlanRow).values(playlist=playlist))
+    findings = check_episodes(engine, "weekly")
+    assert [f.check for f in findings] == ["plan"] and "re-plan" in findings[0].detail

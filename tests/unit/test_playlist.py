@@ -136,6 +136,25 @@ def test_keys_are_scoped_by_pipeline_and_weekly_keys_never_change() -> None:
             "template": {"id": "t", "version": 1, "prompt": "x"},
             "items": [{"video_id": "v", "title": "x", "seed": 1.5}],
         },
+        {
+            "template": {"id": "t", "version": 1, "prompt": "x"},
+            "items": [{"video_id": "v", "title": "x", "seed": 1, "parts": [2147483648]}],
+        },
+        {
+            "template": {"id": "t", "version": 1, "prompt": "x"},
+            "items": [{"video_id": "v", "title": "a\x9bb", "seed": 1}],  # C1 CSI
+        },
+        {
+            "template": {"id": "t", "version": 1, "prompt": "x"},
+            "items": [{"video_id": "v", "title": "a\u202eb", "seed": 1}],  # bidi override
+        },
+        {
+            "template": {"id": "t", "version": 1, "prompt": "x"},
+            "items": [
+                {"video_id": f"v{n}", "title": "x", "seed": 1, "parts": list(range(1, 101))}
+                for n in range(1001)
+            ],  # 100,100 images in one plan
+        },
     ],
 )
 def test_bad_playlists_are_refused(raw: dict) -> None:
