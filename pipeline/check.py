@@ -11,7 +11,6 @@ import json
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,7 @@ from storage.models import (
     RunRow,
     SubmissionRow,
 )
-from storage.runs import DedupPolicy, RunStore
+from storage.runs import DedupPolicy, RunStore, active_run
 
 NEEDS_ALL_IMAGES = {EpisodeState.GENERATED, EpisodeState.APPROVED, EpisodeState.ASSEMBLED}
 
@@ -99,8 +98,8 @@ def _check_one(engine: Engine, episode: Any, policy: DedupPolicy) -> list[Findin
         media = conn.execute(
             select(EpisodeMediaRow).where(EpisodeMediaRow.episode_pk == episode.id)
         ).all()
-        runs = conn.execute(
-            select(RunRow).where(
+        runs = conn.execute(  # the liveness rule of the choke point and the sweep, in SQL
+            select(RunRow, active_run(utcnow(), policy).label("active")).where(
                 RunRow.episode_pk == episode.id, RunRow.state.in_(["pending", "running"])
             )
         ).all()
@@ -136,7 +135,7 @@ def _check_one(engine: Engine, episode: Any, policy: DedupPolicy) -> list[Findin
         and item.lease_expires_at is not None
         and item.lease_expires_at > now
     }
-    _check_liveness(add, runs, items, now, policy)
+    _check_liveness(add, runs, items, now)
     for sub in subs:
         if sub.state in ("accepted", "succeeded") and not sub.remote_ref:
             add(
@@ -180,24 +179,20 @@ def _check_one(engine: Engine, episode: Any, policy: DedupPolicy) -> list[Findin
     return out
 
 
-def _check_liveness(
-    add: Any, runs: Sequence[Any], items: Sequence[Any], now: Any, policy: DedupPolicy
-) -> None:
+def _check_liveness(add: Any, runs: Sequence[Any], items: Sequence[Any], now: Any) -> None:
     """Runs and items that claim to be working but that no live process holds."""
-    fallback = timedelta(seconds=policy.fallback_lease_s)
     for run in runs:
+        if run.active:
+            continue
         if run.state == "running":
-            expires = run.lease_expires_at or (
-                (run.heartbeat_at or run.started_at or run.created_at) + fallback
+            seen = run.lease_expires_at or run.heartbeat_at or run.started_at or run.created_at
+            add(
+                "liveness",
+                f"run {run.id} is running but its lease expired (no renewal since "
+                f"{seen:%Y-%m-%d %H:%M:%S} UTC; its process is gone): "
+                f"`episodic runs resume {run.id}` finishes it, `episodic sweep` fails it",
             )
-            if expires < now:
-                add(
-                    "liveness",
-                    f"run {run.id} is running but its lease expired at "
-                    f"{expires:%Y-%m-%d %H:%M:%S} UTC (its process is gone): "
-                    f"`episodic runs resume {run.id}` finishes it, `episodic sweep` fails it",
-                )
-        elif run.created_at < now - timedelta(seconds=policy.pending_ttl_s):
+        else:
             add(
                 "liveness",
                 f"run {run.id} has been pending since {run.created_at:%Y-%m-%d %H:%M:%S} UTC "

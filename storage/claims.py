@@ -268,15 +268,7 @@ class ClaimStore:
                 .values(state=SubmissionState.FAILED, error_text=reason[:2000], finished_at=now)
             ).rowcount
             if moved and cost_minor > 0 and episode_pk is not None:
-                conn.execute(
-                    insert(_costs).values(
-                        episode_pk=episode_pk,
-                        submission_pk=submission_pk,
-                        amount_minor=cost_minor,
-                        currency=currency,
-                        recorded_at=now,
-                    )
-                )
+                _record_cost(conn, episode_pk, submission_pk, cost_minor, currency, now)
             return bool(moved)
 
     def complete(
@@ -320,15 +312,7 @@ class ClaimStore:
                 ).rowcount
                 if not (item_moved and sub_moved):
                     raise _Lost()
-                conn.execute(
-                    insert(_costs).values(
-                        episode_pk=episode_pk,
-                        submission_pk=submission_pk,
-                        amount_minor=cost_minor,
-                        currency=currency,
-                        recorded_at=now,
-                    )
-                )
+                _record_cost(conn, episode_pk, submission_pk, cost_minor, currency, now)
         except _Lost:
             return False
         return True
@@ -375,4 +359,24 @@ def _intend(conn: Connection, item: Item, run_id: str, profile: str, *, forced: 
 def _submission(row: Any) -> Submission:
     return Submission(
         row.id, row.item_pk, row.attempt, row.client_reference, row.state, row.remote_ref
+    )
+
+
+def _record_cost(
+    conn: Connection,
+    episode_pk: int,
+    submission_pk: int,
+    amount_minor: int,
+    currency: str,
+    now: datetime,
+) -> None:
+    """The ledger's cost entry of a submission (minor units), in the caller's transaction."""
+    conn.execute(
+        insert(_costs).values(
+            episode_pk=episode_pk,
+            submission_pk=submission_pk,
+            amount_minor=amount_minor,
+            currency=currency,
+            recorded_at=now,
+        )
     )

@@ -97,16 +97,6 @@ def run_alive(now: datetime, fallback_lease_s: float) -> ColumnElement[bool]:
     )
 
 
-def _is_active(row: Any, now: datetime, policy: DedupPolicy) -> bool:
-    """`active_run` for one fetched row (the choke point reads the rows once)."""
-    if row.state == RunState.PENDING:
-        return bool(row.created_at >= now - timedelta(seconds=policy.pending_ttl_s))
-    if row.lease_expires_at is not None:
-        return bool(row.lease_expires_at >= now)
-    seen = row.heartbeat_at or row.started_at or row.created_at
-    return bool(seen >= now - timedelta(seconds=policy.fallback_lease_s))
-
-
 def active_run(now: datetime, policy: DedupPolicy) -> ColumnElement[bool]:
     """Pending and younger than the pending TTL, or running with a live lease."""
     return or_(
@@ -326,14 +316,7 @@ class RunStore:
                 if not request.allow_duplicate:
                     # One indexed read: the request's unfinished runs within the window.
                     unfinished = conn.execute(
-                        select(
-                            _runs.c.id,
-                            _runs.c.state,
-                            _runs.c.created_at,
-                            _runs.c.started_at,
-                            _runs.c.heartbeat_at,
-                            _runs.c.lease_expires_at,
-                        )
+                        select(_runs.c.id, _runs.c.state, active_run(now, policy).label("active"))
                         .where(
                             recent,
                             _runs.c.state.in_(
@@ -344,7 +327,7 @@ class RunStore:
                         .limit(20)
                     ).all()
                     for row in unfinished:
-                        if _is_active(row, now, policy):
+                        if row.active:
                             return Admission(row.id, deduplicated=True, fingerprint=fingerprint)
                     dead = next((r.id for r in unfinished if r.state != RunState.PENDING), None)
                     if dead is not None:  # the same request, its process gone or paused

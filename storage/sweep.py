@@ -130,6 +130,7 @@ class Sweeper:
                 .returning(_runs.c.id)
             ),
             dry_run,
+            after=lambda conn, ids: cancel_orphaned_items(conn, ids, now),
         )
         item_expired = _expired_item(now)
         self._bucket(
@@ -192,7 +193,10 @@ class Sweeper:
         candidates: Any,
         move: Callable[[Sequence[Any]], Any],
         dry_run: bool,
+        after: Callable[[Connection, Sequence[Any]], object] | None = None,
     ) -> None:
+        """Select candidates, then move them in chunks with a guarded, RETURNING update;
+        `after` runs in the same transaction on the ids that chunk really moved."""
         with tx.read(self.engine) as conn:
             ids = [row[0] for row in conn.execute(candidates)]
         if dry_run or not ids:
@@ -202,8 +206,8 @@ class Sweeper:
         for chunk in _chunks(ids):
             with tx.write(self.engine) as conn:
                 done = list(conn.execute(move(chunk)).scalars())
-                if bucket == "stale_pending_runs" and done:
-                    cancel_orphaned_items(conn, done, report.at)
+                if after is not None and done:
+                    after(conn, done)
             moved.extend(done)
         report.moved[bucket] = moved
 
