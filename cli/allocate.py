@@ -20,7 +20,7 @@ def allocate(
         str | None,
         typer.Option(
             help="A moment with UTC offset, e.g. 2026-08-07T09:00:00+02:00; its ISO "
-            "week in EPISODIC_TIMEZONE is used."
+            "week in the pipeline's recorded timezone is used."
         ),
     ] = None,
     pipeline: PipelineOption = None,
@@ -46,7 +46,10 @@ def allocate(
             raise InvalidInput(f"--at {at!r} has no UTC offset (e.g. +02:00 or Z)")
     validate_key(key)
     name = context.pipeline_name(pipeline)
-    week_id = resolve_week(week, moment, context.settings().tz)
+    from pipeline.pipelines import pipeline_timezone
+
+    tz = pipeline_timezone(context.engine(), context.settings(), name)
+    week_id = resolve_week(week, moment, tz)
     allocation = allocate_episode(context.engine(), name, week_id, key)
     if as_json:
         emit_json(allocation.to_dict())

@@ -16,7 +16,20 @@ import click
 import typer
 
 from cli import allocate as allocate_cmd
-from cli import check, db, demo, episodes, generate, legacy, maintenance, review, runs, serve
+from cli import (
+    check,
+    db,
+    demo,
+    episodes,
+    generate,
+    legacy,
+    maintenance,
+    pipelines,
+    prefect_setup,
+    review,
+    runs,
+    serve,
+)
 from cli.output import error
 
 app = typer.Typer(
@@ -43,6 +56,8 @@ app.command("dispatch")(maintenance.dispatch)
 app.add_typer(episodes.app, name="episodes")
 app.add_typer(runs.app, name="runs")
 app.add_typer(db.app, name="db")
+app.add_typer(pipelines.app, name="pipelines")
+app.add_typer(prefect_setup.app, name="prefect")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -35,14 +35,18 @@ def demo(
     """
     import tasks  # noqa: F401  (Prefect defaults before Prefect is imported)
     from core.ids import WeekId
+    from core.settings import load_timezone
+    from pipeline.pipelines import pipeline_config
 
     settings = context.settings()
-    week_id = WeekId.parse(week) if week else WeekId.of(datetime.now(settings.tz), settings.tz)
+    timezone = pipeline_config(context.engine(), settings, settings.pipeline).timezone
+    tz = load_timezone(timezone)
+    week_id = WeekId.parse(week) if week else WeekId.of(datetime.now(tz), tz)
     if not playlist.is_file():
         from core.errors import InvalidInput
 
         raise InvalidInput(f"playlist {playlist} not found (run from the project folder)")
-    rows = _run(week_id, settings.timezone, settings.tz, playlist.absolute())
+    rows = _run(week_id, timezone, tz, playlist.absolute())
     if not as_json:
         table(
             f"weekly_episode for {week_id} (pipeline {settings.pipeline}, database {settings.url})",

@@ -34,6 +34,7 @@ def approve(
         approve=not reject,
         by=by,
         note=reason if reject else note,
+        labels=("--by", "--reason" if reject else "--note"),
     )
     if as_json:
         emit_json(result)

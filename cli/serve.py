@@ -2,14 +2,29 @@
 
 from __future__ import annotations
 
+from typing import Annotated
 
-def serve() -> None:
-    """Serve the project's deployments (weekly schedule included) until interrupted.
+import typer
+
+from cli.options import PipelineOption
+
+
+def serve(
+    pipeline: PipelineOption = None,
+    playlist: Annotated[
+        str,
+        typer.Option(help="Playlist the weekly deployment plans from (relative: this folder)."),
+    ] = "examples/playlist.yaml",
+) -> None:
+    """Serve the project's deployments (weekly Mon + Thu 09:00, plan, generate, approve,
+    assemble, sweep) until interrupted, after `episodic prefect setup`.
 
     Uses PREFECT_API_URL when set (e.g. a `prefect server start` on this machine), otherwise
-    Prefect's local ephemeral server.
+    Prefect's local ephemeral server. Refuses to take over deployments `prefect deploy`
+    registered for a work pool.
     """
     import tasks  # noqa: F401  (Prefect defaults before Prefect is imported)
+    from cli import context
     from deployments.serve import serve_all
 
-    serve_all()
+    serve_all(context.pipeline_name(pipeline), playlist)

@@ -106,3 +106,18 @@ class InvalidTransition(EpisodicError):
 
 class ProviderConfigError(EpisodicError):
     exit_code = ExitCode.REFUSED
+
+
+class TimezoneMismatch(InvalidInput):
+    """This process's EPISODIC_TIMEZONE disagrees with the timezone recorded for the pipeline:
+    it would compute other weeks than every other worker, so it refuses before allocating."""
+
+    def __init__(self, pipeline: str, recorded: str, configured: str) -> None:
+        super().__init__(
+            f"pipeline {pipeline} runs in {recorded} (recorded in the database), but this "
+            f"process has EPISODIC_TIMEZONE={configured}: unset it or set it to {recorded} "
+            "(to move the pipeline, change its recorded timezone explicitly)"
+        )
+        self.pipeline = pipeline
+        self.recorded = recorded
+        self.configured = configured

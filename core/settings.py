@@ -49,7 +49,9 @@ class Settings(BaseSettings):
         default=None, description="SQLAlchemy URL; default: SQLite under home"
     )
     timezone: str = Field(
-        default="UTC", description="IANA timezone in which ISO weeks are computed"
+        default="UTC",
+        description="IANA timezone recorded for a new pipeline; when set, it must match the "
+        "pipeline's recorded one",
     )
     pipeline: str = Field(default="weekly", description="pipeline name: own lock, own sequences")
     providers_file: Path | None = Field(default=None, description="provider profiles YAML")
@@ -73,6 +75,13 @@ class Settings(BaseSettings):
         le=30 * 24 * 3600.0,
         allow_inf_nan=False,
         description="seconds after which the sweep cancels a run or flow run that never started",
+    )
+
+    result_storage: str | None = Field(
+        default=None,
+        pattern=r"^[a-z0-9-]+/[a-z0-9-]+$",
+        description="Prefect filesystem block (type-slug/name) for the item result cache; "
+        "default: a local folder under home",
     )
 
     max_run_cost: str = Field(
@@ -128,12 +137,23 @@ class Settings(BaseSettings):
         return load_timezone(self.timezone)
 
     @property
+    def timezone_explicit(self) -> bool:
+        """True when EPISODIC_TIMEZONE was given (not the UTC default): it must then agree
+        with the pipeline's recorded timezone (`pipeline.pipelines`)."""
+        return "timezone" in self.model_fields_set
+
+    @property
     def home_path(self) -> Path:
         return self.home.expanduser().absolute()
 
     @property
     def providers_path(self) -> Path:
         return self.providers_file or self.home_path / "providers.yaml"
+
+    @property
+    def results_path(self) -> Path:
+        """The default result storage folder (when EPISODIC_RESULT_STORAGE is unset)."""
+        return self.home_path / "results"
 
     @property
     def episodes_path(self) -> Path:

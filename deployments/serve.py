@@ -1,71 +1,78 @@
 """Serve every deployment of this project from one process (`episodic serve`).
 
-Each schedule has a `slug`, so redeploying keeps its schedule id stable and already
-scheduled slots are not duplicated.
+The deployments are `deployments.spec` (the same as `prefect.yaml`); `prefect_setup` runs
+first (limits, the pipeline's recorded timezone the weekly schedules use). Each schedule has
+a `slug`, so redeploying keeps its schedule id stable and already scheduled slots are not
+duplicated.
 """
 
 from __future__ import annotations
 
-from prefect import serve
+from typing import Any
+
+from prefect import Flow, serve
 from prefect.deployments.runner import RunnerDeployment
 from prefect.schedules import Cron, Interval, Schedule
 
-from core.settings import load_settings
+from deployments.spec import (
+    DEFAULT_PLAYLIST,
+    SWEEP_EVERY_S,
+    SWEEP_SLUG,
+    WEEKLY_SLOTS,
+    DeploymentSpec,
+    deployment_specs,
+    project_version,
+)
 from flows.generate import generate_episode
-from flows.limits import ensure_provider_limit
 from flows.maintenance import cancel_stale
+from flows.plan import plan_episode_flow
 from flows.review import approve_episode, assemble_episode
+from flows.setup import prefect_setup
 from flows.weekly import weekly_episode
-from providers.profiles import load_profiles
 
-WEEKLY_CRON = "30 0 * * 1"  # Mondays 00:30 in EPISODIC_TIMEZONE
-SWEEP_EVERY_S = 300
+FLOWS: dict[str, Flow[Any, Any]] = {
+    "weekly-episode": weekly_episode,
+    "plan-episode": plan_episode_flow,
+    "generate-episode": generate_episode,
+    "approve-episode": approve_episode,
+    "assemble-episode": assemble_episode,
+    "sweep": cancel_stale,
+}
 
 
-def weekly_schedule(timezone: str) -> Schedule:
-    return Cron(WEEKLY_CRON, timezone=timezone, slug="weekly-monday-0030")
+def weekly_schedules(timezone: str) -> list[Schedule]:
+    return [Cron(cron, timezone=timezone, slug=slug) for slug, cron in WEEKLY_SLOTS]
 
 
-def all_deployments() -> list[RunnerDeployment]:
-    settings = load_settings()
-    weekly = weekly_episode.to_deployment(
-        name="weekly",
-        schedules=[weekly_schedule(settings.timezone)],
-        description="Allocate this week's episode (one per scheduled slot, retry-safe).",
-    )
-    others = [
-        generate_episode.to_deployment(
-            name="generate",
-            description="Generate an existing episode's images (episode_id is required).",
-        ),
-        approve_episode.to_deployment(
-            name="approve", description="Wait for a person's decision on a generated episode."
-        ),
-        assemble_episode.to_deployment(
-            name="assemble", description="Assemble an approved episode (reruns change nothing)."
-        ),
-        cancel_stale.to_deployment(
-            name="cancel-stale",
-            schedules=[Interval(SWEEP_EVERY_S, slug="sweep-every-5-min")],
-            description="The stale sweep: expired leases, never-started runs, stuck flow runs.",
-        ),
-    ]
-    deployments = [weekly, *others]
-    for deployment in deployments:
+def schedules_of(spec: DeploymentSpec, timezone: str) -> list[Schedule]:
+    if spec.schedule == "weekly":
+        return weekly_schedules(timezone)
+    if spec.schedule == "sweep":
+        return [Interval(SWEEP_EVERY_S, slug=SWEEP_SLUG)]
+    return []
+
+
+def all_deployments(
+    timezone: str, pipeline: str = "weekly", playlist: str = DEFAULT_PLAYLIST
+) -> list[RunnerDeployment]:
+    deployments = []
+    for spec in deployment_specs(pipeline, playlist):
+        deployment = FLOWS[spec.flow_name].to_deployment(
+            name=spec.name,
+            schedules=schedules_of(spec, timezone),
+            description=spec.description,
+            parameters=spec.parameters,
+            tags=spec.tags(pipeline),
+            version=project_version(),
+        )
         assert isinstance(deployment, RunnerDeployment)  # sync context: not a coroutine
-    return deployments  # type: ignore[return-value]
+        deployments.append(deployment)
+    return deployments
 
 
-def ensure_limits() -> None:
-    """One global concurrency limit per provider profile (paid tasks acquire it strictly)."""
-    settings = load_settings()
-    for profile in load_profiles(settings.providers_path).values():
-        ensure_provider_limit(profile.id, profile.max_concurrency)
-
-
-def serve_all() -> None:
-    ensure_limits()
-    serve(*all_deployments())
+def serve_all(pipeline: str | None = None, playlist: str = DEFAULT_PLAYLIST) -> None:
+    setup = prefect_setup(pipeline, mode="serve")
+    serve(*all_deployments(setup["timezone"], setup["pipeline"], playlist))
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ from core.settings import Settings
 from pipeline.gate import open_gate
 from storage.lock import keyed_transaction
 
-# command → (flow name, deployment name): `episodic serve` and deployments/prefect.yaml.
+# command → (flow name, deployment name): `deployments.spec` (serve and prefect.yaml).
 DEPLOYMENTS = {
     "generate": ("generate-episode", "generate"),
     "approve": ("approve-episode", "approve"),
@@ -166,7 +166,7 @@ def _existing(
     except ObjectNotFound:
         raise ProviderConfigError(
             f"deployment {full_name} is not registered: run `episodic serve` or "
-            "`prefect deploy --prefect-file deployments/prefect.yaml --all`"
+            "`prefect deploy --all` in the project folder"
         ) from None
     of_deployment = DeploymentFilter(id=DeploymentFilterId(any_=[deployment.id]))
     recent = FlowRunFilterExpectedStartTime(after_=since)

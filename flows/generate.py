@@ -3,68 +3,112 @@
 The same engine as `episodic generate`; each item runs as a cached `generate_item` task.
 Cancelling the flow run pauses the run as Ctrl-C does (Prefect delivers the cancellation as
 SIGTERM, raised in the flow as a termination signal that the engine handles): in-flight items
-are marked failed ("interrupted"), accepted remote tasks keep their references, and a resume
-collects them.
+are marked failed ("interrupted"), accepted remote tasks keep their references, and a later
+run of the deployment collects them. Its artifacts describe the episode (cumulative paid
+calls and cost from the ledger, progress of the plan), not the last run.
 """
 
 from __future__ import annotations
 
-from typing import Any
-from uuid import UUID
+from functools import partial
+from typing import Annotated, Any
 
 from prefect import flow
-from prefect.artifacts import (
-    create_progress_artifact,
-    create_table_artifact,
-    update_progress_artifact,
-)
 from prefect.logging import get_run_logger
 from prefect.task_runners import ThreadPoolTaskRunner
+from pydantic import Field
 
 from core.errors import EpisodicError
 from core.exit_codes import ExitCode
-from core.money import format_minor, parse_amount
+from core.hints import surface
+from core.money import parse_amount
 from core.playlist import parse_selection
 from core.settings import load_settings
+from flows.artifacts import EpisodeProgress, publish_spend
+from flows.params import EpisodeIdParam, KeyParam, PipelineParam
 from pipeline.engine import RunEngine
 from pipeline.generation import generate, prepare
 from pipeline.runs import RunOptions
 from storage.registry import engine_for
-from tasks.generate import PrefectSecretCredentials, prefect_executor
+from tasks.generate import PrefectSecretCredentials, prefect_executor, result_storage
 
 
 class GenerationFailed(EpisodicError):
-    """The run ended with failed items; the message carries the resume command."""
+    """The run ended with failed items; the message says how to finish it."""
 
 
-def artifact_key(episode_id: str, what: str) -> str:
-    return f"episode-{episode_id.lower()}-{what}"
+def generate_run_name() -> str:
+    from prefect.runtime import flow_run
+
+    return f"generate {flow_run.parameters.get('episode_id', '?')}"
 
 
 @flow(
     name="generate-episode",
     task_runner=ThreadPoolTaskRunner(max_workers=8),  # type: ignore[arg-type]
     validate_parameters=True,
+    flow_run_name=generate_run_name,
 )
 def generate_episode(
-    episode_id: str,
-    only: str | None = None,
-    concurrency: int = 4,
-    max_retries: int = 2,
-    max_images: int | None = None,
-    max_cost: str | None = None,
-    pipeline: str | None = None,
-    idempotency_key: str | None = None,
+    episode_id: EpisodeIdParam,
+    only: Annotated[str, Field(max_length=200)] | None = None,
+    concurrency: Annotated[int, Field(ge=1, le=64)] = 4,
+    max_retries: Annotated[int, Field(ge=0, le=20)] = 2,
+    max_images: Annotated[int, Field(ge=0, le=100_000)] | None = None,
+    max_cost: Annotated[str, Field(pattern=r"^[0-9]{1,9}(\.[0-9]{1,2})?$")] | None = None,
+    pipeline: PipelineParam = None,
+    idempotency_key: KeyParam = None,
     allow_duplicate: bool = False,
-    batch_id: str | None = None,
+    batch_id: Annotated[str, Field(min_length=1, max_length=64)] | None = None,
 ) -> dict[str, Any]:
-    """Generate the images of an existing episode (required id; no default).
+    """Generate the images of an existing, planned episode (paid; never pays twice).
 
     Finished items are skipped, failed ones retried up to max_retries (across runs), and a
     submission whose acceptance is unknown is reconciled, never resubmitted. The same request
-    while a run of it is active (same idempotency_key, or same parameters) joins that run:
-    the result says ``deduplicated: true``.
+    while a run of it is active joins that run: the result says ``deduplicated: true``.
+
+    Args:
+        episode_id: the episode to generate, e.g. 2026-W32-1 (required; it must exist and
+            have a plan).
+        only: a selection of videos such as "1,3-4" (default: all).
+        concurrency: items in flight at once in this run (the provider limit still applies).
+        max_retries: paid attempts allowed per failed item after the first, across runs.
+        max_images: refuse before spending if more than this many images would be paid for.
+        max_cost: refuse before spending if the paid images would cost more (e.g. "2.50",
+            in the provider's currency); default: EPISODIC_MAX_RUN_COST.
+        pipeline: pipeline name; default: EPISODIC_PIPELINE.
+        idempotency_key: the same key again joins (or returns) the run it started; reused
+            with other parameters it is refused.
+        allow_duplicate: start a new run even if the same request is running.
+        batch_id: a caller's batch id: runs of one batch are never joined with others.
     """
+    with surface("prefect"):
+        return _generate(
+            episode_id,
+            only,
+            concurrency,
+            max_retries,
+            max_images,
+            max_cost,
+            pipeline,
+            idempotency_key,
+            allow_duplicate,
+            batch_id,
+        )
+
+
+def _generate(
+    episode_id: str,
+    only: str | None,
+    concurrency: int,
+    max_retries: int,
+    max_images: int | None,
+    max_cost: str | None,
+    pipeline: str | None,
+    idempotency_key: str | None,
+    allow_duplicate: bool,
+    batch_id: str | None,
+) -> dict[str, Any]:
     logger = get_run_logger()
     settings = load_settings()
     db = engine_for(settings)
@@ -79,19 +123,14 @@ def generate_episode(
         max_cost_minor=parse_amount(max_cost) if max_cost is not None else None,
         lease_s=settings.lease_s,
     )
+    storage = result_storage(settings)
 
     def on_start(engine: RunEngine, run_id: str) -> None:
-        total = max(1, len(engine.store.run_items(run_id)))
-        progress_id: UUID = create_progress_artifact(  # type: ignore[assignment]
-            0.0,
-            key=artifact_key(episode_id, "progress"),
-            description=f"generation run {run_id}",
-        )
-        done = [0]
+        progress = EpisodeProgress(db, name, episode_id)
 
         def on_progress(item: object, result: str) -> None:
-            done[0] += 1
-            update_progress_artifact(progress_id, 100.0 * done[0] / total)
+            if result == "completed":
+                progress.completed_one()
 
         engine.on_progress = on_progress
 
@@ -105,7 +144,7 @@ def generate_episode(
         idempotency_key=idempotency_key,
         batch_id=batch_id,
         allow_duplicate=allow_duplicate,
-        executor=prefect_executor,
+        executor=partial(prefect_executor, storage=storage),
         on_start=on_start,
     )
     if outcome.deduplicated:
@@ -113,28 +152,16 @@ def generate_episode(
             "deduplicated: run %s was already working on the same request; joined it",
             outcome.run_id,
         )
-    if outcome.run_id is None:
-        logger.info(outcome.message)
-        if outcome.exit_code != ExitCode.OK:
-            raise GenerationFailed(outcome.message)
-        return outcome.to_dict()
-    run_id = outcome.run_id
-    counts = outcome.counts
-    create_table_artifact(
-        key=artifact_key(episode_id, "cost"),
-        table=[
-            {
-                "run": run_id,
-                "completed": counts.completed,
-                "skipped": outcome.skipped,
-                "failed": counts.failed,
-                "paid submissions": counts.paid_submissions,
-                "cost": format_minor(counts.cost_minor, counts.currency),
-            }
-        ],
-        description=f"cost of generation run {run_id} for {episode_id}",
+    report = publish_spend(db, name, episode_id)
+    logger.info(
+        "%s; episode %s: %d of %d images done, %d paid calls, %s",
+        outcome.message,
+        episode_id,
+        report["completed"],
+        report["planned"],
+        report["paid_submissions"],
+        report["cost"],
     )
-    logger.info(outcome.message)
     if outcome.exit_code != ExitCode.OK:
         raise GenerationFailed(outcome.message)
     return outcome.to_dict()

@@ -1,4 +1,4 @@
-"""`cancel_stale`: the scheduled sweep (DESIGN 6), and its Prefect bucket.
+"""`cancel_stale` (flow `sweep`): the scheduled sweep (DESIGN 6), and its Prefect bucket.
 
 The database buckets are `pipeline.sweep`; this adds the one only Prefect can see: flow runs
 of this project's deployments stuck in Scheduled (including Late) or Pending for longer than
@@ -35,10 +35,12 @@ from storage.registry import engine_for
 
 PROJECT_FLOWS = (
     "weekly-episode",
+    "plan-episode",
     "generate-episode",
     "approve-episode",
     "assemble-episode",
-    "cancel-stale",
+    "sweep",
+    "cancel-stale",  # the sweep's flow name before 0.1 deployments were renamed
 )
 PREFECT_BUCKET = "stuck_flow_runs"
 PREFECT_MEANING = "Scheduled/Late/Pending → Cancelled: no worker started them within the TTL"
@@ -88,7 +90,7 @@ def _cancel(client: SyncPrefectClient, flow_run_id: UUID, message: str) -> bool:
     return bool(result.status == SetStateStatus.ACCEPT)
 
 
-@flow(name="cancel-stale", validate_parameters=True)
+@flow(name="sweep", validate_parameters=True, flow_run_name="sweep")
 def cancel_stale(dry_run: bool = False) -> dict[str, Any]:
     """The stale sweep: expired run and item leases → failed (resumable), never-started runs
     → cancelled, orphaned items of cancelled runs → cancelled, and this project's flow runs

@@ -1,110 +1,226 @@
 """Approval and assembly from Prefect.
 
 `approval_step` waits for a person inside a deployment's top-level flow run: it suspends the
-run (no worker is held) with a typed input form whose description lists the episode's images
-and cost. Resuming from the UI starts the run again from the top, where allocation and
-generation are idempotent (no paid call), and the suspend returns the submitted input.
+run (no worker is held) with a typed input form that shows the episode's images themselves
+(inline thumbnails), their cost, and any reason the previous answer was refused. Resuming
+from the UI starts the run again from the top, where allocation and generation are
+idempotent (no paid call), and the suspend returns the submitted input.
+
+Bad input never sticks. The form's schema (required decision and reviewer, lengths) is
+checked by the Prefect server before the run resumes; what only we can check (control
+characters, a rejection without a note, images changed since they were shown) re-suspends the
+run under the next pause key with the reason at the top of the form. Each answer has its own
+key, so a retried run replays the refused answers and waits at the first unanswered form
+instead of failing on the same stored input forever.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import hashlib
+from typing import Annotated, Any, Literal
 
 from prefect import flow
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import (
+    FlowRunFilter,
+    FlowRunFilterState,
+    FlowRunFilterStateType,
+    FlowRunFilterTags,
+)
+from prefect.client.schemas.objects import State, StateType
+from prefect.context import FlowRunContext
 from prefect.flow_runs import suspend_flow_run
 from prefect.input import RunInput
 from prefect.logging import get_run_logger
+from prefect.states import Completed
+from pydantic import Field
 
+from core.errors import CommandNotAllowed, InvalidInput
+from core.ids import EpisodeId
 from core.money import format_minor
 from core.settings import load_settings
+from flows.artifacts import publish_assembly, publish_decision, publish_spend
+from flows.params import EpisodeIdParam, PipelineParam
 from pipeline.review import approval_digest, assemble, decide, review_set
+from pipeline.thumbnails import thumbnail_data_uri
+from storage.episodes import EpisodeRepository
+from storage.lock import keyed_transaction
 from storage.registry import engine_for
 from storage.review import ReviewStore
 from storage.runs import RunStore
 
 DAY_S = 24 * 3600
+MAX_ANSWERS = 50  # refused answers per form before the run gives up (a bot, not a person)
+MAX_PREVIEWS = 60  # thumbnails inlined in one form; the rest are listed by name
 
 
 class ApprovalInput(RunInput):
-    decision: Literal["approve", "reject"]
-    reviewer: str
-    note: str = ""
+    """The approval form. The Prefect server validates an answer against this schema before
+    the run resumes: decision and reviewer are required, the reviewer is not blank."""
+
+    decision: Literal["approve", "reject"] = Field(
+        description="approve: exactly the images above ship. reject: the episode goes back "
+        "for re-planning (a note is required)."
+    )
+    reviewer: str = Field(
+        min_length=1,
+        max_length=100,
+        pattern=r"\S",
+        description="Your name, recorded with the decision.",
+    )
+    note: str = Field(default="", max_length=2000, description="Why (required when rejecting).")
+
+
+def approval_tag(engine: Any, pipeline: str, episode_id: str) -> str:
+    """Tag of the flow run that waits for an episode's decision (one per episode). It names
+    the episode's row in this database (key and creation time), so two databases that share
+    a Prefect server (staging and production) never see each other's waiting runs."""
+    episode, pk = EpisodeRepository(engine).locate(pipeline, EpisodeId.parse(episode_id))
+    row = hashlib.sha256(f"{pk}@{episode.created_at.isoformat()}".encode()).hexdigest()[:12]
+    return f"episodic-approval:{pipeline}/{episode_id}/{row}"
 
 
 def approval_form_description(
-    episode_id: str, pipeline: str, outputs: list[dict[str, Any]] | None = None
+    episode_id: str,
+    pipeline: str,
+    outputs: list[dict[str, Any]] | None = None,
+    refused: str | None = None,
 ) -> str:
-    """The form's Markdown: exactly the images the decision is about (the current plan's)."""
+    """The form's Markdown: exactly the images the decision is about (the current plan's),
+    as inline previews with their cost, and the reason the last answer was refused."""
     engine = engine_for(load_settings())
     store = RunStore(engine)
     pk = store.episode_pk(pipeline, episode_id)
     outputs = review_set(engine, pipeline, episode_id) if outputs is None else outputs
-    lines = [
+    paid, cost_minor, currency = store.episode_spend(pk)
+    lines = []
+    if refused:
+        lines += [f"> **Your last answer was not recorded:** {refused}", ""]
+    lines += [
         f"## Approve episode {episode_id}",
         "",
-        f"{len(outputs)} images, cost so far {format_minor(store.episode_cost(pk))}.",
+        f"{len(outputs)} images; the episode cost {format_minor(cost_minor, currency)} "
+        f"in {paid} paid calls.",
         "",
-        "| image | file | sha256 |",
-        "|---|---|---|",
+        "| image | preview | cost | sha256 |",
+        "|---|---|---|---|",
     ]
-    lines += [
-        f"| {o['video_id']}.p{o['part']} | `{o['output_path']}` | `{o['output_sha256'][:12]}` |"
-        for o in outputs
-    ]
+    for n, o in enumerate(outputs):
+        label = f"{o['video_id']}.p{o['part']}"
+        uri = thumbnail_data_uri(_path(o)) if n < MAX_PREVIEWS else None
+        preview = f"![{label}]({uri})" if uri else f"`{_path(o).name}`"
+        cost = format_minor(int(o["amount_minor"]), o["currency"])
+        lines.append(f"| {label} | {preview} | {cost} | `{o['output_sha256'][:12]}` |")
     return "\n".join(lines)
 
 
-def approval_step(episode_id: str, pipeline: str, timeout_s: int) -> ApprovalInput:
+def _path(output: dict[str, Any]) -> Any:
+    from pathlib import Path
+
+    return Path(output["output_path"])
+
+
+def approval_step(
+    episode_id: str, pipeline: str, timeout_s: int
+) -> tuple[ApprovalInput | None, dict[str, Any] | None]:
     """Suspend for a decision (or return the one given on resume) and record it.
 
-    Refused before suspending unless the episode is generated (or already decided, when a
-    resumed run comes back here). The decision is bound to the images the form showed: the
-    suspend key carries their digest, so if the plan or an image changes while the run waits,
-    the resumed run asks again with a new form instead of applying the old answer to images
-    nobody saw (and `decide` re-checks the digest when it records).
+    Returns ``(answer, recorded)``; ``(None, None)`` when another flow run of this episode is
+    already waiting for the decision (a duplicate dispatch, two workers on one slot): this
+    run joins it instead of showing a second form. Refused before suspending unless the
+    episode is generated (or already decided, when a resumed run comes back here).
+
+    The decision is bound to the images the form showed: the pause key carries their digest,
+    so if the plan or an image changes while the run waits, the resumed run asks again with a
+    new form instead of applying the old answer to images nobody saw.
     """
-    _check_waiting(episode_id, pipeline)
     engine = engine_for(load_settings())
+    state = _check_waiting(engine, episode_id, pipeline)
     review = ReviewStore(engine)
     pk = RunStore(engine).episode_pk(pipeline, episode_id)
-    state = review.state(pk)
     outputs = review_set(engine, pipeline, episode_id) if state == "generated" else []
     shown = {o["idempotency_key"]: o["output_sha256"] for o in outputs}
     if state in ("approved", "assembled"):  # decided before a retry: the same key again
         shown = review.approved_items(pk) or {}
+    if state == "generated" and not _claim_approval_wait(engine, pipeline, episode_id):
+        return None, None
     digest = approval_digest(shown)
-    form = ApprovalInput.with_initial_data(
-        description=approval_form_description(episode_id, pipeline, outputs),
-        decision="approve",
-        reviewer="",
-    )
-    answer: ApprovalInput = suspend_flow_run(
-        wait_for_input=form,
-        timeout=timeout_s,
-        key=f"approval-{episode_id.lower()}-{digest[:16]}",
-    )
-    record_decision(episode_id, pipeline, answer, expected_digest=digest if outputs else None)
-    return answer
+    refused: str | None = None
+    for attempt in range(MAX_ANSWERS):
+        form = ApprovalInput.with_initial_data(
+            description=approval_form_description(episode_id, pipeline, outputs, refused)
+        )
+        answer: ApprovalInput = suspend_flow_run(
+            wait_for_input=form,
+            timeout=timeout_s,
+            key=f"approval-{episode_id.lower()}-{digest[:16]}-{attempt}",
+        )
+        try:
+            recorded = record_decision(
+                episode_id, pipeline, answer, expected_digest=digest if outputs else None
+            )
+        except (InvalidInput, CommandNotAllowed) as exc:
+            if isinstance(exc, CommandNotAllowed) and "changed since" not in str(exc):
+                raise  # decided elsewhere in a conflicting way: nothing to ask again
+            refused = str(exc)
+            get_run_logger().warning("answer %d refused: %s", attempt + 1, refused)
+            continue
+        return answer, recorded
+    raise InvalidInput(f"episode {episode_id}: {MAX_ANSWERS} answers refused; last: {refused}")
 
 
-def _check_waiting(episode_id: str, pipeline: str) -> None:
-    from core.errors import CommandNotAllowed
-    from core.ids import EpisodeId
-    from storage.episodes import EpisodeRepository
-
-    engine = engine_for(load_settings())
+def _check_waiting(engine: Any, episode_id: str, pipeline: str) -> str:
     state = EpisodeRepository(engine).get(pipeline, EpisodeId.parse(episode_id)).state
     if state not in ("generated", "approved", "rejected", "assembled"):
         raise CommandNotAllowed(
             f"episode {episode_id} is {state}: only a generated episode waits for approval"
         )
+    return str(state)
+
+
+def _claim_approval_wait(engine: Any, pipeline: str, episode_id: str) -> bool:
+    """Make this flow run the one that waits for the episode's decision, unless another
+    paused run already is (then False). Serialized per episode through the database, so two
+    runs reaching approval together show one form between them."""
+    context = FlowRunContext.get()
+    if context is None or context.flow_run is None:
+        return True
+    me = context.flow_run
+    tag = approval_tag(engine, pipeline, episode_id)
+    if tag in (me.tags or []):  # resumed: this run is the one that waits
+        return True
+    with (
+        keyed_transaction(engine, f"approval-wait:{pipeline}:{episode_id}"),
+        get_client(sync_client=True) as client,
+    ):
+        waiting = client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(
+                tags=FlowRunFilterTags(all_=[tag]),
+                state=FlowRunFilterState(
+                    type=FlowRunFilterStateType(any_=[StateType.PAUSED, StateType.RUNNING])
+                ),
+            ),
+            limit=5,
+        )
+        others = [run for run in waiting if run.id != me.id]
+        if others:
+            get_run_logger().info(
+                "episode %s already waits for a decision in flow run %s: joined it",
+                episode_id,
+                others[0].name,
+            )
+            return False
+        client.update_flow_run(me.id, tags=[*(me.tags or []), tag])
+    return True
 
 
 def record_decision(
     episode_id: str, pipeline: str, answer: ApprovalInput, expected_digest: str | None = None
 ) -> dict[str, Any]:
+    """Record the form's answer (`pipeline.review.decide` with the form's field names) and
+    publish the decision artifact. Raises `InvalidInput` / `CommandNotAllowed` unrecorded."""
     engine = engine_for(load_settings())
-    return decide(
+    recorded = decide(
         engine,
         pipeline,
         episode_id,
@@ -112,23 +228,94 @@ def record_decision(
         by=answer.reviewer,
         note=answer.note or None,
         expected_digest=expected_digest,
+        labels=("reviewer", "note"),
     )
+    publish_decision(
+        engine,
+        pipeline,
+        episode_id,
+        {"decision": answer.decision, "by": answer.reviewer, "note": answer.note},
+    )
+    return recorded
 
 
-@flow(name="approve-episode", validate_parameters=True)
+def decision_state(episode_id: str, answer: ApprovalInput | None, result: Any) -> State[Any] | Any:
+    """The run's final state: a rejection ends as a `Completed` state named "Rejected" and a
+    joined duplicate as one named "Joined", so the UI tells them from an approval."""
+    if answer is None:
+        return Completed(
+            name="Joined", message=f"episode {episode_id} already waits for a decision"
+        )
+    if answer.decision == "reject":
+        return Completed(
+            name="Rejected",
+            message=f"episode {episode_id} rejected by {answer.reviewer}: {answer.note}",
+        )
+    return result
+
+
+def approve_run_name() -> str:
+    from prefect.runtime import flow_run
+
+    return f"approve {flow_run.parameters.get('episode_id', '?')}"
+
+
+def assemble_run_name() -> str:
+    from prefect.runtime import flow_run
+
+    return f"assemble {flow_run.parameters.get('episode_id', '?')}"
+
+
+@flow(
+    name="approve-episode",
+    validate_parameters=True,
+    flow_run_name=approve_run_name,
+)
 def approve_episode(
-    episode_id: str, pipeline: str | None = None, timeout_s: int = 7 * DAY_S
-) -> dict[str, Any]:
-    """Wait for a person's decision on a generated episode (deploy it: it suspends)."""
-    settings = load_settings()
-    name = pipeline or settings.pipeline
-    answer = approval_step(episode_id, name, timeout_s)
-    get_run_logger().info("episode %s: %s by %s", episode_id, answer.decision, answer.reviewer)
-    return {"episode_id": episode_id, "decision": answer.decision, "by": answer.reviewer}
+    episode_id: EpisodeIdParam,
+    pipeline: PipelineParam = None,
+    timeout_s: Annotated[int, Field(ge=60, le=90 * DAY_S)] = 7 * DAY_S,
+) -> Any:
+    """Wait for a person's decision on a generated episode (deploy it: it suspends).
+
+    Args:
+        episode_id: the episode to decide, e.g. 2026-W32-1 (it must be generated).
+        pipeline: pipeline name; default: EPISODIC_PIPELINE.
+        timeout_s: seconds the form waits before the run fails (60 s to 90 days).
+    """
+    name = pipeline or load_settings().pipeline
+    answer, recorded = approval_step(episode_id, name, timeout_s)
+    if answer is not None:
+        get_run_logger().info("episode %s: %s by %s", episode_id, answer.decision, answer.reviewer)
+    result = {
+        "episode_id": episode_id,
+        "decision": None if answer is None else answer.decision,
+        "by": None if answer is None else answer.reviewer,
+        "recorded": recorded,
+    }
+    return decision_state(episode_id, answer, result)
 
 
-@flow(name="assemble-episode", validate_parameters=True)
-def assemble_episode(episode_id: str, pipeline: str | None = None) -> dict[str, Any]:
-    """Assemble an approved episode (refused otherwise); rerunning it changes nothing."""
+def assemble_step(episode_id: str, pipeline: str) -> dict[str, Any]:
+    """Assemble (idempotent) and publish the assembly and cost artifacts."""
     settings = load_settings()
-    return assemble(engine_for(settings), settings, pipeline or settings.pipeline, episode_id)
+    engine = engine_for(settings)
+    assembled = assemble(engine, settings, pipeline, episode_id)
+    publish_assembly(engine, pipeline, episode_id, assembled)
+    publish_spend(engine, pipeline, episode_id)
+    return assembled
+
+
+@flow(
+    name="assemble-episode",
+    validate_parameters=True,
+    flow_run_name=assemble_run_name,
+)
+def assemble_episode(episode_id: EpisodeIdParam, pipeline: PipelineParam = None) -> dict[str, Any]:
+    """Assemble an approved episode (refused otherwise); rerunning it changes nothing.
+
+    Args:
+        episode_id: the approved episode, e.g. 2026-W32-1.
+        pipeline: pipeline name; default: EPISODIC_PIPELINE.
+    """
+    return assemble_step(episode_id, pipeline or load_settings().pipeline)

@@ -1,66 +1,126 @@
-"""`weekly_episode`: the scheduled entry point.
+"""`weekly_episode`: the scheduled entry point, and the whole chain behind it.
 
 Derive the invocation's allocation key (scheduled slot, or flow run id, or the explicit
-parameter), compute the ISO week of the scheduled time in the pipeline's timezone, allocate.
-Every retry of the flow run, and every flow run re-created for the same deployment slot,
-gets the same episode.
+parameter), compute the ISO week of the scheduled time in the pipeline's timezone (recorded
+in the database: `pipeline.pipelines`), allocate. Every retry of the flow run, and every flow
+run re-created for the same deployment slot, gets the same episode. With a playlist the run
+goes on: plan → generate (paid, never twice) → wait for approval (suspended, no worker held)
+→ assemble. A duplicate run of one slot finds the episode and the work already done, or
+already waiting for a decision, and ends green ("Joined").
 """
 
 from __future__ import annotations
 
+from typing import Annotated, Any
+
 from prefect import flow
+from prefect.client.orchestration import get_client
+from prefect.context import FlowRunContext
 from prefect.logging import get_run_logger
+from pydantic import Field
 
 from core.errors import NoInvocationIdentity
+from core.hints import surface
 from core.ids import WeekId
 from core.keys import derive_allocation_key
 from core.settings import load_settings, validate_pipeline
 from flows.generate import generate_episode
 from flows.invocation import current_invocation
-from flows.review import approval_step, assemble_episode
+from flows.params import KeyParam, PipelineParam, PlaylistParam, WeekParam
+from flows.review import DAY_S, approval_step, assemble_step, decision_state
+from pipeline.pipelines import pipeline_timezone
+from storage.registry import engine_for
 from tasks.allocate import allocate_episode
 from tasks.plan import plan_episode
 
 FLOW_NAME = "weekly-episode"
 
 
-@flow(name=FLOW_NAME, retries=1, retry_delay_seconds=10, validate_parameters=True)
+def weekly_run_name() -> str:
+    """`weekly 2026-W32` for an explicit week, else the slot (UTC) until allocation renames
+    the run after its episode."""
+    from prefect.runtime import flow_run
+
+    parameters = flow_run.parameters
+    pipeline = parameters.get("pipeline") or "weekly"
+    if parameters.get("week"):
+        return f"{pipeline} {parameters['week']}"
+    start = flow_run.scheduled_start_time
+    return f"{pipeline} slot {start.strftime('%Y-%m-%d %H:%M')} UTC"
+
+
+@flow(
+    name=FLOW_NAME,
+    retries=1,
+    retry_delay_seconds=10,
+    validate_parameters=True,
+    flow_run_name=weekly_run_name,
+)
 def weekly_episode(
-    allocation_key: str | None = None,
-    week: str | None = None,
-    pipeline: str | None = None,
-    playlist: str | None = None,
+    allocation_key: KeyParam = None,
+    week: WeekParam = None,
+    pipeline: PipelineParam = None,
+    playlist: PlaylistParam = None,
     generate: bool = True,
     wait_for_approval: bool = True,
-    approval_timeout_s: int = 7 * 24 * 3600,
-) -> str:
-    """Allocate this invocation's episode and return its id.
+    approval_timeout_s: Annotated[int, Field(ge=60, le=90 * DAY_S)] = 7 * DAY_S,
+) -> Any:
+    """Allocate this invocation's episode and, with a playlist, run the whole chain.
+
+    Returns the episode id; a rejected episode ends in a Completed state named "Rejected",
+    and a duplicate run whose episode already waits for a decision in "Joined".
 
     Args:
-        allocation_key: explicit invocation identity (replays); default: derived from the run.
+        allocation_key: explicit invocation identity (replays); default: derived from the
+            scheduled slot, or from the flow run for a manual run.
         week: ISO week such as 2026-W32; default: the week of the scheduled start time in
-            EPISODIC_TIMEZONE.
+            the pipeline's timezone.
         pipeline: pipeline name; default: EPISODIC_PIPELINE.
-        playlist: path of a playlist YAML to record as the episode's plan. With a playlist the
-            whole chain runs: generate (paid, never twice), wait for approval (the run
-            suspends; resume it from the UI with a decision), assemble.
+        playlist: playlist YAML to record as the episode's plan (relative paths resolve in
+            the project folder). Without it the run only allocates.
         generate: with a playlist, run the paid generation (False: only plan).
-        wait_for_approval: suspend for a decision after generation (needs a deployment run).
+        wait_for_approval: suspend for a person's decision after generation, then assemble.
+        approval_timeout_s: seconds the approval form waits before the run fails.
     """
+    with surface("prefect"):
+        return _weekly(
+            allocation_key,
+            week,
+            pipeline,
+            playlist,
+            generate,
+            wait_for_approval,
+            approval_timeout_s,
+        )
+
+
+def _weekly(
+    allocation_key: str | None,
+    week: str | None,
+    pipeline: str | None,
+    playlist: str | None,
+    generate: bool,
+    wait_for_approval: bool,
+    approval_timeout_s: int,
+) -> Any:
     logger = get_run_logger()
     settings = load_settings()
     pipeline_name = validate_pipeline(pipeline or settings.pipeline)
+    tz = pipeline_timezone(engine_for(settings), settings, pipeline_name)  # before allocating
     invocation = current_invocation()
     key = derive_allocation_key(invocation, allocation_key)
+    slot = None
     if week is not None:
         week_id = WeekId.parse(week)
     elif invocation is not None and invocation.expected_start_time is not None:
-        week_id = WeekId.of(invocation.expected_start_time, settings.tz)
+        slot = invocation.expected_start_time.astimezone(tz)
+        week_id = WeekId.of(slot, tz)
     else:
         raise NoInvocationIdentity("no scheduled time to take the week from: pass `week`")
     allocation = allocate_episode(pipeline_name, str(week_id), key)
     episode_id: str = allocation["episode_id"]
     logger.info("invocation %s owns episode %s (pipeline %s)", key, episode_id, pipeline_name)
+    _rename(f"{pipeline_name} {episode_id}" + (f" · {slot:%a %H:%M %Z}" if slot else ""))
     if playlist is None:
         return episode_id
     planned = plan_episode(pipeline_name, episode_id, playlist)
@@ -71,10 +131,17 @@ def weekly_episode(
     logger.info("generation of %s: %s", episode_id, generated)
     if not wait_for_approval:
         return episode_id
-    answer = approval_step(episode_id, pipeline_name, approval_timeout_s)
-    if answer.decision == "approve":
-        assembled = assemble_episode(episode_id=episode_id, pipeline=pipeline_name)
+    answer, _ = approval_step(episode_id, pipeline_name, approval_timeout_s)
+    if answer is not None and answer.decision == "approve":
+        assembled = assemble_step(episode_id, pipeline_name)
         logger.info("assembled %s: cover %s", episode_id, assembled["cover"])
-    else:
-        logger.info("episode %s rejected by %s: %s", episode_id, answer.reviewer, answer.note)
-    return episode_id
+    return decision_state(episode_id, answer, episode_id)
+
+
+def _rename(name: str) -> None:
+    """Name the flow run after its episode (the UI's run list then reads like the ledger)."""
+    context = FlowRunContext.get()
+    if context is None or context.flow_run is None or context.flow_run.name == name:
+        return
+    with get_client(sync_client=True) as client:
+        client.update_flow_run(context.flow_run.id, name=name)

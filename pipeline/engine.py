@@ -38,6 +38,7 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait
 
 from core.errors import BudgetExceeded, CommandNotAllowed, InvalidTransition
 from core.exit_codes import ExitCode
+from core.hints import hint
 from core.runs import Claim, Item, Refusal, Submission
 from core.states import EpisodeState, ItemState, RunState
 from pipeline.gate import GatePass
@@ -358,7 +359,11 @@ class RunEngine:
         self, run_id: str, state: RunState, skipped: int, followed: tuple[str, ...]
     ) -> RunOutcome:
         counts = self.store.counts(run_id)
-        resume = f"episodic runs resume {run_id}"
+        resume = hint(
+            f"episodic runs resume {run_id}",
+            f"run the generate deployment again for {self.gate.episode_id} (it resumes run "
+            f"{run_id} and pays nothing twice)",
+        )
         if state == RunState.COMPLETED:
             self.mark_generated(run_id)
             code, message = ExitCode.OK, f"run {run_id} completed"
@@ -503,10 +508,14 @@ class RunEngine:
         caps = self.provider.capabilities
         run = claim.run_id
         if caps.can_lookup or caps.idempotent_create:
+            again = hint(
+                f"`episodic runs resume {run}`",
+                f"running the generate deployment again for {self.gate.episode_id}",
+            )
             return (
-                f"acceptance unknown ({reason}); not resubmitted: `episodic runs resume {run}` "
-                "asks the provider again; only after checking the provider yourself: "
-                "--force-resubmit"
+                f"acceptance unknown ({reason}); not resubmitted: {again} asks the provider "
+                "again; only after checking the provider yourself: `episodic runs resume "
+                f"{run} --force-resubmit`"
             )
         return (
             f"acceptance unknown ({reason}); provider profile {self.profile.id!r} can neither "

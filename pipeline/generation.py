@@ -10,6 +10,7 @@ from pathlib import Path
 from sqlalchemy import Engine
 
 from core.errors import CommandNotAllowed
+from core.hints import hint
 from core.playlist import PlannedItem
 from core.settings import Settings
 from core.states import RunState
@@ -98,8 +99,12 @@ def prepare(
     recorded = RunStore(engine).latest_plan(gate.episode_pk)
     if recorded is None:
         raise CommandNotAllowed(
-            f"episode {gate.episode_id} has no plan: run `episodic plan {gate.episode_id} "
-            "--playlist FILE` first"
+            f"episode {gate.episode_id} has no plan: "
+            + hint(
+                f"run `episodic plan {gate.episode_id} --playlist FILE` first",
+                f"run the plan deployment for {gate.episode_id} with a playlist first (or the "
+                "weekly deployment, which plans from its playlist parameter)",
+            )
         )
     playlist, references = recorded
     items = planned_items(playlist, references, gate.episode_id, gate.pipeline)

@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy import Engine
 
 from core.errors import CommandNotAllowed, InvalidInput, StorageError
+from core.hints import hint
 from core.playlist import check_text
 from core.settings import Settings
 from core.states import FROZEN_PLAN_STATES, EpisodeState
@@ -30,10 +31,12 @@ from storage.runs import RunStore, completed_outputs
 THUMB = 128
 
 
-def validate_person(name: str) -> str:
+def validate_person(name: str, what: str = "--by") -> str:
+    """A person's name as recorded with a decision: 1-100 printable characters, no controls.
+    `what` names the field in the error (a CLI flag, or a form field in the Prefect UI)."""
     if not isinstance(name, str) or not name.strip() or len(name) > 100 or not name.isprintable():
-        raise InvalidInput("--by needs a name (1-100 printable characters)")
-    return check_text(name.strip(), "--by")
+        raise InvalidInput(f"{what} needs a name (1-100 printable characters)")
+    return check_text(name.strip(), what)
 
 
 def approval_digest(items: dict[str, str]) -> str:
@@ -56,17 +59,19 @@ def decide(
     by: str,
     note: str | None,
     expected_digest: str | None = None,
+    labels: tuple[str, str] = ("--by", "--reason"),
 ) -> dict[str, Any]:
     """Approve or reject a generated episode. Refused unless it is waiting for a decision.
 
     `expected_digest` (`approval_digest` of the images the reviewer was shown, e.g. by the
     Prefect form) binds the decision to them: if the plan or its images changed since, the
     decision is refused (`CommandNotAllowed`) and nothing is recorded."""
-    by = validate_person(by)
+    by_label, note_label = labels  # how the caller's person named the fields
+    by = validate_person(by, by_label)
     if not approve and not (note and note.strip()):
-        raise InvalidInput("a rejection needs --reason")
+        raise InvalidInput(f"a rejection needs {note_label}")
     if note is not None:
-        check_text(note, "--note/--reason")
+        check_text(note, note_label)
     gate = open_gate(engine, pipeline, episode_id, "approve")
     review = ReviewStore(engine)
     state = review.state(gate.episode_pk)
@@ -116,7 +121,11 @@ def assemble(engine: Engine, settings: Settings, pipeline: str, episode_id: str)
         raise CommandNotAllowed(
             f"episode {gate.episode_id}: its images are not the ones that were approved "
             f"({len(set(shipping.items()) ^ set(approved.items()))} differ); nothing was "
-            f"assembled: `episodic reopen {gate.episode_id}` and review it again"
+            "assembled: "
+            + hint(
+                f"`episodic reopen {gate.episode_id}` and review it again",
+                "reopen it (`episodic reopen`) and run the approve deployment again",
+            )
         )
     folder = settings.episode_folder(gate.pipeline, gate.episode_id)
     cover = _cover([Path(o["output_path"]) for o in outputs])

@@ -23,6 +23,7 @@ from core.dedup import (
 )
 from core.errors import BudgetExceeded, CommandNotAllowed
 from core.exit_codes import ExitCode
+from core.hints import hint
 from core.money import format_minor
 from core.playlist import PlannedItem
 from core.runs import ItemSnapshot, PlanReport, RunCounts
@@ -250,8 +251,13 @@ def nothing_to_do(gate: GatePass, report: PlanReport, options: RunOptions) -> Ru
         code = ExitCode.PARTIAL if report.skipped else ExitCode.RUN_FAILED
         message = (
             f"{gate.episode_id}: {report.exhausted} items failed {options.max_attempts} times "
-            f"and are out of retries; run `episodic generate {gate.episode_id} --max-retries "
-            f"{options.max_retries + 1}` to allow another paid attempt"
+            "and are out of retries; "
+            + hint(
+                f"run `episodic generate {gate.episode_id} --max-retries "
+                f"{options.max_retries + 1}` to allow another paid attempt",
+                f"run the generate deployment with max_retries={options.max_retries + 1} to "
+                "allow another paid attempt",
+            )
         )
         return RunOutcome(None, RunState.FAILED, code, RunCounts(), report.skipped, message)
     message = f"{gate.episode_id}: all {report.skipped} items already completed; nothing to do"

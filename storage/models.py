@@ -230,3 +230,18 @@ class EpisodeMediaRow(Base):
     path: Mapped[str] = mapped_column(String(1024))
     sha256: Mapped[str] = mapped_column(String(64))
     recorded_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class PipelineRow(Base):
+    """A pipeline's settings that every process must agree on (its timezone decides weeks).
+
+    Recorded on first use from EPISODIC_TIMEZONE (UTC when unset) and changed only by
+    `episodic pipelines set-timezone`.
+    """
+
+    __tablename__ = "pipelines"
+
+    name: Mapped[str] = mapped_column(String(63), primary_key=True)
+    timezone: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)

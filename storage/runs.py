@@ -513,6 +513,23 @@ class RunStore:
             currency=cost[1] or "USD",
         )
 
+    def episode_spend(self, episode_pk: int) -> tuple[int, int, str]:
+        """(paid submissions, cost in minor units, currency) of the episode over every run:
+        what the ledger says the provider billed, not what the last run did."""
+        with tx.read(self.engine) as conn:
+            paid = conn.execute(
+                select(func.count())
+                .select_from(_subs)
+                .join(_items, _items.c.id == _subs.c.item_pk)
+                .where(_items.c.episode_pk == episode_pk)
+            ).scalar_one()
+            cost = conn.execute(
+                select(
+                    func.coalesce(func.sum(_costs.c.amount_minor), 0), func.max(_costs.c.currency)
+                ).where(_costs.c.episode_pk == episode_pk)
+            ).one()
+        return int(paid), int(cost[0]), cost[1] or "USD"
+
     def episode_cost(self, episode_pk: int) -> int:
         with tx.read(self.engine) as conn:
             return int(

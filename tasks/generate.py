@@ -1,8 +1,9 @@
 """Prefect tasks for paid items: the same engine step as the CLI, cached by idempotency key.
 
 `generate_item` caches its result under ``generate-item:{idempotency key}`` with results
-persisted (EPISODIC_HOME/results), so a retried or re-created flow run skips an item that
-already finished without asking the database or the provider. Only a completed item returns:
+persisted in `result_storage` (EPISODIC_RESULT_STORAGE, else EPISODIC_HOME/results), so a
+retried or re-created flow run skips an item that already finished without asking the
+database or the provider. Only a completed item returns:
 any other outcome raises, so it is never cached. Each paid step holds a slot of the
 provider's global concurrency limit (strict: a missing limit is an error). Items are claimed
 (`storage.claims`) before their task is created: an item held by another run is followed by
@@ -14,14 +15,19 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from prefect import task
 from prefect.concurrency.sync import concurrency as concurrency_slot
 from prefect.context import TaskRunContext
+from prefect.exceptions import ObjectNotFound
+from prefect.filesystems import WritableFileSystem
 from prefect.futures import PrefectFuture, as_completed
 
+from core.errors import ProviderConfigError
 from core.runs import Item
+from core.settings import Settings, load_settings
 from pipeline.engine import ItemJob
 from providers.profiles import Profile
 
@@ -76,15 +82,51 @@ def generate_item(
     return {"item_id": item_id, "idempotency_key": idempotency_key, "outcome": outcome}
 
 
+def result_storage(settings: Settings) -> str | Path:
+    """Where item results (the cache that lets a retried flow skip finished items) live:
+    the Prefect filesystem block named by EPISODIC_RESULT_STORAGE (a slug such as
+    ``remote-file-system/shared-results``, for several machines), else the folder
+    EPISODIC_HOME/results. Set on the task explicitly, so a worker's flow-run process (which
+    imports Prefect before this project could set its defaults) uses it too."""
+    return settings.result_storage or settings.results_path
+
+
+def check_result_storage(settings: Settings) -> str:
+    """Load the configured block now (a typo fails at setup, not in the middle of a run);
+    returns a description of the storage. Raises `ProviderConfigError`."""
+    if not settings.result_storage:
+        return str(settings.results_path)
+    from prefect.blocks.core import Block
+
+    try:
+        block = Block.load(settings.result_storage)
+    except (ValueError, ObjectNotFound) as exc:
+        raise ProviderConfigError(
+            f"EPISODIC_RESULT_STORAGE: block {settings.result_storage!r} does not load: "
+            f"{str(exc).splitlines()[0]}"
+        ) from None
+    if not isinstance(block, WritableFileSystem):
+        raise ProviderConfigError(
+            f"EPISODIC_RESULT_STORAGE: block {settings.result_storage!r} is not a writable "
+            "filesystem block"
+        )
+    return settings.result_storage
+
+
 def prefect_executor(
     items: Sequence[Item],
     job: ItemJob,
     concurrency: int,
     stop: threading.Event,
     progress: Callable[[Item, str], None],
+    storage: str | Path | None = None,
 ) -> None:
-    """Claims each item, then runs it as a `generate_item` task, `concurrency` at a time."""
+    """Claims each item, then runs it as a `generate_item` task, `concurrency` at a time,
+    with results in `storage` (default: `result_storage` of the current settings)."""
     profile = job.profile_id
+    item_task = generate_item.with_options(
+        result_storage=storage or result_storage(load_settings())
+    )
     with _guard:
         _jobs[job.owner] = job
     queue = deque(items)
@@ -95,7 +137,7 @@ def prefect_executor(
                 item = queue.popleft()
                 if job.claim(item) is None:
                     continue
-                future = generate_item.submit(
+                future = item_task.submit(
                     job.owner, item.pk, item.item_id, item.idempotency_key, item.ledger_ref, profile
                 )
                 running[future] = item

@@ -82,8 +82,12 @@ def test_a_finished_item_is_a_cache_hit_without_the_database_or_provider(
 
     @flow
     def recreated() -> object:  # a re-created flow run asking for the same item again
+        from core.settings import load_settings
+        from tasks.generate import result_storage
+
         key, ledger_ref = _only_item(harness)
-        return generate_item("no-owner", -1, "v01.p1", key, ledger_ref, "fake", return_state=True)
+        item = generate_item.with_options(result_storage=result_storage(load_settings()))
+        return item("no-owner", -1, "v01.p1", key, ledger_ref, "fake", return_state=True)
 
     state = recreated()
     assert state.name == "Cached"

@@ -1,0 +1,45 @@
+"""`episodic prefect setup`: what the flows need on the Prefect server, idempotently."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from cli.options import JsonOption, PipelineOption
+from cli.output import emit_json
+
+app = typer.Typer(help="The Prefect side of the project.", no_args_is_help=True)
+
+
+@app.command("setup")
+def setup(
+    pipeline: PipelineOption = None,
+    work_pool: Annotated[
+        str | None,
+        typer.Option(help="Also create this process work pool (for `prefect deploy`)."),
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Create or update every limit and pool the flows need; safe to run repeatedly.
+
+    Records the pipeline's timezone on first use (EPISODIC_TIMEZONE, else UTC) and refuses
+    when EPISODIC_TIMEZONE disagrees with the recorded one; creates one global concurrency
+    limit per provider profile; checks EPISODIC_RESULT_STORAGE loads. Uses PREFECT_API_URL.
+    """
+    import tasks  # noqa: F401  (Prefect defaults before Prefect is imported)
+    from cli import context
+    from flows.setup import prefect_setup
+
+    result = prefect_setup(
+        context.pipeline_name(pipeline), work_pool=work_pool, settings=context.settings()
+    )
+    if as_json:
+        emit_json(result)
+        return
+    typer.echo(f"pipeline {result['pipeline']}: timezone {result['timezone']}")
+    for limit in result["limits"]:
+        typer.echo(f"concurrency limit {limit['name']}: {limit['limit']}")
+    if result["work_pool"]:
+        typer.echo(f"work pool {result['work_pool']}: ready")
+    typer.echo(f"result storage: {result['result_storage']}")

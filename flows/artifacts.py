@@ -1,0 +1,116 @@
+"""Artifacts that describe the episode, not the last run (keys `episode-{id}-{what}`).
+
+Every figure comes from the ledger (`pipeline.report.episode_report`): a resume that pays
+nothing shows the episode's cumulative paid calls and cost, and a finished episode reads 100%.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+from prefect.artifacts import (
+    create_markdown_artifact,
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
+from sqlalchemy import Engine
+
+from pipeline.report import episode_report
+from pipeline.thumbnails import thumbnail_data_uri
+
+
+def artifact_key(episode_id: str, what: str) -> str:
+    """Prefect artifact keys allow lowercase letters, digits and dashes."""
+    return f"episode-{episode_id.lower()}-{what}"
+
+
+def publish_spend(engine: Engine, pipeline: str, episode_id: str) -> dict[str, Any]:
+    """The episode's cost table artifact (cumulative over every run); returns the report."""
+    report = episode_report(engine, pipeline, episode_id)
+    create_table_artifact(
+        key=artifact_key(episode_id, "cost"),
+        table=[
+            {
+                "episode": episode_id,
+                "state": report["state"],
+                "images done": f"{report['completed']} of {report['planned']}",
+                "paid calls": report["paid_submissions"],
+                "cost": report["cost"],
+            }
+        ],
+        description=f"episode {episode_id}: every paid call and its cost so far (the ledger)",
+    )
+    return report
+
+
+class EpisodeProgress:
+    """A progress artifact that starts from what the episode already has done."""
+
+    def __init__(self, engine: Engine, pipeline: str, episode_id: str) -> None:
+        report = episode_report(engine, pipeline, episode_id)
+        self.planned: int = max(1, int(report["planned"]))
+        self.done: int = int(report["completed"])
+        self.artifact_id: UUID = create_progress_artifact(  # type: ignore[assignment]
+            self.percent,
+            key=artifact_key(episode_id, "progress"),
+            description=f"episode {episode_id}: planned images completed",
+        )
+
+    @property
+    def percent(self) -> float:
+        return min(100.0, 100.0 * self.done / self.planned)
+
+    def completed_one(self) -> None:
+        self.done += 1
+        update_progress_artifact(self.artifact_id, self.percent)
+
+
+def _image_cell(path: str, label: str) -> str:
+    uri = thumbnail_data_uri(Path(path))
+    return f"![{label}]({uri})" if uri else f"`{Path(path).name}` (no preview)"
+
+
+def publish_decision(
+    engine: Engine, pipeline: str, episode_id: str, decision: dict[str, Any]
+) -> None:
+    """The decision as a Markdown artifact: who decided what, when, on how many images."""
+    report = episode_report(engine, pipeline, episode_id)
+    lines = [
+        f"## Episode {episode_id}: {decision['decision']}",
+        "",
+        f"- decided by: {decision['by']}",
+        f"- note: {decision.get('note') or '(none)'}",
+        f"- images: {decision.get('images', report['completed'])}",
+        f"- paid calls: {report['paid_submissions']}, cost {report['cost']}",
+        f"- episode state: {report['state']}",
+    ]
+    create_markdown_artifact(
+        key=artifact_key(episode_id, "decision"),
+        markdown="\n".join(lines),
+        description=f"episode {episode_id}: the approval decision",
+    )
+
+
+def publish_assembly(
+    engine: Engine, pipeline: str, episode_id: str, assembled: dict[str, Any]
+) -> None:
+    """The assembly record with the cover shown."""
+    report = episode_report(engine, pipeline, episode_id)
+    lines = [
+        f"## Episode {episode_id}: assembled",
+        "",
+        _image_cell(str(assembled["cover"]), "cover"),
+        "",
+        f"- cover: `{assembled['cover']}`",
+        f"- manifest: `{assembled.get('manifest', '')}`",
+        f"- images: {report['completed']}, paid calls {report['paid_submissions']}, "
+        f"cost {report['cost']}",
+    ]
+    create_markdown_artifact(
+        key=artifact_key(episode_id, "assembly"),
+        markdown="\n".join(lines),
+        description=f"episode {episode_id}: the assembled media",
+    )

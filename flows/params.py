@@ -1,0 +1,21 @@
+"""Typed flow parameters: the Prefect UI shows their pattern and description, the server
+validates deployment runs against them, and the flow re-validates (`validate_parameters`).
+
+Descriptions come from each flow's Google-style ``Args:`` docstring section.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field
+
+EPISODE_ID_PATTERN = r"^[0-9]{4}-W[0-9]{2}-(0|[1-9][0-9]{0,9})$"
+WEEK_PATTERN = r"^[0-9]{4}-W[0-9]{2}$"
+PIPELINE_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,62}$"
+
+EpisodeIdParam = Annotated[str, Field(pattern=EPISODE_ID_PATTERN, max_length=24)]
+WeekParam = Annotated[str, Field(pattern=WEEK_PATTERN)] | None
+PipelineParam = Annotated[str, Field(pattern=PIPELINE_PATTERN)] | None
+KeyParam = Annotated[str, Field(min_length=1, max_length=255)] | None
+PlaylistParam = Annotated[str, Field(min_length=1, max_length=1024)] | None

@@ -1,0 +1,48 @@
+"""`plan_episode_flow`: record a playlist as an existing episode's plan (spends nothing)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+from prefect import flow
+from prefect.logging import get_run_logger
+from pydantic import Field
+
+from core.hints import surface
+from core.settings import load_settings
+from flows.params import EpisodeIdParam, PipelineParam
+from pipeline.generation import record_plan
+from storage.registry import engine_for
+
+
+def plan_run_name() -> str:
+    from prefect.runtime import flow_run
+
+    return f"plan {flow_run.parameters.get('episode_id', '?')}"
+
+
+@flow(
+    name="plan-episode",
+    validate_parameters=True,
+    flow_run_name=plan_run_name,
+)
+def plan_episode_flow(
+    episode_id: EpisodeIdParam,
+    playlist: Annotated[str, Field(min_length=1, max_length=1024)],
+    pipeline: PipelineParam = None,
+) -> dict[str, Any]:
+    """Validate a playlist and record it as the episode's plan (re-planning is allowed until
+    the episode is approved; an approved plan is frozen).
+
+    Args:
+        episode_id: an existing episode, e.g. 2026-W32-1.
+        playlist: playlist YAML (relative paths resolve in the project folder).
+        pipeline: pipeline name; default: EPISODIC_PIPELINE.
+    """
+    with surface("prefect"):
+        settings = load_settings()
+        name = pipeline or settings.pipeline
+        summary = record_plan(engine_for(settings), name, episode_id, Path(playlist))
+        get_run_logger().info("plan of %s: %s", episode_id, summary)
+        return summary

@@ -1,0 +1,103 @@
+"""`episodic prefect setup`: everything the flows need on the Prefect side, idempotently.
+
+Run by `episodic serve` before serving and by the `prefect deploy` build step, so neither
+path can forget a piece: the schema and the pipeline's recorded timezone (which the weekly
+schedules are generated from), one global concurrency limit per provider profile, the work
+pool for `prefect deploy`, and a check that the configured result storage block loads. It
+also refuses to let `serve` and `prefect deploy` silently take over each other's deployments.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from prefect.client.orchestration import get_client
+from prefect.exceptions import ObjectNotFound
+
+from core.errors import ProviderConfigError
+from core.settings import Settings, load_settings, validate_pipeline
+from deployments.spec import WORK_POOL, deployment_specs, project_version
+from flows.limits import ensure_provider_limit
+from pipeline.pipelines import pipeline_config
+from providers.profiles import load_profiles
+from storage.registry import engine_for
+from tasks.generate import check_result_storage
+
+Mode = Literal["serve", "deploy"]
+
+
+def prefect_setup(
+    pipeline: str | None = None,
+    *,
+    mode: Mode | None = None,
+    work_pool: str | None = None,
+    settings: Settings | None = None,
+) -> dict[str, Any]:
+    """Create or update what the flows rely on; returns what it found and did.
+
+    Shape: ``{pipeline, timezone, version, limits: [{name, limit}], work_pool,
+    result_storage}``. Raises `TimezoneMismatch` (this process's EPISODIC_TIMEZONE differs
+    from the recorded one) and `ProviderConfigError` (a deployment of ours is registered the
+    other way, a result storage block that does not load).
+    """
+    settings = settings or load_settings()
+    name = validate_pipeline(pipeline or settings.pipeline)
+    config = pipeline_config(engine_for(settings), settings, name)
+    limits = []
+    for profile in load_profiles(settings.providers_path).values():
+        limits.append(
+            {
+                "name": ensure_provider_limit(profile.id, profile.max_concurrency),
+                "limit": profile.max_concurrency,
+            }
+        )
+    if work_pool:
+        _ensure_process_pool(work_pool)
+    storage = check_result_storage(settings)  # a typo fails here, not mid-run
+    if mode is not None:
+        _refuse_takeover(mode)
+    return {
+        "pipeline": name,
+        "timezone": config.timezone,
+        "version": project_version(),
+        "limits": limits,
+        "work_pool": work_pool,
+        "result_storage": storage,
+    }
+
+
+def _ensure_process_pool(name: str) -> None:
+    from prefect.client.schemas.actions import WorkPoolCreate
+
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_work_pool(name)
+        except ObjectNotFound:
+            client.create_work_pool(WorkPoolCreate(name=name, type="process"))
+
+
+def _refuse_takeover(mode: Mode) -> None:
+    """`serve` and `prefect deploy` register the same names; each refuses to overwrite a
+    deployment the other one owns (served ones have no work pool)."""
+    with get_client(sync_client=True) as client:
+        for spec in deployment_specs():
+            try:
+                existing = client.read_deployment_by_name(spec.full_name)
+            except ObjectNotFound:
+                continue
+            pool = existing.work_pool_name
+            if mode == "serve" and pool:
+                raise ProviderConfigError(
+                    f"deployment {spec.full_name} is registered for work pool {pool!r} "
+                    "(prefect deploy); serving would take it over: remove it first with "
+                    f"`prefect deployment delete {spec.full_name}`"
+                )
+            if mode == "deploy" and not pool:
+                raise ProviderConfigError(
+                    f"deployment {spec.full_name} is served by `episodic serve`; deploying "
+                    "would take it over: stop serve and remove it first with "
+                    f"`prefect deployment delete {spec.full_name}`"
+                )
+
+
+__all__ = ["WORK_POOL", "prefect_setup"]

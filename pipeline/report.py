@@ -1,0 +1,48 @@
+"""Episode-level truths for dashboards and artifacts: computed from the ledger, never from the
+last run (a resume that pays nothing must not report "0 completed, 0.00 USD")."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Engine
+
+from core.ids import EpisodeId
+from core.money import format_minor
+from pipeline.playlists import planned_items
+from storage.episodes import EpisodeRepository
+from storage.runs import RunStore, completed_outputs
+
+
+def episode_report(engine: Engine, pipeline: str, episode_id: str) -> dict[str, Any]:
+    """The episode's progress and spend.
+
+    Returns ``{episode_id, pipeline, state, planned, completed, percent, paid_submissions,
+    cost_minor, currency, cost}``: ``planned`` counts the current plan's paid images (0
+    without a plan), ``completed`` those of them that are done, ``percent`` is 100.0 for a
+    finished plan, and paid submissions and cost sum every run's ledger rows (minor units).
+    Raises `EpisodeNotFound`.
+    """
+    episode, pk = EpisodeRepository(engine).locate(pipeline, EpisodeId.parse(episode_id))
+    store = RunStore(engine)
+    recorded = store.latest_plan(pk)
+    planned: set[str] = set()
+    if recorded is not None:
+        planned = {
+            item.idempotency_key
+            for item in planned_items(recorded[0], recorded[1], episode_id, pipeline)
+        }
+    done = sum(1 for o in completed_outputs(engine, pk) if o["idempotency_key"] in planned)
+    paid, cost_minor, currency = store.episode_spend(pk)
+    return {
+        "episode_id": episode_id,
+        "pipeline": pipeline,
+        "state": episode.state,
+        "planned": len(planned),
+        "completed": done,
+        "percent": 100.0 * done / len(planned) if planned else 0.0,
+        "paid_submissions": paid,
+        "cost_minor": cost_minor,
+        "currency": currency,
+        "cost": format_minor(cost_minor, currency),
+    }
