@@ -28,8 +28,15 @@ def artifact_key(episode_id: str, what: str) -> str:
 
 
 def publish_spend(engine: Engine, pipeline: str, episode_id: str) -> dict[str, Any]:
-    """The episode's cost table artifact (cumulative over every run); returns the report."""
+    """The episode's cost table and progress artifacts (cumulative over every run, so a run
+    that paid nothing still shows the episode's spend, and a finished plan reads 100%);
+    returns the report."""
     report = episode_report(engine, pipeline, episode_id)
+    create_progress_artifact(
+        report["percent"],
+        key=artifact_key(episode_id, "progress"),
+        description=f"episode {episode_id}: planned images completed",
+    )
     create_table_artifact(
         key=artifact_key(episode_id, "cost"),
         table=[

@@ -33,7 +33,7 @@ from prefect.flow_runs import suspend_flow_run
 from prefect.input import RunInput
 from prefect.logging import get_run_logger
 from prefect.states import Completed
-from pydantic import Field
+from pydantic import Field, ValidationError
 
 from core.errors import CommandNotAllowed, InvalidInput
 from core.ids import EpisodeId
@@ -150,11 +150,14 @@ def approval_step(
         form = ApprovalInput.with_initial_data(
             description=approval_form_description(episode_id, pipeline, outputs, refused)
         )
-        answer: ApprovalInput = suspend_flow_run(
-            wait_for_input=form,
-            timeout=timeout_s,
-            key=f"approval-{episode_id.lower()}-{digest[:16]}-{attempt}",
-        )
+        try:
+            answer: ApprovalInput = suspend_flow_run(
+                wait_for_input=form,
+                timeout=timeout_s,
+                key=f"approval-{episode_id.lower()}-{digest[:16]}-{attempt}",
+            )
+        except ValidationError:  # this form was shown but never answered (it timed out, or
+            continue  # the run was retried while waiting): ask again under the next key
         try:
             recorded = record_decision(
                 episode_id, pipeline, answer, expected_digest=digest if outputs else None

@@ -276,6 +276,7 @@ class PrefectServer(_Stoppable):
         self.log_path = self.tmp_dir / "server.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.started_in: float | None = None
+        self.stopped = False
 
     # -- urls / env ----------------------------------------------------------------------
 
@@ -409,7 +410,11 @@ class PrefectServer(_Stoppable):
         return _tail(self.log_path, lines)
 
     def stop(self) -> None:
-        """Kill every process of the stack (workers, flow runs, CLIs), then the server."""
+        """Kill every process of the stack (workers, flow runs, CLIs), then the server.
+        Idempotent."""
+        if self.stopped:
+            return
+        self.stopped = True
         try:
             server_pid = self.proc.pid if self.proc else -1
             kill_marked(STACK_TOKEN_VAR, self.token, grace=5.0, exclude=[server_pid])
@@ -488,6 +493,7 @@ class Worker(_Stoppable):
         }
         self.proc: subprocess.Popen[bytes] | None = None
         self.returncode: int | None = None
+        self.stopped = False
 
     @property
     def env(self) -> dict[str, str]:
@@ -570,7 +576,10 @@ class Worker(_Stoppable):
 
     def stop(self, grace: float | None = None) -> int | None:
         """SIGTERM the worker (its process group), SIGKILL after ``grace``; then kill any
-        flow-run process it left behind.  Returns the worker's exit code."""
+        flow-run process it left behind.  Returns the worker's exit code.  Idempotent."""
+        if self.stopped:
+            return self.returncode
+        self.stopped = True
         grace = self.stop_grace if grace is None else grace
         try:
             if self.proc is not None:

@@ -1,0 +1,250 @@
+"""The weekly pipeline as Prefect users run it (issue 10), under the test harness.
+
+The approval form: required fields checked by the server before the run resumes, answers we
+refuse re-asked with the reason (never stuck on a stored bad answer), the images shown, a
+rejection that ends in its own state, a duplicate run that joins the waiting one. Artifacts
+that describe the episode; the pipeline's one timezone.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+from uuid import UUID, uuid4
+
+import pytest
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.responses import SetStateStatus
+from prefect.schedules import Cron
+
+from flows import local
+from flows.limits import ensure_provider_limit
+from flows.weekly import weekly_episode
+from storage.engine import make_engine
+from storage.episodes import EpisodeRepository
+from tests.generation import submissions_per_item, write_playlist
+
+pytestmark = pytest.mark.slow
+
+MONDAY = datetime(2026, 8, 3, tzinfo=UTC)  # 2026-W32
+
+
+def _deploy(playlist: Path | None, cron: str = "0 9 * * 1", timezone: str = "UTC") -> UUID:
+    name = f"path-{uuid4().hex[:8]}"
+    parameters = {"playlist": str(playlist)} if playlist else {}
+    schedule = Cron(cron, timezone=timezone, slug=f"{name}-slot")
+    return local.apply_deployment(weekly_episode, name, schedule, parameters=parameters)
+
+
+@pytest.fixture
+def waiting(harness: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A weekly slot run suspended at its approval form (two images paid)."""
+    monkeypatch.setenv("EPISODIC_FAKE_PROVIDER_LOG", str(tmp_path / "provider.jsonl"))
+    ensure_provider_limit("fake", 8)
+    deployment = _deploy(write_playlist(tmp_path / "pl", ["a", "b"]))
+    (run,) = local.schedule_slots(deployment, MONDAY, MONDAY + timedelta(days=7, seconds=-1))
+    state = local.execute(weekly_episode, run.id)
+    assert state.is_paused(), state
+    return run
+
+
+def _form(flow_run_id: UUID) -> tuple[dict[str, Any], str]:
+    """The waiting form's JSON schema and its description (what the UI renders)."""
+    with get_client(sync_client=True) as client:
+        state = client.read_flow_run(flow_run_id).state
+        assert state is not None and state.is_paused(), state
+        keyset = state.state_details.run_input_keyset
+        assert keyset is not None
+        schema = json.loads(client.read_flow_run_input(flow_run_id, keyset["schema"]))
+        description = json.loads(client.read_flow_run_input(flow_run_id, keyset["description"]))
+    return schema, description
+
+
+def _resume(flow_run_id: UUID, answer: dict[str, Any]) -> SetStateStatus:
+    with get_client(sync_client=True) as client:
+        return client.resume_flow_run(flow_run_id, run_input=answer).status
+
+
+def _episode_state(url: str) -> str:
+    engine = make_engine(url)
+    try:
+        (episode,) = EpisodeRepository(engine).list("weekly")
+        return episode.state
+    finally:
+        engine.dispose()
+
+
+def test_the_form_requires_a_decision_and_a_reviewer_and_shows_the_images(
+    harness: str, waiting: Any
+) -> None:
+    schema, description = _form(waiting.id)
+    assert set(schema["required"]) == {"decision", "reviewer"}  # not "(Optional)" in the UI
+    assert schema["properties"]["reviewer"]["minLength"] == 1
+    assert description.count("](data:image/jpeg;base64,") == 2  # the images themselves
+    assert "0.08 USD in 2 paid calls" in description and "| 0.04 USD |" in description
+
+
+def test_an_empty_reviewer_is_refused_before_the_run_resumes(harness: str, waiting: Any) -> None:
+    for bad in ({"decision": "approve", "reviewer": ""}, {"decision": "approve"}, {}):
+        assert _resume(waiting.id, bad) != SetStateStatus.ACCEPT
+        _form(waiting.id)  # still paused at the same form
+    assert _resume(waiting.id, {"decision": "approve", "reviewer": "ann"}) == SetStateStatus.ACCEPT
+    state = local.execute(weekly_episode, waiting.id)
+    assert state.is_completed(), state
+    assert _episode_state(harness) == "assembled"
+    assert sum(submissions_per_item().values()) == 2  # nothing paid again
+
+
+def test_an_answer_we_refuse_is_asked_again_with_the_reason_and_never_sticks(
+    harness: str, waiting: Any
+) -> None:
+    """The seed's stuck run: an answer the schema accepts but we refuse (a rejection without
+    a note, a name with a control character) re-suspends with the reason shown; a UI Retry
+    replays the refused answers and waits again instead of failing forever."""
+    assert _resume(waiting.id, {"decision": "reject", "reviewer": "bob"}) == SetStateStatus.ACCEPT
+    state = local.execute(weekly_episode, waiting.id)
+    assert state.is_paused(), state
+    _, description = _form(waiting.id)
+    assert "not recorded" in description and "a rejection needs note" in description
+    assert "--" not in description.split("\n")[0]  # worded for the form, not a CLI flag
+    assert _resume(waiting.id, {"decision": "approve", "reviewer": "ann\x07"}) == (
+        SetStateStatus.ACCEPT
+    )
+    assert local.execute(weekly_episode, waiting.id).is_paused()
+    assert _episode_state(harness) == "generated"
+    assert local.retry(weekly_episode, waiting.id).is_paused()  # a UI Retry: waits again
+    assert _resume(waiting.id, {"decision": "approve", "reviewer": "ann"}) == SetStateStatus.ACCEPT
+    state = local.execute(weekly_episode, waiting.id)
+    assert state.is_completed() and state.name == "Completed", state
+    assert _episode_state(harness) == "assembled"
+    again = local.retry(weekly_episode, waiting.id)  # replays every stored answer: no form
+    assert again.is_completed(), again
+    assert sum(submissions_per_item().values()) == 2
+
+
+def test_a_rejected_run_ends_in_a_state_named_rejected_and_the_decision_is_an_artifact(
+    harness: str, waiting: Any
+) -> None:
+    from prefect.artifacts import Artifact
+
+    answer = {"decision": "reject", "reviewer": "bob", "note": "too dark"}
+    assert _resume(waiting.id, answer) == SetStateStatus.ACCEPT
+    state = local.execute(weekly_episode, waiting.id)
+    assert state.is_completed() and state.name == "Rejected", state
+    assert "too dark" in (state.message or "")
+    assert _episode_state(harness) == "rejected"
+    decision = Artifact.get("episode-2026-w32-0-decision")
+    assert decision is not None and "reject" in str(decision.data) and "bob" in str(decision.data)
+
+
+def test_a_duplicate_run_of_the_slot_joins_the_waiting_one(harness: str, waiting: Any) -> None:
+    """Two workers on one slot, a double click: the second run of the episode finds it
+    waiting for a decision and ends green ("Joined"), with one form between them."""
+    engine = make_engine(harness)
+    (episode,) = EpisodeRepository(engine).list("weekly")
+    engine.dispose()
+    duplicate = weekly_episode(
+        allocation_key=episode.allocation_key,
+        week="2026-W32",
+        playlist=None,
+        return_state=True,
+    )
+    assert duplicate.is_completed() and duplicate.result() == "2026-W32-0"
+    with get_client(sync_client=True) as client:
+        deployment_id = client.read_flow_run(waiting.id).deployment_id
+        assert deployment_id is not None
+        run = client.create_flow_run_from_deployment(
+            deployment_id,
+            parameters={"allocation_key": episode.allocation_key, "week": "2026-W32"},
+        )
+    state = local.execute(weekly_episode, run.id)
+    assert state.is_completed() and state.name == "Joined", state
+    _form(waiting.id)  # the first run still waits
+    assert sum(submissions_per_item().values()) == 2
+
+
+def test_artifacts_describe_the_episode_not_the_last_run(harness: str, waiting: Any) -> None:
+    """A resume pays nothing: the cost artifact still shows the episode's paid calls and
+    cost, progress reads 100%, and the assembly record shows the cover."""
+    from prefect.artifacts import Artifact
+
+    from flows.generate import generate_episode
+
+    generate_episode(episode_id="2026-W32-0")  # a resume with nothing to do
+    cost = Artifact.get("episode-2026-w32-0-cost")
+    assert cost is not None
+    (row,) = json.loads(str(cost.data))
+    assert row["paid calls"] == 2 and row["cost"] == "0.08 USD"
+    assert row["images done"] == "2 of 2"
+    progress = Artifact.get("episode-2026-w32-0-progress")
+    assert progress is not None and float(str(progress.data)) == 100.0
+    assert _resume(waiting.id, {"decision": "approve", "reviewer": "ann"}) == SetStateStatus.ACCEPT
+    assert local.execute(weekly_episode, waiting.id).is_completed()
+    assembly = Artifact.get("episode-2026-w32-0-assembly")
+    assert assembly is not None and "](data:image/jpeg;base64," in str(assembly.data)
+
+
+def test_flow_runs_are_named_after_the_episode(harness: str, waiting: Any) -> None:
+    from flows.generate import generate_episode
+
+    with get_client(sync_client=True) as client:
+        assert client.read_flow_run(waiting.id).name == "weekly 2026-W32-0 · Mon 09:00 UTC"
+    state = generate_episode(episode_id="2026-W32-0", return_state=True)
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(state.state_details.flow_run_id)
+    assert run.name == "generate 2026-W32-0"
+
+
+def test_failure_messages_in_prefect_name_the_deployment_not_a_cli_command(
+    harness: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from core.ids import WeekId
+    from flows.generate import generate_episode
+    from pipeline.allocation import allocate
+
+    engine = make_engine(harness)
+    allocate(engine, "weekly", WeekId.parse("2026-W32"), "unplanned")
+    engine.dispose()
+    state = generate_episode(episode_id="2026-W32-0", return_state=True)
+    assert state.is_failed()
+    assert "plan deployment" in (state.message or "") and "episodic plan" not in (
+        state.message or ""
+    )
+
+
+# ---------------------------------------------------------------- one timezone truth
+
+
+def test_the_week_comes_from_the_recorded_timezone_even_without_the_variable(
+    harness: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The seed's case: Monday 00:30 Berlin (ISO week 46) on a worker without
+    EPISODIC_TIMEZONE was allocated as 2026-W45. The zone recorded for the pipeline wins."""
+    from pipeline.pipelines import set_timezone
+
+    engine = make_engine(harness)
+    set_timezone(engine, "weekly", "Europe/Berlin")
+    engine.dispose()
+    monkeypatch.delenv("EPISODIC_TIMEZONE", raising=False)
+    deployment = _deploy(None, cron="30 0 * * 1", timezone="Europe/Berlin")
+    start = datetime(2026, 11, 8, 12, tzinfo=UTC)
+    (run,) = local.schedule_slots(deployment, start, start + timedelta(days=2))
+    assert run.expected_start_time == datetime(2026, 11, 8, 23, 30, tzinfo=UTC)  # Sunday UTC
+    assert local.execute(weekly_episode, run.id).result() == "2026-W46-0"
+
+
+def test_a_worker_whose_timezone_disagrees_refuses_before_allocating(
+    harness: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pipeline.pipelines import set_timezone
+
+    engine = make_engine(harness)
+    set_timezone(engine, "weekly", "Europe/Berlin")
+    monkeypatch.setenv("EPISODIC_TIMEZONE", "UTC")
+    state = weekly_episode(week="2026-W32", return_state=True)
+    assert state.is_failed()
+    assert "runs in Europe/Berlin" in (state.message or "")
+    assert EpisodeRepository(engine).list("weekly") == []
+    engine.dispose()
