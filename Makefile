@@ -13,7 +13,7 @@ export UV_PYTHON_DOWNLOADS := never
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export DO_NOT_TRACK := 1
 
-.PHONY: bootstrap demo test lint format bench clean
+.PHONY: bootstrap demo test lint format bench ui-check clean
 
 bootstrap: $(VENV)/.synced
 
@@ -46,6 +46,16 @@ bench: bootstrap  ## benchmarks (never part of the tests)
 	$(BIN)/python -m bench.batch
 	$(BIN)/python -m bench.claims
 	$(BIN)/python -m bench.dedup
+
+# Not part of `make test`. Installs Debian's chromium and chromium-driver (apt, as root) when
+# missing and the `ui` dependency group (selenium) into .venv, then checks the approval form
+# in the real Prefect UI; screenshot: .episodic/ui-check/resume-form.png.
+ui-check: bootstrap  ## the approval form in a real browser: the reviewer sees the images
+	@test -x /usr/bin/chromium -a -x /usr/bin/chromedriver || \
+	  { DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; }
+	$(UV) sync --frozen --compile-bytecode --group ui
+	$(BIN)/python -m tests.ui.ui_check
 
 clean:
 	rm -rf $(VENV) $(TOOLS) .episodic .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,256 @@
+"""The weekly pipeline as Prefect users run it (issue 10), end to end on real processes.
+
+A real `prefect server` on a free loopback port, the project's own deploy configuration
+(`episodic db upgrade`, `episodic prefect setup`, then `prefect deploy --all` from the
+project folder with no hidden variables), a process work pool with **two** `prefect worker`
+processes, episodes in the local PostgreSQL, the fake provider's own log as the bill. One
+story, in order:
+
+1. the server's scheduler endpoint creates the runs of both weekly slots (Mon + Thu 09:00
+   Europe/Berlin, the timezone recorded for the pipeline), and a duplicate of the first slot
+   is dispatched: two episodes, the duplicate owns the first's and ends green (Joined);
+2. each slot run suspends at its approval form; an empty reviewer is refused by the server
+   and the run waits on; a valid answer resumes it, the worker assembles;
+3. a manual run gets a new episode;
+4. a generate run cancelled from the API pauses; `episodic dispatch generate` finishes it;
+5. across everything the provider made exactly one job per item;
+6. a worker whose EPISODIC_TIMEZONE disagrees with the recorded zone refuses.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.databases import PostgresDatabases, require_postgres
+from tests.e2e.stack import (
+    PrefectServer,
+    StackError,
+    Worker,
+    api_request,
+    create_flow_run,
+    flow_runs_of_deployment,
+    read_deployment,
+    read_flow_run,
+    run_cli,
+    trigger_scheduler,
+    wait_for_flow_run,
+    wait_for_flow_runs,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.postgres]
+
+PROJECT = Path(__file__).resolve().parents[2]
+BERLIN = dt.timezone(dt.timedelta(hours=1))  # November: CET
+WEEK_46 = dt.datetime(2026, 11, 9, tzinfo=BERLIN)  # Monday of 2026-W46
+PLANNED_ITEMS = 14  # examples/playlist.yaml
+
+
+def _log(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line]
+
+
+def _jobs_per_item(path: Path) -> Counter[str]:
+    """Jobs the provider made, per item key (its own log, never our tables)."""
+    return Counter(
+        e["client_reference"].rsplit("-", 1)[0] for e in _log(path) if e["event"] == "job_created"
+    )
+
+
+def _episodes(url: str) -> dict[str, tuple[str, str]]:
+    from storage.engine import make_engine
+    from storage.episodes import EpisodeRepository
+
+    engine = make_engine(url)
+    try:
+        return {
+            str(e.episode_id): (e.allocation_key, str(e.state))
+            for e in EpisodeRepository(engine).list("weekly")
+        }
+    finally:
+        engine.dispose()
+
+
+def _resume(server: PrefectServer, flow_run_id: str, answer: dict[str, Any]) -> str:
+    result = api_request(
+        server, "POST", f"/flow_runs/{flow_run_id}/resume", json={"run_input": answer}
+    )
+    return str(result["status"])
+
+
+@pytest.fixture
+def database(tmp_path: Path) -> Any:
+    require_postgres()
+    databases = PostgresDatabases()
+    name = databases.fresh(migrated=False)  # `episodic prefect setup` migrates it
+    try:
+        yield databases.url(name)
+    finally:
+        databases.drop(name)
+        databases.close()
+
+
+def test_weekly_deployments_on_a_server_with_two_workers(tmp_path: Path, database: str) -> None:
+    provider_log = tmp_path / "provider.jsonl"
+    episodic = {
+        "EPISODIC_DATABASE_URL": database,
+        "EPISODIC_HOME": str(tmp_path / "home"),  # shared by both workers (one machine here)
+        "EPISODIC_FAKE_PROVIDER_LOG": str(provider_log),
+        "EPISODIC_FAKE_DELAY_MS": "300",
+        "EPISODIC_PENDING_TTL_S": str(30 * 24 * 3600),  # backfilled slots are weeks "late"
+    }
+    with PrefectServer(tmp_path / "stack") as server:
+        deployer = server.env({**episodic, "EPISODIC_TIMEZONE": "Europe/Berlin"})
+        upgraded = run_cli(["db", "upgrade"], deployer, PROJECT, program="episodic")
+        assert upgraded.returncode == 0, upgraded.stderr
+        setup = run_cli(
+            ["prefect", "setup", "--work-pool", "episodic", "--json"],
+            deployer,
+            PROJECT,
+            program="episodic",
+        )
+        assert setup.returncode == 0, setup.stderr
+        assert json.loads(setup.stdout)["timezone"] == "Europe/Berlin"
+        deployed = run_cli(["deploy", "--all"], deployer, PROJECT, timeout=300)
+        assert deployed.returncode == 0, deployed.stdout[-3000:] + deployed.stderr[-3000:]
+
+        weekly = read_deployment(server, "weekly-episode", "weekly")
+        assert weekly["parameters"] == {"pipeline": "weekly", "playlist": "examples/playlist.yaml"}
+        assert sorted((s["slug"], s["schedule"]["cron"]) for s in weekly["schedules"]) == [
+            ("weekly-monday-0900", "0 9 * * 1"),
+            ("weekly-thursday-0900", "0 9 * * 4"),
+        ]
+        assert {s["schedule"]["timezone"] for s in weekly["schedules"]} == {"Europe/Berlin"}
+        assert str(PROJECT) not in json.dumps(weekly)  # nothing of the deploying machine
+        generate = read_deployment(server, "generate-episode", "generate")
+        schema = generate["parameter_openapi_schema"]
+        assert "episode_id" in schema["required"]
+        assert schema["properties"]["episode_id"]["pattern"].startswith("^")
+        assert schema["properties"]["episode_id"]["description"]
+        for flow, name in [("plan-episode", "plan"), ("approve-episode", "approve"),
+                           ("assemble-episode", "assemble"), ("sweep", "sweep")]:  # fmt: skip
+            assert read_deployment(server, flow, name)["version"] == weekly["version"]
+
+        workers = [
+            Worker(server, "episodic", cwd=tmp_path, extra_env=episodic).start() for _ in range(2)
+        ]
+        try:
+            _story(server, weekly, provider_log, database, episodic)
+        finally:
+            for worker in workers:
+                worker.stop()
+
+        # A worker whose EPISODIC_TIMEZONE disagrees with the recorded zone refuses.
+        wrong = {**episodic, "EPISODIC_TIMEZONE": "UTC"}
+        with Worker(server, "episodic", cwd=tmp_path, extra_env=wrong):
+            run = create_flow_run(
+                server, weekly["id"], parameters={"week": "2026-W46", "generate": False}
+            )
+            failed = wait_for_flow_run(server, run["id"], ("FAILED",), timeout=120)
+        message = (failed.get("state") or {}).get("message") or ""
+        assert "runs in Europe/Berlin" in message, message
+        assert len(_episodes(database)) == 3  # nothing allocated by the refusing worker
+
+
+def _story(
+    server: PrefectServer,
+    weekly: dict[str, Any],
+    provider_log: Path,
+    database: str,
+    episodic: dict[str, str],
+) -> None:
+    from core.keys import utc_iso
+
+    # 1. Both slots of week 46, and a duplicate dispatch of the first slot.
+    end = WEEK_46 + dt.timedelta(days=7)
+    runs_now = trigger_scheduler(server, weekly["id"], start_time=WEEK_46, end_time=end)
+    slots = [  # the scheduler service has also scheduled the coming weeks: not these
+        r for r in runs_now if WEEK_46 <= dt.datetime.fromisoformat(r["expected_start_time"]) < end
+    ]
+    assert len(slots) == 2, slots
+    monday, thursday = slots
+    slot = dt.datetime.fromisoformat(monday["expected_start_time"])
+    slot_key = f"scheduled:weekly-episode/weekly:{utc_iso(slot)}"
+    duplicate = create_flow_run(
+        server, weekly["id"], parameters={"allocation_key": slot_key, "week": "2026-W46"}
+    )
+    runs = [monday["id"], thursday["id"], duplicate["id"]]
+    settled = [wait_for_flow_run(server, r, ("PAUSED", "COMPLETED"), timeout=240) for r in runs]
+    episodes = _episodes(database)
+    assert sorted(episodes) == ["2026-W46-0", "2026-W46-1"], episodes
+    by_key = {key: episode for episode, (key, _) in episodes.items()}
+    first = by_key[slot_key]  # the duplicate dispatch owns the Monday slot's episode
+    first_pair = settled[0], settled[2]
+    waiting_first = [r for r in first_pair if r["state_type"] == "PAUSED"]
+    joined = [r for r in first_pair if r["state_type"] == "COMPLETED"]
+    assert len(waiting_first) == 1 and len(joined) == 1, first_pair  # one form between them
+    assert joined[0]["state_name"] == "Joined"
+    assert settled[1]["state_type"] == "PAUSED"
+    assert first in read_flow_run(server, waiting_first[0]["id"])["name"]
+
+    # 2. The forms: an empty reviewer is refused before the run resumes; approve assembles.
+    for run in (waiting_first[0], settled[1]):
+        assert _resume(server, run["id"], {"decision": "approve", "reviewer": ""}) != "ACCEPT"
+        assert read_flow_run(server, run["id"])["state_type"] == "PAUSED"
+        assert _resume(server, run["id"], {"decision": "approve", "reviewer": "ann"}) == "ACCEPT"
+    done = wait_for_flow_runs(
+        server, [waiting_first[0]["id"], settled[1]["id"]], ("COMPLETED",), timeout=240
+    )
+    assert [r["state_name"] for r in done] == ["Completed", "Completed"]
+    episodes = _episodes(database)
+    assert {e: s for e, (_, s) in episodes.items()} == {
+        "2026-W46-0": "assembled",
+        "2026-W46-1": "assembled",
+    }
+
+    # 3. A manual run ("Run" in the UI) gets a new episode.
+    manual = create_flow_run(
+        server, weekly["id"], parameters={"week": "2026-W46", "generate": False}
+    )
+    wait_for_flow_run(server, manual["id"], ("COMPLETED",), timeout=120)
+    assert "2026-W46-2" in _episodes(database)
+
+    # 4. A generate run cancelled mid-way pauses; a later dispatch finishes it, paying once.
+    generate = read_deployment(server, "generate-episode", "generate")
+    cancelled = create_flow_run(server, generate["id"], parameters={"episode_id": "2026-W46-2"})
+    wait_for_flow_run(server, cancelled["id"], ("RUNNING",), timeout=120)
+    deadline = time.monotonic() + 120
+    while sum(_jobs_per_item(provider_log).values()) <= 2 * PLANNED_ITEMS:  # W46-2 started
+        assert time.monotonic() < deadline, "the generate run never reached the provider"
+        time.sleep(0.2)
+    api_request(
+        server,
+        "POST",
+        f"/flow_runs/{cancelled['id']}/set_state",
+        json={"state": {"type": "CANCELLING", "name": "Cancelling"}, "force": True},
+    )
+    wait_for_flow_run(server, cancelled["id"], ("CANCELLED",), timeout=120)
+    dispatched = run_cli(
+        ["dispatch", "generate", "2026-W46-2", "--json"],
+        server.env(episodic),
+        PROJECT,
+        program="episodic",
+        timeout=120,
+    )
+    assert dispatched.returncode == 0, dispatched.stderr
+    flow_run_id = json.loads(dispatched.stdout)["flow_run_id"]
+    try:
+        wait_for_flow_run(server, flow_run_id, ("COMPLETED",), timeout=240)
+    except StackError:
+        pytest.fail(f"dispatch did not finish: {read_flow_run(server, flow_run_id)}")
+
+    # 5. The bill: one provider job per item across every run, worker and retry.
+    jobs = _jobs_per_item(provider_log)
+    assert len(jobs) == 3 * PLANNED_ITEMS and set(jobs.values()) == {1}, jobs.most_common(3)
+    unfinished = flow_runs_of_deployment(
+        server, weekly["id"], state_types=["PENDING", "RUNNING", "PAUSED", "FAILED", "CRASHED"]
+    )
+    assert unfinished == []
