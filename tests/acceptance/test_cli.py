@@ -137,6 +137,11 @@ def test_pipelines_are_separate(cli: Cli, database_url: str) -> None:
         ["migrate-legacy"],
         ["demo"],
         ["serve"],
+        ["pipelines", "list"],
+        ["pipelines", "set-timezone"],
+        ["prefect", "setup"],
+        ["dispatch"],
+        ["sweep"],
     ],
 )
 def test_every_command_has_help(cli: Cli, command: list[str]) -> None:
@@ -184,3 +189,40 @@ def test_commands_that_run_no_flow_never_import_prefect(database_url: str, args:
     )
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_the_pipeline_timezone_is_recorded_once_and_a_disagreeing_process_refuses(
+    cli: Cli, database_url: str
+) -> None:
+    """Issue 10: Monday 00:30 in Berlin is ISO week 46 whatever this process's zone; a
+    process with another EPISODIC_TIMEZONE refuses (exit 2, one line) instead of W45."""
+    berlin = {"EPISODIC_TIMEZONE": "Europe/Berlin"}
+    first = cli("allocate", "--key", "k1", "--at", "2026-11-09T00:30:00+01:00", env=berlin)
+    assert first.returncode == 0 and first.stdout.strip() == "2026-W46-0 (new)", first.stderr
+    unset = cli("allocate", "--key", "k2", "--at", "2026-11-09T00:30:00+01:00")
+    assert unset.stdout.strip() == "2026-W46-1 (new)", unset.stderr  # the record wins
+    utc = cli(
+        "allocate",
+        "--key",
+        "k3",
+        "--at",
+        "2026-11-09T00:30:00+01:00",
+        env={"EPISODIC_TIMEZONE": "UTC"},
+    )
+    assert utc.returncode == 2 and utc.stdout == ""
+    assert utc.stderr.count("\n") == 1 and "runs in Europe/Berlin" in utc.stderr
+    listed = json.loads(cli("pipelines", "list", "--json").stdout)
+    assert [(p["pipeline"], p["timezone"]) for p in listed] == [("weekly", "Europe/Berlin")]
+    moved = cli("pipelines", "set-timezone", "weekly", "UTC")
+    assert moved.returncode == 0 and "Europe/Berlin → UTC" in moved.stdout
+    again = cli(
+        "allocate",
+        "--key",
+        "k3",
+        "--at",
+        "2026-11-09T00:30:00+01:00",
+        env={"EPISODIC_TIMEZONE": "UTC"},
+    )
+    assert again.stdout.strip() == "2026-W45-0 (new)"  # Sunday 23:30 UTC, now on purpose
+    bad = cli("pipelines", "set-timezone", "weekly", "Mars/Base")
+    assert bad.returncode == 2 and "unknown timezone" in bad.stderr

@@ -248,3 +248,48 @@ def test_a_worker_whose_timezone_disagrees_refuses_before_allocating(
     assert "runs in Europe/Berlin" in (state.message or "")
     assert EpisodeRepository(engine).list("weekly") == []
     engine.dispose()
+
+
+# ---------------------------------------------------------------- setup, serve, deploy
+
+
+def test_setup_is_idempotent_and_serve_and_deploy_never_take_over_each_other(
+    harness: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from prefect.client.schemas.actions import WorkPoolCreate
+
+    from core.errors import ProviderConfigError
+    from deployments.serve import all_deployments
+    from flows.setup import prefect_setup
+
+    monkeypatch.setenv("EPISODIC_TIMEZONE", "Europe/Berlin")
+    first = prefect_setup(mode="serve")
+    assert first["timezone"] == "Europe/Berlin" and first == prefect_setup(mode="serve")
+    assert {"name": "episodic-provider-fake", "limit": 8} in first["limits"]
+    served = all_deployments(first["timezone"])
+    ids = [deployment.apply() for deployment in served]
+    try:
+        weekly = next(d for d in served if d.name == "weekly")
+        assert sorted(s.slug or "" for s in weekly.schedules) == [
+            "weekly-monday-0900",
+            "weekly-thursday-0900",
+        ]
+        with pytest.raises(ProviderConfigError, match="served by `episodic serve`"):
+            prefect_setup(mode="deploy")
+        prefect_setup(mode="serve")  # serving again over served ones is fine
+        with get_client(sync_client=True) as client:
+            client.create_work_pool(WorkPoolCreate(name=f"pool-{uuid4().hex[:6]}", type="process"))
+            pool = client.read_work_pools()[-1].name
+            client.update_deployment(ids[0], _work_pool_update(pool))
+        with pytest.raises(ProviderConfigError, match="registered for work pool"):
+            prefect_setup(mode="serve")
+    finally:
+        with get_client(sync_client=True) as client:
+            for deployment_id in ids:
+                client.delete_deployment(deployment_id)
+
+
+def _work_pool_update(pool: str) -> Any:
+    from prefect.client.schemas.actions import DeploymentUpdate
+
+    return DeploymentUpdate(work_pool_name=pool)

@@ -253,3 +253,23 @@ def sweep_worker(barrier: Any, url: str, home: str, results: Any) -> None:
         results.put({k: [str(x) for x in v] for k, v in report.moved.items()})
     except Exception:
         results.put({"error": [traceback.format_exc(limit=5)]})
+
+
+def timezone_worker(barrier: Any, url: str, pipeline: str, zone: str, results: Any) -> None:
+    """First use of a pipeline's timezone from a process with EPISODIC_TIMEZONE=zone."""
+    import os
+
+    from core.errors import TimezoneMismatch
+    from core.settings import Settings
+    from pipeline.pipelines import pipeline_config
+
+    os.environ["EPISODIC_TIMEZONE"] = zone
+    engine = _engine(url)
+    barrier.wait()
+    try:
+        config = pipeline_config(engine, Settings(), pipeline)
+        results.put(("ok", config.timezone, zone))
+    except TimezoneMismatch as exc:
+        results.put(("refused", str(exc), zone))
+    finally:
+        engine.dispose()

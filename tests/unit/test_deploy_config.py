@@ -1,0 +1,71 @@
+"""`prefect.yaml` and `episodic serve` register the same deployments (`deployments.spec`),
+and nothing in the YAML depends on the machine that deploys it."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from deployments.spec import SWEEP_EVERY_S, SWEEP_SLUG, WEEKLY_SLOTS, deployment_specs
+
+PROJECT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def config() -> dict:  # type: ignore[type-arg]
+    return yaml.safe_load((PROJECT / "prefect.yaml").read_text())
+
+
+def test_prefect_yaml_matches_the_spec(config: dict) -> None:  # type: ignore[type-arg]
+    specs = {spec.name: spec for spec in deployment_specs()}
+    entries = {entry["name"]: entry for entry in config["deployments"]}
+    assert set(entries) == set(specs)
+    for name, spec in specs.items():
+        entry = entries[name]
+        assert entry["entrypoint"] == spec.entrypoint
+        assert " ".join(entry["description"].split()) == spec.description
+        assert entry.get("parameters", {}) == spec.parameters
+        assert entry["work_pool"]["name"] == "episodic"
+        assert entry["version"] == "{{ episodic.version }}"
+        expected_tags = spec.tags("weekly") if spec.schedule != "sweep" else ["episodic"]
+        assert entry["tags"] == expected_tags
+    weekly = entries["weekly"]["schedules"]
+    assert [(s["slug"], s["cron"]) for s in weekly] == list(WEEKLY_SLOTS)
+    assert {s["timezone"] for s in weekly} == {"{{ episodic.timezone }}"}  # from the database
+    (sweep,) = entries["sweep"]["schedules"]
+    assert (sweep["slug"], sweep["interval"]) == (SWEEP_SLUG, SWEEP_EVERY_S)
+
+
+def test_every_entrypoint_is_a_module_path_to_the_named_flow() -> None:
+    from prefect.flows import load_flow_from_entrypoint
+
+    for spec in deployment_specs():
+        assert re.fullmatch(r"[a-z_.]+:[a-z_]+", spec.entrypoint), spec.entrypoint
+        assert load_flow_from_entrypoint(spec.entrypoint).name == spec.flow_name
+
+
+def test_nothing_of_the_deploying_machine_is_in_the_yaml(config: dict) -> None:  # type: ignore[type-arg]
+    text = (PROJECT / "prefect.yaml").read_text()
+    assert "$EPISODIC_PROJECT_DIR" not in text and str(PROJECT) not in text
+    assert config["pull"] == [{"deployments.steps.project_directory": {}}]
+    (build,) = config["build"]
+    assert build["deployments.steps.setup"]["id"] == "episodic"
+
+
+def test_the_pull_step_moves_into_the_project_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from deployments.steps import project_directory
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("EPISODIC_PROJECT_DIR", raising=False)
+    assert project_directory() == {"directory": str(PROJECT)}
+    assert Path.cwd() == PROJECT
+    monkeypatch.setenv("EPISODIC_PROJECT_DIR", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="EPISODIC_PROJECT_DIR"):
+        project_directory()
+    (tmp_path / "flows").mkdir()
+    assert project_directory() == {"directory": str(tmp_path)}
