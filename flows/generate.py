@@ -25,7 +25,7 @@ from core.money import parse_amount
 from core.playlist import parse_selection
 from core.settings import load_settings
 from flows.artifacts import EpisodeProgress, publish_spend
-from flows.params import EpisodeIdParam, KeyParam, PipelineParam
+from flows.params import EpisodeIdParam, KeyParam, PipelineParam, episode_run_name
 from pipeline.engine import RunEngine
 from pipeline.generation import generate, prepare
 from pipeline.runs import RunOptions
@@ -37,17 +37,11 @@ class GenerationFailed(EpisodicError):
     """The run ended with failed items; the message says how to finish it."""
 
 
-def generate_run_name() -> str:
-    from prefect.runtime import flow_run
-
-    return f"generate {flow_run.parameters.get('episode_id', '?')}"
-
-
 @flow(
     name="generate-episode",
     task_runner=ThreadPoolTaskRunner(max_workers=8),  # type: ignore[arg-type]
     validate_parameters=True,
-    flow_run_name=generate_run_name,
+    flow_run_name=episode_run_name("generate"),
 )
 def generate_episode(
     episode_id: EpisodeIdParam,

@@ -6,6 +6,7 @@ Descriptions come from each flow's Google-style ``Args:`` docstring section.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated
 
 from pydantic import Field
@@ -19,3 +20,16 @@ WeekParam = Annotated[str, Field(pattern=WEEK_PATTERN)] | None
 PipelineParam = Annotated[str, Field(pattern=PIPELINE_PATTERN)] | None
 KeyParam = Annotated[str, Field(min_length=1, max_length=255)] | None
 PlaylistParam = Annotated[str, Field(min_length=1, max_length=1024)] | None
+
+
+def episode_run_name(verb: str) -> Callable[[], str]:
+    """A `flow_run_name` callable: ``"{verb} {episode_id}"`` from the run's parameters, so the
+    UI's run list reads like the ledger (``generate 2026-W32-1``)."""
+
+    def name() -> str:
+        from prefect.runtime import flow_run
+
+        return f"{verb} {flow_run.parameters.get('episode_id', '?')}"
+
+    name.__name__ = f"{verb}_run_name"
+    return name

@@ -11,21 +11,15 @@ from pydantic import Field
 
 from core.hints import surface
 from core.settings import load_settings
-from flows.params import EpisodeIdParam, PipelineParam
+from flows.params import EpisodeIdParam, PipelineParam, episode_run_name
 from pipeline.generation import record_plan
 from storage.registry import engine_for
-
-
-def plan_run_name() -> str:
-    from prefect.runtime import flow_run
-
-    return f"plan {flow_run.parameters.get('episode_id', '?')}"
 
 
 @flow(
     name="plan-episode",
     validate_parameters=True,
-    flow_run_name=plan_run_name,
+    flow_run_name=episode_run_name("plan"),
 )
 def plan_episode_flow(
     episode_id: EpisodeIdParam,

@@ -40,7 +40,7 @@ from core.ids import EpisodeId
 from core.money import format_minor
 from core.settings import load_settings
 from flows.artifacts import publish_assembly, publish_decision, publish_spend
-from flows.params import EpisodeIdParam, PipelineParam
+from flows.params import EpisodeIdParam, PipelineParam, episode_run_name
 from pipeline.review import approval_digest, assemble, decide, review_set
 from pipeline.thumbnails import thumbnail_data_uri
 from storage.episodes import EpisodeRepository
@@ -257,22 +257,10 @@ def decision_state(episode_id: str, answer: ApprovalInput | None, result: Any) -
     return result
 
 
-def approve_run_name() -> str:
-    from prefect.runtime import flow_run
-
-    return f"approve {flow_run.parameters.get('episode_id', '?')}"
-
-
-def assemble_run_name() -> str:
-    from prefect.runtime import flow_run
-
-    return f"assemble {flow_run.parameters.get('episode_id', '?')}"
-
-
 @flow(
     name="approve-episode",
     validate_parameters=True,
-    flow_run_name=approve_run_name,
+    flow_run_name=episode_run_name("approve"),
 )
 def approve_episode(
     episode_id: EpisodeIdParam,
@@ -312,7 +300,7 @@ def assemble_step(episode_id: str, pipeline: str) -> dict[str, Any]:
 @flow(
     name="assemble-episode",
     validate_parameters=True,
-    flow_run_name=assemble_run_name,
+    flow_run_name=episode_run_name("assemble"),
 )
 def assemble_episode(episode_id: EpisodeIdParam, pipeline: PipelineParam = None) -> dict[str, Any]:
     """Assemble an approved episode (refused otherwise); rerunning it changes nothing.
