@@ -710,6 +710,9 @@ def api_request(
             except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError):
                 if last:
                     raise
+            except httpx.ReadTimeout:  # a busy server: only a read is safe to ask again
+                if last or method.upper() != "GET":
+                    raise
             else:
                 if response.status_code in wanted or response.status_code not in RETRYABLE_STATUS:
                     break

@@ -87,18 +87,44 @@ def _resume(server: PrefectServer, flow_run_id: str, answer: dict[str, Any]) -> 
 
 
 @pytest.fixture
-def database(tmp_path: Path) -> Any:
+def databases() -> Any:
     require_postgres()
     databases = PostgresDatabases()
-    name = databases.fresh(migrated=False)  # `episodic prefect setup` migrates it
+    try:
+        yield databases
+    finally:
+        databases.close()
+
+
+@pytest.fixture
+def database(databases: PostgresDatabases) -> Any:
+    name = databases.fresh(migrated=False)  # `episodic db upgrade` migrates it
     try:
         yield databases.url(name)
     finally:
         databases.drop(name)
-        databases.close()
 
 
-def test_weekly_deployments_on_a_server_with_two_workers(tmp_path: Path, database: str) -> None:
+@pytest.fixture
+def prefect_database(databases: PostgresDatabases) -> Any:
+    """An empty database for the Prefect server itself (production runs it on Postgres;
+    SQLite answers "database is locked" under two workers)."""
+    from sqlalchemy.engine import make_url
+
+    name = databases.fresh(migrated=False)
+    try:
+        yield (
+            make_url(databases.url(name))
+            .set(drivername="postgresql+asyncpg")
+            .render_as_string(hide_password=False)
+        )
+    finally:
+        databases.drop(name)
+
+
+def test_weekly_deployments_on_a_server_with_two_workers(
+    tmp_path: Path, database: str, prefect_database: str
+) -> None:
     provider_log = tmp_path / "provider.jsonl"
     episodic = {
         "EPISODIC_DATABASE_URL": database,
@@ -107,7 +133,7 @@ def test_weekly_deployments_on_a_server_with_two_workers(tmp_path: Path, databas
         "EPISODIC_FAKE_DELAY_MS": "300",
         "EPISODIC_PENDING_TTL_S": str(30 * 24 * 3600),  # backfilled slots are weeks "late"
     }
-    with PrefectServer(tmp_path / "stack") as server:
+    with PrefectServer(tmp_path / "stack", database_url=prefect_database) as server:
         deployer = server.env({**episodic, "EPISODIC_TIMEZONE": "Europe/Berlin"})
         upgraded = run_cli(["db", "upgrade"], deployer, PROJECT, program="episodic")
         assert upgraded.returncode == 0, upgraded.stderr
@@ -147,6 +173,12 @@ def test_weekly_deployments_on_a_server_with_two_workers(tmp_path: Path, databas
         finally:
             for worker in workers:
                 worker.stop()
+
+        # Item results went to the configured default (EPISODIC_HOME/results), also under
+        # workers, whose flow-run processes import Prefect before the project does.
+        results = tmp_path / "home" / "results"
+        assert results.is_dir() and len(list(results.iterdir())) >= 3 * PLANNED_ITEMS
+        assert not list((server.client_home / "storage").glob("*"))
 
         # A worker whose EPISODIC_TIMEZONE disagrees with the recorded zone refuses.
         wrong = {**episodic, "EPISODIC_TIMEZONE": "UTC"}
