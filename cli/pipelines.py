@@ -48,6 +48,8 @@ def set_timezone(
     result = change(context.engine(), pipeline, timezone)
     if as_json:
         emit_json(result)
+    elif result["previous"] is None:
+        typer.echo(f"{result['pipeline']}: new pipeline, timezone {result['timezone']}")
     elif result["previous"] == result["timezone"]:
         typer.echo(f"{result['pipeline']}: already {result['timezone']}")
     else:

@@ -27,6 +27,15 @@ def setup(
     when EPISODIC_TIMEZONE disagrees with the recorded one; creates one global concurrency
     limit per provider profile; checks EPISODIC_RESULT_STORAGE loads. Uses PREFECT_API_URL.
     """
+    import re
+
+    from core.errors import InvalidInput
+
+    if work_pool is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}", work_pool):
+        raise InvalidInput(
+            f"--work-pool {work_pool!r}: use 1-100 of A-Z a-z 0-9 _ . - starting with a "
+            "letter or digit"
+        )
     import tasks  # noqa: F401  (Prefect defaults before Prefect is imported)
     from cli import context
     from flows.setup import prefect_setup

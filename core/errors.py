@@ -121,3 +121,8 @@ class TimezoneMismatch(InvalidInput):
         self.pipeline = pipeline
         self.recorded = recorded
         self.configured = configured
+
+
+class ScheduleOutOfDate(InvalidInput):
+    """A scheduled run whose deployment's schedule is in another timezone than the one the
+    pipeline records (changed without redeploying): its slot would land in the wrong week."""

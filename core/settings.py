@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import re
-from functools import cached_property
+from functools import cache, cached_property
 from pathlib import Path
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -29,7 +29,22 @@ def validate_pipeline(name: str) -> str:
     return name
 
 
+# Names the tz database answers for that mean a different zone on every host.
+_HOST_DEPENDENT_ZONES = frozenset({"localtime", "Factory", "posixrules"})
+
+
+@cache
+def _known_zones() -> frozenset[str]:
+    return frozenset(available_timezones()) - _HOST_DEPENDENT_ZONES
+
+
 def load_timezone(name: str) -> ZoneInfo:
+    """An IANA zone by name. Refused (`InvalidInput`): unknown names, paths, and names whose
+    meaning depends on the host (``localtime``): every worker must compute the same week."""
+    if not isinstance(name, str) or name not in _known_zones():
+        raise InvalidInput(
+            f"unknown timezone {name!r} (expected an IANA name such as Europe/Berlin)"
+        )
     try:
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError):

@@ -71,6 +71,17 @@ def all_deployments(
 
 
 def serve_all(pipeline: str | None = None, playlist: str = DEFAULT_PLAYLIST) -> None:
+    """Setup, then serve until interrupted. Refuses (`InvalidInput`) a playlist that is not
+    a file from here: every weekly run would fail on it."""
+    from pathlib import Path
+
+    from core.errors import InvalidInput
+
+    if not Path(playlist).is_file():
+        raise InvalidInput(
+            f"playlist {playlist} not found from {Path.cwd()}: run `episodic serve` in the "
+            "project folder or pass --playlist"
+        )
     setup = prefect_setup(pipeline, mode="serve")
     serve(*all_deployments(setup["timezone"], setup["pipeline"], playlist))
 

@@ -42,9 +42,27 @@ def project_directory() -> dict[str, str]:
     configured = os.environ.get("EPISODIC_PROJECT_DIR")
     folder = Path(configured).expanduser() if configured else Path(__file__).resolve().parents[1]
     if not (folder / "flows").is_dir():
-        raise FileNotFoundError(
+        message = (
             f"{folder} is not an episodic project folder (no flows/ in it): set "
             "EPISODIC_PROJECT_DIR in the worker's environment to the project folder"
         )
+        _fail_flow_run(message)
+        raise FileNotFoundError(message)
     os.chdir(folder)
     return {"directory": str(folder)}
+
+
+def _fail_flow_run(message: str) -> None:
+    """Put the reason on the flow run itself (the UI shows the state message), not only in
+    the worker's output: the pull step runs before the flow's logger exists."""
+    flow_run_id = os.environ.get("PREFECT__FLOW_RUN_ID")
+    if not flow_run_id:
+        return
+    try:
+        from prefect.client.orchestration import get_client
+        from prefect.states import Failed
+
+        with get_client(sync_client=True) as client:
+            client.set_flow_run_state(flow_run_id, Failed(message=message), force=True)
+    except Exception:  # the step fails anyway; the worker's output has the message
+        return

@@ -6,6 +6,7 @@ nothing shows the episode's cumulative paid calls and cost, and a finished episo
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -20,6 +21,18 @@ from sqlalchemy import Engine
 
 from pipeline.report import episode_report
 from pipeline.thumbnails import thumbnail_data_uri
+
+_MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~&])")
+
+
+def md_text(text: object, limit: int = 500) -> str:
+    """People's text shown inside Markdown (a reviewer's name, a note, a refusal that quotes
+    them) as plain text: one line, every Markdown and HTML character escaped, so nobody can
+    forge a heading, a link or an image (a tracking pixel) in an artifact or a form."""
+    flat = " ".join(str(text).split())
+    if len(flat) > limit:
+        flat = flat[:limit] + "…"
+    return _MARKDOWN_SPECIAL.sub(r"\\\1", flat)
 
 
 def artifact_key(episode_id: str, what: str) -> str:
@@ -88,8 +101,8 @@ def publish_decision(
     lines = [
         f"## Episode {episode_id}: {decision['decision']}",
         "",
-        f"- decided by: {decision['by']}",
-        f"- note: {decision.get('note') or '(none)'}",
+        f"- decided by: {md_text(decision['by'])}",
+        f"- note: {md_text(decision.get('note') or '(none)')}",
         f"- images: {decision.get('images', report['completed'])}",
         f"- paid calls: {report['paid_submissions']}, cost {report['cost']}",
         f"- episode state: {report['state']}",

@@ -143,6 +143,7 @@ def dispatch(
             parameters=parameters,
             timeout=0,
             tags=[fp_tag, req_tag],
+            flow_run_name=f"{command} {gate.episode_id}",
             idempotency_key=prefect_key,
             as_subflow=False,
         )

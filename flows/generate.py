@@ -10,6 +10,7 @@ calls and cost from the ledger, progress of the plan), not the last run.
 
 from __future__ import annotations
 
+from contextlib import suppress
 from functools import partial
 from typing import Annotated, Any
 
@@ -128,34 +129,39 @@ def _generate(
 
         engine.on_progress = on_progress
 
-    outcome = generate(
-        db,
-        settings,
-        name,
-        episode_id,
-        options,
-        PrefectSecretCredentials(),
-        idempotency_key=idempotency_key,
-        batch_id=batch_id,
-        allow_duplicate=allow_duplicate,
-        executor=partial(prefect_executor, storage=storage),
-        on_start=on_start,
-    )
+    report: dict[str, Any] | None = None
+    try:
+        outcome = generate(
+            db,
+            settings,
+            name,
+            episode_id,
+            options,
+            PrefectSecretCredentials(),
+            idempotency_key=idempotency_key,
+            batch_id=batch_id,
+            allow_duplicate=allow_duplicate,
+            executor=partial(prefect_executor, storage=storage),
+            on_start=on_start,
+        )
+    finally:  # the episode's artifacts, also when the run was cancelled or failed
+        with suppress(Exception):
+            report = publish_spend(db, name, episode_id)
     if outcome.deduplicated:
         logger.info(
             "deduplicated: run %s was already working on the same request; joined it",
             outcome.run_id,
         )
-    report = publish_spend(db, name, episode_id)
-    logger.info(
-        "%s; episode %s: %d of %d images done, %d paid calls, %s",
-        outcome.message,
-        episode_id,
-        report["completed"],
-        report["planned"],
-        report["paid_submissions"],
-        report["cost"],
-    )
+    logger.info(outcome.message)
+    if report is not None:
+        logger.info(
+            "episode %s: %d of %d images done, %d paid calls, %s",
+            episode_id,
+            report["completed"],
+            report["planned"],
+            report["paid_submissions"],
+            report["cost"],
+        )
     if outcome.exit_code != ExitCode.OK:
         raise GenerationFailed(outcome.message)
     return outcome.to_dict()

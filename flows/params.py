@@ -11,8 +11,9 @@ from typing import Annotated
 
 from pydantic import Field
 
-EPISODE_ID_PATTERN = r"^[0-9]{4}-W[0-9]{2}-(0|[1-9][0-9]{0,9})$"
-WEEK_PATTERN = r"^[0-9]{4}-W[0-9]{2}$"
+_WEEK = r"[0-9]{4}-W(0[1-9]|[1-4][0-9]|5[0-3])"  # W53 exists only in some years: parsed
+EPISODE_ID_PATTERN = rf"^{_WEEK}-(0|[1-9][0-9]{{0,9}})$"
+WEEK_PATTERN = rf"^{_WEEK}$"
 PIPELINE_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,62}$"
 
 EpisodeIdParam = Annotated[str, Field(pattern=EPISODE_ID_PATTERN, max_length=24)]

@@ -39,7 +39,7 @@ from core.errors import CommandNotAllowed, InvalidInput
 from core.ids import EpisodeId
 from core.money import format_minor
 from core.settings import load_settings
-from flows.artifacts import publish_assembly, publish_decision, publish_spend
+from flows.artifacts import md_text, publish_assembly, publish_decision, publish_spend
 from flows.params import EpisodeIdParam, PipelineParam, episode_run_name
 from pipeline.review import approval_digest, assemble, decide, review_set
 from pipeline.thumbnails import thumbnail_data_uri
@@ -95,7 +95,7 @@ def approval_form_description(
     paid, cost_minor, currency = store.episode_spend(pk)
     lines = []
     if refused:
-        lines += [f"> **Your last answer was not recorded:** {refused}", ""]
+        lines += [f"> **Your last answer was not recorded:** {md_text(refused)}", ""]
     lines += [
         f"## Approve episode {episode_id}",
         "",
@@ -138,6 +138,11 @@ def approval_step(
     state = _check_waiting(engine, episode_id, pipeline)
     review = ReviewStore(engine)
     pk = RunStore(engine).episode_pk(pipeline, episode_id)
+    tag = approval_tag(engine, pipeline, episode_id)
+    if state != "generated" and not _waited_here(tag):
+        # Decided before this run came (a duplicate dispatch, a retry of a run that never
+        # showed a form, a decision on the command line): follow it, show no empty form.
+        return _recorded_answer(review, pk, episode_id), None
     outputs = review_set(engine, pipeline, episode_id) if state == "generated" else []
     shown = {o["idempotency_key"]: o["output_sha256"] for o in outputs}
     if state in ("approved", "assembled"):  # decided before a retry: the same key again
@@ -145,7 +150,7 @@ def approval_step(
     if state == "generated" and not _claim_approval_wait(engine, pipeline, episode_id):
         return None, None
     digest = approval_digest(shown)
-    refused: str | None = None
+    refused = _outdated_answer(episode_id, digest)
     for attempt in range(MAX_ANSWERS):
         form = ApprovalInput.with_initial_data(
             description=approval_form_description(episode_id, pipeline, outputs, refused)
@@ -164,12 +169,65 @@ def approval_step(
             )
         except (InvalidInput, CommandNotAllowed) as exc:
             if isinstance(exc, CommandNotAllowed) and "changed since" not in str(exc):
-                raise  # decided elsewhere in a conflicting way: nothing to ask again
+                if review.state(pk) in DECIDED:  # decided elsewhere meanwhile: follow that
+                    get_run_logger().warning(
+                        "episode %s was decided elsewhere while the form waited; this answer "
+                        "(%s) was not recorded",
+                        episode_id,
+                        answer.decision,
+                    )
+                    return _recorded_answer(review, pk, episode_id), None
+                raise
             refused = str(exc)
             get_run_logger().warning("answer %d refused: %s", attempt + 1, refused)
             continue
         return answer, recorded
     raise InvalidInput(f"episode {episode_id}: {MAX_ANSWERS} answers refused; last: {refused}")
+
+
+DECIDED = ("approved", "rejected", "assembled")
+
+
+def _waited_here(tag: str) -> bool:
+    """This flow run is the one that showed the episode's form (it carries the tag)."""
+    context = FlowRunContext.get()
+    return bool(context and context.flow_run and tag in (context.flow_run.tags or []))
+
+
+def _recorded_answer(review: ReviewStore, pk: int, episode_id: str) -> ApprovalInput:
+    """The decision on record, as the form's answer (who decided, when, why)."""
+    state = review.state(pk)
+    decisions = review.approvals(pk)
+    last = decisions[-1] if decisions else {"by": "?", "note": None}
+    get_run_logger().info(
+        "episode %s is already %s (by %s): following that decision", episode_id, state, last["by"]
+    )
+    return ApprovalInput.model_construct(
+        decision="reject" if state == "rejected" else "approve",
+        reviewer=str(last["by"]),
+        note=str(last.get("note") or ""),
+    )
+
+
+def _outdated_answer(episode_id: str, digest: str) -> str | None:
+    """The reason to show when this run holds an answer to a form for other images (the
+    plan or an image changed while the form waited): that answer is not applied."""
+    context = FlowRunContext.get()
+    if context is None or context.flow_run is None:
+        return None
+    prefix = f"suspended-approval-{episode_id.lower()}-"  # Prefect's keyset of a suspend
+    with get_client(sync_client=True) as client:
+        inputs = client.filter_flow_run_input(context.flow_run.id, prefix, 200, set())
+    stale = [
+        i.key for i in inputs if i.key.endswith("-response") and f"-{digest[:16]}-" not in i.key
+    ]
+    if not stale:
+        return None
+    return (
+        "an answer was given to a form whose images have changed since (the episode was "
+        "re-planned or regenerated while the form waited); it was not applied: review the "
+        "images below"
+    )
 
 
 def _check_waiting(engine: Any, episode_id: str, pipeline: str) -> str:
@@ -239,6 +297,7 @@ def record_decision(
         episode_id,
         {"decision": answer.decision, "by": answer.reviewer, "note": answer.note},
     )
+    publish_spend(engine, pipeline, episode_id)  # the cost table shows the decided state
     return recorded
 
 

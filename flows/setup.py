@@ -55,7 +55,7 @@ def prefect_setup(
         _ensure_process_pool(work_pool)
     storage = check_result_storage(settings)  # a typo fails here, not mid-run
     if mode is not None:
-        _refuse_takeover(mode)
+        _refuse_takeover(mode, name)
     return {
         "pipeline": name,
         "timezone": config.timezone,
@@ -76,15 +76,28 @@ def _ensure_process_pool(name: str) -> None:
             client.create_work_pool(WorkPoolCreate(name=name, type="process"))
 
 
-def _refuse_takeover(mode: Mode) -> None:
+def _refuse_takeover(mode: Mode, pipeline: str) -> None:
     """`serve` and `prefect deploy` register the same names; each refuses to overwrite a
-    deployment the other one owns (served ones have no work pool)."""
+    deployment the other one owns (served ones have no work pool), or one registered for
+    another pipeline (its `pipeline:` tag)."""
     with get_client(sync_client=True) as client:
         for spec in deployment_specs():
             try:
                 existing = client.read_deployment_by_name(spec.full_name)
             except ObjectNotFound:
                 continue
+            other = [
+                t.split(":", 1)[1]
+                for t in existing.tags or []
+                if t.startswith("pipeline:") and t != f"pipeline:{pipeline}"
+            ]
+            if other:
+                raise ProviderConfigError(
+                    f"deployment {spec.full_name} is registered for pipeline {other[0]}; "
+                    f"registering pipeline {pipeline} would take it over: serve or deploy one "
+                    "pipeline per Prefect server, or remove it first with "
+                    f"`prefect deployment delete {spec.full_name}`"
+                )
             pool = existing.work_pool_name
             if mode == "serve" and pool:
                 raise ProviderConfigError(

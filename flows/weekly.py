@@ -15,11 +15,12 @@ from typing import Annotated, Any
 
 from prefect import flow
 from prefect.client.orchestration import get_client
+from prefect.client.schemas.schedules import CronSchedule
 from prefect.context import FlowRunContext
 from prefect.logging import get_run_logger
 from pydantic import Field
 
-from core.errors import NoInvocationIdentity
+from core.errors import NoInvocationIdentity, ScheduleOutOfDate
 from core.hints import surface
 from core.ids import WeekId
 from core.keys import derive_allocation_key
@@ -107,6 +108,7 @@ def _weekly(
     settings = load_settings()
     pipeline_name = validate_pipeline(pipeline or settings.pipeline)
     tz = pipeline_timezone(engine_for(settings), settings, pipeline_name)  # before allocating
+    _check_schedule_zone(pipeline_name, str(tz))
     invocation = current_invocation()
     key = derive_allocation_key(invocation, allocation_key)
     slot = None
@@ -136,6 +138,30 @@ def _weekly(
         assembled = assemble_step(episode_id, pipeline_name)
         logger.info("assembled %s: cover %s", episode_id, assembled["cover"])
     return decision_state(episode_id, answer, episode_id)
+
+
+def _check_schedule_zone(pipeline: str, recorded: str) -> None:
+    """A scheduled run refuses when its deployment's cron schedules are in another zone than
+    the pipeline's recorded one (`episodic pipelines set-timezone` without a redeploy)."""
+    context = FlowRunContext.get()
+    run = context.flow_run if context else None
+    if run is None or not run.auto_scheduled or run.deployment_id is None:
+        return
+    with get_client(sync_client=True) as client:
+        deployment = client.read_deployment(run.deployment_id)
+    zones = {
+        str(zone)
+        for schedule in deployment.schedules
+        if isinstance(schedule.schedule, CronSchedule)
+        and (zone := schedule.schedule.timezone) is not None
+    }
+    stale = sorted(zones - {recorded})
+    if stale:
+        raise ScheduleOutOfDate(
+            f"the schedules of deployment {deployment.name} run in {', '.join(stale)}, but "
+            f"pipeline {pipeline} is recorded in {recorded}: redeploy (`episodic serve` or "
+            "`prefect deploy --all`) so the slots fall in the right weeks"
+        )
 
 
 def _rename(name: str) -> None:

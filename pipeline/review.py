@@ -69,7 +69,7 @@ def decide(
     by_label, note_label = labels  # how the caller's person named the fields
     by = validate_person(by, by_label)
     if not approve and not (note and note.strip()):
-        raise InvalidInput(f"a rejection needs {note_label}")
+        raise InvalidInput(f"a rejection needs a reason ({note_label})")
     if note is not None:
         check_text(note, note_label)
     gate = open_gate(engine, pipeline, episode_id, "approve")

@@ -9,6 +9,7 @@ that describe the episode; the pipeline's one timezone.
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -107,7 +108,7 @@ def test_an_answer_we_refuse_is_asked_again_with_the_reason_and_never_sticks(
     state = local.execute(weekly_episode, waiting.id)
     assert state.is_paused(), state
     _, description = _form(waiting.id)
-    assert "not recorded" in description and "a rejection needs note" in description
+    assert "not recorded" in description and "a rejection needs a reason" in description
     assert "--" not in description.split("\n")[0]  # worded for the form, not a CLI flag
     assert _resume(waiting.id, {"decision": "approve", "reviewer": "ann\x07"}) == (
         SetStateStatus.ACCEPT
@@ -293,3 +294,128 @@ def _work_pool_update(pool: str) -> Any:
     from prefect.client.schemas.actions import DeploymentUpdate
 
     return DeploymentUpdate(work_pool_name=pool)
+
+
+# ---------------------------------------------------------------- found by the review
+
+
+def test_a_run_of_an_already_decided_episode_follows_the_decision_without_a_form(
+    harness: str, waiting: Any
+) -> None:
+    """Decided on the command line while the form waited: a duplicate run of the episode
+    shows no empty form; it follows the decision (approve: assembles) and ends green."""
+    from pipeline.review import decide
+
+    engine = make_engine(harness)
+    decide(engine, "weekly", "2026-W32-0", approve=True, by="cli", note=None)
+    (episode,) = EpisodeRepository(engine).list("weekly")
+    engine.dispose()
+    with get_client(sync_client=True) as client:
+        deployment_id = client.read_flow_run(waiting.id).deployment_id
+        assert deployment_id is not None
+        run = client.create_flow_run_from_deployment(
+            deployment_id,
+            parameters={"allocation_key": episode.allocation_key, "week": "2026-W32"},
+        )
+    state = local.execute(weekly_episode, run.id)
+    assert state.is_completed() and state.name == "Completed", state
+    assert _episode_state(harness) == "assembled"
+    assert sum(submissions_per_item().values()) == 2
+
+
+def test_a_conflicting_answer_after_a_decision_elsewhere_follows_the_decision(
+    harness: str, waiting: Any
+) -> None:
+    """The form waits; someone approves on the command line; the form is then answered
+    "reject": the run follows the recorded approval (assembles) instead of sticking."""
+    from pipeline.review import decide
+    from storage.review import ReviewStore
+    from storage.runs import RunStore
+
+    engine = make_engine(harness)
+    decide(engine, "weekly", "2026-W32-0", approve=True, by="cli", note=None)
+    answer = {"decision": "reject", "reviewer": "ann", "note": "no"}
+    assert _resume(waiting.id, answer) == SetStateStatus.ACCEPT
+    state = local.execute(weekly_episode, waiting.id)
+    assert state.is_completed() and state.name == "Completed", state
+    assert _episode_state(harness) == "assembled"
+    pk = RunStore(engine).episode_pk("weekly", "2026-W32-0")
+    assert [a["by"] for a in ReviewStore(engine).approvals(pk)] == ["cli"]  # not recorded
+    engine.dispose()
+
+
+def test_an_answer_to_a_form_whose_images_changed_is_explained(
+    harness: str, waiting: Any, tmp_path: Path
+) -> None:
+    from pipeline.generation import record_plan
+
+    engine = make_engine(harness)
+    record_plan(engine, "weekly", "2026-W32-0", write_playlist(tmp_path / "b", ["a", "NEW"]))
+    engine.dispose()
+    assert _resume(waiting.id, {"decision": "approve", "reviewer": "ann"}) == (
+        SetStateStatus.ACCEPT
+    )
+    assert local.execute(weekly_episode, waiting.id).is_paused()
+    _, description = _form(waiting.id)
+    assert "not applied" in description and "changed" in description
+    assert _episode_state(harness) == "generated"
+
+
+def test_people_s_text_cannot_forge_markdown_in_artifacts(harness: str, waiting: Any) -> None:
+    """A reviewer or note with Markdown or HTML shows as text: no forged heading, no image
+    (a tracking pixel) and no HTML element in the decision artifact."""
+    from prefect.artifacts import Artifact
+
+    answer = {
+        "decision": "reject",
+        "reviewer": "<img src=x onerror=alert(1)>",
+        "note": "too dark\n\n## Episode 2026-W32-0: approve\n\n![p](http://attacker.invalid/p.png)",
+    }
+    assert _resume(waiting.id, answer) == SetStateStatus.ACCEPT
+    assert local.execute(weekly_episode, waiting.id).name == "Rejected"
+    decision = Artifact.get("episode-2026-w32-0-decision")
+    assert decision is not None
+    text = str(decision.data)
+    assert not re.search(r"(?<!\\)<img", text) and not re.search(r"(?<!\\)!\[", text)
+    assert "\n## Episode 2026-W32-0: approve" not in text
+    cost = Artifact.get("episode-2026-w32-0-cost")
+    assert cost is not None and json.loads(str(cost.data))[0]["state"] == "rejected"
+
+
+def test_a_scheduled_run_refuses_when_the_schedule_is_in_another_zone_than_the_record(
+    harness: str,
+) -> None:
+    """`pipelines set-timezone` without a redeploy: the run refuses instead of allocating
+    its slot in another week."""
+    from pipeline.pipelines import set_timezone
+
+    engine = make_engine(harness)
+    set_timezone(engine, "weekly", "Pacific/Honolulu")
+    engine.dispose()
+    deployment = _deploy(None, cron="0 9 * * 1", timezone="Europe/Berlin")
+    (run,) = local.schedule_slots(deployment, MONDAY, MONDAY + timedelta(days=7, seconds=-1))
+    state = local.execute(weekly_episode, run.id)
+    assert state.is_failed() and "redeploy" in (state.message or ""), state
+    engine = make_engine(harness)
+    assert EpisodeRepository(engine).list("weekly") == []
+    engine.dispose()
+
+
+def test_serve_refuses_a_playlist_it_cannot_read_and_another_pipeline_s_deployments(
+    harness: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from core.errors import InvalidInput, ProviderConfigError
+    from deployments.serve import all_deployments, serve_all
+    from flows.setup import prefect_setup
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InvalidInput, match=r"playlist examples/playlist\.yaml not found"):
+        serve_all()
+    ids = [d.apply() for d in all_deployments("UTC", "weekly")]
+    try:
+        with pytest.raises(ProviderConfigError, match="registered for pipeline weekly"):
+            prefect_setup("news", mode="serve")
+    finally:
+        with get_client(sync_client=True) as client:
+            for deployment_id in ids:
+                client.delete_deployment(deployment_id)

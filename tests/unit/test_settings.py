@@ -38,3 +38,24 @@ def test_bad_values_name_the_variable(
     monkeypatch.setenv(name, value)
     with pytest.raises(InvalidInput, match=message):
         load_settings()
+
+
+@pytest.mark.parametrize("name", ["localtime", "Factory", "posixrules", "../../etc/passwd", ""])
+def test_host_dependent_and_unknown_zones_are_refused(name: str) -> None:
+    from core.settings import load_timezone
+
+    with pytest.raises(InvalidInput, match="unknown timezone"):
+        load_timezone(name)
+
+
+def test_flow_parameter_patterns_refuse_impossible_weeks() -> None:
+    import re
+
+    from flows.params import EPISODE_ID_PATTERN, WEEK_PATTERN
+
+    assert re.match(WEEK_PATTERN, "2026-W01") and re.match(WEEK_PATTERN, "2026-W53")
+    for bad in ("2026-W00", "2026-W54", "2026-W99", "2026-W1"):
+        assert not re.match(WEEK_PATTERN, bad), bad
+    assert re.match(EPISODE_ID_PATTERN, "2026-W32-10")
+    assert not re.match(EPISODE_ID_PATTERN, "2026-W99-0")
+    assert not re.match(EPISODE_ID_PATTERN, "2026-W32-01")
