@@ -112,9 +112,7 @@ def bench_makespan(tmp: Path, skip_flow: bool) -> None:
     env = _env(home, None, EPISODIC_FAKE_DELAY_MS=str(latency_ms), PREFECT_HOME=str(prefect_home))
     code = (
         "import tasks, time\n"
-        "from flows.limits import ensure_provider_limit\n"
         "from flows.generate import generate_episode\n"
-        f"ensure_provider_limit('fake', {concurrency})\n"
         "t = time.perf_counter()\n"
         f"generate_episode(episode_id='{episode}', concurrency={concurrency})\n"
         "print(time.perf_counter() - t)\n"

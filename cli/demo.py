@@ -88,13 +88,11 @@ def demo(
 def _paid_story(episodes: list[str], pipeline: str) -> dict[str, Any]:
     from core.money import format_minor
     from flows.generate import generate_episode
-    from flows.limits import ensure_provider_limit
     from pipeline.check import check_episodes
     from pipeline.review import assemble, decide
     from storage.episodes import EpisodeRepository
     from storage.runs import RunStore
 
-    ensure_provider_limit("fake", 8)
     steps = []
     for label, episode_id in [("generate", e) for e in episodes] + [
         ("generate again", episodes[0])

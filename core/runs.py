@@ -99,7 +99,8 @@ class Claim:
 @dataclass(frozen=True, slots=True)
 class Refusal:
     """Why an item could not be claimed: ``done`` (completed), ``busy`` (another live holder,
-    `holder_run`), ``exhausted`` (out of retries) or ``stopped`` (the run is no longer running).
+    `holder_run`), ``exhausted`` (out of retries), ``stopped`` (the run is no longer running)
+    or ``throttled`` (the provider profile's limit of items in flight is reached: try later).
     """
 
     reason: str

@@ -141,7 +141,13 @@ def _generate(
             idempotency_key=idempotency_key,
             batch_id=batch_id,
             allow_duplicate=allow_duplicate,
-            executor=partial(prefect_executor, storage=storage),
+            executor=partial(
+                prefect_executor,
+                storage=storage,
+                pipeline=name,
+                episode_id=prepared.gate.episode_id,
+                options=options,
+            ),
             on_start=on_start,
         )
     finally:  # the episode's artifacts, also when the run was cancelled or failed

@@ -17,7 +17,6 @@ from prefect.exceptions import ObjectNotFound
 from core.errors import ProviderConfigError
 from core.settings import Settings, load_settings, validate_pipeline
 from deployments.spec import WORK_POOL, deployment_specs, project_version
-from flows.limits import ensure_provider_limit
 from pipeline.pipelines import pipeline_config
 from providers.profiles import load_profiles
 from storage.registry import engine_for
@@ -43,14 +42,10 @@ def prefect_setup(
     settings = settings or load_settings()
     name = validate_pipeline(pipeline or settings.pipeline)
     config = pipeline_config(engine_for(settings), settings, name)
-    limits = []
-    for profile in load_profiles(settings.providers_path).values():
-        limits.append(
-            {
-                "name": ensure_provider_limit(profile.id, profile.max_concurrency),
-                "limit": profile.max_concurrency,
-            }
-        )
+    limits = [  # enforced by the claims in the database (no Prefect limit to create)
+        {"profile": profile.id, "limit": profile.max_concurrency}
+        for profile in load_profiles(settings.providers_path).values()
+    ]
     if work_pool:
         _ensure_process_pool(work_pool)
     storage = check_result_storage(settings)  # a typo fails here, not mid-run

@@ -70,10 +70,16 @@ def new_owner() -> str:
 
 
 class ItemJob(Protocol):
-    """What an executor drives: claim an item (None: not ours to do now), then run it."""
+    """What an executor drives: claim an item (None: not ours to do now), then run it.
+
+    After a None, `throttled` says whether the item was refused only because the provider's
+    limit of items in flight is reached: the executor keeps it and asks again once a slot
+    may have freed, instead of moving on.
+    """
 
     run_id: str
     owner: str
+    throttled: bool
 
     @property
     def profile_id(self) -> str: ...
@@ -85,6 +91,8 @@ class ItemJob(Protocol):
     def run(self, claim: Claim) -> str: ...
 
     def abandon(self, claim: Claim, reason: str = ...) -> None: ...
+
+    def release(self, claim: Claim) -> None: ...
 
 
 class ItemExecutor(Protocol):
@@ -100,6 +108,29 @@ class ItemExecutor(Protocol):
     ) -> None: ...
 
 
+THROTTLE_POLL_S = 0.25  # how often a throttled executor asks again for a provider slot
+
+
+def claim_next(
+    queue: deque[Item], job: ItemJob, stop: threading.Event, room: int
+) -> tuple[list[tuple[Item, Claim]], bool]:
+    """Claim up to `room` items from the front of `queue` (the executors' one dispatch rule).
+
+    Returns the claims and whether the provider's limit stopped it: the throttled item goes
+    back to the front of the queue, so it is asked for again before any later item.
+    """
+    claimed: list[tuple[Item, Claim]] = []
+    while queue and len(claimed) < room and not stop.is_set():
+        item = queue.popleft()
+        claim = job.claim(item)
+        if claim is not None:
+            claimed.append((item, claim))
+        elif job.throttled:
+            queue.appendleft(item)
+            return claimed, True
+    return claimed, False
+
+
 def thread_pool_executor(
     items: Sequence[Item],
     job: ItemJob,
@@ -113,14 +144,21 @@ def thread_pool_executor(
         queue = deque(items)
         try:
             while queue or pending:
-                while queue and len(pending) < concurrency and not stop.is_set():
-                    item = queue.popleft()
-                    claim = job.claim(item)
-                    if claim is not None:
-                        pending[pool.submit(job.run, claim)] = item
-                if not pending:
+                claimed, throttled = claim_next(queue, job, stop, concurrency - len(pending))
+                for item, claim in claimed:
+                    pending[pool.submit(job.run, claim)] = item
+                if stop.is_set() and not pending:
                     break
-                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                if not pending:
+                    if not (queue and throttled):
+                        break
+                    stop.wait(THROTTLE_POLL_S)  # every slot is another run's: wait for one
+                    continue
+                done, _ = wait(
+                    pending,
+                    timeout=THROTTLE_POLL_S if throttled else None,
+                    return_when=FIRST_COMPLETED,
+                )
                 for future in done:
                     progress(pending.pop(future), future.result())
         except BaseException:
@@ -160,7 +198,8 @@ class _Job:
     run_id: str
     owner: str
     options: RunOptions
-    allow_retry: bool = True
+    no_retry: set[int] = field(default_factory=set)  # items followed after another holder
+    throttled: bool = False
     busy: dict[int, str] = field(default_factory=dict)
     followed: set[str] = field(default_factory=set)
     claims: dict[int, Claim] = field(default_factory=dict)
@@ -179,8 +218,10 @@ class _Job:
             lease_s=self.options.lease_s,
             max_attempts=self.options.max_attempts,
             profile=engine.profile.id,
-            allow_retry=self.allow_retry,
+            provider_limit=engine.profile.max_concurrency,
+            allow_retry=item.pk not in self.no_retry,
         )
+        self.throttled = isinstance(got, Refusal) and got.reason == "throttled"
         if isinstance(got, Claim):
             with self.guard:
                 self.claims[item.pk] = got
@@ -195,6 +236,8 @@ class _Job:
                 self.followed.add(refusal.holder_run)
         elif refusal.reason == "stopped":
             self.engine.stop.set()
+        elif refusal.reason == "throttled":
+            pass  # the executor keeps the item and asks again
         else:  # done, exhausted, failed: nothing for this process to do
             self.engine.on_progress(item, "completed" if refusal.reason == "done" else "skipped")
 
@@ -214,6 +257,12 @@ class _Job:
             self.claims.pop(claim.item.pk, None)
         self.engine.withdraw_unsent(claim)
         self.engine.claims.release(claim, reason)
+
+    def release(self, claim: Claim) -> None:
+        """Free a claim whose worker ended without finishing (a lost Dask worker, a crashed
+        task): the item becomes failed and resumable; an intent it may have sent stays open
+        and is reconciled by the next claim, never resubmitted."""
+        self.engine.claims.release(claim, INTERRUPTED)
 
     def abandon_untaken(self) -> None:
         """Claims made but never run (a cancelled future, a task that never started)."""
@@ -260,7 +309,7 @@ class RunEngine:
                 if self.stop.is_set() or not job.busy:
                     break
                 # Follow items held by other live claims: finished, taken over, or given up.
-                job.allow_retry = False
+                job.no_retry.update(job.busy)
                 waiting = set(job.busy)
                 items = [it for it in items if it.pk in waiting]
                 self.stop.wait(self.follow_poll_s)

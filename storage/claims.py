@@ -24,6 +24,7 @@ from sqlalchemy import (
     and_,
     delete,
     exists,
+    func,
     insert,
     select,
     true,
@@ -65,16 +66,24 @@ class ClaimStore:
         lease_s: float,
         max_attempts: int,
         profile: str,
+        provider_limit: int | None = None,
         allow_retry: bool = True,
     ) -> Claim | Refusal:
         """Claim the item for `owner` (and intend a paid call if one is due), atomically.
 
         Refusals: ``stopped`` (the run is not running: cancelled or paused), ``done``,
         ``busy`` (another owner's lease is live), ``exhausted`` (``max_attempts`` paid
-        calls made and none open) and, with ``allow_retry=False`` (a run following another
-        run's work), ``failed`` (its holder gave it up: not retried by a follower).
+        calls made and none open), ``throttled`` (`provider_limit` items of `profile` are
+        already running with a live lease, in any run, process or machine) and, with
+        ``allow_retry=False`` (a run following another run's work), ``failed`` (its holder
+        gave it up: not retried by a follower).
+
+        The provider limit is counted under a lock per profile (a Postgres advisory lock;
+        SQLite's write lock), so concurrent claimers never both take the last slot; a
+        killed holder's slot frees when its lease expires.
         """
-        with tx.write(self.engine) as conn:
+        lock = f"provider:{profile}" if provider_limit is not None else None
+        with tx.write(self.engine, lock=lock) as conn:
             now = utcnow()  # read with the write lock held (a waited-for lock ages a lease)
             run_state = conn.execute(select(_runs.c.state).where(_runs.c.id == run_id)).scalar()
             if run_state != RunState.RUNNING:
@@ -95,6 +104,10 @@ class ClaimStore:
                 return Refusal("exhausted")
             if sub is None and not allow_retry and row.state == ItemState.FAILED:
                 return Refusal("failed", row.claim_run_id)
+            if provider_limit is not None and _in_flight(conn, profile, item_pk, now) >= max(
+                1, provider_limit
+            ):
+                return Refusal("throttled")
             conn.execute(
                 update(_items)
                 .where(_items.c.id == item_pk)
@@ -102,6 +115,7 @@ class ClaimStore:
                     state=ItemState.RUNNING,
                     claim_owner=owner,
                     claim_run_id=run_id,
+                    claim_profile=profile,
                     lease_expires_at=now + timedelta(seconds=lease_s),
                     started_at=now,
                     finished_at=None,
@@ -129,6 +143,32 @@ class ClaimStore:
             if held is None:
                 return None
             return _intend(conn, claim.item, claim.run_id, profile, forced=forced)
+
+    def load_claim(
+        self, item_pk: int, run_id: str, owner: str, action: str, submission_pk: int | None
+    ) -> Claim | None:
+        """The claim another process made, rebuilt from the database by ids (an item task
+        on a Dask worker or another machine works the claim its flow made). None when the
+        item is no longer held by `owner` under a live lease (cancelled, taken over)."""
+        now = utcnow()
+        with tx.read(self.engine) as conn:
+            row = conn.execute(
+                select(_items).where(
+                    _items.c.id == item_pk,
+                    _items.c.claim_owner == owner,
+                    _items.c.state == ItemState.RUNNING,
+                    _items.c.lease_expires_at > now,
+                )
+            ).first()
+            if row is None:
+                return None
+            submission = None
+            if submission_pk is not None:
+                sub = conn.execute(select(_subs).where(_subs.c.id == submission_pk)).first()
+                if sub is None or sub.item_pk != item_pk:
+                    return None
+                submission = _submission(sub)
+        return Claim(item_from_row(row), run_id, owner, action, submission)
 
     def still_holds(self, claim: Claim) -> bool:
         """The claim is ours, live, and its run is running (checked before paid calls)."""
@@ -316,6 +356,22 @@ class ClaimStore:
         except _Lost:
             return False
         return True
+
+
+def _in_flight(conn: Connection, profile: str, item_pk: int, now: datetime) -> int:
+    """Items of `profile` running under a live lease (the slots taken), other than this one."""
+    return int(
+        conn.execute(
+            select(func.count())
+            .select_from(_items)
+            .where(
+                _items.c.claim_profile == profile,
+                _items.c.state == ItemState.RUNNING,
+                _items.c.lease_expires_at > now,
+                _items.c.id != item_pk,
+            )
+        ).scalar_one()
+    )
 
 
 def _holds(claim: Claim, now: datetime) -> ColumnElement[bool]:

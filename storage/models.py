@@ -139,12 +139,18 @@ class ItemRow(Base):
     # The claim (DESIGN 5): only the holder may submit; liveness is "lease not expired".
     claim_owner: Mapped[str | None] = mapped_column(String(64), index=True)
     claim_run_id: Mapped[str | None] = mapped_column(String(36))
+    # The provider profile a running item holds a slot of (the cross-process provider limit:
+    # running items with a live lease, per profile; a dead holder's slot frees with its lease).
+    claim_profile: Mapped[str | None] = mapped_column(String(64))
     lease_expires_at: Mapped[datetime | None] = mapped_column()
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column()
     finished_at: Mapped[datetime | None] = mapped_column()
 
-    __table_args__ = (Index("ix_items_state_lease", "state", "lease_expires_at"),)
+    __table_args__ = (
+        Index("ix_items_state_lease", "state", "lease_expires_at"),
+        Index("ix_items_claim_profile_state", "claim_profile", "state"),
+    )
 
 
 class RunItemRow(Base):

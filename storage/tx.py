@@ -10,12 +10,19 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Table
+from sqlalchemy import Connection, Engine, Table, text
 
 
 @contextmanager
-def write(engine: Engine) -> Iterator[Connection]:
+def write(engine: Engine, lock: str | None = None) -> Iterator[Connection]:
+    """A write transaction; with `lock`, also serialized with every other transaction that
+    names it (Postgres: an advisory transaction lock taken first; SQLite: its write lock
+    already serializes every writer)."""
     with engine.connect().execution_options(sqlite_begin="IMMEDIATE") as conn, conn.begin():
+        if lock is not None and conn.dialect.name == "postgresql":
+            from storage.lock import advisory_key
+
+            conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": advisory_key(lock)})
         yield conn
 
 

@@ -1,13 +1,18 @@
 """Prefect tasks for paid items: the same engine step as the CLI, cached by idempotency key.
 
-`generate_item` caches its result under ``generate-item:{idempotency key}`` with results
-persisted in `result_storage` (EPISODIC_RESULT_STORAGE, else EPISODIC_HOME/results), so a
-retried or re-created flow run skips an item that already finished without asking the
-database or the provider. Only a completed item returns:
-any other outcome raises, so it is never cached. Each paid step holds a slot of the
-provider's global concurrency limit (strict: a missing limit is an error). Items are claimed
-(`storage.claims`) before their task is created: an item held by another run is followed by
-the engine, not run as a task that would fail.
+`generate_item` caches its result under ``generate-item:{idempotency key}:{ledger row}``
+with results persisted in `result_storage` (EPISODIC_RESULT_STORAGE, else
+EPISODIC_HOME/results), so a retried or re-created flow run skips an item that already
+finished without asking the database or the provider. Only a completed item returns: any
+other outcome raises, so it is never cached.
+
+Items run anywhere. The flow claims each item (`storage.claims`) before its task exists (an
+item held by another run is followed by the engine, not run as a task that would fail), and
+the task carries only ids: it rebuilds the claim and its engine from the database and the
+environment (EPISODIC_DATABASE_URL, the provider profile, its credential), so it runs the same
+in the flow's threads, on a Dask worker, or on another machine. The provider's limit of items
+in flight is part of the claim (a slot is a running item with a live lease, counted per
+profile across every run and process), so no Prefect concurrency slot is taken per item.
 """
 
 from __future__ import annotations
@@ -19,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 from prefect import task
-from prefect.concurrency.sync import concurrency as concurrency_slot
 from prefect.context import TaskRunContext
 from prefect.exceptions import ObjectNotFound
 from prefect.filesystems import WritableFileSystem
@@ -28,19 +32,16 @@ from prefect.futures import PrefectFuture, as_completed
 from core.errors import ProviderConfigError
 from core.runs import Item
 from core.settings import Settings, load_settings
-from pipeline.engine import ItemJob
+from pipeline.engine import THROTTLE_POLL_S, ItemJob, RunEngine, claim_next
+from pipeline.runs import RunOptions
 from providers.profiles import Profile
 
-_jobs: dict[str, ItemJob] = {}
+_engines: dict[tuple[str, str, str], RunEngine] = {}  # a cache rebuilt from ids, per process
 _guard = threading.Lock()
 
 
 class ItemNotCompleted(Exception):
     """The item did not complete in this attempt (failed, unknown outcome, interrupted)."""
-
-
-def provider_limit_name(profile_id: str) -> str:
-    return f"episodic-provider-{profile_id}"
 
 
 def item_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
@@ -53,6 +54,29 @@ def item_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
     return f"{context.task.name}:{parameters['idempotency_key']}:{parameters['ledger_ref']}"
 
 
+def item_engine(pipeline: str, episode_id: str) -> RunEngine:
+    """This process's engine for the episode, built from the environment on first use: the
+    gate, the recorded plan's provider profile and a provider with its credential."""
+    from pipeline.generation import prepare, run_engine
+    from storage.registry import engine_for
+
+    settings = load_settings()
+    key = (settings.url, pipeline, episode_id)
+    with _guard:
+        cached = _engines.get(key)
+    if cached is not None:
+        return cached
+    db = engine_for(settings)
+    built = run_engine(
+        db,
+        settings,
+        prepare(db, settings, pipeline, episode_id, "generate"),
+        PrefectSecretCredentials(),
+    )
+    with _guard:
+        return _engines.setdefault(key, built)
+
+
 @task(
     name="generate-item",
     cache_key_fn=item_cache_key,
@@ -61,22 +85,22 @@ def item_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
     task_run_name="item {item_id}",
 )
 def generate_item(
-    owner: str, item_pk: int, item_id: str, idempotency_key: str, ledger_ref: str, profile: str
+    work: dict[str, Any], item_id: str, idempotency_key: str, ledger_ref: str
 ) -> dict[str, str]:
-    """Work one item this process has already claimed (the claim is made before the task
-    exists, so an item another run holds never shows up as a task here)."""
-    with _guard:
-        job = _jobs[owner]
-    claim = job.take(item_pk)
-    started = False
-    try:
-        with concurrency_slot(provider_limit_name(profile), occupy=1, strict=True):
-            started = True
-            outcome = job.run(claim)
-    except BaseException:
-        if not started:  # no slot (a missing limit, a cancel while waiting): nothing was sent
-            job.abandon(claim, "not started: no provider slot")
-        raise
+    """Work one item the flow has claimed, wherever this task runs.
+
+    `work` holds ids only: ``{pipeline, episode_id, run_id, owner, item_pk, action,
+    submission_pk, options}`` (options as `RunOptions.params()`). Raises `ItemNotCompleted`
+    when the item did not complete (the claim was lost, the call failed, or its acceptance
+    is unknown: it is reconciled later, never resubmitted).
+    """
+    engine = item_engine(work["pipeline"], work["episode_id"])
+    claim = engine.claims.load_claim(
+        work["item_pk"], work["run_id"], work["owner"], work["action"], work["submission_pk"]
+    )
+    if claim is None:  # cancelled, paused or taken over since the flow claimed it
+        raise ItemNotCompleted(f"item {item_id}: no longer held by this run")
+    outcome = engine.process(claim, RunOptions.from_params(work["options"]))
     if outcome != "completed":
         raise ItemNotCompleted(f"item {item_id}: {outcome}")
     return {"item_id": item_id, "idempotency_key": idempotency_key, "outcome": outcome}
@@ -120,35 +144,52 @@ def prefect_executor(
     stop: threading.Event,
     progress: Callable[[Item, str], None],
     storage: str | Path | None = None,
+    *,
+    pipeline: str,
+    episode_id: str,
+    options: RunOptions,
 ) -> None:
     """Claims each item, then runs it as a `generate_item` task, `concurrency` at a time,
-    with results in `storage` (default: `result_storage` of the current settings)."""
-    profile = job.profile_id
+    with results in `storage` (default: `result_storage` of the current settings), on the
+    flow's task runner (threads, or Dask workers anywhere)."""
     item_task = generate_item.with_options(
         result_storage=storage or result_storage(load_settings())
     )
-    with _guard:
-        _jobs[job.owner] = job
+    params = options.params()
     queue = deque(items)
-    running: dict[PrefectFuture[dict[str, str]], Item] = {}
+    running: dict[PrefectFuture[dict[str, str]], tuple[Item, Any]] = {}
     try:
         while queue or running:
-            while queue and len(running) < concurrency and not stop.is_set():
-                item = queue.popleft()
-                if job.claim(item) is None:
-                    continue
-                future = item_task.submit(
-                    job.owner, item.pk, item.item_id, item.idempotency_key, item.ledger_ref, profile
-                )
-                running[future] = item
+            claimed, throttled = claim_next(queue, job, stop, concurrency - len(running))
+            for item, claim in claimed:
+                job.take(item.pk)  # the task works it from the database by ids
+                work = {
+                    "pipeline": pipeline,
+                    "episode_id": episode_id,
+                    "run_id": job.run_id,
+                    "owner": job.owner,
+                    "item_pk": item.pk,
+                    "action": claim.action,
+                    "submission_pk": claim.submission.pk if claim.submission else None,
+                    "options": params,
+                }
+                future = item_task.submit(work, item.item_id, item.idempotency_key, item.ledger_ref)
+                running[future] = (item, claim)
             if not running:
-                break
-            future = next(as_completed(list(running)))  # refill as soon as any one finishes
-            item = running.pop(future)
-            progress(item, "completed" if future.state.is_completed() else "failed")
-    finally:
-        with _guard:
-            _jobs.pop(job.owner, None)
+                if not (queue and throttled) or stop.is_set():
+                    break
+                stop.wait(THROTTLE_POLL_S)  # every slot is another run's: wait for one
+                continue
+            # Refill as soon as any one finishes (when throttled, that also frees a slot).
+            future = next(as_completed(list(running)))
+            item, claim = running.pop(future)
+            completed = future.state.is_completed()
+            if not completed:  # the task ended early (lost worker): free its claim; an
+                job.release(claim)  # intent it may have sent is reconciled, never resent
+            progress(item, "completed" if completed else "failed")
+    except BaseException:  # the engine pauses the run and releases this owner's claims
+        stop.set()
+        raise
 
 
 class PrefectSecretCredentials:

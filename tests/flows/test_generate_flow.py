@@ -12,7 +12,6 @@ from sqlalchemy import create_engine
 
 from core.ids import WeekId
 from flows.generate import generate_episode
-from flows.limits import ensure_provider_limit
 from pipeline.allocation import allocate
 from pipeline.generation import record_plan
 from tasks.generate import generate_item
@@ -24,7 +23,6 @@ pytestmark = pytest.mark.slow
 @pytest.fixture
 def episode(harness: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.setenv("EPISODIC_FAKE_PROVIDER_LOG", str(tmp_path / "provider.jsonl"))
-    ensure_provider_limit("fake", 8)
     engine = create_engine(harness)
     episode_id = str(
         allocate(
@@ -87,7 +85,8 @@ def test_a_finished_item_is_a_cache_hit_without_the_database_or_provider(
 
         key, ledger_ref = _only_item(harness)
         item = generate_item.with_options(result_storage=result_storage(load_settings()))
-        return item("no-owner", -1, "v01.p1", key, ledger_ref, "fake", return_state=True)
+        work = {"item_pk": -1, "owner": "no-owner"}  # never read: the cache answers
+        return item(work, "v01.p1", key, ledger_ref, return_state=True)
 
     state = recreated()
     assert state.name == "Cached"
@@ -141,7 +140,6 @@ def test_the_flow_reads_the_credential_from_a_secret_block_and_pays_over_http(
         )
         monkeypatch.setenv("EPISODIC_PROVIDERS_FILE", str(profiles))
         Secret(value=TOKEN).save("episodic-test-token", overwrite=True)
-        ensure_provider_limit("http-secret", 2)
         engine = create_engine(harness)
         episode_id = str(
             allocate(engine, "weekly", WeekId.parse("2026-W32"), "secret").episode.episode_id

@@ -21,7 +21,6 @@ from prefect.client.schemas.responses import SetStateStatus
 from prefect.schedules import Cron
 
 from flows import local
-from flows.limits import ensure_provider_limit
 from flows.weekly import weekly_episode
 from storage.engine import make_engine
 from storage.episodes import EpisodeRepository
@@ -43,7 +42,6 @@ def _deploy(playlist: Path | None, cron: str = "0 9 * * 1", timezone: str = "UTC
 def waiting(harness: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     """A weekly slot run suspended at its approval form (two images paid)."""
     monkeypatch.setenv("EPISODIC_FAKE_PROVIDER_LOG", str(tmp_path / "provider.jsonl"))
-    ensure_provider_limit("fake", 8)
     deployment = _deploy(write_playlist(tmp_path / "pl", ["a", "b"]))
     (run,) = local.schedule_slots(deployment, MONDAY, MONDAY + timedelta(days=7, seconds=-1))
     state = local.execute(weekly_episode, run.id)
@@ -266,7 +264,7 @@ def test_setup_is_idempotent_and_serve_and_deploy_never_take_over_each_other(
     monkeypatch.setenv("EPISODIC_TIMEZONE", "Europe/Berlin")
     first = prefect_setup(mode="serve")
     assert first["timezone"] == "Europe/Berlin" and first == prefect_setup(mode="serve")
-    assert {"name": "episodic-provider-fake", "limit": 8} in first["limits"]
+    assert {"profile": "fake", "limit": 8} in first["limits"]
     served = all_deployments(first["timezone"])
     ids = [deployment.apply() for deployment in served]
     try:

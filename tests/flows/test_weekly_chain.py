@@ -17,7 +17,6 @@ from prefect.flow_runs import resume_flow_run
 from prefect.schedules import Cron
 
 from flows import local
-from flows.limits import ensure_provider_limit
 from flows.weekly import weekly_episode
 from storage.engine import make_engine
 from storage.episodes import EpisodeRepository
@@ -29,7 +28,6 @@ pytestmark = pytest.mark.slow
 @pytest.fixture
 def suspended(harness: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setenv("EPISODIC_FAKE_PROVIDER_LOG", str(tmp_path / "provider.jsonl"))
-    ensure_provider_limit("fake", 8)
     playlist = write_playlist(tmp_path / "pl", ["a", "b"])
     name = f"chain-{uuid4().hex[:8]}"
     deployment = local.apply_deployment(

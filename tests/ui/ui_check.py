@@ -143,11 +143,9 @@ def suspend_a_run_at_its_approval_form(work: Path) -> tuple[str, int, list[str]]
     from prefect.schedules import Cron
 
     from flows import local
-    from flows.limits import ensure_provider_limit
     from flows.weekly import weekly_episode
     from tests.generation import write_playlist
 
-    ensure_provider_limit("fake", 8)
     playlist = write_playlist(work / "playlist", TITLES)
     schedule = Cron("0 9 * * 1", timezone="UTC", slug="ui-check-slot")
     deployment = local.apply_deployment(

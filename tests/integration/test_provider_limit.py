@@ -1,0 +1,112 @@
+"""The provider's limit of items in flight holds across runs, processes and machines, and a
+killed holder's capacity comes back by itself (issue 11).
+
+Counted where the money is spent: the fake provider's own log, a job being in flight from
+its creation to its collection.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine
+
+from core.ids import WeekId
+from pipeline.allocation import allocate
+from tests.generation import Episode, jobs_per_key, provider_log, write_playlist
+from tests.integration import race_workers as w
+
+pytestmark = pytest.mark.slow
+
+LIMIT = 3
+
+
+def _profiles(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, delay_ms: int) -> None:
+    path = tmp_path / "providers.yaml"
+    path.write_text(
+        "profiles:\n  limited:\n    kind: fake\n    cost_per_image_minor: 4\n"
+        f"    max_concurrency: {LIMIT}\n    delay_ms: {delay_ms}\n"
+    )
+    monkeypatch.setenv("EPISODIC_PROVIDERS_FILE", str(path))
+    monkeypatch.setenv("EPISODIC_FAKE_PROVIDER_LOG", str(tmp_path / "provider.jsonl"))
+
+
+def _episodes(engine: Engine, tmp_path: Path, count: int, items: int) -> list[str]:
+    ids = []
+    for n in range(count):
+        episode_id = str(
+            allocate(
+                engine, "weekly", WeekId.parse("2026-W32"), f"{tmp_path.name}-{n}"
+            ).episode.episode_id
+        )
+        playlist = write_playlist(
+            tmp_path / f"pl{n}", [f"e{n}i{i}" for i in range(items)], profile="limited"
+        )
+        Episode(engine, episode_id).plan(playlist)
+        ids.append(episode_id)
+    return ids
+
+
+def max_in_flight(events: list[dict[str, Any]]) -> int:
+    """Most jobs the provider held at once: each from `job_created` to its `collect`."""
+    moments = []
+    for event in events:
+        if event["event"] == "job_created":
+            moments.append((event["at"], 1))
+        elif event["event"] == "collect":
+            moments.append((event["at"], -1))
+    peak = current = 0
+    for _, step in sorted(moments, key=lambda m: (m[0], m[1])):  # a collect first on a tie
+        current += step
+        peak = max(peak, current)
+    return peak
+
+
+def test_two_concurrent_runs_never_push_the_provider_above_its_limit(
+    engine: Engine, database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two episodes of one provider profile generated at once by separate processes, each
+    asking for 8 items at a time: never more than the profile's 3 jobs at the provider."""
+    _profiles(tmp_path, monkeypatch, delay_ms=120)
+    for trial in range(3):
+        monkeypatch.setenv("EPISODIC_FAKE_PROVIDER_LOG", str(tmp_path / f"provider{trial}.jsonl"))
+        episodes = _episodes(engine, tmp_path / f"t{trial}", 2, items=9)
+        results = w.run_processes(
+            [(w.generate_worker, (database_url, [e], "generate")) for e in episodes]
+            + [(w.generate_worker, (database_url, [episodes[0]], "generate"))]  # a second
+        )  # run of the first episode too (a double click): it joins or follows
+        for out in results:
+            for _target, state, code, *_ in out:
+                assert state == "completed" and code == 0, out
+        assert len(jobs_per_key()) == 18 and set(jobs_per_key().values()) == {1}
+        peak = max_in_flight(provider_log())
+        assert 2 <= peak <= LIMIT, peak  # used in parallel, and never above the limit
+
+
+def test_a_killed_holder_gives_its_capacity_back_by_itself(
+    engine: Engine, database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kill -9 of a process holding every slot: another run gets them when the holder's
+    leases (EPISODIC_LEASE_S=5) run out, with no sweep, and pays each item once."""
+    _profiles(tmp_path, monkeypatch, delay_ms=60_000)  # the holder's jobs never finish
+    slow, fast = _episodes(engine, tmp_path, 2, items=LIMIT)
+    holder = w.cli_generate(
+        str(tmp_path / "home"), database_url, slow, env={"EPISODIC_LEASE_S": "5"}
+    )
+    deadline = time.monotonic() + 120
+    while sum(1 for e in provider_log() if e["event"] == "job_created") < LIMIT:
+        assert holder.poll() is None and time.monotonic() < deadline, holder.communicate()
+        time.sleep(0.1)
+    os.kill(holder.pid, signal.SIGKILL)
+    holder.wait()
+    path = tmp_path / "providers.yaml"  # the next run's jobs are quick
+    path.write_text(path.read_text().replace("delay_ms: 60000", "delay_ms: 50"))
+    outcome = Episode(engine, fast).generate(lease_s=5, concurrency=8)
+    assert outcome.state.value == "completed", outcome.message
+    created = [e for e in provider_log() if e["event"] == "job_created"]
+    assert len(created) == 2 * LIMIT and len({e["client_reference"] for e in created}) == 2 * LIMIT
