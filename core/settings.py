@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from functools import cache, cached_property
 from pathlib import Path
+from typing import Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 from pydantic import Field, ValidationError, field_validator
@@ -97,6 +98,21 @@ class Settings(BaseSettings):
         pattern=r"^[a-z0-9-]+/[a-z0-9-]+$",
         description="Prefect filesystem block (type-slug/name) for the item result cache; "
         "default: a local folder under home",
+    )
+
+    task_runner: Literal["threads", "dask"] = Field(
+        default="threads",
+        description="where the generate flow runs its item tasks: threads of the flow's "
+        "process, or a Dask cluster (EPISODIC_DASK_ADDRESS) for many machines",
+    )
+    task_runner_threads: int = Field(
+        default=64, ge=1, le=256, description="threads of the default task runner"
+    )
+    dask_address: str | None = Field(
+        default=None,
+        pattern=r"^(tcp|tls|inproc|ucx)://[A-Za-z0-9_.:\[\]-]{1,255}$",
+        description="Dask scheduler address (tcp://host:8786); unset with task_runner=dask: "
+        "a temporary local cluster per flow run",
     )
 
     max_run_cost: str = Field(

@@ -16,7 +16,6 @@ from typing import Annotated, Any
 
 from prefect import flow
 from prefect.logging import get_run_logger
-from prefect.task_runners import ThreadPoolTaskRunner
 from pydantic import Field
 
 from core.errors import EpisodicError
@@ -32,6 +31,7 @@ from pipeline.generation import generate, prepare
 from pipeline.runs import RunOptions
 from storage.registry import engine_for
 from tasks.generate import PrefectSecretCredentials, prefect_executor, result_storage
+from tasks.runners import configured_task_runner
 
 
 class GenerationFailed(EpisodicError):
@@ -40,7 +40,7 @@ class GenerationFailed(EpisodicError):
 
 @flow(
     name="generate-episode",
-    task_runner=ThreadPoolTaskRunner(max_workers=8),  # type: ignore[arg-type]
+    task_runner=configured_task_runner(),
     validate_parameters=True,
     flow_run_name=episode_run_name("generate"),
 )
