@@ -20,7 +20,7 @@ from core.settings import Settings, load_settings
 
 def task_runner_for(settings: Settings) -> Any:
     if settings.task_runner == "dask":
-        from prefect_dask import DaskTaskRunner
+        from prefect_dask.task_runners import DaskTaskRunner
 
         if settings.dask_address:
             return DaskTaskRunner(address=settings.dask_address)
