@@ -22,6 +22,7 @@ from sqlalchemy import (
     Engine,
     Table,
     and_,
+    bindparam,
     delete,
     exists,
     func,
@@ -46,6 +47,107 @@ _costs: Table = CostEntryRow.__table__  # type: ignore[assignment]
 
 _OPEN = [s.value for s in OPEN_SUBMISSION_STATES]
 _UNSETTLED = [SubmissionState.INTENT.value, SubmissionState.UNKNOWN.value]
+
+
+# The hot path's statements, built once: constructing SQLAlchemy statements (and their cache
+# keys) per call cost more than the database round trips (bench/ledger.py).
+_RUN_STATE = select(_runs.c.state).where(_runs.c.id == bindparam("b_run"))
+_ITEM_FOR_UPDATE = select(_items).where(_items.c.id == bindparam("b_item")).with_for_update()
+_OPEN_SUB = (
+    select(_subs)
+    .where(_subs.c.item_pk == bindparam("b_item"), _subs.c.state.in_(_OPEN))
+    .order_by(_subs.c.id.desc())
+    .limit(1)
+)
+_IN_FLIGHT = (
+    select(func.count())
+    .select_from(_items)
+    .where(
+        _items.c.claim_profile == bindparam("b_profile"),
+        _items.c.state == ItemState.RUNNING.value,
+        _items.c.lease_expires_at > bindparam("b_now"),
+        _items.c.id != bindparam("b_item"),
+    )
+)
+_TAKE_ITEM = (
+    update(_items)
+    .where(_items.c.id == bindparam("b_item"))
+    .values(
+        state=ItemState.RUNNING.value,
+        claim_owner=bindparam("b_owner"),
+        claim_run_id=bindparam("b_run"),
+        claim_profile=bindparam("b_profile"),
+        lease_expires_at=bindparam("b_lease"),
+        started_at=bindparam("b_now"),
+        finished_at=None,
+        error_text=None,
+    )
+)
+_COUNT_ATTEMPT = (
+    update(_items)
+    .where(_items.c.id == bindparam("b_item"))
+    .values(attempts=_items.c.attempts + 1)
+    .returning(_items.c.attempts)
+)
+_INSERT_INTENT = (
+    insert(_subs)
+    .values(
+        item_pk=bindparam("b_item"),
+        run_id=bindparam("b_run"),
+        attempt=bindparam("b_attempt"),
+        client_reference=bindparam("b_ref"),
+        provider_profile=bindparam("b_profile"),
+        state=SubmissionState.INTENT.value,
+        forced=bindparam("b_forced"),
+        created_at=bindparam("b_now"),
+    )
+    .returning(_subs.c.id)
+)
+_HOLDS = select(_items.c.id).where(
+    _items.c.id == bindparam("b_item"),
+    _items.c.claim_owner == bindparam("b_owner"),
+    _items.c.state == ItemState.RUNNING.value,
+    _items.c.lease_expires_at > bindparam("b_now"),
+    exists().where(and_(_runs.c.id == bindparam("b_run"), _runs.c.state == RunState.RUNNING.value)),
+)
+_ACCEPT = (
+    update(_subs)
+    .where(_subs.c.id == bindparam("b_sub"), _subs.c.state.in_(_UNSETTLED))
+    .values(
+        state=SubmissionState.ACCEPTED.value,
+        remote_ref=bindparam("b_remote"),
+        accepted_at=bindparam("b_now"),
+        error_text=None,
+    )
+)
+_COMPLETE_ITEM = (
+    update(_items)
+    .where(
+        _items.c.id == bindparam("b_item"),
+        _items.c.claim_owner == bindparam("b_owner"),
+        _items.c.state == ItemState.RUNNING.value,
+    )
+    .values(
+        state=ItemState.COMPLETED.value,
+        output_path=bindparam("b_path"),
+        output_sha256=bindparam("b_sha"),
+        error_text=None,
+        finished_at=bindparam("b_now"),
+        lease_expires_at=None,
+    )
+)
+_SUCCEED_SUB = (
+    update(_subs)
+    .where(_subs.c.id == bindparam("b_sub"), _subs.c.state == SubmissionState.ACCEPTED.value)
+    .values(state=SubmissionState.SUCCEEDED.value, finished_at=bindparam("b_now"))
+)
+_INSERT_COST = insert(_costs).values(
+    episode_pk=bindparam("b_episode"),
+    submission_pk=bindparam("b_sub"),
+    amount_minor=bindparam("b_amount"),
+    currency=bindparam("b_currency"),
+    recorded_at=bindparam("b_now"),
+)
 
 
 class _Lost(Exception):
@@ -85,21 +187,16 @@ class ClaimStore:
         lock = f"provider:{profile}" if provider_limit is not None else None
         with tx.write(self.engine, lock=lock) as conn:
             now = utcnow()  # read with the write lock held (a waited-for lock ages a lease)
-            run_state = conn.execute(select(_runs.c.state).where(_runs.c.id == run_id)).scalar()
+            run_state = conn.execute(_RUN_STATE, {"b_run": run_id}).scalar()
             if run_state != RunState.RUNNING:
                 return Refusal("stopped")
-            row = conn.execute(select(_items).where(_items.c.id == item_pk).with_for_update()).one()
+            row = conn.execute(_ITEM_FOR_UPDATE, {"b_item": item_pk}).one()
             if row.state == ItemState.COMPLETED:
                 return Refusal("done", row.claim_run_id)
             live = row.lease_expires_at is not None and row.lease_expires_at > now
             if row.state == ItemState.RUNNING and live and row.claim_owner != owner:
                 return Refusal("busy", row.claim_run_id)
-            sub = conn.execute(
-                select(_subs)
-                .where(_subs.c.item_pk == item_pk, _subs.c.state.in_(_OPEN))
-                .order_by(_subs.c.id.desc())
-                .limit(1)
-            ).first()
+            sub = conn.execute(_OPEN_SUB, {"b_item": item_pk}).first()
             if sub is None and row.attempts >= max_attempts:
                 return Refusal("exhausted")
             if sub is None and not allow_retry and row.state == ItemState.FAILED:
@@ -109,18 +206,15 @@ class ClaimStore:
             ):
                 return Refusal("throttled")
             conn.execute(
-                update(_items)
-                .where(_items.c.id == item_pk)
-                .values(
-                    state=ItemState.RUNNING,
-                    claim_owner=owner,
-                    claim_run_id=run_id,
-                    claim_profile=profile,
-                    lease_expires_at=now + timedelta(seconds=lease_s),
-                    started_at=now,
-                    finished_at=None,
-                    error_text=None,
-                )
+                _TAKE_ITEM,
+                {
+                    "b_item": item_pk,
+                    "b_owner": owner,
+                    "b_run": run_id,
+                    "b_profile": profile,
+                    "b_lease": now + timedelta(seconds=lease_s),
+                    "b_now": now,
+                },
             )
             item = item_from_row(row)
             if sub is not None:
@@ -172,9 +266,14 @@ class ClaimStore:
 
     def still_holds(self, claim: Claim) -> bool:
         """The claim is ours, live, and its run is running (checked before paid calls)."""
-        now = utcnow()
+        params = {
+            "b_item": claim.item.pk,
+            "b_owner": claim.owner,
+            "b_now": utcnow(),
+            "b_run": claim.run_id,
+        }
         with tx.read(self.engine) as conn:
-            return conn.execute(select(_items.c.id).where(_holds(claim, now))).first() is not None
+            return conn.execute(_HOLDS, params).first() is not None
 
     def renew(self, owner: str, run_id: str, lease_s: float) -> str | None:
         """Heartbeat: extend every live claim of `owner` and the run's lease by `lease_s`
@@ -258,14 +357,7 @@ class ClaimStore:
         try:
             with tx.write(self.engine) as conn:
                 moved = conn.execute(
-                    update(_subs)
-                    .where(_subs.c.id == submission_pk, _subs.c.state.in_(_UNSETTLED))
-                    .values(
-                        state=SubmissionState.ACCEPTED,
-                        remote_ref=remote_ref,
-                        accepted_at=utcnow(),
-                        error_text=None,
-                    )
+                    _ACCEPT, {"b_sub": submission_pk, "b_remote": remote_ref, "b_now": utcnow()}
                 ).rowcount
                 if moved:
                     return True
@@ -330,25 +422,17 @@ class ClaimStore:
         try:
             with tx.write(self.engine) as conn:
                 item_moved = conn.execute(
-                    update(_items)
-                    .where(
-                        _items.c.id == claim.item.pk,
-                        _items.c.claim_owner == claim.owner,
-                        _items.c.state == ItemState.RUNNING,
-                    )
-                    .values(
-                        state=ItemState.COMPLETED,
-                        output_path=output_path,
-                        output_sha256=sha256,
-                        error_text=None,
-                        finished_at=now,
-                        lease_expires_at=None,
-                    )
+                    _COMPLETE_ITEM,
+                    {
+                        "b_item": claim.item.pk,
+                        "b_owner": claim.owner,
+                        "b_path": output_path,
+                        "b_sha": sha256,
+                        "b_now": now,
+                    },
                 ).rowcount
                 sub_moved = conn.execute(
-                    update(_subs)
-                    .where(_subs.c.id == submission_pk, _subs.c.state == SubmissionState.ACCEPTED)
-                    .values(state=SubmissionState.SUCCEEDED, finished_at=now)
+                    _SUCCEED_SUB, {"b_sub": submission_pk, "b_now": now}
                 ).rowcount
                 if not (item_moved and sub_moved):
                     raise _Lost()
@@ -362,14 +446,7 @@ def _in_flight(conn: Connection, profile: str, item_pk: int, now: datetime) -> i
     """Items of `profile` running under a live lease (the slots taken), other than this one."""
     return int(
         conn.execute(
-            select(func.count())
-            .select_from(_items)
-            .where(
-                _items.c.claim_profile == profile,
-                _items.c.state == ItemState.RUNNING,
-                _items.c.lease_expires_at > now,
-                _items.c.id != item_pk,
-            )
+            _IN_FLIGHT, {"b_profile": profile, "b_now": now, "b_item": item_pk}
         ).scalar_one()
     )
 
@@ -388,26 +465,19 @@ def _holds(claim: Claim, now: datetime) -> ColumnElement[bool]:
 def _intend(conn: Connection, item: Item, run_id: str, profile: str, *, forced: bool) -> Submission:
     """Count the attempt and commit the intent of a paid call (caller holds the claim)."""
     now = utcnow()
-    attempt = conn.execute(
-        update(_items)
-        .where(_items.c.id == item.pk)
-        .values(attempts=_items.c.attempts + 1)
-        .returning(_items.c.attempts)
-    ).scalar_one()
+    attempt = conn.execute(_COUNT_ATTEMPT, {"b_item": item.pk}).scalar_one()
     client_reference = f"{item.idempotency_key}-{attempt}"
     pk = conn.execute(
-        insert(_subs)
-        .values(
-            item_pk=item.pk,
-            run_id=run_id,
-            attempt=attempt,
-            client_reference=client_reference,
-            provider_profile=profile,
-            state=SubmissionState.INTENT,
-            forced=forced,
-            created_at=now,
-        )
-        .returning(_subs.c.id)
+        _INSERT_INTENT,
+        {
+            "b_item": item.pk,
+            "b_run": run_id,
+            "b_attempt": attempt,
+            "b_ref": client_reference,
+            "b_profile": profile,
+            "b_forced": forced,
+            "b_now": now,
+        },
     ).scalar_one()
     return Submission(pk, item.pk, attempt, client_reference, SubmissionState.INTENT, None)
 
@@ -428,11 +498,12 @@ def _record_cost(
 ) -> None:
     """The ledger's cost entry of a submission (minor units), in the caller's transaction."""
     conn.execute(
-        insert(_costs).values(
-            episode_pk=episode_pk,
-            submission_pk=submission_pk,
-            amount_minor=amount_minor,
-            currency=currency,
-            recorded_at=now,
-        )
+        _INSERT_COST,
+        {
+            "b_episode": episode_pk,
+            "b_sub": submission_pk,
+            "b_amount": amount_minor,
+            "b_currency": currency,
+            "b_now": now,
+        },
     )

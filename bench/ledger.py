@@ -1,0 +1,245 @@
+"""The per-item ledger against its real floor (issue 11), on SQLite and PostgreSQL.
+
+A paid item needs a few committed transactions by design: the claim with the intent of the
+call, the acceptance (remote reference), the outcome with its cost; plus the check that the
+claim still holds before the call. The floor is raw SQL through the bare driver (sqlite3,
+psycopg) issuing the same commits per item on the project's own tables and indexes: the same
+UPDATEs and INSERTs, not single-row inserts. Our figure is the engine's whole path for a run
+of zero-latency items (claims, leases, heartbeat, files, ledger), measured in the same run.
+
+    ratio = engine items/s / floor items/s      target >= 0.5x, with 1 and 8 items at once
+
+Run: make bench  (or .venv/bin/python -m bench.ledger [--items N] [--skip-postgres])
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.engine import make_url
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _episode(url: str, home: Path, items: int, key: str) -> tuple[str, int]:
+    """A planned episode of `items` images; returns (episode id, episode pk)."""
+    from core.ids import WeekId
+    from pipeline.allocation import allocate
+    from pipeline.generation import record_plan
+    from storage.engine import make_engine
+    from storage.runs import RunStore
+    from storage.schema import upgrade
+    from tests.generation import write_playlist
+
+    engine = make_engine(url)
+    upgrade(engine)
+    episode = str(allocate(engine, "weekly", WeekId.parse("2026-W32"), key).episode.episode_id)
+    playlist = write_playlist(home / key, [f"video {n}" for n in range(items)])
+    record_plan(engine, "weekly", episode, playlist)
+    pk = RunStore(engine).episode_pk("weekly", episode)
+    engine.dispose()
+    return episode, pk
+
+
+def engine_rate(url: str, home: Path, items: int, concurrency: int) -> float:
+    """Items per second through the engine (zero-latency fake provider)."""
+    from core.settings import load_settings
+    from pipeline.gate import EnvironmentCredentials
+    from pipeline.generation import generate
+    from pipeline.runs import RunOptions
+    from storage.engine import make_engine
+
+    episode, _ = _episode(url, home, items, f"engine-c{concurrency}")
+    engine = make_engine(url)
+    options = RunOptions(concurrency=concurrency, max_images=items)
+    start = time.perf_counter()
+    outcome = generate(
+        engine, load_settings(), "weekly", episode, options, EnvironmentCredentials()
+    )
+    elapsed = time.perf_counter() - start
+    assert outcome.counts.completed == items, outcome.message
+    engine.dispose()
+    return items / elapsed
+
+
+def _floor_items(url: str, home: Path, items: int, concurrency: int) -> tuple[str, list[int], int]:
+    """A run with pending items to drive by raw SQL (set up through the project's API)."""
+    from storage.engine import make_engine
+    from tests.generation import Episode, new_run
+
+    episode, pk = _episode(url, home, items, f"floor-c{concurrency}")
+    engine = make_engine(url)
+    run_id = new_run(Episode(engine, episode))
+    with engine.connect() as conn:
+        from sqlalchemy import text
+
+        conn.execute(text("UPDATE runs SET state = 'running' WHERE id = :r"), {"r": run_id})
+        conn.commit()
+        item_pks = [
+            row[0]
+            for row in conn.execute(
+                text("SELECT item_pk FROM run_items WHERE run_id = :r"), {"r": run_id}
+            )
+        ]
+    engine.dispose()
+    return run_id, item_pks, pk
+
+
+def _connect(url: str) -> tuple[Any, str]:
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        import sqlite3
+
+        conn = sqlite3.connect(parsed.database, isolation_level=None, timeout=30)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        return conn, "?"
+    import psycopg
+
+    return psycopg.connect(parsed.set(drivername="postgresql").render_as_string(False)), "%s"
+
+
+def floor_rate(url: str, home: Path, items: int, concurrency: int) -> float:
+    """Items per second for the same commits per item in raw SQL, `concurrency` threads."""
+    run_id, item_pks, episode_pk = _floor_items(url, home, items, concurrency)
+    sqlite = make_url(url).get_backend_name() == "sqlite"
+    queue = list(item_pks)
+    guard = threading.Lock()
+
+    def worker() -> None:
+        conn, p = _connect(url)
+        owner = f"bench:{uuid.uuid4().hex[:8]}"
+
+        def tx(statements: Callable[[Any], None]) -> None:
+            if sqlite:
+                conn.execute("BEGIN IMMEDIATE")
+                statements(conn)
+                conn.execute("COMMIT")
+            else:
+                with conn.transaction():
+                    statements(conn)
+
+        while True:
+            with guard:
+                if not queue:
+                    break
+                item = queue.pop()
+            now = datetime.now(UTC).replace(tzinfo=None) if sqlite else datetime.now(UTC)
+            lease = now + timedelta(seconds=30)
+            ref = f"bench-{uuid.uuid4().hex}"
+            sub: list[int] = []
+
+            def claim(c: Any) -> None:  # noqa: B023  (run at once, in this iteration)
+                c.execute(f"SELECT state FROM runs WHERE id = {p}", (run_id,))
+                c.execute(f"SELECT * FROM items WHERE id = {p}" + ("" if sqlite else " FOR UPDATE"),
+                          (item,))  # fmt: skip
+                c.execute(
+                    f"UPDATE items SET state = 'running', claim_owner = {p}, claim_run_id = {p}, "
+                    f"lease_expires_at = {p}, started_at = {p}, attempts = attempts + 1 "
+                    f"WHERE id = {p}",
+                    (owner, run_id, lease, now, item),
+                )
+                cur = c.execute(
+                    "INSERT INTO submissions (item_pk, run_id, attempt, client_reference, "
+                    "provider_profile, state, forced, created_at) VALUES "
+                    f"({p}, {p}, 1, {p}, 'fake', 'intent', {p}, {p}) RETURNING id",
+                    (item, run_id, ref, False, now),
+                )
+                sub.append(cur.fetchone()[0])
+
+            def still_holds(c: Any) -> None:
+                c.execute(
+                    f"SELECT id FROM items WHERE id = {p} AND claim_owner = {p} AND "
+                    f"state = 'running' AND lease_expires_at > {p}",
+                    (item, owner, now),
+                )
+
+            def accept(c: Any) -> None:
+                c.execute(
+                    f"UPDATE submissions SET state = 'accepted', remote_ref = {p}, "
+                    f"accepted_at = {p} WHERE id = {p} AND state = 'intent'",
+                    (ref, now, sub[0]),
+                )
+
+            def complete(c: Any) -> None:  # outcome, cost and completion together
+                c.execute(
+                    f"UPDATE submissions SET state = 'succeeded', finished_at = {p} WHERE id = {p}",
+                    (now, sub[0]),
+                )
+                c.execute(
+                    f"UPDATE items SET state = 'completed', output_path = {p}, "
+                    f"output_sha256 = {p}, finished_at = {p}, lease_expires_at = NULL "
+                    f"WHERE id = {p} AND claim_owner = {p}",
+                    (f"/tmp/{ref}.png", "0" * 64, now, item, owner),
+                )
+                c.execute(
+                    "INSERT INTO cost_entries (episode_pk, submission_pk, amount_minor, "
+                    f"currency, recorded_at) VALUES ({p}, {p}, 4, 'USD', {p})",
+                    (episode_pk, sub[0], now),
+                )
+
+            tx(claim)
+            tx(still_holds)
+            tx(accept)
+            tx(complete)
+        conn.close()
+
+    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    start = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return len(item_pks) / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--items", type=int, default=400)
+    parser.add_argument("--skip-postgres", action="store_true")
+    args = parser.parse_args()
+    os.environ["EPISODIC_FAKE_DELAY_MS"] = "0"
+    os.environ.pop("EPISODIC_FAKE_PROVIDER_LOG", None)
+    print(f"ledger: {args.items} zero-latency items per figure (target >= 0.5x the floor)")
+    with tempfile.TemporaryDirectory(prefix="episodic-bench-ledger-") as tmp:
+        backends: dict[str, Callable[[], str]] = {
+            "sqlite": lambda: f"sqlite:///{Path(tmp) / 'sqlite' / 'episodic.db'}"
+        }
+        pg: Any = None
+        if not args.skip_postgres:
+            from tests.databases import PostgresDatabases
+
+            pg = PostgresDatabases()
+            name = pg.fresh(migrated=False)
+            backends["postgres"] = lambda: pg.url(name)
+        try:
+            for backend, make in backends.items():
+                url = make()
+                home = Path(tmp) / backend
+                home.mkdir(parents=True, exist_ok=True)
+                os.environ["EPISODIC_HOME"] = str(home)
+                os.environ["EPISODIC_DATABASE_URL"] = url
+                for concurrency in (1, 8):
+                    floor = floor_rate(url, home, args.items, concurrency)
+                    ours = engine_rate(url, home, args.items, concurrency)
+                    print(
+                        f"    {backend:8} {concurrency} at once: engine {ours:7.0f} items/s   "
+                        f"raw-SQL floor {floor:7.0f} items/s   ratio {ours / floor:.2f}x"
+                    )
+        finally:
+            if pg is not None:
+                pg.drop(name)
+                pg.close()
+
+
+if __name__ == "__main__":
+    main()
