@@ -79,7 +79,9 @@ class ItemJob(Protocol):
 
     run_id: str
     owner: str
-    throttled: bool
+
+    @property
+    def throttled(self) -> bool: ...
 
     @property
     def profile_id(self) -> str: ...
@@ -131,6 +133,9 @@ def claim_next(
     return claimed, False
 
 
+_THROTTLED = "\x00throttled"  # a worker's answer for an item refused for a provider slot
+
+
 def thread_pool_executor(
     items: Sequence[Item],
     job: ItemJob,
@@ -138,29 +143,45 @@ def thread_pool_executor(
     stop: threading.Event,
     progress: Callable[[Item, str], None],
 ) -> None:
-    """The CLI's executor. Claims in the dispatching thread, works in a pool of threads."""
+    """The CLI's executor: each of `concurrency` workers claims its item and runs it, so
+    claims (a short write transaction each) overlap with other items' provider calls."""
+
+    def claim_and_run(item: Item) -> str | None:
+        if stop.is_set():
+            return None
+        claim = job.claim(item)
+        if claim is None:
+            return _THROTTLED if job.throttled else None
+        return job.run(claim)
+
     with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="item") as pool:
-        pending: dict[Future[str], Item] = {}
+        pending: dict[Future[str | None], Item] = {}
         queue = deque(items)
+        throttled = False
         try:
             while queue or pending:
-                claimed, throttled = claim_next(queue, job, stop, concurrency - len(pending))
-                for item, claim in claimed:
-                    pending[pool.submit(job.run, claim)] = item
-                if stop.is_set() and not pending:
-                    break
+                while queue and len(pending) < concurrency and not stop.is_set():
+                    if throttled and pending:
+                        break  # a slot frees when one of ours finishes: ask again then
+                    item = queue.popleft()
+                    pending[pool.submit(claim_and_run, item)] = item
+                    if throttled:
+                        break
                 if not pending:
-                    if not (queue and throttled):
+                    if stop.is_set() or not queue:
                         break
                     stop.wait(THROTTLE_POLL_S)  # every slot is another run's: wait for one
                     continue
-                done, _ = wait(
-                    pending,
-                    timeout=THROTTLE_POLL_S if throttled else None,
-                    return_when=FIRST_COMPLETED,
-                )
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                throttled = False
                 for future in done:
-                    progress(pending.pop(future), future.result())
+                    item = pending.pop(future)
+                    result = future.result()
+                    if result == _THROTTLED:
+                        queue.appendleft(item)
+                        throttled = True
+                    elif result is not None:
+                        progress(item, result)
         except BaseException:
             stop.set()
             for future in pending:
@@ -199,7 +220,7 @@ class _Job:
     owner: str
     options: RunOptions
     no_retry: set[int] = field(default_factory=set)  # items followed after another holder
-    throttled: bool = False
+    _local: threading.local = field(default_factory=threading.local)
     busy: dict[int, str] = field(default_factory=dict)
     followed: set[str] = field(default_factory=set)
     claims: dict[int, Claim] = field(default_factory=dict)
@@ -208,6 +229,11 @@ class _Job:
     @property
     def profile_id(self) -> str:
         return self.engine.profile.id
+
+    @property
+    def throttled(self) -> bool:
+        """This thread's last claim was refused for a provider slot only."""
+        return bool(getattr(self._local, "throttled", False))
 
     def claim(self, item: Item) -> Claim | None:
         engine = self.engine
@@ -221,7 +247,7 @@ class _Job:
             provider_limit=engine.profile.max_concurrency,
             allow_retry=item.pk not in self.no_retry,
         )
-        self.throttled = isinstance(got, Refusal) and got.reason == "throttled"
+        self._local.throttled = isinstance(got, Refusal) and got.reason == "throttled"
         if isinstance(got, Claim):
             with self.guard:
                 self.claims[item.pk] = got
