@@ -81,10 +81,30 @@ import tasks, time
 from prefect import flow, task
 from prefect.task_runners import ThreadPoolTaskRunner
 
+GCL = {gcl}
+
 @task
 def work(n: int) -> int:
+    if GCL:  # the per-item global-concurrency-slot pattern this project no longer uses
+        from prefect.concurrency.sync import concurrency
+        with concurrency("bench-gcl", occupy=1, strict=True):
+            time.sleep({latency_s})
+        return n
     time.sleep({latency_s})
     return n
+
+if GCL:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+    from prefect.exceptions import ObjectNotFound
+    with get_client(sync_client=True) as client:
+        try:
+            client.delete_global_concurrency_limit_by_name("bench-gcl")
+        except ObjectNotFound:
+            pass
+        client.create_global_concurrency_limit(
+            GlobalConcurrencyLimitCreate(name="bench-gcl", limit={concurrency})
+        )
 
 def make(items: int):
     @flow(task_runner=ThreadPoolTaskRunner(max_workers={concurrency}))
@@ -181,9 +201,19 @@ def bench_makespan(tmp: Path, skip_flow: bool) -> None:
             continue
         env_prefect = {**env, "PREFECT_HOME": str(prefect_home)}
         floor = _python(
-            _FLOOR.format(latency_s=latency_ms / 1000, concurrency=concurrency, items=items),
+            _FLOOR.format(
+                latency_s=latency_ms / 1000, concurrency=concurrency, items=items, gcl=False
+            ),
             env_prefect,
         )
+        gcl = None
+        if (latency_ms, concurrency) == (200, 8):  # the slot-per-item pattern, once
+            gcl = _python(
+                _FLOOR.format(
+                    latency_s=latency_ms / 1000, concurrency=concurrency, items=items, gcl=True
+                ),
+                env_prefect,
+            )
         home, url, episode = _bench_home(tmp, f"flow-{tag}", items)
         env_flow = {
             **_env(
@@ -196,6 +226,11 @@ def bench_makespan(tmp: Path, skip_flow: bool) -> None:
         }
         flow = _python(_FLOW.format(episode=episode, concurrency=concurrency), env_flow)
         print(f"    bare Prefect floor {floor:6.2f} s = {floor / ideal:.2f}x ideal")
+        if gcl is not None:
+            print(
+                f"    floor + a GCL slot per item {gcl:6.2f} s = {gcl / floor:.2f}x the floor "
+                "(the pattern replaced by claims)"
+            )
         print(
             f"    generate_episode   {flow:6.2f} s = {flow / floor:.2f}x the floor (target <= "
             f"1.15x; {flow / ideal:.2f}x ideal)"
