@@ -5,8 +5,8 @@
     ideal items / concurrency x latency (target <= 1.10x), and the `generate_episode` flow
     against the bare-Prefect floor measured in the same run: plain tasks sleeping the same
     latency on the same `ThreadPoolTaskRunner` and the same ephemeral server (target <= 1.15x).
-(b) bookkeeping throughput with a zero-latency provider (items/s through the engine) against
-    the raw single-row insert rate of the same database measured in the same run. Target >= 0.3x.
+(b) bookkeeping: see bench/ledger.py (the per-item ledger against raw SQL issuing the same
+    commits, on both backends).
 (c) planning a resume of 100,000 items of which 99% are complete. Target < 1 s on each backend.
 
 Run: make bench  (or .venv/bin/python -m bench.batch [--skip-postgres] [--skip-flow])
@@ -237,76 +237,6 @@ def bench_makespan(tmp: Path, skip_flow: bool) -> None:
         )
 
 
-def _raw_insert_rate(url: str, rows: int) -> float:
-    from sqlalchemy.engine import make_url
-
-    parsed = make_url(url)
-    if parsed.get_backend_name() == "sqlite":
-        import sqlite3
-
-        Path(str(parsed.database)).parent.mkdir(parents=True, exist_ok=True)
-        conn: Any = sqlite3.connect(parsed.database, isolation_level=None)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=NORMAL")
-        conn.execute(
-            "CREATE TABLE IF NOT EXISTS bench_raw (id INTEGER PRIMARY KEY, k TEXT, v TEXT)"
-        )
-        start = time.perf_counter()
-        for n in range(rows):
-            conn.execute("BEGIN")
-            conn.execute("INSERT INTO bench_raw (k, v) VALUES (?, ?)", (f"k{n}", "x" * 64))
-            conn.execute("COMMIT")
-        return rows / (time.perf_counter() - start)
-    import psycopg
-
-    with psycopg.connect(
-        parsed.set(drivername="postgresql").render_as_string(hide_password=False)
-    ) as pg:
-        pg.execute(
-            "CREATE TABLE IF NOT EXISTS bench_raw (id bigserial PRIMARY KEY, k text, v text)"
-        )
-        pg.commit()
-        start = time.perf_counter()
-        for n in range(rows):
-            pg.execute("INSERT INTO bench_raw (k, v) VALUES (%s, %s)", (f"k{n}", "x" * 64))
-            pg.commit()
-        return rows / (time.perf_counter() - start)
-
-
-def _engine_rate(url: str, home: Path, videos: int) -> float:
-    os.environ["EPISODIC_HOME"] = str(home)
-    os.environ["EPISODIC_DATABASE_URL"] = url
-    os.environ["EPISODIC_FAKE_DELAY_MS"] = "0"
-    from core.settings import load_settings
-    from pipeline.gate import EnvironmentCredentials
-    from pipeline.generation import generate
-    from pipeline.runs import RunOptions
-    from storage.engine import make_engine
-
-    episode = _setup_episode(url, home / "pl", videos)
-    engine = make_engine(url)
-    settings = load_settings()
-    options = RunOptions(concurrency=8)
-    start = time.perf_counter()  # the whole Python API: plan, admission, run
-    outcome = generate(engine, settings, "weekly", episode, options, EnvironmentCredentials())
-    elapsed = time.perf_counter() - start
-    assert outcome.counts.completed == videos
-    engine.dispose()
-    return videos / elapsed
-
-
-def bench_bookkeeping(tmp: Path, backends: dict[str, Any]) -> None:
-    print("\n(b) bookkeeping: zero-latency provider, concurrency 8 (target >= 0.3x raw inserts)")
-    for name, make_url in backends.items():
-        url = make_url()
-        raw = _raw_insert_rate(url, 2000)
-        ours = _engine_rate(url, tmp / f"book-{name}", 500)
-        print(
-            f"    {name:8} engine {ours:7.0f} items/s   raw single-row inserts {raw:7.0f}/s   "
-            f"ratio {ours / raw:.2f}"
-        )
-
-
 def bench_planning(tmp: Path, backends: dict[str, Any]) -> None:
     print("\n(c) planning a resume of 100,000 items, 99% complete (target < 1 s)")
     from sqlalchemy import update
@@ -365,7 +295,6 @@ def main() -> None:
             backends["postgres"] = lambda: pg.url(pg.fresh(migrated=True))
         try:
             bench_makespan(tmp, args.skip_flow)
-            bench_bookkeeping(tmp, backends)
             bench_planning(tmp, backends)
         finally:
             if pg is not None:
