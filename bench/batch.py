@@ -168,10 +168,12 @@ def _bench_home(tmp: Path, name: str, items: int) -> tuple[Path, str, str]:
     return home, url, episode
 
 
-def bench_makespan(tmp: Path, skip_flow: bool) -> None:
+def bench_makespan(
+    tmp: Path, skip_flow: bool, configs: list[tuple[int, int, int]] = MAKESPAN_CONFIGS
+) -> None:
     """(a) the flow against bare Prefect on the same runner and server, the CLI against ideal."""
     prefect_home = ROOT / ".episodic" / "prefect"  # reuse the migrated ephemeral server db
-    for items, latency_ms, concurrency in MAKESPAN_CONFIGS:
+    for items, latency_ms, concurrency in configs:
         ideal = items / concurrency * latency_ms / 1000
         print(
             f"(a) makespan: {items} items x {latency_ms} ms, concurrency {concurrency}: "
@@ -280,7 +282,18 @@ def main() -> None:
     )
     parser.add_argument("--skip-postgres", action="store_true")
     parser.add_argument("--skip-flow", action="store_true")
+    parser.add_argument(
+        "--makespan",
+        metavar="ITEMS:MS:CONCURRENCY",
+        action="append",
+        help="only these makespan configurations (e.g. 200:200:32); skips (c)",
+    )
     args = parser.parse_args()
+    if args.makespan:
+        configs = [tuple(int(n) for n in spec.split(":")) for spec in args.makespan]
+        with tempfile.TemporaryDirectory(prefix="episodic-batch-") as name:
+            bench_makespan(Path(name), args.skip_flow, configs)  # type: ignore[arg-type]
+        return
     os.chdir(ROOT)
     with tempfile.TemporaryDirectory(prefix="episodic-batch-") as name:
         tmp = Path(name)

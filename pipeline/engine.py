@@ -88,6 +88,10 @@ class ItemJob(Protocol):
 
     def claim(self, item: Item) -> Claim | None: ...
 
+    def claim_many(self, items: Sequence[Item]) -> list[Claim | None]: ...
+
+    def was_throttled(self, item: Item) -> bool: ...
+
     def take(self, item_pk: int) -> Claim: ...
 
     def run(self, claim: Claim) -> str: ...
@@ -116,21 +120,24 @@ THROTTLE_POLL_S = 0.25  # how often a throttled executor asks again for a provid
 def claim_next(
     queue: deque[Item], job: ItemJob, stop: threading.Event, room: int
 ) -> tuple[list[tuple[Item, Claim]], bool]:
-    """Claim up to `room` items from the front of `queue` (the executors' one dispatch rule).
+    """Claim up to `room` items from the front of `queue` in one transaction (the
+    dispatching executors' rule: one write fills every free slot).
 
-    Returns the claims and whether the provider's limit stopped it: the throttled item goes
-    back to the front of the queue, so it is asked for again before any later item.
+    Returns the claims and whether the provider's limit stopped it: the throttled items go
+    back to the front of the queue, in order, so they are asked for again first.
     """
-    claimed: list[tuple[Item, Claim]] = []
-    while queue and len(claimed) < room and not stop.is_set():
-        item = queue.popleft()
-        claim = job.claim(item)
-        if claim is not None:
-            claimed.append((item, claim))
-        elif job.throttled:
-            queue.appendleft(item)
-            return claimed, True
-    return claimed, False
+    if stop.is_set() or room <= 0 or not queue:
+        return [], False
+    batch = [queue.popleft() for _ in range(min(room, len(queue)))]
+    answers = job.claim_many(batch)
+    claimed = [(item, claim) for item, claim in zip(batch, answers, strict=True) if claim]
+    if not job.throttled:
+        return claimed, False
+    held = {item.pk for item, _ in claimed}
+    back = [item for item, claim in zip(batch, answers, strict=True) if claim is None]
+    throttled = [item for item in back if item.pk not in held and job.was_throttled(item)]
+    queue.extendleft(reversed(throttled))
+    return claimed, True
 
 
 _THROTTLED = "\x00throttled"  # a worker's answer for an item refused for a provider slot
@@ -234,6 +241,39 @@ class _Job:
     def throttled(self) -> bool:
         """This thread's last claim was refused for a provider slot only."""
         return bool(getattr(self._local, "throttled", False))
+
+    def claim_many(self, items: Sequence[Item]) -> list[Claim | None]:
+        """`claim` for several items in one transaction; refused ones are handled as in
+        `claim` (throttled ones are remembered for `was_throttled`)."""
+        engine = self.engine
+        answers = engine.claims.claim_many(
+            [(item.pk, item.pk not in self.no_retry) for item in items],
+            self.run_id,
+            self.owner,
+            lease_s=self.options.lease_s,
+            max_attempts=self.options.max_attempts,
+            profile=engine.profile.id,
+            provider_limit=engine.profile.max_concurrency,
+        )
+        self._local.throttled_pks = set()
+        out: list[Claim | None] = []
+        for item, got in zip(items, answers, strict=True):
+            if isinstance(got, Claim):
+                with self.guard:
+                    self.claims[item.pk] = got
+                out.append(got)
+                continue
+            if got.reason == "throttled":
+                self._local.throttled_pks.add(item.pk)
+            else:
+                self._refused(item, got)
+            out.append(None)
+        self._local.throttled = bool(self._local.throttled_pks)
+        return out
+
+    def was_throttled(self, item: Item) -> bool:
+        """The last `claim_many` of this thread refused `item` for a provider slot."""
+        return item.pk in getattr(self._local, "throttled_pks", set())
 
     def claim(self, item: Item) -> Claim | None:
         engine = self.engine

@@ -13,6 +13,7 @@ submitted once.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -184,44 +185,111 @@ class ClaimStore:
         SQLite's write lock), so concurrent claimers never both take the last slot; a
         killed holder's slot frees when its lease expires.
         """
+        return self.claim_many(
+            [(item_pk, allow_retry)],
+            run_id,
+            owner,
+            lease_s=lease_s,
+            max_attempts=max_attempts,
+            profile=profile,
+            provider_limit=provider_limit,
+        )[0]
+
+    def claim_many(
+        self,
+        items: Sequence[tuple[int, bool]],
+        run_id: str,
+        owner: str,
+        *,
+        lease_s: float,
+        max_attempts: int,
+        profile: str,
+        provider_limit: int | None = None,
+    ) -> list[Claim | Refusal]:
+        """`claim` for several items (pk, allow_retry) in one transaction, in order: one
+        write instead of one per item for a dispatcher that fills many slots at once. After
+        the first ``throttled`` refusal the rest are refused the same way, unclaimed."""
         lock = f"provider:{profile}" if provider_limit is not None else None
+        answers: list[Claim | Refusal] = []
         with tx.write(self.engine, lock=lock) as conn:
             now = utcnow()  # read with the write lock held (a waited-for lock ages a lease)
-            run_state = conn.execute(_RUN_STATE, {"b_run": run_id}).scalar()
-            if run_state != RunState.RUNNING:
-                return Refusal("stopped")
-            row = conn.execute(_ITEM_FOR_UPDATE, {"b_item": item_pk}).one()
-            if row.state == ItemState.COMPLETED:
-                return Refusal("done", row.claim_run_id)
-            live = row.lease_expires_at is not None and row.lease_expires_at > now
-            if row.state == ItemState.RUNNING and live and row.claim_owner != owner:
-                return Refusal("busy", row.claim_run_id)
-            sub = conn.execute(_OPEN_SUB, {"b_item": item_pk}).first()
-            if sub is None and row.attempts >= max_attempts:
-                return Refusal("exhausted")
-            if sub is None and not allow_retry and row.state == ItemState.FAILED:
-                return Refusal("failed", row.claim_run_id)
-            if provider_limit is not None and _in_flight(conn, profile, item_pk, now) >= max(
-                1, provider_limit
-            ):
-                return Refusal("throttled")
-            conn.execute(
-                _TAKE_ITEM,
-                {
-                    "b_item": item_pk,
-                    "b_owner": owner,
-                    "b_run": run_id,
-                    "b_profile": profile,
-                    "b_lease": now + timedelta(seconds=lease_s),
-                    "b_now": now,
-                },
-            )
-            item = item_from_row(row)
-            if sub is not None:
-                action = "collect" if sub.state == SubmissionState.ACCEPTED else "reconcile"
-                return Claim(item, run_id, owner, action, _submission(sub))
-            submission = _intend(conn, item, run_id, profile, forced=False)
-            return Claim(item, run_id, owner, "submit", submission)
+            for item_pk, allow_retry in items:
+                if (
+                    answers
+                    and isinstance(answers[-1], Refusal)
+                    and answers[-1].reason
+                    in (
+                        "throttled",
+                        "stopped",
+                    )
+                ):
+                    answers.append(answers[-1])
+                    continue
+                answers.append(
+                    self._claim_in(
+                        conn,
+                        now,
+                        item_pk,
+                        run_id,
+                        owner,
+                        lease_s=lease_s,
+                        max_attempts=max_attempts,
+                        profile=profile,
+                        provider_limit=provider_limit,
+                        allow_retry=allow_retry,
+                    )
+                )
+        return answers
+
+    def _claim_in(
+        self,
+        conn: Connection,
+        now: datetime,
+        item_pk: int,
+        run_id: str,
+        owner: str,
+        *,
+        lease_s: float,
+        max_attempts: int,
+        profile: str,
+        provider_limit: int | None,
+        allow_retry: bool,
+    ) -> Claim | Refusal:
+        run_state = conn.execute(_RUN_STATE, {"b_run": run_id}).scalar()
+        if run_state != RunState.RUNNING:
+            return Refusal("stopped")
+        row = conn.execute(_ITEM_FOR_UPDATE, {"b_item": item_pk}).one()
+        if row.state == ItemState.COMPLETED:
+            return Refusal("done", row.claim_run_id)
+        live = row.lease_expires_at is not None and row.lease_expires_at > now
+        if row.state == ItemState.RUNNING and live and row.claim_owner != owner:
+            return Refusal("busy", row.claim_run_id)
+        sub = conn.execute(_OPEN_SUB, {"b_item": item_pk}).first()
+        if sub is None and row.attempts >= max_attempts:
+            return Refusal("exhausted")
+        if sub is None and not allow_retry and row.state == ItemState.FAILED:
+            return Refusal("failed", row.claim_run_id)
+        if provider_limit is not None and _in_flight(conn, profile, item_pk, now) >= max(
+            1, provider_limit
+        ):
+            return Refusal("throttled")
+        conn.execute(
+            _TAKE_ITEM,
+            {
+                "b_item": item_pk,
+                "b_owner": owner,
+                "b_run": run_id,
+                "b_profile": profile,
+                "b_lease": now + timedelta(seconds=lease_s),
+                "b_now": now,
+            },
+        )
+        item = item_from_row(row)
+        if sub is not None:
+            action = "collect" if sub.state == SubmissionState.ACCEPTED else "reconcile"
+            return Claim(item, run_id, owner, action, _submission(sub))
+        submission = _intend(conn, item, run_id, profile, forced=False)
+        return Claim(item, run_id, owner, "submit", submission)
 
     def new_attempt(self, claim: Claim, profile: str, *, forced: bool) -> Submission | None:
         """A further paid call for a claimed item (operator's --force-resubmit).

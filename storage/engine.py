@@ -7,6 +7,8 @@ handling is switched off so that we emit ``BEGIN`` ourselves, and a connection c
 
 from __future__ import annotations
 
+import threading
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,29 @@ def normalize_url(raw: str) -> URL:
 def sqlite_path(url: URL) -> Path:
     assert url.database is not None
     return Path(url.database).absolute()
+
+
+_writer_locks: dict[Path, threading.RLock] = {}
+_writer_locks_guard = threading.Lock()
+
+
+def writer_lock(engine: Engine) -> AbstractContextManager[Any]:
+    """Hold while a SQLite write transaction is open, from ``BEGIN IMMEDIATE`` to its end.
+
+    SQLite lets one writer in at a time and makes the others poll with growing sleeps (its
+    busy handler), so threads of one process that queue on the database lock hand it over
+    late: under 32 item threads a claim waited 15 ms for a lock held for well under one.
+    Queuing on this process-wide lock first hands it over at once; other processes still
+    meet at SQLite's lock. A no-op on other databases.
+    """
+    if engine.dialect.name != "sqlite":
+        return nullcontext()
+    path = sqlite_path(engine.url)
+    with _writer_locks_guard:
+        lock = _writer_locks.get(path)
+        if lock is None:
+            lock = _writer_locks[path] = threading.RLock()
+    return lock
 
 
 def make_engine(raw_url: str | URL, *, read_only: bool = False, **kwargs: Any) -> Engine:

@@ -19,7 +19,7 @@ from pathlib import Path
 from filelock import FileLock
 from sqlalchemy import Connection, Engine, text
 
-from storage.engine import sqlite_path
+from storage.engine import sqlite_path, writer_lock
 
 LOCK_TIMEOUT_S = 60.0
 # filelock polls a held lock; its default 50 ms poll turned a 1 ms critical section into tens
@@ -64,6 +64,7 @@ def locked_transaction(
             _file_lock(engine, pipeline).acquire(
                 timeout=timeout, poll_interval=LOCK_POLL_INTERVAL_S
             ),
+            writer_lock(engine),
             engine.connect().execution_options(sqlite_begin="IMMEDIATE") as conn,
             conn.begin(),
         ):
@@ -84,7 +85,11 @@ def keyed_transaction(engine: Engine, name: str) -> Iterator[Connection]:
     file per name is left behind.
     """
     if engine.dialect.name == "sqlite":
-        with engine.connect().execution_options(sqlite_begin="IMMEDIATE") as conn, conn.begin():
+        with (
+            writer_lock(engine),
+            engine.connect().execution_options(sqlite_begin="IMMEDIATE") as conn,
+            conn.begin(),
+        ):
             yield conn
         return
     with engine.connect() as conn, conn.begin():

@@ -12,13 +12,19 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, Table, text
 
+from storage.engine import writer_lock
+
 
 @contextmanager
 def write(engine: Engine, lock: str | None = None) -> Iterator[Connection]:
     """A write transaction; with `lock`, also serialized with every other transaction that
     names it (Postgres: an advisory transaction lock taken first; SQLite: its write lock
     already serializes every writer)."""
-    with engine.connect().execution_options(sqlite_begin="IMMEDIATE") as conn, conn.begin():
+    with (
+        writer_lock(engine),
+        engine.connect().execution_options(sqlite_begin="IMMEDIATE") as conn,
+        conn.begin(),
+    ):
         if lock is not None and conn.dialect.name == "postgresql":
             from storage.lock import advisory_key
 

@@ -180,16 +180,25 @@ def prefect_executor(
                     break
                 stop.wait(THROTTLE_POLL_S)  # every slot is another run's: wait for one
                 continue
-            # Refill as soon as any one finishes (when throttled, that also frees a slot).
-            future = next(as_completed(list(running)))
-            item, claim = running.pop(future)
-            completed = future.state.is_completed()
-            if not completed:  # the task ended early (lost worker): free its claim; an
-                job.release(claim)  # intent it may have sent is reconciled, never resent
-            progress(item, "completed" if completed else "failed")
+            # Refill once any one finishes, with every other one finished by then: one
+            # claim transaction then fills all the free slots.
+            first = next(as_completed(list(running)))
+            finished = [first] + [f for f in running if f is not first and _done(f)]
+            for future in finished:
+                item, claim = running.pop(future)
+                future.wait()  # the final state from the finished future, not an API read
+                completed = future.state.is_completed()
+                if not completed:  # the task ended early (lost worker): free its claim;
+                    job.release(claim)  # an intent it sent is reconciled, never resent
+                progress(item, "completed" if completed else "failed")
     except BaseException:  # the engine pauses the run and releases this owner's claims
         stop.set()
         raise
+
+
+def _done(future: PrefectFuture[Any]) -> bool:
+    wrapped = getattr(future, "wrapped_future", None)
+    return bool(wrapped is not None and wrapped.done())
 
 
 class PrefectSecretCredentials:
