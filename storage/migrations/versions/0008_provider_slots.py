@@ -21,14 +21,12 @@ depends_on = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("items", schema=None) as batch_op:
-        batch_op.add_column(sa.Column("claim_profile", sa.String(length=64), nullable=True))
-        batch_op.create_index(
-            "ix_items_claim_profile_state", ["claim_profile", "state"], unique=False
-        )
+    # Plain ALTERs (no batch copy of `items`: other tables reference it, and SQLite would
+    # have to drop and recreate it with foreign keys on).
+    op.add_column("items", sa.Column("claim_profile", sa.String(length=64), nullable=True))
+    op.create_index("ix_items_claim_profile_state", "items", ["claim_profile", "state"])
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("items", schema=None) as batch_op:
-        batch_op.drop_index("ix_items_claim_profile_state")
-        batch_op.drop_column("claim_profile")
+    op.drop_index("ix_items_claim_profile_state", table_name="items")
+    op.drop_column("items", "claim_profile")  # SQLite >= 3.35 drops it in place
