@@ -94,6 +94,7 @@ class Claim:
     owner: str
     action: str
     submission: Submission | None
+    token: str | None = None  # one execution of the claim elsewhere (`load_claim`)
 
 
 @dataclass(frozen=True, slots=True)

@@ -167,6 +167,8 @@ def thread_pool_executor(
         throttled = False
         try:
             while queue or pending:
+                if throttled and not pending and stop.wait(THROTTLE_POLL_S):
+                    break  # throttled with nothing of ours running: probe every 0.25 s
                 while queue and len(pending) < concurrency and not stop.is_set():
                     if throttled and pending:
                         break  # a slot frees when one of ours finishes: ask again then

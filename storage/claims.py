@@ -13,6 +13,7 @@ submitted once.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -78,6 +79,7 @@ _TAKE_ITEM = (
         claim_owner=bindparam("b_owner"),
         claim_run_id=bindparam("b_run"),
         claim_profile=bindparam("b_profile"),
+        claim_token=bindparam("b_token"),
         lease_expires_at=bindparam("b_lease"),
         started_at=bindparam("b_now"),
         finished_at=None,
@@ -210,6 +212,21 @@ class ClaimStore:
         write instead of one per item for a dispatcher that fills many slots at once. After
         the first ``throttled`` refusal the rest are refused the same way, unclaimed."""
         lock = f"provider:{profile}" if provider_limit is not None else None
+        if self.engine.dialect.name != "sqlite" and len(items) > 1:
+            # Postgres: one row lock per transaction, as in `claim` (several in one could
+            # deadlock with a heartbeat's UPDATE over the same rows in another order).
+            return [
+                self.claim_many(
+                    [entry],
+                    run_id,
+                    owner,
+                    lease_s=lease_s,
+                    max_attempts=max_attempts,
+                    profile=profile,
+                    provider_limit=provider_limit,
+                )[0]
+                for entry in items
+            ]
         answers: list[Claim | Refusal] = []
         with tx.write(self.engine, lock=lock) as conn:
             now = utcnow()  # read with the write lock held (a waited-for lock ages a lease)
@@ -282,14 +299,15 @@ class ClaimStore:
                 "b_profile": profile,
                 "b_lease": now + timedelta(seconds=lease_s),
                 "b_now": now,
+                "b_token": (token := uuid.uuid4().hex),
             },
         )
         item = item_from_row(row)
         if sub is not None:
             action = "collect" if sub.state == SubmissionState.ACCEPTED else "reconcile"
-            return Claim(item, run_id, owner, action, _submission(sub))
+            return Claim(item, run_id, owner, action, _submission(sub), token)
         submission = _intend(conn, item, run_id, profile, forced=False)
-        return Claim(item, run_id, owner, "submit", submission)
+        return Claim(item, run_id, owner, "submit", submission, token)
 
     def new_attempt(self, claim: Claim, profile: str, *, forced: bool) -> Submission | None:
         """A further paid call for a claimed item (operator's --force-resubmit).
@@ -307,21 +325,35 @@ class ClaimStore:
             return _intend(conn, claim.item, claim.run_id, profile, forced=forced)
 
     def load_claim(
-        self, item_pk: int, run_id: str, owner: str, action: str, submission_pk: int | None
+        self,
+        item_pk: int,
+        run_id: str,
+        owner: str,
+        action: str,
+        submission_pk: int | None,
+        token: str,
     ) -> Claim | None:
         """The claim another process made, rebuilt from the database by ids (an item task
-        on a Dask worker or another machine works the claim its flow made). None when the
-        item is no longer held by `owner` under a live lease (cancelled, taken over)."""
+        on a Dask worker or another machine works the claim its flow made), and consumed:
+        its `token` is cleared in the same transaction, so a task executed a second time
+        (Dask reschedules a task whose worker died) gets None and sends nothing. None too
+        when the item is no longer held by `owner` under a live lease."""
         now = utcnow()
-        with tx.read(self.engine) as conn:
-            row = conn.execute(
-                select(_items).where(
+        with tx.write(self.engine) as conn:
+            taken = conn.execute(
+                update(_items)
+                .where(
                     _items.c.id == item_pk,
                     _items.c.claim_owner == owner,
+                    _items.c.claim_token == token,
                     _items.c.state == ItemState.RUNNING,
                     _items.c.lease_expires_at > now,
                 )
-            ).first()
+                .values(claim_token=None)
+            ).rowcount
+            if not taken:
+                return None
+            row = conn.execute(select(_items).where(_items.c.id == item_pk)).first()
             if row is None:
                 return None
             submission = None
@@ -351,9 +383,13 @@ class ClaimStore:
             # busy SQLite writer must not write a lease that has already run out.
             state = conn.execute(select(_runs.c.state).where(_runs.c.id == run_id)).scalar()
             now = utcnow()
-            conn.execute(
-                update(_items)
-                .where(_items.c.claim_owner == owner, _items.c.state == ItemState.RUNNING)
+            conn.execute(  # only live leases: an expired one may already count as a free
+                update(_items)  # provider slot (or be taken over); it is not revived
+                .where(
+                    _items.c.claim_owner == owner,
+                    _items.c.state == ItemState.RUNNING,
+                    _items.c.lease_expires_at > now,
+                )
                 .values(lease_expires_at=now + timedelta(seconds=lease_s))
             )
             conn.execute(  # the run's lease: alive while any process working on it renews

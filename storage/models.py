@@ -142,6 +142,9 @@ class ItemRow(Base):
     # The provider profile a running item holds a slot of (the cross-process provider limit:
     # running items with a live lease, per profile; a dead holder's slot frees with its lease).
     claim_profile: Mapped[str | None] = mapped_column(String(64))
+    # A claim is worked once: an item task (on a Dask worker, another machine) consumes this
+    # token when it starts, so a re-executed task can never send the same paid call again.
+    claim_token: Mapped[str | None] = mapped_column(String(32))
     lease_expires_at: Mapped[datetime | None] = mapped_column()
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column()

@@ -90,13 +90,19 @@ def generate_item(
     """Work one item the flow has claimed, wherever this task runs.
 
     `work` holds ids only: ``{pipeline, episode_id, run_id, owner, item_pk, action,
-    submission_pk, options}`` (options as `RunOptions.params()`). Raises `ItemNotCompleted`
-    when the item did not complete (the claim was lost, the call failed, or its acceptance
-    is unknown: it is reconciled later, never resubmitted).
+    submission_pk, token, options}`` (options as `RunOptions.params()`); the claim's token is
+    consumed when the task starts, so a second execution of the same task sends nothing.
+    Raises `ItemNotCompleted` when the item did not complete (the claim was lost, the call
+    failed, or its acceptance is unknown: it is reconciled later, never resubmitted).
     """
     engine = item_engine(work["pipeline"], work["episode_id"])
     claim = engine.claims.load_claim(
-        work["item_pk"], work["run_id"], work["owner"], work["action"], work["submission_pk"]
+        work["item_pk"],
+        work["run_id"],
+        work["owner"],
+        work["action"],
+        work["submission_pk"],
+        work["token"],
     )
     if claim is None:  # cancelled, paused or taken over since the flow claimed it
         raise ItemNotCompleted(f"item {item_id}: no longer held by this run")
@@ -171,15 +177,17 @@ def prefect_executor(
                     "item_pk": item.pk,
                     "action": claim.action,
                     "submission_pk": claim.submission.pk if claim.submission else None,
+                    "token": claim.token,
                     "options": params,
                 }
                 future = item_task.submit(work, item.item_id, item.idempotency_key, item.ledger_ref)
                 running[future] = (item, claim)
             if not running:
-                if not (queue and throttled) or stop.is_set():
+                if stop.is_set() or not queue:
                     break
-                stop.wait(THROTTLE_POLL_S)  # every slot is another run's: wait for one
-                continue
+                if throttled:  # every slot is another run's: wait for one
+                    stop.wait(THROTTLE_POLL_S)
+                continue  # the batch was busy or done elsewhere: claim the next ones
             # Refill once any one finishes, with every other one finished by then: one
             # claim transaction then fills all the free slots.
             first = next(as_completed(list(running)))

@@ -110,3 +110,30 @@ def test_a_killed_holder_gives_its_capacity_back_by_itself(
     assert outcome.state.value == "completed", outcome.message
     created = [e for e in provider_log() if e["event"] == "job_created"]
     assert len(created) == 2 * LIMIT and len({e["client_reference"] for e in created}) == 2 * LIMIT
+
+
+def test_a_claim_is_worked_once_even_if_its_task_runs_twice(
+    engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Dask reschedules a task whose worker died: the second execution of the same item task
+    finds the claim's token consumed and sends nothing (the first may already have paid)."""
+    from storage.claims import ClaimStore
+    from tests.generation import new_run
+
+    _profiles(tmp_path, monkeypatch, delay_ms=0)
+    (episode_id,) = _episodes(engine, tmp_path, 1, items=1)
+    run_id = new_run(Episode(engine, episode_id))
+    store = ClaimStore(engine)
+    from storage.runs import RunStore
+
+    runs = RunStore(engine)
+    runs.transition_run(run_id, __import__("core.states").states.RunState.RUNNING, lease_s=30)
+    (item,) = runs.run_items(run_id)
+    claim = store.claim(
+        item.pk, run_id, "flow", lease_s=30, max_attempts=3, profile="limited", provider_limit=3
+    )
+    assert not isinstance(claim, type(None)) and claim.token  # type: ignore[union-attr]
+    args = (item.pk, run_id, "flow", claim.action, claim.submission.pk, claim.token)  # type: ignore[union-attr]
+    first = store.load_claim(*args)
+    assert first is not None and first.action == "submit"
+    assert store.load_claim(*args) is None  # the re-executed task: nothing to send

@@ -24,9 +24,11 @@ def upgrade() -> None:
     # Plain ALTERs (no batch copy of `items`: other tables reference it, and SQLite would
     # have to drop and recreate it with foreign keys on).
     op.add_column("items", sa.Column("claim_profile", sa.String(length=64), nullable=True))
+    op.add_column("items", sa.Column("claim_token", sa.String(length=32), nullable=True))
     op.create_index("ix_items_claim_profile_state", "items", ["claim_profile", "state"])
 
 
 def downgrade() -> None:
     op.drop_index("ix_items_claim_profile_state", table_name="items")
-    op.drop_column("items", "claim_profile")  # SQLite >= 3.35 drops it in place
+    op.drop_column("items", "claim_token")  # SQLite >= 3.35 drops them in place
+    op.drop_column("items", "claim_profile")
