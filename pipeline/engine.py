@@ -278,24 +278,9 @@ class _Job:
         return item.pk in getattr(self._local, "throttled_pks", set())
 
     def claim(self, item: Item) -> Claim | None:
-        engine = self.engine
-        got = engine.claims.claim(
-            item.pk,
-            self.run_id,
-            self.owner,
-            lease_s=self.options.lease_s,
-            max_attempts=self.options.max_attempts,
-            profile=engine.profile.id,
-            provider_limit=engine.profile.max_concurrency,
-            allow_retry=item.pk not in self.no_retry,
-        )
-        self._local.throttled = isinstance(got, Refusal) and got.reason == "throttled"
-        if isinstance(got, Claim):
-            with self.guard:
-                self.claims[item.pk] = got
-            return got
-        self._refused(item, got)
-        return None
+        """Claim one item (`claim_many` of one): None when refused, `throttled` says why."""
+        (got,) = self.claim_many([item])
+        return got
 
     def _refused(self, item: Item, refusal: Refusal) -> None:
         if refusal.reason == "busy":

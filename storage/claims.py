@@ -216,17 +216,27 @@ class ClaimStore:
             # Postgres: one row lock per transaction, as in `claim` (several in one could
             # deadlock with a heartbeat's UPDATE over the same rows in another order).
             return [
-                self.claim_many(
-                    [entry],
-                    run_id,
-                    owner,
-                    lease_s=lease_s,
-                    max_attempts=max_attempts,
-                    profile=profile,
-                    provider_limit=provider_limit,
-                )[0]
+                a
                 for entry in items
+                for a in self._claim_batch(
+                    [entry], run_id, owner, lock, lease_s, max_attempts, profile, provider_limit
+                )
             ]
+        return self._claim_batch(
+            items, run_id, owner, lock, lease_s, max_attempts, profile, provider_limit
+        )
+
+    def _claim_batch(
+        self,
+        items: Sequence[tuple[int, bool]],
+        run_id: str,
+        owner: str,
+        lock: str | None,
+        lease_s: float,
+        max_attempts: int,
+        profile: str,
+        provider_limit: int | None,
+    ) -> list[Claim | Refusal]:
         answers: list[Claim | Refusal] = []
         with tx.write(self.engine, lock=lock) as conn:
             now = utcnow()  # read with the write lock held (a waited-for lock ages a lease)
