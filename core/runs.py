@@ -95,6 +95,9 @@ class Claim:
     action: str
     submission: Submission | None
     token: str | None = None  # one execution of the claim elsewhere (`load_claim`)
+    # time.monotonic() when the transaction that made or loaded the claim proved it ours,
+    # live, and its run running (None: never proved in this process)
+    verified_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

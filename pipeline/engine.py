@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -115,6 +116,9 @@ class ItemExecutor(Protocol):
 
 
 THROTTLE_POLL_S = 0.25  # how often a throttled executor asks again for a provider slot
+# A claim proved (ours, live, run running) by its own transaction less than this long ago
+# needs no second check before its paid call (`RunEngine._holds`).
+CLAIM_PROOF_FRESH_S = 0.25
 
 
 def claim_next(
@@ -537,17 +541,17 @@ class RunEngine:
     def _send(self, claim: Claim, submission: Submission) -> tuple[int, str] | None:
         """The paid call of an intent. None: acceptance unknown (item released, explained)."""
         request = self._request(claim, submission)
-        if not self.claims.still_holds(claim):  # cancelled, paused or taken over: no call
+        if not self._holds(claim):  # cancelled, paused or taken over: no call
             self.claims.withdraw(claim, submission)
             raise Stopped()
         try:
-            remote_ref: str = self._retry_not_created(lambda: self.provider.submit(request))
+            remote_ref: str = self._retry_not_created(claim, lambda: self.provider.submit(request))
         except Stopped:  # between tries that provably created nothing: nothing was sent
             self.claims.withdraw(claim, submission)
             raise
         except UnknownOutcome as exc:
             self.claims.mark_unknown(submission.pk, _reason(exc))
-            found = self._resolve(submission, request)
+            found = self._resolve(claim, submission, request)
             if found is None:
                 self.claims.release(claim, self._unknown_text(claim, submission, _reason(exc)))
                 return None
@@ -567,7 +571,7 @@ class RunEngine:
         """An intent or unknown from before: ask the provider; resubmit only when forced."""
         submission = claim.submission
         assert submission is not None
-        found = self._resolve(submission, self._request(claim, submission))
+        found = self._resolve(claim, submission, self._request(claim, submission))
         if found is not None:
             return submission.pk, found
         if not options.force_resubmit:
@@ -580,8 +584,11 @@ class RunEngine:
             raise Stopped()
         return self._send(claim, fresh)
 
-    def _resolve(self, submission: Submission, request: ImageRequest) -> str | None:
-        """Settle an unknown without a new paid call, as far as the provider's promises go."""
+    def _resolve(self, claim: Claim, submission: Submission, request: ImageRequest) -> str | None:
+        """Settle an unknown without a new paid call, as far as the provider's promises go.
+
+        An idempotent resend may still be the call that makes the one job (the first create
+        never reached the provider), so it is a paid call: the claim is checked first."""
         caps = self.provider.capabilities
         if not (caps.can_lookup or caps.idempotent_create):
             return None
@@ -595,6 +602,8 @@ class RunEngine:
                 if remote_ref is None and caps.idempotent_create:
                     # the same create, same key: the provider returns the job it made, or
                     # makes the one job this submission stands for
+                    if not self.claims.still_holds(claim):
+                        return None  # cancelled or taken over: it stays unknown, unsent
                     remote_ref = self.provider.submit(request)
             except (UnknownOutcome, TransientProviderError):
                 continue
@@ -658,11 +667,28 @@ class RunEngine:
         )
         return "completed" if completed else "taken over"
 
-    def _retry_not_created(self, call: Callable[[], str]) -> str:
-        """Send again only what provably created nothing (never sent, 429), with backoff."""
+    def _holds(self, claim: Claim) -> bool:
+        """The check right before a paid call: the claim is ours, live, and its run running.
+
+        The transaction that made or loaded the claim proved exactly that; when it did so
+        less than `CLAIM_PROOF_FRESH_S` ago (the usual case: the call follows the claim at
+        once), that proof is the check and no other transaction is spent on it. A cancel
+        that lands after the proof is seen before the next paid call, as with any check."""
+        verified = claim.verified_at
+        if verified is not None and time.monotonic() - verified < CLAIM_PROOF_FRESH_S:
+            return True
+        return self.claims.still_holds(claim)
+
+    def _retry_not_created(self, claim: Claim, call: Callable[[], str]) -> str:
+        """Send again only what provably created nothing (never sent, 429), with backoff;
+        every try after a backoff checks the claim again first (a cancel or a lost lease
+        during the wait stops it: `Stopped`)."""
+        tries = 0
 
         def attempt() -> str:
-            if self.stop.is_set():
+            nonlocal tries
+            tries += 1
+            if self.stop.is_set() or (tries > 1 and not self.claims.still_holds(claim)):
                 raise Stopped()
             return call()
 

@@ -13,6 +13,7 @@ submitted once.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Sequence
 from datetime import datetime, timedelta
@@ -282,6 +283,7 @@ class ClaimStore:
         provider_limit: int | None,
         allow_retry: bool,
     ) -> Claim | Refusal:
+        checked = time.monotonic()  # the proof's age counts from before the run is read
         run_state = conn.execute(_RUN_STATE, {"b_run": run_id}).scalar()
         if run_state != RunState.RUNNING:
             return Refusal("stopped")
@@ -315,9 +317,9 @@ class ClaimStore:
         item = item_from_row(row)
         if sub is not None:
             action = "collect" if sub.state == SubmissionState.ACCEPTED else "reconcile"
-            return Claim(item, run_id, owner, action, _submission(sub), token)
+            return Claim(item, run_id, owner, action, _submission(sub), token, checked)
         submission = _intend(conn, item, run_id, profile, forced=False)
-        return Claim(item, run_id, owner, "submit", submission, token)
+        return Claim(item, run_id, owner, "submit", submission, token, checked)
 
     def new_attempt(self, claim: Claim, profile: str, *, forced: bool) -> Submission | None:
         """A further paid call for a claimed item (operator's --force-resubmit).
@@ -347,9 +349,11 @@ class ClaimStore:
         on a Dask worker or another machine works the claim its flow made), and consumed:
         its `token` is cleared in the same transaction, so a task executed a second time
         (Dask reschedules a task whose worker died) gets None and sends nothing. None too
-        when the item is no longer held by `owner` under a live lease."""
-        now = utcnow()
+        when the item is no longer held by `owner` under a live lease, or its run is no
+        longer running (the same proof as `still_holds`, so the claim comes back verified)."""
         with tx.write(self.engine) as conn:
+            now = utcnow()  # read with the write lock held
+            checked = time.monotonic()
             taken = conn.execute(
                 update(_items)
                 .where(
@@ -358,6 +362,9 @@ class ClaimStore:
                     _items.c.claim_token == token,
                     _items.c.state == ItemState.RUNNING,
                     _items.c.lease_expires_at > now,
+                    exists().where(
+                        and_(_runs.c.id == run_id, _runs.c.state == RunState.RUNNING.value)
+                    ),
                 )
                 .values(claim_token=None)
             ).rowcount
@@ -372,7 +379,7 @@ class ClaimStore:
                 if sub is None or sub.item_pk != item_pk:
                     return None
                 submission = _submission(sub)
-        return Claim(item_from_row(row), run_id, owner, action, submission)
+        return Claim(item_from_row(row), run_id, owner, action, submission, None, checked)
 
     def still_holds(self, claim: Claim) -> bool:
         """The claim is ours, live, and its run is running (checked before paid calls)."""

@@ -30,6 +30,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -112,8 +113,10 @@ class PredictionsServer(_Http):
         list_ignores_filter: bool = False,
         page_size: int | None = None,
         output_host: bool = False,
+        on_create: Callable[[str, int], None] | None = None,
     ) -> None:
         self.jobs: dict[str, dict[str, Any]] = {}  # insertion order: oldest first
+        self.on_create = on_create  # called with (prompt, calls so far) as a create arrives
         self.by_key: dict[str, str] = {}  # Idempotency-Key -> job id, when honoured
         self.jobs_made: Counter[str] = Counter()  # jobs created, per Idempotency-Key
         self.create_calls: Counter[str] = Counter()  # every create call that arrived
@@ -266,6 +269,8 @@ def _handler(server: PredictionsServer, http: _Http, api: bool) -> type[BaseHTTP
             with server.lock:
                 server.create_calls[key] += 1
                 calls = server.create_calls[key]
+            if server.on_create is not None:
+                server.on_create(prompt, calls)
             for name, code in (("HTTP_429", 429), ("HTTP_500", 500), ("REFUSE_422", 422)):
                 if _hits(prompt, name, calls):
                     self._send(code, {"detail": name.lower()})

@@ -232,3 +232,55 @@ def test_a_5xx_with_no_job_is_settled_by_an_idempotent_resend_even_with_lookup(
     _plan(episode, tmp_path, ["flaky [[HTTP_500]]", "fine"])
     assert episode.generate().exit_code == ExitCode.OK
     _assert_once_and_billed(episode, server, 2)
+
+
+def test_a_cancel_during_the_backoff_between_refused_creates_stops_the_next_try(
+    make: object, tmp_path: Path
+) -> None:
+    # The provider refuses the first create with 429 (nothing made, so a retry is allowed).
+    # While the engine backs off, the run is cancelled from elsewhere: the next try is a
+    # paid call and must check the claim first, so nothing is ever created.
+    from core.states import RunState
+    from storage.runs import RunStore
+
+    cancelled: list[str] = []
+
+    def cancel_on_first_refusal(prompt: str, calls: int) -> None:
+        if "[[HTTP_429" in prompt and calls == 1:
+            store = RunStore(episode.engine)
+            (run,) = [r for r in store.list_runs("weekly") if r.state == "running"]
+            store.transition_run(run.run_id, RunState.CANCELLED, "cancelled by operator")
+            cancelled.append(run.run_id)
+
+    episode, server = make(on_create=cancel_on_first_refusal)  # type: ignore[operator]
+    _plan(episode, tmp_path, ["refused once [[HTTP_429:1]]"])
+    outcome = episode.generate()
+    assert cancelled and outcome.exit_code == ExitCode.INTERRUPTED, outcome.message
+    assert sum(server.create_calls.values()) == 1  # the retry after the backoff never went
+    assert not server.jobs_made and server.bill_minor == 0
+    assert RunStore(episode.engine).run_state(cancelled[0]) == "cancelled"
+
+
+def test_a_cancel_before_an_idempotent_resend_stops_it(make: object, tmp_path: Path) -> None:
+    # A 500 before the job was made leaves acceptance unknown; the same create sent again
+    # would make the one job, so it is a paid call and a cancel that came first stops it.
+    from core.states import RunState
+    from storage.runs import RunStore
+
+    cancelled: list[str] = []
+
+    def cancel_on_first_create(prompt: str, calls: int) -> None:
+        if calls == 1:
+            store = RunStore(episode.engine)
+            (run,) = [r for r in store.list_runs("weekly") if r.state == "running"]
+            store.transition_run(run.run_id, RunState.CANCELLED, "cancelled by operator")
+            cancelled.append(run.run_id)
+
+    episode, server = make(  # type: ignore[operator]
+        honour=True, idempotent=True, lookup=True, on_create=cancel_on_first_create
+    )
+    _plan(episode, tmp_path, ["flaky [[HTTP_500:1]]"])
+    episode.generate()
+    assert cancelled
+    assert sum(server.create_calls.values()) == 1 and not server.jobs_made
+    assert server.bill_minor == 0 == _ledger_cost(episode.engine)
