@@ -17,6 +17,7 @@ profile across every run and process), so no Prefect concurrency slot is taken p
 
 from __future__ import annotations
 
+import queue as queues
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -27,7 +28,7 @@ from prefect import task
 from prefect.context import TaskRunContext
 from prefect.exceptions import ObjectNotFound
 from prefect.filesystems import WritableFileSystem
-from prefect.futures import PrefectFuture, as_completed
+from prefect.futures import PrefectFuture
 
 from core.errors import ProviderConfigError
 from core.runs import Item
@@ -38,6 +39,10 @@ from providers.profiles import Profile
 
 _engines: dict[tuple[str, str, str], RunEngine] = {}  # a cache rebuilt from ids, per process
 _guard = threading.Lock()
+# Dispatchers in this process, by claim owner: an item task that runs here (the thread
+# runner) tells its dispatcher the moment the item's work is over, so the next item is
+# claimed while Prefect still finishes the task run. A task elsewhere (Dask) finds none.
+_dispatchers: dict[str, queues.SimpleQueue[tuple[str, Any]]] = {}
 
 
 class ItemNotCompleted(Exception):
@@ -106,10 +111,22 @@ def generate_item(
     )
     if claim is None:  # cancelled, paused or taken over since the flow claimed it
         raise ItemNotCompleted(f"item {item_id}: no longer held by this run")
-    outcome = engine.process(claim, RunOptions.from_params(work["options"]))
+    try:
+        outcome = engine.process(claim, RunOptions.from_params(work["options"]))
+    finally:  # the claim is completed or released by now: its slot is free
+        item_worked(work["owner"], work["item_pk"])
     if outcome != "completed":
         raise ItemNotCompleted(f"item {item_id}: {outcome}")
     return {"item_id": item_id, "idempotency_key": idempotency_key, "outcome": outcome}
+
+
+def item_worked(owner: str, item_pk: int) -> None:
+    """Tell the dispatcher of `owner`, if it runs in this process, that the item's work is
+    over. (A module function, so a task pickled for Dask refers to it by name and never
+    carries the dispatchers' queues.)"""
+    events = _dispatchers.get(owner)
+    if events is not None:
+        events.put(("worked", item_pk))
 
 
 def result_storage(settings: Settings) -> str | Path:
@@ -164,9 +181,14 @@ def prefect_executor(
     params = options.params()
     queue = deque(items)
     running: dict[PrefectFuture[dict[str, str]], tuple[Item, Any]] = {}
+    worked: set[int] = set()  # items in `running` whose work is over (their task finishing)
+    events: queues.SimpleQueue[tuple[str, Any]] = queues.SimpleQueue()
+    with _guard:
+        _dispatchers[job.owner] = events
     try:
         while queue or running:
-            claimed, throttled = claim_next(queue, job, stop, concurrency - len(running))
+            room = concurrency - len(running) + len(worked)
+            claimed, throttled = claim_next(queue, job, stop, room)
             for item, claim in claimed:
                 job.take(item.pk)  # the task works it from the database by ids
                 work = {
@@ -182,31 +204,41 @@ def prefect_executor(
                 }
                 future = item_task.submit(work, item.item_id, item.idempotency_key, item.ledger_ref)
                 running[future] = (item, claim)
+                future.add_done_callback(lambda done: events.put(("finished", done)))
             if not running:
                 if stop.is_set() or not queue:
                     break
                 if throttled:  # every slot is another run's: wait for one
                     stop.wait(THROTTLE_POLL_S)
                 continue  # the batch was busy or done elsewhere: claim the next ones
-            # Refill once any one finishes, with every other one finished by then: one
-            # claim transaction then fills all the free slots.
-            first = next(as_completed(list(running)))
-            finished = [first] + [f for f in running if f is not first and _done(f)]
-            for future in finished:
-                item, claim = running.pop(future)
-                future.wait()  # the final state from the finished future, not an API read
-                completed = future.state.is_completed()
+            # Wait for one item's work to end (its slot is free) or one task to finish, then
+            # take every other event that came meanwhile: one claim fills all free slots.
+            pending = [events.get()]
+            while True:
+                try:
+                    pending.append(events.get_nowait())
+                except queues.Empty:
+                    break
+            for kind, what in pending:
+                if kind == "worked":
+                    if any(item.pk == what for item, _ in running.values()):
+                        worked.add(what)
+                    continue
+                if what not in running:
+                    continue
+                item, claim = running.pop(what)
+                worked.discard(item.pk)
+                what.wait()  # the final state from the finished future, not an API read
+                completed = what.state.is_completed()
                 if not completed:  # the task ended early (lost worker): free its claim;
                     job.release(claim)  # an intent it sent is reconciled, never resent
                 progress(item, "completed" if completed else "failed")
     except BaseException:  # the engine pauses the run and releases this owner's claims
         stop.set()
         raise
-
-
-def _done(future: PrefectFuture[Any]) -> bool:
-    wrapped = getattr(future, "wrapped_future", None)
-    return bool(wrapped is not None and wrapped.done())
+    finally:
+        with _guard:
+            _dispatchers.pop(job.owner, None)
 
 
 class PrefectSecretCredentials:
