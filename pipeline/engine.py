@@ -317,9 +317,10 @@ class _Job:
 
     def release(self, claim: Claim) -> None:
         """Free a claim whose worker ended without finishing (a lost Dask worker, a crashed
-        task): the item becomes failed and resumable; an intent it may have sent stays open
-        and is reconciled by the next claim, never resubmitted."""
-        self.engine.claims.release(claim, INTERRUPTED)
+        task): the item becomes failed and resumable. A task that never loaded its claim
+        sent nothing, and its intent is withdrawn; an intent it may have sent stays open
+        and is reconciled by the next claim, never resubmitted (`release_unstarted`)."""
+        self.engine.claims.release_unstarted(claim, INTERRUPTED)
 
     def abandon_untaken(self) -> None:
         """Claims made but never run (a cancelled future, a task that never started)."""

@@ -427,24 +427,70 @@ class ClaimStore:
         normally instead of treating it as an unknown outcome. False if it was not ours.
         """
         with tx.write(self.engine) as conn:
-            removed = conn.execute(
-                delete(_subs).where(
-                    _subs.c.id == submission.pk,
-                    _subs.c.state == SubmissionState.INTENT,
-                    ~exists().where(_costs.c.submission_pk == submission.pk),
+            return self._withdraw_in(conn, claim, submission)
+
+    @staticmethod
+    def _withdraw_in(conn: Connection, claim: Claim, submission: Submission) -> bool:
+        removed = conn.execute(
+            delete(_subs).where(
+                _subs.c.id == submission.pk,
+                _subs.c.state == SubmissionState.INTENT,
+                ~exists().where(_costs.c.submission_pk == submission.pk),
+            )
+        ).rowcount
+        if removed:
+            conn.execute(
+                update(_items)
+                .where(
+                    _items.c.id == claim.item.pk,
+                    _items.c.claim_owner == claim.owner,
+                    _items.c.attempts == submission.attempt,
                 )
-            ).rowcount
-            if removed:
-                conn.execute(
+                .values(attempts=_items.c.attempts - 1)
+            )
+        return bool(removed)
+
+    def release_unstarted(self, claim: Claim, error_text: str) -> bool:
+        """Give up a claim whose task ended without finishing (a lost worker, a task that
+        failed before its work): the item becomes failed and resumable.
+
+        If the claim's token is still there, its task never loaded it, so its paid call was
+        never made: the token is taken in the same transaction (a late execution of the task
+        then sends nothing) and the intent is withdrawn, so the next run submits the item
+        normally. Otherwise the task may have sent it: the intent stays open and is
+        reconciled, never resubmitted. Returns True if the intent was withdrawn."""
+        with tx.write(self.engine) as conn:
+            unstarted = bool(
+                claim.token
+                and conn.execute(
                     update(_items)
                     .where(
                         _items.c.id == claim.item.pk,
                         _items.c.claim_owner == claim.owner,
-                        _items.c.attempts == submission.attempt,
+                        _items.c.claim_token == claim.token,
+                        _items.c.state == ItemState.RUNNING,
                     )
-                    .values(attempts=_items.c.attempts - 1)
+                    .values(claim_token=None)
+                ).rowcount
+            )
+            withdrawn = False
+            if unstarted and claim.action == "submit" and claim.submission is not None:
+                withdrawn = self._withdraw_in(conn, claim, claim.submission)
+            conn.execute(
+                update(_items)
+                .where(
+                    _items.c.id == claim.item.pk,
+                    _items.c.claim_owner == claim.owner,
+                    _items.c.state == ItemState.RUNNING,
                 )
-            return bool(removed)
+                .values(
+                    state=ItemState.FAILED,
+                    error_text=error_text[:2000],
+                    finished_at=utcnow(),
+                    lease_expires_at=None,
+                )
+            )
+        return withdrawn
 
     def release_all(self, owner: str, error_text: str) -> int:
         """Give up every item `owner` still holds (interrupt, cancellation, crash path)."""

@@ -8,7 +8,7 @@ import pytest
 from prefect import flow
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, select
 
 from core.ids import WeekId
 from flows.generate import generate_episode
@@ -265,3 +265,40 @@ def test_two_flow_runs_of_one_episode_split_the_items_and_none_fails(
         )
     assert task_runs and len(task_runs) == 8  # one task per item, none for followed ones
     assert not [t for t in task_runs if t.state_type == StateType.FAILED], "a red task run"
+
+
+def test_an_item_task_that_fails_before_its_work_leaves_no_intent_behind(
+    harness: str, episode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A task that fails before it loads its claim (here: its worker cannot build the
+    # provider) never made the paid call. The flow withdraws the intent it committed with
+    # the claim, so the next run submits the item normally instead of reconciling it (which
+    # a provider that can neither look jobs up nor dedupe creates would leave to an operator).
+    import tasks.generate as item_tasks
+    from core.errors import ProviderConfigError
+    from storage.engine import make_engine
+    from storage.models import SubmissionRow
+
+    plan(harness, episode, tmp_path / "p", ["a", "b"])
+    real = item_tasks.item_engine
+    failed: list[str] = []
+
+    def broken_worker(pipeline: str, episode_id: str) -> object:
+        if not failed:
+            failed.append(episode_id)
+            raise ProviderConfigError("this worker has no credential")
+        return real(pipeline, episode_id)
+
+    monkeypatch.setattr(item_tasks, "item_engine", broken_worker)
+    first = generate_episode(episode_id=episode, concurrency=1, return_state=True)
+    assert failed and not first.is_completed()
+    engine = make_engine(harness)
+    with engine.connect() as conn:
+        states = list(conn.execute(select(SubmissionRow.state)).scalars())
+    engine.dispose()
+    assert states == ["succeeded"], states  # the unsent intent is gone, nothing is unknown
+    monkeypatch.setattr(item_tasks, "item_engine", real)
+    again = generate_episode(episode_id=episode)
+    assert again["state"] == "completed"
+    assert submissions_per_item() == {"v01.p1": 1, "v02.p1": 1}
+    assert not [e for e in provider_log() if e["event"] == "lookup"]  # submitted, not reconciled

@@ -137,3 +137,38 @@ def test_a_claim_is_worked_once_even_if_its_task_runs_twice(
     first = store.load_claim(*args)
     assert first is not None and first.action == "submit"
     assert store.load_claim(*args) is None  # the re-executed task: nothing to send
+    # Freeing a claim whose task already loaded it keeps the intent: it may have been sent.
+    assert store.release_unstarted(claim, "lost worker") is False  # type: ignore[arg-type]
+
+
+def test_a_claim_freed_before_its_task_started_is_withdrawn_and_never_worked(
+    engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The flow frees a claim whose task ended before loading it: the intent goes (nothing
+    was sent), and a late execution of that task finds the token gone and sends nothing."""
+    from core.states import RunState
+    from storage.claims import ClaimStore
+    from storage.runs import RunStore
+    from tests.generation import new_run
+
+    _profiles(tmp_path, monkeypatch, delay_ms=0)
+    (episode_id,) = _episodes(engine, tmp_path, 1, items=1)
+    run_id = new_run(Episode(engine, episode_id))
+    store, runs = ClaimStore(engine), RunStore(engine)
+    runs.transition_run(run_id, RunState.RUNNING, lease_s=30)
+    (item,) = runs.run_items(run_id)
+    claim = store.claim(
+        item.pk, run_id, "flow", lease_s=30, max_attempts=3, profile="limited", provider_limit=3
+    )
+    assert claim is not None and claim.submission is not None and claim.token
+    assert store.release_unstarted(claim, "task never started") is True
+    late = (item.pk, run_id, "flow", claim.action, claim.submission.pk, claim.token)
+    assert store.load_claim(*late) is None
+    (after,) = runs.run_items(run_id)
+    assert after.state == "failed" and after.attempts == 0  # the attempt was given back
+    from sqlalchemy import func, select
+
+    from storage.models import SubmissionRow
+
+    with engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(SubmissionRow)).scalar_one() == 0
