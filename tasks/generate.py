@@ -59,9 +59,15 @@ def item_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
     return f"{context.task.name}:{parameters['idempotency_key']}:{parameters['ledger_ref']}"
 
 
-def item_engine(pipeline: str, episode_id: str) -> RunEngine:
+def item_engine(pipeline: str, episode_id: str, profile: str | None = None) -> RunEngine:
     """This process's engine for the episode, built from the environment on first use: the
-    gate, the recorded plan's provider profile and a provider with its credential."""
+    gate, the recorded plan's provider profile and a provider with its credential.
+
+    `profile` is the provider profile the claim was made under: an engine cached for another
+    profile (the episode was re-planned onto another provider while this worker lived) is
+    rebuilt from the current plan, and a claim made under a profile that is no longer the
+    plan's raises `ItemNotCompleted` (its intent names a provider this plan no longer uses).
+    """
     from pipeline.generation import prepare, run_engine
     from storage.registry import engine_for
 
@@ -69,7 +75,7 @@ def item_engine(pipeline: str, episode_id: str) -> RunEngine:
     key = (settings.url, pipeline, episode_id)
     with _guard:
         cached = _engines.get(key)
-    if cached is not None:
+    if cached is not None and profile in (None, cached.profile.id):
         return cached
     db = engine_for(settings)
     built = run_engine(
@@ -78,7 +84,14 @@ def item_engine(pipeline: str, episode_id: str) -> RunEngine:
         prepare(db, settings, pipeline, episode_id, "generate"),
         PrefectSecretCredentials(),
     )
+    if profile is not None and built.profile.id != profile:
+        raise ItemNotCompleted(
+            f"episode {episode_id}: claimed under provider profile {profile!r}, but its plan "
+            f"now uses {built.profile.id!r}"
+        )
     with _guard:
+        if cached is not None and _engines.get(key) is cached:
+            del _engines[key]
         return _engines.setdefault(key, built)
 
 
@@ -95,12 +108,13 @@ def generate_item(
     """Work one item the flow has claimed, wherever this task runs.
 
     `work` holds ids only: ``{pipeline, episode_id, run_id, owner, item_pk, action,
-    submission_pk, token, options}`` (options as `RunOptions.params()`); the claim's token is
-    consumed when the task starts, so a second execution of the same task sends nothing.
+    submission_pk, token, profile, options}`` (options as `RunOptions.params()`); the
+    claim's token is consumed when the task starts, so a second execution of the same task
+    sends nothing.
     Raises `ItemNotCompleted` when the item did not complete (the claim was lost, the call
     failed, or its acceptance is unknown: it is reconciled later, never resubmitted).
     """
-    engine = item_engine(work["pipeline"], work["episode_id"])
+    engine = item_engine(work["pipeline"], work["episode_id"], work.get("profile"))
     claim = engine.claims.load_claim(
         work["item_pk"],
         work["run_id"],
@@ -200,6 +214,7 @@ def prefect_executor(
                     "action": claim.action,
                     "submission_pk": claim.submission.pk if claim.submission else None,
                     "token": claim.token,
+                    "profile": job.profile_id,
                     "options": params,
                 }
                 future = item_task.submit(work, item.item_id, item.idempotency_key, item.ledger_ref)

@@ -302,3 +302,29 @@ def test_an_item_task_that_fails_before_its_work_leaves_no_intent_behind(
     assert again["state"] == "completed"
     assert submissions_per_item() == {"v01.p1": 1, "v02.p1": 1}
     assert not [e for e in provider_log() if e["event"] == "lookup"]  # submitted, not reconciled
+
+
+def test_a_worker_rebuilds_its_engine_when_the_episode_moves_to_another_profile(
+    harness: str, episode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A long-lived worker (a Dask process) caches each episode's engine. A claim made under
+    # another provider profile (the episode was re-planned) gets an engine for the current
+    # plan; a claim made under the profile the plan no longer uses is refused before it loads.
+    from tasks.generate import ItemNotCompleted, item_engine
+
+    profiles = tmp_path / "providers.yaml"
+    profiles.write_text(
+        "profiles:\n"
+        "  fake-a:\n    kind: fake\n    cost_per_image_minor: 4\n"
+        "  fake-b:\n    kind: fake\n    cost_per_image_minor: 6\n"
+    )
+    monkeypatch.setenv("EPISODIC_PROVIDERS_FILE", str(profiles))
+    engine = create_engine(harness)
+    record_plan(engine, "weekly", episode, write_playlist(tmp_path / "a", ["x"], profile="fake-a"))
+    assert item_engine("weekly", episode, "fake-a").profile.id == "fake-a"
+    record_plan(engine, "weekly", episode, write_playlist(tmp_path / "b", ["x"], profile="fake-b"))
+    engine.dispose()
+    assert item_engine("weekly", episode, "fake-b").profile.id == "fake-b"
+    assert item_engine("weekly", episode, "fake-b") is item_engine("weekly", episode, "fake-b")
+    with pytest.raises(ItemNotCompleted, match="now uses 'fake-b'"):
+        item_engine("weekly", episode, "fake-a")
