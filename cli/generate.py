@@ -96,7 +96,13 @@ def generate(
 
     check_dedup_options(idempotency_key, batch_id, allow_duplicate)
     if resume is not None:
-        resume_run(resume, force_resubmit=force_resubmit, as_json=as_json)
+        resume_run(
+            resume,
+            force_resubmit=force_resubmit,
+            as_json=as_json,
+            episode_id=episode_id,
+            pipeline=context.pipeline_name(pipeline),
+        )
         return
     engine = context.engine()
     settings = context.settings()
@@ -163,7 +169,16 @@ def retry(
     _report(outcome, as_json)
 
 
-def resume_run(run_id: str, *, force_resubmit: bool, as_json: bool) -> None:
+def resume_run(
+    run_id: str,
+    *,
+    force_resubmit: bool,
+    as_json: bool,
+    episode_id: str | None = None,
+    pipeline: str | None = None,
+) -> None:
+    """Resume `run_id`; with `episode_id`/`pipeline` (`generate E --resume RUN`), only a
+    run of that episode."""
     from pipeline.gate import EnvironmentCredentials
     from pipeline.generation import resume
 
@@ -175,6 +190,8 @@ def resume_run(run_id: str, *, force_resubmit: bool, as_json: bool) -> None:
             EnvironmentCredentials(),
             force_resubmit=force_resubmit,
             on_start=on_start,
+            episode_id=episode_id,
+            pipeline=pipeline,
         )
     _report(outcome, as_json)
 

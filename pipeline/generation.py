@@ -11,6 +11,7 @@ from sqlalchemy import Engine
 
 from core.errors import CommandNotAllowed
 from core.hints import hint
+from core.ids import EpisodeId
 from core.playlist import PlannedItem
 from core.settings import Settings
 from core.states import RunState
@@ -216,12 +217,26 @@ def resume(
     force_resubmit: bool = False,
     executor: ItemExecutor = thread_pool_executor,
     on_start: OnStart | None = None,
+    episode_id: str | None = None,
+    pipeline: str | None = None,
 ) -> RunOutcome:
     """The Python API of `episodic runs resume` / `retry`: finish a paused or failed run,
     join a live one (``deduplicated``), or take over one whose process died (lease expired).
-    A completed run answers at once. Errors: `RunNotFound` (5), `CommandNotAllowed` (2)."""
+    A completed run answers at once. `episode_id` and `pipeline`: the episode the caller
+    named (`generate E --resume RUN`); a run of another episode is refused before anything
+    is read.
+    Errors: `RunNotFound` (5), `InvalidInput` (2, a malformed `episode_id`),
+    `CommandNotAllowed` (2)."""
     store = RunStore(engine)
     stored = store.get_run(run_id)
+    if episode_id is not None:
+        named = str(EpisodeId.parse(episode_id))
+        if (stored.episode_id, stored.pipeline) != (named, pipeline or stored.pipeline):
+            raise CommandNotAllowed(
+                f"run {run_id} belongs to episode {stored.episode_id} of pipeline "
+                f"{stored.pipeline!r}, not {named} of {pipeline or stored.pipeline!r}; "
+                "nothing was done"
+            )
     prepared = prepare(engine, settings, stored.pipeline, stored.episode_id, "resume")
     if stored.state == RunState.COMPLETED:
         return _already_completed(store, prepared, run_id)

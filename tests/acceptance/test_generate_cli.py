@@ -98,6 +98,23 @@ def test_exit_codes(cli: Cli, planned: Callable[[list[str]], str]) -> None:
     assert refused.returncode == 2 and "is failed: it cannot become cancelled" in refused.stderr
 
 
+def test_resume_of_another_episodes_run_is_refused_and_pays_nothing(
+    cli: Cli, planned: Callable[[list[str]], str]
+) -> None:
+    episode = planned(["a", "b [[FAIL_PERMANENT]]"])  # 2026-W32-0, its run fails one item
+    assert cli("allocate", "--key", "other", "--week", "2026-W32").returncode == 0  # -1
+    assert cli("generate", episode).returncode == 6
+    run_id = json.loads(cli("runs", "list", "--json").stdout)[0]["run_id"]
+    before = submissions_per_item()
+    wrong = cli("generate", "2026-W32-1", "--resume", run_id)
+    assert wrong.returncode == 2, wrong.stderr
+    assert f"belongs to episode {episode}" in wrong.stderr and "Traceback" not in wrong.stderr
+    assert len(wrong.stderr.strip().splitlines()) == 1
+    assert cli("generate", "2026-W32-X", "--resume", run_id).returncode == 2
+    assert submissions_per_item() == before  # nothing paid
+    assert cli("generate", episode, "--resume", run_id).returncode == 6  # its own episode
+
+
 @SQLITE_ONLY
 def test_all_failed_exits_4(cli: Cli, planned: Callable[[list[str]], str]) -> None:
     episode = planned(["bad [[FAIL_PERMANENT]]"])
