@@ -103,8 +103,11 @@ class Claim:
 @dataclass(frozen=True, slots=True)
 class Refusal:
     """Why an item could not be claimed: ``done`` (completed), ``busy`` (another live holder,
-    `holder_run`), ``exhausted`` (out of retries), ``stopped`` (the run is no longer running)
-    or ``throttled`` (the provider profile's limit of items in flight is reached: try later).
+    `holder_run`), ``exhausted`` (out of retries), ``stopped`` (the run was paused, cancelled
+    or completed), ``reopen`` (the run is failed: another process concluded it while this
+    one still works, or the sweep reaped it while this one was frozen; the caller may move
+    it back to running and ask again) or ``throttled`` (the provider profile's limit of
+    items in flight is reached: try later).
     """
 
     reason: str

@@ -207,20 +207,22 @@ class _Heartbeat(threading.Thread):
     """Renews the owner's leases and stops the run's work when the run stops running."""
 
     def __init__(
-        self, claims: ClaimStore, owner: str, run_id: str, lease_s: float, stop: threading.Event
+        self, engine: RunEngine, owner: str, run_id: str, lease_s: float, stop: threading.Event
     ) -> None:
         super().__init__(name=f"heartbeat-{run_id[:8]}", daemon=True)
-        self.claims, self.owner, self.run_id, self.lease_s = claims, owner, run_id, lease_s
+        self.engine, self.owner, self.run_id, self.lease_s = engine, owner, run_id, lease_s
         self.stop_work = stop
         self.done = threading.Event()
 
     def run(self) -> None:
         while not self.done.wait(max(0.2, self.lease_s / 3)):
             try:
-                state = self.claims.renew(self.owner, self.run_id, self.lease_s)
+                state = self.engine.claims.renew(self.owner, self.run_id, self.lease_s)
+                if state == RunState.FAILED:  # concluded elsewhere while this process works
+                    state = self.engine.reopen(self.run_id, self.lease_s)
             except Exception:  # a database hiccup: try again; guarded writes stay safe
                 continue
-            if state != RunState.RUNNING:
+            if state != RunState.RUNNING:  # paused, cancelled or completed: stop here
                 self.stop_work.set()
 
 
@@ -263,18 +265,22 @@ class _Job:
         )
         self._local.throttled_pks = set()
         out: list[Claim | None] = []
+        reopen = False
         for item, got in zip(items, answers, strict=True):
             if isinstance(got, Claim):
                 with self.guard:
                     self.claims[item.pk] = got
                 out.append(got)
                 continue
-            if got.reason == "throttled":
+            if got.reason in ("throttled", "reopen"):  # asked again after a short wait
                 self._local.throttled_pks.add(item.pk)
+                reopen = reopen or got.reason == "reopen"
             else:
                 self._refused(item, got)
             out.append(None)
         self._local.throttled = bool(self._local.throttled_pks)
+        if reopen:  # this process still has work: the run is running again
+            engine.reopen(self.run_id, self.options.lease_s)
         return out
 
     def was_throttled(self, item: Item) -> bool:
@@ -357,8 +363,9 @@ class RunEngine:
         ended = self._start(run_id, job.owner, options.lease_s)
         if ended is not None:  # the run we joined finished meanwhile: its outcome is ours
             return replace(self._outcome(run_id, ended, skipped, ()), deduplicated=deduplicated)
-        heartbeat = _Heartbeat(self.claims, job.owner, run_id, options.lease_s, self.stop)
+        heartbeat = _Heartbeat(self, job.owner, run_id, options.lease_s, self.stop)
         heartbeat.start()
+        interrupted = False
         concurrency = max(1, min(options.concurrency, self.provider.capabilities.max_concurrency))
         try:
             while items:
@@ -371,7 +378,8 @@ class RunEngine:
                 waiting = set(job.busy)
                 items = [it for it in items if it.pk in waiting]
                 self.stop.wait(self.follow_poll_s)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM of this process: it pauses the run
+            interrupted = True
             self.stop.set()
         except Exception as exc:
             self.stop.set()
@@ -387,7 +395,7 @@ class RunEngine:
             heartbeat.done.set()
         followed = tuple(sorted(job.followed))
         if self.stop.is_set():
-            outcome = self._stopped(run_id, job.owner, skipped, followed)
+            outcome = self._stopped(run_id, job.owner, skipped, followed, interrupted)
         else:
             outcome = self.finish(run_id, skipped, followed)
         return replace(outcome, deduplicated=deduplicated)
@@ -411,12 +419,25 @@ class RunEngine:
         return [it for it in candidates if kinds[it.pk] in FOLLOWABLE]
 
     def finish(self, run_id: str, skipped: int, followed: tuple[str, ...] = ()) -> RunOutcome:
+        """Conclude the run from its items as they stand. A run another process concluded
+        as failed while this one completed the rest is completed (failed → running →
+        completed: the last process to finish decides)."""
         counts = self.store.counts(run_id)
         if counts.failed == 0 and counts.pending == 0 and counts.running == 0:
+            if self.store.run_state(run_id) == RunState.FAILED:
+                self._move(run_id, RunState.RUNNING)
             state = self._move(run_id, RunState.COMPLETED)
         else:
             state = self._move(run_id, RunState.FAILED, f"{counts.failed} items failed")
         return self._outcome(run_id, state, skipped, followed)
+
+    def reopen(self, run_id: str, lease_s: float) -> RunState:
+        """Move a failed run back to running for this process, which still has work on it
+        (another process concluded it, or the sweep reaped it while this one was frozen);
+        returns the state it is in now. Claims stay guarded: nothing is paid twice."""
+        with suppress(InvalidTransition):
+            self.store.transition_run(run_id, RunState.RUNNING, lease_s=lease_s)
+        return RunState(self.store.run_state(run_id))
 
     def _start(self, run_id: str, owner: str, lease_s: float) -> RunState | None:
         """Start the run, or join it and renew its lease at once (a run whose process died
@@ -449,12 +470,19 @@ class RunEngine:
         self._move(run_id, RunState.PAUSED, INTERRUPTED)
 
     def _stopped(
-        self, run_id: str, owner: str, skipped: int, followed: tuple[str, ...]
+        self,
+        run_id: str,
+        owner: str,
+        skipped: int,
+        followed: tuple[str, ...],
+        interrupted: bool = True,
     ) -> RunOutcome:
-        """Stopped by an interrupt, or by a cancel/pause/finish of the run from elsewhere."""
+        """Stopped by an interrupt of this process (it pauses the run), or by a cancel,
+        pause or finish of the run from elsewhere (the run is left as it is: a run another
+        process resumed meanwhile goes on there)."""
         self.claims.release_all(owner, INTERRUPTED)
         state = RunState(self.store.run_state(run_id))
-        if state == RunState.RUNNING:
+        if state == RunState.RUNNING and interrupted:
             state = self._move(run_id, RunState.PAUSED, INTERRUPTED)
         return self._outcome(run_id, state, skipped, followed)
 
@@ -485,6 +513,12 @@ class RunEngine:
         elif state == RunState.CANCELLED:
             code = ExitCode.INTERRUPTED
             message = f"run {run_id} was cancelled; it stopped before its next paid call"
+        elif state == RunState.RUNNING:  # paused and resumed elsewhere while this one stopped
+            code = ExitCode.INTERRUPTED
+            message = (
+                f"run {run_id} stopped here and goes on in another process; follow it with: "
+                f"episodic runs show {run_id}"
+            )
         else:
             code = ExitCode.INTERRUPTED
             message = f"run {run_id} interrupted and paused; resume with: {resume}"

@@ -249,6 +249,7 @@ class ClaimStore:
                     in (
                         "throttled",
                         "stopped",
+                        "reopen",
                     )
                 ):
                     answers.append(answers[-1])
@@ -285,6 +286,8 @@ class ClaimStore:
     ) -> Claim | Refusal:
         checked = time.monotonic()  # the proof's age counts from before the run is read
         run_state = conn.execute(_RUN_STATE, {"b_run": run_id}).scalar()
+        if run_state == RunState.FAILED:  # concluded by another process, or reaped by the
+            return Refusal("reopen")  # sweep while this one was frozen: it may reopen it
         if run_state != RunState.RUNNING:
             return Refusal("stopped")
         row = conn.execute(_ITEM_FOR_UPDATE, {"b_item": item_pk}).one()

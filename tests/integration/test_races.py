@@ -8,6 +8,7 @@ claim used to let two processes pay for one item.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -229,3 +230,61 @@ def test_approve_and_reject_at_the_same_moment_record_one_decision(
         states = Counter(conn.execute(select(EpisodeRow.state)).scalars())
     assert len(decisions) == trials and set(decisions.values()) == {1}
     assert sum(states.values()) == trials and set(states) <= {"approved", "rejected"}
+
+
+def test_a_run_concluded_failed_elsewhere_is_finished_by_the_process_still_working_on_it(
+    engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A stale process (frozen past its lease, then woken) concludes the shared run "failed"
+    # from the items it saw, while the recovery run still works on it. The process still
+    # working reopens the run and finishes it: completed, exit 0, each item paid once.
+    import threading
+
+    from tests.generation import new_run
+
+    monkeypatch.setenv("EPISODIC_FAKE_DELAY_MS", "700")
+    episode = new_episode(engine)
+    episode.plan(write_playlist(tmp_path / "p", ["a", "b", "c"]))
+    run_id = new_run(episode)
+    outcomes: list[object] = []
+    worker = threading.Thread(
+        target=lambda: outcomes.append(episode.resume(run_id, concurrency=1, lease_s=1.5))
+    )
+    worker.start()
+    store = RunStore(engine)
+    deadline = time.monotonic() + 30
+    while store.run_state(run_id) != "running" and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.3)  # the first item is in flight
+    store.transition_run(run_id, RunState.FAILED, "1 items failed")  # the stale one's finish
+    worker.join(timeout=60)
+    (outcome,) = outcomes
+    assert outcome.exit_code == 0 and outcome.state == "completed", outcome.message  # type: ignore[attr-defined]
+    assert store.run_state(run_id) == "completed"
+    assert set(jobs_per_key().values()) == {1} and len(jobs_per_key()) == 3
+    assert check_episodes(engine, "weekly") == []
+
+
+def test_a_process_stopped_by_another_does_not_pause_a_run_resumed_elsewhere(
+    engine: Engine, tmp_path: Path
+) -> None:
+    # The stop came from the run's state (paused elsewhere, then resumed by another
+    # process), not from an interrupt of this process: the run is left running there.
+    from pipeline.gate import EnvironmentCredentials
+    from pipeline.generation import prepare, run_engine
+
+    episode = new_episode(engine)
+    episode.plan(write_playlist(tmp_path / "p", ["a"]))
+    run_id = _running_run(episode)
+    settings = load_settings()
+    run = run_engine(
+        engine,
+        settings,
+        prepare(engine, settings, "weekly", episode.episode_id, "generate"),
+        EnvironmentCredentials(),
+    )
+    outcome = run._stopped(run_id, "stale-owner", 0, (), interrupted=False)
+    assert RunStore(engine).run_state(run_id) == "running"
+    assert outcome.exit_code == 130 and "goes on in another process" in outcome.message
+    run._stopped(run_id, "stale-owner", 0, (), interrupted=True)  # a real Ctrl-C pauses it
+    assert RunStore(engine).run_state(run_id) == "paused"
