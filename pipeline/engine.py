@@ -41,7 +41,7 @@ from core.errors import BudgetExceeded, CommandNotAllowed, InvalidTransition
 from core.exit_codes import ExitCode
 from core.hints import hint
 from core.runs import Claim, Item, Refusal, Submission
-from core.states import EpisodeState, ItemState, RunState
+from core.states import ItemState, RunState
 from pipeline.gate import GatePass
 from pipeline.runs import RunOptions, RunOutcome, classify, write_atomically
 from providers.base import (
@@ -58,7 +58,6 @@ from providers.base import (
 from providers.profiles import Profile
 from storage.base import utcnow
 from storage.claims import ClaimStore
-from storage.review import ReviewStore
 from storage.runs import RunStore
 
 INTERRUPTED = "interrupted"
@@ -348,6 +347,7 @@ class RunEngine:
     stop: threading.Event = field(default_factory=threading.Event)
     on_progress: Callable[[Item, str], None] = lambda item, result: None
     planned_keys: frozenset[str] = frozenset()
+    plan_id: int | None = None  # the recorded plan `planned_keys` come from
     follow_poll_s: float = 0.5
 
     # ------------------------------------------------------------------ the run
@@ -488,7 +488,7 @@ class RunEngine:
 
     def mark_generated(self, run_id: str | None) -> None:
         """The episode is generated once every image of its current plan is completed."""
-        mark_generated(self.store, self.gate.episode_pk, self.planned_keys, run_id)
+        mark_generated(self.store, self.gate.episode_pk, self.planned_keys, run_id, self.plan_id)
 
     def _outcome(
         self, run_id: str, state: RunState, skipped: int, followed: tuple[str, ...]
@@ -737,27 +737,23 @@ class RunEngine:
 
 
 def mark_generated(
-    store: RunStore, episode_pk: int, planned_keys: frozenset[str], run_id: str | None
+    store: RunStore,
+    episode_pk: int,
+    planned_keys: frozenset[str],
+    run_id: str | None,
+    plan_id: int | None = None,
 ) -> bool:
     """Move the episode to ``generated`` once every image of its current plan is completed
-    (from allocated or rejected; approved stays approved). Idempotent: a recovery command
-    calls it again after a crash between a run's completion and this step. True if every
-    planned image is completed."""
-    if not planned_keys:
-        return False
-    index = store.snapshots(episode_pk)
-    done = all(
-        (snap := index.get(key)) is not None and snap.state == ItemState.COMPLETED
-        for key in planned_keys
+    (from allocated or rejected; approved stays approved). `plan_id`: the recorded plan the
+    keys come from; if a newer plan was recorded meanwhile, nothing moves (its own images
+    decide). Idempotent: a recovery command calls it again after a crash between a run's
+    completion and this step. True if every planned image is completed."""
+    return store.mark_generated(
+        episode_pk,
+        planned_keys,
+        plan_id,
+        {"run_id": run_id} if run_id else {"reason": "every planned item completed"},
     )
-    if done:
-        with suppress(InvalidTransition):
-            ReviewStore(store.engine).transition(
-                episode_pk,
-                EpisodeState.GENERATED,
-                {"run_id": run_id} if run_id else {"reason": "every planned item completed"},
-            )
-    return done
 
 
 def _reason(exc: BaseException) -> str:

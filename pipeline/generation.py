@@ -39,6 +39,7 @@ class Prepared:
     gate: GatePass
     items: list[PlannedItem]
     profile: Profile
+    plan_id: int | None = None  # the recorded plan the items come from
 
 
 def record_plan(
@@ -97,7 +98,7 @@ def prepare(
 ) -> Prepared:
     """The gate first, then the recorded plan and the provider profile. No credential yet."""
     gate = open_gate(engine, pipeline, episode_id, command)
-    recorded = RunStore(engine).latest_plan(gate.episode_pk)
+    recorded = RunStore(engine).current_plan(gate.episode_pk)
     if recorded is None:
         raise CommandNotAllowed(
             f"episode {gate.episode_id} has no plan: "
@@ -107,12 +108,12 @@ def prepare(
                 "weekly deployment, which plans from its playlist parameter)",
             )
         )
-    playlist, references = recorded
+    plan_id, playlist, references = recorded
     items = planned_items(playlist, references, gate.episode_id, gate.pipeline)
     profile = get_profile(
         load_profiles(settings.providers_path), str(playlist.get("provider_profile", "fake"))
     )
-    return Prepared(gate, items, profile)
+    return Prepared(gate, items, profile, plan_id)
 
 
 def run_engine(
@@ -136,6 +137,7 @@ def run_engine(
         executor=executor,
         stop=stop or threading.Event(),
         planned_keys=frozenset(item.idempotency_key for item in prepared.items),
+        plan_id=prepared.plan_id,
     )
 
 
@@ -301,7 +303,7 @@ def _already_completed(store: RunStore, prepared: Prepared, run_id: str) -> RunO
     from pipeline.engine import mark_generated
 
     keys = frozenset(item.idempotency_key for item in prepared.items)
-    mark_generated(store, prepared.gate.episode_pk, keys, run_id)
+    mark_generated(store, prepared.gate.episode_pk, keys, run_id, prepared.plan_id)
     counts = store.counts(run_id)
     message = f"run {run_id} already completed; nothing to resume"
     return RunOutcome(run_id, RunState.COMPLETED, ExitCode.OK, counts, 0, message)

@@ -199,14 +199,60 @@ class RunStore:
             return True
 
     def latest_plan(self, episode_pk: int) -> tuple[dict[str, Any], list[str]] | None:
+        recorded = self.current_plan(episode_pk)
+        return None if recorded is None else (recorded[1], recorded[2])
+
+    def current_plan(self, episode_pk: int) -> tuple[int, dict[str, Any], list[str]] | None:
+        """The newest recorded plan: (its row id, playlist, reference hashes), or None."""
         with tx.read(self.engine) as conn:
             row = conn.execute(
-                select(_plans.c.playlist, _plans.c.reference_sha256)
+                select(_plans.c.id, _plans.c.playlist, _plans.c.reference_sha256)
                 .where(_plans.c.episode_pk == episode_pk)
                 .order_by(_plans.c.id.desc())
                 .limit(1)
             ).first()
-        return None if row is None else (dict(row[0]), list(row[1]))
+        return None if row is None else (int(row[0]), dict(row[1]), list(row[2]))
+
+    def mark_generated(
+        self,
+        episode_pk: int,
+        planned_keys: frozenset[str],
+        plan_id: int | None,
+        detail: dict[str, Any],
+    ) -> bool:
+        """Move the episode to ``generated`` if every key of its plan is completed and that
+        plan (`plan_id`, when given) is still the newest: one transaction with the episode
+        row locked, the same lock `record_plan` takes, so a plan recorded meanwhile is either
+        seen here (nothing moves) or moves the episode back itself. Allocated or rejected
+        episodes move; approved and assembled ones stay. True if every planned image is
+        completed under the newest plan."""
+        from storage.review import move_episode
+
+        if not planned_keys:
+            return False
+        with tx.write(self.engine) as conn:
+            state = conn.execute(
+                select(_episodes.c.state).where(_episodes.c.id == episode_pk).with_for_update()
+            ).scalar_one()
+            if plan_id is not None:
+                newest = conn.execute(
+                    select(func.max(_plans.c.id)).where(_plans.c.episode_pk == episode_pk)
+                ).scalar()
+                if newest != plan_id:
+                    return False
+            completed = set(
+                conn.execute(
+                    select(_items.c.idempotency_key).where(
+                        _items.c.episode_pk == episode_pk,
+                        _items.c.state == ItemState.COMPLETED,
+                    )
+                ).scalars()
+            )
+            if not planned_keys <= completed:
+                return False
+            if state in (EpisodeState.ALLOCATED, EpisodeState.REJECTED):
+                move_episode(conn, episode_pk, EpisodeState.GENERATED, detail)
+        return True
 
     # ------------------------------------------------------------------ planning
     def snapshots(self, episode_pk: int) -> ItemIndex:

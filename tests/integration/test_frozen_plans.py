@@ -200,3 +200,38 @@ def test_check_reports_a_recorded_plan_todays_rules_refuse(engine: Engine, tmp_p
         conn.execute(update(EpisodePlanRow).values(playlist=playlist))
     findings = check_episodes(engine, "weekly")
     assert [f.check for f in findings] == ["plan"] and "re-plan" in findings[0].detail
+
+
+def test_a_run_of_an_older_plan_does_not_mark_a_replanned_episode_generated(
+    engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The episode is re-planned while a run of its previous plan is going: when that run
+    # completes, the new plan's images are not made, so the episode stays allocated.
+    import threading
+    import time
+
+    from storage.runs import RunStore
+
+    monkeypatch.setenv("EPISODIC_FAKE_DELAY_MS", "600")
+    episode = new_episode(engine)
+    episode.plan(write_playlist(tmp_path / "a", ["a1", "a2"]))
+    outcomes: list[object] = []
+    run = threading.Thread(target=lambda: outcomes.append(episode.generate(concurrency=1)))
+    run.start()
+    deadline = time.monotonic() + 30
+    while not jobs_per_key() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    episode.plan(write_playlist(tmp_path / "b", ["b1", "b2"], seeds=[7, 8]))  # while it runs
+    run.join(timeout=60)
+    (outcome,) = outcomes
+    assert outcome.exit_code == 0, outcome.message  # type: ignore[attr-defined]
+    pk = RunStore(engine).episode_pk("weekly", episode.episode_id)
+    with engine.connect() as conn:
+        state = conn.execute(select(EpisodeRow.state).where(EpisodeRow.id == pk)).scalar_one()
+    assert state == "allocated"
+    assert check_episodes(engine, "weekly") == []
+    again = episode.generate()  # the new plan's images, then generated
+    assert again.exit_code == 0 and again.counts.paid_submissions == 2
+    with engine.connect() as conn:
+        state = conn.execute(select(EpisodeRow.state).where(EpisodeRow.id == pk)).scalar_one()
+    assert state == "generated"
