@@ -371,8 +371,17 @@ class RunEngine:
             while items:
                 job.busy.clear()
                 self.executor(items, job, concurrency, self.stop, self.on_progress)
-                if self.stop.is_set() or not job.busy:
+                if self.stop.is_set():
                     break
+                if not job.busy:
+                    # Items another process claimed after this one listed them: the run is
+                    # not over while they run, so they are followed (and taken over if their
+                    # holder dies): this process never concludes the run under another's feet.
+                    items = self.store.held_elsewhere(run_id, job.owner)
+                    if not items:
+                        break
+                    self.stop.wait(self.follow_poll_s)
+                    continue
                 # Follow items held by other live claims: finished, taken over, or given up.
                 job.no_retry.update(job.busy)
                 waiting = set(job.busy)

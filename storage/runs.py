@@ -522,6 +522,23 @@ class RunStore:
             rows = conn.execute(query.order_by(_items.c.position, _items.c.part)).all()
         return [item_from_row(row) for row in rows]
 
+    def held_elsewhere(self, run_id: str, owner: str) -> list[Item]:
+        """The run's items running under a live claim of another owner (another process
+        works on them now)."""
+        query = (
+            select(_items)
+            .join(_members, _members.c.item_pk == _items.c.id)
+            .where(
+                _members.c.run_id == run_id,
+                _items.c.state == ItemState.RUNNING,
+                _items.c.lease_expires_at > utcnow(),
+                _items.c.claim_owner != owner,
+            )
+        )
+        with tx.read(self.engine) as conn:
+            rows = conn.execute(query.order_by(_items.c.position, _items.c.part)).all()
+        return [item_from_row(row) for row in rows]
+
     def get_item(self, item_pk: int) -> Item:
         with tx.read(self.engine) as conn:
             return item_from_row(conn.execute(select(_items).where(_items.c.id == item_pk)).one())

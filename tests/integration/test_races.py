@@ -288,3 +288,57 @@ def test_a_process_stopped_by_another_does_not_pause_a_run_resumed_elsewhere(
     assert outcome.exit_code == 130 and "goes on in another process" in outcome.message
     run._stopped(run_id, "stale-owner", 0, (), interrupted=True)  # a real Ctrl-C pauses it
     assert RunStore(engine).run_state(run_id) == "paused"
+
+
+def test_a_run_is_not_concluded_while_another_process_holds_one_of_its_items(
+    engine: Engine, tmp_path: Path
+) -> None:
+    # This process is done with its items, but another one has just claimed one of them
+    # (a retry of an item that failed here). The run is followed until that claim ends,
+    # instead of being concluded under the other process's feet.
+    import threading
+
+    from pipeline.gate import EnvironmentCredentials
+    from pipeline.generation import prepare, run_engine
+    from pipeline.runs import RunOptions
+    from storage.claims import ClaimStore
+
+    episode = new_episode(engine)
+    episode.plan(write_playlist(tmp_path / "p", ["fine", "doomed [[FAIL_PERMANENT]]"]))
+    run_id = _running_run(episode)
+    settings = load_settings()
+    run = run_engine(
+        engine,
+        settings,
+        prepare(engine, settings, "weekly", episode.episode_id, "generate"),
+        EnvironmentCredentials(),
+    )
+    claims = ClaimStore(engine)
+    released_at: list[float] = []
+
+    def another_process_retries(item: object, result: str) -> None:
+        if result != "failed":
+            return
+        held = claims.claim(
+            item.pk,  # type: ignore[attr-defined]
+            run_id,
+            "another-process",
+            lease_s=30,
+            max_attempts=5,
+            profile="fake",
+        )
+        assert not isinstance(held, type(None)) and hasattr(held, "token"), held
+
+        def give_up_later() -> None:
+            time.sleep(1.0)
+            released_at.append(time.monotonic())
+            claims.release(held, "failed again")  # type: ignore[arg-type]
+
+        threading.Thread(target=give_up_later).start()
+
+    run.on_progress = another_process_retries
+    outcome = run.execute(run_id, RunOptions(concurrency=1, lease_s=10))
+    finished_at = time.monotonic()
+    assert released_at and finished_at >= released_at[0]  # it waited for the other claim
+    assert outcome.counts.running == 0 and outcome.counts.failed == 1
+    assert outcome.exit_code == 6 and "1 items failed" in outcome.message
