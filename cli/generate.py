@@ -59,6 +59,15 @@ def generate(
     max_retries: Annotated[
         int, typer.Option(min=0, max=20, help="Retries of a failed item, counted across runs.")
     ] = 2,
+    collect_timeout: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            max=86400,
+            help="Seconds to keep collecting an accepted job before leaving it to the next "
+            "run (free).",
+        ),
+    ] = 600,
     max_images: Annotated[
         int | None, typer.Option(min=0, help="Refuse a plan with more new paid calls.")
     ] = None,
@@ -117,6 +126,7 @@ def generate(
         max_cost_minor=parse_amount(max_cost) if max_cost is not None else None,
         lease_s=settings.lease_s,
         force_resubmit=force_resubmit,
+        collect_timeout_s=float(collect_timeout),
         cap_minor=settings.max_run_cost_minor,
     )
     if show_plan:
@@ -179,9 +189,11 @@ def resume_run(
 ) -> None:
     """Resume `run_id`; with `episode_id`/`pipeline` (`generate E --resume RUN`), only a
     run of that episode."""
+    from core.ids import parse_run_id
     from pipeline.gate import EnvironmentCredentials
     from pipeline.generation import resume
 
+    run_id = parse_run_id(run_id)
     with _progress(as_json) as on_start:
         outcome = resume(
             context.engine(),

@@ -46,9 +46,11 @@ def list_runs(
 @app.command("show")
 def show_run(run_id: RunArg, as_json: JsonOption = False) -> None:
     """Show a run, its counts, cost and items."""
+    from core.ids import parse_run_id
     from core.money import format_minor
     from storage.runs import RunStore
 
+    run_id = parse_run_id(run_id)
     store = RunStore(context.engine())
     run = store.get_run(run_id)
     counts = store.counts(run_id)
@@ -114,9 +116,11 @@ def resume(
 @app.command("cancel")
 def cancel(run_id: RunArg, as_json: JsonOption = False) -> None:
     """Cancel a pending, running or paused run; its unstarted items are cancelled too."""
+    from core.ids import parse_run_id
     from core.states import RunState
     from storage.runs import RunStore
 
+    run_id = parse_run_id(run_id)
     store = RunStore(context.engine())
     store.transition_run(run_id, RunState.CANCELLED, "cancelled by operator")
     run = store.get_run(run_id)

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta, tzinfo
 
-from core.errors import InvalidEpisodeId, InvalidWeekId
+from core.errors import InvalidEpisodeId, InvalidInput, InvalidWeekId
 
 # ASCII digits only: `\d` would also accept other scripts' digits.
 _WEEK_RE = re.compile(r"([0-9]{4})-W([0-9]{2})")
@@ -22,6 +22,13 @@ MAX_SEQUENCE = 2**31 - 1  # fits a 32-bit integer column on every backend
 def weeks_in_iso_year(year: int) -> int:
     """52 or 53: December 28th always lies in the last ISO week of its year."""
     return date(year, 12, 28).isocalendar().week
+
+
+def shown(text: object, limit: int = 64) -> str:
+    """`text` quoted for an error message, clipped to `limit` characters (an id pasted by
+    mistake may be kilobytes long; the message stays one short line)."""
+    quoted = repr(text)
+    return quoted if len(quoted) <= limit else f"{quoted[: limit - 1]}… ({len(str(text))} chars)"
 
 
 @dataclass(frozen=True, order=True, slots=True)
@@ -41,7 +48,7 @@ class WeekId:
     def parse(cls, text: str) -> WeekId:
         match = _WEEK_RE.fullmatch(text) if isinstance(text, str) else None
         if match is None:
-            raise InvalidWeekId(f"invalid week id {text!r}: expected YYYY-Www, e.g. 2026-W32")
+            raise InvalidWeekId(f"invalid week id {shown(text)}: expected YYYY-Www, e.g. 2026-W32")
         return cls(int(match[1]), int(match[2]))
 
     @classmethod
@@ -81,13 +88,30 @@ class EpisodeId:
         match = _EPISODE_RE.fullmatch(text) if isinstance(text, str) else None
         if match is None:
             raise InvalidEpisodeId(
-                f"invalid episode id {text!r}: expected YYYY-Www-N, e.g. 2026-W32-0"
+                f"invalid episode id {shown(text)}: expected YYYY-Www-N, e.g. 2026-W32-0"
             )
         try:
             week = WeekId(int(match[1]), int(match[2]))
         except InvalidWeekId as exc:
-            raise InvalidEpisodeId(f"invalid episode id {text!r}: {exc}") from None
+            raise InvalidEpisodeId(f"invalid episode id {shown(text)}: {exc}") from None
         return cls(week, int(match[3]))
 
     def __str__(self) -> str:
         return f"{self.week}-{self.sequence}"
+
+
+def parse_run_id(text: str) -> str:
+    """A run id as `episodic runs list` prints it (a UUID), in its canonical form.
+    Raises `InvalidInput` (exit 2) for anything else, before the database is asked."""
+    import uuid
+
+    try:
+        parsed = uuid.UUID(text) if isinstance(text, str) and len(text) <= 45 else None
+    except ValueError:
+        parsed = None
+    if parsed is None:
+        raise InvalidInput(
+            f"invalid run id {shown(text)}: expected a run id from `episodic runs list`, "
+            "e.g. 0d45478b-098c-4a4a-9a52-0d9ecb6a88ed"
+        )
+    return str(parsed)

@@ -6,6 +6,7 @@ import re
 from decimal import Decimal
 
 from core.errors import InvalidInput
+from core.ids import shown
 
 MINOR_DIGITS = 2  # cents
 _SCALE = 100  # minor units per unit
@@ -20,7 +21,7 @@ def parse_amount(text: str) -> int:
     match = _AMOUNT.fullmatch(text.strip()) if isinstance(text, str) else None
     if match is None:
         raise InvalidInput(
-            f"invalid amount {text!r}: expected a plain amount such as 12.50 "
+            f"invalid amount {shown(text)}: expected a plain amount such as 12.50 "
             f"(0 to 999999999.99, at most {MINOR_DIGITS} decimals)"
         )
     whole, cents = str(match[1]), str(match[2] or "")

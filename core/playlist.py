@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
 from core.errors import InvalidInput
+from core.ids import shown
 from core.settings import UNSCOPED_PIPELINE
 
 _ID = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
@@ -207,10 +208,10 @@ def parse_selection(text: str, count: int) -> frozenset[int]:
     for chunk in text.split(","):
         match = _RANGE.fullmatch(chunk.strip())
         if match is None:
-            raise InvalidInput(f"invalid --only {text!r}: expected e.g. 3,7-9")
+            raise InvalidInput(f"invalid --only {shown(text)}: expected e.g. 3,7-9")
         low = int(match[1])
         high = int(match[2] or low)
         if high < low or high > count:
-            raise InvalidInput(f"invalid --only {text!r}: the playlist has videos 1-{count}")
+            raise InvalidInput(f"invalid --only {shown(text)}: the playlist has videos 1-{count}")
         chosen.update(range(low, high + 1))
     return frozenset(chosen)

@@ -35,6 +35,7 @@ from storage.base import utcnow
 from storage.runs import DedupPolicy, RunStore
 
 DEFAULT_LEASE_S = 30.0
+DEFAULT_COLLECT_TIMEOUT_S = 600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +47,9 @@ class RunOptions:
     max_cost_minor: int | None = None
     lease_s: float = DEFAULT_LEASE_S  # a claim lives this long without a heartbeat
     force_resubmit: bool = False
-    collect_timeout_s: float = 600.0
+    # how long an accepted job is collected (polled, downloaded) before the item is left
+    # for the next run to collect, at no cost
+    collect_timeout_s: float = DEFAULT_COLLECT_TIMEOUT_S
     # EPISODIC_MAX_RUN_COST in minor units: applies when neither max_images nor max_cost is
     # given (a 100,000-image playlist never starts by default)
     cap_minor: int | None = None
@@ -65,6 +68,7 @@ class RunOptions:
             "max_cost_minor": self.max_cost_minor,
             "lease_s": self.lease_s,
             "force_resubmit": self.force_resubmit,
+            "collect_timeout_s": self.collect_timeout_s,
         }
 
     @classmethod
@@ -78,6 +82,7 @@ class RunOptions:
             max_cost_minor=params.get("max_cost_minor"),
             lease_s=float(params.get("lease_s", DEFAULT_LEASE_S)),
             force_resubmit=params.get("force_resubmit", False),
+            collect_timeout_s=float(params.get("collect_timeout_s", DEFAULT_COLLECT_TIMEOUT_S)),
         )
 
 

@@ -91,7 +91,13 @@ def test_exit_codes(cli: Cli, planned: Callable[[list[str]], str]) -> None:
     assert partial.returncode == 6
     run_id = json.loads(cli("runs", "list", "--json").stdout)[0]["run_id"]
     assert f"episodic runs resume {run_id}" in partial.stdout
-    assert cli("runs", "resume", "no-such-run").returncode == 5
+    missing = cli("runs", "resume", "0d45478b-098c-4a4a-9a52-0d9ecb6a88ed")
+    assert missing.returncode == 5 and "not found" in missing.stderr
+    for malformed in ("no-such-run", "x" * 5000, "bad\nid"):
+        for command in (["runs", "resume"], ["runs", "show"], ["runs", "cancel"]):
+            result = cli(*command, malformed)
+            assert result.returncode == 2 and "invalid run id" in result.stderr, command
+            assert len(result.stderr.strip().splitlines()) == 1 and len(result.stderr) < 300
     retried = cli("retry", episode, "--json")  # the failed item gets its second attempt
     assert retried.returncode == 6
     refused = cli("runs", "cancel", run_id)  # failed -> cancelled is not a transition
@@ -113,6 +119,25 @@ def test_resume_of_another_episodes_run_is_refused_and_pays_nothing(
     assert cli("generate", "2026-W32-X", "--resume", run_id).returncode == 2
     assert submissions_per_item() == before  # nothing paid
     assert cli("generate", episode, "--resume", run_id).returncode == 6  # its own episode
+
+
+@SQLITE_ONLY
+def test_collect_timeout_leaves_a_slow_job_to_the_next_run_at_no_cost(
+    cli: Cli, planned: Callable[[list[str]], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    episode = planned(["slow"])
+    monkeypatch.setenv("EPISODIC_FAKE_DELAY_MS", "3000")  # the job is ready 3 s after submit
+    started = time.monotonic()
+    first = cli("generate", episode, "--collect-timeout", "1", "--json")
+    assert first.returncode == 4, first.stderr  # with the default 600 s it would complete
+    run_id = json.loads(first.stdout)["run_id"]
+    (item,) = json.loads(cli("runs", "show", run_id, "--json").stdout)["items"]
+    assert "not collected yet" in item["error_text"]
+    assert cli("generate", episode, "--collect-timeout", "0").returncode == 2
+    time.sleep(max(0.0, started + 3.2 - time.monotonic()))  # the provider finished the job
+    again = cli("runs", "resume", run_id, "--json")
+    assert again.returncode == 0, again.stderr
+    assert submissions_per_item() == {"v01.p1": 1}  # collected, not bought again
 
 
 @SQLITE_ONLY

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from core.errors import InvalidEpisodeId, InvalidWeekId
-from core.ids import EpisodeId, WeekId, weeks_in_iso_year
+from core.errors import InvalidEpisodeId, InvalidInput, InvalidWeekId
+from core.ids import EpisodeId, WeekId, parse_run_id, weeks_in_iso_year
 
 BERLIN = ZoneInfo("Europe/Berlin")
 
@@ -99,3 +99,19 @@ def test_parse_accepts_only_canonical_text(text: str) -> None:
 def test_next_week_crosses_iso_years() -> None:
     assert str(WeekId.parse("2026-W53").next()) == "2027-W01"
     assert WeekId.parse("2026-W53").monday() + timedelta(weeks=1) == date(2027, 1, 4)
+
+
+@pytest.mark.parametrize("text", ["x" * 5000, "2026-W32-" + "9" * 5000])
+def test_an_overlong_id_is_clipped_in_its_one_line_error(text: str) -> None:
+    with pytest.raises(InvalidInput) as caught:
+        EpisodeId.parse(text)
+    message = str(caught.value)
+    assert "\n" not in message and len(message) < 200 and f"({len(text)} chars)" in message
+
+
+def test_run_ids_are_parsed_strictly() -> None:
+    run = "0d45478b-098c-4a4a-9a52-0d9ecb6a88ed"
+    assert parse_run_id(run.upper()) == run
+    for bad in ("", "no-such-run", "x" * 5000, run + "\n", 7):
+        with pytest.raises(InvalidInput):
+            parse_run_id(bad)  # type: ignore[arg-type]
