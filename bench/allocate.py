@@ -121,7 +121,7 @@ def _baseline(url: str, keys: list[str], ready: Any, go: Any, out: Any) -> None:
         from storage.lock import pipeline_lock_path
 
         lock = FileLock(pipeline_lock_path(make_engine(url), "weekly"))
-        conn = sqlite3.connect(parsed.database, timeout=30, isolation_level=None)
+        conn: Any = sqlite3.connect(str(parsed.database), timeout=30, isolation_level=None)
         for pragma in (
             "journal_mode=WAL",
             "busy_timeout=30000",

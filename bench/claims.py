@@ -5,7 +5,7 @@ database created on the local server, migrated with `storage.schema.upgrade` and
 the end), in one run:
 
 1. baseline: the raw rate of single-row committed inserts into a scratch table of the same
-   database (`bench.batch._raw_insert_rate`: one raw sqlite3 / psycopg connection, one
+   database (`_raw_insert_rate`: one raw sqlite3 / psycopg connection, one
    INSERT + COMMIT per row), items/s;
 2. claim cycles, no provider: `ClaimStore.claim` (item locked, run checked, claim and
    submission intent committed) + `accept` (a fixed fake remote ref per item) + `complete`
@@ -333,8 +333,44 @@ def _postgres() -> Iterator[str]:
         admin.dispose()
 
 
+def _raw_insert_rate(url: str, rows: int) -> float:
+    """Single-row committed inserts per second through the bare driver (the baseline)."""
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        import sqlite3
+
+        Path(str(parsed.database)).parent.mkdir(parents=True, exist_ok=True)
+        conn: Any = sqlite3.connect(str(parsed.database), isolation_level=None)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS bench_raw (id INTEGER PRIMARY KEY, k TEXT, v TEXT)"
+        )
+        start = time.perf_counter()
+        for n in range(rows):
+            conn.execute("BEGIN")
+            conn.execute("INSERT INTO bench_raw (k, v) VALUES (?, ?)", (f"k{n}", "x" * 64))
+            conn.execute("COMMIT")
+        return rows / (time.perf_counter() - start)
+    import psycopg
+
+    with psycopg.connect(
+        parsed.set(drivername="postgresql").render_as_string(hide_password=False)
+    ) as pg:
+        pg.execute(
+            "CREATE TABLE IF NOT EXISTS bench_raw (id bigserial PRIMARY KEY, k text, v text)"
+        )
+        pg.commit()
+        start = time.perf_counter()
+        for n in range(rows):
+            pg.execute("INSERT INTO bench_raw (k, v) VALUES (%s, %s)", (f"k{n}", "x" * 64))
+            pg.commit()
+        return rows / (time.perf_counter() - start)
+
+
 def bench_backend(backend: str, url: str, home: Path, items: int, images: int) -> list[Row]:
-    from bench.batch import _raw_insert_rate
     from storage.engine import make_engine
     from storage.schema import upgrade
 

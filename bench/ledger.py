@@ -102,7 +102,7 @@ def _connect(url: str) -> tuple[Any, str]:
     if parsed.get_backend_name() == "sqlite":
         import sqlite3
 
-        conn = sqlite3.connect(parsed.database, isolation_level=None, timeout=30)
+        conn = sqlite3.connect(str(parsed.database), isolation_level=None, timeout=30)
         conn.execute("PRAGMA journal_mode=WAL")  # the project's own pragmas
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.execute("PRAGMA foreign_keys=ON")
