@@ -12,6 +12,9 @@ Our figure is the engine's whole path for a run of zero-latency items, in the sa
 
     ratio = engine items/s / floor items/s      target >= 0.5x, with 1 and 8 items at once
 
+Each figure is the median of `--rounds` (3) rounds that measure the floor and the engine one
+after the other, so a machine whose speed drifts during the run affects both sides alike.
+
 Run: make bench  (or .venv/bin/python -m bench.ledger [--items N] [--skip-postgres])
 """
 
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import tempfile
 import threading
 import time
@@ -53,7 +57,7 @@ def _episode(url: str, home: Path, items: int, key: str) -> tuple[str, int]:
     return episode, pk
 
 
-def engine_rate(url: str, home: Path, items: int, concurrency: int) -> float:
+def engine_rate(url: str, home: Path, items: int, concurrency: int, tag: str = "") -> float:
     """Items per second through the engine (zero-latency fake provider)."""
     from core.settings import load_settings
     from pipeline.gate import EnvironmentCredentials
@@ -61,7 +65,7 @@ def engine_rate(url: str, home: Path, items: int, concurrency: int) -> float:
     from pipeline.runs import RunOptions
     from storage.engine import make_engine
 
-    episode, _ = _episode(url, home, items, f"engine-c{concurrency}")
+    episode, _ = _episode(url, home, items, f"engine-c{concurrency}{tag}")
     engine = make_engine(url)
     options = RunOptions(concurrency=concurrency, max_images=items)
     start = time.perf_counter()
@@ -74,12 +78,14 @@ def engine_rate(url: str, home: Path, items: int, concurrency: int) -> float:
     return items / elapsed
 
 
-def _floor_items(url: str, home: Path, items: int, concurrency: int) -> tuple[str, list[int], int]:
+def _floor_items(
+    url: str, home: Path, items: int, concurrency: int, tag: str = ""
+) -> tuple[str, list[int], int]:
     """A run with pending items to drive by raw SQL (set up through the project's API)."""
     from storage.engine import make_engine
     from tests.generation import Episode, new_run
 
-    episode, pk = _episode(url, home, items, f"floor-c{concurrency}")
+    episode, pk = _episode(url, home, items, f"floor-c{concurrency}{tag}")
     engine = make_engine(url)
     run_id = new_run(Episode(engine, episode))
     with engine.connect() as conn:
@@ -112,9 +118,9 @@ def _connect(url: str) -> tuple[Any, str]:
     return psycopg.connect(parsed.set(drivername="postgresql").render_as_string(False)), "%s"
 
 
-def floor_rate(url: str, home: Path, items: int, concurrency: int) -> float:
+def floor_rate(url: str, home: Path, items: int, concurrency: int, tag: str = "") -> float:
     """Items per second for the same commits per item in raw SQL, `concurrency` threads."""
-    run_id, item_pks, episode_pk = _floor_items(url, home, items, concurrency)
+    run_id, item_pks, episode_pk = _floor_items(url, home, items, concurrency, tag)
     sqlite = make_url(url).get_backend_name() == "sqlite"
     queue = list(item_pks)
     guard = threading.Lock()
@@ -123,8 +129,8 @@ def floor_rate(url: str, home: Path, items: int, concurrency: int) -> float:
     from providers.base import ImageRequest
     from providers.fake import FakeProvider
 
-    provider = FakeProvider(profile_id="fake", state_dir=home / f"floor-fake-{concurrency}")
-    images = home / f"floor-images-{concurrency}"
+    provider = FakeProvider(profile_id="fake", state_dir=home / f"floor-fake-{concurrency}{tag}")
+    images = home / f"floor-images-{concurrency}{tag}"
 
     def worker() -> None:
         conn, p = _connect(url)
@@ -212,10 +218,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--items", type=int, default=400)
     parser.add_argument("--skip-postgres", action="store_true")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="floor and engine measured alternately this many times; medians are compared "
+        "(a machine whose speed drifts affects both sides alike)",
+    )
     args = parser.parse_args()
     os.environ["EPISODIC_FAKE_DELAY_MS"] = "0"
     os.environ.pop("EPISODIC_FAKE_PROVIDER_LOG", None)
-    print(f"ledger: {args.items} zero-latency items per figure (target >= 0.5x the floor)")
+    print(
+        f"ledger: {args.items} zero-latency items per figure, median of {args.rounds} "
+        "alternating rounds (target >= 0.5x the floor)"
+    )
     with tempfile.TemporaryDirectory(prefix="episodic-bench-ledger-") as tmp:
         backends: dict[str, Callable[[], str]] = {
             "sqlite": lambda: f"sqlite:///{Path(tmp) / 'sqlite' / 'episodic.db'}"
@@ -235,8 +251,11 @@ def main() -> None:
                 os.environ["EPISODIC_HOME"] = str(home)
                 os.environ["EPISODIC_DATABASE_URL"] = url
                 for concurrency in (1, 8):
-                    floor = floor_rate(url, home, args.items, concurrency)
-                    ours = engine_rate(url, home, args.items, concurrency)
+                    floors, engines = [], []
+                    for n in range(args.rounds):
+                        floors.append(floor_rate(url, home, args.items, concurrency, f"-r{n}"))
+                        engines.append(engine_rate(url, home, args.items, concurrency, f"-r{n}"))
+                    floor, ours = statistics.median(floors), statistics.median(engines)
                     print(
                         f"    {backend:8} {concurrency} at once: engine {ours:7.0f} items/s   "
                         f"raw-SQL floor {floor:7.0f} items/s   ratio {ours / floor:.2f}x"

@@ -479,20 +479,7 @@ class ClaimStore:
             withdrawn = False
             if unstarted and claim.action == "submit" and claim.submission is not None:
                 withdrawn = self._withdraw_in(conn, claim, claim.submission)
-            conn.execute(
-                update(_items)
-                .where(
-                    _items.c.id == claim.item.pk,
-                    _items.c.claim_owner == claim.owner,
-                    _items.c.state == ItemState.RUNNING,
-                )
-                .values(
-                    state=ItemState.FAILED,
-                    error_text=error_text[:2000],
-                    finished_at=utcnow(),
-                    lease_expires_at=None,
-                )
-            )
+            _give_up_in(conn, _items.c.id == claim.item.pk, claim.owner, error_text)
         return withdrawn
 
     def release_all(self, owner: str, error_text: str) -> int:
@@ -501,20 +488,7 @@ class ClaimStore:
 
     def _give_up(self, which: ColumnElement[bool], owner: str, error_text: str) -> int:
         with tx.write(self.engine) as conn:
-            return int(
-                conn.execute(
-                    update(_items)
-                    .where(
-                        which, _items.c.claim_owner == owner, _items.c.state == ItemState.RUNNING
-                    )
-                    .values(
-                        state=ItemState.FAILED,
-                        error_text=error_text[:2000],
-                        finished_at=utcnow(),
-                        lease_expires_at=None,
-                    )
-                ).rowcount
-            )
+            return _give_up_in(conn, which, owner, error_text)
 
     # ------------------------------------------------------------------ the ledger
     def accept(self, submission_pk: int, remote_ref: str) -> bool:
@@ -676,4 +650,21 @@ def _record_cost(
             "b_currency": currency,
             "b_now": now,
         },
+    )
+
+
+def _give_up_in(conn: Connection, which: ColumnElement[bool], owner: str, error_text: str) -> int:
+    """`owner`'s running items among `which` become failed (resumable), in `conn`'s
+    transaction; returns how many."""
+    return int(
+        conn.execute(
+            update(_items)
+            .where(which, _items.c.claim_owner == owner, _items.c.state == ItemState.RUNNING)
+            .values(
+                state=ItemState.FAILED,
+                error_text=error_text[:2000],
+                finished_at=utcnow(),
+                lease_expires_at=None,
+            )
+        ).rowcount
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine, func, select, update
@@ -51,6 +52,20 @@ def _running_run(episode: Episode) -> str:
     run_id = new_run(episode)
     RunStore(episode.engine).transition_run(run_id, RunState.RUNNING)
     return run_id
+
+
+def _run_engine(episode: Episode) -> Any:
+    """The engine a `generate` of the episode would use, built in this process."""
+    from pipeline.gate import EnvironmentCredentials
+    from pipeline.generation import prepare, run_engine
+
+    settings = load_settings()
+    return run_engine(
+        episode.engine,
+        settings,
+        prepare(episode.engine, settings, "weekly", episode.episode_id, "generate"),
+        EnvironmentCredentials(),
+    )
 
 
 def _claim_race(engine: Engine, database_url: str, run_id: str) -> list[list[object]]:
@@ -270,19 +285,10 @@ def test_a_process_stopped_by_another_does_not_pause_a_run_resumed_elsewhere(
 ) -> None:
     # The stop came from the run's state (paused elsewhere, then resumed by another
     # process), not from an interrupt of this process: the run is left running there.
-    from pipeline.gate import EnvironmentCredentials
-    from pipeline.generation import prepare, run_engine
-
     episode = new_episode(engine)
     episode.plan(write_playlist(tmp_path / "p", ["a"]))
     run_id = _running_run(episode)
-    settings = load_settings()
-    run = run_engine(
-        engine,
-        settings,
-        prepare(engine, settings, "weekly", episode.episode_id, "generate"),
-        EnvironmentCredentials(),
-    )
+    run = _run_engine(episode)
     outcome = run._stopped(run_id, "stale-owner", 0, (), interrupted=False)
     assert RunStore(engine).run_state(run_id) == "running"
     assert outcome.exit_code == 130 and "goes on in another process" in outcome.message
@@ -298,21 +304,13 @@ def test_a_run_is_not_concluded_while_another_process_holds_one_of_its_items(
     # instead of being concluded under the other process's feet.
     import threading
 
-    from pipeline.gate import EnvironmentCredentials
-    from pipeline.generation import prepare, run_engine
     from pipeline.runs import RunOptions
     from storage.claims import ClaimStore
 
     episode = new_episode(engine)
     episode.plan(write_playlist(tmp_path / "p", ["fine", "doomed [[FAIL_PERMANENT]]"]))
     run_id = _running_run(episode)
-    settings = load_settings()
-    run = run_engine(
-        engine,
-        settings,
-        prepare(engine, settings, "weekly", episode.episode_id, "generate"),
-        EnvironmentCredentials(),
-    )
+    run = _run_engine(episode)
     claims = ClaimStore(engine)
     released_at: list[float] = []
 
