@@ -314,25 +314,25 @@ def main() -> None:
         counter = iter(range(1000))
         backends["sqlite"] = lambda: f"sqlite:///{tmp / f'db-{next(counter)}' / 'episodic.db'}"
         pg = None
+        created: list[str] = []  # only these are dropped (others may be a test run's)
         if not args.skip_postgres:
             from tests.databases import PostgresDatabases
 
             pg = PostgresDatabases()
-            backends["postgres"] = lambda: pg.url(pg.fresh(migrated=True))
+
+            def fresh_postgres() -> str:
+                created.append(pg.fresh(migrated=True))
+                return pg.url(created[-1])
+
+            backends["postgres"] = fresh_postgres
         try:
             bench_makespan(tmp, args.skip_flow, configs, backends.get("postgres"))  # type: ignore[arg-type]
             if not args.makespan:
                 bench_planning(tmp, backends)
         finally:
             if pg is not None:
-                from sqlalchemy import text
-
-                with pg.admin.connect() as conn:
-                    names = conn.execute(
-                        text("SELECT datname FROM pg_database WHERE datname LIKE 'episodic_t_%'")
-                    ).scalars()
-                    for db in list(names):
-                        pg.drop(db)
+                for db in created:
+                    pg.drop(db)
                 pg.close()
 
 

@@ -21,6 +21,7 @@ import queue as queues
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -250,6 +251,13 @@ def prefect_executor(
                 progress(item, "completed" if completed else "failed")
     except BaseException:  # the engine pauses the run and releases this owner's claims
         stop.set()
+        # Claims handed to tasks that never loaded them (queued on a busy Dask cluster) sent
+        # nothing: their intents are withdrawn now, so the next run submits those items
+        # instead of leaving them "acceptance unknown" (`release_unstarted` takes the token,
+        # so a task that starts late sends nothing either).
+        for _item, claim in list(running.values()):
+            with suppress(Exception):
+                job.release(claim)
         raise
     finally:
         with _guard:
