@@ -261,6 +261,7 @@ class _Job:
             max_attempts=self.options.max_attempts,
             profile=engine.profile.id,
             provider_limit=engine.profile.max_concurrency,
+            max_job_s=engine.profile.max_job_s,
         )
         self._local.throttled_pks = set()
         out: list[Claim | None] = []

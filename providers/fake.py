@@ -161,6 +161,7 @@ class FakeProvider:
             episode_id=request.episode_id,
             remote_ref=remote_ref,
             cost_minor=self.capabilities.cost_per_image_minor,
+            ready_at=job["ready_at"],  # the job runs at the provider until then
         )
         log_event("accepted", client_reference=request.client_reference, remote_ref=remote_ref)
         if "[[LOSE_RESPONSE]]" in request.prompt:

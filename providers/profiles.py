@@ -10,7 +10,8 @@ Built in: ``fake`` (the deterministic fake provider). More profiles come from a 
         credential_env: IMAGE_API_TOKEN        # or credential_secret_block: image-api-token
         cost_per_image_minor: 5
         currency: USD
-        max_concurrency: 4
+        max_concurrency: 4                     # jobs in flight at once, every run and machine
+        max_job_s: 60                          # the longest one job runs at the provider
         timeout_s: 30
         idempotent_create: false               # see below
         lookup: true
@@ -54,6 +55,10 @@ class Profile(BaseModel):
     credential_secret_block: str | None = None
     timeout_s: float = Field(default=30.0, gt=0, le=600)
     poll_interval_s: float = Field(default=1.0, gt=0, le=60)
+    # The longest one job runs at the provider, in seconds: a job whose sender stopped
+    # following it (interrupted, killed, left for later collection) keeps its provider
+    # slot until it is collected or this long after it was sent.
+    max_job_s: int = Field(default=60, ge=1, le=86400, strict=True)
     delay_ms: int | None = Field(default=None, ge=0)
     idempotent_create: bool = False
     lookup: bool = True

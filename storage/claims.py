@@ -62,16 +62,24 @@ _OPEN_SUB = (
     .order_by(_subs.c.id.desc())
     .limit(1)
 )
-_IN_FLIGHT = (
-    select(func.count())
-    .select_from(_items)
-    .where(
-        _items.c.claim_profile == bindparam("b_profile"),
-        _items.c.state == ItemState.RUNNING.value,
-        _items.c.lease_expires_at > bindparam("b_now"),
-        _items.c.id != bindparam("b_item"),
-    )
+# The slots a profile's jobs take: its items running under a live lease, and the items with
+# an open submission of the profile made within its `max_job_s` (a job the provider accepted
+# runs there whatever became of the claim that sent it: an interrupted or killed holder, a
+# job left for later collection). An item with both counts once.
+_RUNNING_SLOTS = select(_items.c.id.label("item")).where(
+    _items.c.claim_profile == bindparam("b_profile"),
+    _items.c.state == ItemState.RUNNING.value,
+    _items.c.lease_expires_at > bindparam("b_now"),
+    _items.c.id != bindparam("b_item"),
 )
+_IN_FLIGHT = select(func.count()).select_from(_RUNNING_SLOTS.subquery())
+_JOB_SLOTS = select(_subs.c.item_pk.label("item")).where(
+    _subs.c.provider_profile == bindparam("b_profile"),
+    _subs.c.state.in_(_OPEN),
+    _subs.c.created_at > bindparam("b_since"),
+    _subs.c.item_pk != bindparam("b_item"),
+)
+_IN_FLIGHT_WITH_JOBS = select(func.count()).select_from(_RUNNING_SLOTS.union(_JOB_SLOTS).subquery())
 _TAKE_ITEM = (
     update(_items)
     .where(_items.c.id == bindparam("b_item"))
@@ -173,20 +181,26 @@ class ClaimStore:
         max_attempts: int,
         profile: str,
         provider_limit: int | None = None,
+        max_job_s: float | None = None,
         allow_retry: bool = True,
     ) -> Claim | Refusal:
         """Claim the item for `owner` (and intend a paid call if one is due), atomically.
 
         Refusals: ``stopped`` (the run is not running: cancelled or paused), ``done``,
         ``busy`` (another owner's lease is live), ``exhausted`` (``max_attempts`` paid
-        calls made and none open), ``throttled`` (`provider_limit` items of `profile` are
-        already running with a live lease, in any run, process or machine) and, with
+        calls made and none open), ``throttled`` (`provider_limit` slots of `profile` are
+        taken, in any run, process or machine: see below) and, with
         ``allow_retry=False`` (a run following another run's work), ``failed`` (its holder
         gave it up: not retried by a follower).
 
-        The provider limit is counted under a lock per profile (a Postgres advisory lock;
-        SQLite's write lock), so concurrent claimers never both take the last slot; a
-        killed holder's slot frees when its lease expires.
+        A slot is taken by an item of `profile` running under a live lease and, with
+        `max_job_s` (seconds), by an item with an open submission (intent, unknown,
+        accepted) of `profile` made less than `max_job_s` ago: the provider's job runs
+        whatever became of the claim that sent it, so an interrupted or killed holder, or a
+        job left for later collection, keeps its slot until the job is collected or
+        `max_job_s` has passed. A killed holder's other slots free when its leases expire.
+        The slots are counted under a lock per profile (a Postgres advisory lock; SQLite's
+        write lock), so concurrent claimers never both take the last one.
         """
         return self.claim_many(
             [(item_pk, allow_retry)],
@@ -196,6 +210,7 @@ class ClaimStore:
             max_attempts=max_attempts,
             profile=profile,
             provider_limit=provider_limit,
+            max_job_s=max_job_s,
         )[0]
 
     def claim_many(
@@ -208,11 +223,13 @@ class ClaimStore:
         max_attempts: int,
         profile: str,
         provider_limit: int | None = None,
+        max_job_s: float | None = None,
     ) -> list[Claim | Refusal]:
         """`claim` for several items (pk, allow_retry) in one transaction, in order: one
         write instead of one per item for a dispatcher that fills many slots at once. After
         the first ``throttled`` refusal the rest are refused the same way, unclaimed."""
         lock = f"provider:{profile}" if provider_limit is not None else None
+        slots = None if provider_limit is None else (max(1, provider_limit), max_job_s)
         if self.engine.dialect.name != "sqlite" and len(items) > 1:
             # Postgres: one row lock per transaction, as in `claim` (several in one could
             # deadlock with a heartbeat's UPDATE over the same rows in another order).
@@ -220,12 +237,10 @@ class ClaimStore:
                 a
                 for entry in items
                 for a in self._claim_batch(
-                    [entry], run_id, owner, lock, lease_s, max_attempts, profile, provider_limit
+                    [entry], run_id, owner, lock, lease_s, max_attempts, profile, slots
                 )
             ]
-        return self._claim_batch(
-            items, run_id, owner, lock, lease_s, max_attempts, profile, provider_limit
-        )
+        return self._claim_batch(items, run_id, owner, lock, lease_s, max_attempts, profile, slots)
 
     def _claim_batch(
         self,
@@ -236,7 +251,7 @@ class ClaimStore:
         lease_s: float,
         max_attempts: int,
         profile: str,
-        provider_limit: int | None,
+        slots: tuple[int, float | None] | None,
     ) -> list[Claim | Refusal]:
         answers: list[Claim | Refusal] = []
         with tx.write(self.engine, lock=lock) as conn:
@@ -264,7 +279,7 @@ class ClaimStore:
                         lease_s=lease_s,
                         max_attempts=max_attempts,
                         profile=profile,
-                        provider_limit=provider_limit,
+                        slots=slots,
                         allow_retry=allow_retry,
                     )
                 )
@@ -281,7 +296,7 @@ class ClaimStore:
         lease_s: float,
         max_attempts: int,
         profile: str,
-        provider_limit: int | None,
+        slots: tuple[int, float | None] | None,
         allow_retry: bool,
     ) -> Claim | Refusal:
         checked = time.monotonic()  # the proof's age counts from before the run is read
@@ -301,9 +316,7 @@ class ClaimStore:
             return Refusal("exhausted")
         if sub is None and not allow_retry and row.state == ItemState.FAILED:
             return Refusal("failed", row.claim_run_id)
-        if provider_limit is not None and _in_flight(conn, profile, item_pk, now) >= max(
-            1, provider_limit
-        ):
+        if slots is not None and _in_flight(conn, profile, item_pk, now, slots[1]) >= slots[0]:
             return Refusal("throttled")
         conn.execute(
             _TAKE_ITEM,
@@ -586,13 +599,15 @@ class ClaimStore:
         return True
 
 
-def _in_flight(conn: Connection, profile: str, item_pk: int, now: datetime) -> int:
-    """Items of `profile` running under a live lease (the slots taken), other than this one."""
-    return int(
-        conn.execute(
-            _IN_FLIGHT, {"b_profile": profile, "b_now": now, "b_item": item_pk}
-        ).scalar_one()
-    )
+def _in_flight(
+    conn: Connection, profile: str, item_pk: int, now: datetime, max_job_s: float | None
+) -> int:
+    """The slots of `profile` taken by other items than this one (see `ClaimStore.claim`)."""
+    params: dict[str, Any] = {"b_profile": profile, "b_now": now, "b_item": item_pk}
+    if max_job_s is None:
+        return int(conn.execute(_IN_FLIGHT, params).scalar_one())
+    params["b_since"] = now - timedelta(seconds=max_job_s)
+    return int(conn.execute(_IN_FLIGHT_WITH_JOBS, params).scalar_one())
 
 
 def _holds(claim: Claim, now: datetime) -> ColumnElement[bool]:

@@ -176,7 +176,11 @@ class SubmissionRow(Base):
     __tablename__ = "submissions"
     # One job of the provider belongs to one submission: a lookup that answers with another
     # item's job can never be recorded (nor its cost counted) twice.
-    __table_args__ = (UniqueConstraint("provider_profile", "remote_ref"),)
+    # Open submissions of a profile are counted as provider slots (storage.claims).
+    __table_args__ = (
+        UniqueConstraint("provider_profile", "remote_ref"),
+        Index("ix_submissions_profile_state_created", "provider_profile", "state", "created_at"),
+    )
 
     id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
     item_pk: Mapped[int] = mapped_column(

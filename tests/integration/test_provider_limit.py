@@ -26,11 +26,13 @@ pytestmark = pytest.mark.slow
 LIMIT = 3
 
 
-def _profiles(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, delay_ms: int) -> None:
+def _profiles(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, delay_ms: int, max_job_s: int = 60
+) -> None:
     path = tmp_path / "providers.yaml"
     path.write_text(
         "profiles:\n  limited:\n    kind: fake\n    cost_per_image_minor: 4\n"
-        f"    max_concurrency: {LIMIT}\n    delay_ms: {delay_ms}\n"
+        f"    max_concurrency: {LIMIT}\n    delay_ms: {delay_ms}\n    max_job_s: {max_job_s}\n"
     )
     monkeypatch.setenv("EPISODIC_PROVIDERS_FILE", str(path))
     monkeypatch.setenv("EPISODIC_FAKE_PROVIDER_LOG", str(tmp_path / "provider.jsonl"))
@@ -53,13 +55,18 @@ def _episodes(engine: Engine, tmp_path: Path, count: int, items: int) -> list[st
 
 
 def max_in_flight(events: list[dict[str, Any]]) -> int:
-    """Most jobs the provider held at once: each from `job_created` to its `collect`."""
+    """Most jobs the provider ran at once: each from its `job_created` until the provider
+    finished it (`ready_at`) or it was collected, whichever came first. A job nobody
+    collects (its sender was interrupted or killed) still runs at the provider."""
+    ends: dict[str, float] = {}
     moments = []
     for event in events:
         if event["event"] == "job_created":
             moments.append((event["at"], 1))
-        elif event["event"] == "collect":
-            moments.append((event["at"], -1))
+            ends[event["remote_ref"]] = event["ready_at"]
+        elif event["event"] == "collect" and event["remote_ref"] in ends:
+            ends[event["remote_ref"]] = min(ends[event["remote_ref"]], event["at"])
+    moments += [(end, -1) for end in ends.values()]
     peak = current = 0
     for _, step in sorted(moments, key=lambda m: (m[0], m[1])):  # a collect first on a tie
         current += step
@@ -91,9 +98,13 @@ def test_two_concurrent_runs_never_push_the_provider_above_its_limit(
 def test_a_killed_holder_gives_its_capacity_back_by_itself(
     engine: Engine, database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """kill -9 of a process holding every slot: another run gets them when the holder's
-    leases (EPISODIC_LEASE_S=5) run out, with no sweep, and pays each item once."""
-    _profiles(tmp_path, monkeypatch, delay_ms=60_000)  # the holder's jobs never finish
+    """kill -9 of a process holding every slot: another run gets them by itself, with no
+    sweep, once the holder's leases (EPISODIC_LEASE_S=5) have run out and its jobs are
+    older than the profile's max_job_s (8 s), and pays each item once."""
+    # The holder's jobs never finish; the profile says a job takes at most 8 s, so the jobs
+    # the holder left behind stop counting as slots then (a profile that tells the truth
+    # about its provider's jobs gets its capacity back when they end).
+    _profiles(tmp_path, monkeypatch, delay_ms=60_000, max_job_s=8)
     slow, fast = _episodes(engine, tmp_path, 2, items=LIMIT)
     holder = w.cli_generate(
         str(tmp_path / "home"), database_url, slow, env={"EPISODIC_LEASE_S": "5"}
@@ -110,6 +121,79 @@ def test_a_killed_holder_gives_its_capacity_back_by_itself(
     assert outcome.state.value == "completed", outcome.message
     created = [e for e in provider_log() if e["event"] == "job_created"]
     assert len(created) == 2 * LIMIT and len({e["client_reference"] for e in created}) == 2 * LIMIT
+
+
+def test_an_interrupted_holders_jobs_keep_their_slots_while_they_run(
+    engine: Engine, database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM of a process whose 3 jobs (the whole limit) run at the provider for 3 s: it
+    gives its claims up at once, but its jobs still run there. A run of another episode
+    started right after must wait for them (max_job_s: 6), not take the freed claims' slots:
+    the provider never runs more than its limit. A later run collects the interrupted jobs
+    at no cost (one job per item)."""
+    _profiles(tmp_path, monkeypatch, delay_ms=3000, max_job_s=6)
+    held, waiting = _episodes(engine, tmp_path, 2, items=LIMIT)
+    holder = w.cli_generate(str(tmp_path / "home"), database_url, held, env={})
+    deadline = time.monotonic() + 120
+    while sum(1 for e in provider_log() if e["event"] == "accepted") < LIMIT:
+        assert holder.poll() is None and time.monotonic() < deadline, holder.communicate()
+        time.sleep(0.05)
+    holder.send_signal(signal.SIGTERM)
+    out, err = holder.communicate(timeout=60)
+    assert holder.returncode == 130, (out, err)  # interrupted: the run is paused
+    outcome = Episode(engine, waiting).generate(concurrency=8)
+    assert outcome.state.value == "completed", outcome.message
+    assert max_in_flight(provider_log()) <= LIMIT, provider_log()
+    resumed = Episode(engine, held).generate(concurrency=8)
+    assert resumed.state.value == "completed", resumed.message
+    assert len(jobs_per_key()) == 2 * LIMIT and set(jobs_per_key().values()) == {1}
+
+
+def test_open_submissions_hold_slots_until_collected_or_older_than_max_job_s(
+    engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The slot count, at the claim: an accepted job whose claim was given up still takes a
+    slot of its profile; it stops when the job is collected (the item's own run may claim
+    it back to collect it), or when it was sent more than max_job_s ago."""
+    from datetime import timedelta
+
+    from sqlalchemy import update
+
+    from core.runs import Claim, Refusal
+    from core.states import RunState
+    from storage.base import utcnow
+    from storage.claims import ClaimStore
+    from storage.models import SubmissionRow
+    from storage.runs import RunStore
+    from tests.generation import new_run
+
+    _profiles(tmp_path, monkeypatch, delay_ms=0)
+    first, second = _episodes(engine, tmp_path, 2, items=1)
+    store, runs = ClaimStore(engine), RunStore(engine)
+    limits = {"provider_limit": 1, "max_job_s": 60, "lease_s": 30, "max_attempts": 3}
+    items = {}
+    for episode_id in (first, second):
+        run_id = new_run(Episode(engine, episode_id))
+        runs.transition_run(run_id, RunState.RUNNING, lease_s=30)
+        items[episode_id] = (run_id, runs.run_items(run_id)[0])
+    run_a, item_a = items[first]
+    run_b, item_b = items[second]
+    claim = store.claim(item_a.pk, run_a, "a", profile="limited", **limits)
+    assert isinstance(claim, Claim) and claim.submission is not None
+    assert store.accept(claim.submission.pk, "job-a")
+    assert store.release_all("a", "interrupted") == 1  # the job still runs at the provider
+    refused = store.claim(item_b.pk, run_b, "b", profile="limited", **limits)
+    assert isinstance(refused, Refusal) and refused.reason == "throttled"
+    assert isinstance(  # another profile's limit is not taken by it
+        store.claim(item_b.pk, run_b, "b", profile="other", **limits), Claim
+    )
+    store.release_all("b", "test")
+    again = store.claim(item_a.pk, run_a, "a2", profile="limited", **limits)
+    assert isinstance(again, Claim) and again.action == "collect"  # its own slot
+    store.release_all("a2", "interrupted again")
+    with engine.begin() as conn:  # sent longer ago than the profile's max_job_s
+        conn.execute(update(SubmissionRow).values(created_at=utcnow() - timedelta(seconds=61)))
+    assert isinstance(store.claim(item_b.pk, run_b, "b", profile="limited", **limits), Claim)
 
 
 def test_a_claim_is_worked_once_even_if_its_task_runs_twice(
