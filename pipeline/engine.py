@@ -79,6 +79,7 @@ class ItemJob(Protocol):
 
     run_id: str
     owner: str
+    engine: RunEngine  # the run's engine: an item task in the same process may share it
 
     @property
     def throttled(self) -> bool: ...

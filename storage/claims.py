@@ -95,6 +95,10 @@ _TAKE_ITEM = (
         error_text=None,
     )
 )
+# The same for a new paid call: the attempt is counted in the same statement.
+_TAKE_ITEM_AND_COUNT = _TAKE_ITEM.values(attempts=_items.c.attempts + 1).returning(
+    _items.c.attempts
+)
 _COUNT_ATTEMPT = (
     update(_items)
     .where(_items.c.id == bindparam("b_item"))
@@ -311,30 +315,31 @@ class ClaimStore:
         live = row.lease_expires_at is not None and row.lease_expires_at > now
         if row.state == ItemState.RUNNING and live and row.claim_owner != owner:
             return Refusal("busy", row.claim_run_id)
-        sub = conn.execute(_OPEN_SUB, {"b_item": item_pk}).first()
+        # Every submission counted an attempt (a withdrawn one gave it back): an item never
+        # attempted has none open, and needs no look for one.
+        sub = conn.execute(_OPEN_SUB, {"b_item": item_pk}).first() if row.attempts else None
         if sub is None and row.attempts >= max_attempts:
             return Refusal("exhausted")
         if sub is None and not allow_retry and row.state == ItemState.FAILED:
             return Refusal("failed", row.claim_run_id)
         if slots is not None and _in_flight(conn, profile, item_pk, now, slots[1]) >= slots[0]:
             return Refusal("throttled")
-        conn.execute(
-            _TAKE_ITEM,
-            {
-                "b_item": item_pk,
-                "b_owner": owner,
-                "b_run": run_id,
-                "b_profile": profile,
-                "b_lease": now + timedelta(seconds=lease_s),
-                "b_now": now,
-                "b_token": (token := uuid.uuid4().hex),
-            },
-        )
+        params = {
+            "b_item": item_pk,
+            "b_owner": owner,
+            "b_run": run_id,
+            "b_profile": profile,
+            "b_lease": now + timedelta(seconds=lease_s),
+            "b_now": now,
+            "b_token": (token := uuid.uuid4().hex),
+        }
         item = item_from_row(row)
         if sub is not None:
+            conn.execute(_TAKE_ITEM, params)
             action = "collect" if sub.state == SubmissionState.ACCEPTED else "reconcile"
             return Claim(item, run_id, owner, action, _submission(sub), token, checked)
-        submission = _intend(conn, item, run_id, profile, forced=False)
+        attempt = conn.execute(_TAKE_ITEM_AND_COUNT, params).scalar_one()
+        submission = _insert_intent(conn, item, run_id, profile, attempt, now, forced=False)
         return Claim(item, run_id, owner, "submit", submission, token, checked)
 
     def new_attempt(self, claim: Claim, profile: str, *, forced: bool) -> Submission | None:
@@ -623,8 +628,21 @@ def _holds(claim: Claim, now: datetime) -> ColumnElement[bool]:
 
 def _intend(conn: Connection, item: Item, run_id: str, profile: str, *, forced: bool) -> Submission:
     """Count the attempt and commit the intent of a paid call (caller holds the claim)."""
-    now = utcnow()
     attempt = conn.execute(_COUNT_ATTEMPT, {"b_item": item.pk}).scalar_one()
+    return _insert_intent(conn, item, run_id, profile, attempt, utcnow(), forced=forced)
+
+
+def _insert_intent(
+    conn: Connection,
+    item: Item,
+    run_id: str,
+    profile: str,
+    attempt: int,
+    now: datetime,
+    *,
+    forced: bool,
+) -> Submission:
+    """The intent of paid call number `attempt` (already counted on the item)."""
     client_reference = f"{item.idempotency_key}-{attempt}"
     pk = conn.execute(
         _INSERT_INTENT,

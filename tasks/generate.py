@@ -17,22 +17,26 @@ profile across every run and process), so no Prefect concurrency slot is taken p
 
 from __future__ import annotations
 
+import os
 import queue as queues
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from contextlib import suppress
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from prefect import task
-from prefect.context import TaskRunContext
+from prefect.context import FlowRunContext, TaskRunContext
 from prefect.exceptions import ObjectNotFound
 from prefect.filesystems import WritableFileSystem
 from prefect.futures import PrefectFuture
+from prefect.task_runners import ThreadPoolTaskRunner
+from prefect.utilities.annotations import quote
 
 from core.errors import ProviderConfigError
-from core.runs import Item
+from core.runs import Claim, Item
 from core.settings import Settings, load_settings
 from pipeline.engine import THROTTLE_POLL_S, ItemJob, RunEngine, claim_next
 from pipeline.runs import RunOptions
@@ -40,10 +44,47 @@ from providers.profiles import Profile
 
 _engines: dict[tuple[str, str, str], RunEngine] = {}  # a cache rebuilt from ids, per process
 _guard = threading.Lock()
-# Dispatchers in this process, by claim owner: an item task that runs here (the thread
-# runner) tells its dispatcher the moment the item's work is over, so the next item is
-# claimed while Prefect still finishes the task run. A task elsewhere (Dask) finds none.
-_dispatchers: dict[str, queues.SimpleQueue[tuple[str, Any]]] = {}
+_building = threading.Lock()
+
+
+@dataclass
+class _LocalFlow:
+    """A flow dispatching in this process, found by its claim owner by the item tasks that
+    run here (the thread runner); a task elsewhere (Dask) finds none and works from the
+    database alone.
+
+    - `events`: a task tells its dispatcher the moment the item's work is over, so the next
+      item is claimed while Prefect still finishes the task run;
+    - `engine`: the flow's engine, shared instead of built per process (it also carries the
+      flow's stop event, so an interrupted flow stops its tasks' work);
+    - `handed`: the claims handed to tasks not yet started. A task takes its claim here
+      instead of consuming the claim's token in the database (one write transaction less
+      per item); the dispatcher frees a claim as unstarted (withdrawing its intent) only if
+      it is still here, under the same lock, so a started task's intent is never withdrawn.
+    """
+
+    engine: RunEngine
+    events: queues.SimpleQueue[tuple[str, Any]] = field(default_factory=queues.SimpleQueue)
+    handed: dict[int, Claim] = field(default_factory=dict)
+
+    def take(self, item_pk: int, token: str | None) -> Claim | None:
+        with _guard:
+            claim = self.handed.get(item_pk)
+            if claim is None or claim.token != token:
+                return None
+            del self.handed[item_pk]
+        return replace(claim, token=None)  # consumed: its task has started
+
+    def unstarted(self, claim: Claim) -> Claim:
+        """`claim` as the dispatcher may free it: with its token if its task never took it
+        (its intent is withdrawn), without if the task started (its intent stays open)."""
+        with _guard:
+            if self.handed.pop(claim.item.pk, None) is not None:
+                return claim
+        return replace(claim, token=None)
+
+
+_local_flows: dict[str, _LocalFlow] = {}
 
 
 class ItemNotCompleted(Exception):
@@ -60,9 +101,13 @@ def item_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
     return f"{context.task.name}:{parameters['idempotency_key']}:{parameters['ledger_ref']}"
 
 
-def item_engine(pipeline: str, episode_id: str, profile: str | None = None) -> RunEngine:
-    """This process's engine for the episode, built from the environment on first use: the
-    gate, the recorded plan's provider profile and a provider with its credential.
+def item_engine(
+    pipeline: str, episode_id: str, profile: str | None = None, owner: str | None = None
+) -> RunEngine:
+    """This process's engine for the episode: the flow's own engine when the task runs in
+    the flow's process (found by the claim's `owner`; it also carries the flow's stop event),
+    else one built from the environment on first use: the gate, the recorded plan's provider
+    profile and a provider with its credential.
 
     `profile` is the provider profile the claim was made under: an engine cached for another
     profile (the episode was re-planned onto another provider while this worker lived) is
@@ -72,28 +117,53 @@ def item_engine(pipeline: str, episode_id: str, profile: str | None = None) -> R
     from pipeline.generation import prepare, run_engine
     from storage.registry import engine_for
 
-    settings = load_settings()
+    with _guard:
+        local = _local_flows.get(owner) if owner is not None else None
+    if local is not None and profile in (None, local.engine.profile.id):
+        return local.engine
+    settings = _settings()
     key = (settings.url, pipeline, episode_id)
     with _guard:
         cached = _engines.get(key)
     if cached is not None and profile in (None, cached.profile.id):
         return cached
-    db = engine_for(settings)
-    built = run_engine(
-        db,
-        settings,
-        prepare(db, settings, pipeline, episode_id, "generate"),
-        PrefectSecretCredentials(),
-    )
-    if profile is not None and built.profile.id != profile:
-        raise ItemNotCompleted(
-            f"episode {episode_id}: claimed under provider profile {profile!r}, but its plan "
-            f"now uses {built.profile.id!r}"
+    with _building:  # one build per process: the other tasks wait and take it
+        with _guard:
+            current = _engines.get(key)
+        if current is not None and current is not cached and profile in (None, current.profile.id):
+            return current
+        db = engine_for(settings)
+        built = run_engine(
+            db,
+            settings,
+            prepare(db, settings, pipeline, episode_id, "generate"),
+            PrefectSecretCredentials(),
         )
+        if profile is not None and built.profile.id != profile:
+            raise ItemNotCompleted(
+                f"episode {episode_id}: claimed under provider profile {profile!r}, but its "
+                f"plan now uses {built.profile.id!r}"
+            )
+        with _guard:
+            _engines[key] = built
+        return built
+
+
+_settings_by_env: dict[tuple[tuple[str, str], ...], Settings] = {}
+
+
+def _settings() -> Settings:
+    """`load_settings()`, read again only when an ``EPISODIC_*`` variable changed (building
+    the settings object per item cost a tenth of an item task's time, bench/batch.py)."""
+    env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("EPISODIC_")))
     with _guard:
-        if cached is not None and _engines.get(key) is cached:
-            del _engines[key]
-        return _engines.setdefault(key, built)
+        cached = _settings_by_env.get(env)
+    if cached is None:
+        cached = load_settings()
+        with _guard:
+            _settings_by_env.clear()
+            _settings_by_env[env] = cached
+    return cached
 
 
 @task(
@@ -115,14 +185,18 @@ def generate_item(
     Raises `ItemNotCompleted` when the item did not complete (the claim was lost, the call
     failed, or its acceptance is unknown: it is reconciled later, never resubmitted).
     """
-    engine = item_engine(work["pipeline"], work["episode_id"], work.get("profile"))
-    claim = engine.claims.load_claim(
-        work["item_pk"],
-        work["run_id"],
-        work["owner"],
-        work["action"],
-        work["submission_pk"],
-        work["token"],
+    engine = item_engine(
+        work["pipeline"], work["episode_id"], work.get("profile"), work.get("owner")
+    )
+    claim = handed_claim(work["owner"], work["item_pk"], work["token"]) or (
+        engine.claims.load_claim(
+            work["item_pk"],
+            work["run_id"],
+            work["owner"],
+            work["action"],
+            work["submission_pk"],
+            work["token"],
+        )
     )
     if claim is None:  # cancelled, paused or taken over since the flow claimed it
         raise ItemNotCompleted(f"item {item_id}: no longer held by this run")
@@ -135,12 +209,23 @@ def generate_item(
     return {"item_id": item_id, "idempotency_key": idempotency_key, "outcome": outcome}
 
 
+def handed_claim(owner: str, item_pk: int, token: str | None) -> Claim | None:
+    """The claim the dispatcher of `owner` handed to this task, if it runs in this process
+    (taken: a second take finds none). (Module functions, like `item_worked`, so a task
+    pickled for Dask refers to them by name and never carries the registry or its lock.)"""
+    with _guard:
+        local = _local_flows.get(owner)
+    return local.take(item_pk, token) if local is not None else None
+
+
 def item_worked(owner: str, item_pk: int) -> None:
     """Tell the dispatcher of `owner`, if it runs in this process, that the item's work is
     over. (A module function, so a task pickled for Dask refers to it by name and never
     carries the dispatchers' queues.)"""
-    events = _dispatchers.get(owner)
-    if events is not None:
+    with _guard:
+        local = _local_flows.get(owner)
+    if local is not None:
+        events = local.events
         events.put(("worked", item_pk))
 
 
@@ -194,18 +279,24 @@ def prefect_executor(
         result_storage=storage or result_storage(load_settings())
     )
     params = options.params()
+    # On the thread runner, Prefect need not search each task's `work` for futures (ids
+    # only; the search cost a tenth of an item task's time). Dask receives it as sent.
+    context = FlowRunContext.get()
+    in_process = context is not None and isinstance(context.task_runner, ThreadPoolTaskRunner)
     queue = deque(items)
     running: dict[PrefectFuture[dict[str, str]], tuple[Item, Any]] = {}
     worked: set[int] = set()  # items in `running` whose work is over (their task finishing)
-    events: queues.SimpleQueue[tuple[str, Any]] = queues.SimpleQueue()
+    local = _LocalFlow(job.engine)
+    events = local.events
     with _guard:
-        _dispatchers[job.owner] = events
+        _local_flows[job.owner] = local
     try:
         while queue or running:
             room = concurrency - len(running) + len(worked)
             claimed, throttled = claim_next(queue, job, stop, room)
             for item, claim in claimed:
-                job.take(item.pk)  # the task works it from the database by ids
+                with _guard:  # the task works it by ids (from here, or from the database)
+                    local.handed[item.pk] = job.take(item.pk)
                 work = {
                     "pipeline": pipeline,
                     "episode_id": episode_id,
@@ -218,7 +309,12 @@ def prefect_executor(
                     "profile": job.profile_id,
                     "options": params,
                 }
-                future = item_task.submit(work, item.item_id, item.idempotency_key, item.ledger_ref)
+                future = item_task.submit(
+                    cast(Any, quote(work)) if in_process else work,
+                    item.item_id,
+                    item.idempotency_key,
+                    item.ledger_ref,
+                )
                 running[future] = (item, claim)
                 future.add_done_callback(lambda done: events.put(("finished", done)))
             if not running:
@@ -247,7 +343,8 @@ def prefect_executor(
                 what.wait()  # the final state from the finished future, not an API read
                 completed = what.state.is_completed()
                 if not completed:  # the task ended early (lost worker): free its claim;
-                    job.release(claim)  # an intent it sent is reconciled, never resent
+                    job.release(local.unstarted(claim))  # an intent it may have sent is
+                    # reconciled, never resent
                 progress(item, "completed" if completed else "failed")
     except BaseException:  # the engine pauses the run and releases this owner's claims
         stop.set()
@@ -257,11 +354,11 @@ def prefect_executor(
         # so a task that starts late sends nothing either).
         for _item, claim in list(running.values()):
             with suppress(Exception):
-                job.release(claim)
+                job.release(local.unstarted(claim))
         raise
     finally:
         with _guard:
-            _dispatchers.pop(job.owner, None)
+            _local_flows.pop(job.owner, None)
 
 
 class PrefectSecretCredentials:

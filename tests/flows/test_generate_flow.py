@@ -283,11 +283,13 @@ def test_an_item_task_that_fails_before_its_work_leaves_no_intent_behind(
     real = item_tasks.item_engine
     failed: list[str] = []
 
-    def broken_worker(pipeline: str, episode_id: str, profile: str | None = None) -> object:
+    def broken_worker(
+        pipeline: str, episode_id: str, profile: str | None = None, owner: str | None = None
+    ) -> object:
         if not failed:
             failed.append(episode_id)
             raise ProviderConfigError("this worker has no credential")
-        return real(pipeline, episode_id, profile)
+        return real(pipeline, episode_id, profile, owner)
 
     monkeypatch.setattr(item_tasks, "item_engine", broken_worker)
     first = generate_episode(episode_id=episode, concurrency=1, return_state=True)

@@ -196,7 +196,7 @@ def admit_worker(
 
     # Postgres allows 100 sessions here: 200 callers share 2 connections per process, as
     # callers behind a pool (or PgBouncer) do.
-    pool = {} if url.startswith("sqlite") else {"pool_size": 2, "max_overflow": 0}
+    pool: dict[str, Any] = {} if url.startswith("sqlite") else {"pool_size": 2, "max_overflow": 0}
     engine = make_engine(url, **pool)
     inner = threading.Barrier(threads)
     out: list[Any] = []

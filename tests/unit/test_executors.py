@@ -36,3 +36,38 @@ def test_a_throttled_executor_probes_every_poll_interval_instead_of_spinning() -
     thread_pool_executor(items, job, 8, stop, lambda item, result: None)  # type: ignore[arg-type]
     timer.cancel()
     assert job.claims <= 2 + 1.0 / THROTTLE_POLL_S  # one probe per interval, not thousands
+
+
+def test_a_claim_handed_to_an_in_process_task_is_freed_as_unstarted_only_if_never_taken() -> None:
+    """The flow hands claims to item tasks in its own process through memory (no write to
+    consume the token). Freeing a claim whose task has taken it must not withdraw its
+    intent (the task may be sending it): the claim comes back without its token. A claim
+    freed before its task took it keeps its token (its intent is withdrawn), and the late
+    task then finds nothing to take."""
+    from core.runs import Claim, Submission
+    from tasks.generate import _local_flows, _LocalFlow, handed_claim
+
+    item = Item(1, "k1", 1, "v1", 1, "p", 1, "running", 1, None)
+
+    def claim(token: str) -> Claim:
+        return Claim(
+            item, "run", "flow", "submit", Submission(9, 1, 1, "k1-1", "intent", None), token
+        )
+
+    local = _LocalFlow(engine=None)  # type: ignore[arg-type]
+    _local_flows["flow"] = local
+    try:
+        local.handed[1] = claim("t1")
+        assert handed_claim("flow", 1, "wrong token") is None
+        taken = handed_claim("flow", 1, "t1")
+        assert taken is not None and taken.token is None
+        assert handed_claim("flow", 1, "t1") is None  # taken once
+        assert local.unstarted(claim("t1")).token is None  # started: the intent stays
+
+        local.handed[1] = claim("t2")
+        freed = local.unstarted(claim("t2"))
+        assert freed.token == "t2"  # never started: withdrawn with its token
+        assert handed_claim("flow", 1, "t2") is None  # the late task takes nothing
+        assert handed_claim("another flow", 1, "t2") is None
+    finally:
+        _local_flows.pop("flow", None)
