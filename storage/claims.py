@@ -30,6 +30,7 @@ from sqlalchemy import (
     exists,
     func,
     insert,
+    or_,
     select,
     true,
     update,
@@ -52,13 +53,19 @@ _OPEN = [s.value for s in OPEN_SUBMISSION_STATES]
 _UNSETTLED = [SubmissionState.INTENT.value, SubmissionState.UNKNOWN.value]
 
 
+def _state_in(states: list[str]) -> ColumnElement[bool]:
+    """``submissions.state IN (...)`` for the hot path: plain equalities, so SQLAlchemy
+    need not expand a list parameter on every execution (bench/ledger.py)."""
+    return or_(*(_subs.c.state == state for state in states))
+
+
 # The hot path's statements, built once: constructing SQLAlchemy statements (and their cache
 # keys) per call cost more than the database round trips (bench/ledger.py).
 _RUN_STATE = select(_runs.c.state).where(_runs.c.id == bindparam("b_run"))
 _ITEM_FOR_UPDATE = select(_items).where(_items.c.id == bindparam("b_item")).with_for_update()
 _OPEN_SUB = (
     select(_subs)
-    .where(_subs.c.item_pk == bindparam("b_item"), _subs.c.state.in_(_OPEN))
+    .where(_subs.c.item_pk == bindparam("b_item"), _state_in(_OPEN))
     .order_by(_subs.c.id.desc())
     .limit(1)
 )
@@ -75,7 +82,7 @@ _RUNNING_SLOTS = select(_items.c.id.label("item")).where(
 _IN_FLIGHT = select(func.count()).select_from(_RUNNING_SLOTS.subquery())
 _JOB_SLOTS = select(_subs.c.item_pk.label("item")).where(
     _subs.c.provider_profile == bindparam("b_profile"),
-    _subs.c.state.in_(_OPEN),
+    _state_in(_OPEN),
     _subs.c.created_at > bindparam("b_since"),
     _subs.c.item_pk != bindparam("b_item"),
 )
@@ -128,7 +135,7 @@ _HOLDS = select(_items.c.id).where(
 )
 _ACCEPT = (
     update(_subs)
-    .where(_subs.c.id == bindparam("b_sub"), _subs.c.state.in_(_UNSETTLED))
+    .where(_subs.c.id == bindparam("b_sub"), _state_in(_UNSETTLED))
     .values(
         state=SubmissionState.ACCEPTED.value,
         remote_ref=bindparam("b_remote"),
