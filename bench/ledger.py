@@ -5,7 +5,8 @@ call, the acceptance (remote reference), the outcome with its cost. (The check t
 still holds right before the call is the claim's own transaction when the call follows it at
 once, as here; see `RunEngine._holds`.) The floor is raw SQL through the bare driver (sqlite3,
 psycopg, same pragmas) issuing the same commits per item on the project's own tables and
-indexes: the same UPDATEs and INSERTs, not single-row inserts; around them, the same work that
+indexes: the same reads (the run, the item, the provider's slots), UPDATEs and INSERTs,
+not single-row inserts; around them, the same work that
 is not bookkeeping, done inline (the fake provider's submit and collect, the image written
 atomically), so the ratio is what claims, leases and the ledger cost above the bare minimum.
 Our figure is the engine's whole path for a run of zero-latency items, in the same run.
@@ -159,11 +160,19 @@ def floor_rate(url: str, home: Path, items: int, concurrency: int, tag: str = ""
                 c.execute(f"SELECT state FROM runs WHERE id = {p}", (run_id,))
                 c.execute(f"SELECT * FROM items WHERE id = {p}" + ("" if sqlite else " FOR UPDATE"),
                           (item,))  # fmt: skip
+                c.execute(  # the provider's slots: live claims and recent open submissions
+                    "SELECT count(*) FROM (SELECT id AS item FROM items WHERE claim_profile = "
+                    f"'fake' AND state = 'running' AND lease_expires_at > {p} AND id != {p} "
+                    "UNION SELECT item_pk FROM submissions WHERE provider_profile = 'fake' AND "
+                    "(state = 'intent' OR state = 'unknown' OR state = 'accepted') AND "
+                    f"created_at > {p} AND item_pk != {p}) AS slots",
+                    (now, item, now - timedelta(seconds=60), item),
+                )
                 c.execute(
                     f"UPDATE items SET state = 'running', claim_owner = {p}, claim_run_id = {p}, "
-                    f"lease_expires_at = {p}, started_at = {p}, attempts = attempts + 1 "
-                    f"WHERE id = {p}",
-                    (owner, run_id, lease, now, item),
+                    f"claim_profile = 'fake', claim_token = {p}, lease_expires_at = {p}, "
+                    f"started_at = {p}, attempts = attempts + 1 WHERE id = {p}",
+                    (owner, run_id, uuid.uuid4().hex, lease, now, item),
                 )
                 cur = c.execute(
                     "INSERT INTO submissions (item_pk, run_id, attempt, client_reference, "

@@ -8,6 +8,7 @@ handling is switched off so that we emit ``BEGIN`` ourselves, and a connection c
 from __future__ import annotations
 
 import threading
+import weakref
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,9 @@ def sqlite_path(url: URL) -> Path:
 
 _writer_locks: dict[Path, threading.RLock] = {}
 _writer_locks_guard = threading.Lock()
+_engine_writer_locks: weakref.WeakKeyDictionary[Engine, threading.RLock] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def writer_lock(engine: Engine) -> AbstractContextManager[Any]:
@@ -59,11 +63,15 @@ def writer_lock(engine: Engine) -> AbstractContextManager[Any]:
     """
     if engine.dialect.name != "sqlite":
         return nullcontext()
+    lock = _engine_writer_locks.get(engine)  # per transaction: no path arithmetic
+    if lock is not None:
+        return lock
     path = sqlite_path(engine.url)
     with _writer_locks_guard:
         lock = _writer_locks.get(path)
         if lock is None:
             lock = _writer_locks[path] = threading.RLock()
+        _engine_writer_locks[engine] = lock
     return lock
 
 
