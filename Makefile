@@ -13,7 +13,7 @@ export UV_PYTHON_DOWNLOADS := never
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export DO_NOT_TRACK := 1
 
-.PHONY: bootstrap demo test lint format bench ui-check clean
+.PHONY: bootstrap demo test lint format bench reliability ui-check clean
 
 bootstrap: $(VENV)/.synced
 
@@ -51,6 +51,9 @@ bench: bootstrap  ## benchmarks (never part of the tests)
 # Not part of `make test`. Installs Debian's chromium and chromium-driver (apt, as root) when
 # missing and the `ui` dependency group (selenium) into .venv, then checks the approval form
 # in the real Prefect UI; screenshot: .episodic/ui-check/resume-form.png.
+reliability: bootstrap  ## the fault suite (long: ~20 min); writes docs/reliability.md
+	$(BIN)/python -m reliability
+
 ui-check: bootstrap  ## the approval form in a real browser: the reviewer sees the images
 	@test -x /usr/bin/chromium -a -x /usr/bin/chromedriver || \
 	  { DEBIAN_FRONTEND=noninteractive apt-get update -qq && \

@@ -1,0 +1,535 @@
+"""The scenarios of the fault suite. Each runs real processes against a real database and
+returns a `Result` whose figures were counted in that run: money from the provider's side
+(the fake provider's own log, the local HTTP server's job count and bill), episodes from
+the database.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, text
+
+EPISODIC = str(Path(sys.executable).parent / "episodic")
+PIPELINE = "weekly"
+
+
+@dataclass
+class Result:
+    """One scenario on one backend, as counted in this run."""
+
+    scenario: str
+    backend: str
+    trials: int = 0
+    faults: Counter[str] = field(default_factory=Counter)  # fault injected -> times
+    paid_jobs: int | None = None  # jobs the provider made (its own log or server)
+    logical_items: int | None = None  # items that had to be paid once each
+    episodes: int | None = None  # episode rows
+    keys: int | None = None  # distinct allocation keys asked for
+    stuck: int = 0  # runs left running, items left running, submissions left open
+    lost: int = 0  # data lost: allocated episodes or completed images that vanished
+    problems: list[str] = field(default_factory=list)
+    notes: str = ""
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return not self.problems
+
+    def problem(self, text_: str) -> None:
+        if len(self.problems) < 20:
+            self.problems.append(text_)
+
+    def rerun(self) -> str:
+        return f".venv/bin/python -m reliability --only {self.scenario} --backend {self.backend}"
+
+
+@dataclass
+class Backend:
+    """Fresh databases of one kind for the scenarios (dropped at the end)."""
+
+    name: str
+    root: Path
+    _pg: Any = None
+    _made: list[str] = field(default_factory=list)
+    _count: int = 0
+
+    def fresh(self) -> str:
+        from storage.engine import make_engine
+        from storage.schema import upgrade
+
+        self._count += 1
+        if self.name == "sqlite":
+            url = f"sqlite:///{self.root / f'db{self._count}' / 'episodic.db'}"
+            engine = make_engine(url)
+            upgrade(engine)
+            engine.dispose()
+            return url
+        if self._pg is None:
+            from tests.databases import PostgresDatabases
+
+            self._pg = PostgresDatabases()
+        self._made.append(self._pg.fresh(migrated=True))
+        return str(self._pg.url(self._made[-1]))
+
+    def close(self) -> None:
+        if self._pg is not None:
+            for name in self._made:
+                self._pg.drop(name)
+            self._pg.close()
+
+
+def _engine(url: str) -> Engine:
+    from storage.engine import make_engine
+
+    return make_engine(url)
+
+
+# ---------------------------------------------------------------------------- allocation
+
+
+def _allocate_forever(url: str, prefix: str, out: Any) -> None:  # pragma: no cover - child
+    """A forked child: allocate new keys in two weeks until killed, reporting each."""
+    from core.ids import WeekId
+    from pipeline.allocation import allocate
+
+    engine = _engine(url)
+    weeks = [WeekId.parse("2026-W32"), WeekId.parse("2026-W33")]
+    n = 0
+    while True:
+        key = f"{prefix}-{n}"
+        episode = allocate(engine, PIPELINE, weeks[n % 2], key).episode.episode_id
+        out.send((key, str(episode)))
+        n += 1
+
+
+def allocation_invariants(engine: Engine, result: Result) -> None:
+    """No key owns two episodes, sequences have no gap or duplicate, no partial episode."""
+    with engine.connect() as conn:
+        dupes = conn.execute(
+            text(
+                "SELECT allocation_key FROM episodes GROUP BY pipeline, allocation_key "
+                "HAVING count(*) > 1"
+            )
+        ).all()
+        rows = conn.execute(
+            text("SELECT week_id, sequence FROM episodes ORDER BY week_id, sequence")
+        ).all()
+        partial = conn.execute(
+            text(
+                "SELECT count(*) FROM episodes e WHERE NOT EXISTS (SELECT 1 FROM "
+                "episode_events v WHERE v.episode_pk = e.id AND v.kind = 'allocated')"
+            )
+        ).scalar_one()
+        result.episodes = len(rows)
+        result.keys = conn.execute(
+            text("SELECT count(DISTINCT allocation_key) FROM episodes")
+        ).scalar_one()
+    if dupes:
+        result.problem(f"{len(dupes)} keys own several episodes, e.g. {dupes[0][0]}")
+    weeks: dict[str, list[int]] = {}
+    for week, sequence in rows:
+        weeks.setdefault(week, []).append(sequence)
+    for week, sequences in weeks.items():
+        if sequences != list(range(len(sequences))):
+            result.problem(f"{week}: sequences are not 0..{len(sequences) - 1} without gaps")
+    if partial:
+        result.problem(f"{partial} episodes without their allocation event (partial)")
+
+
+def alloc_crash(backend: Backend, trials: int, rng: random.Random) -> Result:
+    """kill -9 / SIGTERM of an allocating process at a random moment, `trials` times: no
+    partial episode, no gap or duplicate, a retry of a reported key gets its episode, and the
+    next allocation proceeds within a second."""
+    from core.ids import EpisodeId, WeekId
+    from pipeline.allocation import allocate
+
+    result = Result("alloc-crash", backend.name)
+    url = backend.fresh()
+    engine = _engine(url)
+    context = multiprocessing.get_context("fork")
+    waits: list[float] = []
+    reported: list[tuple[str, str]] = []
+    for trial in range(trials):
+        receive, send = context.Pipe(duplex=False)
+        child = context.Process(
+            target=_allocate_forever, args=(url, f"t{trial}", send), daemon=True
+        )
+        child.start()
+        send.close()
+        time.sleep(rng.uniform(0.02, 0.4))
+        sig = rng.choice([signal.SIGKILL, signal.SIGTERM])
+        os.kill(child.pid or 0, sig)
+        child.join(30)
+        result.faults[sig.name] += 1
+        seen: list[tuple[str, str]] = []
+        with suppress(EOFError, OSError):
+            while receive.poll():
+                seen.append(receive.recv())
+        receive.close()
+        started = time.monotonic()
+        allocate(engine, PIPELINE, WeekId.parse("2026-W32"), f"after-{trial}")
+        waits.append(time.monotonic() - started)
+        reported += seen
+        for key, episode_id in rng.sample(seen, min(3, len(seen))) + seen[-1:]:
+            week = EpisodeId.parse(episode_id).week
+            again = str(allocate(engine, PIPELINE, week, key).episode.episode_id)
+            if again != episode_id:
+                result.lost += 1
+                result.problem(f"key {key} had {episode_id}, a retry got {again}")
+        result.trials += 1
+    allocation_invariants(engine, result)
+    slowest = max(waits, default=0.0)
+    if slowest >= 1.0:
+        result.problem(f"an allocation after a kill waited {slowest:.2f} s (limit 1 s)")
+    result.notes = (
+        f"{len(reported)} allocations reported by the killed processes; the next allocation "
+        f"after a kill: median {statistics.median(waits) * 1000:.0f} ms, max "
+        f"{slowest * 1000:.0f} ms"
+    )
+    engine.dispose()
+    return result
+
+
+# ---------------------------------------------------------------------------- generation
+
+_MARKERS = ["", "", "[[FAIL_TRANSIENT:1]]", "[[LOSE_RESPONSE]]", "[[DELAY_MS:900]]"]
+_SIGNALS = [signal.SIGKILL, signal.SIGTERM, signal.SIGINT]
+
+
+def _trial_episode(
+    engine: Engine, folder: Path, trial: int, items: int, rng: random.Random
+) -> tuple[str, str]:
+    """An allocated, planned episode of `items` images on the trial's own provider profile
+    (its own limit and slots: trials running at once do not throttle each other)."""
+    from core.ids import WeekId
+    from pipeline.allocation import allocate
+    from pipeline.generation import record_plan
+    from tests.generation import write_playlist
+
+    profile = f"fake-t{trial}"
+    episode_id = str(
+        allocate(engine, PIPELINE, WeekId.parse("2026-W32"), f"gen-{trial}").episode.episode_id
+    )
+    titles = [f"t{trial} item {n} {rng.choice(_MARKERS)}".strip() for n in range(items)]
+    record_plan(engine, PIPELINE, episode_id, write_playlist(folder, titles, profile=profile))
+    return episode_id, profile
+
+
+def _jobs_per_item(log: Path) -> Counter[str]:
+    if not log.exists():
+        return Counter()
+    events = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    return Counter(e["item_id"] for e in events if e["event"] == "job_created")
+
+
+def _leftovers(engine: Engine, episode_id: str) -> tuple[int, int]:
+    """(items not completed, runs/items/submissions left running or open) of an episode."""
+    with engine.connect() as conn:
+        pk = conn.execute(
+            text("SELECT id FROM episodes WHERE episode_id = :e"), {"e": episode_id}
+        ).scalar_one()
+        unfinished = conn.execute(
+            text("SELECT count(*) FROM items WHERE episode_pk = :p AND state != 'completed'"),
+            {"p": pk},
+        ).scalar_one()
+        stuck = conn.execute(
+            text(
+                "SELECT (SELECT count(*) FROM runs WHERE episode_pk = :p AND state IN "
+                "('running', 'pending')) + (SELECT count(*) FROM items WHERE episode_pk = :p "
+                "AND state = 'running') + (SELECT count(*) FROM submissions s JOIN items i ON "
+                "i.id = s.item_pk WHERE i.episode_pk = :p AND s.state IN ('intent', 'unknown', "
+                "'accepted'))"
+            ),
+            {"p": pk},
+        ).scalar_one()
+    return int(unfinished), int(stuck)
+
+
+def generate_crash(backend: Backend, trials: int, rng: random.Random) -> Result:
+    """`episodic generate` killed (SIGKILL, SIGTERM or SIGINT) at a random moment, one or two
+    processes on one episode, against the fake provider with latency, transient failures and
+    lost replies; then the sweep and the one recovery command (`episodic generate EPISODE`,
+    which also covers a process killed before it made its run): every item
+    completed, one provider job per item, nothing stuck, `check` clean."""
+    result = Result("generate-crash", backend.name)
+    url = backend.fresh()
+    engine = _engine(url)
+    root = Path(tempfile.mkdtemp(prefix="episodic-reliability-gen-"))
+    profiles = root / "providers.yaml"
+    profiles.write_text(
+        "profiles:\n"
+        + "".join(
+            f"  fake-t{n}:\n    kind: fake\n    cost_per_image_minor: 4\n"
+            f"    max_concurrency: 3\n    delay_ms: 300\n    max_job_s: 5\n"
+            for n in range(trials)
+        )
+    )
+    items = 6
+    guard = threading.Lock()
+    plans = []
+    for trial in range(trials):
+        seed = rng.randrange(2**32)
+        episode_id, _ = _trial_episode(engine, root / f"pl{trial}", trial, items, rng)
+        plans.append((trial, episode_id, seed))
+
+    def one(trial: int, episode_id: str, seed: int) -> None:
+        local = random.Random(seed)
+        home = root / f"home{trial}"
+        log = home / "provider.jsonl"
+        env = {
+            **os.environ,
+            "EPISODIC_HOME": str(home),
+            "EPISODIC_DATABASE_URL": url,
+            "EPISODIC_PROVIDERS_FILE": str(profiles),
+            "EPISODIC_FAKE_PROVIDER_LOG": str(log),
+            "EPISODIC_LEASE_S": "5",
+        }
+        home.mkdir(parents=True, exist_ok=True)
+        together = 2 if local.random() < 0.4 else 1
+        command = [EPISODIC, "generate", episode_id, "--json", "--concurrency", "3"]
+        processes = [
+            subprocess.Popen(
+                command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+            )
+            for _ in range(together)
+        ]
+        time.sleep(local.uniform(0.5, 3.0))
+        sig = local.choice(_SIGNALS)
+        victims = processes if local.random() < 0.5 else processes[:1]
+        for victim in victims:
+            if victim.poll() is None:
+                victim.send_signal(sig)
+        for process in processes:
+            try:
+                process.communicate(timeout=180)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.communicate()
+                with guard:
+                    result.problem(f"trial {trial}: a generate process hung after {sig.name}")
+        sweep = subprocess.run([EPISODIC, "sweep"], env=env, capture_output=True, text=True)
+        recovery = subprocess.run(
+            [EPISODIC, "generate", episode_id, "--json"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        check = subprocess.run(
+            [EPISODIC, "check", episode_id], env=env, capture_output=True, text=True
+        )
+        jobs = _jobs_per_item(log)
+        unfinished, stuck = _leftovers(engine, episode_id)
+        with guard:
+            result.trials += 1
+            result.faults[f"{sig.name} x{len(victims)} of {together}"] += 1
+            result.paid_jobs = (result.paid_jobs or 0) + sum(jobs.values())
+            result.logical_items = (result.logical_items or 0) + items
+            result.stuck += stuck
+            if sweep.returncode != 0:
+                result.problem(f"trial {trial}: sweep exit {sweep.returncode}: {sweep.stderr}")
+            if recovery.returncode != 0:
+                result.problem(
+                    f"trial {trial} ({sig.name}): recovery exit {recovery.returncode}: "
+                    f"{recovery.stderr.strip()[-300:]}"
+                )
+            if unfinished:
+                result.problem(f"trial {trial}: {unfinished} items not completed")
+            if len(jobs) != items or set(jobs.values()) != {1}:
+                result.problem(f"trial {trial} ({sig.name}): provider jobs per item {dict(jobs)}")
+            if check.returncode != 0:
+                result.problem(f"trial {trial}: check: {check.stdout.strip()[-300:]}")
+
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        for future in [pool.submit(one, *plan) for plan in plans]:
+            future.result()
+    final = subprocess.run(
+        [EPISODIC, "check", "--all"],
+        env={**os.environ, "EPISODIC_DATABASE_URL": url, "EPISODIC_HOME": str(root)},
+        capture_output=True,
+        text=True,
+    )
+    if final.returncode != 0:
+        result.problem(f"check --all: {final.stdout.strip()[-300:]}")
+    result.notes = (
+        f"{items} items per episode, fake provider 300 ms per job, a third of the prompts with "
+        "a transient failure, a lost reply or a 0.9 s job; recovery: `episodic sweep`, then "
+        "`episodic generate EPISODE`; `check --all` clean at the end"
+    )
+    engine.dispose()
+    return result
+
+
+# ---------------------------------------------------------------------------- provider
+
+_FAULTS = [
+    "[[CREATED_502]]",
+    "[[CREATED_504]]",
+    "[[CREATED_409]]",
+    "[[CREATED_422_IDEMPOTENCY]]",
+    "[[MALFORMED_CREATE]]",
+    "[[ACCEPT_DROP]]",
+    "[[SLOW_MS:1200]]",
+    "[[HTTP_429:2]]",
+    "[[HTTP_500]]",
+    "[[POLL_QUEUED:3]]",
+    "[[POLL_401]]",
+    "[[POLL_500:2]]",
+    "[[POLL_BADJSON]]",
+    "[[DOWNLOAD_404:2]]",
+]
+
+
+def provider_faults(backend: Backend, trials: int, rng: random.Random) -> Result:
+    """Runs against the local HTTP provider server with every fault mode mixed at random
+    (several per item), a provider that honours idempotency keys or only lookups, a list
+    that ignores its filter in some runs: one job per item, and the ledger's cost equals the
+    server's bill."""
+    from tests.http_server import TOKEN, PredictionsServer
+
+    result = Result("provider-faults", backend.name)
+    url = backend.fresh()
+    engine = _engine(url)
+    root = Path(tempfile.mkdtemp(prefix="episodic-reliability-http-"))
+    saved = {k: os.environ.get(k) for k in ("EPISODIC_PROVIDERS_FILE", "TEST_IMAGE_TOKEN")}
+    os.environ["TEST_IMAGE_TOKEN"] = TOKEN
+    paid = items_total = operator = 0
+    try:
+        for trial in range(trials):
+            honour = rng.random() < 0.5
+            ignores_filter = rng.random() < 0.25
+            with PredictionsServer(
+                honour_idempotency=honour, list_ignores_filter=ignores_filter
+            ) as server:
+                profiles = root / f"providers{trial}.yaml"
+                profiles.write_text(
+                    f"profiles:\n  http-t{trial}:\n    kind: http\n"
+                    f"    base_url: {server.base_url}\n    credential_env: TEST_IMAGE_TOKEN\n"
+                    "    cost_per_image_minor: 5\n    max_concurrency: 4\n    timeout_s: 1\n"
+                    f"    poll_interval_s: 0.05\n    idempotent_create: {str(honour).lower()}\n"
+                    "    lookup: true\n"
+                )
+                os.environ["EPISODIC_PROVIDERS_FILE"] = str(profiles)
+                count = rng.randint(3, 6)
+                titles = []
+                for n in range(count):
+                    faults = rng.sample(_FAULTS, rng.randint(0, 2))
+                    result.faults.update(f.strip("[]").split(":")[0] for f in faults)
+                    titles.append(f"t{trial} i{n} {' '.join(faults)}".strip())
+                outcome = _generate_http(engine, root / f"pl{trial}", trial, titles)
+                if outcome.state.value != "completed":  # a resume settles what is left
+                    outcome = _generate_http(engine, None, trial, titles)
+                made = server.jobs_made
+                paid += sum(made.values())
+                items_total += count
+                result.trials += 1
+                left = _unfinished(engine, f"http-{trial}")
+                for prompt, error in left:
+                    if not honour and (error or "").startswith("acceptance unknown"):
+                        operator += 1  # as designed: a lookup that finds nothing proves nothing
+                    else:
+                        result.problem(f"run {trial}: {prompt!r} not completed: {error}")
+                if any(n > 1 for n in made.values()):
+                    result.problem(f"run {trial}: a second job was made: {dict(made)}")
+                if len(made) < count - len(left):
+                    result.problem(f"run {trial}: a completed item has no job of its own")
+                cost = _episode_cost(engine, f"http-{trial}")
+                if cost != server.bill_minor:
+                    result.problem(
+                        f"run {trial}: ledger {cost} != provider bill {server.bill_minor}"
+                    )
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    result.paid_jobs, result.logical_items = paid, items_total
+    result.notes = (
+        "3-6 items per run, 0-2 fault modes per item; idempotent create or lookup only at "
+        "random; a quarter of the runs with a list that ignores its filter; each run resumed "
+        f"once if it did not complete. {operator} items were left 'acceptance unknown' for an "
+        "operator, as designed: their provider offers no idempotent create and its lookup "
+        "found no job, which does not prove that none was made (none was: see the jobs)"
+    )
+    engine.dispose()
+    return result
+
+
+def _generate_http(engine: Engine, folder: Path | None, trial: int, titles: list[str]) -> Any:
+    from core.ids import WeekId
+    from core.settings import load_settings
+    from pipeline.allocation import allocate
+    from pipeline.gate import EnvironmentCredentials
+    from pipeline.generation import generate, record_plan
+    from pipeline.runs import RunOptions
+    from tests.generation import write_playlist
+
+    episode_id = str(
+        allocate(engine, PIPELINE, WeekId.parse("2026-W32"), f"http-{trial}").episode.episode_id
+    )
+    if folder is not None:
+        playlist = write_playlist(folder, titles, profile=f"http-t{trial}")
+        record_plan(engine, PIPELINE, episode_id, playlist)
+    return generate(
+        engine,
+        load_settings(),
+        PIPELINE,
+        episode_id,
+        RunOptions(concurrency=4),
+        EnvironmentCredentials(),
+    )
+
+
+def _unfinished(engine: Engine, key: str) -> list[tuple[str, str | None]]:
+    """(prompt, error) of the items of the episode of allocation key `key` not completed."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT i.prompt, i.error_text FROM items i JOIN episodes e ON e.id = "
+                "i.episode_pk WHERE e.allocation_key = :k AND i.state != 'completed'"
+            ),
+            {"k": key},
+        ).all()
+    return [(str(prompt), error) for prompt, error in rows]
+
+
+def _episode_cost(engine: Engine, key: str) -> int:
+    with engine.connect() as conn:
+        return int(
+            conn.execute(
+                text(
+                    "SELECT coalesce(sum(c.amount_minor), 0) FROM cost_entries c JOIN episodes e "
+                    "ON e.id = c.episode_pk WHERE e.allocation_key = :k"
+                ),
+                {"k": key},
+            ).scalar_one()
+        )
+
+
+# ---------------------------------------------------------------------------- database
+
+SCENARIOS: dict[str, Callable[[Backend, int, random.Random], Result]] = {
+    "alloc-crash": alloc_crash,
+    "generate-crash": generate_crash,
+    "provider-faults": provider_faults,
+}
+TRIALS = {"alloc-crash": 200, "generate-crash": 50, "provider-faults": 50}
