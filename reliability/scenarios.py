@@ -263,6 +263,28 @@ def _leftovers(engine: Engine, episode_id: str) -> tuple[int, int]:
     return int(unfinished), int(stuck)
 
 
+def _ledger_rows(engine: Engine, episode_id: str) -> str:
+    """The episode's items and submissions, one line each (for a failed trial's forensics)."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT i.video_id, i.state, i.attempts, i.claim_owner, i.error_text, s.attempt, "
+                "s.state, s.remote_ref, s.error_text FROM items i JOIN episodes e ON e.id = "
+                "i.episode_pk LEFT JOIN submissions s ON s.item_pk = i.id WHERE e.episode_id = "
+                ":e ORDER BY i.video_id, s.attempt"
+            ),
+            {"e": episode_id},
+        ).all()
+        runs = conn.execute(
+            text(
+                "SELECT r.id, r.state, r.error_text FROM runs r JOIN episodes e ON e.id = "
+                "r.episode_pk WHERE e.episode_id = :e"
+            ),
+            {"e": episode_id},
+        ).all()
+    return "\n".join(str(tuple(r)) for r in [*runs, *rows])
+
+
 def generate_crash(backend: Backend, trials: int, rng: random.Random) -> Result:
     """`episodic generate` killed (SIGKILL, SIGTERM or SIGINT) at a random moment, one or two
     processes on one episode, against the fake provider with latency, transient failures and
@@ -317,14 +339,16 @@ def generate_crash(backend: Backend, trials: int, rng: random.Random) -> Result:
         for victim in victims:
             if victim.poll() is None:
                 victim.send_signal(sig)
+        errors = []
         for process in processes:
             try:
-                process.communicate(timeout=180)
+                errors.append(process.communicate(timeout=180)[1])
             except subprocess.TimeoutExpired:
                 process.kill()
-                process.communicate()
+                errors.append(process.communicate()[1])
                 with guard:
                     result.problem(f"trial {trial}: a generate process hung after {sig.name}")
+        after_kill = _ledger_rows(engine, episode_id)
         sweep = subprocess.run([EPISODIC, "sweep"], env=env, capture_output=True, text=True)
         recovery = subprocess.run(
             [EPISODIC, "generate", episode_id, "--json"],
@@ -338,6 +362,17 @@ def generate_crash(backend: Backend, trials: int, rng: random.Random) -> Result:
         )
         jobs = _jobs_per_item(log)
         unfinished, stuck = _leftovers(engine, episode_id)
+        failed = bool(
+            sweep.returncode or recovery.returncode or unfinished or check.returncode
+        ) or (len(jobs) != items or set(jobs.values()) != {1})
+        if failed:  # keep what a person needs to see what happened
+            (home / "forensics.txt").write_text(
+                f"signal {sig.name} to {len(victims)} of {together}\n"
+                + "\n".join(f"--- generate stderr\n{e}" for e in errors)
+                + f"\n--- ledger after the kill\n{after_kill}\n--- ledger at the end\n"
+                + _ledger_rows(engine, episode_id)
+                + f"\n--- recovery\n{recovery.stdout}\n{recovery.stderr}\n"
+            )
         with guard:
             result.trials += 1
             result.faults[f"{sig.name} x{len(victims)} of {together}"] += 1
@@ -354,7 +389,10 @@ def generate_crash(backend: Backend, trials: int, rng: random.Random) -> Result:
             if unfinished:
                 result.problem(f"trial {trial}: {unfinished} items not completed")
             if len(jobs) != items or set(jobs.values()) != {1}:
-                result.problem(f"trial {trial} ({sig.name}): provider jobs per item {dict(jobs)}")
+                result.problem(
+                    f"trial {trial} ({sig.name}): provider jobs per item {dict(jobs)} "
+                    f"(see {home / 'forensics.txt'})"
+                )
             if check.returncode != 0:
                 result.problem(f"trial {trial}: check: {check.stdout.strip()[-300:]}")
 
