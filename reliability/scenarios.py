@@ -285,6 +285,76 @@ def _ledger_rows(engine: Engine, episode_id: str) -> str:
     return "\n".join(str(tuple(r)) for r in [*runs, *rows])
 
 
+def _recover_and_check(
+    result: Result,
+    guard: threading.Lock,
+    engine: Engine,
+    env: dict[str, str],
+    episode_id: str,
+    items: int,
+    home: Path,
+    trial: int,
+    processes: list[subprocess.Popen[str]],
+    fault: str,
+) -> None:
+    """Wait for the killed (and surviving) processes, run the sweep and the one recovery
+    command, then count: provider jobs per item from the provider's own log, items not
+    completed, rows left running or open, `check` of the episode. A failed trial keeps its
+    forensics next to the provider log."""
+    errors = []
+    for process in processes:
+        try:
+            errors.append(process.communicate(timeout=180)[1] or "")
+        except subprocess.TimeoutExpired:
+            process.kill()
+            errors.append(process.communicate()[1] or "")
+            with guard:
+                result.problem(f"trial {trial}: a process hung after {fault}")
+    after_kill = _ledger_rows(engine, episode_id)
+    sweep = subprocess.run([EPISODIC, "sweep"], env=env, capture_output=True, text=True)
+    recovery = subprocess.run(
+        [EPISODIC, "generate", episode_id, "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    check = subprocess.run([EPISODIC, "check", episode_id], env=env, capture_output=True, text=True)
+    jobs = _jobs_per_item(home / "provider.jsonl")
+    unfinished, stuck = _leftovers(engine, episode_id)
+    paid_once = len(jobs) == items and set(jobs.values()) == {1}
+    forensics = home / "forensics.txt"
+    if sweep.returncode or recovery.returncode or unfinished or check.returncode or not paid_once:
+        forensics.write_text(  # what a person needs to see what happened
+            f"{fault}\n"
+            + "\n".join(f"--- killed process stderr\n{e[-5000:]}" for e in errors)
+            + f"\n--- ledger after the kill\n{after_kill}\n--- ledger at the end\n"
+            + _ledger_rows(engine, episode_id)
+            + f"\n--- recovery\n{recovery.stdout}\n{recovery.stderr}\n"
+        )
+    with guard:
+        result.trials += 1
+        result.faults[fault] += 1
+        result.paid_jobs = (result.paid_jobs or 0) + sum(jobs.values())
+        result.logical_items = (result.logical_items or 0) + items
+        result.stuck += stuck
+        if sweep.returncode != 0:
+            result.problem(f"trial {trial}: sweep exit {sweep.returncode}: {sweep.stderr}")
+        if recovery.returncode != 0:
+            result.problem(
+                f"trial {trial} ({fault}): recovery exit {recovery.returncode}: "
+                f"{recovery.stderr.strip()[-300:]} (see {forensics})"
+            )
+        if unfinished:
+            result.problem(f"trial {trial}: {unfinished} items not completed (see {forensics})")
+        if not paid_once:
+            result.problem(
+                f"trial {trial} ({fault}): provider jobs per item {dict(jobs)} (see {forensics})"
+            )
+        if check.returncode != 0:
+            result.problem(f"trial {trial}: check: {check.stdout.strip()[-300:]}")
+
+
 def generate_crash(backend: Backend, trials: int, rng: random.Random) -> Result:
     """`episodic generate` killed (SIGKILL, SIGTERM or SIGINT) at a random moment, one or two
     processes on one episode, against the fake provider with latency, transient failures and
@@ -295,15 +365,7 @@ def generate_crash(backend: Backend, trials: int, rng: random.Random) -> Result:
     url = backend.fresh()
     engine = _engine(url)
     root = Path(tempfile.mkdtemp(prefix="episodic-reliability-gen-"))
-    profiles = root / "providers.yaml"
-    profiles.write_text(
-        "profiles:\n"
-        + "".join(
-            f"  fake-t{n}:\n    kind: fake\n    cost_per_image_minor: 4\n"
-            f"    max_concurrency: 3\n    delay_ms: 300\n    max_job_s: 5\n"
-            for n in range(trials)
-        )
-    )
+    profiles = _profiles(root, trials)
     items = 6
     guard = threading.Lock()
     plans = []
@@ -315,16 +377,8 @@ def generate_crash(backend: Backend, trials: int, rng: random.Random) -> Result:
     def one(trial: int, episode_id: str, seed: int) -> None:
         local = random.Random(seed)
         home = root / f"home{trial}"
-        log = home / "provider.jsonl"
-        env = {
-            **os.environ,
-            "EPISODIC_HOME": str(home),
-            "EPISODIC_DATABASE_URL": url,
-            "EPISODIC_PROVIDERS_FILE": str(profiles),
-            "EPISODIC_FAKE_PROVIDER_LOG": str(log),
-            "EPISODIC_LEASE_S": "5",
-        }
         home.mkdir(parents=True, exist_ok=True)
+        env = _trial_env(home, url, profiles)
         together = 2 if local.random() < 0.4 else 1
         command = [EPISODIC, "generate", episode_id, "--json", "--concurrency", "3"]
         processes = [
@@ -339,62 +393,10 @@ def generate_crash(backend: Backend, trials: int, rng: random.Random) -> Result:
         for victim in victims:
             if victim.poll() is None:
                 victim.send_signal(sig)
-        errors = []
-        for process in processes:
-            try:
-                errors.append(process.communicate(timeout=180)[1])
-            except subprocess.TimeoutExpired:
-                process.kill()
-                errors.append(process.communicate()[1])
-                with guard:
-                    result.problem(f"trial {trial}: a generate process hung after {sig.name}")
-        after_kill = _ledger_rows(engine, episode_id)
-        sweep = subprocess.run([EPISODIC, "sweep"], env=env, capture_output=True, text=True)
-        recovery = subprocess.run(
-            [EPISODIC, "generate", episode_id, "--json"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        check = subprocess.run(
-            [EPISODIC, "check", episode_id], env=env, capture_output=True, text=True
-        )
-        jobs = _jobs_per_item(log)
-        unfinished, stuck = _leftovers(engine, episode_id)
-        failed = bool(
-            sweep.returncode or recovery.returncode or unfinished or check.returncode
-        ) or (len(jobs) != items or set(jobs.values()) != {1})
-        if failed:  # keep what a person needs to see what happened
-            (home / "forensics.txt").write_text(
-                f"signal {sig.name} to {len(victims)} of {together}\n"
-                + "\n".join(f"--- generate stderr\n{e}" for e in errors)
-                + f"\n--- ledger after the kill\n{after_kill}\n--- ledger at the end\n"
-                + _ledger_rows(engine, episode_id)
-                + f"\n--- recovery\n{recovery.stdout}\n{recovery.stderr}\n"
-            )
-        with guard:
-            result.trials += 1
-            result.faults[f"{sig.name} x{len(victims)} of {together}"] += 1
-            result.paid_jobs = (result.paid_jobs or 0) + sum(jobs.values())
-            result.logical_items = (result.logical_items or 0) + items
-            result.stuck += stuck
-            if sweep.returncode != 0:
-                result.problem(f"trial {trial}: sweep exit {sweep.returncode}: {sweep.stderr}")
-            if recovery.returncode != 0:
-                result.problem(
-                    f"trial {trial} ({sig.name}): recovery exit {recovery.returncode}: "
-                    f"{recovery.stderr.strip()[-300:]}"
-                )
-            if unfinished:
-                result.problem(f"trial {trial}: {unfinished} items not completed")
-            if len(jobs) != items or set(jobs.values()) != {1}:
-                result.problem(
-                    f"trial {trial} ({sig.name}): provider jobs per item {dict(jobs)} "
-                    f"(see {home / 'forensics.txt'})"
-                )
-            if check.returncode != 0:
-                result.problem(f"trial {trial}: check: {check.stdout.strip()[-300:]}")
+        _recover_and_check(
+            result, guard, engine, env, episode_id, items, home, trial, processes,
+            f"{sig.name} x{len(victims)} of {together}",
+        )  # fmt: skip
 
     with ThreadPoolExecutor(max_workers=3) as pool:
         for future in [pool.submit(one, *plan) for plan in plans]:
@@ -414,6 +416,83 @@ def generate_crash(backend: Backend, trials: int, rng: random.Random) -> Result:
     )
     engine.dispose()
     return result
+
+
+_FLOW = (
+    "from flows.generate import generate_episode\n"
+    "generate_episode(episode_id={episode!r}, concurrency=3)\n"
+)
+
+
+def flow_crash(backend: Backend, trials: int, rng: random.Random) -> Result:
+    """A Prefect flow-run process (`generate_episode` against a real `prefect server`)
+    killed with SIGKILL, SIGTERM or SIGINT at a random moment, against the fake provider with
+    latency, transient failures and lost replies; then the sweep and the one recovery
+    command: every item completed, one provider job per item, nothing stuck, `check` clean."""
+    from tests.e2e.stack import PrefectServer
+
+    result = Result("flow-crash", backend.name)
+    url = backend.fresh()
+    engine = _engine(url)
+    root = Path(tempfile.mkdtemp(prefix="episodic-reliability-flow-"))
+    profiles = _profiles(root, trials)
+    items = 6
+    guard = threading.Lock()
+    server = PrefectServer(tmp_dir=root / "prefect", ui=False).start()
+    try:
+        for trial in range(trials):
+            episode_id, _ = _trial_episode(engine, root / f"pl{trial}", trial, items, rng)
+            home = root / f"home{trial}"
+            home.mkdir(parents=True)
+            env = server.env(_trial_env(home, url, profiles))
+            process = subprocess.Popen(
+                [sys.executable, "-c", _FLOW.format(episode=episode_id)],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            time.sleep(rng.uniform(2.0, 6.0))  # a flow run takes about 2 s to start
+            sig = rng.choice(_SIGNALS)
+            if process.poll() is None:
+                process.send_signal(sig)
+            _recover_and_check(
+                result, guard, engine, env, episode_id, items, home, trial, [process], sig.name
+            )
+    finally:
+        server.stop()
+    result.notes = (
+        f"{items} items per episode, the flow on the thread runner with concurrency 3, fake "
+        "provider 300 ms per job with the same markers as generate-crash; recovery: `episodic "
+        "sweep`, then `episodic generate EPISODE` (the CLI finishes what the flow started)"
+    )
+    engine.dispose()
+    return result
+
+
+def _profiles(root: Path, trials: int) -> Path:
+    """One fake provider profile per trial (its own limit and slots)."""
+    path = root / "providers.yaml"
+    path.write_text(
+        "profiles:\n"
+        + "".join(
+            f"  fake-t{n}:\n    kind: fake\n    cost_per_image_minor: 4\n"
+            f"    max_concurrency: 3\n    delay_ms: 300\n    max_job_s: 5\n"
+            for n in range(trials)
+        )
+    )
+    return path
+
+
+def _trial_env(home: Path, url: str, profiles: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "EPISODIC_HOME": str(home),
+        "EPISODIC_DATABASE_URL": url,
+        "EPISODIC_PROVIDERS_FILE": str(profiles),
+        "EPISODIC_FAKE_PROVIDER_LOG": str(home / "provider.jsonl"),
+        "EPISODIC_LEASE_S": "5",
+    }
 
 
 # ---------------------------------------------------------------------------- provider
@@ -568,6 +647,7 @@ def _episode_cost(engine: Engine, key: str) -> int:
 SCENARIOS: dict[str, Callable[[Backend, int, random.Random], Result]] = {
     "alloc-crash": alloc_crash,
     "generate-crash": generate_crash,
+    "flow-crash": flow_crash,
     "provider-faults": provider_faults,
 }
-TRIALS = {"alloc-crash": 200, "generate-crash": 50, "provider-faults": 50}
+TRIALS = {"alloc-crash": 200, "generate-crash": 50, "flow-crash": 12, "provider-faults": 50}
