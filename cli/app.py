@@ -83,12 +83,19 @@ def run(argv: list[str] | None = None) -> int:
     from core.exit_codes import ExitCode
 
     command = typer.main.get_command(app)
+    args = sys.argv[1:] if argv is None else argv
+    for arg in args:  # a process can never receive one (execve); a caller in Python can
+        if "\x00" in arg:
+            error("an argument contains a NUL byte; nothing was done")
+            return ExitCode.REFUSED
     try:
-        result = command.main(args=argv, prog_name="episodic", standalone_mode=False)
+        result = command.main(args=args, prog_name="episodic", standalone_mode=False)
     except click.exceptions.Exit as exc:
         return exc.exit_code
-    except click.ClickException as exc:  # usage errors: exit 2
-        exc.show()
+    except click.ClickException as exc:  # usage errors: exit 2, one line like every error
+        context_ = getattr(exc, "ctx", None)
+        hint = f" (see: {context_.command_path} --help)" if context_ is not None else ""
+        error(f"{exc.format_message()}{hint}")
         return exc.exit_code
     except (click.exceptions.Abort, KeyboardInterrupt):
         error("interrupted")

@@ -96,11 +96,15 @@ class LegacyEpisode:
 
 def read_layout(root: Path) -> list[LegacyEpisode]:
     """Parse and verify every week folder; any problem names the file and field."""
-    root = root.resolve()
-    if not root.is_dir():
-        raise InvalidInput(f"{root} is not a folder")
+    try:
+        root = root.resolve()
+        if not root.is_dir():
+            raise InvalidInput(f"{root} is not a folder")
+        folders = sorted(p for p in root.iterdir() if p.is_dir())
+    except OSError as exc:  # a name too long, a folder we may not read, ...
+        raise InvalidInput(f"{root} cannot be read: {exc.strerror or exc}") from None
     found = []
-    for folder in sorted(p for p in root.iterdir() if p.is_dir()):
+    for folder in folders:
         try:
             WeekId.parse(folder.name)
         except InvalidInput:
@@ -117,6 +121,8 @@ def _read_one(folder: Path) -> LegacyEpisode:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise InvalidInput(f"{path}: missing") from None
+    except OSError as exc:
+        raise InvalidInput(f"{path}: cannot be read ({exc.strerror or exc})") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidInput(f"{path}: not valid JSON ({exc})") from None
     try:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import text
 
@@ -122,6 +122,12 @@ def _rows(home: Path) -> tuple[int, ...]:
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(template=st.sampled_from(COMMANDS), value=NASTY)
+# What the fuzz found, kept as cases: a usage error printed click's four-line usage block; a
+# NUL byte in a path and a 10 KB path ended "unexpected ValueError/OSError" (exit 1).
+@example(template=["generate", "2026-W32-0", "--concurrency", "{}", "--plan"], value="")
+@example(template=["migrate-legacy", "{}"], value="a\x00b")
+@example(template=["migrate-legacy", "{}"], value="x" * 10_000)
+@example(template=["allocate", "--key", "{}", "--week", "2026-W32"], value="k\nk")
 def test_bad_input_is_one_line_with_a_documented_exit_code(
     home: Path, capsys: pytest.CaptureFixture[str], template: list[str], value: str
 ) -> None:
