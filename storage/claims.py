@@ -452,13 +452,26 @@ class ClaimStore:
         """An intent whose call provably never left the machine (stopped before sending).
 
         The intent is removed and its attempt given back, so a later run submits the item
-        normally instead of treating it as an unknown outcome. False if it was not ours.
+        normally instead of treating it as an unknown outcome. False (nothing removed) if the
+        item is no longer held by `claim.owner`: another holder took it over and may have
+        sent this very intent.
         """
         with tx.write(self.engine) as conn:
             return self._withdraw_in(conn, claim, submission)
 
     @staticmethod
     def _withdraw_in(conn: Connection, claim: Claim, submission: Submission) -> bool:
+        # Only the item's current holder withdraws: a holder frozen past its lease, whose
+        # item was taken over meanwhile, must not delete an intent the new holder may have
+        # sent (its reconcile resends the same create). The item row is locked first, so a
+        # takeover waits for this transaction or this one sees the takeover.
+        held = conn.execute(
+            select(_items.c.id)
+            .where(_items.c.id == claim.item.pk, _items.c.claim_owner == claim.owner)
+            .with_for_update()
+        ).first()
+        if held is None:
+            return False
         removed = conn.execute(
             delete(_subs).where(
                 _subs.c.id == submission.pk,
@@ -532,8 +545,8 @@ class ClaimStore:
                     return True
                 current = conn.execute(
                     select(_subs.c.state, _subs.c.remote_ref).where(_subs.c.id == submission_pk)
-                ).one()
-                return bool(
+                ).first()
+                return current is not None and bool(
                     current.state == SubmissionState.ACCEPTED and current.remote_ref == remote_ref
                 )
         except IntegrityError:

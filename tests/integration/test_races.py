@@ -340,3 +340,43 @@ def test_a_run_is_not_concluded_while_another_process_holds_one_of_its_items(
     assert released_at and finished_at >= released_at[0]  # it waited for the other claim
     assert outcome.counts.running == 0 and outcome.counts.failed == 1
     assert outcome.exit_code == 6 and "1 items failed" in outcome.message
+
+
+def test_a_holder_woken_after_a_takeover_never_withdraws_the_intent_the_new_holder_sent(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """Holder A claims an item and freezes past its lease; holder B takes the item over and
+    reconciles A's intent by resending the same create (the provider makes the job); A wakes
+    before B records the acceptance and, its claim lost, withdraws "its" unsent intent. That
+    deleted the row of a job that exists: the next run paid a second job (found by a fresh
+    tester). A withdraw is now only the holder's; B records the job, and nothing is paid twice.
+    Counted in the fake provider's own log."""
+    from pipeline.runs import RunOptions
+    from storage.claims import ClaimStore
+
+    episode = new_episode(engine)
+    episode.plan(write_playlist(tmp_path / "pl", ["one"]))
+    run_id = _running_run(episode)
+    (item,) = RunStore(engine).run_items(run_id)
+    a, b = _run_engine(episode), _run_engine(episode)
+    slots = {"lease_s": 1, "max_attempts": 3, "profile": "fake", "provider_limit": 8}
+    held_by_a = ClaimStore(engine).claim(item.pk, run_id, "owner-A", **slots)
+    time.sleep(1.3)  # A is frozen: its lease runs out
+    held_by_b = ClaimStore(engine).claim(item.pk, run_id, "owner-B", **slots)
+    assert held_by_b.action == "reconcile"  # type: ignore[union-attr]
+    options = RunOptions(lease_s=1)
+    send = b.provider.submit
+    woken: list[str] = []
+
+    def b_sends_then_a_wakes(request: Any) -> str:
+        remote_ref = send(request)  # the job exists at the provider now
+        woken.append(a.process(held_by_a, options))  # A goes on with its lost claim
+        return str(remote_ref)
+
+    b.provider.submit = b_sends_then_a_wakes
+    assert b.process(held_by_b, options) == "completed"
+    assert woken == ["interrupted"]
+    again = episode.generate()
+    assert again.state.value == "completed", again.message
+    assert jobs_per_key() == Counter({item.idempotency_key: 1}), provider_log()
+    assert check_episodes(engine, "weekly") == []
