@@ -35,7 +35,7 @@ idempotency and can look jobs up).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -79,13 +79,20 @@ def load_profiles(path: Path | None) -> dict[str, Profile]:
         return profiles
     import yaml
 
+    profile_id: Any = None  # a YAML key: not always a string
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
         for profile_id, fields in (raw.get("profiles") or {}).items():
             profiles[profile_id] = Profile(id=profile_id, **fields)
-    except (yaml.YAMLError, ValidationError, TypeError, AttributeError) as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ProviderConfigError(f"{path}: invalid provider profiles: {first}") from None
+    except ValidationError as exc:  # name the profile, the field and what it must be
+        first = exc.errors()[0]
+        field = ".".join(str(part) for part in first["loc"]) or "(profile)"
+        raise ProviderConfigError(
+            f"{path}: profile {profile_id!r}: field {field}: {first['msg']}"
+        ) from None
+    except (yaml.YAMLError, TypeError, AttributeError) as exc:
+        first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ProviderConfigError(f"{path}: invalid provider profiles: {first_line}") from None
     return profiles
 
 

@@ -1,0 +1,47 @@
+"""Provider profiles from YAML: a bad value is refused with the profile, the field and the
+rule it breaks (found by a fresh tester: the message said "1 validation error for Profile")."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from core.errors import ProviderConfigError
+from providers.profiles import load_profiles
+
+
+@pytest.mark.parametrize(
+    ("value", "rule"),
+    [
+        ("0", "greater than or equal to 1"),
+        ("-5", "greater than or equal to 1"),
+        ("86401", "less than or equal to 86400"),
+        ("1.5", "valid integer"),
+        ('"60"', "valid integer"),
+        ("abc", "valid integer"),
+        ("null", "valid integer"),
+    ],
+)
+def test_a_bad_max_job_s_names_profile_field_and_rule(
+    tmp_path: Path, value: str, rule: str
+) -> None:
+    path = tmp_path / "providers.yaml"
+    path.write_text(
+        f"profiles:\n  mine:\n    kind: fake\n    cost_per_image_minor: 4\n    max_job_s: {value}\n"
+    )
+    with pytest.raises(ProviderConfigError) as raised:
+        load_profiles(path)
+    message = str(raised.value)
+    assert "profile 'mine'" in message and "field max_job_s" in message and rule in message
+    assert "\n" not in message
+
+
+def test_max_job_s_defaults_to_a_minute_and_takes_a_day_at_most(tmp_path: Path) -> None:
+    path = tmp_path / "providers.yaml"
+    path.write_text(
+        "profiles:\n  a:\n    kind: fake\n    cost_per_image_minor: 4\n"
+        "  b:\n    kind: fake\n    cost_per_image_minor: 4\n    max_job_s: 86400\n"
+    )
+    profiles = load_profiles(path)
+    assert profiles["a"].max_job_s == 60 and profiles["b"].max_job_s == 86400
