@@ -116,6 +116,10 @@ class ItemExecutor(Protocol):
 
 
 THROTTLE_POLL_S = 0.25  # how often a throttled executor asks again for a provider slot
+# `RunEngine.process`: the item's job was accepted but not ready within the collect timeout.
+# Its open submission keeps a provider slot (`ClaimStore.claim`), so an executor throttled
+# with nothing of its own running collects such items again before it waits for a slot.
+COLLECT_LATER = "collect later"
 # A claim proved (ours, live, run running) by its own transaction less than this long ago
 # needs no second check before its paid call (`RunEngine._holds`).
 CLAIM_PROOF_FRESH_S = 0.25
@@ -168,10 +172,14 @@ def thread_pool_executor(
     with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="item") as pool:
         pending: dict[Future[str | None], Item] = {}
         queue = deque(items)
+        later: list[Item] = []  # accepted jobs not ready in time (see COLLECT_LATER)
         throttled = False
         try:
             while queue or pending:
-                if throttled and not pending and stop.wait(THROTTLE_POLL_S):
+                if throttled and not pending and later:
+                    queue.extendleft(reversed(later))  # a slot may be our own job: collect it
+                    later.clear()
+                elif throttled and not pending and stop.wait(THROTTLE_POLL_S):
                     break  # throttled with nothing of ours running: probe every 0.25 s
                 while queue and len(pending) < concurrency and not stop.is_set():
                     if throttled and pending:
@@ -194,6 +202,8 @@ def thread_pool_executor(
                         queue.appendleft(item)
                         throttled = True
                     elif result is not None:
+                        if result == COLLECT_LATER:
+                            later.append(item)
                         progress(item, result)
         except BaseException:
             stop.set()
@@ -562,7 +572,7 @@ class RunEngine:
                 claim,
                 f"accepted job not collected yet ({_reason(exc)}); a resume collects it at no cost",
             )
-            return "collect later"
+            return COLLECT_LATER
         except RemoteJobFailed as exc:
             self.claims.release(claim, f"remote job failed: {_reason(exc)}")
             return "failed"

@@ -38,7 +38,7 @@ from prefect.utilities.annotations import quote
 from core.errors import ProviderConfigError
 from core.runs import Claim, Item
 from core.settings import Settings, load_settings
-from pipeline.engine import THROTTLE_POLL_S, ItemJob, RunEngine, claim_next
+from pipeline.engine import COLLECT_LATER, THROTTLE_POLL_S, ItemJob, RunEngine, claim_next
 from pipeline.runs import RunOptions
 from providers.profiles import Profile
 
@@ -200,10 +200,11 @@ def generate_item(
     )
     if claim is None:  # cancelled, paused or taken over since the flow claimed it
         raise ItemNotCompleted(f"item {item_id}: no longer held by this run")
+    outcome = "error"
     try:
         outcome = engine.process(claim, RunOptions.from_params(work["options"]))
     finally:  # the claim is completed or released by now: its slot is free
-        item_worked(work["owner"], work["item_pk"])
+        item_worked(work["owner"], work["item_pk"], outcome)
     if outcome != "completed":
         raise ItemNotCompleted(f"item {item_id}: {outcome}")
     return {"item_id": item_id, "idempotency_key": idempotency_key, "outcome": outcome}
@@ -218,15 +219,15 @@ def handed_claim(owner: str, item_pk: int, token: str | None) -> Claim | None:
     return local.take(item_pk, token) if local is not None else None
 
 
-def item_worked(owner: str, item_pk: int) -> None:
+def item_worked(owner: str, item_pk: int, outcome: str = "") -> None:
     """Tell the dispatcher of `owner`, if it runs in this process, that the item's work is
-    over. (A module function, so a task pickled for Dask refers to it by name and never
-    carries the dispatchers' queues.)"""
+    over, and how it ended (`RunEngine.process`). (A module function, so a task pickled for
+    Dask refers to it by name and never carries the dispatchers' queues.)"""
     with _guard:
         local = _local_flows.get(owner)
     if local is not None:
         events = local.events
-        events.put(("worked", item_pk))
+        events.put(("worked", (item_pk, outcome)))
 
 
 def result_storage(settings: Settings) -> str | Path:
@@ -291,6 +292,8 @@ def prefect_executor(
     queue = deque(items)
     running: dict[PrefectFuture[dict[str, str]], tuple[Item, Any]] = {}
     worked: set[int] = set()  # items in `running` whose work is over (their task finishing)
+    later_pks: set[int] = set()  # of those, items whose accepted job was not ready in time
+    later: list[Item] = []  # such items, finished: collected again when the run is throttled
     local = _LocalFlow(job.engine)
     events = local.events
     with _guard:
@@ -325,7 +328,10 @@ def prefect_executor(
             if not running:
                 if stop.is_set() or not queue:
                     break
-                if throttled:  # every slot is another run's: wait for one
+                if throttled and later:  # a slot may be our own job left for later:
+                    queue.extendleft(reversed(later))  # collect it (it needs no new slot)
+                    later.clear()
+                elif throttled:  # every slot is another run's: wait for one
                     stop.wait(THROTTLE_POLL_S)
                 continue  # the batch was busy or done elsewhere: claim the next ones
             # Wait for one item's work to end (its slot is free) or one task to finish, then
@@ -338,8 +344,11 @@ def prefect_executor(
                     break
             for kind, what in pending:
                 if kind == "worked":
-                    if any(item.pk == what for item, _ in running.values()):
-                        worked.add(what)
+                    pk, outcome = what
+                    if any(item.pk == pk for item, _ in running.values()):
+                        worked.add(pk)
+                        if outcome == COLLECT_LATER:
+                            later_pks.add(pk)
                     continue
                 if what not in running:
                     continue
@@ -350,6 +359,9 @@ def prefect_executor(
                 if not completed:  # the task ended early (lost worker): free its claim;
                     job.release(local.unstarted(claim))  # an intent it may have sent is
                     # reconciled, never resent
+                if item.pk in later_pks:  # its job was accepted but not ready in time
+                    later_pks.discard(item.pk)
+                    later.append(item)
                 progress(item, "completed" if completed else "failed")
     except BaseException:  # the engine pauses the run and releases this owner's claims
         stop.set()

@@ -149,6 +149,32 @@ def test_an_interrupted_holders_jobs_keep_their_slots_while_they_run(
     assert len(jobs_per_key()) == 2 * LIMIT and set(jobs_per_key().values()) == {1}
 
 
+def test_a_run_collects_its_own_job_left_for_later_instead_of_waiting_for_its_slot(
+    engine: Engine, database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Limit 1: the second item's job takes 2 s, longer than the run's collect timeout (1 s),
+    so it is left for later, and its open submission keeps the only slot (the job still runs
+    at the provider). The run then waited for max_job_s (30 s here) and ended failed with
+    that job uncollected (found by a fresh tester). Now, throttled with nothing of its own
+    running, it collects its own job again: the run completes, one job per item, never more
+    than one in flight."""
+    path = tmp_path / "providers.yaml"
+    path.write_text(
+        "profiles:\n  limited:\n    kind: fake\n    cost_per_image_minor: 4\n"
+        "    max_concurrency: 1\n    delay_ms: 50\n    max_job_s: 30\n"
+    )
+    monkeypatch.setenv("EPISODIC_PROVIDERS_FILE", str(path))
+    monkeypatch.setenv("EPISODIC_FAKE_PROVIDER_LOG", str(tmp_path / "provider.jsonl"))
+    allocated = allocate(engine, "weekly", WeekId.parse("2026-W32"), "self-block")
+    episode = Episode(engine, str(allocated.episode.episode_id))
+    titles = ["one", "two [[DELAY_MS:2000]]", "three", "four"]
+    episode.plan(write_playlist(tmp_path / "pl", titles, profile="limited"))
+    outcome = episode.generate(concurrency=4, collect_timeout_s=1)
+    assert outcome.state.value == "completed", outcome.message  # "two" collected, not left
+    assert len(jobs_per_key()) == 4 and set(jobs_per_key().values()) == {1}
+    assert max_in_flight(provider_log()) <= 1
+
+
 def test_open_submissions_hold_slots_until_collected_or_older_than_max_job_s(
     engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
