@@ -644,10 +644,211 @@ def _episode_cost(engine: Engine, key: str) -> int:
 
 # ---------------------------------------------------------------------------- database
 
+
+def _allocate_through_faults(url: str, prefix: str, out: Any) -> None:  # pragma: no cover
+    """A forked child: allocate new keys until killed, reporting each allocation, and each
+    error that survived the callers' own retries (tenacity) as ("error", text)."""
+    from core.ids import WeekId
+    from pipeline.allocation import allocate
+
+    engine = _engine(url)
+    week = WeekId.parse("2026-W40")
+    n = 0
+    while True:
+        key = f"{prefix}-{n}"
+        try:
+            out.send((key, str(allocate(engine, PIPELINE, week, key).episode.episode_id)))
+            n += 1
+        except Exception as exc:  # given up after its retries: the caller sees an error
+            out.send(("error", f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"))
+            time.sleep(0.05)
+
+
+def pg_terminate(backend: Backend, trials: int, rng: random.Random) -> Result:
+    """PostgreSQL connections killed with `pg_terminate_backend` (every 0.1-0.4 s, for 8 s)
+    while 8 processes allocate and a generation runs: callers retry transient errors
+    (tenacity), every allocation reported is in the database once, sequences have no gap or
+    duplicate, and after the one recovery command the batch is complete, one provider job per
+    item, no run left running."""
+    from core.ids import EpisodeId
+
+    result = Result("pg-terminate", backend.name)
+    url = backend.fresh()
+    engine = _engine(url)
+    database = engine.url.database
+    root = Path(tempfile.mkdtemp(prefix="episodic-reliability-pg-"))
+    profiles = _profiles(root, trials)
+    context = multiprocessing.get_context("fork")
+    reported: list[tuple[str, str]] = []
+    gave_up: list[str] = []
+    for trial in range(trials):
+        episode_id, _ = _trial_episode(engine, root / f"pl{trial}", trial, 6, rng)
+        home = root / f"home{trial}"
+        home.mkdir(parents=True)
+        env = _trial_env(home, url, profiles)
+        pipes, children = [], []
+        for n in range(8):
+            receive, send = context.Pipe(duplex=False)
+            child = context.Process(
+                target=_allocate_through_faults, args=(url, f"t{trial}p{n}", send), daemon=True
+            )
+            child.start()
+            send.close()
+            pipes.append(receive)
+            children.append(child)
+        batch = subprocess.Popen(
+            [EPISODIC, "generate", episode_id, "--json", "--concurrency", "3"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        killed = 0
+        until = time.monotonic() + 8
+        with _engine(url).connect() as admin:
+            while time.monotonic() < until:
+                time.sleep(rng.uniform(0.1, 0.4))
+                killed += len(
+                    admin.execute(
+                        text(
+                            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE "
+                            "datname = :d AND pid <> pg_backend_pid()"
+                        ),
+                        {"d": database},
+                    ).all()
+                )
+                admin.commit()
+        for child in children:
+            os.kill(child.pid or 0, signal.SIGKILL)
+            child.join(30)
+        for receive in pipes:
+            with suppress(EOFError, OSError):
+                while receive.poll():
+                    key, answer = receive.recv()
+                    if key == "error":
+                        gave_up.append(answer)
+                    else:
+                        reported.append((key, answer))
+        engine.dispose()  # the suite's own pooled connections were terminated too
+        result.faults["connections terminated"] += killed
+        result.faults["allocating processes"] += 8
+        _recover_and_check(
+            result, threading.Lock(), engine, env, episode_id, 6, home, trial, [batch],
+            "a generation under pg_terminate_backend",
+        )  # fmt: skip
+    allocation_invariants(engine, result)
+    with engine.connect() as conn:
+        stored = dict(
+            conn.execute(text("SELECT allocation_key, episode_id FROM episodes")).tuples().all()
+        )
+    lost = [key for key, episode_id in reported if stored.get(key) != episode_id]
+    result.lost += len(lost)
+    if lost:
+        result.problem(f"{len(lost)} reported allocations are not in the database, e.g. {lost[0]}")
+    if gave_up:
+        result.problem(f"{len(gave_up)} allocations failed after retries, e.g. {gave_up[0]}")
+    for _key, episode_id in reported[:1]:
+        EpisodeId.parse(episode_id)
+    result.notes = (
+        f"{len(reported)} allocations reported while connections were being terminated; "
+        f"{len(gave_up)} surfaced an error after the callers' retries"
+    )
+    engine.dispose()
+    return result
+
+
+_HOLD_THE_LOCK = """
+import sqlite3, sys, time
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("BEGIN IMMEDIATE")
+print("locked", flush=True)
+time.sleep(float(sys.argv[2]))
+conn.execute("ROLLBACK")
+"""
+
+
+def sqlite_locked(backend: Backend, trials: int, rng: random.Random) -> Result:
+    """Another process holds SQLite's write lock longer than the busy timeout (30 s) while
+    `episodic allocate` and `episodic generate` run: each ends with one clear line (exit 1,
+    "database is locked"), `PRAGMA integrity_check` is ok, nothing is half-written, and both
+    succeed once the lock is gone."""
+    from storage.engine import SQLITE_BUSY_TIMEOUT_MS
+
+    result = Result("sqlite-locked", backend.name)
+    url = backend.fresh()
+    engine = _engine(url)
+    path = url.removeprefix("sqlite:///")
+    root = Path(tempfile.mkdtemp(prefix="episodic-reliability-locked-"))
+    profiles = _profiles(root, trials)
+    hold_s = SQLITE_BUSY_TIMEOUT_MS / 1000 + 5
+    for trial in range(trials):
+        episode_id, _ = _trial_episode(engine, root / f"pl{trial}", trial, 3, rng)
+        home = root / f"home{trial}"
+        home.mkdir(parents=True)
+        env = _trial_env(home, url, profiles)
+        holder = subprocess.Popen(
+            [sys.executable, "-c", _HOLD_THE_LOCK, path, str(hold_s)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        result.faults[f"write lock held {hold_s:.0f} s"] += 1
+        commands = {
+            "allocate": [EPISODIC, "allocate", "--key", f"locked-{trial}", "--week", "2026-W41"],
+            "generate": [EPISODIC, "generate", episode_id, "--json"],
+        }
+        blocked = {
+            name: subprocess.Popen(
+                command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+            for name, command in commands.items()
+        }
+        for name, process in blocked.items():
+            _, err = process.communicate(timeout=hold_s + 120)
+            lines = err.strip().splitlines()
+            clear = process.returncode == 1 and len(lines) == 1 and "locked" in lines[0]
+            if not clear:
+                result.problem(
+                    f"trial {trial}: {name} under a held lock: exit "
+                    f"{process.returncode}, {err.strip()[-300:]!r}"
+                )
+        holder.wait(timeout=60)
+        with engine.connect() as conn:
+            integrity = conn.execute(text("PRAGMA integrity_check")).scalar_one()
+        if integrity != "ok":
+            result.problem(f"trial {trial}: integrity_check: {integrity}")
+        after = subprocess.run(
+            [EPISODIC, "allocate", "--key", f"locked-{trial}", "--week", "2026-W41"],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        if after.returncode != 0:
+            result.problem(f"trial {trial}: allocate after the lock: {after.stderr.strip()}")
+        _recover_and_check(
+            result, threading.Lock(), engine, env, episode_id, 3, home, trial, [],
+            "a generation after the lock",
+        )  # fmt: skip
+    allocation_invariants(engine, result)
+    result.notes = f"the busy timeout is {SQLITE_BUSY_TIMEOUT_MS / 1000:.0f} s"
+    engine.dispose()
+    return result
+
+
 SCENARIOS: dict[str, Callable[[Backend, int, random.Random], Result]] = {
     "alloc-crash": alloc_crash,
     "generate-crash": generate_crash,
     "flow-crash": flow_crash,
     "provider-faults": provider_faults,
+    "pg-terminate": pg_terminate,
+    "sqlite-locked": sqlite_locked,
 }
-TRIALS = {"alloc-crash": 200, "generate-crash": 50, "flow-crash": 12, "provider-faults": 50}
+ONLY_ON = {"pg-terminate": "postgres", "sqlite-locked": "sqlite"}
+TRIALS = {
+    "alloc-crash": 200,
+    "generate-crash": 50,
+    "flow-crash": 12,
+    "provider-faults": 50,
+    "pg-terminate": 3,
+    "sqlite-locked": 2,
+}
