@@ -5,10 +5,10 @@ call, the acceptance (remote reference), the outcome with its cost. (The check t
 still holds right before the call is the claim's own transaction when the call follows it at
 once, as here; see `RunEngine._holds`.) The floor is raw SQL through the bare driver (sqlite3,
 psycopg, same pragmas) issuing the same commits per item on the project's own tables and
-indexes: the same reads (the run, the item, the provider's slots), UPDATEs and INSERTs,
-not single-row inserts; around them, the same work that
-is not bookkeeping, done inline (the fake provider's submit and collect, the image written
-atomically), so the ratio is what claims, leases and the ledger cost above the bare minimum.
+indexes: the same reads (the run, the item, the provider's slots), UPDATEs and INSERTs, not
+single-row inserts; around them, the same work that is not bookkeeping, done inline (the
+fake provider's submit and collect, the image written atomically), so the ratio is what
+claims, leases and the ledger cost above the bare minimum.
 Our figure is the engine's whole path for a run of zero-latency items, in the same run.
 
     ratio = engine items/s / floor items/s      target >= 0.5x, with 1 and 8 items at once
