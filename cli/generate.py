@@ -228,10 +228,10 @@ def _progress(as_json: bool) -> Iterator[OnStart]:
         )
         progress.start()
         shown.append(progress)
-        task = progress.add_task(
-            f"generating {engine.gate.episode_id}", total=len(engine.store.run_items(run_id))
-        )
+        working = f"generating {engine.gate.episode_id}"
+        task = progress.add_task(working, total=len(engine.store.run_items(run_id)))
         engine.on_progress = lambda item, result: progress.advance(task)
+        engine.on_wait = lambda text: progress.update(task, description=text or working)
 
     try:
         yield on_start

@@ -128,6 +128,7 @@ def _generate(
                 progress.completed_one()
 
         engine.on_progress = on_progress
+        engine.on_wait = lambda text: logger.info(text) if text else None
 
     report: dict[str, Any] | None = None
     try:

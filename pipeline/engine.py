@@ -101,6 +101,9 @@ class ItemJob(Protocol):
 
     def release(self, claim: Claim) -> None: ...
 
+    def waiting(self, for_slot: bool) -> None:
+        """The executor waits for a provider slot (True) or goes on working (False)."""
+
 
 class ItemExecutor(Protocol):
     """Claims and runs items, at most `concurrency` at a time; stops dispatching on `stop`."""
@@ -179,8 +182,10 @@ def thread_pool_executor(
                 if throttled and not pending and later:
                     queue.extendleft(reversed(later))  # a slot may be our own job: collect it
                     later.clear()
-                elif throttled and not pending and stop.wait(THROTTLE_POLL_S):
-                    break  # throttled with nothing of ours running: probe every 0.25 s
+                elif throttled and not pending:
+                    job.waiting(True)
+                    if stop.wait(THROTTLE_POLL_S):
+                        break  # throttled with nothing of ours running: probe every 0.25 s
                 while queue and len(pending) < concurrency and not stop.is_set():
                     if throttled and pending:
                         break  # a slot frees when one of ours finishes: ask again then
@@ -202,6 +207,7 @@ def thread_pool_executor(
                         queue.appendleft(item)
                         throttled = True
                     elif result is not None:
+                        job.waiting(False)
                         if result == COLLECT_LATER:
                             later.append(item)
                         progress(item, result)
@@ -250,6 +256,7 @@ class _Job:
     followed: set[str] = field(default_factory=set)
     claims: dict[int, Claim] = field(default_factory=dict)
     guard: threading.Lock = field(default_factory=threading.Lock)
+    _waiting_for_slot: bool = False
 
     @property
     def profile_id(self) -> str:
@@ -339,6 +346,18 @@ class _Job:
         and is reconciled by the next claim, never resubmitted (`release_unstarted`)."""
         self.engine.claims.release_unstarted(claim, INTERRUPTED)
 
+    def waiting(self, for_slot: bool) -> None:
+        """Tell the engine's `on_wait` once each time this job starts or stops waiting for a
+        provider slot (a run whose every slot is taken elsewhere shows why it stands still)."""
+        if for_slot == self._waiting_for_slot:
+            return
+        self._waiting_for_slot = for_slot
+        self.engine.on_wait(
+            f"waiting for a provider slot (profile {self.profile_id}: every slot in use)"
+            if for_slot
+            else None
+        )
+
     def abandon_untaken(self) -> None:
         """Claims made but never run (a cancelled future, a task that never started)."""
         with self.guard:
@@ -358,6 +377,8 @@ class RunEngine:
     executor: ItemExecutor = thread_pool_executor
     stop: threading.Event = field(default_factory=threading.Event)
     on_progress: Callable[[Item, str], None] = lambda item, result: None
+    # Called with a line when the run starts waiting for a provider slot, None when it goes on.
+    on_wait: Callable[[str | None], None] = lambda text: None
     planned_keys: frozenset[str] = frozenset()
     plan_id: int | None = None  # the recorded plan `planned_keys` come from
     follow_poll_s: float = 0.5

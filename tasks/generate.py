@@ -332,6 +332,7 @@ def prefect_executor(
                     queue.extendleft(reversed(later))  # collect it (it needs no new slot)
                     later.clear()
                 elif throttled:  # every slot is another run's: wait for one
+                    job.waiting(True)
                     stop.wait(THROTTLE_POLL_S)
                 continue  # the batch was busy or done elsewhere: claim the next ones
             # Wait for one item's work to end (its slot is free) or one task to finish, then
@@ -362,6 +363,7 @@ def prefect_executor(
                 if item.pk in later_pks:  # its job was accepted but not ready in time
                     later_pks.discard(item.pk)
                     later.append(item)
+                job.waiting(False)
                 progress(item, "completed" if completed else "failed")
     except BaseException:  # the engine pauses the run and releases this owner's claims
         stop.set()

@@ -175,6 +175,53 @@ def test_a_run_collects_its_own_job_left_for_later_instead_of_waiting_for_its_sl
     assert max_in_flight(provider_log()) <= 1
 
 
+def test_a_run_waiting_for_a_provider_slot_says_so(
+    engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every slot of the profile is held by another run: the run says it waits for a slot
+    (the CLI shows it on its progress line, the flow logs it), then goes on when the slot
+    frees. It stood still without a word before (found by a fresh tester)."""
+    import threading
+
+    from core.runs import Claim
+    from core.settings import load_settings
+    from core.states import RunState
+    from pipeline.gate import EnvironmentCredentials
+    from pipeline.generation import generate
+    from pipeline.runs import RunOptions
+    from storage.claims import ClaimStore
+    from storage.runs import RunStore
+    from tests.generation import new_run
+
+    _profiles(tmp_path, monkeypatch, delay_ms=0)
+    (path := tmp_path / "providers.yaml").write_text(
+        path.read_text().replace(f"max_concurrency: {LIMIT}", "max_concurrency: 1")
+    )
+    holder_episode, waiting_episode = _episodes(engine, tmp_path, 2, items=1)
+    run_id = new_run(Episode(engine, holder_episode))
+    RunStore(engine).transition_run(run_id, RunState.RUNNING, lease_s=30)
+    (item,) = RunStore(engine).run_items(run_id)
+    store = ClaimStore(engine)
+    held = store.claim(
+        item.pk, run_id, "elsewhere", lease_s=30, max_attempts=3, profile="limited",
+        provider_limit=1, max_job_s=60,
+    )  # fmt: skip
+    assert isinstance(held, Claim)
+    said: list[str | None] = []
+
+    def on_start(run_engine: object, _run_id: str) -> None:
+        run_engine.on_wait = said.append  # type: ignore[attr-defined]
+
+    threading.Timer(1.0, store.release_unstarted, (held, "given up")).start()
+    outcome = generate(
+        engine, load_settings(), "weekly", waiting_episode, RunOptions(),
+        EnvironmentCredentials(), on_start=on_start,
+    )  # fmt: skip
+    assert outcome.state.value == "completed", outcome.message
+    assert said[0] is not None and said[0].startswith("waiting for a provider slot"), said
+    assert said[-1] is None  # and it said when it went on
+
+
 def test_open_submissions_hold_slots_until_collected_or_older_than_max_job_s(
     engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

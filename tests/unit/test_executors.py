@@ -18,6 +18,10 @@ class _AlwaysThrottled:
 
     def __init__(self) -> None:
         self.claims = 0
+        self.waits: list[bool] = []
+
+    def waiting(self, for_slot: bool) -> None:
+        self.waits.append(for_slot)
 
     def claim(self, item: Item) -> None:
         self.claims += 1
@@ -71,3 +75,16 @@ def test_a_claim_handed_to_an_in_process_task_is_freed_as_unstarted_only_if_neve
         assert handed_claim("another flow", 1, "t2") is None
     finally:
         _local_flows.pop("flow", None)
+
+
+def test_a_throttled_executor_says_it_waits_for_a_provider_slot() -> None:
+    """A run whose every slot is taken elsewhere stood still without a word (found by a fresh
+    tester): the executor now tells its job when it starts waiting for a slot."""
+    items = [Item(n, f"k{n}", n, f"v{n}", 1, "p", n, "pending", 0, None) for n in range(1, 3)]
+    job = _AlwaysThrottled()
+    stop = threading.Event()
+    timer = threading.Timer(0.6, stop.set)
+    timer.start()
+    thread_pool_executor(items, job, 8, stop, lambda item, result: None)  # type: ignore[arg-type]
+    timer.cancel()
+    assert job.waits and job.waits[0] is True
