@@ -49,6 +49,27 @@ def waiting(harness: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> An
     return run
 
 
+def test_a_slot_scheduled_for_later_runs_now_for_its_own_slot(
+    harness: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`make demo` runs this week's slots; on a Monday before 09:00 the Monday slot is still
+    ahead, and Prefect made the run wait until 09:00 (CI hung). Executing a slot now keeps
+    the slot it stands for: its expected start time and its episode are the slot's."""
+    monkeypatch.setenv("EPISODIC_FAKE_PROVIDER_LOG", str(tmp_path / "provider.jsonl"))
+    deployment = _deploy(None)
+    future = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    future += timedelta(days=14 - future.weekday())  # a Monday two weeks or less ahead
+    (run,) = local.schedule_slots(deployment, future, future + timedelta(days=7, seconds=-1))
+    assert run.expected_start_time is not None and run.expected_start_time > datetime.now(UTC)
+    state = local.execute(weekly_episode, run.id)
+    assert state.is_completed(), state
+    with get_client(sync_client=True) as client:
+        after = client.read_flow_run(run.id)
+    assert after.expected_start_time == run.expected_start_time
+    week = run.expected_start_time.isocalendar()
+    assert state.result().startswith(f"{week.year}-W{week.week:02d}-")
+
+
 def _form(flow_run_id: UUID) -> tuple[dict[str, Any], str]:
     """The waiting form's JSON schema and its description (what the UI renders)."""
     with get_client(sync_client=True) as client:
