@@ -72,11 +72,11 @@ def report(results: list[Result], command: str, seed: int) -> str:
         "",
         "## Not in the suite yet",
         "",
-        "- kills of Prefect flow-run processes (the flow path is covered by `tests/flows`);",
         "- PostgreSQL restarted under load (its connections killed with `pg_terminate_backend`",
         "  are in the suite);",
-        "- hypothesis stateful models of the allocator and of the run/item/submission states,",
-        "  and the bad-input fuzz of every command.",
+        "- the fuzz of flow parameters and of malformed playlist, legacy and provider files",
+        "  (the fuzz of every command is in `make test`: `tests/property/test_cli_fuzz.py`, with",
+        "  the hypothesis models of ISO weeks, the allocator and the claims).",
         "",
     ]
     return "\n".join(lines)
