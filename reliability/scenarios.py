@@ -68,23 +68,22 @@ class Backend:
     name: str
     root: Path
     _pg: Any = None
+    _sqlite: Any = None
     _made: list[str] = field(default_factory=list)
     _count: int = 0
 
     def fresh(self) -> str:
-        from storage.engine import make_engine
-        from storage.schema import upgrade
+        """A migrated database of this kind (the test suite's factories: a copied SQLite
+        template, a Postgres database cloned from a migrated template)."""
+        from tests.databases import PostgresDatabases, SqliteDatabases
 
         self._count += 1
         if self.name == "sqlite":
-            url = f"sqlite:///{self.root / f'db{self._count}' / 'episodic.db'}"
-            engine = make_engine(url)
-            upgrade(engine)
-            engine.dispose()
-            return url
+            if self._sqlite is None:
+                self.root.mkdir(parents=True, exist_ok=True)
+                self._sqlite = SqliteDatabases(self.root)
+            return str(self._sqlite.fresh(self.root / f"db{self._count}"))
         if self._pg is None:
-            from tests.databases import PostgresDatabases
-
             self._pg = PostgresDatabases()
         self._made.append(self._pg.fresh(migrated=True))
         return str(self._pg.url(self._made[-1]))
