@@ -634,7 +634,7 @@ class RunEngine:
                 return None
             return submission.pk, found
         except NotCreated as exc:
-            self.claims.close_failed(submission.pk, _reason(exc))
+            self.claims.refuse(claim, submission.pk, _reason(exc))
             raise
         if not self.claims.accept(submission.pk, remote_ref):
             self.claims.mark_unknown(submission.pk, "provider answered with a job already recorded")
@@ -655,7 +655,8 @@ class RunEngine:
             self.claims.mark_unknown(submission.pk, "acceptance unknown")
             self.claims.release(claim, self._unknown_text(claim, submission, "no reply recorded"))
             return None
-        self.claims.close_failed(submission.pk, "abandoned by operator (--force-resubmit)")
+        if not self.claims.refuse(claim, submission.pk, "abandoned by operator (--force-resubmit)"):
+            raise Stopped()  # taken over (or settled meanwhile): the new holder decides
         fresh = self.claims.new_attempt(claim, self.profile.id, forced=True)
         if fresh is None:  # the run stopped or the claim was lost: spend nothing
             raise Stopped()

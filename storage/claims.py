@@ -560,6 +560,31 @@ class ClaimStore:
                 .values(state=SubmissionState.UNKNOWN, error_text=reason[:2000])
             )
 
+    def refuse(self, claim: Claim, submission_pk: int, reason: str) -> bool:
+        """The holder's call provably created nothing (the provider refused it), or an operator
+        abandons the holder's unknown (``--force-resubmit``): the submission is closed failed.
+
+        Only while `claim.owner` holds the item and the submission is unsettled (intent or
+        unknown). A holder frozen past its lease whose item was taken over must not close a
+        submission the new holder resent and the provider accepted: the next run would pay
+        again. False (nothing written) otherwise; the new holder settles it.
+        """
+        now = utcnow()
+        with tx.write(self.engine) as conn:
+            held = conn.execute(
+                select(_items.c.id)
+                .where(_items.c.id == claim.item.pk, _items.c.claim_owner == claim.owner)
+                .with_for_update()
+            ).first()
+            if held is None:
+                return False
+            moved = conn.execute(
+                update(_subs)
+                .where(_subs.c.id == submission_pk, _subs.c.state.in_(_UNSETTLED))
+                .values(state=SubmissionState.FAILED, error_text=reason[:2000], finished_at=now)
+            ).rowcount
+            return bool(moved)
+
     def close_failed(
         self,
         submission_pk: int,
@@ -569,7 +594,7 @@ class ClaimStore:
         cost_minor: int = 0,
         currency: str = "USD",
     ) -> bool:
-        """The provider refused the call, the job failed, or an operator abandoned it.
+        """The provider reports the accepted job failed (a fact whoever holds the item).
 
         A failed job the provider billed (`cost_minor` > 0) gets its cost entry in the same
         transaction: the ledger shows what the provider charged.

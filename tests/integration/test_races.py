@@ -380,3 +380,51 @@ def test_a_holder_woken_after_a_takeover_never_withdraws_the_intent_the_new_hold
     assert again.state.value == "completed", again.message
     assert jobs_per_key() == Counter({item.idempotency_key: 1}), provider_log()
     assert check_episodes(engine, "weekly") == []
+
+
+def test_a_holder_refused_after_a_takeover_never_fails_the_job_the_new_holder_sent(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """Holder A sends its intent and freezes past its lease before the reply; holder B takes
+    the item over and reconciles by resending the same create: the provider makes the job and
+    B records the acceptance (its collect is left for later). A's reply then arrives: a
+    refusal. A closed the submission failed, accepted or not, so the next run paid a second
+    job. A refusal (and an operator's abandon) now closes only the holder's own unsettled
+    submission; the next run collects B's job. Counted in the fake provider's own log."""
+    from pipeline.runs import RunOptions
+    from providers.base import CollectionPending, PermanentProviderError
+    from storage.claims import ClaimStore
+
+    episode = new_episode(engine)
+    episode.plan(write_playlist(tmp_path / "pl", ["one"]))
+    run_id = _running_run(episode)
+    (item,) = RunStore(engine).run_items(run_id)
+    a, b = _run_engine(episode), _run_engine(episode)
+    slots = {"lease_s": 1, "max_attempts": 3, "profile": "fake", "provider_limit": 8}
+    held_by_a = ClaimStore(engine).claim(item.pk, run_id, "owner-A", **slots)
+    assert held_by_a.action == "submit"  # type: ignore[union-attr]
+    options = RunOptions(lease_s=1)
+    taken_over: list[str] = []
+
+    def collect_later(*args: Any, **kwargs: Any) -> Any:
+        raise CollectionPending("still running")
+
+    def a_freezes_then_is_refused(request: Any) -> str:
+        time.sleep(1.3)  # A is frozen past its lease while its call is out
+        held_by_b = ClaimStore(engine).claim(item.pk, run_id, "owner-B", **slots)
+        assert held_by_b.action == "reconcile"  # type: ignore[union-attr]
+        taken_over.append(b.process(held_by_b, options))  # B resends: the job exists
+        raise PermanentProviderError("400 refused")
+
+    a.provider.submit = a_freezes_then_is_refused
+    b.provider.collect = collect_later
+    assert a.process(held_by_a, options) == "failed"
+    assert taken_over == ["collect later"]
+    (state,) = engine.connect().execute(
+        select(SubmissionRow.state).where(SubmissionRow.item_pk == item.pk)
+    )
+    assert state.state == "accepted"
+    again = episode.generate()
+    assert again.state.value == "completed", again.message
+    assert jobs_per_key() == Counter({item.idempotency_key: 1}), provider_log()
+    assert check_episodes(engine, "weekly") == []

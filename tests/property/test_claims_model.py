@@ -49,6 +49,7 @@ def test_claims_and_paid_calls_never_make_a_second_job(engine: Engine, tmp_path:
             self.sent: set[tuple[str, int]] = set()  # holder made the paid call
             self.jobs: dict[str, str] = {}  # client reference -> job (the provider)
             self.jobs_per_item: Counter[int] = Counter()
+            self.stale: list[Claim] = []  # holders whose item was taken over, call still out
 
         def _create(self, claim: Claim) -> str:
             """The provider: one job per client reference."""
@@ -69,7 +70,7 @@ def test_claims_and_paid_calls_never_make_a_second_job(engine: Engine, tmp_path:
             )
             if isinstance(got, Claim):
                 for other in [k for k in self.held if k[1] == pk]:  # taken over
-                    del self.held[other]
+                    self.stale.append(self.held.pop(other))
                 self.held[(owner, pk)] = got
 
         @rule(data=st.data(), lose_reply=st.booleans())
@@ -105,6 +106,30 @@ def test_claims_and_paid_calls_never_make_a_second_job(engine: Engine, tmp_path:
             self.store.accept(claim.submission.pk, self._create(claim))
             self.sent.add(key)
 
+        @rule(data=st.data(), stale=st.booleans())
+        def refused(self, data: st.DataObject, stale: bool) -> None:
+            """The provider refuses a call (it made no job for it): the holder closes its
+            submission failed. A stale holder's refusal may arrive after the new holder's
+            resend of the same submission was accepted."""
+            if stale:
+                pool = [c for c in self.stale if c.submission is not None]
+            else:
+                pool = [
+                    c
+                    for k, c in sorted(self.held.items())
+                    if c.action == "submit" and k not in self.sent
+                ]
+            if not pool:
+                return
+            claim = data.draw(st.sampled_from(pool))
+            assert claim.submission is not None
+            self.store.refuse(claim, claim.submission.pk, "400 refused")
+            self.store.release(claim, "refused")
+            if stale:
+                self.stale.remove(claim)
+            else:
+                del self.held[(claim.owner, claim.item.pk)]
+
         @rule(data=st.data())
         def complete(self, data: st.DataObject) -> None:
             ready = sorted(self.held)
@@ -135,10 +160,11 @@ def test_claims_and_paid_calls_never_make_a_second_job(engine: Engine, tmp_path:
                 self.sent.discard(key)
             self.store.release_all(owner, "interrupted")
 
-        @rule(owner=st.sampled_from(sorted(OWNERS)))
-        def die(self, owner: str) -> None:
-            """kill -9: nothing more from this holder; its leases run out."""
-            for key in [k for k in self.held if k[0] == owner]:
+        @rule(owner=st.sampled_from(sorted(OWNERS)), frozen=st.booleans())
+        def die(self, owner: str, frozen: bool) -> None:
+            """kill -9: nothing more from this holder; its leases run out. Frozen (a stopped
+            VM, a GC pause): its leases run out too, but it wakes and goes on as if it held."""
+            for key in [k for k in self.held if k[0] == owner and not frozen]:
                 del self.held[key]
                 self.sent.discard(key)
             with engine.begin() as conn:
@@ -171,6 +197,18 @@ def test_claims_and_paid_calls_never_make_a_second_job(engine: Engine, tmp_path:
                     ),
                     pks,
                 ).all()
+                failed_refs = set(
+                    conn.execute(
+                        text(
+                            "SELECT s.client_reference FROM submissions s JOIN items i ON i.id "
+                            "= s.item_pk WHERE i.episode_pk = :p AND s.state = 'failed'"
+                        ),
+                        pks,
+                    ).scalars()
+                )
+            # A job the provider made is never recorded failed (its jobs do not fail here):
+            # the next run would pay a second one.
+            assert not failed_refs & set(self.jobs), failed_refs & set(self.jobs)
             for state, attempts, subs, succeeded, costs, owner, lease in rows:
                 assert attempts == subs, (attempts, subs)  # every paid call counted once
                 assert costs == succeeded <= 1, (costs, succeeded)
