@@ -72,8 +72,6 @@ def report(results: list[Result], command: str, seed: int) -> str:
         "",
         "## Not in the suite yet",
         "",
-        "- PostgreSQL restarted under load (its connections killed with `pg_terminate_backend`",
-        "  are in the suite);",
         "- the fuzz of flow parameters and of malformed playlist, legacy and provider files",
         "  (the fuzz of every command is in `make test`: `tests/property/test_cli_fuzz.py`, with",
         "  the hypothesis models of ISO weeks, the allocator and the claims).",

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, make_url, text
 
 EPISODIC = str(Path(sys.executable).parent / "episodic")
 PIPELINE = "weekly"
@@ -469,14 +469,15 @@ def flow_crash(backend: Backend, trials: int, rng: random.Random) -> Result:
     return result
 
 
-def _profiles(root: Path, trials: int) -> Path:
+def _profiles(root: Path, trials: int, delay_ms: int = 300) -> Path:
     """One fake provider profile per trial (its own limit and slots)."""
     path = root / "providers.yaml"
+    max_job_s = max(5, 3 * delay_ms // 1000)
     path.write_text(
         "profiles:\n"
         + "".join(
             f"  fake-t{n}:\n    kind: fake\n    cost_per_image_minor: 4\n"
-            f"    max_concurrency: 3\n    delay_ms: 300\n    max_job_s: 5\n"
+            f"    max_concurrency: 3\n    delay_ms: {delay_ms}\n    max_job_s: {max_job_s}\n"
             for n in range(trials)
         )
     )
@@ -669,19 +670,80 @@ def pg_terminate(backend: Backend, trials: int, rng: random.Random) -> Result:
     (tenacity), every allocation reported is in the database once, sequences have no gap or
     duplicate, and after the one recovery command the batch is complete, one provider job per
     item, no run left running."""
+    url = backend.fresh()
+    database = make_url(url).database
+
+    def terminate(until: float, result: Result) -> None:
+        with _engine(url).connect() as admin:
+            while time.monotonic() < until:
+                time.sleep(rng.uniform(0.1, 0.4))
+                result.faults["connections terminated"] += len(
+                    admin.execute(
+                        text(
+                            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE "
+                            "datname = :d AND pid <> pg_backend_pid()"
+                        ),
+                        {"d": database},
+                    ).all()
+                )
+                admin.commit()
+
+    return _under_database_faults(
+        Result("pg-terminate", backend.name), url, trials, rng, terminate, 8.0,
+        "a generation under pg_terminate_backend",
+    )  # fmt: skip
+
+
+def pg_restart(backend: Backend, trials: int, rng: random.Random) -> Result:
+    """The PostgreSQL server itself restarted (a private cluster made for the scenario: 3
+    restarts per trial, each a clean `fast` shutdown or an `immediate` one, a crash that
+    recovers from WAL, down 0-2 s) while 8 processes allocate and a generation runs: callers
+    retry transient errors (tenacity) through the outage, every allocation reported is in the
+    database once, sequences have no gap or duplicate, and after the one recovery command the
+    batch is complete, one provider job per item, no run left running."""
+    from tests.pgcluster import PrivateCluster
+
+    with PrivateCluster() as cluster:
+        url = cluster.create_database("episodic_restart")
+
+        def restart(until: float, result: Result) -> None:
+            for _ in range(3):
+                time.sleep(rng.uniform(0.5, 2.5))
+                mode = rng.choice(["fast", "immediate"])
+                cluster.restart(mode, rng.uniform(0.0, 2.0))
+                result.faults[f"restarts ({mode})"] += 1
+            time.sleep(max(0.0, until - time.monotonic()))
+
+        return _under_database_faults(
+            Result("pg-restart", backend.name), url, trials, rng, restart, 12.0,
+            "a generation across PostgreSQL restarts",
+        )  # fmt: skip
+
+
+def _under_database_faults(
+    result: Result,
+    url: str,
+    trials: int,
+    rng: random.Random,
+    inject: Callable[[float, Result], None],
+    seconds: float,
+    fault: str,
+) -> Result:
+    """8 allocating processes and an `episodic generate` of a 6-item episode per trial, while
+    `inject(until, result)` breaks the database until `until`; then the sweep, the recovery
+    command and the checks of every allocation reported."""
     from core.ids import EpisodeId
 
-    result = Result("pg-terminate", backend.name)
-    url = backend.fresh()
     engine = _engine(url)
-    database = engine.url.database
-    root = Path(tempfile.mkdtemp(prefix="episodic-reliability-pg-"))
-    profiles = _profiles(root, trials)
+    root = Path(tempfile.mkdtemp(prefix=f"episodic-reliability-{result.scenario}-"))
+    profiles = _profiles(root, trials, delay_ms=2000)  # the generation lives through the faults
     context = multiprocessing.get_context("fork")
     reported: list[tuple[str, str]] = []
     gave_up: list[str] = []
+    broken = 0
     for trial in range(trials):
         episode_id, _ = _trial_episode(engine, root / f"pl{trial}", trial, 6, rng)
+        engine.dispose()  # no pooled connection crosses the fork below
         home = root / f"home{trial}"
         home.mkdir(parents=True)
         env = _trial_env(home, url, profiles)
@@ -702,21 +764,10 @@ def pg_terminate(backend: Backend, trials: int, rng: random.Random) -> Result:
             stderr=subprocess.PIPE,
             text=True,
         )
-        killed = 0
-        until = time.monotonic() + 8
-        with _engine(url).connect() as admin:
-            while time.monotonic() < until:
-                time.sleep(rng.uniform(0.1, 0.4))
-                killed += len(
-                    admin.execute(
-                        text(
-                            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE "
-                            "datname = :d AND pid <> pg_backend_pid()"
-                        ),
-                        {"d": database},
-                    ).all()
-                )
-                admin.commit()
+        inject(time.monotonic() + seconds, result)
+        time.sleep(1.0)  # the last outage's retries finish and report
+        with suppress(subprocess.TimeoutExpired):
+            broken += batch.wait(60) != 0
         for child in children:
             os.kill(child.pid or 0, signal.SIGKILL)
             child.join(30)
@@ -728,13 +779,11 @@ def pg_terminate(backend: Backend, trials: int, rng: random.Random) -> Result:
                         gave_up.append(answer)
                     else:
                         reported.append((key, answer))
-        engine.dispose()  # the suite's own pooled connections were terminated too
-        result.faults["connections terminated"] += killed
+        engine.dispose()  # the suite's own pooled connections were broken too
         result.faults["allocating processes"] += 8
         _recover_and_check(
-            result, threading.Lock(), engine, env, episode_id, 6, home, trial, [batch],
-            "a generation under pg_terminate_backend",
-        )  # fmt: skip
+            result, threading.Lock(), engine, env, episode_id, 6, home, trial, [batch], fault
+        )
     allocation_invariants(engine, result)
     with engine.connect() as conn:
         stored = dict(
@@ -749,8 +798,9 @@ def pg_terminate(backend: Backend, trials: int, rng: random.Random) -> Result:
     for _key, episode_id in reported[:1]:
         EpisodeId.parse(episode_id)
     result.notes = (
-        f"{len(reported)} allocations reported while connections were being terminated; "
-        f"{len(gave_up)} surfaced an error after the callers' retries"
+        f"{len(reported)} allocations reported under the faults; "
+        f"{len(gave_up)} surfaced an error after the callers' retries; {broken} of {trials} "
+        "generations ended with an error under the faults (the recovery command finished them)"
     )
     engine.dispose()
     return result
@@ -843,14 +893,16 @@ SCENARIOS: dict[str, Callable[[Backend, int, random.Random], Result]] = {
     "flow-crash": flow_crash,
     "provider-faults": provider_faults,
     "pg-terminate": pg_terminate,
+    "pg-restart": pg_restart,
     "sqlite-locked": sqlite_locked,
 }
-ONLY_ON = {"pg-terminate": "postgres", "sqlite-locked": "sqlite"}
+ONLY_ON = {"pg-terminate": "postgres", "pg-restart": "postgres", "sqlite-locked": "sqlite"}
 TRIALS = {
     "alloc-crash": 200,
     "generate-crash": 50,
     "flow-crash": 12,
     "provider-faults": 50,
     "pg-terminate": 3,
+    "pg-restart": 3,
     "sqlite-locked": 2,
 }

@@ -24,6 +24,7 @@ from core.settings import validate_pipeline
 from storage.base import utcnow
 from storage.lock import LOCK_TIMEOUT_S, locked_transaction
 from storage.models import EpisodeEventRow, EpisodeRow
+from storage.tx import retry_outages
 
 _episodes: Table = EpisodeRow.__table__  # type: ignore[assignment]
 _events: Table = EpisodeEventRow.__table__  # type: ignore[assignment]
@@ -42,6 +43,7 @@ _INSERT_EPISODE = insert(_episodes).returning(_episodes.c.id)
 _INSERT_EVENT = insert(_events)
 
 
+@retry_outages
 class Allocator:
     def __init__(self, engine: Engine, *, lock_timeout: float = LOCK_TIMEOUT_S) -> None:
         self._engine = engine

@@ -43,6 +43,7 @@ from storage import tx
 from storage.base import utcnow
 from storage.models import CostEntryRow, ItemRow, RunRow, SubmissionRow
 from storage.runs import OPEN_SUBMISSION_STATES, item_from_row
+from storage.tx import retry_outages
 
 _runs: Table = RunRow.__table__  # type: ignore[assignment]
 _items: Table = ItemRow.__table__  # type: ignore[assignment]
@@ -177,6 +178,7 @@ class _Lost(Exception):
     """Rolls a guarded transaction back: the claim or the submission moved meanwhile."""
 
 
+@retry_outages
 class ClaimStore:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine

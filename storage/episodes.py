@@ -9,8 +9,10 @@ from core.episodes import Episode, EpisodeEvent
 from core.errors import EpisodeNotFound
 from core.ids import EpisodeId, WeekId
 from storage.models import EpisodeRow
+from storage.tx import retry_outages
 
 
+@retry_outages
 class EpisodeRepository:
     def __init__(self, engine: Engine) -> None:
         self._engine = engine

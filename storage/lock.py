@@ -20,6 +20,7 @@ from filelock import FileLock
 from sqlalchemy import Connection, Engine, text
 
 from storage.engine import sqlite_path, writer_lock
+from storage.tx import tracked_commit
 
 LOCK_TIMEOUT_S = 60.0
 # filelock polls a held lock; its default 50 ms poll turned a 1 ms critical section into tens
@@ -61,6 +62,7 @@ def locked_transaction(
     """
     if engine.dialect.name == "sqlite":
         with (
+            tracked_commit() as body_done,
             _file_lock(engine, pipeline).acquire(
                 timeout=timeout, poll_interval=LOCK_POLL_INTERVAL_S
             ),
@@ -69,11 +71,13 @@ def locked_transaction(
             conn.begin(),
         ):
             yield conn
+            body_done[0] = True
         return
     # The wait is bounded by the connection's lock_timeout (see storage.engine).
-    with engine.connect() as conn, conn.begin():
+    with tracked_commit() as body_done, engine.connect() as conn, conn.begin():
         conn.execute(_ADVISORY_XACT_LOCK, {"k": _pipeline_key(pipeline)})
         yield conn
+        body_done[0] = True
 
 
 @contextmanager
@@ -86,12 +90,15 @@ def keyed_transaction(engine: Engine, name: str) -> Iterator[Connection]:
     """
     if engine.dialect.name == "sqlite":
         with (
+            tracked_commit() as body_done,
             writer_lock(engine),
             engine.connect().execution_options(sqlite_begin="IMMEDIATE") as conn,
             conn.begin(),
         ):
             yield conn
+            body_done[0] = True
         return
-    with engine.connect() as conn, conn.begin():
+    with tracked_commit() as body_done, engine.connect() as conn, conn.begin():
         conn.execute(_ADVISORY_XACT_LOCK, {"k": advisory_key(name)})
         yield conn
+        body_done[0] = True

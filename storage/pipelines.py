@@ -11,6 +11,7 @@ from sqlalchemy import Engine, insert, select, update
 from storage.base import utcnow
 from storage.lock import keyed_transaction
 from storage.models import PipelineRow
+from storage.tx import retry_outages
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ def _config(row: Any) -> PipelineConfig:
     return PipelineConfig(row[0], row[1], row[2], row[3])
 
 
+@retry_outages
 class PipelineStore:
     def __init__(self, engine: Engine) -> None:
         self._engine = engine

@@ -10,6 +10,7 @@ from core.states import EPISODE_TRANSITIONS, EpisodeState, check_episode_transit
 from storage import tx
 from storage.base import utcnow
 from storage.models import ApprovalRow, EpisodeEventRow, EpisodeMediaRow, EpisodeRow
+from storage.tx import retry_outages
 
 _episodes: Table = EpisodeRow.__table__  # type: ignore[assignment]
 _events: Table = EpisodeEventRow.__table__  # type: ignore[assignment]
@@ -21,6 +22,7 @@ def sources_of_episode(target: EpisodeState) -> list[str]:
     return [s.value for s, targets in EPISODE_TRANSITIONS.items() if target in targets]
 
 
+@retry_outages
 class ReviewStore:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine

@@ -60,6 +60,7 @@ from storage.models import (
     RunRow,
     SubmissionRow,
 )
+from storage.tx import retry_outages
 
 _episodes: Table = EpisodeRow.__table__  # type: ignore[assignment]
 _plans: Table = EpisodePlanRow.__table__  # type: ignore[assignment]
@@ -124,6 +125,7 @@ class ItemIndex:
         return _COMPLETED if key in self._completed else self._others.get(key)
 
 
+@retry_outages
 class RunStore:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine

@@ -42,6 +42,7 @@ from storage import tx
 from storage.base import utcnow
 from storage.models import ItemRow, RunItemRow, RunRow
 from storage.runs import DedupPolicy, cancel_orphaned_items, run_alive
+from storage.tx import retry_outages
 
 _runs: Table = RunRow.__table__  # type: ignore[assignment]
 _items: Table = ItemRow.__table__  # type: ignore[assignment]
@@ -100,6 +101,7 @@ def _orphaned_item_ids(conn: Connection) -> list[int]:
     return [int(pk) for pk in rows.scalars()]
 
 
+@retry_outages
 class Sweeper:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine

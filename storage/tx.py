@@ -1,18 +1,111 @@
-"""Write transactions: on SQLite they take the write lock up front (``BEGIN IMMEDIATE``).
+"""Transactions, and riding out a database outage.
 
-A deferred SQLite transaction that reads and then writes can fail at once with "database is
-locked" when another writer got there first; an immediate one waits its turn (busy timeout).
+Write transactions on SQLite take the write lock up front (``BEGIN IMMEDIATE``): a deferred
+SQLite transaction that reads and then writes can fail at once with "database is locked" when
+another writer got there first; an immediate one waits its turn (busy timeout).
+
+A PostgreSQL server that restarts, fails over or drops connections (``pg_terminate_backend``)
+breaks the calls in flight. `retry_outages` makes a store's methods retry such a call, for up
+to `OUTAGE_S` seconds, only when retrying is provably safe: the error is a lost connection (or
+a connection that could not be made) and nothing the call wrote was committed, or could have
+been (a commit whose reply was lost is never retried: its outcome is unknown, so the caller
+sees the error).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import functools
+import inspect
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine, Table, text
+from sqlalchemy.exc import DBAPIError
+from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential_jitter
 
 from storage.engine import writer_lock
+
+OUTAGE_S = 30.0
+"""How long a store call waits for the database to come back (seconds)."""
+
+
+@dataclass
+class _Call:
+    wrote: bool = False  # a write of this call committed, or may have
+
+
+_CALLS: ContextVar[tuple[_Call, ...]] = ContextVar("episodic_store_calls", default=())
+
+
+@contextmanager
+def tracked_commit() -> Iterator[list[bool]]:
+    """Wraps a write transaction: every store call in progress learns that it wrote, when the
+    commit succeeds or fails after the body finished (the reply of a COMMIT may be lost)."""
+    body_done = [False]
+    try:
+        yield body_done
+    except BaseException:
+        if body_done[0]:
+            for call in _CALLS.get():
+                call.wrote = True
+        raise
+    for call in _CALLS.get():
+        call.wrote = True
+
+
+def lost_connection(exc: BaseException) -> bool:
+    """A PostgreSQL connection lost (SQLAlchemy invalidated it) or not made at all (a connect
+    error has no statement). SQLite has no connections to lose: its errors never qualify."""
+    if not isinstance(exc, DBAPIError) or type(exc.orig).__module__.split(".")[0] != "psycopg":
+        return False
+    return bool(exc.connection_invalidated) or exc.statement is None
+
+
+_Fn = TypeVar("_Fn", bound=Callable[..., Any])
+
+
+def _retried(fn: _Fn) -> _Fn:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        calls: list[_Call] = []
+
+        def safe(exc: BaseException) -> bool:
+            return lost_connection(exc) and not calls[-1].wrote
+
+        for attempt in Retrying(
+            retry=retry_if_exception(safe),
+            stop=stop_after_delay(OUTAGE_S),
+            wait=wait_exponential_jitter(multiplier=0.1, max=2.0, jitter=0.2),
+            reraise=True,
+        ):
+            with attempt:
+                calls.append(_Call())
+                token = _CALLS.set((*_CALLS.get(), calls[-1]))
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    _CALLS.reset(token)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    return wrapper  # type: ignore[return-value]
+
+
+_Cls = TypeVar("_Cls", bound=type)
+
+
+def retry_outages(cls: _Cls) -> _Cls:
+    """Class decorator: every public method of a store retries a call that lost its database
+    connection before anything it wrote was committed (see the module's docstring)."""
+    for name, member in list(vars(cls).items()):
+        if name.startswith("_") or not inspect.isfunction(member):
+            continue
+        if inspect.isgeneratorfunction(member):
+            continue
+        setattr(cls, name, _retried(member))
+    return cls
 
 
 @contextmanager
@@ -21,6 +114,7 @@ def write(engine: Engine, lock: str | None = None) -> Iterator[Connection]:
     names it (Postgres: an advisory transaction lock taken first; SQLite: its write lock
     already serializes every writer)."""
     with (
+        tracked_commit() as body_done,
         writer_lock(engine),
         engine.connect().execution_options(sqlite_begin="IMMEDIATE") as conn,
         conn.begin(),
@@ -30,6 +124,7 @@ def write(engine: Engine, lock: str | None = None) -> Iterator[Connection]:
 
             conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": advisory_key(lock)})
         yield conn
+        body_done[0] = True
 
 
 @contextmanager
