@@ -740,7 +740,7 @@ def _under_database_faults(
     context = multiprocessing.get_context("fork")
     reported: list[tuple[str, str]] = []
     gave_up: list[str] = []
-    broken = 0
+    broken: list[str] = []
     for trial in range(trials):
         episode_id, _ = _trial_episode(engine, root / f"pl{trial}", trial, 6, rng)
         engine.dispose()  # no pooled connection crosses the fork below
@@ -767,7 +767,9 @@ def _under_database_faults(
         inject(time.monotonic() + seconds, result)
         time.sleep(1.0)  # the last outage's retries finish and report
         with suppress(subprocess.TimeoutExpired):
-            broken += batch.wait(60) != 0
+            if batch.wait(60) != 0 and batch.stderr is not None:
+                said = batch.stderr.read().strip().splitlines() or ["(nothing)"]
+                broken.append(said[-1][:300])
         for child in children:
             os.kill(child.pid or 0, signal.SIGKILL)
             child.join(30)
@@ -799,8 +801,9 @@ def _under_database_faults(
         EpisodeId.parse(episode_id)
     result.notes = (
         f"{len(reported)} allocations reported under the faults; "
-        f"{len(gave_up)} surfaced an error after the callers' retries; {broken} of {trials} "
-        "generations ended with an error under the faults (the recovery command finished them)"
+        f"{len(gave_up)} surfaced an error after the callers' retries; {len(broken)} of "
+        f"{trials} generations ended with an error under the faults (the recovery command "
+        "finished them)" + "".join(f"; one said: {line}" for line in sorted(set(broken)))
     )
     engine.dispose()
     return result

@@ -15,6 +15,7 @@ from sqlalchemy import Engine, inspect, text
 from core.errors import SchemaNotCurrent
 from storage.engine import sqlite_path
 from storage.lock import advisory_key
+from storage.tx import retry_outage
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -24,6 +25,7 @@ MIGRATIONS = Path(__file__).with_name("migrations")
 HEAD_REVISION = "0009"
 
 
+@retry_outage  # a process started while the server restarts waits for it
 def current_revision(engine: Engine) -> str | None:
     with engine.connect() as conn:
         if not inspect(conn).has_table("alembic_version"):

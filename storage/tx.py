@@ -96,6 +96,12 @@ def _retried(fn: _Fn) -> _Fn:
 _Cls = TypeVar("_Cls", bound=type)
 
 
+def retry_outage(fn: _Fn) -> _Fn:
+    """Function decorator: the call is retried when it lost its database connection before
+    anything it wrote was committed (see the module's docstring)."""
+    return _retried(fn)
+
+
 def retry_outages(cls: _Cls) -> _Cls:
     """Class decorator: every public method of a store retries a call that lost its database
     connection before anything it wrote was committed (see the module's docstring)."""
