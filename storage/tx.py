@@ -67,10 +67,24 @@ def lost_connection(exc: BaseException) -> bool:
 _Fn = TypeVar("_Fn", bound=Callable[..., Any])
 
 
+def _attempt(calls: list[_Call], fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+    calls.append(_Call())
+    token = _CALLS.set((*_CALLS.get(), calls[-1]))
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        _CALLS.reset(token)
+
+
 def _retried(fn: _Fn) -> _Fn:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         calls: list[_Call] = []
+        try:  # the common case costs a context variable, not a tenacity loop
+            return _attempt(calls, fn, args, kwargs)
+        except DBAPIError as exc:
+            if calls[-1].wrote or not lost_connection(exc):
+                raise
 
         def safe(exc: BaseException) -> bool:
             return lost_connection(exc) and not calls[-1].wrote
@@ -82,12 +96,7 @@ def _retried(fn: _Fn) -> _Fn:
             reraise=True,
         ):
             with attempt:
-                calls.append(_Call())
-                token = _CALLS.set((*_CALLS.get(), calls[-1]))
-                try:
-                    return fn(*args, **kwargs)
-                finally:
-                    _CALLS.reset(token)
+                return _attempt(calls, fn, args, kwargs)
         raise AssertionError("unreachable")  # pragma: no cover
 
     return wrapper  # type: ignore[return-value]
