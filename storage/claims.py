@@ -174,6 +174,19 @@ _INSERT_COST = insert(_costs).values(
 )
 
 
+def _held(conn: Connection, claim: Claim) -> bool:
+    """Whether `claim.owner` still holds the item, its row locked until the transaction ends
+    (a takeover waits for this transaction, or this one sees the takeover)."""
+    return (
+        conn.execute(
+            select(_items.c.id)
+            .where(_items.c.id == claim.item.pk, _items.c.claim_owner == claim.owner)
+            .with_for_update()
+        ).first()
+        is not None
+    )
+
+
 class _Lost(Exception):
     """Rolls a guarded transaction back: the claim or the submission moved meanwhile."""
 
@@ -467,12 +480,7 @@ class ClaimStore:
         # item was taken over meanwhile, must not delete an intent the new holder may have
         # sent (its reconcile resends the same create). The item row is locked first, so a
         # takeover waits for this transaction or this one sees the takeover.
-        held = conn.execute(
-            select(_items.c.id)
-            .where(_items.c.id == claim.item.pk, _items.c.claim_owner == claim.owner)
-            .with_for_update()
-        ).first()
-        if held is None:
+        if not _held(conn, claim):
             return False
         removed = conn.execute(
             delete(_subs).where(
@@ -573,12 +581,7 @@ class ClaimStore:
         """
         now = utcnow()
         with tx.write(self.engine) as conn:
-            held = conn.execute(
-                select(_items.c.id)
-                .where(_items.c.id == claim.item.pk, _items.c.claim_owner == claim.owner)
-                .with_for_update()
-            ).first()
-            if held is None:
+            if not _held(conn, claim):
                 return False
             moved = conn.execute(
                 update(_subs)

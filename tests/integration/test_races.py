@@ -342,6 +342,18 @@ def test_a_run_is_not_concluded_while_another_process_holds_one_of_its_items(
     assert outcome.exit_code == 6 and "1 items failed" in outcome.message
 
 
+SLOTS: dict[str, Any] = {"lease_s": 1, "max_attempts": 3, "profile": "fake", "provider_limit": 8}
+
+
+def _two_holders(engine: Engine, tmp_path: Path) -> tuple[Episode, str, Any, Any, Any]:
+    """A one-item episode's running run and two engines (holders A and B) in this process."""
+    episode = new_episode(engine)
+    episode.plan(write_playlist(tmp_path / "pl", ["one"]))
+    run_id = _running_run(episode)
+    (item,) = RunStore(engine).run_items(run_id)
+    return episode, run_id, item, _run_engine(episode), _run_engine(episode)
+
+
 def test_a_holder_woken_after_a_takeover_never_withdraws_the_intent_the_new_holder_sent(
     engine: Engine, tmp_path: Path
 ) -> None:
@@ -354,12 +366,8 @@ def test_a_holder_woken_after_a_takeover_never_withdraws_the_intent_the_new_hold
     from pipeline.runs import RunOptions
     from storage.claims import ClaimStore
 
-    episode = new_episode(engine)
-    episode.plan(write_playlist(tmp_path / "pl", ["one"]))
-    run_id = _running_run(episode)
-    (item,) = RunStore(engine).run_items(run_id)
-    a, b = _run_engine(episode), _run_engine(episode)
-    slots = {"lease_s": 1, "max_attempts": 3, "profile": "fake", "provider_limit": 8}
+    episode, run_id, item, a, b = _two_holders(engine, tmp_path)
+    slots = SLOTS
     held_by_a = ClaimStore(engine).claim(item.pk, run_id, "owner-A", **slots)
     time.sleep(1.3)  # A is frozen: its lease runs out
     held_by_b = ClaimStore(engine).claim(item.pk, run_id, "owner-B", **slots)
@@ -395,12 +403,8 @@ def test_a_holder_refused_after_a_takeover_never_fails_the_job_the_new_holder_se
     from providers.base import CollectionPending, PermanentProviderError
     from storage.claims import ClaimStore
 
-    episode = new_episode(engine)
-    episode.plan(write_playlist(tmp_path / "pl", ["one"]))
-    run_id = _running_run(episode)
-    (item,) = RunStore(engine).run_items(run_id)
-    a, b = _run_engine(episode), _run_engine(episode)
-    slots = {"lease_s": 1, "max_attempts": 3, "profile": "fake", "provider_limit": 8}
+    episode, run_id, item, a, b = _two_holders(engine, tmp_path)
+    slots = SLOTS
     held_by_a = ClaimStore(engine).claim(item.pk, run_id, "owner-A", **slots)
     assert held_by_a.action == "submit"  # type: ignore[union-attr]
     options = RunOptions(lease_s=1)
