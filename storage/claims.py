@@ -43,7 +43,7 @@ from storage import tx
 from storage.base import utcnow
 from storage.models import CostEntryRow, ItemRow, RunRow, SubmissionRow
 from storage.runs import OPEN_SUBMISSION_STATES, item_from_row
-from storage.tx import retry_outages
+from storage.tx import idempotent, retry_outages
 
 _runs: Table = RunRow.__table__  # type: ignore[assignment]
 _items: Table = ItemRow.__table__  # type: ignore[assignment]
@@ -435,6 +435,7 @@ class ClaimStore:
         with tx.read(self.engine) as conn:
             return conn.execute(_HOLDS, params).first() is not None
 
+    @idempotent
     def renew(self, owner: str, run_id: str, lease_s: float) -> str | None:
         """Heartbeat: extend every live claim of `owner` and the run's lease by `lease_s`
         seconds; return the run's state (None if it does not exist)."""
@@ -539,6 +540,7 @@ class ClaimStore:
             return _give_up_in(conn, which, owner, error_text)
 
     # ------------------------------------------------------------------ the ledger
+    @idempotent
     def accept(self, submission_pk: int, remote_ref: str) -> bool:
         """Record the provider's job for an intent (or a reconciled unknown).
 
@@ -562,6 +564,7 @@ class ClaimStore:
         except IntegrityError:
             return False
 
+    @idempotent
     def mark_unknown(self, submission_pk: int, reason: str) -> None:
         with tx.write(self.engine) as conn:
             conn.execute(

@@ -60,7 +60,7 @@ from storage.models import (
     RunRow,
     SubmissionRow,
 )
-from storage.tx import retry_outages
+from storage.tx import idempotent, retry_outages
 
 _episodes: Table = EpisodeRow.__table__  # type: ignore[assignment]
 _plans: Table = EpisodePlanRow.__table__  # type: ignore[assignment]
@@ -215,6 +215,7 @@ class RunStore:
             ).first()
         return None if row is None else (int(row[0]), dict(row[1]), list(row[2]))
 
+    @idempotent
     def mark_generated(
         self,
         episode_pk: int,

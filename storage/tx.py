@@ -8,8 +8,8 @@ A PostgreSQL server that restarts, fails over or drops connections (``pg_termina
 breaks the calls in flight. `retry_outages` makes a store's methods retry such a call, for up
 to `OUTAGE_S` seconds, only when retrying is provably safe: the error is a lost connection (or
 a connection that could not be made) and nothing the call wrote was committed, or could have
-been (a commit whose reply was lost is never retried: its outcome is unknown, so the caller
-sees the error).
+been (a commit whose reply was lost is not retried: its outcome is unknown, so the caller sees
+the error), or the method is marked `idempotent` (running it twice is running it once).
 """
 
 from __future__ import annotations
@@ -76,18 +76,28 @@ def _attempt(calls: list[_Call], fn: Callable[..., Any], args: Any, kwargs: Any)
         _CALLS.reset(token)
 
 
+def idempotent(fn: _Fn) -> _Fn:
+    """Marks a store method whose second run changes nothing the first one committed (a
+    guarded move, a heartbeat): `retry_outages` retries it even after a COMMIT whose reply
+    was lost."""
+    fn.__episodic_idempotent__ = True  # type: ignore[attr-defined]
+    return fn
+
+
 def _retried(fn: _Fn) -> _Fn:
+    repeatable = getattr(fn, "__episodic_idempotent__", False)
+
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         calls: list[_Call] = []
         try:  # the common case costs a context variable, not a tenacity loop
             return _attempt(calls, fn, args, kwargs)
         except DBAPIError as exc:
-            if calls[-1].wrote or not lost_connection(exc):
+            if not lost_connection(exc) or (calls[-1].wrote and not repeatable):
                 raise
 
         def safe(exc: BaseException) -> bool:
-            return lost_connection(exc) and not calls[-1].wrote
+            return lost_connection(exc) and (repeatable or not calls[-1].wrote)
 
         for attempt in Retrying(
             retry=retry_if_exception(safe),

@@ -26,7 +26,7 @@ from sqlalchemy.exc import OperationalError
 from storage import tx
 from storage.engine import make_engine
 from storage.runs import RunStore
-from storage.tx import retry_outages
+from storage.tx import idempotent, retry_outages
 from tests.generation import jobs_per_key, new_episode, provider_log, write_playlist
 from tests.pgcluster import PrivateCluster, cluster_unavailable
 
@@ -80,6 +80,17 @@ class _Probe:
         with tx.read(self.engine) as conn:
             return int(conn.execute(text("SELECT count(*) FROM outage_probe")).scalar_one())
 
+    @idempotent
+    def upsert_then_read(self) -> int:
+        """Running it twice is running it once: retried even after its commit."""
+        self.calls += 1
+        with tx.write(self.engine) as conn:
+            conn.execute(text("INSERT INTO outage_once VALUES (7) ON CONFLICT DO NOTHING"))
+        if self.calls == 1:
+            assert _terminate_others(self.engine) >= 1
+        with tx.read(self.engine) as conn:
+            return int(conn.execute(text("SELECT count(*) FROM outage_once")).scalar_one())
+
 
 @pytest.mark.parametrize("backend", ["postgres"])
 def test_a_call_that_lost_its_connection_is_retried_only_if_nothing_it_wrote_committed(
@@ -98,6 +109,12 @@ def test_a_call_that_lost_its_connection_is_retried_only_if_nothing_it_wrote_com
     assert probe.calls == 1
     with engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM outage_probe")).scalar_one() == 2
+    # An idempotent method is retried even after its write committed.
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE outage_once (n integer PRIMARY KEY)"))
+    probe.calls = 0
+    assert probe.upsert_then_read() == 1
+    assert probe.calls == 2
 
 
 @pytest.fixture
