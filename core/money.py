@@ -9,6 +9,9 @@ from core.errors import InvalidInput
 from core.ids import shown
 
 MINOR_DIGITS = 2  # cents
+# What one image may cost, in minor units (10 million USD): a profile's price, a provider's
+# reported cost and a legacy record's cost beyond it are not amounts we store.
+MAX_IMAGE_COST_MINOR = 10**9
 _SCALE = 100  # minor units per unit
 # ASCII digits only (Decimal would take '١٢' or '1e999999999'), at most 9 before the point
 _AMOUNT = re.compile(r"(0|[1-9][0-9]{0,8})(?:\.([0-9]{1,2}))?")

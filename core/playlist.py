@@ -37,6 +37,11 @@ def _no_control(text: str) -> str:
     return text
 
 
+def no_control_characters(text: str) -> str:
+    """A pydantic validator: `text` unchanged, or ValueError if it holds control characters."""
+    return _no_control(text)
+
+
 def check_text(text: str, what: str) -> str:
     """Free text from people (titles, notes, reasons): no control characters. Raises
     `InvalidInput` naming `what`."""

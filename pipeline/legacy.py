@@ -11,20 +11,36 @@ provider is ever built.
 from __future__ import annotations
 
 import hashlib
-import json
 import shutil
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from sqlalchemy import Engine, insert, select
 
+from core.documents import DocumentError, parse_json, read_text
 from core.errors import InvalidInput
 from core.ids import WeekId
-from core.playlist import PlannedItem, canonical_json
+from core.money import MAX_IMAGE_COST_MINOR
+from core.playlist import (
+    MAX_IMAGES_PER_PLAN,
+    MAX_PART,
+    PlannedItem,
+    canonical_json,
+    no_control_characters,
+)
 from core.settings import Settings
 from core.states import EpisodeState
 from pipeline.allocation import allocate
@@ -45,42 +61,68 @@ from storage.runs import RunStore
 TOOL_VERSION = "episodic-migrate-legacy/1"
 _ID = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 _SHA = r"^[0-9a-f]{64}$"
+MAX_STATE_BYTES = 5_000_000
+LEGACY_PROFILE = "legacy"  # the provider profile recorded on imported submissions
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+# Text that is stored or shown: no control characters (Postgres cannot even store NUL); a
+# file name is a relative path inside the week folder, at most 1024 characters, no NUL.
+_Text = Annotated[str, AfterValidator(no_control_characters)]
+_File = Annotated[str, Field(min_length=1, max_length=1024), AfterValidator(no_control_characters)]
+
+
 class LegacyImage(_Strict):
     video_id: str = Field(pattern=_ID)
-    part: int = Field(ge=1)
-    file: str = Field(min_length=1)
+    part: int = Field(ge=1, le=MAX_PART, strict=True)  # `part: true` or `1.0` is refused
+    file: _File
     sha256: str = Field(pattern=_SHA)
-    remote_ref: str = Field(min_length=1, max_length=256)
-    cost_minor: int = Field(ge=0)
+    remote_ref: _Text = Field(min_length=1, max_length=256)
+    cost_minor: int = Field(ge=0, le=MAX_IMAGE_COST_MINOR, strict=True)  # an int, in range
     currency: str = Field(default="USD", pattern="^[A-Z]{3}$")
-    completed_at: datetime
+    completed_at: AwareDatetime
 
 
 class LegacyApproval(_Strict):
     state: Literal["pending", "approved", "rejected"]
-    by: str | None = Field(default=None, max_length=100)
-    at: datetime | None = None
-    note: str | None = Field(default=None, max_length=2000)
+    by: _Text | None = Field(default=None, min_length=1, max_length=100)
+    at: AwareDatetime | None = None
+    note: _Text | None = Field(default=None, max_length=2000)
 
 
 class LegacyMedia(_Strict):
-    file: str = Field(min_length=1)
+    file: _File
     sha256: str = Field(pattern=_SHA)
 
 
 class LegacyState(_Strict):
     schema_version: Literal[1] = Field(alias="schema")
     week_id: str
-    completed_at: datetime | None = None
+    completed_at: AwareDatetime | None = None
     approval: LegacyApproval
-    images: list[LegacyImage] = Field(min_length=1)
+    images: list[LegacyImage] = Field(min_length=1, max_length=MAX_IMAGES_PER_PLAN)
     media: dict[Literal["cover"], LegacyMedia] = Field(default_factory=dict)
+
+    @field_validator("schema_version", mode="before")
+    @classmethod
+    def _integer_schema(cls, value: object) -> object:
+        if isinstance(value, bool) or not isinstance(value, int):  # `true` or `1.0` is not 1
+            raise ValueError("schema must be the integer 1")
+        return value
+
+    @model_validator(mode="after")
+    def _one_image_per_part(self) -> LegacyState:
+        seen: set[tuple[str, int]] = set()
+        for n, image in enumerate(self.images):
+            if (image.video_id, image.part) in seen:
+                raise ValueError(
+                    f"images.{n}: video {image.video_id} part {image.part} appears twice"
+                )
+            seen.add((image.video_id, image.part))
+        return self
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,19 +154,24 @@ def read_layout(root: Path) -> list[LegacyEpisode]:
         found.append(_read_one(folder))
     if not found:
         raise InvalidInput(f"{root} holds no week folders")
+    owner: dict[str, str] = {}
+    for legacy in found:  # one provider job is one paid image: never recorded twice
+        for n, image in enumerate(legacy.state.images):
+            first = owner.setdefault(image.remote_ref, f"{legacy.legacy_id} images.{n}")
+            if first != f"{legacy.legacy_id} images.{n}":
+                raise InvalidInput(
+                    f"{legacy.folder / 'state.json'}: field images.{n}.remote_ref: "
+                    f"{image.remote_ref!r} is also recorded by {first}"
+                )
     return found
 
 
 def _read_one(folder: Path) -> LegacyEpisode:
     path = folder / "state.json"
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InvalidInput(f"{path}: missing") from None
-    except OSError as exc:
-        raise InvalidInput(f"{path}: cannot be read ({exc.strerror or exc})") from None
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidInput(f"{path}: not valid JSON ({exc})") from None
+        raw = parse_json(read_text(path, max_bytes=MAX_STATE_BYTES))
+    except DocumentError as exc:
+        raise InvalidInput(f"{path}: {exc}") from None
     try:
         state = LegacyState.model_validate(raw)
     except ValidationError as exc:
@@ -141,10 +188,17 @@ def _read_one(folder: Path) -> LegacyEpisode:
 
 
 def _verify(folder: Path, name: str, sha256: str, where: str) -> None:
-    file = (folder / name).resolve()
-    if not file.is_relative_to(folder.resolve()) or not file.is_file():
-        raise InvalidInput(f"{where}.file: {name!r} is not a file inside {folder}")
-    if hashlib.sha256(file.read_bytes()).hexdigest() != sha256:
+    outside = InvalidInput(f"{where}.file: {name!r} is not a file inside {folder}")
+    try:
+        file = (folder / name).resolve()  # symlinks resolved too
+        if not file.is_relative_to(folder.resolve()) or not file.is_file():
+            raise outside
+        digest = hashlib.sha256(file.read_bytes()).hexdigest()
+    except (OSError, ValueError) as exc:  # a name too long, a NUL byte, unreadable
+        if isinstance(exc, InvalidInput):
+            raise
+        raise outside from None
+    if digest != sha256:
         raise InvalidInput(f"{where}.sha256: {name!r} does not match its recorded sha256")
 
 
@@ -153,6 +207,9 @@ def migrate(
 ) -> list[dict[str, Any]]:
     """Dry run (default) or apply; returns one line of plan/result per legacy week."""
     episodes = read_layout(root)
+    _refuse_known_jobs(
+        engine, [e for e in episodes if _existing(engine, pipeline, e.allocation_key) is None]
+    )
     report = []
     for legacy in episodes:
         existing = _existing(engine, pipeline, legacy.allocation_key)
@@ -179,6 +236,29 @@ def migrate(
         episode_id = _import(engine, settings, pipeline, legacy)
         report.append({**line, "episode_id": episode_id, "action": "imported"})
     return report
+
+
+def _refuse_known_jobs(engine: Engine, pending: list[LegacyEpisode]) -> None:
+    """A remote reference some earlier import recorded (from another folder tree) is the same
+    provider job: importing it again would record one paid image twice. Refused before
+    anything is written."""
+    refs = sorted({image.remote_ref for e in pending for image in e.state.images})
+    for start in range(0, len(refs), 500):
+        chunk = refs[start : start + 500]
+        with tx.read(engine) as conn:
+            known = conn.execute(
+                select(SubmissionRow.remote_ref)
+                .where(
+                    SubmissionRow.provider_profile == LEGACY_PROFILE,
+                    SubmissionRow.remote_ref.in_(chunk),
+                )
+                .limit(1)
+            ).scalar()
+        if known is not None:
+            raise InvalidInput(
+                f"remote reference {known!r} is already recorded by an imported episode: "
+                "the same provider job cannot be imported twice"
+            )
 
 
 def _existing(engine: Engine, pipeline: str, key: str) -> str | None:
@@ -284,7 +364,7 @@ def _import(engine: Engine, settings: Settings, pipeline: str, legacy: LegacyEpi
                     run_id=run_id,
                     attempt=1,
                     client_reference=f"{planned.idempotency_key}-1",
-                    provider_profile="legacy",
+                    provider_profile=LEGACY_PROFILE,
                     state="succeeded",
                     remote_ref=image.remote_ref,
                     forced=False,

@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from core.documents import DocumentError, parse_yaml, read_text
 from core.errors import InvalidPlaylist
 from core.playlist import PlannedItem, Playlist, canonical_json, expand
 
@@ -16,22 +17,10 @@ MAX_PLAYLIST_BYTES = 5_000_000
 
 def load_playlist(path: Path) -> tuple[Playlist, list[str]]:
     """Parse and validate the YAML file; return it with the sha256 of each reference asset."""
-    import yaml
-
     try:
-        if path.is_file() and path.stat().st_size > MAX_PLAYLIST_BYTES:
-            raise InvalidPlaylist(
-                f"playlist {path} is larger than {MAX_PLAYLIST_BYTES // 1_000_000} MB"
-            )
-        if path.exists() and not path.is_file():
-            raise InvalidPlaylist(f"playlist {path} is not a regular file")
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InvalidPlaylist(f"playlist {path} does not exist") from None
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise InvalidPlaylist(
-            f"playlist {path} cannot be read: {str(exc).splitlines()[0]}"
-        ) from None
+        raw = parse_yaml(read_text(path, max_bytes=MAX_PLAYLIST_BYTES))
+    except DocumentError as exc:
+        raise InvalidPlaylist(f"playlist {path}: {exc}") from None
     playlist = parse_playlist(raw, str(path))
     references = []
     folder = path.parent.resolve()

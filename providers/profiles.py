@@ -34,12 +34,18 @@ idempotency and can look jobs up).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from core.documents import DocumentError, parse_yaml, read_text
 from core.errors import ProviderConfigError
+from core.money import MAX_IMAGE_COST_MINOR
+
+PROFILE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # as a playlist's provider_profile
+MAX_PROFILES_BYTES = 1_000_000
 
 
 class Profile(BaseModel):
@@ -47,21 +53,22 @@ class Profile(BaseModel):
 
     id: str
     kind: Literal["fake", "http"]
-    cost_per_image_minor: int = Field(ge=0, le=10**9, strict=True)  # minor units, an int
+    cost_per_image_minor: int = Field(ge=0, le=MAX_IMAGE_COST_MINOR, strict=True)  # an int
     currency: str = Field(default="USD", pattern="^[A-Z]{3}$")
     max_concurrency: int = Field(default=4, ge=1, le=256, strict=True)
-    base_url: str | None = None
+    base_url: str | None = Field(default=None, min_length=1, max_length=2048)
     credential_env: str | None = Field(default=None, pattern="^[A-Z_][A-Z0-9_]*$")
-    credential_secret_block: str | None = None
-    timeout_s: float = Field(default=30.0, gt=0, le=600)
-    poll_interval_s: float = Field(default=1.0, gt=0, le=60)
+    # a Prefect block document name: lowercase letters, digits and dashes
+    credential_secret_block: str | None = Field(default=None, pattern="^[a-z0-9-]{1,128}$")
+    timeout_s: float = Field(default=30.0, gt=0, le=600, strict=True, allow_inf_nan=False)
+    poll_interval_s: float = Field(default=1.0, gt=0, le=60, strict=True, allow_inf_nan=False)
     # The longest one job runs at the provider, in seconds: a job whose sender stopped
     # following it (interrupted, killed, left for later collection) keeps its provider
     # slot until it is collected or this long after it was sent.
     max_job_s: int = Field(default=60, ge=1, le=86400, strict=True)
-    delay_ms: int | None = Field(default=None, ge=0)
-    idempotent_create: bool = False
-    lookup: bool = True
+    delay_ms: int | None = Field(default=None, ge=0, le=3_600_000, strict=True)
+    idempotent_create: bool = Field(default=False, strict=True)  # `"yes"` is not true
+    lookup: bool = Field(default=True, strict=True)
 
     @property
     def needs_credential(self) -> bool:
@@ -75,25 +82,47 @@ BUILTIN = {
 
 def load_profiles(path: Path | None) -> dict[str, Profile]:
     profiles = dict(BUILTIN)
-    if path is None or not path.exists():
-        return profiles
-    import yaml
-
-    profile_id: Any = None  # a YAML key: not always a string
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        for profile_id, fields in (raw.get("profiles") or {}).items():
-            profiles[profile_id] = Profile(id=profile_id, **fields)
-    except ValidationError as exc:  # name the profile, the field and what it must be
-        first = exc.errors()[0]
-        field = ".".join(str(part) for part in first["loc"]) or "(profile)"
+        if path is None or not path.exists():
+            return profiles
+        raw = parse_yaml(read_text(path, max_bytes=MAX_PROFILES_BYTES))
+    except (DocumentError, OSError) as exc:  # OSError: exists() on a name too long, ...
+        raise ProviderConfigError(f"{path}: invalid provider profiles: {exc}") from None
+    if raw is None:
+        return profiles
+    listed = raw.get("profiles") if isinstance(raw, dict) else None
+    if not isinstance(raw, dict) or set(raw) - {"profiles"} or not isinstance(listed, dict | None):
         raise ProviderConfigError(
-            f"{path}: profile {profile_id!r}: field {field}: {first['msg']}"
-        ) from None
-    except (yaml.YAMLError, TypeError, AttributeError) as exc:
-        first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ProviderConfigError(f"{path}: invalid provider profiles: {first_line}") from None
+            f"{path}: invalid provider profiles: expected a mapping `profiles:` of profile ids "
+            "to their fields, and nothing else"
+        )
+    for profile_id, fields in (listed or {}).items():
+        if not isinstance(profile_id, str) or not PROFILE_ID.fullmatch(profile_id):
+            raise ProviderConfigError(
+                f"{path}: profile {_shown(profile_id)}: a profile id is 1 to 64 letters, digits, "
+                "'_', '.' or '-', starting with a letter or digit"
+            )
+        if not isinstance(fields, dict) or not all(isinstance(k, str) for k in fields):
+            raise ProviderConfigError(
+                f"{path}: profile {profile_id!r}: expected a mapping of field names to values"
+            )
+        try:
+            profiles[profile_id] = Profile(id=profile_id, **fields)
+        except ValidationError as exc:  # name the profile, the field and what it must be
+            first = exc.errors()[0]
+            field = ".".join(str(part) for part in first["loc"]) or "(profile)"
+            raise ProviderConfigError(
+                f"{path}: profile {profile_id!r}: field {_clipped(field)}: {first['msg']}"
+            ) from None
     return profiles
+
+
+def _shown(value: object) -> str:
+    return _clipped(repr(value))
+
+
+def _clipped(text: str) -> str:
+    return text if len(text) <= 64 else f"{text[:60]}…"
 
 
 def get_profile(profiles: dict[str, Profile], profile_id: str) -> Profile:

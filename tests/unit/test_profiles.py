@@ -45,3 +45,38 @@ def test_max_job_s_defaults_to_a_minute_and_takes_a_day_at_most(tmp_path: Path) 
     )
     profiles = load_profiles(path)
     assert profiles["a"].max_job_s == 60 and profiles["b"].max_job_s == 86400
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "rule"),
+    [  # found by tests/property/test_file_fuzz.py: each of these was taken as it was
+        ("delay_ms", str(10**400), "less than or equal to 3600000"),
+        ("timeout_s", "true", "valid number"),
+        ("timeout_s", ".nan", "finite number"),
+        ("lookup", '"yes"', "valid boolean"),
+        ("credential_secret_block", '"../x"', "pattern"),
+    ],
+)
+def test_a_profile_value_of_the_wrong_type_is_refused_not_coerced(
+    tmp_path: Path, field: str, value: str, rule: str
+) -> None:
+    path = tmp_path / "providers.yaml"
+    path.write_text(
+        f"profiles:\n  mine:\n    kind: fake\n    cost_per_image_minor: 4\n    {field}: {value}\n"
+    )
+    with pytest.raises(ProviderConfigError) as raised:
+        load_profiles(path)
+    assert f"field {field}" in str(raised.value) and rule in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    "content", ["[" * 5000, "profiles: {a: {kind: fake}, a: {kind: http}}", "profile: {}"]
+)
+def test_a_profiles_file_that_is_not_ours_is_one_provider_config_error(
+    tmp_path: Path, content: str
+) -> None:
+    path = tmp_path / "providers.yaml"
+    path.write_text(content)
+    with pytest.raises(ProviderConfigError) as raised:
+        load_profiles(path)
+    assert "\n" not in str(raised.value)
