@@ -24,8 +24,9 @@ know are polled again at ``poll_interval_s``; poll and download errors of any ki
 are retried with exponential backoff. Each retry polls again, so an expired pre-signed output
 URL is replaced by a fresh one. At the deadline it raises ``CollectionPending`` (free to collect
 later); an output larger than ``MAX_IMAGE_BYTES`` raises it at once. What a job cost: the
-reply's ``cost_minor`` (a non-negative integer in the profile's currency) when present, else
-the profile's ``cost_per_image_minor``; a failed job is assumed billed at that price.
+reply's ``cost_minor`` (an integer from 0 to ``MAX_IMAGE_COST_MINOR``, in the profile's
+currency) when present and in range, else the profile's ``cost_per_image_minor``; a failed
+job is assumed billed at that price.
 
 ``lookup`` believes only the reply: it keeps the jobs whose ``client_reference`` equals ours
 exactly (a server that ignores the filter cannot hand us another item's job), follows at most
@@ -49,6 +50,7 @@ import httpx
 from tenacity import RetryCallState, Retrying, retry_if_exception_type
 
 from core.errors import ProviderConfigError
+from core.money import MAX_IMAGE_COST_MINOR
 from providers.base import (
     Capabilities,
     CollectionPending,
@@ -232,7 +234,7 @@ class HttpProvider:
         if not response.is_success:
             raise _NotYet(f"poll: HTTP {response.status_code}")
         try:
-            job = response.json()
+            job = _json(response)
         except ValueError:
             raise _NotYet("poll: reply is not JSON") from None
         if not isinstance(job, dict):
@@ -250,7 +252,7 @@ class HttpProvider:
                     raise _NotYet(f"download: HTTP {response.status_code}")
                 content = _read_capped(response)
                 media_type = response.headers.get("content-type", "application/octet-stream")
-        except _HTTP_FAILURES as exc:
+        except (*_HTTP_FAILURES, ValueError) as exc:  # ValueError: a host IDNA cannot encode
             raise _NotYet(f"download: {type(exc).__name__}") from None
         if not content:
             raise _NotYet("download: empty output")
@@ -258,7 +260,11 @@ class HttpProvider:
 
     def _billed(self, job: dict[str, Any]) -> int:
         cost = job.get("cost_minor")
-        if isinstance(cost, int) and not isinstance(cost, bool) and cost >= 0:
+        if (
+            isinstance(cost, int)
+            and not isinstance(cost, bool)
+            and 0 <= cost <= MAX_IMAGE_COST_MINOR
+        ):
             return cost
         return self.profile.cost_per_image_minor
 
@@ -272,7 +278,7 @@ class HttpProvider:
         if response.status_code != 200:
             raise UnknownOutcome(f"lookup: HTTP {response.status_code}")
         try:
-            page = response.json()
+            page = _json(response)
         except ValueError:
             raise UnknownOutcome("lookup: reply is not JSON") from None
         if not isinstance(page, dict):
@@ -283,7 +289,7 @@ class HttpProvider:
         """The next page's URL, only on the provider's origin (it gets the credential)."""
         try:
             target = page_url.join(link) if isinstance(link, str) else None
-        except httpx.InvalidURL:
+        except (httpx.InvalidURL, ValueError):  # ValueError: a host IDNA cannot encode
             target = None
         origin = self._origin
         if target is None or (target.scheme, target.host, target.port) != (
@@ -299,7 +305,7 @@ def _created_id(response: httpx.Response) -> str:
     code = response.status_code
     if response.is_success:
         try:
-            job_id = response.json().get("id")
+            job_id = _json(response).get("id")
         except (ValueError, AttributeError):
             raise UnknownOutcome(
                 f"create: HTTP {code} without a JSON object: job unknown"
@@ -317,6 +323,15 @@ def _created_id(response: httpx.Response) -> str:
         kind = " (validation)" if code == 422 else ""
         raise PermanentProviderError(f"create refused: HTTP {code}{kind}")
     raise UnknownOutcome(f"create: HTTP {code}: a job may exist")
+
+
+def _json(response: httpx.Response) -> Any:
+    """The reply's JSON; any reply we cannot decode (not JSON, not UTF-8, an integer of
+    thousands of digits, nesting deep enough to exhaust the parser's stack) is ValueError."""
+    try:
+        return response.json()
+    except RecursionError:
+        raise ValueError("reply nested too deeply") from None
 
 
 def _backoff(interval: float, failures: int) -> float:

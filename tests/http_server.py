@@ -19,6 +19,10 @@ Options: ``honour_idempotency`` (False: every create makes a new job), ``process
 ``list_ignores_filter`` (the list returns every job, newest first), ``page_size`` (the list is
 paginated with relative ``next`` links), ``output_host`` (outputs are served by a second
 ``FileServer`` on another origin). Both servers record every request in ``requests``.
+
+``reply`` (for fuzzing): a callable ``(kind, path) -> (status, body) | None`` asked before each
+answer (kind: ``create``, ``poll``, ``list`` or ``file``); a non-None answer is sent instead
+(``bytes`` as they are, anything else as JSON). A create it answers still makes the job.
 """
 
 from __future__ import annotations
@@ -130,6 +134,7 @@ class PredictionsServer(_Http):
         self.page_size = page_size
         self.files = FileServer(self) if output_host else None
         self.faults_off = False  # set True to end every collect fault (the CDN caught up)
+        self.reply: Callable[[str, str], tuple[int, Any] | None] | None = None
         super().__init__(self, "127.0.0.1", api=True)
 
     @property
@@ -186,6 +191,9 @@ class PredictionsServer(_Http):
             query = urlencode({"client_reference": ref, "page": page + 1})
             reply["next"] = f"/v1/predictions?{query}"
         return reply
+
+    def forced(self, kind: str, path: str) -> tuple[int, Any] | None:
+        return None if self.reply is None else self.reply(kind, path)
 
     def poll(self, job: dict[str, Any]) -> tuple[int, Any]:
         with self.lock:
@@ -276,6 +284,9 @@ def _handler(server: PredictionsServer, http: _Http, api: bool) -> type[BaseHTTP
                     self._send(code, {"detail": name.lower()})
                     return
             job_id = server.create(key, body)
+            if (forced := server.forced("create", self.path)) is not None:
+                self._send(*forced)
+                return
             slow = _marker(prompt, "SLOW_MS")
             if slow:
                 time.sleep(slow / 1000)
@@ -296,7 +307,14 @@ def _handler(server: PredictionsServer, http: _Http, api: bool) -> type[BaseHTTP
             self._record()
             url = urlparse(self.path)
             files = "/v1/files/" if api else "/files/"
-            if url.path.startswith(files):  # outputs need no credential
+            kind = "file" if url.path.startswith(files) else None
+            if kind is None and api and url.path == "/v1/predictions":
+                kind = "list"
+            elif kind is None and api:
+                kind = "poll"
+            if kind is not None and (forced := server.forced(kind, self.path)) is not None:
+                self._send(*forced)
+            elif url.path.startswith(files):  # outputs need no credential
                 self._send(*server.file(url.path.rsplit("/", 1)[-1].removesuffix(".png")))
             elif not api:
                 self._send(404, {"detail": "not found"})
