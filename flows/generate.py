@@ -25,7 +25,7 @@ from core.money import parse_amount
 from core.playlist import parse_selection
 from core.settings import load_settings
 from flows.artifacts import EpisodeProgress, publish_spend
-from flows.params import EpisodeIdParam, KeyParam, PipelineParam, episode_run_name
+from flows.params import EpisodeIdParam, Flag, KeyParam, PipelineParam, episode_run_name
 from pipeline.engine import RunEngine
 from pipeline.generation import generate, prepare
 from pipeline.runs import RunOptions
@@ -47,13 +47,13 @@ class GenerationFailed(EpisodicError):
 def generate_episode(
     episode_id: EpisodeIdParam,
     only: Annotated[str, Field(max_length=200)] | None = None,
-    concurrency: Annotated[int, Field(ge=1, le=64)] = 4,
-    max_retries: Annotated[int, Field(ge=0, le=20)] = 2,
-    max_images: Annotated[int, Field(ge=0, le=100_000)] | None = None,
+    concurrency: Annotated[int, Field(ge=1, le=64, strict=True)] = 4,
+    max_retries: Annotated[int, Field(ge=0, le=20, strict=True)] = 2,
+    max_images: Annotated[int, Field(ge=0, le=100_000, strict=True)] | None = None,
     max_cost: Annotated[str, Field(pattern=r"^[0-9]{1,9}(\.[0-9]{1,2})?$")] | None = None,
     pipeline: PipelineParam = None,
     idempotency_key: KeyParam = None,
-    allow_duplicate: bool = False,
+    allow_duplicate: Flag = False,
     batch_id: Annotated[str, Field(min_length=1, max_length=64)] | None = None,
 ) -> dict[str, Any]:
     """Generate the images of an existing, planned episode (paid; never pays twice).

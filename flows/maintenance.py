@@ -30,6 +30,7 @@ from prefect.logging import get_run_logger
 from prefect.states import Cancelled
 
 from core.settings import load_settings
+from flows.params import Flag
 from pipeline.sweep import BUCKET_MEANING, sweep
 from storage.registry import engine_for
 
@@ -91,7 +92,7 @@ def _cancel(client: SyncPrefectClient, flow_run_id: UUID, message: str) -> bool:
 
 
 @flow(name="sweep", validate_parameters=True, flow_run_name="sweep")
-def cancel_stale(dry_run: bool = False) -> dict[str, Any]:
+def cancel_stale(dry_run: Flag = False) -> dict[str, Any]:
     """The stale sweep: expired run and item leases → failed (resumable), never-started runs
     → cancelled, orphaned items of cancelled runs → cancelled, and this project's flow runs
     stuck in Scheduled/Late/Pending past EPISODIC_PENDING_TTL_S → cancelled."""

@@ -19,8 +19,15 @@ PIPELINE_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,62}$"
 EpisodeIdParam = Annotated[str, Field(pattern=EPISODE_ID_PATTERN, max_length=24)]
 WeekParam = Annotated[str, Field(pattern=WEEK_PATTERN)] | None
 PipelineParam = Annotated[str, Field(pattern=PIPELINE_PATTERN)] | None
-KeyParam = Annotated[str, Field(min_length=1, max_length=255)] | None
-PlaylistParam = Annotated[str, Field(min_length=1, max_length=1024)] | None
+# No control characters (a NUL, a newline, an escape sequence) in text that is stored, used
+# as a path or shown: refused at the boundary, before the flow touches the database.
+NO_CONTROL_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]*$"
+KeyParam = Annotated[str, Field(min_length=1, max_length=255, pattern=NO_CONTROL_PATTERN)] | None
+Playlist = Annotated[str, Field(min_length=1, max_length=1024, pattern=NO_CONTROL_PATTERN)]
+PlaylistParam = Playlist | None
+# Numbers and switches are what they say: `true` is not 1, `1.5` or "4" is not 4, "yes" is
+# not true (pydantic's lax mode would take them): integer parameters say `strict=True`.
+Flag = Annotated[bool, Field(strict=True)]
 
 
 def episode_run_name(verb: str) -> Callable[[], str]:

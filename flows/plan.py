@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 from prefect import flow
 from prefect.logging import get_run_logger
-from pydantic import Field
 
 from core.hints import surface
 from core.settings import load_settings
-from flows.params import EpisodeIdParam, PipelineParam, episode_run_name
+from flows.params import EpisodeIdParam, PipelineParam, Playlist, episode_run_name
 from pipeline.generation import record_plan
 from storage.registry import engine_for
 
@@ -23,7 +22,7 @@ from storage.registry import engine_for
 )
 def plan_episode_flow(
     episode_id: EpisodeIdParam,
-    playlist: Annotated[str, Field(min_length=1, max_length=1024)],
+    playlist: Playlist,
     pipeline: PipelineParam = None,
 ) -> dict[str, Any]:
     """Validate a playlist and record it as the episode's plan (re-planning is allowed until

@@ -324,7 +324,7 @@ def decision_state(episode_id: str, answer: ApprovalInput | None, result: Any) -
 def approve_episode(
     episode_id: EpisodeIdParam,
     pipeline: PipelineParam = None,
-    timeout_s: Annotated[int, Field(ge=60, le=90 * DAY_S)] = 7 * DAY_S,
+    timeout_s: Annotated[int, Field(ge=60, le=90 * DAY_S, strict=True)] = 7 * DAY_S,
 ) -> Any:
     """Wait for a person's decision on a generated episode (deploy it: it suspends).
 

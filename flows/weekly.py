@@ -27,7 +27,7 @@ from core.keys import derive_allocation_key
 from core.settings import load_settings, validate_pipeline
 from flows.generate import generate_episode
 from flows.invocation import current_invocation
-from flows.params import KeyParam, PipelineParam, PlaylistParam, WeekParam
+from flows.params import Flag, KeyParam, PipelineParam, PlaylistParam, WeekParam
 from flows.review import DAY_S, approval_step, assemble_step, decision_state
 from pipeline.pipelines import pipeline_timezone
 from storage.registry import engine_for
@@ -62,9 +62,9 @@ def weekly_episode(
     week: WeekParam = None,
     pipeline: PipelineParam = None,
     playlist: PlaylistParam = None,
-    generate: bool = True,
-    wait_for_approval: bool = True,
-    approval_timeout_s: Annotated[int, Field(ge=60, le=90 * DAY_S)] = 7 * DAY_S,
+    generate: Flag = True,
+    wait_for_approval: Flag = True,
+    approval_timeout_s: Annotated[int, Field(ge=60, le=90 * DAY_S, strict=True)] = 7 * DAY_S,
 ) -> Any:
     """Allocate this invocation's episode and, with a playlist, run the whole chain.
 
@@ -107,13 +107,14 @@ def _weekly(
     logger = get_run_logger()
     settings = load_settings()
     pipeline_name = validate_pipeline(pipeline or settings.pipeline)
+    invocation = current_invocation()
+    key = derive_allocation_key(invocation, allocation_key)  # bad input: refused before any
+    explicit_week = WeekId.parse(week) if week is not None else None  # database access
     tz = pipeline_timezone(engine_for(settings), settings, pipeline_name)  # before allocating
     _check_schedule_zone(pipeline_name, str(tz))
-    invocation = current_invocation()
-    key = derive_allocation_key(invocation, allocation_key)
     slot = None
-    if week is not None:
-        week_id = WeekId.parse(week)
+    if explicit_week is not None:
+        week_id = explicit_week
     elif invocation is not None and invocation.expected_start_time is not None:
         slot = invocation.expected_start_time.astimezone(tz)
         week_id = WeekId.of(slot, tz)
