@@ -31,7 +31,7 @@ from flows.maintenance import cancel_stale
 from flows.plan import plan_episode_flow
 from flows.review import approve_episode, assemble_episode
 from flows.weekly import weekly_episode
-from tests.flows.conftest import harness, prefect_harness  # noqa: F401 (the harness fixtures)
+from tests.flows.conftest import prefect_harness  # noqa: F401 (the session's Prefect harness)
 
 FLOWS = {
     "generate": generate_episode,
@@ -164,9 +164,16 @@ def counts(url: str) -> dict[str, int]:
 
 
 @pytest.fixture
-def planned(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    """2026-W32-0 allocated and planned (two videos); the fake provider logs to a file."""
-    url: str = request.getfixturevalue("harness")  # tests/flows' harness, fresh database
+def planned(
+    request: pytest.FixtureRequest,
+    database_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> str:
+    """2026-W32-0 allocated and planned (two videos) in a fresh database of each backend, in
+    the Prefect harness; the fake provider logs to a file."""
+    request.getfixturevalue("prefect_harness")
+    url = database_url
     from core.ids import WeekId
     from pipeline.allocation import allocate
     from pipeline.generation import record_plan
