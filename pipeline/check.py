@@ -9,12 +9,13 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Connection, Engine, select
 
 from core.errors import EpisodicError, InvalidInput
 from core.ids import EpisodeId
@@ -69,6 +70,19 @@ def check_episodes(
     return findings
 
 
+@contextmanager
+def _snapshot(engine: Engine) -> Iterator[Connection]:
+    """One read transaction whose statements all see the same moment: a run working while
+    `check` reads must not look like a broken ledger (an item read before its completion and
+    its submission after). PostgreSQL: REPEATABLE READ (a snapshot at the first statement);
+    SQLite: one transaction (WAL readers keep their snapshot until it ends)."""
+    conn = engine.connect()
+    if engine.dialect.name == "postgresql":
+        conn = conn.execution_options(isolation_level="REPEATABLE READ")
+    with conn, conn.begin():
+        yield conn
+
+
 def _check_one(engine: Engine, episode: Any, policy: DedupPolicy) -> list[Finding]:
     eid = episode.episode_id
     out: list[Finding] = []
@@ -85,7 +99,7 @@ def _check_one(engine: Engine, episode: Any, policy: DedupPolicy) -> list[Findin
             )
     except EpisodicError as exc:
         add("identity", str(exc))
-    with engine.connect() as conn:
+    with _snapshot(engine) as conn:
         items = conn.execute(select(ItemRow).where(ItemRow.episode_pk == episode.id)).all()
         subs = conn.execute(
             select(SubmissionRow)
@@ -108,6 +122,13 @@ def _check_one(engine: Engine, episode: Any, policy: DedupPolicy) -> list[Findin
                 EpisodeEventRow.episode_pk == episode.id, EpisodeEventRow.kind == "migrated"
             )
         ).first()
+        latest_event = conn.execute(
+            select(EpisodeEventRow.detail)
+            .where(EpisodeEventRow.episode_pk == episode.id)
+            .order_by(EpisodeEventRow.id.desc())
+            .limit(1)
+        ).scalar()
+    reopened = isinstance(latest_event, dict) and "reopened_by" in latest_event
     succeeded = Counter(s.item_pk for s in subs if s.state == "succeeded")
     cost_by_sub = Counter(c.submission_pk for c in costs)
     sub_ids = {s.id: s for s in subs}
@@ -173,7 +194,16 @@ def _check_one(engine: Engine, episode: Any, policy: DedupPolicy) -> list[Findin
         if cost.amount_minor < 0:
             add("ledger", f"cost entry {cost.id} is negative")
     try:
-        _check_states(add, engine, episode, items, media, migrated=migrated is not None)
+        _check_states(
+            add,
+            engine,
+            episode,
+            items,
+            media,
+            migrated=migrated is not None,
+            # A live run marks the episode when it ends; a reopened one waits for a new plan.
+            unmarked_is_expected=reopened or any(run.active for run in runs),
+        )
     except _PlanUnreadable as exc:
         add("plan", f"the recorded plan is refused by today's rules ({exc}): re-plan it")
     return out
@@ -217,6 +247,7 @@ def _check_states(
     media: Sequence[Any],
     *,
     migrated: bool,
+    unmarked_is_expected: bool,
 ) -> None:
     state = episode.state
     if state in NEEDS_ALL_IMAGES and migrated:  # imported whole: no playlist, all images done
@@ -233,7 +264,7 @@ def _check_states(
                     "state",
                     f"episode is {state} but {len(missing)} planned images are not completed",
                 )
-    elif state == EpisodeState.ALLOCATED and items:
+    elif state == EpisodeState.ALLOCATED and items and not unmarked_is_expected:
         keys = _planned_keys(engine, episode)
         if keys:
             done = {i.idempotency_key for i in items if i.state == "completed"}

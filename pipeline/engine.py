@@ -466,6 +466,9 @@ class RunEngine:
         completed: the last process to finish decides)."""
         counts = self.store.counts(run_id)
         if counts.failed == 0 and counts.pending == 0 and counts.running == 0:
+            # Marked while the run is still live: `check` never sees an episode whose images
+            # are all completed, no run working on it, and not yet marked (a crash's sign).
+            self.mark_generated(run_id)
             if self.store.run_state(run_id) == RunState.FAILED:
                 self._move(run_id, RunState.RUNNING)
             state = self._move(run_id, RunState.COMPLETED)

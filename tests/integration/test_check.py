@@ -97,3 +97,49 @@ def test_a_ledger_mismatch_is_found(assembled: Episode) -> None:
     findings = check_episodes(assembled.engine, "weekly")
     assert [f.check for f in findings] == ["ledger"]
     assert "0 cost entries, expected 1" in findings[0].detail
+
+
+def test_a_reopened_episode_is_not_reported_as_a_crash(engine: Engine, assembled: Episode) -> None:
+    """After `reopen` the episode is allocated with every image of its plan completed: it
+    waits for a new plan, and `check` called that a crash and advised marking it generated
+    (found by a fresh tester)."""
+    from pipeline.review import reopen
+
+    reopen(engine, "weekly", assembled.episode_id, by="ann", reason="new cover")
+    assert check_episodes(engine, "weekly") == []
+
+
+def test_check_while_generations_run_reports_nothing(
+    engine: Engine, database_url: str, tmp_path: Path
+) -> None:
+    """`check` in a loop while two healthy `episodic generate` processes work on one episode
+    (no faults): every finding is a false alarm. It read items, submissions and costs in
+    separate statements, so on PostgreSQL an item read before its completion and its
+    submission read after looked like a broken ledger (found by a fresh tester: 27 of 273
+    checks); and an episode whose last image had just completed looked like a crash before
+    the run could mark it. Now one snapshot per episode, and a live run is left to mark it."""
+    import subprocess
+    import sys
+
+    episode = new_episode(engine)
+    episode.plan(write_playlist(tmp_path / "pl", [f"live {n}" for n in range(40)]))
+    episodic = str(Path(sys.executable).parent / "episodic")
+    env = {**os.environ, "EPISODIC_FAKE_DELAY_MS": "100", "EPISODIC_HOME": str(tmp_path / "h")}
+    runs = [
+        subprocess.Popen(
+            [episodic, "generate", episode.episode_id, "--concurrency", "8", *extra],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for extra in ([], ["--allow-duplicate"])
+    ]
+    found, checks = [], 0
+    while any(run.poll() is None for run in runs):
+        checks += 1
+        found += check_episodes(engine, "weekly")
+    assert [run.wait() for run in runs] == [0, 0], [run.stderr.read() for run in runs if run.stderr]
+    assert checks > 5
+    assert found == []
+    assert check_episodes(engine, "weekly") == []
