@@ -82,13 +82,13 @@ def run(argv: list[str] | None = None) -> int:
     """Run the CLI and return its exit code (never raises, never prints a traceback)."""
     from core.exit_codes import ExitCode
 
-    command = typer.main.get_command(app)
     args = sys.argv[1:] if argv is None else argv
     for arg in args:  # a process can never receive one (execve); a caller in Python can
         if "\x00" in arg:
             error("an argument contains a NUL byte; nothing was done")
             return ExitCode.REFUSED
     try:
+        command = typer.main.get_command(app)
         result = command.main(args=args, prog_name="episodic", standalone_mode=False)
     except click.exceptions.Exit as exc:
         return exc.exit_code

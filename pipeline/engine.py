@@ -35,6 +35,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
+from sqlalchemy.exc import DBAPIError
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
 from core.errors import BudgetExceeded, CommandNotAllowed, InvalidTransition
@@ -803,4 +804,9 @@ def mark_generated(
 
 
 def _reason(exc: BaseException) -> str:
-    return (str(exc) or type(exc).__name__)[:500]
+    """One line for the ledger and the run (a driver's message, not SQLAlchemy's wrapping
+    with its statement and background link)."""
+    orig = getattr(exc, "orig", None) if isinstance(exc, DBAPIError) else None
+    text = f"database error: {orig}" if orig is not None else str(exc)
+    line = next((part.strip() for part in text.splitlines() if part.strip()), "")
+    return (line or type(exc).__name__)[:500]

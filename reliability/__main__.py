@@ -54,7 +54,8 @@ def report(results: list[Result], command: str, seed: int) -> str:
         f"{platform.system()} {platform.release()}",
         "",
         "| scenario | backend | trials | faults injected | provider jobs / items | "
-        "episodes / keys | stuck rows | data lost | result | time | rerun alone |",
+        "episodes kept / allocations reported | stuck rows | data lost | result | time | "
+        "rerun alone |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
         *(_row(r) for r in results),
         "",
@@ -106,6 +107,10 @@ def main() -> int:
     args = parser.parse_args()
     if not 0.01 <= args.scale <= 10:
         parser.error("--scale must be between 0.01 and 10")
+    if args.report is not None and not (
+        args.report.parent.is_dir() and os.access(args.report.parent, os.W_OK)
+    ):  # said now, not after 20 minutes of trials
+        parser.error(f"--report: {args.report.parent} is not a writable folder")
     seed = args.seed if args.seed is not None else int(time.time())
     only = args.only or list(SCENARIOS)
     backends = args.backend or ["sqlite", "postgres"]
@@ -115,6 +120,10 @@ def main() -> int:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     results: list[Result] = []
     with tempfile.TemporaryDirectory(prefix="episodic-reliability-") as tmp:
+        # Everything a scenario makes stays in here and goes with it: its temporary folders,
+        # and the home of what runs in this process (never the user's ./.episodic).
+        tempfile.tempdir = tmp
+        os.environ["EPISODIC_HOME"] = str(Path(tmp) / "home")
         for backend_name in backends:
             backend = Backend(backend_name, Path(tmp) / backend_name)
             try:

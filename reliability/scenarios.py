@@ -41,8 +41,8 @@ class Result:
     faults: Counter[str] = field(default_factory=Counter)  # fault injected -> times
     paid_jobs: int | None = None  # jobs the provider made (its own log or server)
     logical_items: int | None = None  # items that had to be paid once each
-    episodes: int | None = None  # episode rows
-    keys: int | None = None  # distinct allocation keys asked for
+    episodes: int | None = None  # of the allocations reported to callers, those in the database
+    keys: int | None = None  # allocations reported to callers (key -> episode id)
     stuck: int = 0  # runs left running, items left running, submissions left open
     lost: int = 0  # data lost: allocated episodes or completed images that vanished
     problems: list[str] = field(default_factory=list)
@@ -51,7 +51,7 @@ class Result:
 
     @property
     def passed(self) -> bool:
-        return not self.problems
+        return not self.problems and self.stuck == 0 and self.lost == 0
 
     def problem(self, text_: str) -> None:
         if len(self.problems) < 20:
@@ -119,8 +119,9 @@ def _allocate_forever(url: str, prefix: str, out: Any) -> None:  # pragma: no co
         n += 1
 
 
-def allocation_invariants(engine: Engine, result: Result) -> None:
-    """No key owns two episodes, sequences have no gap or duplicate, no partial episode."""
+def allocation_invariants(engine: Engine, result: Result, reported: list[tuple[str, str]]) -> None:
+    """No key owns two episodes, sequences have no gap or duplicate, no partial episode, and
+    every allocation reported to a caller (key, episode id) is in the database as reported."""
     with engine.connect() as conn:
         dupes = conn.execute(
             text(
@@ -137,10 +138,6 @@ def allocation_invariants(engine: Engine, result: Result) -> None:
                 "episode_events v WHERE v.episode_pk = e.id AND v.kind = 'allocated')"
             )
         ).scalar_one()
-        result.episodes = len(rows)
-        result.keys = conn.execute(
-            text("SELECT count(DISTINCT allocation_key) FROM episodes")
-        ).scalar_one()
     if dupes:
         result.problem(f"{len(dupes)} keys own several episodes, e.g. {dupes[0][0]}")
     weeks: dict[str, list[int]] = {}
@@ -151,6 +148,16 @@ def allocation_invariants(engine: Engine, result: Result) -> None:
             result.problem(f"{week}: sequences are not 0..{len(sequences) - 1} without gaps")
     if partial:
         result.problem(f"{partial} episodes without their allocation event (partial)")
+    with engine.connect() as conn:
+        stored = dict(
+            conn.execute(text("SELECT allocation_key, episode_id FROM episodes")).tuples().all()
+        )
+    lost = [key for key, episode_id in reported if stored.get(key) != episode_id]
+    result.keys = len(reported)
+    result.episodes = len(reported) - len(lost)
+    result.lost += len(lost)
+    if lost:
+        result.problem(f"{len(lost)} reported allocations are not in the database, e.g. {lost[0]}")
 
 
 def alloc_crash(backend: Backend, trials: int, rng: random.Random) -> Result:
@@ -184,8 +191,9 @@ def alloc_crash(backend: Backend, trials: int, rng: random.Random) -> Result:
                 seen.append(receive.recv())
         receive.close()
         started = time.monotonic()
-        allocate(engine, PIPELINE, WeekId.parse("2026-W32"), f"after-{trial}")
+        after = allocate(engine, PIPELINE, WeekId.parse("2026-W32"), f"after-{trial}")
         waits.append(time.monotonic() - started)
+        reported.append((f"after-{trial}", str(after.episode.episode_id)))
         reported += seen
         for key, episode_id in rng.sample(seen, min(3, len(seen))) + seen[-1:]:
             week = EpisodeId.parse(episode_id).week
@@ -194,7 +202,7 @@ def alloc_crash(backend: Backend, trials: int, rng: random.Random) -> Result:
                 result.lost += 1
                 result.problem(f"key {key} had {episode_id}, a retry got {again}")
         result.trials += 1
-    allocation_invariants(engine, result)
+    allocation_invariants(engine, result, reported)
     slowest = max(waits, default=0.0)
     if slowest >= 1.0:
         result.problem(f"an allocation after a kill waited {slowest:.2f} s (limit 1 s)")
@@ -424,10 +432,11 @@ _FLOW = (
 
 
 def flow_crash(backend: Backend, trials: int, rng: random.Random) -> Result:
-    """A Prefect flow-run process (`generate_episode` against a real `prefect server`)
-    killed with SIGKILL, SIGTERM or SIGINT at a random moment, against the fake provider with
-    latency, transient failures and lost replies; then the sweep and the one recovery
-    command: every item completed, one provider job per item, nothing stuck, `check` clean."""
+    """Prefect flow-run processes (`generate_episode` against a real `prefect server`), one
+    or two on one episode, killed with SIGKILL, SIGTERM or SIGINT at a random moment, against
+    the fake provider with latency, transient failures and lost replies; then the sweep and
+    the one recovery command: every item completed, one provider job per item, nothing stuck,
+    `check` clean."""
     from tests.e2e.stack import PrefectServer
 
     result = Result("flow-crash", backend.name)
@@ -437,33 +446,51 @@ def flow_crash(backend: Backend, trials: int, rng: random.Random) -> Result:
     profiles = _profiles(root, trials)
     items = 6
     guard = threading.Lock()
+    plans = []
+    for trial in range(trials):
+        seed = rng.randrange(2**32)
+        episode_id, _ = _trial_episode(engine, root / f"pl{trial}", trial, items, rng)
+        plans.append((trial, episode_id, seed))
     server = PrefectServer(tmp_dir=root / "prefect", ui=False).start()
-    try:
-        for trial in range(trials):
-            episode_id, _ = _trial_episode(engine, root / f"pl{trial}", trial, items, rng)
-            home = root / f"home{trial}"
-            home.mkdir(parents=True)
-            env = server.env(_trial_env(home, url, profiles))
-            process = subprocess.Popen(
+
+    def one(trial: int, episode_id: str, seed: int) -> None:
+        local = random.Random(seed)
+        home = root / f"home{trial}"
+        home.mkdir(parents=True)
+        env = server.env(_trial_env(home, url, profiles))
+        together = 2 if local.random() < 0.3 else 1
+        processes = [
+            subprocess.Popen(
                 [sys.executable, "-c", _FLOW.format(episode=episode_id)],
                 env=env,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
                 text=True,
             )
-            time.sleep(rng.uniform(2.0, 6.0))  # a flow run takes about 2 s to start
-            sig = rng.choice(_SIGNALS)
-            if process.poll() is None:
-                process.send_signal(sig)
-            _recover_and_check(
-                result, guard, engine, env, episode_id, items, home, trial, [process], sig.name
-            )
+            for _ in range(together)
+        ]
+        time.sleep(local.uniform(2.0, 6.0))  # a flow run takes about 2 s to start
+        sig = local.choice(_SIGNALS)
+        victims = processes if local.random() < 0.5 else processes[:1]
+        for victim in victims:
+            if victim.poll() is None:
+                victim.send_signal(sig)
+        _recover_and_check(
+            result, guard, engine, env, episode_id, items, home, trial, processes,
+            f"{sig.name} x{len(victims)} of {together}",
+        )  # fmt: skip
+
+    try:
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            for future in [pool.submit(one, *plan) for plan in plans]:
+                future.result()
     finally:
         server.stop()
     result.notes = (
         f"{items} items per episode, the flow on the thread runner with concurrency 3, fake "
-        "provider 300 ms per job with the same markers as generate-crash; recovery: `episodic "
-        "sweep`, then `episodic generate EPISODE` (the CLI finishes what the flow started)"
+        "provider 300 ms per job with the same markers as generate-crash, two flow runs on "
+        "one episode in about a third of the trials; recovery: `episodic sweep`, then "
+        "`episodic generate EPISODE` (the CLI finishes what the flow started)"
     )
     engine.dispose()
     return result
@@ -732,8 +759,6 @@ def _under_database_faults(
     """8 allocating processes and an `episodic generate` of a 6-item episode per trial, while
     `inject(until, result)` breaks the database until `until`; then the sweep, the recovery
     command and the checks of every allocation reported."""
-    from core.ids import EpisodeId
-
     engine = _engine(url)
     root = Path(tempfile.mkdtemp(prefix=f"episodic-reliability-{result.scenario}-"))
     profiles = _profiles(root, trials, delay_ms=2000)  # the generation lives through the faults
@@ -786,19 +811,9 @@ def _under_database_faults(
         _recover_and_check(
             result, threading.Lock(), engine, env, episode_id, 6, home, trial, [batch], fault
         )
-    allocation_invariants(engine, result)
-    with engine.connect() as conn:
-        stored = dict(
-            conn.execute(text("SELECT allocation_key, episode_id FROM episodes")).tuples().all()
-        )
-    lost = [key for key, episode_id in reported if stored.get(key) != episode_id]
-    result.lost += len(lost)
-    if lost:
-        result.problem(f"{len(lost)} reported allocations are not in the database, e.g. {lost[0]}")
+    allocation_invariants(engine, result, reported)
     if gave_up:
         result.problem(f"{len(gave_up)} allocations failed after retries, e.g. {gave_up[0]}")
-    for _key, episode_id in reported[:1]:
-        EpisodeId.parse(episode_id)
     result.notes = (
         f"{len(reported)} allocations reported under the faults; "
         f"{len(gave_up)} surfaced an error after the callers' retries; {len(broken)} of "
@@ -830,6 +845,7 @@ def sqlite_locked(backend: Backend, trials: int, rng: random.Random) -> Result:
     url = backend.fresh()
     engine = _engine(url)
     path = url.removeprefix("sqlite:///")
+    reported: list[tuple[str, str]] = []
     root = Path(tempfile.mkdtemp(prefix="episodic-reliability-locked-"))
     profiles = _profiles(root, trials)
     wait_s = SQLITE_BUSY_TIMEOUT_MS / 1000
@@ -880,11 +896,13 @@ def sqlite_locked(backend: Backend, trials: int, rng: random.Random) -> Result:
         )
         if after.returncode != 0:
             result.problem(f"trial {trial}: allocate after the lock: {after.stderr.strip()}")
+        else:
+            reported.append((f"locked-{trial}", after.stdout.split()[0]))
         _recover_and_check(
             result, threading.Lock(), engine, env, episode_id, 3, home, trial, [],
             "a generation after the lock",
         )  # fmt: skip
-    allocation_invariants(engine, result)
+    allocation_invariants(engine, result, reported)
     result.notes = f"the busy timeout is {SQLITE_BUSY_TIMEOUT_MS / 1000:.0f} s"
     engine.dispose()
     return result
@@ -903,7 +921,7 @@ ONLY_ON = {"pg-terminate": "postgres", "pg-restart": "postgres", "sqlite-locked"
 TRIALS = {
     "alloc-crash": 200,
     "generate-crash": 50,
-    "flow-crash": 12,
+    "flow-crash": 50,
     "provider-faults": 50,
     "pg-terminate": 3,
     "pg-restart": 3,

@@ -57,7 +57,10 @@ class PrivateCluster:
     """
 
     def __init__(self) -> None:
-        self.root = Path(tempfile.mkdtemp(prefix="episodic-pgcluster-"))
+        # Not under a caller's private temporary folder (mode 700): the server's own user
+        # must reach its data directory.
+        shared = os.environ.get("TMPDIR") or "/tmp"
+        self.root = Path(tempfile.mkdtemp(prefix="episodic-pgcluster-", dir=shared))
         self.data = self.root / "data"
         self.log = self.root / "server.log"
         self.port = _free_port()

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -159,3 +161,28 @@ def test_without_limits_a_default_cap_refuses_a_costly_plan(
     assert [e for e in provider_log() if e["event"] == "job_created"] == []
     allowed = cli("generate", "2026-W32-0", "--max-cost", "0.20", env=capped)
     assert allowed.returncode == 0, allowed.stderr
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupt_while_the_command_starts_is_one_line_never_a_traceback(
+    signum: int, tmp_path: Path
+) -> None:
+    """Ctrl-C in the first half second (while the CLI imports its modules) printed a Python
+    traceback (found by a fresh tester). Now any moment gives at most one line and exit 130
+    (or the signal's own status, or the command's answer if it finished first)."""
+    episodic = str(Path(sys.executable).parent / "episodic")
+    env = {**os.environ, "EPISODIC_HOME": str(tmp_path / "home")}
+    for delay in (0.05, 0.15, 0.3, 0.5, 0.8, 1.2):
+        process = subprocess.Popen(
+            [episodic, "episodes", "list"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        time.sleep(delay)
+        process.send_signal(signum)
+        _, err = process.communicate(timeout=60)
+        assert "Traceback" not in err, (delay, err)
+        assert len(err.strip().splitlines()) <= 1, (delay, err)
+        assert process.returncode in (0, 130, -signum), (delay, process.returncode, err)
