@@ -57,16 +57,6 @@ _CREATED_FAULTS = (
 
 
 @dataclass(frozen=True)
-class _QuietServer(ThreadingHTTPServer):
-    """A client that gave up on a slow reply (a timeout under test) is expected here: no
-    traceback on the console for the write that found the connection closed."""
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        if isinstance(sys.exc_info()[1], ConnectionError):
-            return
-        super().handle_error(request, client_address)
-
-
 class Seen:
     method: str
     path: str  # with the query string
@@ -83,6 +73,16 @@ def _marker(prompt: str, name: str) -> int | None:
 def _hits(prompt: str, name: str, count: int) -> bool:
     limit = _marker(prompt, name)
     return limit is not None and count <= limit
+
+
+class _QuietServer(ThreadingHTTPServer):
+    """A client that gave up on a slow reply (a timeout under test) is expected here: no
+    traceback on the console for the write that found the connection closed."""
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
 
 
 class _Http:
