@@ -37,8 +37,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from core.documents import DocumentError, parse_yaml, read_text
 from core.errors import ProviderConfigError
@@ -69,6 +70,23 @@ class Profile(BaseModel):
     delay_ms: int | None = Field(default=None, ge=0, le=3_600_000, strict=True)
     idempotent_create: bool = Field(default=False, strict=True)  # `"yes"` is not true
     lookup: bool = Field(default=True, strict=True)
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_origin(cls, value: str | None) -> str | None:
+        """An http(s) URL with a host and nothing that could carry a secret or a surprise
+        (user:password@, control characters); other schemes (file:, ftp:) never reach a
+        provider."""
+        if value is None:
+            return None
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("must be an http:// or https:// URL with a host")
+        if parts.username or parts.password:
+            raise ValueError("must not carry a user or password (use credential_env)")
+        if any(ord(char) < 0x21 or ord(char) == 0x7F for char in value):
+            raise ValueError("must not contain spaces or control characters")
+        return value
 
     @property
     def needs_credential(self) -> bool:

@@ -80,3 +80,37 @@ def test_a_profiles_file_that_is_not_ours_is_one_provider_config_error(
     with pytest.raises(ProviderConfigError) as raised:
         load_profiles(path)
     assert "\n" not in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "rule"),
+    [
+        ("file:///etc/passwd", "http:// or https://"),
+        ("ftp://images.example.com/v1", "http:// or https://"),
+        ("https://", "http:// or https://"),
+        ("images.example.com/v1", "http:// or https://"),
+        ('"https://user:pw@images.example.com/v1"', "user or password"),
+        ('"https://images.example.com/v1\\x01"', "control characters"),
+    ],
+)
+def test_an_http_profile_base_url_is_an_http_origin(tmp_path: Path, url: str, rule: str) -> None:
+    """`base_url: file://…` was accepted; every generate then recorded a refused create as a
+    new paid submission, using up an attempt (found by a fresh tester)."""
+    path = tmp_path / "providers.yaml"
+    path.write_text(
+        f"profiles:\n  api:\n    kind: http\n    cost_per_image_minor: 4\n    base_url: {url}\n"
+    )
+    with pytest.raises(ProviderConfigError) as raised:
+        load_profiles(path)
+    message = str(raised.value)
+    assert "field base_url" in message and rule in message and "\n" not in message
+    assert "pw" not in message
+
+
+def test_an_https_base_url_with_a_port_and_path_is_taken(tmp_path: Path) -> None:
+    path = tmp_path / "providers.yaml"
+    path.write_text(
+        "profiles:\n  api:\n    kind: http\n    cost_per_image_minor: 4\n"
+        "    base_url: https://images.example.com:8443/v1\n"
+    )
+    assert load_profiles(path)["api"].base_url == "https://images.example.com:8443/v1"
