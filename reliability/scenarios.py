@@ -591,7 +591,8 @@ def provider_faults(backend: Backend, trials: int, rng: random.Random) -> Result
                         operator += 1  # as designed: a lookup that finds nothing proves nothing
                     else:
                         result.problem(f"run {trial}: {prompt!r} not completed: {error}")
-                if any(n > 1 for n in made.values()):
+                per_item = Counter(key.rsplit("-", 1)[0] for key in made.elements())
+                if any(n > 1 for n in per_item.values()):  # per item: any attempt, any key
                     result.problem(f"run {trial}: a second job was made: {dict(made)}")
                 if len(made) < count - len(left):
                     result.problem(f"run {trial}: a completed item has no job of its own")
