@@ -60,6 +60,7 @@ from providers.profiles import Profile
 from storage.base import utcnow
 from storage.claims import ClaimStore
 from storage.runs import RunStore
+from storage.tx import lost_connection
 
 INTERRUPTED = "interrupted"
 FOLLOWABLE = frozenset({"new", "collect", "reconcile", "retry", "busy"})
@@ -272,16 +273,22 @@ class _Job:
         """`claim` for several items in one transaction; refused ones are handled as in
         `claim` (throttled ones are remembered for `was_throttled`)."""
         engine = self.engine
-        answers = engine.claims.claim_many(
-            [(item.pk, item.pk not in self.no_retry) for item in items],
-            self.run_id,
-            self.owner,
-            lease_s=self.options.lease_s,
-            max_attempts=self.options.max_attempts,
-            profile=engine.profile.id,
-            provider_limit=engine.profile.max_concurrency,
-            max_job_s=engine.profile.max_job_s,
-        )
+        since = utcnow()
+        try:
+            answers = engine.claims.claim_many(
+                [(item.pk, item.pk not in self.no_retry) for item in items],
+                self.run_id,
+                self.owner,
+                lease_s=self.options.lease_s,
+                max_attempts=self.options.max_attempts,
+                profile=engine.profile.id,
+                provider_limit=engine.profile.max_concurrency,
+                max_job_s=engine.profile.max_job_s,
+            )
+        except DBAPIError as exc:
+            if lost_connection(exc):  # it may have committed: nothing it made was sent
+                engine.claims.give_back_unreceived(self.owner, [it.pk for it in items], since)
+            raise
         self._local.throttled_pks = set()
         out: list[Claim | None] = []
         reopen = False

@@ -502,6 +502,48 @@ class ClaimStore:
             )
         return bool(removed)
 
+    def give_back_unreceived(self, owner: str, item_pks: Sequence[int], since: datetime) -> int:
+        """After a claim call whose reply was lost (its COMMIT may have happened): the items
+        among `item_pks` that `owner` holds under a claim made at `since` or later were never
+        received, so the intents made with them were never sent. Each such intent is
+        withdrawn (attempt given back) and the item released, so the next run submits it
+        normally instead of asking a provider that may only look jobs up (and cannot prove
+        that nothing was sent). An intent made before `since` is left alone: it may have
+        been sent. Returns how many intents were withdrawn."""
+        withdrawn = 0
+        with tx.write(self.engine) as conn:
+            for item_pk in item_pks:
+                row = conn.execute(
+                    select(_items.c.id, _items.c.attempts)
+                    .where(_items.c.id == item_pk, _items.c.claim_owner == owner)
+                    .with_for_update()
+                ).first()
+                if row is None:
+                    continue
+                removed = conn.execute(
+                    delete(_subs).where(
+                        _subs.c.item_pk == item_pk,
+                        _subs.c.state == SubmissionState.INTENT,
+                        _subs.c.attempt == row.attempts,
+                        _subs.c.created_at >= since,
+                        ~exists().where(_costs.c.submission_pk == _subs.c.id),
+                    )
+                ).rowcount
+                if removed:
+                    conn.execute(
+                        update(_items)
+                        .where(_items.c.id == item_pk)
+                        .values(attempts=_items.c.attempts - 1)
+                    )
+                    withdrawn += 1
+                _give_up_in(
+                    conn,
+                    _items.c.id == item_pk,
+                    owner,
+                    "claim interrupted by a lost database connection; nothing was sent",
+                )
+        return withdrawn
+
     def release_unstarted(self, claim: Claim, error_text: str) -> bool:
         """Give up a claim whose task ended without finishing (a lost worker, a task that
         failed before its work): the item becomes failed and resumable.

@@ -4,8 +4,9 @@ connection before anything it wrote was committed is retried until the database 
 that may have committed is never retried. Before, the first lost connection ended the whole
 generation with an error.
 
-PostgreSQL only by nature: SQLite has no connection to lose (its locked database is the
-fault suite's `sqlite-locked` scenario).
+PostgreSQL only by nature, except the lost claim reply, simulated on both backends: SQLite
+has no connection to lose (its locked database is the fault suite's `sqlite-locked`
+scenario).
 """
 
 from __future__ import annotations
@@ -174,3 +175,58 @@ def test_a_generation_rides_out_postgres_restarts(
     jobs = jobs_per_key()
     assert len(jobs) == 6 and set(jobs.values()) == {1}, provider_log()
     assert Counter(e["event"] for e in provider_log())["job_created"] == 6
+
+
+def test_a_claim_whose_commit_reply_was_lost_is_sent_by_the_next_run(
+    engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The COMMIT of a claim reached the database but its reply was lost (a connection
+    killed at that moment): the run ended with the error, and the claim's intent, never sent,
+    stayed open. A provider that can only look jobs up found nothing, which proves nothing, so
+    the item waited for an operator's --force-resubmit (found by a fresh tester under
+    pg_terminate_backend storms). Now the process gives back what it never received; the
+    next run submits the item once. On both backends (the lost reply is simulated: the real
+    claim commits, then the call fails as a dropped connection does)."""
+    import dataclasses
+
+    import psycopg
+
+    from providers.fake import FakeProvider
+    from storage.claims import ClaimStore
+
+    monkeypatch.setenv("EPISODIC_FAKE_PROVIDER_LOG", str(tmp_path / "provider.jsonl"))
+    real_init = FakeProvider.__init__
+
+    def lookup_only(self: FakeProvider, *args: object, **kwargs: object) -> None:
+        real_init(self, *args, **kwargs)  # type: ignore[arg-type]
+        caps = self.capabilities
+        self.capabilities = dataclasses.replace(caps, idempotent_create=False)
+
+    monkeypatch.setattr(FakeProvider, "__init__", lookup_only)
+    real_claim_many = ClaimStore.claim_many
+    lost: list[int] = []
+
+    def reply_lost(self: ClaimStore, *args: object, **kwargs: object) -> object:
+        answers = real_claim_many(self, *args, **kwargs)  # type: ignore[arg-type]
+        if not lost:
+            lost.append(1)
+            raise OperationalError(
+                "COMMIT",
+                {},
+                psycopg.OperationalError("server closed the connection unexpectedly"),
+                connection_invalidated=True,
+            )
+        return answers
+
+    monkeypatch.setattr(ClaimStore, "claim_many", reply_lost)
+    episode = new_episode(engine)
+    episode.plan(write_playlist(tmp_path / "pl", ["one", "two"]))
+    with pytest.raises(OperationalError):
+        episode.generate(concurrency=1)
+    again = episode.generate(concurrency=1)
+    assert again.state.value == "completed", again.message
+    jobs = jobs_per_key()
+    assert len(jobs) == 2 and set(jobs.values()) == {1}, provider_log()
+    from pipeline.check import check_episodes
+
+    assert check_episodes(engine, "weekly") == []
