@@ -184,8 +184,9 @@ def test_a_request_that_cannot_be_sent_is_a_plain_refusal_not_unknown(
         with pytest.raises(PermanentProviderError, match="not sent: LocalProtocolError"):
             connect(server).submit(image_request(ref="ref\r\nX-Injected: 1"))  # invalid header
         assert not server.create_calls and posts(server) == 0
-    with pytest.raises(PermanentProviderError, match="not sent: UnsupportedProtocol"):
-        connect("ftp://127.0.0.1:21/v1").submit(image_request())
+    # A URL no provider answers on is refused before any request: when the profile is made.
+    with pytest.raises(ValueError, match="http:// or https://"):
+        make_profile("ftp://127.0.0.1:21/v1")
 
 
 # --- collect ------------------------------------------------------------------------------
