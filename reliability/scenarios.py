@@ -362,6 +362,24 @@ def _recover_and_check(
             result.problem(f"trial {trial}: check: {check.stdout.strip()[-300:]}")
 
 
+def _signal_some(processes: list[subprocess.Popen[str]], local: random.Random) -> str:
+    """One signal (SIGKILL, SIGTERM or SIGINT) to the first process or to all of them; the
+    fault's name for the report."""
+    sig = local.choice(_SIGNALS)
+    victims = processes if local.random() < 0.5 else processes[:1]
+    for victim in victims:
+        if victim.poll() is None:
+            victim.send_signal(sig)
+    return f"{sig.name} x{len(victims)} of {len(processes)}"
+
+
+def _in_parallel(plans: list[tuple[int, str, int]], one: Callable[[int, str, int], None]) -> None:
+    """Trials three at a time (each has its own provider profile, home and episode)."""
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        for future in [pool.submit(one, *plan) for plan in plans]:
+            future.result()
+
+
 def generate_crash(backend: Backend, trials: int, rng: random.Random) -> Result:
     """`episodic generate` killed (SIGKILL, SIGTERM or SIGINT) at a random moment, one or two
     processes on one episode, against the fake provider with latency, transient failures and
@@ -395,19 +413,12 @@ def generate_crash(backend: Backend, trials: int, rng: random.Random) -> Result:
             for _ in range(together)
         ]
         time.sleep(local.uniform(0.5, 3.0))
-        sig = local.choice(_SIGNALS)
-        victims = processes if local.random() < 0.5 else processes[:1]
-        for victim in victims:
-            if victim.poll() is None:
-                victim.send_signal(sig)
+        fault = _signal_some(processes, local)
         _recover_and_check(
-            result, guard, engine, env, episode_id, items, home, trial, processes,
-            f"{sig.name} x{len(victims)} of {together}",
-        )  # fmt: skip
+            result, guard, engine, env, episode_id, items, home, trial, processes, fault
+        )
 
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        for future in [pool.submit(one, *plan) for plan in plans]:
-            future.result()
+    _in_parallel(plans, one)
     final = subprocess.run(
         [EPISODIC, "check", "--all"],
         env={**os.environ, "EPISODIC_DATABASE_URL": url, "EPISODIC_HOME": str(root)},
@@ -470,20 +481,13 @@ def flow_crash(backend: Backend, trials: int, rng: random.Random) -> Result:
             for _ in range(together)
         ]
         time.sleep(local.uniform(2.0, 6.0))  # a flow run takes about 2 s to start
-        sig = local.choice(_SIGNALS)
-        victims = processes if local.random() < 0.5 else processes[:1]
-        for victim in victims:
-            if victim.poll() is None:
-                victim.send_signal(sig)
+        fault = _signal_some(processes, local)
         _recover_and_check(
-            result, guard, engine, env, episode_id, items, home, trial, processes,
-            f"{sig.name} x{len(victims)} of {together}",
-        )  # fmt: skip
+            result, guard, engine, env, episode_id, items, home, trial, processes, fault
+        )
 
     try:
-        with ThreadPoolExecutor(max_workers=3) as pool:
-            for future in [pool.submit(one, *plan) for plan in plans]:
-                future.result()
+        _in_parallel(plans, one)
     finally:
         server.stop()
     result.notes = (
