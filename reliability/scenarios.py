@@ -240,11 +240,18 @@ def _trial_episode(
     return episode_id, profile
 
 
-def _jobs_per_item(log: Path) -> Counter[str]:
+def _jobs_per_item(home: Path) -> Counter[str]:
+    """Jobs per item as the fake provider holds them: one file per job it made, in its own
+    state folder under `home`, mapped to items by the `submit` its log records first. Not its
+    `job_created` log lines: a SIGKILL can land between a job's creation and that line (the
+    fake provider runs in the killed process), and the count would miss a job that exists."""
+    log, jobs = home / "provider.jsonl", home / "fake-provider"
     if not log.exists():
         return Counter()
     events = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
-    return Counter(e["item_id"] for e in events if e["event"] == "job_created")
+    item_of = {e["client_reference"]: e["item_id"] for e in events if e["event"] == "submit"}
+    made = [json.loads(path.read_text())["client_reference"] for path in jobs.glob("*.json")]
+    return Counter(item_of.get(reference, f"unknown:{reference}") for reference in made)
 
 
 def _leftovers(engine: Engine, episode_id: str) -> tuple[int, int]:
@@ -327,7 +334,7 @@ def _recover_and_check(
         timeout=300,
     )
     check = subprocess.run([EPISODIC, "check", episode_id], env=env, capture_output=True, text=True)
-    jobs = _jobs_per_item(home / "provider.jsonl")
+    jobs = _jobs_per_item(home)
     unfinished, stuck = _leftovers(engine, episode_id)
     paid_once = len(jobs) == items and set(jobs.values()) == {1}
     forensics = home / "forensics.txt"
