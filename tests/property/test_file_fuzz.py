@@ -21,43 +21,20 @@ from typing import Any
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import example, given
 from hypothesis import strategies as st
 from sqlalchemy import Engine, func, select
 
+import storage.models  # noqa: F401  (every table registered on Base.metadata)
 from cli.app import run
 from core.ids import WeekId
 from pipeline.allocation import allocate
-from storage.models import (
-    ApprovalRow,
-    CostEntryRow,
-    EpisodeEventRow,
-    EpisodeMediaRow,
-    EpisodePlanRow,
-    EpisodeRow,
-    ItemRow,
-    RunRow,
-    SubmissionRow,
-)
+from storage.base import Base
 from tests.generation import write_playlist
+from tests.property import fuzz_settings
 
-TABLES = (
-    ApprovalRow,
-    CostEntryRow,
-    EpisodeEventRow,
-    EpisodeMediaRow,
-    EpisodePlanRow,
-    EpisodeRow,
-    ItemRow,
-    RunRow,
-    SubmissionRow,
-)
-FUZZ = settings(
-    max_examples=60,
-    deadline=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+TABLES = Base.metadata.sorted_tables  # every table of the schema
+FUZZ = fuzz_settings(60)
 
 
 def _nested(depth: int) -> Any:
@@ -131,8 +108,7 @@ RAW: list[bytes] = [
 def counts(engine: Engine) -> dict[str, int]:
     with engine.connect() as conn:
         return {
-            t.__tablename__: conn.execute(select(func.count()).select_from(t)).scalar_one()
-            for t in TABLES
+            t.name: conn.execute(select(func.count()).select_from(t)).scalar_one() for t in TABLES
         }
 
 

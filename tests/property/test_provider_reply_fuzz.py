@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import providers.http as http_module
@@ -36,13 +36,9 @@ from providers.base import (
 from providers.http import HttpProvider
 from providers.profiles import Profile
 from tests.http_server import TOKEN, PredictionsServer
+from tests.property import fuzz_settings
 
-FUZZ = settings(
-    max_examples=45,
-    deadline=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+FUZZ = fuzz_settings(45)
 PRICE = 5
 REF = "ref-0001"
 _USABLE_ID = http_module._JOB_ID
