@@ -316,14 +316,24 @@ def _recover_and_check(
     completed, rows left running or open, `check` of the episode. A failed trial keeps its
     forensics next to the provider log."""
     errors = []
+    hung = False
     for process in processes:
         try:
             errors.append(process.communicate(timeout=180)[1] or "")
         except subprocess.TimeoutExpired:
-            process.kill()
-            errors.append(process.communicate()[1] or "")
+            hung = True
+            # PYTHONFAULTHANDLER (see _trial_env): SIGABRT prints every thread's stack first
+            process.send_signal(signal.SIGABRT)
+            try:
+                errors.append(process.communicate(timeout=10)[1] or "")
+            except subprocess.TimeoutExpired:
+                process.kill()
+                errors.append(process.communicate()[1] or "")
             with guard:
-                result.problem(f"trial {trial}: a process hung after {fault}")
+                result.problem(
+                    f"trial {trial}: a process hung after {fault} (its threads' stacks: "
+                    f"{home / 'forensics.txt'})"
+                )
     after_kill = _ledger_rows(engine, episode_id)
     sweep = subprocess.run([EPISODIC, "sweep"], env=env, capture_output=True, text=True)
     recovery = subprocess.run(
@@ -338,10 +348,17 @@ def _recover_and_check(
     unfinished, stuck = _leftovers(engine, episode_id)
     paid_once = len(jobs) == items and set(jobs.values()) == {1}
     forensics = home / "forensics.txt"
-    if sweep.returncode or recovery.returncode or unfinished or check.returncode or not paid_once:
+    if (
+        hung
+        or sweep.returncode
+        or recovery.returncode
+        or unfinished
+        or check.returncode
+        or not paid_once
+    ):
         forensics.write_text(  # what a person needs to see what happened
             f"{fault}\n"
-            + "\n".join(f"--- killed process stderr\n{e[-5000:]}" for e in errors)
+            + "\n".join(f"--- killed process stderr\n{e[-20000:]}" for e in errors)
             + f"\n--- ledger after the kill\n{after_kill}\n--- ledger at the end\n"
             + _ledger_rows(engine, episode_id)
             + f"\n--- recovery\n{recovery.stdout}\n{recovery.stderr}\n"
@@ -530,6 +547,7 @@ def _trial_env(home: Path, url: str, profiles: Path) -> dict[str, str]:
         "EPISODIC_PROVIDERS_FILE": str(profiles),
         "EPISODIC_FAKE_PROVIDER_LOG": str(home / "provider.jsonl"),
         "EPISODIC_LEASE_S": "5",
+        "PYTHONFAULTHANDLER": "1",  # a hung process shows its threads when it is aborted
     }
 
 
