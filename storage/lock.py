@@ -21,6 +21,7 @@ from sqlalchemy import Connection, Engine, text
 
 from storage.engine import sqlite_path, writer_lock
 from storage.tx import tracked_commit
+from storage.tx import write as write_transaction
 
 LOCK_TIMEOUT_S = 60.0
 # filelock polls a held lock; its default 50 ms poll turned a 1 ms critical section into tens
@@ -88,17 +89,5 @@ def keyed_transaction(engine: Engine, name: str) -> Iterator[Connection]:
     write lock itself (``BEGIN IMMEDIATE``), which already serializes every writer; no lock
     file per name is left behind.
     """
-    if engine.dialect.name == "sqlite":
-        with (
-            tracked_commit() as body_done,
-            writer_lock(engine),
-            engine.connect().execution_options(sqlite_begin="IMMEDIATE") as conn,
-            conn.begin(),
-        ):
-            yield conn
-            body_done[0] = True
-        return
-    with tracked_commit() as body_done, engine.connect() as conn, conn.begin():
-        conn.execute(_ADVISORY_XACT_LOCK, {"k": advisory_key(name)})
+    with write_transaction(engine, lock=name) as conn:
         yield conn
-        body_done[0] = True

@@ -84,7 +84,9 @@ def idempotent(fn: _Fn) -> _Fn:
     return fn
 
 
-def _retried(fn: _Fn) -> _Fn:
+def retry_outage(fn: _Fn) -> _Fn:
+    """Function decorator: the call is retried when it lost its database connection before
+    anything it wrote was committed, or could have been (see the module's docstring)."""
     repeatable = getattr(fn, "__episodic_idempotent__", False)
 
     @functools.wraps(fn)
@@ -115,12 +117,6 @@ def _retried(fn: _Fn) -> _Fn:
 _Cls = TypeVar("_Cls", bound=type)
 
 
-def retry_outage(fn: _Fn) -> _Fn:
-    """Function decorator: the call is retried when it lost its database connection before
-    anything it wrote was committed (see the module's docstring)."""
-    return _retried(fn)
-
-
 def retry_outages(cls: _Cls) -> _Cls:
     """Class decorator: every public method of a store retries a call that lost its database
     connection before anything it wrote was committed (see the module's docstring)."""
@@ -129,7 +125,7 @@ def retry_outages(cls: _Cls) -> _Cls:
             continue
         if inspect.isgeneratorfunction(member):
             continue
-        setattr(cls, name, _retried(member))
+        setattr(cls, name, retry_outage(member))
     return cls
 
 
