@@ -14,6 +14,7 @@ import argparse
 import os
 import platform
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -37,6 +38,21 @@ def _row(result: Result) -> str:
         f"{episodes} | {result.stuck} | {result.lost} | {verdict} | {result.seconds:.0f} s | "
         f"`{result.rerun()}` |"
     )
+
+
+def _keep_forensics(tmp: Path, kept: Path, results: list[Result]) -> None:
+    """Copy every failed trial's forensics (its stderr, threads' stacks, ledger rows) out of
+    the run's temporary folder before it goes, and point the report's problems at the copies."""
+    found = sorted(tmp.rglob("forensics.txt"))
+    if not found:
+        return
+    for path in found:
+        target = kept / path.relative_to(tmp)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, target)
+    for result in results:
+        result.problems = [p.replace(str(tmp), str(kept)) for p in result.problems]
+    print(f"forensics of failed trials: {kept}", flush=True)
 
 
 def report(results: list[Result], command: str, seed: int) -> str:
@@ -119,6 +135,7 @@ def main() -> int:
     os.environ.pop("EPISODIC_FAKE_PROVIDER_LOG", None)
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     results: list[Result] = []
+    kept = Path(tempfile.gettempdir()) / f"episodic-reliability-forensics-{seed}"
     with tempfile.TemporaryDirectory(prefix="episodic-reliability-") as tmp:
         # Everything a scenario makes stays in here and goes with it: its temporary folders,
         # and the home of what runs in this process (never the user's ./.episodic).
@@ -141,6 +158,7 @@ def main() -> int:
                     print(f"    {verdict} ({result.seconds:.0f} s) {result.notes}", flush=True)
             finally:
                 backend.close()
+        _keep_forensics(Path(tmp), kept, results)
     command = "python -m reliability " + " ".join(sys.argv[1:])
     text = report(results, command.strip(), seed)
     if target is not None:
