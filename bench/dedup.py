@@ -126,7 +126,7 @@ def bench_backend(backend: str, url: str, home: Path, runs: int, samples: int) -
     policy = DedupPolicy(window_s=900, pending_ttl_s=900, fallback_lease_s=30)
 
     def decide() -> None:  # the whole choke point; nothing to create
-        store.admit(pk, rng.choice(requests), {}, [], [], policy=policy, create=False)
+        store.admit(pk, rng.choice(requests), {}, [], [], policy=policy, create=False, run_id="")
 
     for fn in (pk_lookup, decide):  # warm both up (connections, statement caches)
         for _ in range(50):

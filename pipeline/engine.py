@@ -286,9 +286,16 @@ class _Job:
                 max_job_s=engine.profile.max_job_s,
             )
         except DBAPIError as exc:
-            if lost_connection(exc):  # it may have committed: nothing it made was sent
-                engine.claims.give_back_unreceived(self.owner, [it.pk for it in items], since)
-            raise
+            if not lost_connection(exc):
+                raise
+            # Its COMMIT may have happened, but nothing it made was received, so nothing was
+            # sent: give it all back (the store retries that through the outage), and the
+            # items are asked for again after a short wait, as throttled ones are. The run
+            # goes on instead of ending on a claim whose outcome is now known.
+            engine.claims.give_back_unreceived(self.owner, [it.pk for it in items], since)
+            self._local.throttled_pks = {item.pk for item in items}
+            self._local.throttled = True
+            return [None for _ in items]
         self._local.throttled_pks = set()
         out: list[Claim | None] = []
         reopen = False

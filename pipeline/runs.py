@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -247,6 +248,7 @@ def admit_run(
         report.reuse_keys,
         policy=policy,
         create=report.has_work,
+        run_id=str(uuid.uuid4()),  # chosen once: a retry of the call finds the run it made
     )
 
 

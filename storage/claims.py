@@ -502,6 +502,7 @@ class ClaimStore:
             )
         return bool(removed)
 
+    @idempotent
     def give_back_unreceived(self, owner: str, item_pks: Sequence[int], since: datetime) -> int:
         """After a claim call whose reply was lost (its COMMIT may have happened): the items
         among `item_pks` that `owner` holds under a claim made at `since` or later were never
@@ -660,6 +661,7 @@ class ClaimStore:
                 _record_cost(conn, episode_pk, submission_pk, cost_minor, currency, now)
             return bool(moved)
 
+    @idempotent
     def complete(
         self,
         claim: Claim,
@@ -674,6 +676,8 @@ class ClaimStore:
 
         False (and nothing written) when the claim was taken over or the submission already
         has an outcome: the new holder finishes the item, and the cost is counted once.
+        True also when exactly this completion is already committed (the same holder, image
+        and submission): a retry after a COMMIT whose reply was lost answers what happened.
         """
         now = utcnow()
         try:
@@ -695,8 +699,30 @@ class ClaimStore:
                     raise _Lost()
                 _record_cost(conn, episode_pk, submission_pk, cost_minor, currency, now)
         except _Lost:
-            return False
+            return self._completed_by(claim, submission_pk, sha256)
         return True
+
+    def _completed_by(self, claim: Claim, submission_pk: int, sha256: str) -> bool:
+        """This holder's completion of the item with this image and submission is committed
+        (with its cost entry)."""
+        with tx.read(self.engine) as conn:
+            return (
+                conn.execute(
+                    select(_items.c.id).where(
+                        _items.c.id == claim.item.pk,
+                        _items.c.state == ItemState.COMPLETED,
+                        _items.c.claim_owner == claim.owner,
+                        _items.c.output_sha256 == sha256,
+                        exists().where(
+                            _subs.c.id == submission_pk,
+                            _subs.c.item_pk == claim.item.pk,
+                            _subs.c.state == SubmissionState.SUCCEEDED,
+                        ),
+                        exists().where(_costs.c.submission_pk == submission_pk),
+                    )
+                ).first()
+                is not None
+            )
 
 
 def _in_flight(

@@ -318,9 +318,12 @@ class RunStore:
         reuse_keys: Iterable[str],
     ) -> str:
         """Insert a run without any dedup (benchmarks and tests; callers use `admit`)."""
+        run_id = str(uuid.uuid4())
         with tx.write(self.engine) as conn:
-            return _insert_run(conn, episode_pk, command, params, new_items, reuse_keys, {})
+            _insert_run(conn, run_id, episode_pk, command, params, new_items, reuse_keys, {})
+        return run_id
 
+    @idempotent
     def admit(
         self,
         episode_pk: int,
@@ -331,9 +334,15 @@ class RunStore:
         *,
         policy: DedupPolicy,
         create: bool = True,
+        run_id: str,
     ) -> Admission:
         """The write choke point (DESIGN 6): reuse an active run of the same request, or
         create one, in one transaction serialized per fingerprint.
+
+        `run_id` is the id a created run gets, chosen by the caller before the call: a retry
+        after a COMMIT whose reply was lost (a database restart) finds the run it made and
+        answers ``created=True`` again, instead of taking its own pending run for another
+        caller's (or, with deduplication off, creating a second one).
 
         Postgres takes ``pg_advisory_xact_lock`` on the fingerprint (READ COMMITTED would let
         two callers both see "no run" and both insert); SQLite's ``BEGIN IMMEDIATE`` already
@@ -349,6 +358,9 @@ class RunStore:
         fingerprint = request.fingerprint
         now = utcnow()
         with keyed_transaction(self.engine, f"run:{fingerprint}") as conn:
+            mine = select(_runs.c.id).where(_runs.c.id == run_id)
+            if create and conn.execute(mine).first() is not None:
+                return Admission(run_id, created=True, fingerprint=fingerprint)
             if policy.window_s > 0:
                 recent = (_runs.c.fingerprint == fingerprint) & (
                     _runs.c.created_at >= now - timedelta(seconds=policy.window_s)
@@ -398,8 +410,8 @@ class RunStore:
                 "idempotency_key": request.idempotency_key,
                 "batch_id": request.batch_id,
             }
-            run_id = _insert_run(
-                conn, episode_pk, request.command, params, new_items, reuse_keys, extra
+            _insert_run(
+                conn, run_id, episode_pk, request.command, params, new_items, reuse_keys, extra
             )
         return Admission(run_id, created=True, fingerprint=fingerprint)
 
@@ -456,6 +468,7 @@ class RunStore:
             raise RunNotFound(f"run {run_id} not found")
         return str(state)
 
+    @idempotent  # a repeat finds the run in `target` and answers False, as for a racer
     def transition_run(
         self,
         run_id: str,
@@ -640,6 +653,7 @@ def cancel_orphaned_items(conn: Connection, run_ids: Sequence[str], now: datetim
 
 def _insert_run(
     conn: Connection,
+    run_id: str,
     episode_pk: int,
     command: str,
     params: dict[str, Any],
@@ -652,7 +666,6 @@ def _insert_run(
     Another run of the episode may create the same items at the same moment: an item
     that already exists is joined, never an error (``ON CONFLICT DO NOTHING``).
     """
-    run_id = str(uuid.uuid4())
     now = utcnow()
     keys = [it.idempotency_key for it in new_items] + list(reuse_keys)
     conn.execute(
