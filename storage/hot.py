@@ -1,0 +1,131 @@
+"""The ledger's hot statements, run on the bare driver inside SQLAlchemy's transactions.
+
+Every paid item runs three short write transactions by design: the claim with the intent,
+the acceptance, the outcome with its cost. Through SQLAlchemy Core each of their statements
+costs 15-100 µs of interpreter time (cache key, parameter and result processing), about ten
+times the driver's own; with 8 or 32 items at once on two cores that time, held under the
+interpreter lock and SQLite's writer lock, was what limited a run (`bench/ledger.py`,
+docs/performance.md). Here those statements are hand-written SQL executed on the DBAPI
+cursor of the SQLAlchemy connection that `storage.tx` opened:
+
+- SQLAlchemy still owns the pool, the transaction (``BEGIN IMMEDIATE`` on SQLite, COMMIT),
+  and `storage.tx` its outage retries and commit tracking; only statement execution is
+  replaced;
+- a driver error is raised as SQLAlchemy's `DBAPIError` subclass for it (`IntegrityError`,
+  `OperationalError`, ...), with the connection invalidated when the dialect says it was
+  lost, as `Connection.execute` does: callers and `tx.lost_connection` see one kind of error;
+- parameters and results are converted as the schema's types do: datetimes are aware UTC in
+  Python, naive UTC text on SQLite (SQLAlchemy's storage format, so comparisons in SQL
+  order the same), ``timestamptz`` on PostgreSQL.
+
+Statements are written with ``:name`` parameters and literal state names; `Hot` derives the
+psycopg form (``%(name)s``) once.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import Connection
+from sqlalchemy.exc import DBAPIError
+
+_SQLITE_FORMAT = "%Y-%m-%d %H:%M:%S.%f"  # SQLAlchemy's SQLite DATETIME storage format
+_PARAM = re.compile(r"(?<![:\w]):([a-z_][a-z0-9_]*)")
+
+
+class Hot:
+    """One hand-written statement in both drivers' parameter styles."""
+
+    __slots__ = ("pg", "sqlite")
+
+    def __init__(self, sql: str, *, pg_suffix: str = "") -> None:
+        """`sql` with ``:name`` parameters; `pg_suffix` is appended on PostgreSQL only (such
+        as ``FOR UPDATE``, which SQLite has no use for: its writer lock is held already)."""
+        self.sqlite = " ".join(sql.split())
+        pg = f"{self.sqlite} {pg_suffix}".strip()
+        self.pg = _PARAM.sub(r"%(\1)s", pg.replace("%", "%%"))
+
+
+def _bind(value: Any, sqlite: bool) -> Any:
+    if isinstance(value, datetime):
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise ValueError(f"naive datetime refused: {value.isoformat()}")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None).strftime(_SQLITE_FORMAT) if sqlite else value
+    return value
+
+
+def moment(value: Any) -> datetime | None:
+    """A datetime column of a row read here, as an aware UTC datetime (None stays None)."""
+    if value is None:
+        return None
+    if isinstance(value, str):  # SQLite
+        return datetime.fromisoformat(value).replace(tzinfo=UTC)
+    parsed: datetime = value
+    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+
+
+class _Run:
+    """A statement's execution and fetch, with driver errors raised as SQLAlchemy's."""
+
+    __slots__ = ("args", "conn", "cursor", "sql")
+
+    def __init__(self, conn: Connection, statement: Hot, params: Mapping[str, Any]) -> None:
+        sqlite = conn.dialect.name == "sqlite"
+        self.conn = conn
+        self.sql = statement.sqlite if sqlite else statement.pg
+        self.args = {name: _bind(value, sqlite) for name, value in params.items()}
+        driver = conn.connection.driver_connection
+        assert driver is not None  # an open connection of a live transaction
+        self.cursor = driver.cursor()
+
+    def __enter__(self) -> Any:
+        return self.cursor
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+        self.cursor.close()
+        dbapi = self.conn.dialect.loaded_dbapi
+        if exc is None or not isinstance(exc, dbapi.Error):
+            return
+        lost = self.conn.dialect.is_disconnect(
+            exc, self.conn.connection.dbapi_connection, self.cursor
+        )
+        if lost:
+            self.conn.invalidate(exc)
+        raise DBAPIError.instance(
+            self.sql,
+            self.args,
+            exc,
+            dbapi.Error,
+            connection_invalidated=lost,
+            dialect=self.conn.dialect,
+        ) from exc
+
+
+def fetch_one(conn: Connection, statement: Hot, params: Mapping[str, Any]) -> Sequence[Any] | None:
+    """The first row (a tuple in the statement's column order), or None.
+
+    Raises SQLAlchemy's `DBAPIError` subclass for a driver error (see the module's docstring).
+    """
+    run = _Run(conn, statement, params)
+    with run as cursor:
+        cursor.execute(run.sql, run.args)
+        row: Sequence[Any] | None = cursor.fetchone()
+        return row
+
+
+def scalar(conn: Connection, statement: Hot, params: Mapping[str, Any]) -> Any:
+    """The first column of the first row, or None without a row."""
+    row = fetch_one(conn, statement, params)
+    return None if row is None else row[0]
+
+
+def rowcount(conn: Connection, statement: Hot, params: Mapping[str, Any]) -> int:
+    """Rows a write statement changed (raises as `fetch_one`)."""
+    run = _Run(conn, statement, params)
+    with run as cursor:
+        cursor.execute(run.sql, run.args)
+        return int(cursor.rowcount)
