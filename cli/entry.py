@@ -21,3 +21,7 @@ def main() -> None:
         sys.stderr.write("error: interrupted\n")
         sys.exit(INTERRUPTED)
     app_main()
+
+
+if __name__ == "__main__":  # python -m cli.entry
+    main()

@@ -16,6 +16,7 @@ from cli.options import (
     IdempotencyKeyOption,
     JsonOption,
     PipelineOption,
+    StrictInt,
 )
 from cli.output import emit_json
 
@@ -54,22 +55,28 @@ def generate(
         str | None, typer.Option(help="Only these videos (1-based), e.g. 3,7-9.")
     ] = None,
     concurrency: Annotated[
-        int, typer.Option(min=1, max=64, help="Parallel paid calls (capped by the provider).")
+        int,
+        typer.Option(
+            click_type=StrictInt(1, 64), help="Parallel paid calls (capped by the provider)."
+        ),
     ] = 4,
     max_retries: Annotated[
-        int, typer.Option(min=0, max=20, help="Retries of a failed item, counted across runs.")
+        int,
+        typer.Option(
+            click_type=StrictInt(0, 20), help="Retries of a failed item, counted across runs."
+        ),
     ] = 2,
     collect_timeout: Annotated[
         int,
         typer.Option(
-            min=1,
-            max=86400,
+            click_type=StrictInt(1, 86400),
             help="Seconds to keep collecting an accepted job before leaving it to the next "
             "run (free).",
         ),
     ] = 600,
     max_images: Annotated[
-        int | None, typer.Option(min=0, help="Refuse a plan with more new paid calls.")
+        int | None,
+        typer.Option(click_type=StrictInt(0), help="Refuse a plan with more new paid calls."),
     ] = None,
     max_cost: Annotated[
         str | None, typer.Option(help="Refuse a plan estimated above this amount, e.g. 5.00.")

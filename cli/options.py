@@ -2,9 +2,26 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+import re
+from typing import Annotated, Any
 
+import click
 import typer
+
+_ASCII_INT = re.compile(r"[0-9]{1,9}")
+
+
+class StrictInt(click.IntRange):
+    """A whole number of ASCII digits in a range: ``int()`` also reads ``٣`` (any Unicode
+    digit), ``1_0`` and surrounding spaces, which a paid command's options must refuse."""
+
+    name = "integer"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and not _ASCII_INT.fullmatch(value):
+            self.fail(f"{value!r} is not a whole number of ASCII digits", param, ctx)
+        return super().convert(value, param, ctx)
+
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
 PipelineOption = Annotated[

@@ -55,11 +55,17 @@ class WeekId:
     def of(cls, moment: datetime, tz: tzinfo) -> WeekId:
         """The ISO week containing ``moment`` as seen on a wall clock in ``tz``.
 
-        Naive datetimes are refused: their week is ambiguous.
+        Naive datetimes are refused: their week is ambiguous. Raises `InvalidWeekId` (exit 2)
+        for a naive moment or one outside the years 1-9999 once seen in `tz`.
         """
         if moment.tzinfo is None or moment.utcoffset() is None:
             raise InvalidWeekId(f"a moment needs a timezone to have a week: {moment.isoformat()}")
-        iso = moment.astimezone(tz).isocalendar()
+        try:
+            iso = moment.astimezone(tz).isocalendar()
+        except OverflowError:  # 9999-12-31T23:59-14:00 is year 10000 in UTC
+            raise InvalidWeekId(
+                f"{moment.isoformat()} is outside the years 1-9999 in {tz}"
+            ) from None
         return cls(iso.year, iso.week)
 
     def monday(self) -> date:

@@ -236,12 +236,18 @@ class _Heartbeat(threading.Thread):
         while not self.done.wait(max(0.2, self.lease_s / 3)):
             try:
                 state = self.engine.claims.renew(self.owner, self.run_id, self.lease_s)
-                if state == RunState.FAILED:  # concluded elsewhere while this process works
+                # Concluded elsewhere, or paused by another process's interrupt, while this
+                # process still works on it: the run goes on here (only a cancel stops every
+                # process). A process that is stopping itself leaves the run as it is.
+                if state in _REOPENED and not self.stop_work.is_set():
                     state = self.engine.reopen(self.run_id, self.lease_s)
             except Exception:  # a database hiccup: try again; guarded writes stay safe
                 continue
             if state != RunState.RUNNING:  # paused, cancelled or completed: stop here
                 self.stop_work.set()
+
+
+_REOPENED = (RunState.FAILED, RunState.PAUSED)
 
 
 @dataclass

@@ -41,6 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from core.errors import ProviderConfigError
 from providers.base import (
     Capabilities,
     CollectionPending,
@@ -83,6 +84,19 @@ def render_png(prompt: str, seed: int, size: int = 64) -> bytes:
     return out.getvalue()
 
 
+def _env_delay_ms() -> int:
+    """``EPISODIC_FAKE_DELAY_MS``: whole milliseconds, 0 to 600000 (empty or unset: 0).
+    Raises `ProviderConfigError` (exit 2) for anything else (``nan``, ``1e3``, ``-5``)."""
+    raw = os.environ.get("EPISODIC_FAKE_DELAY_MS", "").strip()
+    if not raw:
+        return 0
+    if not (raw.isascii() and raw.isdigit()) or int(raw) > 600_000:
+        raise ProviderConfigError(
+            f"EPISODIC_FAKE_DELAY_MS={raw[:40]!r}: expected whole milliseconds, 0 to 600000"
+        )
+    return int(raw)
+
+
 class FakeProvider:
     def __init__(
         self,
@@ -99,7 +113,7 @@ class FakeProvider:
         self.state_dir = state_dir
         self.state_dir.mkdir(parents=True, exist_ok=True)
         if delay_ms is None:
-            delay_ms = int(os.environ.get("EPISODIC_FAKE_DELAY_MS", "0") or 0)
+            delay_ms = _env_delay_ms()
         self.delay_ms = delay_ms
         self.capabilities = Capabilities(
             max_concurrency=max_concurrency,

@@ -218,7 +218,9 @@ class ClaimStore:
     ) -> Claim | Refusal:
         """Claim the item for `owner` (and intend a paid call if one is due), atomically.
 
-        Refusals: ``stopped`` (the run is not running: cancelled or paused), ``done``,
+        Refusals: ``stopped`` (the run is cancelled, completed or pending), ``reopen`` (it
+        is failed or paused: concluded, reaped or interrupted elsewhere; the caller, which
+        still has work, may reopen it), ``done``,
         ``busy`` (another owner's lease is live), ``exhausted`` (``max_attempts`` paid
         calls made and none open), ``throttled`` (`provider_limit` slots of `profile` are
         taken, in any run, process or machine: see below) and, with
@@ -333,8 +335,10 @@ class ClaimStore:
     ) -> Claim | Refusal:
         checked = time.monotonic()  # the proof's age counts from before the run is read
         run_state = hot.scalar(conn, _RUN_STATE, {"b_run": run_id})
-        if run_state == RunState.FAILED:  # concluded by another process, or reaped by the
-            return Refusal("reopen")  # sweep while this one was frozen: it may reopen it
+        # Concluded by another process, reaped by the sweep while this one was frozen, or
+        # paused by another process's interrupt: this one still has work and may reopen it.
+        if run_state in (RunState.FAILED, RunState.PAUSED):
+            return Refusal("reopen")
         if run_state != RunState.RUNNING:
             return Refusal("stopped")
         found = hot.fetch_one(conn, _ITEM_FOR_UPDATE, {"b_item": item_pk})

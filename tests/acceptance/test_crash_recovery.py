@@ -153,3 +153,29 @@ def test_refused_generates_leave_no_rows(cli: Cli, database_url: str, tmp_path: 
         ]
     assert _runs(cli, "2026-W32-0") == []
     assert cli("check", "--all", env=env).returncode == 0
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_interrupting_one_of_two_processes_on_a_run_lets_the_other_finish_it(
+    cli: Cli, episode: str, sig: signal.Signals
+) -> None:
+    """Two `generate` processes on one episode share one run. Ctrl-C or SIGTERM of one of
+    them paused the run, and the other, never signalled, stopped too: exit 130, "interrupted
+    and paused", items left for a recovery command (found by a fresh tester). Now the other
+    process reopens the run and finishes it: exit 0, every item paid once."""
+    assert EPISODIC is not None
+    command = [EPISODIC, "generate", episode, "--json", "--concurrency", "2"]
+    first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    second = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while sum(1 for e in provider_log() if e["event"] == "job_created") < 3:
+        assert first.poll() is None and second.poll() is None, "a process ended early"
+        assert time.monotonic() < deadline, "generate made no progress"
+        time.sleep(0.05)
+    first.send_signal(sig)
+    first.communicate(timeout=60)
+    assert first.returncode == 130
+    out, err = second.communicate(timeout=120)
+    assert second.returncode == 0, (out, err)
+    assert json.loads(out)["state"] == "completed"
+    _assert_finished_once(cli, episode)

@@ -146,3 +146,49 @@ def test_bad_input_is_one_line_with_a_documented_exit_code(
         if template[0] in ("allocate", "plan", "generate", "approve", "reopen"):
             # a refused command wrote nothing (allocate with a fresh valid key may write)
             assert _rows(home) == before, (argv, code)
+
+
+@pytest.mark.parametrize("value", ["\u0663", "1_0", " 3", "3 ", "+3", "\uff13"])
+@pytest.mark.parametrize(
+    "option", ["--concurrency", "--max-retries", "--collect-timeout", "--max-images"]
+)
+def test_integer_options_take_ascii_digits_only(
+    home: Path, capsys: pytest.CaptureFixture[str], option: str, value: str
+) -> None:
+    """``int()`` reads any Unicode digit, underscores and spaces: `--max-retries ٣` ran as 3
+    (found by a fresh tester); the other numeric inputs were already strict."""
+    capsys.readouterr()
+    code = run(["generate", "2026-W32-0", "--plan", option, value])
+    err = capsys.readouterr().err
+    assert code == ExitCode.REFUSED, err
+    assert f"'{option}'" in err and "ASCII digits" in err, err
+
+
+@pytest.mark.parametrize("moment", ["9999-12-31T23:59:59-14:00", "0001-01-01T00:00:00+14:00"])
+def test_a_moment_without_a_week_in_range_is_refused(
+    home: Path, capsys: pytest.CaptureFixture[str], moment: str
+) -> None:
+    """It ended "unexpected OverflowError" (exit 1): the week of a moment is read in UTC."""
+    before = _rows(home)
+    capsys.readouterr()
+    code = run(["allocate", "--key", "edge", "--at", moment])
+    err = capsys.readouterr().err
+    assert code == ExitCode.REFUSED and "outside the years" in err, err
+    assert _rows(home) == before
+
+
+@pytest.mark.parametrize("delay", ["nan", "1e3", "-5", "10_000", "99999999"])
+def test_a_bad_fake_provider_delay_is_a_configuration_error(
+    home: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, delay: str
+) -> None:
+    from tests.generation import write_playlist
+
+    assert run(["plan", "2026-W32-0", "--playlist", str(write_playlist(home / "pl", ["a"]))]) == 0
+    before = _rows(home)
+    monkeypatch.setenv("EPISODIC_FAKE_DELAY_MS", delay)
+    capsys.readouterr()
+    code = run(["generate", "2026-W32-0"])
+    err = capsys.readouterr().err
+    assert code == ExitCode.REFUSED and "EPISODIC_FAKE_DELAY_MS" in err, err
+    assert len(err.strip().splitlines()) == 1
+    assert _rows(home) == before
