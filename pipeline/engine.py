@@ -318,8 +318,8 @@ class _Job:
                 self._refused(item, got)
             out.append(None)
         self._local.throttled = bool(self._local.throttled_pks)
-        if reopen:  # this process still has work: the run is running again
-            engine.reopen(self.run_id, self.options.lease_s)
+        if reopen and not engine.stop.is_set():  # this process still has work (and is not
+            engine.reopen(self.run_id, self.options.lease_s)  # stopping): the run goes on
         return out
 
     def was_throttled(self, item: Item) -> bool:

@@ -33,9 +33,10 @@ def _row(result: Result) -> str:
     )
     episodes = f"{result.episodes} / {result.keys}" if result.keys is not None else "-"
     verdict = "held" if result.passed else "**FAULT**"
+    stuck = "-" if result.stuck is None else result.stuck
     return (
         f"| {result.scenario} | {result.backend} | {result.trials} | {faults} | {money} | "
-        f"{episodes} | {result.stuck} | {result.lost} | {verdict} | {result.seconds:.0f} s | "
+        f"{episodes} | {stuck} | {result.lost} | {verdict} | {result.seconds:.0f} s | "
         f"`{result.rerun()}` |"
     )
 
@@ -64,6 +65,13 @@ def report(results: list[Result], command: str, seed: int) -> str:
         "provider's own log of the jobs it made, or the local HTTP provider server's count of",
         "jobs and its bill; never from the project's own tables. Episodes are counted in the",
         "database against the allocation keys asked for.",
+        "",
+        "Columns: *faults injected* counts only faults that reached a live process (a trial",
+        "whose processes had all finished before the signal is listed as `none`); *stuck rows*",
+        "are runs or items left running and submissions left open after recovery (`-` where",
+        "a scenario makes no such rows); *data lost* counts allocations reported to a caller",
+        "but missing, and completed images missing or no longer matching their recorded",
+        "SHA-256. Any stuck row, lost datum or problem makes the scenario a FAULT.",
         "",
         f"- run: `{command}` (seed {seed}) on {datetime.now(UTC):%Y-%m-%d %H:%M} UTC",
         f"- machine: {os.cpu_count()} cores, Python {platform.python_version()}, "
@@ -130,6 +138,12 @@ def main() -> int:
     seed = args.seed if args.seed is not None else int(time.time())
     only = args.only or list(SCENARIOS)
     backends = args.backend or ["sqlite", "postgres"]
+    runnable = [(n, b) for b in backends for n in only if ONLY_ON.get(n, b) == b]
+    if not runnable:  # said, rather than a report with an empty table and exit 0
+        parser.error(
+            "nothing to run: "
+            + ", ".join(f"{n} runs on {ONLY_ON[n]} only" for n in only if n in ONLY_ON)
+        )
     whole = args.only is None and args.backend is None and args.scale == 1.0
     target = args.report or (ROOT / "docs" / "reliability.md" if whole else None)
     os.environ.pop("EPISODIC_FAKE_PROVIDER_LOG", None)
@@ -152,6 +166,7 @@ def main() -> int:
                     print(f"{name} on {backend_name}: {trials} trials ...", flush=True)
                     started = time.monotonic()
                     result = SCENARIOS[name](backend, trials, rng)
+                    result.seed, result.scale = seed, args.scale
                     result.seconds = time.monotonic() - started
                     results.append(result)
                     verdict = "held" if result.passed else "FAULT: " + "; ".join(result.problems)

@@ -43,22 +43,31 @@ class Result:
     logical_items: int | None = None  # items that had to be paid once each
     episodes: int | None = None  # of the allocations reported to callers, those in the database
     keys: int | None = None  # allocations reported to callers (key -> episode id)
-    stuck: int = 0  # runs left running, items left running, submissions left open
-    lost: int = 0  # data lost: allocated episodes or completed images that vanished
+    stuck: int | None = None  # runs or items left running, submissions left open (None:
+    # the scenario has no such rows to leave: allocation)
+    lost: int = 0  # data lost: allocated episodes vanished, completed images missing or changed
+    seed: int | None = None  # the run's --seed, for the rerun command
+    scale: float = 1.0
     problems: list[str] = field(default_factory=list)
     notes: str = ""
     seconds: float = 0.0
 
     @property
     def passed(self) -> bool:
-        return not self.problems and self.stuck == 0 and self.lost == 0
+        return not self.problems and not self.stuck and self.lost == 0
 
     def problem(self, text_: str) -> None:
         if len(self.problems) < 20:
             self.problems.append(text_)
 
     def rerun(self) -> str:
-        return f".venv/bin/python -m reliability --only {self.scenario} --backend {self.backend}"
+        """The command that repeats this scenario alone, with the same random choices."""
+        scale = f" --scale {self.scale:g}" if self.scale != 1.0 else ""
+        seed = f" --seed {self.seed}" if self.seed is not None else ""
+        return (
+            f".venv/bin/python -m reliability --only {self.scenario} --backend {self.backend}"
+            f"{scale}{seed}"
+        )
 
 
 @dataclass
@@ -254,8 +263,16 @@ def _jobs_per_item(home: Path) -> Counter[str]:
     return Counter(item_of.get(reference, f"unknown:{reference}") for reference in made)
 
 
-def _leftovers(engine: Engine, episode_id: str) -> tuple[int, int]:
-    """(items not completed, runs/items/submissions left running or open) of an episode."""
+def _leftovers(
+    engine: Engine, episode_id: str, *, unknown_is_stuck: bool = True
+) -> tuple[int, int, int]:
+    """(items not completed, runs/items/submissions left running or open, completed items
+    whose image is missing or no longer matches its recorded SHA-256) of an episode. With
+    `unknown_is_stuck` False, a submission left "acceptance unknown" for an operator (by
+    design, for a provider that can only look jobs up) is not counted as stuck."""
+    open_states = (
+        "('intent', 'unknown', 'accepted')" if unknown_is_stuck else "('intent', 'accepted')"
+    )
     with engine.connect() as conn:
         pk = conn.execute(
             text("SELECT id FROM episodes WHERE episode_id = :e"), {"e": episode_id}
@@ -269,12 +286,29 @@ def _leftovers(engine: Engine, episode_id: str) -> tuple[int, int]:
                 "SELECT (SELECT count(*) FROM runs WHERE episode_pk = :p AND state IN "
                 "('running', 'pending')) + (SELECT count(*) FROM items WHERE episode_pk = :p "
                 "AND state = 'running') + (SELECT count(*) FROM submissions s JOIN items i ON "
-                "i.id = s.item_pk WHERE i.episode_pk = :p AND s.state IN ('intent', 'unknown', "
-                "'accepted'))"
+                f"i.id = s.item_pk WHERE i.episode_pk = :p AND s.state IN {open_states})"
             ),
             {"p": pk},
         ).scalar_one()
-    return int(unfinished), int(stuck)
+        outputs = conn.execute(
+            text(
+                "SELECT output_path, output_sha256 FROM items WHERE episode_pk = :p AND "
+                "state = 'completed'"
+            ),
+            {"p": pk},
+        ).all()
+    lost = sum(1 for path, sha in outputs if _sha256(path) != sha)
+    return int(unfinished), int(stuck), lost
+
+
+def _sha256(path: str | None) -> str | None:
+    """The file's SHA-256 (hex), or None when there is no such file."""
+    import hashlib
+
+    try:
+        return hashlib.sha256(Path(path or "").read_bytes()).hexdigest()
+    except OSError:
+        return None
 
 
 def _ledger_rows(engine: Engine, episode_id: str) -> str:
@@ -345,7 +379,7 @@ def _recover_and_check(
     )
     check = subprocess.run([EPISODIC, "check", episode_id], env=env, capture_output=True, text=True)
     jobs = _jobs_per_item(home)
-    unfinished, stuck = _leftovers(engine, episode_id)
+    unfinished, stuck, lost = _leftovers(engine, episode_id)
     paid_once = len(jobs) == items and set(jobs.values()) == {1}
     forensics = home / "forensics.txt"
     if (
@@ -368,7 +402,10 @@ def _recover_and_check(
         result.faults[fault] += 1
         result.paid_jobs = (result.paid_jobs or 0) + sum(jobs.values())
         result.logical_items = (result.logical_items or 0) + items
-        result.stuck += stuck
+        result.stuck = (result.stuck or 0) + stuck
+        result.lost += lost
+        if lost:
+            result.problem(f"trial {trial}: {lost} completed images missing or changed")
         if sweep.returncode != 0:
             result.problem(f"trial {trial}: sweep exit {sweep.returncode}: {sweep.stderr}")
         if recovery.returncode != 0:
@@ -391,10 +428,12 @@ def _signal_some(processes: list[subprocess.Popen[str]], local: random.Random) -
     fault's name for the report."""
     sig = local.choice(_SIGNALS)
     victims = processes if local.random() < 0.5 else processes[:1]
-    for victim in victims:
-        if victim.poll() is None:
-            victim.send_signal(sig)
-    return f"{sig.name} x{len(victims)} of {len(processes)}"
+    hit = [victim for victim in victims if victim.poll() is None]
+    for victim in hit:
+        victim.send_signal(sig)
+    if not hit:  # counted as what it was, not as a fault injected
+        return "none (the processes had finished)"
+    return f"{sig.name} x{len(hit)} of {len(processes)}"
 
 
 def _in_parallel(plans: list[tuple[int, str, int]], one: Callable[[int, str, int], None]) -> None:
@@ -436,25 +475,18 @@ def generate_crash(backend: Backend, trials: int, rng: random.Random) -> Result:
             )
             for _ in range(together)
         ]
-        time.sleep(local.uniform(0.5, 3.0))
+        time.sleep(local.uniform(0.3, 2.0))  # a run of 6 items lasts about 2-3 s here
         fault = _signal_some(processes, local)
         _recover_and_check(
             result, guard, engine, env, episode_id, items, home, trial, processes, fault
         )
 
     _in_parallel(plans, one)
-    final = subprocess.run(
-        [EPISODIC, "check", "--all"],
-        env={**os.environ, "EPISODIC_DATABASE_URL": url, "EPISODIC_HOME": str(root)},
-        capture_output=True,
-        text=True,
-    )
-    if final.returncode != 0:
-        result.problem(f"check --all: {final.stdout.strip()[-300:]}")
+    clean = _check_all(result, url, root)
     result.notes = (
         f"{items} items per episode, fake provider 300 ms per job, a third of the prompts with "
         "a transient failure, a lost reply or a 0.9 s job; recovery: `episodic sweep`, then "
-        "`episodic generate EPISODE`; `check --all` clean at the end"
+        f"`episodic generate EPISODE`; `check --all` at the end: {clean}"
     )
     engine.dispose()
     return result
@@ -504,7 +536,7 @@ def flow_crash(backend: Backend, trials: int, rng: random.Random) -> Result:
             )
             for _ in range(together)
         ]
-        time.sleep(local.uniform(2.0, 6.0))  # a flow run takes about 2 s to start
+        time.sleep(local.uniform(1.0, 4.0))  # a flow run starts in about 2 s, lasts 1-2 s more
         fault = _signal_some(processes, local)
         _recover_and_check(
             result, guard, engine, env, episode_id, items, home, trial, processes, fault
@@ -514,14 +546,31 @@ def flow_crash(backend: Backend, trials: int, rng: random.Random) -> Result:
         _in_parallel(plans, one)
     finally:
         server.stop()
+    clean = _check_all(result, url, root)
     result.notes = (
         f"{items} items per episode, the flow on the thread runner with concurrency 3, fake "
         "provider 300 ms per job with the same markers as generate-crash, two flow runs on "
         "one episode in about a third of the trials; recovery: `episodic sweep`, then "
-        "`episodic generate EPISODE` (the CLI finishes what the flow started)"
+        "`episodic generate EPISODE` (the CLI finishes what the flow started); `check --all` "
+        f"at the end: {clean}"
     )
     engine.dispose()
     return result
+
+
+def _check_all(result: Result, url: str, root: Path) -> str:
+    """`episodic check --all` of the scenario's database; a finding is a problem. Returns
+    what the report says of it."""
+    final = subprocess.run(
+        [EPISODIC, "check", "--all"],
+        env={**os.environ, "EPISODIC_DATABASE_URL": url, "EPISODIC_HOME": str(root)},
+        capture_output=True,
+        text=True,
+    )
+    if final.returncode != 0:
+        result.problem(f"check --all: {final.stdout.strip()[-300:]}")
+        return "FINDINGS"
+    return "clean"
 
 
 def _profiles(root: Path, trials: int, delay_ms: int = 300) -> Path:
@@ -584,7 +633,7 @@ def provider_faults(backend: Backend, trials: int, rng: random.Random) -> Result
     root = Path(tempfile.mkdtemp(prefix="episodic-reliability-http-"))
     saved = {k: os.environ.get(k) for k in ("EPISODIC_PROVIDERS_FILE", "TEST_IMAGE_TOKEN")}
     os.environ["TEST_IMAGE_TOKEN"] = TOKEN
-    paid = items_total = operator = 0
+    paid = items_total = operator = made_anyway = 0
     try:
         for trial in range(trials):
             honour = rng.random() < 0.5
@@ -615,12 +664,18 @@ def provider_faults(backend: Backend, trials: int, rng: random.Random) -> Result
                 items_total += count
                 result.trials += 1
                 left = _unfinished(engine, f"http-{trial}")
-                for prompt, error in left:
+                per_item = Counter(key.rsplit("-", 1)[0] for key in made.elements())
+                for prompt, error, key in left:
                     if not honour and (error or "").startswith("acceptance unknown"):
                         operator += 1  # as designed: a lookup that finds nothing proves nothing
+                        made_anyway += 1 if per_item.get(key) else 0
                     else:
                         result.problem(f"run {trial}: {prompt!r} not completed: {error}")
-                per_item = Counter(key.rsplit("-", 1)[0] for key in made.elements())
+                _, stuck, lost = _leftovers(
+                    engine, _episode_of(engine, f"http-{trial}"), unknown_is_stuck=honour
+                )
+                result.stuck = (result.stuck or 0) + stuck
+                result.lost += lost
                 if any(n > 1 for n in per_item.values()):  # per item: any attempt, any key
                     result.problem(f"run {trial}: a second job was made: {dict(made)}")
                 if len(made) < count - len(left):
@@ -642,7 +697,8 @@ def provider_faults(backend: Backend, trials: int, rng: random.Random) -> Result
         "random; a quarter of the runs with a list that ignores its filter; each run resumed "
         f"once if it did not complete. {operator} items were left 'acceptance unknown' for an "
         "operator, as designed: their provider offers no idempotent create and its lookup "
-        "found no job, which does not prove that none was made (none was: see the jobs)"
+        "found no job, which does not prove that none was made (the server had made a job "
+        f"for {made_anyway} of them: an operator's --force-resubmit would pay those twice)"
     )
     engine.dispose()
     return result
@@ -673,17 +729,27 @@ def _generate_http(engine: Engine, folder: Path | None, trial: int, titles: list
     )
 
 
-def _unfinished(engine: Engine, key: str) -> list[tuple[str, str | None]]:
-    """(prompt, error) of the items of the episode of allocation key `key` not completed."""
+def _unfinished(engine: Engine, key: str) -> list[tuple[str, str | None, str]]:
+    """(prompt, error, item key) of the items of the episode of allocation key `key` not
+    completed."""
     with engine.connect() as conn:
         rows = conn.execute(
             text(
-                "SELECT i.prompt, i.error_text FROM items i JOIN episodes e ON e.id = "
-                "i.episode_pk WHERE e.allocation_key = :k AND i.state != 'completed'"
+                "SELECT i.prompt, i.error_text, i.idempotency_key FROM items i JOIN episodes e "
+                "ON e.id = i.episode_pk WHERE e.allocation_key = :k AND i.state != 'completed'"
             ),
             {"k": key},
         ).all()
-    return [(str(prompt), error) for prompt, error in rows]
+    return [(str(prompt), error, str(item_key)) for prompt, error, item_key in rows]
+
+
+def _episode_of(engine: Engine, key: str) -> str:
+    with engine.connect() as conn:
+        return str(
+            conn.execute(
+                text("SELECT episode_id FROM episodes WHERE allocation_key = :k"), {"k": key}
+            ).scalar_one()
+        )
 
 
 def _episode_cost(engine: Engine, key: str) -> int:
@@ -815,16 +881,21 @@ def _under_database_faults(
         batch = subprocess.Popen(
             [EPISODIC, "generate", episode_id, "--json", "--concurrency", "3"],
             env=env,
-            stdout=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
         inject(time.monotonic() + seconds, result)
         time.sleep(1.0)  # the last outage's retries finish and report
         with suppress(subprocess.TimeoutExpired):
-            if batch.wait(60) != 0 and batch.stderr is not None:
-                said = batch.stderr.read().strip().splitlines() or ["(nothing)"]
-                broken.append(said[-1][:300])
+            out, err = batch.communicate(timeout=60)
+            if batch.returncode != 0:  # the docs promise a batch rides the faults out
+                said = _said(out, err)
+                broken.append(said)
+                result.problem(
+                    f"trial {trial}: the generation under the faults ended with exit "
+                    f"{batch.returncode}: {said}"
+                )
         for child in children:
             os.kill(child.pid or 0, signal.SIGKILL)
             child.join(30)
@@ -847,11 +918,19 @@ def _under_database_faults(
     result.notes = (
         f"{len(reported)} allocations reported under the faults; "
         f"{len(gave_up)} surfaced an error after the callers' retries; {len(broken)} of "
-        f"{trials} generations ended with an error under the faults (the recovery command "
-        "finished them)" + "".join(f"; one said: {line}" for line in sorted(set(broken)))
+        f"{trials} generations ended with an error under the faults"
+        + "".join(f"; one said: {line}" for line in sorted(set(broken)))
     )
     engine.dispose()
     return result
+
+
+def _said(out: str, err: str) -> str:
+    """What a `generate --json` that failed said: its JSON message, else its last line."""
+    with suppress(ValueError, AttributeError, TypeError):
+        return str(json.loads(out)["message"])[:300]
+    lines = (err or out).strip().splitlines()
+    return lines[-1][:300] if lines else "(nothing)"
 
 
 _HOLD_THE_LOCK = """
