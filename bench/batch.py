@@ -86,6 +86,13 @@ import tasks, time
 from prefect import flow, task
 from prefect.task_runners import ThreadPoolTaskRunner
 
+HEARTBEATS = {heartbeats}
+if not HEARTBEATS:  # see --prefect-heartbeats: the floor and the flow are measured alike
+    # (the setting cannot be None from the environment, and Prefect's engine does not read
+    # a temporary_settings context here: the engine's property is what it consults)
+    import prefect.flow_engine
+    prefect.flow_engine.FlowRunEngine.heartbeat_seconds = property(lambda self: None)
+
 GCL = {gcl}
 
 @task
@@ -128,6 +135,13 @@ _FLOW = """
 import tasks, time
 from prefect import flow
 from flows.generate import generate_episode
+
+HEARTBEATS = {heartbeats}
+if not HEARTBEATS:  # see --prefect-heartbeats: the floor and the flow are measured alike
+    # (the setting cannot be None from the environment, and Prefect's engine does not read
+    # a temporary_settings context here: the engine's property is what it consults)
+    import prefect.flow_engine
+    prefect.flow_engine.FlowRunEngine.heartbeat_seconds = property(lambda self: None)
 
 @flow
 def warm() -> None:
@@ -178,6 +192,7 @@ def bench_makespan(
     skip_flow: bool,
     configs: list[tuple[int, int, int]] = MAKESPAN_CONFIGS,
     postgres_url: Any = None,
+    heartbeats: bool = False,
 ) -> None:
     """(a) the flow against bare Prefect on the same runner and server, the CLI against ideal.
 
@@ -190,7 +205,7 @@ def bench_makespan(
             f"(a) makespan: {items} items x {latency_ms} ms, concurrency {concurrency}: "
             f"ideal {ideal:.2f} s"
         )
-        tag = f"{latency_ms}ms-c{concurrency}"
+        tag = f"{items}x{latency_ms}ms-c{concurrency}"
         home, url, episode = _bench_home(tmp, f"cli-{tag}", items)
         env = _env(
             home,
@@ -215,7 +230,11 @@ def bench_makespan(
         env_prefect = {**env, "PREFECT_HOME": str(prefect_home)}
         floor = _python(
             _FLOOR.format(
-                latency_s=latency_ms / 1000, concurrency=concurrency, items=items, gcl=False
+                latency_s=latency_ms / 1000,
+                concurrency=concurrency,
+                items=items,
+                gcl=False,
+                heartbeats=heartbeats,
             ),
             env_prefect,
         )
@@ -223,7 +242,11 @@ def bench_makespan(
         if (latency_ms, concurrency) == (200, 8):  # the slot-per-item pattern, once
             gcl = _python(
                 _FLOOR.format(
-                    latency_s=latency_ms / 1000, concurrency=concurrency, items=items, gcl=True
+                    latency_s=latency_ms / 1000,
+                    concurrency=concurrency,
+                    items=items,
+                    gcl=True,
+                    heartbeats=heartbeats,
                 ),
                 env_prefect,
             )
@@ -245,7 +268,10 @@ def bench_makespan(
                 ),
                 "PREFECT_HOME": str(prefect_home),
             }
-            flow = _python(_FLOW.format(episode=episode, concurrency=concurrency), env_flow)
+            flow = _python(
+                _FLOW.format(episode=episode, concurrency=concurrency, heartbeats=heartbeats),
+                env_flow,
+            )
             print(
                 f"    generate_episode, {backend:8} {flow:6.2f} s = {flow / floor:.2f}x the floor "
                 f"(target <= 1.15x; {flow / ideal:.2f}x ideal)"
@@ -301,6 +327,14 @@ def main() -> None:
         action="append",
         help="only these makespan configurations (e.g. 200:200:32); skips (c)",
     )
+    parser.add_argument(
+        "--prefect-heartbeats",
+        action="store_true",
+        help="keep Prefect's flow-run heartbeats on (its default, every 180 s) in the floor "
+        "and the flow: Prefect 3.9's heartbeat thread sleeps in 1 s steps and the end of every "
+        "flow run waits for it, adding 0-1 s to each and rounding makespans up to whole "
+        "seconds; by default both sides run without it",
+    )
     args = parser.parse_args()
     configs = (
         [tuple(int(n) for n in spec.split(":")) for spec in args.makespan]
@@ -326,7 +360,13 @@ def main() -> None:
 
             backends["postgres"] = fresh_postgres
         try:
-            bench_makespan(tmp, args.skip_flow, configs, backends.get("postgres"))  # type: ignore[arg-type]
+            bench_makespan(
+                tmp,
+                args.skip_flow,
+                configs,  # type: ignore[arg-type]
+                backends.get("postgres"),
+                heartbeats=args.prefect_heartbeats,
+            )
             if not args.makespan:
                 bench_planning(tmp, backends)
         finally:
