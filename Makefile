@@ -51,7 +51,7 @@ bench: bootstrap  ## benchmarks (never part of the tests)
 # Not part of `make test`. Installs Debian's chromium and chromium-driver (apt, as root) when
 # missing and the `ui` dependency group (selenium) into .venv, then checks the approval form
 # in the real Prefect UI; screenshot: .episodic/ui-check/resume-form.png.
-reliability: bootstrap  ## the fault suite (long: ~15 min); writes docs/reliability.md
+reliability: bootstrap  ## the fault suite (long: ~17 min); writes docs/reliability.md
 	$(BIN)/python -m reliability
 
 ui-check: bootstrap  ## the approval form in a real browser: the reviewer sees the images
