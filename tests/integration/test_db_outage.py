@@ -244,32 +244,11 @@ def test_a_completion_whose_commit_reply_was_lost_is_answered_and_the_run_goes_o
     item paid once and its cost counted once. On both backends (the lost reply is simulated
     through the store's real outage decorator: the real completion commits, then the call
     fails as a dropped connection does)."""
-    import psycopg
-
     from pipeline.check import check_episodes
     from storage.claims import ClaimStore
-    from storage.tx import retry_outage
 
     monkeypatch.setenv("EPISODIC_FAKE_PROVIDER_LOG", str(tmp_path / "provider.jsonl"))
-    original = ClaimStore.complete.__wrapped__  # type: ignore[attr-defined]
-    lost: list[int] = []
-
-    def reply_lost(self: ClaimStore, *args: object, **kwargs: object) -> object:
-        answer = original(self, *args, **kwargs)
-        if len(lost) < 2:  # the first two completions lose their reply
-            lost.append(1)
-            raise OperationalError(
-                "COMMIT",
-                {},
-                psycopg.OperationalError("server closed the connection unexpectedly"),
-                connection_invalidated=True,
-            )
-        return answer
-
-    reply_lost.__episodic_idempotent__ = getattr(  # type: ignore[attr-defined]
-        original, "__episodic_idempotent__", False
-    )
-    monkeypatch.setattr(ClaimStore, "complete", retry_outage(reply_lost))
+    lost = _lose_commit_replies(monkeypatch, ClaimStore, "complete", times=2)
     episode = new_episode(engine)
     episode.plan(write_playlist(tmp_path / "pl", ["one", "two", "three"]))
     outcome = episode.generate(concurrency=2)
@@ -293,18 +272,38 @@ def test_an_admission_whose_commit_reply_was_lost_finds_its_own_run(
     would have taken its own pending run for another caller's, or, with deduplication off,
     created a second run. Now the run's id is chosen before the call and the retry finds the
     run it made: one run, completed, each item paid once. On both backends."""
+    monkeypatch.setenv("EPISODIC_FAKE_PROVIDER_LOG", str(tmp_path / "provider.jsonl"))
+    monkeypatch.setenv("EPISODIC_DEDUP_WINDOW_S", dedup_window_s)
+    lost = _lose_commit_replies(monkeypatch, RunStore, "admit", times=1)
+    episode = new_episode(engine)
+    episode.plan(write_playlist(tmp_path / "pl", ["one", "two"]))
+    outcome = episode.generate(concurrency=2)
+    assert lost, "the lost reply was not simulated"
+    assert outcome.state.value == "completed", outcome.message
+    jobs = jobs_per_key()
+    assert len(jobs) == 2 and set(jobs.values()) == {1}, provider_log()
+    with engine.connect() as conn:
+        runs = conn.execute(text("SELECT state FROM runs")).scalars().all()
+    assert runs == ["completed"]
+
+
+def _lose_commit_replies(
+    monkeypatch: pytest.MonkeyPatch, store: type, method: str, *, times: int
+) -> list[int]:
+    """The store's `method` really runs and commits, then its first `times` calls fail as a
+    dropped connection does after a COMMIT was sent; the store's own outage decorator (and
+    the method's `idempotent` marker) decide what happens next. Returns the list that grows
+    by one per reply lost."""
     import psycopg
 
     from storage.tx import retry_outage
 
-    monkeypatch.setenv("EPISODIC_FAKE_PROVIDER_LOG", str(tmp_path / "provider.jsonl"))
-    monkeypatch.setenv("EPISODIC_DEDUP_WINDOW_S", dedup_window_s)
-    original = RunStore.admit.__wrapped__  # type: ignore[attr-defined]
+    original = getattr(store, method).__wrapped__
     lost: list[int] = []
 
-    def reply_lost(self: RunStore, *args: object, **kwargs: object) -> object:
+    def reply_lost(self: object, *args: object, **kwargs: object) -> object:
         answer = original(self, *args, **kwargs)
-        if not lost:
+        if len(lost) < times:
             lost.append(1)
             raise OperationalError(
                 "COMMIT",
@@ -317,14 +316,5 @@ def test_an_admission_whose_commit_reply_was_lost_finds_its_own_run(
     reply_lost.__episodic_idempotent__ = getattr(  # type: ignore[attr-defined]
         original, "__episodic_idempotent__", False
     )
-    monkeypatch.setattr(RunStore, "admit", retry_outage(reply_lost))
-    episode = new_episode(engine)
-    episode.plan(write_playlist(tmp_path / "pl", ["one", "two"]))
-    outcome = episode.generate(concurrency=2)
-    assert lost, "the lost reply was not simulated"
-    assert outcome.state.value == "completed", outcome.message
-    jobs = jobs_per_key()
-    assert len(jobs) == 2 and set(jobs.values()) == {1}, provider_log()
-    with engine.connect() as conn:
-        runs = conn.execute(text("SELECT state FROM runs")).scalars().all()
-    assert runs == ["completed"]
+    monkeypatch.setattr(store, method, retry_outage(reply_lost))
+    return lost
