@@ -62,7 +62,12 @@ app.add_typer(prefect_setup.app, name="prefect")
 
 def main(argv: list[str] | None = None) -> None:
     _terminate_like_interrupt()
-    sys.exit(run(argv))
+    try:
+        code = run(argv)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM outside run's own handling (its first
+        sys.stderr.write("error: interrupted\n")  # import, its return): the same line
+        code = 130  # ExitCode.INTERRUPTED, which may be what was being imported
+    sys.exit(code)
 
 
 def _terminate_like_interrupt() -> None:
