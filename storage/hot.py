@@ -29,8 +29,10 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, Dialect
 from sqlalchemy.exc import DBAPIError
+
+from storage.base import UTCDateTime
 
 _SQLITE_FORMAT = "%Y-%m-%d %H:%M:%S.%f"  # SQLAlchemy's SQLite DATETIME storage format
 _PARAM = re.compile(r"(?<![:\w]):([a-z_][a-z0-9_]*)")
@@ -49,13 +51,17 @@ class Hot:
         self.pg = _PARAM.sub(r"%(\1)s", pg.replace("%", "%%"))
 
 
-def _bind(value: Any, sqlite: bool) -> Any:
-    if isinstance(value, datetime):
-        if value.tzinfo is None or value.utcoffset() is None:
-            raise ValueError(f"naive datetime refused: {value.isoformat()}")
-        value = value.astimezone(UTC)
-        return value.replace(tzinfo=None).strftime(_SQLITE_FORMAT) if sqlite else value
-    return value
+_UTC = UTCDateTime()
+
+
+def _bind(value: Any, dialect: Dialect) -> Any:
+    """A parameter as the schema's type would bind it (a datetime: aware, to UTC; naive
+    refused), in the text format SQLAlchemy stores on SQLite."""
+    if not isinstance(value, datetime):
+        return value
+    bound = _UTC.process_bind_param(value, dialect)
+    assert bound is not None
+    return bound.strftime(_SQLITE_FORMAT) if dialect.name == "sqlite" else bound
 
 
 def moment(value: Any) -> datetime | None:
@@ -74,10 +80,9 @@ class _Run:
     __slots__ = ("args", "conn", "cursor", "sql")
 
     def __init__(self, conn: Connection, statement: Hot, params: Mapping[str, Any]) -> None:
-        sqlite = conn.dialect.name == "sqlite"
         self.conn = conn
-        self.sql = statement.sqlite if sqlite else statement.pg
-        self.args = {name: _bind(value, sqlite) for name, value in params.items()}
+        self.sql = statement.sqlite if conn.dialect.name == "sqlite" else statement.pg
+        self.args = {name: _bind(value, conn.dialect) for name, value in params.items()}
         driver = conn.connection.driver_connection
         assert driver is not None  # an open connection of a live transaction
         self.cursor = driver.cursor()

@@ -192,8 +192,6 @@ def test_a_run_whose_claim_commit_reply_was_lost_gives_it_back_and_goes_on(
     the call fails as a dropped connection does)."""
     import dataclasses
 
-    import psycopg
-
     from providers.fake import FakeProvider
     from storage.claims import ClaimStore
 
@@ -206,22 +204,7 @@ def test_a_run_whose_claim_commit_reply_was_lost_gives_it_back_and_goes_on(
         self.capabilities = dataclasses.replace(caps, idempotent_create=False)
 
     monkeypatch.setattr(FakeProvider, "__init__", lookup_only)
-    real_claim_many = ClaimStore.claim_many
-    lost: list[int] = []
-
-    def reply_lost(self: ClaimStore, *args: object, **kwargs: object) -> object:
-        answers = real_claim_many(self, *args, **kwargs)  # type: ignore[arg-type]
-        if not lost:
-            lost.append(1)
-            raise OperationalError(
-                "COMMIT",
-                {},
-                psycopg.OperationalError("server closed the connection unexpectedly"),
-                connection_invalidated=True,
-            )
-        return answers
-
-    monkeypatch.setattr(ClaimStore, "claim_many", reply_lost)
+    lost = _lose_commit_replies(monkeypatch, ClaimStore, "claim_many", times=1)
     episode = new_episode(engine)
     episode.plan(write_playlist(tmp_path / "pl", ["one", "two"]))
     outcome = episode.generate(concurrency=1)
