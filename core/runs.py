@@ -6,6 +6,10 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
+INTERRUPTED = "interrupted"
+"""The error of an item its holder gave up when its process was interrupted (Ctrl-C,
+SIGTERM): resumable, and finished by another process still working on the run."""
+
 
 @dataclass(frozen=True, slots=True)
 class Run:

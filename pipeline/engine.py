@@ -41,7 +41,7 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait
 from core.errors import BudgetExceeded, CommandNotAllowed, InvalidTransition
 from core.exit_codes import ExitCode
 from core.hints import hint
-from core.runs import Claim, Item, Refusal, Submission
+from core.runs import INTERRUPTED, Claim, Item, Refusal, Submission
 from core.states import ItemState, RunState
 from pipeline.gate import GatePass
 from pipeline.runs import RunOptions, RunOutcome, classify, write_atomically
@@ -62,7 +62,6 @@ from storage.claims import ClaimStore
 from storage.runs import RunStore
 from storage.tx import lost_connection
 
-INTERRUPTED = "interrupted"
 FOLLOWABLE = frozenset({"new", "collect", "reconcile", "retry", "busy"})
 
 
@@ -259,6 +258,7 @@ class _Job:
     owner: str
     options: RunOptions
     no_retry: set[int] = field(default_factory=set)  # items followed after another holder
+    taken_back: set[int] = field(default_factory=set)  # items an interrupted holder gave up
     _local: threading.local = field(default_factory=threading.local)
     busy: dict[int, str] = field(default_factory=dict)
     followed: set[str] = field(default_factory=set)
@@ -432,8 +432,17 @@ class RunEngine:
                     # not over while they run, so they are followed (and taken over if their
                     # holder dies): this process never concludes the run under another's feet.
                     items = self.store.held_elsewhere(run_id, job.owner)
-                    if not items:
-                        break
+                    if not items:  # what a process of this run gave up when it was
+                        items = [  # interrupted: this one finishes it (each item once)
+                            it
+                            for it in self.store.interrupted_elsewhere(run_id, job.owner)
+                            if it.pk not in job.taken_back
+                        ]
+                        if not items:
+                            break
+                        job.taken_back.update(it.pk for it in items)
+                        job.no_retry.difference_update(job.taken_back)
+                        continue
                     self.stop.wait(self.follow_poll_s)
                     continue
                 # Follow items held by other live claims: finished, taken over, or given up.
@@ -483,15 +492,19 @@ class RunEngine:
 
     def finish(self, run_id: str, skipped: int, followed: tuple[str, ...] = ()) -> RunOutcome:
         """Conclude the run from its items as they stand. A run another process concluded
-        as failed while this one completed the rest is completed (failed → running →
-        completed: the last process to finish decides)."""
+        as failed, or paused by its interrupt, while this one finished the rest is concluded
+        here (failed or paused → running → completed or failed: the last process to finish
+        decides)."""
         counts = self.store.counts(run_id)
-        if counts.failed == 0 and counts.pending == 0 and counts.running == 0:
+        done = counts.failed == 0 and counts.pending == 0 and counts.running == 0
+        if done:
             # Marked while the run is still live: `check` never sees an episode whose images
             # are all completed, no run working on it, and not yet marked (a crash's sign).
             self.mark_generated(run_id)
-            if self.store.run_state(run_id) == RunState.FAILED:
-                self._move(run_id, RunState.RUNNING)
+        current = self.store.run_state(run_id)
+        if current == RunState.PAUSED or (done and current == RunState.FAILED):
+            self._move(run_id, RunState.RUNNING)
+        if done:
             state = self._move(run_id, RunState.COMPLETED)
         else:
             state = self._move(run_id, RunState.FAILED, f"{counts.failed} items failed")

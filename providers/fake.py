@@ -90,7 +90,7 @@ def _env_delay_ms() -> int:
     raw = os.environ.get("EPISODIC_FAKE_DELAY_MS", "").strip()
     if not raw:
         return 0
-    if not (raw.isascii() and raw.isdigit()) or int(raw) > 600_000:
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 6 or int(raw) > 600_000:
         raise ProviderConfigError(
             f"EPISODIC_FAKE_DELAY_MS={raw[:40]!r}: expected whole milliseconds, 0 to 600000"
         )

@@ -344,11 +344,17 @@ def _recover_and_check(
     trial: int,
     processes: list[subprocess.Popen[str]],
     fault: str,
+    *,
+    signalled: dict[int, int] | None = None,
+    cli: bool = False,
 ) -> None:
     """Wait for the killed (and surviving) processes, run the sweep and the one recovery
     command, then count: provider jobs per item from the provider's own log, items not
-    completed, rows left running or open, `check` of the episode. A failed trial keeps its
-    forensics next to the provider log."""
+    completed, rows left running or open, `check` of the episode. With `signalled` (process
+    index -> signal), a process that got no signal must have finished its run (exit 0),
+    and with `cli`, a signalled `episodic` must have ended as documented (130, or the
+    signal's own status, or 0 if it finished first; at most one line, no traceback). A
+    failed trial keeps its forensics next to the provider log."""
     errors = []
     hung = False
     for process in processes:
@@ -367,6 +373,28 @@ def _recover_and_check(
                 result.problem(
                     f"trial {trial}: a process hung after {fault} (its threads' stacks: "
                     f"{home / 'forensics.txt'})"
+                )
+    if signalled is not None and not hung:
+        for index, (process, err) in enumerate(zip(processes, errors, strict=True)):
+            code, sig = process.returncode, signalled.get(index)
+            if sig is None and code != 0:
+                wrong = f"a process that got no signal exited {code}"
+            elif (
+                sig is not None
+                and cli
+                and sig != signal.SIGKILL
+                and (
+                    code not in (0, 130, -sig)
+                    or len(err.strip().splitlines()) > 1
+                    or "Traceback" in err
+                )
+            ):
+                wrong = f"a process that got {signal.Signals(sig).name} exited {code}"
+            else:
+                continue
+            with guard:
+                result.problem(
+                    f"trial {trial} ({fault}): {wrong}: {err.strip()[-300:] or '(nothing)'}"
                 )
     after_kill = _ledger_rows(engine, episode_id)
     sweep = subprocess.run([EPISODIC, "sweep"], env=env, capture_output=True, text=True)
@@ -423,17 +451,20 @@ def _recover_and_check(
             result.problem(f"trial {trial}: check: {check.stdout.strip()[-300:]}")
 
 
-def _signal_some(processes: list[subprocess.Popen[str]], local: random.Random) -> str:
+def _signal_some(
+    processes: list[subprocess.Popen[str]], local: random.Random
+) -> tuple[str, dict[int, int]]:
     """One signal (SIGKILL, SIGTERM or SIGINT) to the first process or to all of them; the
-    fault's name for the report."""
+    fault's name for the report, and which processes got which signal (index -> signal)."""
     sig = local.choice(_SIGNALS)
     victims = processes if local.random() < 0.5 else processes[:1]
     hit = [victim for victim in victims if victim.poll() is None]
     for victim in hit:
         victim.send_signal(sig)
+    signalled = {processes.index(victim): int(sig) for victim in hit}
     if not hit:  # counted as what it was, not as a fault injected
-        return "none (the processes had finished)"
-    return f"{sig.name} x{len(hit)} of {len(processes)}"
+        return "none (the processes had finished)", signalled
+    return f"{sig.name} x{len(hit)} of {len(processes)}", signalled
 
 
 def _in_parallel(plans: list[tuple[int, str, int]], one: Callable[[int, str, int], None]) -> None:
@@ -476,10 +507,11 @@ def generate_crash(backend: Backend, trials: int, rng: random.Random) -> Result:
             for _ in range(together)
         ]
         time.sleep(local.uniform(0.3, 2.0))  # a run of 6 items lasts about 2-3 s here
-        fault = _signal_some(processes, local)
+        fault, signalled = _signal_some(processes, local)
         _recover_and_check(
-            result, guard, engine, env, episode_id, items, home, trial, processes, fault
-        )
+            result, guard, engine, env, episode_id, items, home, trial, processes, fault,
+            signalled=signalled, cli=True,
+        )  # fmt: skip
 
     _in_parallel(plans, one)
     clean = _check_all(result, url, root)
@@ -537,10 +569,11 @@ def flow_crash(backend: Backend, trials: int, rng: random.Random) -> Result:
             for _ in range(together)
         ]
         time.sleep(local.uniform(1.0, 4.0))  # a flow run starts in about 2 s, lasts 1-2 s more
-        fault = _signal_some(processes, local)
+        fault, signalled = _signal_some(processes, local)
         _recover_and_check(
-            result, guard, engine, env, episode_id, items, home, trial, processes, fault
-        )
+            result, guard, engine, env, episode_id, items, home, trial, processes, fault,
+            signalled=signalled, cli=False,
+        )  # fmt: skip
 
     try:
         _in_parallel(plans, one)

@@ -39,7 +39,7 @@ from core.errors import (
     StorageError,
 )
 from core.playlist import PlannedItem
-from core.runs import Item, ItemSnapshot, Run, RunCounts
+from core.runs import INTERRUPTED, Item, ItemSnapshot, Run, RunCounts
 from core.states import (
     FROZEN_PLAN_STATES,
     RUN_TRANSITIONS,
@@ -541,19 +541,32 @@ class RunStore:
     def held_elsewhere(self, run_id: str, owner: str) -> list[Item]:
         """The run's items running under a live claim of another owner (another process
         works on them now)."""
+        return self._members_where(
+            run_id,
+            _items.c.state == ItemState.RUNNING,
+            _items.c.lease_expires_at > utcnow(),
+            _items.c.claim_owner != owner,
+        )
+
+    def interrupted_elsewhere(self, run_id: str, owner: str) -> list[Item]:
+        """The run's items another owner gave up when its process was interrupted (failed
+        `INTERRUPTED`): resumable, so a process still working on the run finishes them."""
+        return self._members_where(
+            run_id,
+            _items.c.state == ItemState.FAILED,
+            _items.c.error_text == INTERRUPTED,
+            _items.c.claim_owner != owner,
+        )
+
+    def _members_where(self, run_id: str, *conditions: ColumnElement[bool]) -> list[Item]:
         query = (
             select(_items)
             .join(_members, _members.c.item_pk == _items.c.id)
-            .where(
-                _members.c.run_id == run_id,
-                _items.c.state == ItemState.RUNNING,
-                _items.c.lease_expires_at > utcnow(),
-                _items.c.claim_owner != owner,
-            )
+            .where(_members.c.run_id == run_id, *conditions)
+            .order_by(_items.c.position, _items.c.part)
         )
         with tx.read(self.engine) as conn:
-            rows = conn.execute(query.order_by(_items.c.position, _items.c.part)).all()
-        return [item_from_row(row) for row in rows]
+            return [item_from_row(row) for row in conn.execute(query).all()]
 
     def get_item(self, item_pk: int) -> Item:
         with tx.read(self.engine) as conn:

@@ -432,3 +432,28 @@ def test_a_holder_refused_after_a_takeover_never_fails_the_job_the_new_holder_se
     assert again.state.value == "completed", again.message
     assert jobs_per_key() == Counter({item.idempotency_key: 1}), provider_log()
     assert check_episodes(engine, "weekly") == []
+
+
+def test_a_run_paused_by_another_process_after_this_one_finished_its_items_completes(
+    engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two processes on one run; the other one is interrupted (it pauses the run) just after
+    this one finished the last item. This one then concluded "interrupted and paused" (exit
+    130) though it got no signal and every item was done (found by the fault suite's new
+    exit check). Now the process that finished the work completes the run."""
+    from pipeline.engine import RunEngine
+
+    monkeypatch.setenv("EPISODIC_FAKE_PROVIDER_LOG", str(tmp_path / "provider.jsonl"))
+    real_finish = RunEngine.finish
+
+    def paused_elsewhere_first(self: RunEngine, run_id: str, *args: Any, **kwargs: Any) -> Any:
+        RunStore(self.store.engine).transition_run(run_id, RunState.PAUSED, "interrupted")
+        return real_finish(self, run_id, *args, **kwargs)
+
+    monkeypatch.setattr(RunEngine, "finish", paused_elsewhere_first)
+    episode = new_episode(engine)
+    episode.plan(write_playlist(tmp_path / "pl", ["one", "two"]))
+    outcome = episode.generate(concurrency=2)
+    assert outcome.state == RunState.COMPLETED, outcome.message
+    assert int(outcome.exit_code) == 0
+    assert check_episodes(engine, "weekly") == []

@@ -120,7 +120,7 @@ def answer(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, st
     capsys.readouterr()
     code = run(argv)
     out, err = capsys.readouterr()
-    assert "Traceback" not in out + err, (argv, err)
+    assert "Traceback (most recent call last)" not in out + err, (argv, err)
     assert "unexpected" not in err, (argv, err)
     assert code in (0, 2), (argv, code, err)
     if code:

@@ -16,11 +16,12 @@ from reliability.scenarios import Result, _sha256, _signal_some
 def test_a_signal_that_reached_no_live_process_is_not_counted_as_a_fault() -> None:
     done = subprocess.Popen([sys.executable, "-c", "pass"])
     done.wait()
-    assert _signal_some([done], random.Random(1)) == "none (the processes had finished)"
+    assert _signal_some([done], random.Random(1)) == ("none (the processes had finished)", {})
     alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
-        fault = _signal_some([alive], random.Random(1))
+        fault, signalled = _signal_some([alive], random.Random(1))
         assert fault.endswith("x1 of 1") and fault.split()[0].startswith("SIG")
+        assert list(signalled) == [0]  # the survivors' exits are checked by index
         assert alive.wait(10) != 0  # it did get the signal
     finally:
         alive.kill()
