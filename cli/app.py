@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 import threading
+from contextlib import suppress
 
 import click
 import typer
@@ -62,12 +63,38 @@ app.add_typer(prefect_setup.app, name="prefect")
 
 def main(argv: list[str] | None = None) -> None:
     _terminate_like_interrupt()
+    code: int | None = None
     try:
         code = run(argv)
+        _finished(code)
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM outside run's own handling (its first
-        sys.stderr.write("error: interrupted\n")  # import, its return): the same line
-        code = 130  # ExitCode.INTERRUPTED, which may be what was being imported
+        if code is None:  # import): the same line
+            sys.stderr.write("error: interrupted\n")
+            code = 130  # ExitCode.INTERRUPTED, which may be what was being imported
+        _finished(code)
     sys.exit(code)
+
+
+def _finished(code: int) -> None:
+    """The command is over and `code` is its answer: a signal from here on (while the
+    interpreter joins threads and runs exit handlers) ends the process with that answer at
+    once, instead of a KeyboardInterrupt traceback from `threading._shutdown`."""
+
+    def now(signum: int, frame: object) -> None:
+        with suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, now)
+        signal.signal(signal.SIGINT, now)
+
+
+# Set by the first SIGINT or SIGTERM: whatever the interrupt turned into on its way out (a
+# library that wraps the KeyboardInterrupt raised inside it, as pydantic's schema builder
+# does at start-up), the command ends as interrupted, exit 130.
+_signalled = threading.Event()
 
 
 def _terminate_like_interrupt() -> None:
@@ -75,12 +102,19 @@ def _terminate_like_interrupt() -> None:
     generation run releases its claims and pauses (exit 130), resumable at once. Further
     SIGTERMs while it winds down are ignored, so the pause is recorded."""
 
-    def handler(signum: int, frame: object) -> None:
+    def on_terminate(signum: int, frame: object) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        _signalled.set()
+        raise KeyboardInterrupt
+
+    def on_interrupt(signum: int, frame: object) -> None:
+        _signalled.set()
         raise KeyboardInterrupt
 
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGTERM, on_terminate)
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, on_interrupt)
 
 
 def run(argv: list[str] | None = None) -> int:
@@ -106,8 +140,17 @@ def run(argv: list[str] | None = None) -> int:
         error("interrupted")
         return ExitCode.INTERRUPTED
     except Exception as exc:
+        if _signalled.is_set() and not _is_answer(exc):  # the interrupt, wrapped on its way
+            error(f"interrupted (stopped in {type(exc).__name__})")
+            return ExitCode.INTERRUPTED
         return _report(exc)
     return result if isinstance(result, int) else ExitCode.OK
+
+
+def _is_answer(exc: Exception) -> bool:
+    from core.errors import EpisodicError
+
+    return isinstance(exc, EpisodicError)
 
 
 def _report(exc: Exception) -> int:

@@ -44,7 +44,7 @@ def _row(result: Result) -> str:
 def _keep_forensics(tmp: Path, kept: Path, results: list[Result]) -> None:
     """Copy every failed trial's forensics (its stderr, threads' stacks, ledger rows) out of
     the run's temporary folder before it goes, and point the report's problems at the copies."""
-    found = sorted(tmp.rglob("forensics.txt"))
+    found = sorted(tmp.rglob("forensics*.txt"))
     if not found:
         return
     for path in found:

@@ -355,11 +355,13 @@ def _recover_and_check(
     and with `cli`, a signalled `episodic` must have ended as documented (130, or the
     signal's own status, or 0 if it finished first; at most one line, no traceback). A
     failed trial keeps its forensics next to the provider log."""
-    errors = []
+    errors, outputs = [], []
     hung = False
     for process in processes:
         try:
-            errors.append(process.communicate(timeout=180)[1] or "")
+            out, err = process.communicate(timeout=180)
+            errors.append(err or "")
+            outputs.append(out or "")
         except subprocess.TimeoutExpired:
             hung = True
             # PYTHONFAULTHANDLER (see _trial_env): SIGABRT prints every thread's stack first
@@ -369,13 +371,15 @@ def _recover_and_check(
             except subprocess.TimeoutExpired:
                 process.kill()
                 errors.append(process.communicate()[1] or "")
+            outputs.append("")
             with guard:
                 result.problem(
                     f"trial {trial}: a process hung after {fault} (its threads' stacks: "
                     f"{home / 'forensics.txt'})"
                 )
+    after_kill = _ledger_rows(engine, episode_id)
     if signalled is not None and not hung:
-        for index, (process, err) in enumerate(zip(processes, errors, strict=True)):
+        for index, (process, err, out) in enumerate(zip(processes, errors, outputs, strict=True)):
             code, sig = process.returncode, signalled.get(index)
             if sig is None and code != 0:
                 wrong = f"a process that got no signal exited {code}"
@@ -393,10 +397,11 @@ def _recover_and_check(
             else:
                 continue
             with guard:
-                result.problem(
-                    f"trial {trial} ({fault}): {wrong}: {err.strip()[-300:] or '(nothing)'}"
+                said = _said(out, err) or "(nothing)"
+                (home / f"forensics-process{index}.txt").write_text(
+                    f"{out}\n--- stderr\n{err}\n--- ledger\n{after_kill}"
                 )
-    after_kill = _ledger_rows(engine, episode_id)
+                result.problem(f"trial {trial} ({fault}): {wrong}: {said[-300:]} (see {home})")
     sweep = subprocess.run([EPISODIC, "sweep"], env=env, capture_output=True, text=True)
     recovery = subprocess.run(
         [EPISODIC, "generate", episode_id, "--json"],
@@ -502,7 +507,7 @@ def generate_crash(backend: Backend, trials: int, rng: random.Random) -> Result:
         command = [EPISODIC, "generate", episode_id, "--json", "--concurrency", "3"]
         processes = [
             subprocess.Popen(
-                command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+                command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
             )
             for _ in range(together)
         ]

@@ -22,6 +22,7 @@ from sqlalchemy import (
     Engine,
     Table,
     and_,
+    exists,
     func,
     insert,
     or_,
@@ -548,14 +549,21 @@ class RunStore:
             _items.c.claim_owner != owner,
         )
 
-    def interrupted_elsewhere(self, run_id: str, owner: str) -> list[Item]:
-        """The run's items another owner gave up when its process was interrupted (failed
-        `INTERRUPTED`): resumable, so a process still working on the run finishes them."""
+    def unfinished_elsewhere(self, run_id: str, owner: str) -> list[Item]:
+        """The run's items another owner gave up unfinished: released `INTERRUPTED` (its
+        intent withdrawn, nothing sent) or with a submission still open (intent, unknown,
+        accepted: a stop cut its settling or collection short). Taking one back pays
+        nothing new: its claim submits what was never sent, or settles and collects what
+        was. An item that ended (a refusal, a failed remote job) is not among them."""
+        open_sub = exists().where(
+            _subs.c.item_pk == _items.c.id,
+            _subs.c.state.in_([s.value for s in OPEN_SUBMISSION_STATES]),
+        )
         return self._members_where(
             run_id,
             _items.c.state == ItemState.FAILED,
-            _items.c.error_text == INTERRUPTED,
-            _items.c.claim_owner != owner,
+            or_(_items.c.claim_owner.is_(None), _items.c.claim_owner != owner),
+            or_(_items.c.error_text == INTERRUPTED, open_sub),
         )
 
     def _members_where(self, run_id: str, *conditions: ColumnElement[bool]) -> list[Item]:
