@@ -86,7 +86,15 @@ class _NotYet(Exception):
         self.failed = failed
 
 
-class HttpProvider:
+class JobsApiClient:
+    """What every asynchronous jobs API adapter shares: an API client that carries the
+    credential (to the provider's origin only, never following redirects), a second client
+    without it for outputs, the collect loop (`_collect_once` per poll, tenacity between
+    polls), capped downloads and same-origin pagination. Subclasses speak one API."""
+
+    AUTH_SCHEME = "Bearer"  # the Authorization header's scheme
+    DEFAULT_BASE_URL: str | None = None
+
     def __init__(
         self,
         *,
@@ -95,34 +103,31 @@ class HttpProvider:
         transport: httpx.BaseTransport | None = None,
         download_transport: httpx.BaseTransport | None = None,
     ) -> None:
-        if profile.base_url is None:
-            raise ProviderConfigError(f"http profile {profile.id!r} needs base_url")
+        base_url = profile.base_url or self.DEFAULT_BASE_URL
+        if base_url is None:
+            raise ProviderConfigError(f"{profile.kind} profile {profile.id!r} needs base_url")
         if not _TOKEN.fullmatch(token):  # never echoed: it is the credential
             raise ProviderConfigError(
-                f"credential for profile {profile.id!r} is not a usable bearer token "
+                f"credential for profile {profile.id!r} is not a usable API token "
                 "(empty, or holds whitespace, control or non-ASCII characters)"
             )
         self.profile = profile
-        self.capabilities = Capabilities(
-            max_concurrency=profile.max_concurrency,
-            supports_seed=True,
-            cost_per_image_minor=profile.cost_per_image_minor,
-            currency=profile.currency,
-            can_lookup=profile.lookup,
-            idempotent_create=profile.idempotent_create,
-        )
+        self.capabilities = self._capabilities(profile)
         timeout = httpx.Timeout(profile.timeout_s, connect=min(10.0, profile.timeout_s))
         try:
-            self._origin = httpx.URL(profile.base_url)
+            self._origin = httpx.URL(base_url)
             self._api = httpx.Client(
-                base_url=profile.base_url.rstrip("/"),
-                headers={"Authorization": f"Bearer {token}", "User-Agent": "episodic"},
+                base_url=base_url.rstrip("/"),
+                headers={
+                    "Authorization": f"{self.AUTH_SCHEME} {token}",
+                    "User-Agent": "episodic",
+                },
                 timeout=timeout,
                 transport=transport,
                 follow_redirects=False,
             )
         except httpx.InvalidURL:
-            raise ProviderConfigError(f"http profile {profile.id!r}: invalid base_url") from None
+            raise ProviderConfigError(f"profile {profile.id!r}: invalid base_url") from None
         self._files = httpx.Client(  # no credential: outputs are public or pre-signed URLs
             headers={"User-Agent": "episodic"},
             timeout=timeout,
@@ -130,22 +135,8 @@ class HttpProvider:
             follow_redirects=True,
         )
 
-    def submit(self, request: ImageRequest) -> str:
-        body = {
-            "input": {"prompt": request.prompt, "seed": request.seed},
-            "client_reference": request.client_reference,
-        }
-        try:
-            response = self._api.post(
-                "/predictions", json=body, headers={"Idempotency-Key": request.client_reference}
-            )
-        except _NEVER_SENT as exc:
-            raise TransientProviderError(f"create not sent: {type(exc).__name__}") from None
-        except _NOT_SENDABLE as exc:
-            raise PermanentProviderError(f"create not sent: {type(exc).__name__}") from None
-        except httpx.HTTPError as exc:  # the request may have left the machine
-            raise UnknownOutcome(f"create sent, no reply: {type(exc).__name__}") from None
-        return _created_id(response)
+    def _capabilities(self, profile: Profile) -> Capabilities:
+        raise NotImplementedError
 
     def collect(self, remote_ref: str, *, deadline_s: float, should_stop: StopCheck) -> ImageResult:
         if not _JOB_ID.fullmatch(remote_ref):
@@ -185,6 +176,133 @@ class HttpProvider:
                 f"remote task {remote_ref} not collected within {deadline_s:g}s: {exc}"
             ) from None
 
+    def _same_origin(self, page_url: httpx.URL, link: object) -> httpx.URL:
+        """The next page's URL, only on the provider's origin (it gets the credential)."""
+        try:
+            target = page_url.join(link) if isinstance(link, str) else None
+        except (httpx.InvalidURL, ValueError):  # ValueError: a host IDNA cannot encode
+            target = None
+        origin = self._origin
+        if target is None or (target.scheme, target.host, target.port) != (
+            origin.scheme,
+            origin.host,
+            origin.port,
+        ):
+            raise UnknownOutcome("lookup: next link is not on the provider's origin")
+        return target
+
+    def _lookup_page(
+        self, url: str | httpx.URL, params: dict[str, str] | None
+    ) -> tuple[dict[str, Any], httpx.URL]:
+        try:
+            response = self._api.get(url, params=params)
+        except _HTTP_FAILURES as exc:
+            raise UnknownOutcome(f"lookup: {type(exc).__name__}") from None
+        if response.status_code != 200:
+            raise UnknownOutcome(f"lookup: HTTP {response.status_code}")
+        try:
+            page = _json(response)
+        except ValueError:
+            raise UnknownOutcome("lookup: reply is not JSON") from None
+        if not isinstance(page, dict):
+            raise UnknownOutcome("lookup: reply is not a JSON object")
+        return page, response.request.url
+
+    def _collect_once(self, remote_ref: str) -> ImageResult:
+        """One poll: the output, or `_NotYet` (polled again), or `RemoteJobFailed`."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self._api.close()
+        self._files.close()
+
+    def _create(
+        self, path: str, body: dict[str, Any], headers: dict[str, str] | None = None
+    ) -> httpx.Response:
+        """POST a create once (never retried here); transport errors by what they prove."""
+        try:
+            return self._api.post(path, json=body, headers=headers)
+        except _NEVER_SENT as exc:
+            raise TransientProviderError(f"create not sent: {type(exc).__name__}") from None
+        except _NOT_SENDABLE as exc:
+            raise PermanentProviderError(f"create not sent: {type(exc).__name__}") from None
+        except httpx.HTTPError as exc:  # the request may have left the machine
+            raise UnknownOutcome(f"create sent, no reply: {type(exc).__name__}") from None
+
+    def _get_json(self, path: str, *, accept: tuple[int, ...] = ()) -> dict[str, Any]:
+        """A poll's JSON object, or `_NotYet` (transport error, a status that is not 2xx nor
+        in `accept`, a reply that is not a JSON object): polled again after a backoff."""
+        try:
+            response = self._api.get(path)
+        except _HTTP_FAILURES as exc:
+            raise _NotYet(f"poll: {type(exc).__name__}") from None
+        if not response.is_success and response.status_code not in accept:
+            raise _NotYet(f"poll: HTTP {response.status_code}")
+        try:
+            job = _json(response)
+        except ValueError:
+            raise _NotYet("poll: reply is not JSON") from None
+        if not isinstance(job, dict):
+            raise _NotYet("poll: reply is not a JSON object")
+        return job
+
+    def _fetch_output(self, url: object, cost_minor: int) -> ImageResult:
+        """Download an output over the client without the credential, capped in size."""
+        if not isinstance(url, str) or not url.lower().startswith(("http://", "https://")):
+            raise _NotYet("finished reply without an http(s) output URL")
+        try:
+            with self._files.stream("GET", url) as response:
+                if not response.is_success:
+                    raise _NotYet(f"download: HTTP {response.status_code}")
+                content = _read_capped(response)
+                media_type = response.headers.get("content-type", "application/octet-stream")
+        except (*_HTTP_FAILURES, ValueError) as exc:  # ValueError: a host IDNA cannot encode
+            raise _NotYet(f"download: {type(exc).__name__}") from None
+        if not content:
+            raise _NotYet("download: empty output")
+        return ImageResult(content, media_type.split(";")[0].strip(), cost_minor)
+
+
+class HttpProvider(JobsApiClient):
+    """Our own predictions protocol (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        profile: Profile,
+        token: str,
+        transport: httpx.BaseTransport | None = None,
+        download_transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        if profile.base_url is None:
+            raise ProviderConfigError(f"http profile {profile.id!r} needs base_url")
+        super().__init__(
+            profile=profile,
+            token=token,
+            transport=transport,
+            download_transport=download_transport,
+        )
+
+    def _capabilities(self, profile: Profile) -> Capabilities:
+        return Capabilities(
+            max_concurrency=profile.max_concurrency,
+            supports_seed=True,
+            cost_per_image_minor=profile.cost_per_image_minor,
+            currency=profile.currency,
+            can_lookup=profile.lookup,
+            idempotent_create=profile.idempotent_create,
+        )
+
+    def submit(self, request: ImageRequest) -> str:
+        body = {
+            "input": {"prompt": request.prompt, "seed": request.seed},
+            "client_reference": request.client_reference,
+        }
+        response = self._create(
+            "/predictions", body, headers={"Idempotency-Key": request.client_reference}
+        )
+        return _created_id(response)
+
     def lookup(self, client_reference: str) -> str | None:
         found: set[str] = set()
         url: str | httpx.URL = "/predictions"
@@ -212,51 +330,17 @@ class HttpProvider:
             raise UnknownOutcome(f"lookup: {len(found)} jobs carry our client reference: ambiguous")
         return next(iter(found), None)
 
-    def close(self) -> None:
-        self._api.close()
-        self._files.close()
-
     def _collect_once(self, remote_ref: str) -> ImageResult:
-        job = self._poll(remote_ref)
+        job = self._get_json(f"/predictions/{remote_ref}")
         status = job.get("status")
         if status in ("failed", "canceled"):
             raise RemoteJobFailed(f"remote task {status}", self._billed(job))
         if status != "succeeded":
             label = status if isinstance(status, str) and _STATUS.fullmatch(status) else "?"
             raise _NotYet(f"status {label}", failed=False)
-        return self._download(job)
-
-    def _poll(self, remote_ref: str) -> dict[str, Any]:
-        try:
-            response = self._api.get(f"/predictions/{remote_ref}")
-        except _HTTP_FAILURES as exc:
-            raise _NotYet(f"poll: {type(exc).__name__}") from None
-        if not response.is_success:
-            raise _NotYet(f"poll: HTTP {response.status_code}")
-        try:
-            job = _json(response)
-        except ValueError:
-            raise _NotYet("poll: reply is not JSON") from None
-        if not isinstance(job, dict):
-            raise _NotYet("poll: reply is not a JSON object")
-        return job
-
-    def _download(self, job: dict[str, Any]) -> ImageResult:
         output = job.get("output")
         url = output[0] if isinstance(output, list) and output else output
-        if not isinstance(url, str) or not url.lower().startswith(("http://", "https://")):
-            raise _NotYet("succeeded reply without an http(s) output URL")
-        try:
-            with self._files.stream("GET", url) as response:
-                if not response.is_success:
-                    raise _NotYet(f"download: HTTP {response.status_code}")
-                content = _read_capped(response)
-                media_type = response.headers.get("content-type", "application/octet-stream")
-        except (*_HTTP_FAILURES, ValueError) as exc:  # ValueError: a host IDNA cannot encode
-            raise _NotYet(f"download: {type(exc).__name__}") from None
-        if not content:
-            raise _NotYet("download: empty output")
-        return ImageResult(content, media_type.split(";")[0].strip(), self._billed(job))
+        return self._fetch_output(url, self._billed(job))
 
     def _billed(self, job: dict[str, Any]) -> int:
         cost = job.get("cost_minor")
@@ -267,38 +351,6 @@ class HttpProvider:
         ):
             return cost
         return self.profile.cost_per_image_minor
-
-    def _lookup_page(
-        self, url: str | httpx.URL, params: dict[str, str] | None
-    ) -> tuple[dict[str, Any], httpx.URL]:
-        try:
-            response = self._api.get(url, params=params)
-        except _HTTP_FAILURES as exc:
-            raise UnknownOutcome(f"lookup: {type(exc).__name__}") from None
-        if response.status_code != 200:
-            raise UnknownOutcome(f"lookup: HTTP {response.status_code}")
-        try:
-            page = _json(response)
-        except ValueError:
-            raise UnknownOutcome("lookup: reply is not JSON") from None
-        if not isinstance(page, dict):
-            raise UnknownOutcome("lookup: reply is not a JSON object")
-        return page, response.request.url
-
-    def _same_origin(self, page_url: httpx.URL, link: object) -> httpx.URL:
-        """The next page's URL, only on the provider's origin (it gets the credential)."""
-        try:
-            target = page_url.join(link) if isinstance(link, str) else None
-        except (httpx.InvalidURL, ValueError):  # ValueError: a host IDNA cannot encode
-            target = None
-        origin = self._origin
-        if target is None or (target.scheme, target.host, target.port) != (
-            origin.scheme,
-            origin.host,
-            origin.port,
-        ):
-            raise UnknownOutcome("lookup: next link is not on the provider's origin")
-        return target
 
 
 def _created_id(response: httpx.Response) -> str:
