@@ -713,7 +713,7 @@ class RunEngine:
             try:
                 remote_ref = None
                 if caps.can_lookup:
-                    remote_ref = self.provider.lookup(submission.client_reference)
+                    remote_ref = self.provider.lookup(submission.client_reference, request)
                 if remote_ref is None and caps.idempotent_create:
                     # the same create, same key: the provider returns the job it made, or
                     # makes the one job this submission stands for
@@ -743,11 +743,16 @@ class RunEngine:
                 "again; only after checking the provider yourself: `episodic runs resume "
                 f"{run} --force-resubmit`"
             )
+        describe = getattr(self.provider, "how_to_find", None)  # jobs without our reference
+        where = (
+            describe(self._request(claim, submission))
+            if callable(describe)
+            else f"client reference {submission.client_reference}"
+        )
         return (
             f"acceptance unknown ({reason}); provider profile {self.profile.id!r} can neither "
-            f"look jobs up nor dedupe creates: look for client reference "
-            f"{submission.client_reference} at the provider, then `episodic runs resume {run} "
-            "--force-resubmit` if it is not there"
+            f"look jobs up nor dedupe creates: look for {where} at the provider, then "
+            f"`episodic runs resume {run} --force-resubmit` if it is not there"
         )
 
     def _collect(

@@ -94,8 +94,18 @@ def build_provider(
             delay_ms=profile.delay_ms,
             credential=credential,
         )
+    if credential is None:
+        raise ProviderConfigError(f"{profile.kind} profile {profile.id!r} needs a credential")
+    if profile.kind == "replicate":
+        from providers.replicate import ReplicateProvider
+
+        return ReplicateProvider(profile=profile, token=credential)
+    if profile.kind == "fal":
+        from providers.fal import FalProvider
+
+        return FalProvider(profile=profile, token=credential)
     from providers.http import HttpProvider
 
-    if profile.base_url is None or credential is None:
+    if profile.base_url is None:
         raise ProviderConfigError(f"http profile {profile.id!r} needs base_url and a credential")
     return HttpProvider(profile=profile, token=credential)

@@ -110,8 +110,10 @@ class Provider(Protocol):
         """Wait for the job and return its output (raises on failure or when told to stop)."""
         ...
 
-    def lookup(self, client_reference: str) -> str | None:
-        """The remote reference of the one job we submitted with this client reference."""
+    def lookup(self, client_reference: str, request: ImageRequest | None = None) -> str | None:
+        """The remote reference of the one job we submitted with this client reference
+        (`request`: the call itself, for an API whose jobs carry no reference of ours and
+        are found by their input)."""
         ...
 
     def close(self) -> None: ...
@@ -119,6 +121,10 @@ class Provider(Protocol):
 
 class StopCheck(Protocol):
     def __call__(self) -> bool: ...
+
+
+class CannotCheck(Exception):
+    """The provider offers no way to verify a profile without spending."""
 
 
 class Stopped(Exception):

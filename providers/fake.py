@@ -199,7 +199,7 @@ class FakeProvider:
         content = render_png(job["prompt"], job["seed"])
         return ImageResult(content, "image/png", self.capabilities.cost_per_image_minor)
 
-    def lookup(self, client_reference: str) -> str | None:
+    def lookup(self, client_reference: str, request: ImageRequest | None = None) -> str | None:
         log_event("lookup", client_reference=client_reference)
         remote_ref = self._remote_ref(client_reference)
         path = self._job_path(remote_ref)

@@ -303,7 +303,7 @@ class HttpProvider(JobsApiClient):
         )
         return _created_id(response)
 
-    def lookup(self, client_reference: str) -> str | None:
+    def lookup(self, client_reference: str, request: ImageRequest | None = None) -> str | None:
         found: set[str] = set()
         url: str | httpx.URL = "/predictions"
         params: dict[str, str] | None = {"client_reference": client_reference}

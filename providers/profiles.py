@@ -34,18 +34,30 @@ idempotency and can look jobs up).
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from core.documents import DocumentError, parse_yaml, read_text
 from core.errors import ProviderConfigError
 from core.money import MAX_IMAGE_COST_MINOR
 
 PROFILE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # as a playlist's provider_profile
+INPUT_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"  # a model input's name
+# Replicate: owner/name; fal: owner/app with an optional subpath (fal-ai/flux/dev)
+MODEL_ID = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}(/[A-Za-z0-9][A-Za-z0-9._-]{0,99}){1,3}$"
+InputValue = str | int | float | bool  # a constant model input (strings up to 1000 chars)
 MAX_PROFILES_BYTES = 1_000_000
 
 
@@ -53,7 +65,7 @@ class Profile(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     id: str
-    kind: Literal["fake", "http"]
+    kind: Literal["fake", "http", "replicate", "fal"]
     cost_per_image_minor: int = Field(ge=0, le=MAX_IMAGE_COST_MINOR, strict=True)  # an int
     currency: str = Field(default="USD", pattern="^[A-Z]{3}$")
     max_concurrency: int = Field(default=4, ge=1, le=256, strict=True)
@@ -70,6 +82,50 @@ class Profile(BaseModel):
     delay_ms: int | None = Field(default=None, ge=0, le=3_600_000, strict=True)
     idempotent_create: bool = Field(default=False, strict=True)  # `"yes"` is not true
     lookup: bool = Field(default=True, strict=True)
+    # replicate and fal: the model, its inputs, and how far back a lookup looks
+    model: str | None = Field(default=None, pattern=MODEL_ID)
+    version: str | None = Field(default=None, pattern="^[0-9a-f]{64}$")  # replicate only
+    inputs: dict[str, InputValue] = Field(default_factory=dict, max_length=32)
+    prompt_input: str = Field(default="prompt", pattern=INPUT_NAME)
+    seed_input: str | None = Field(default="seed", pattern=INPUT_NAME)  # None: no seed
+    lookup_window_s: int = Field(default=3600, ge=60, le=86400, strict=True)
+
+    @field_validator("inputs")
+    @classmethod
+    def _constant_inputs(cls, value: dict[str, InputValue]) -> dict[str, InputValue]:
+        """Names as model inputs are named; values finite numbers, booleans or short text."""
+        for name, item in value.items():
+            if not re.fullmatch(INPUT_NAME, name):
+                raise ValueError(f"input name {_clipped(repr(name))} is not an input name")
+            if isinstance(item, float) and not math.isfinite(item):
+                raise ValueError(f"input {name}: numbers must be finite")
+            if isinstance(item, str) and len(item) > 1000:
+                raise ValueError(f"input {name}: text longer than 1000 characters")
+        return value
+
+    @model_validator(mode="after")
+    def _fits_its_kind(self) -> Profile:
+        if self.kind in ("replicate", "fal"):
+            if self.model is None:
+                raise ValueError(f"a {self.kind} profile needs model (e.g. {_EXAMPLE[self.kind]})")
+            if not self.needs_credential:
+                raise ValueError(
+                    f"a {self.kind} profile needs credential_env or credential_secret_block"
+                )
+            declared = {"idempotent_create", "lookup"} & self.model_fields_set
+            if declared:
+                raise ValueError(
+                    f"{', '.join(sorted(declared))}: a {self.kind} profile does not declare "
+                    "this; the adapter states what the API promises (docs/providers.md)"
+                )
+            taken = {self.prompt_input, self.seed_input} & set(self.inputs)
+            if taken:
+                raise ValueError(f"inputs: {', '.join(sorted(map(str, taken)))} is set per item")
+        if self.version is not None and self.kind != "replicate":
+            raise ValueError("version: only a replicate profile has one")
+        if self.kind in ("fake", "http") and (self.model is not None or self.inputs):
+            raise ValueError(f"model and inputs: a {self.kind} profile has none")
+        return self
 
     @field_validator("base_url")
     @classmethod
@@ -133,6 +189,9 @@ def load_profiles(path: Path | None) -> dict[str, Profile]:
                 f"{path}: profile {profile_id!r}: field {_clipped(field)}: {first['msg']}"
             ) from None
     return profiles
+
+
+_EXAMPLE = {"replicate": "black-forest-labs/flux-schnell", "fal": "fal-ai/flux/dev"}
 
 
 def _shown(value: object) -> str:

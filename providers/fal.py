@@ -1,0 +1,167 @@
+"""fal.ai's queue API (https://docs.fal.ai/model-endpoints/queue), as it documents it.
+
+- **Submit** ``POST https://queue.fal.run/{model}`` (``model`` may have a subpath, e.g.
+  ``fal-ai/flux/dev``) with the model's input as the body; ``Authorization: Key <key>``; the
+  reply's ``request_id`` is the job. fal documents **no idempotency key** and **no way to
+  find a request by anything we send**: the queue has no listing, so an unknown outcome is
+  left to an operator (the adapter declares neither capability, and never sends again).
+- **Collect**: the status, result and cancel URLs use the owner and app only, without the
+  subpath (``fal-ai/flux/requests/{id}/status``). ``IN_QUEUE`` and ``IN_PROGRESS`` (HTTP 202)
+  are polled again; ``COMPLETED`` with ``error`` or ``error_type`` is a failed request;
+  otherwise the result ``GET .../requests/{id}`` holds ``images: [{url, ...}]``, downloaded
+  without the credential (fal's CDN). A result answered 4xx with a ``detail`` is a failed
+  request too; 5xx and transport errors are polled again.
+- **Cancel** ``PUT .../requests/{id}/cancel``: ``{"status": "CANCELLATION_REQUESTED" |
+  "ALREADY_COMPLETED" | "NOT_FOUND" | "OK"}``.
+- **Check**: fal documents no free endpoint that verifies an ordinary key, so
+  ``episodic providers check`` says it cannot check without spending.
+
+Errors on submit, by what they prove (a refused submit has no ``request_id``): 429
+`RateLimited`; any other 4xx `PermanentProviderError` (401, 403 locked account, 404 unknown
+app, 422 invalid input); 3xx, 5xx, a 2xx without a request id, or no reply
+`UnknownOutcome`. A failed request costs the profile's price (fal may bill a request that
+ran); the cost of an image is the profile's ``cost_per_image_minor``.
+"""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+
+from core.errors import ProviderConfigError
+from providers.base import (
+    CannotCheck,
+    Capabilities,
+    ImageRequest,
+    ImageResult,
+    PermanentProviderError,
+    RateLimited,
+    RemoteJobFailed,
+    UnknownOutcome,
+)
+from providers.http import JobsApiClient, _json, _NotYet
+from providers.profiles import Profile
+from providers.replicate import model_input
+
+QUEUE = "https://queue.fal.run"
+_REQUEST_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,127}")
+_STATUSES = {"IN_QUEUE", "IN_PROGRESS", "COMPLETED"}
+_CANCEL = {"OK", "CANCELLATION_REQUESTED", "ALREADY_COMPLETED", "NOT_FOUND"}
+
+
+class FalProvider(JobsApiClient):
+    AUTH_SCHEME = "Key"
+    DEFAULT_BASE_URL = QUEUE
+
+    def __init__(
+        self,
+        *,
+        profile: Profile,
+        token: str,
+        transport: httpx.BaseTransport | None = None,
+        download_transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        if profile.kind != "fal" or profile.model is None:
+            raise ProviderConfigError(f"profile {profile.id!r} is not a fal profile")
+        super().__init__(
+            profile=profile,
+            token=token,
+            transport=transport,
+            download_transport=download_transport,
+        )
+        self.model = profile.model
+        self.app = "/".join(profile.model.split("/")[:2])  # status/result/cancel: no subpath
+
+    def _capabilities(self, profile: Profile) -> Capabilities:
+        return Capabilities(
+            max_concurrency=profile.max_concurrency,
+            supports_seed=profile.seed_input is not None,
+            cost_per_image_minor=profile.cost_per_image_minor,
+            currency=profile.currency,
+            can_lookup=False,
+            idempotent_create=False,
+        )
+
+    def submit(self, request: ImageRequest) -> str:
+        response = self._create(f"/{self.model}", model_input(self.profile, request))
+        code = response.status_code
+        if response.is_success:
+            try:
+                request_id = _json(response).get("request_id")
+            except (ValueError, AttributeError):
+                raise UnknownOutcome(f"submit: HTTP {code} without a JSON object") from None
+            if not isinstance(request_id, str) or not _REQUEST_ID.fullmatch(request_id):
+                raise UnknownOutcome(f"submit: HTTP {code} without a valid request_id")
+            return request_id
+        if code == 429:
+            raise RateLimited("submit: HTTP 429")
+        if 400 <= code < 500:  # refused: no request_id, nothing queued
+            raise PermanentProviderError(f"submit refused: HTTP {code}")
+        raise UnknownOutcome(f"submit: HTTP {code}: a request may exist")
+
+    def _collect_once(self, remote_ref: str) -> ImageResult:
+        base = f"/{self.app}/requests/{remote_ref}"
+        status = self._get_json(f"{base}/status", accept=(202,))
+        state = status.get("status")
+        if state != "COMPLETED":
+            label = state if isinstance(state, str) and state in _STATUSES else "?"
+            raise _NotYet(f"status {label}", failed=False)
+        if status.get("error") or status.get("error_type"):
+            raise RemoteJobFailed("request failed", self.profile.cost_per_image_minor)
+        try:
+            response = self._api.get(base)
+        except httpx.HTTPError as exc:
+            raise _NotYet(f"result: {type(exc).__name__}") from None
+        if 400 <= response.status_code < 500 and self._has_detail(response):
+            raise RemoteJobFailed(
+                f"request failed: HTTP {response.status_code}", self.profile.cost_per_image_minor
+            )
+        if not response.is_success:
+            raise _NotYet(f"result: HTTP {response.status_code}")
+        try:
+            result = _json(response)
+        except ValueError:
+            raise _NotYet("result: reply is not JSON") from None
+        images = result.get("images") if isinstance(result, dict) else None
+        first = images[0] if isinstance(images, list) and images else None
+        url = first.get("url") if isinstance(first, dict) else None
+        return self._fetch_output(url, self.profile.cost_per_image_minor)
+
+    @staticmethod
+    def _has_detail(response: httpx.Response) -> bool:
+        try:
+            body = _json(response)
+        except ValueError:
+            return False
+        return isinstance(body, dict) and "detail" in body
+
+    def lookup(self, client_reference: str, request: ImageRequest | None = None) -> str | None:
+        raise UnknownOutcome("lookup: fal's queue cannot find a request by anything we sent")
+
+    def how_to_find(self, request: ImageRequest) -> str:
+        """Where an operator finds a request whose submit reply was lost (fal requests carry
+        nothing of ours): the app's request history, by the item's seed."""
+        seed = f", seed {request.seed}" if self.profile.seed_input is not None else ""
+        return f"a request to {self.model} (prompt of item {request.item_id}{seed})"
+
+    def cancel(self, remote_ref: str) -> str:
+        """Ask fal to cancel a queued or running request; the status it answers
+        (``CANCELLATION_REQUESTED``, ``ALREADY_COMPLETED``, ...). Raises `UnknownOutcome`
+        when the answer is not known."""
+        if not _REQUEST_ID.fullmatch(remote_ref):
+            raise UnknownOutcome("cancel: malformed request id")
+        try:
+            response = self._api.put(f"/{self.app}/requests/{remote_ref}/cancel")
+            status = _json(response).get("status")
+        except (httpx.HTTPError, ValueError, AttributeError) as exc:
+            raise UnknownOutcome(f"cancel: {type(exc).__name__}") from None
+        if status not in _CANCEL:
+            raise UnknownOutcome(f"cancel: HTTP {response.status_code}")
+        return str(status)
+
+    def check(self) -> str:
+        """fal documents no free call that verifies an ordinary key."""
+        raise CannotCheck(
+            "fal documents no free call that verifies a key; the first paid submit does"
+        )

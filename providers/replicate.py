@@ -1,0 +1,214 @@
+"""Replicate's predictions API (https://replicate.com/docs/reference/http), as it documents it.
+
+- **Create** ``POST /v1/predictions`` with ``{"version", "input"}`` when the profile pins a
+  version, else ``POST /v1/models/{owner}/{name}/predictions`` with ``{"input"}`` (official
+  models); ``Authorization: Bearer <token>``. Replicate documents **no idempotency key**: a
+  create is sent once, and an unknown outcome is never answered by sending it again.
+- **Collect** ``GET /v1/predictions/{id}``: ``starting`` and ``processing`` are polled again;
+  ``succeeded`` is downloaded (``output`` is a URL or a list of them, on Replicate's delivery
+  host: fetched without the credential); ``failed`` and ``canceled`` raise `RemoteJobFailed`
+  at the profile's price (Replicate bills the time a prediction ran); ``aborted`` (a deadline
+  passed before it started) raises it at no cost.
+- **Lookup** (an unknown create): predictions carry no reference of ours, so ``GET
+  /v1/predictions?created_after=...`` (newest first, same-origin ``next`` pages) is searched
+  for the one prediction of this model whose ``input`` equals, key for key, the input we
+  sent: our per-item seed makes it unique among ours. Two matches are ambiguous
+  (`UnknownOutcome`); none is "not found". Replicate removes an API prediction's input after
+  an hour, so the window is at most the profile's ``lookup_window_s``.
+- **Cancel** ``POST /v1/predictions/{id}/cancel``; **check** ``GET /v1/account`` (free).
+
+Errors on create, by what they prove (Replicate answers a refused create with a problem
+document, never a prediction): 429 `RateLimited`; any other 4xx `PermanentProviderError`
+(401 bad token, 402 no credit, 404 unknown model, 422 invalid input); 409, 3xx, 5xx, a 2xx
+without a prediction id, or no reply `UnknownOutcome`. The cost of an image is the
+profile's ``cost_per_image_minor``: Replicate's reply carries no price.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+
+from core.errors import ProviderConfigError
+from providers.base import (
+    Capabilities,
+    ImageRequest,
+    ImageResult,
+    PermanentProviderError,
+    RateLimited,
+    RemoteJobFailed,
+    UnknownOutcome,
+)
+from providers.http import (
+    _JOB_ID,
+    _STATUS,
+    MAX_LOOKUP_PAGES,
+    JobsApiClient,
+    _json,
+    _NotYet,
+)
+from providers.profiles import Profile
+
+API = "https://api.replicate.com/v1"
+_PREDICTION_ID = re.compile(r"[a-z0-9]{1,64}")
+
+
+def model_input(profile: Profile, request: ImageRequest) -> dict[str, Any]:
+    """The model's input for one item: the profile's constant inputs, the prompt and, when
+    the model takes one, the seed (under the names the profile maps them to)."""
+    values: dict[str, Any] = dict(profile.inputs)
+    values[profile.prompt_input] = request.prompt
+    if profile.seed_input is not None:
+        values[profile.seed_input] = request.seed
+    return values
+
+
+class ReplicateProvider(JobsApiClient):
+    AUTH_SCHEME = "Bearer"
+    DEFAULT_BASE_URL = API
+
+    def __init__(
+        self,
+        *,
+        profile: Profile,
+        token: str,
+        transport: httpx.BaseTransport | None = None,
+        download_transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        if profile.kind != "replicate" or profile.model is None:
+            raise ProviderConfigError(f"profile {profile.id!r} is not a replicate profile")
+        if profile.model.count("/") != 1:
+            raise ProviderConfigError(
+                f"replicate profile {profile.id!r}: model is owner/name, e.g. "
+                "black-forest-labs/flux-schnell"
+            )
+        super().__init__(
+            profile=profile,
+            token=token,
+            transport=transport,
+            download_transport=download_transport,
+        )
+        self.model = profile.model
+
+    def _capabilities(self, profile: Profile) -> Capabilities:
+        return Capabilities(
+            max_concurrency=profile.max_concurrency,
+            supports_seed=profile.seed_input is not None,
+            cost_per_image_minor=profile.cost_per_image_minor,
+            currency=profile.currency,
+            can_lookup=profile.seed_input is not None,  # the seed is what tells ours apart
+            idempotent_create=False,
+        )
+
+    def submit(self, request: ImageRequest) -> str:
+        body: dict[str, Any] = {"input": model_input(self.profile, request)}
+        if self.profile.version is not None:
+            body["version"] = self.profile.version
+            response = self._create("/predictions", body)
+        else:
+            response = self._create(f"/models/{self.model}/predictions", body)
+        code = response.status_code
+        if response.is_success:
+            try:
+                prediction_id = _json(response).get("id")
+            except (ValueError, AttributeError):
+                raise UnknownOutcome(f"create: HTTP {code} without a JSON object") from None
+            if not isinstance(prediction_id, str) or not _PREDICTION_ID.fullmatch(prediction_id):
+                raise UnknownOutcome(f"create: HTTP {code} without a valid prediction id")
+            return prediction_id
+        if code == 429:
+            raise RateLimited("create: HTTP 429 throttled")
+        if code == 409:
+            raise UnknownOutcome("create: HTTP 409 (conflict): a prediction may exist")
+        if 400 <= code < 500:  # a problem document: no prediction was made
+            raise PermanentProviderError(f"create refused: HTTP {code}")
+        raise UnknownOutcome(f"create: HTTP {code}: a prediction may exist")
+
+    def _collect_once(self, remote_ref: str) -> ImageResult:
+        prediction = self._get_json(f"/predictions/{remote_ref}")
+        status = prediction.get("status")
+        if status == "aborted":  # its deadline passed before it started: not billed
+            raise RemoteJobFailed("prediction aborted before it started", 0)
+        if status in ("failed", "canceled"):
+            raise RemoteJobFailed(f"prediction {status}", self.profile.cost_per_image_minor)
+        if status != "succeeded":
+            label = status if isinstance(status, str) and _STATUS.fullmatch(status) else "?"
+            raise _NotYet(f"status {label}", failed=False)
+        output = prediction.get("output")
+        url = output[0] if isinstance(output, list) and output else output
+        return self._fetch_output(url, self.profile.cost_per_image_minor)
+
+    def lookup(self, client_reference: str, request: ImageRequest | None = None) -> str | None:
+        if request is None or self.profile.seed_input is None:
+            raise UnknownOutcome("lookup: a Replicate prediction is found by its input only")
+        wanted = model_input(self.profile, request)
+        since = datetime.now(UTC) - timedelta(seconds=self.profile.lookup_window_s)
+        found: set[str] = set()
+        url: str | httpx.URL = "/predictions"
+        params: dict[str, str] | None = {"created_after": since.isoformat().replace("+00:00", "Z")}
+        for _ in range(MAX_LOOKUP_PAGES):
+            page, page_url = self._lookup_page(url, params)
+            results = page.get("results")
+            if not isinstance(results, list):
+                raise UnknownOutcome("lookup: reply without a results list")
+            for entry in results:
+                if isinstance(entry, dict) and self._ours(entry, wanted):
+                    prediction_id = entry.get("id")
+                    if not isinstance(prediction_id, str) or not _JOB_ID.fullmatch(prediction_id):
+                        raise UnknownOutcome("lookup: a matching prediction has no usable id")
+                    found.add(prediction_id)
+            link = page.get("next")
+            if link is None or link == "":
+                break
+            url, params = self._same_origin(page_url, link), None
+        else:
+            raise UnknownOutcome(f"lookup: more than {MAX_LOOKUP_PAGES} pages of predictions")
+        if len(found) > 1:
+            raise UnknownOutcome(f"lookup: {len(found)} predictions have our input: ambiguous")
+        return next(iter(found), None)
+
+    def _ours(self, entry: dict[str, Any], wanted: dict[str, Any]) -> bool:
+        """This model's (and pinned version's) prediction with exactly our input."""
+        if entry.get("input") != wanted:
+            return False
+        if self.profile.version is not None:
+            return entry.get("version") == self.profile.version
+        return entry.get("model") == self.model
+
+    def cancel(self, remote_ref: str) -> str:
+        """Ask Replicate to cancel a prediction; its status after the call (``canceled``, or
+        the terminal status it had already reached). Raises `UnknownOutcome` when the
+        answer is not known."""
+        if not _PREDICTION_ID.fullmatch(remote_ref):
+            raise UnknownOutcome("cancel: malformed prediction id")
+        try:
+            response = self._api.post(f"/predictions/{remote_ref}/cancel")
+            status = _json(response).get("status") if response.is_success else None
+        except (httpx.HTTPError, ValueError, AttributeError) as exc:
+            raise UnknownOutcome(f"cancel: {type(exc).__name__}") from None
+        if not isinstance(status, str) or not _STATUS.fullmatch(status):
+            raise UnknownOutcome(f"cancel: HTTP {response.status_code}")
+        return status
+
+    def check(self) -> str:
+        """Verify the token without spending (``GET /v1/account``); the account's name.
+        Raises `ProviderConfigError` (refused token) or `UnknownOutcome` (no answer)."""
+        try:
+            response = self._api.get("/account")
+        except httpx.HTTPError as exc:
+            raise UnknownOutcome(f"account: {type(exc).__name__}") from None
+        if response.status_code in (401, 403):
+            raise ProviderConfigError(
+                f"profile {self.profile.id!r}: Replicate refused the token (HTTP "
+                f"{response.status_code})"
+            )
+        try:
+            username = _json(response).get("username") if response.is_success else None
+        except (ValueError, AttributeError):
+            username = None
+        if not isinstance(username, str):
+            raise UnknownOutcome(f"account: HTTP {response.status_code} without an account")
+        return username[:100]

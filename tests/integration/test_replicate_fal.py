@@ -1,0 +1,347 @@
+"""The Replicate and fal adapters against local servers that follow each API's documented
+shapes (tests/jobs_servers.py): the exact requests sent, what each fault proves, and runs
+through the engine on both backends, with money counted by the servers (jobs made)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, select
+
+from core.exit_codes import ExitCode
+from providers.base import (
+    CannotCheck,
+    ImageRequest,
+    PermanentProviderError,
+    RateLimited,
+    RemoteJobFailed,
+    UnknownOutcome,
+)
+from providers.fal import FalProvider
+from providers.profiles import Profile, load_profiles
+from providers.replicate import ReplicateProvider
+from storage.models import ItemRow
+from tests.generation import Episode, new_episode, write_playlist
+from tests.jobs_servers import TOKEN, FalServer, ReplicateServer
+
+VERSION = "a" * 64
+REQUEST = ImageRequest("ref-1", "2026-W32-1", "v01", "a red fox", 1234)
+
+
+def replicate_profile(server: ReplicateServer, **fields: Any) -> Profile:
+    values: dict[str, Any] = {
+        "id": "rep",
+        "kind": "replicate",
+        "model": "black-forest-labs/flux-schnell",
+        "base_url": server.base_url,
+        "credential_env": "REPLICATE_API_TOKEN",
+        "cost_per_image_minor": 3,
+        "inputs": {"num_outputs": 1, "aspect_ratio": "16:9"},
+        "timeout_s": 2.0,
+        "poll_interval_s": 0.02,
+    }
+    return Profile(**(values | fields))
+
+
+def fal_profile(server: FalServer, **fields: Any) -> Profile:
+    values: dict[str, Any] = {
+        "id": "falp",
+        "kind": "fal",
+        "model": "fal-ai/flux/dev",
+        "base_url": server.base_url,
+        "credential_env": "FAL_KEY",
+        "cost_per_image_minor": 2,
+        "inputs": {"image_size": "landscape_16_9", "num_images": 1},
+        "timeout_s": 2.0,
+        "poll_interval_s": 0.02,
+    }
+    return Profile(**(values | fields))
+
+
+@pytest.fixture
+def replicate() -> Iterator[ReplicateServer]:
+    with ReplicateServer() as server:
+        yield server  # type: ignore[misc]
+
+
+@pytest.fixture
+def fal() -> Iterator[FalServer]:
+    with FalServer() as server:
+        yield server  # type: ignore[misc]
+
+
+def never_stop() -> bool:
+    return False
+
+
+# ---------------------------------------------------------------- Replicate, the adapter
+def test_replicate_sends_exactly_the_documented_create_poll_and_download(
+    replicate: ReplicateServer,
+) -> None:
+    provider = ReplicateProvider(profile=replicate_profile(replicate), token=TOKEN)
+    prediction = provider.submit(REQUEST)
+    result = provider.collect(prediction, deadline_s=5, should_stop=never_stop)
+    assert result.content.startswith(b"\x89PNG") and result.cost_minor == 3
+    create, *polls = replicate.requests
+    assert create.method == "POST"
+    assert create.path == "/v1/models/black-forest-labs/flux-schnell/predictions"
+    assert create.headers["authorization"] == f"Bearer {TOKEN}"
+    assert "idempotency-key" not in create.headers  # Replicate documents none
+    assert [(p.method, p.path) for p in polls] == [("GET", f"/v1/predictions/{prediction}")] * 2
+    (download,) = replicate.files.requests
+    assert "authorization" not in download.headers  # the credential stays on the API origin
+    (job,) = replicate.jobs.values()
+    assert job["input"] == {
+        "num_outputs": 1,
+        "aspect_ratio": "16:9",
+        "prompt": "a red fox",
+        "seed": 1234,
+    }
+
+
+def test_replicate_with_a_pinned_version_creates_on_the_predictions_endpoint(
+    replicate: ReplicateServer,
+) -> None:
+    provider = ReplicateProvider(profile=replicate_profile(replicate, version=VERSION), token=TOKEN)
+    provider.submit(REQUEST)
+    (create,) = replicate.requests
+    assert create.path == "/v1/predictions"
+    (job,) = replicate.jobs.values()
+    assert job["version"] == VERSION
+
+
+@pytest.mark.parametrize("as_string", [False, True])
+def test_replicate_output_as_a_list_or_a_single_url_is_downloaded(as_string: bool) -> None:
+    with ReplicateServer(output_as_string=as_string) as server:
+        provider = ReplicateProvider(profile=replicate_profile(server), token=TOKEN)  # type: ignore[arg-type]
+        result = provider.collect(provider.submit(REQUEST), deadline_s=5, should_stop=never_stop)
+        assert result.content.startswith(b"\x89PNG")
+
+
+@pytest.mark.parametrize(
+    ("marker", "error"),
+    [
+        ("[[HTTP_429]]", RateLimited),
+        ("[[REFUSE_422]]", PermanentProviderError),
+        ("[[HTTP_401]]", PermanentProviderError),
+        ("[[CREATED_502]]", UnknownOutcome),
+        ("[[ACCEPT_DROP]]", UnknownOutcome),
+    ],
+)
+def test_replicate_create_errors_are_classified_by_what_they_prove(
+    replicate: ReplicateServer, marker: str, error: type[Exception]
+) -> None:
+    provider = ReplicateProvider(profile=replicate_profile(replicate), token=TOKEN)
+    request = ImageRequest("ref-1", "2026-W32-1", "v01", f"fox {marker}", 1)
+    with pytest.raises(error):
+        provider.submit(request)
+    made = sum(replicate.jobs_made.values())
+    assert made == (1 if error is UnknownOutcome else 0)  # "not created" proves no job
+    if error is UnknownOutcome:  # the job exists: the lookup finds exactly it
+        (job_id,) = replicate.jobs
+        assert provider.lookup(request.client_reference, request) == job_id
+
+
+def test_replicate_lookup_matches_the_exact_input_across_pages_and_refuses_ambiguity() -> None:
+    with ReplicateServer(page_size=2) as server:
+        provider = ReplicateProvider(profile=replicate_profile(server), token=TOKEN)  # type: ignore[arg-type]
+        mine = provider.submit(REQUEST)
+        for n in range(5):  # newer predictions push ours to the third page
+            provider.submit(ImageRequest(f"ref-x{n}", "2026-W32-1", "v02", "a red fox", n))
+        assert provider.lookup(REQUEST.client_reference, REQUEST) == mine
+        cursors = [r.path for r in server.requests if r.path.startswith("/v1/predictions?")]
+        assert len(cursors) == 3 and "created_after=" in cursors[0]
+        other_seed = ImageRequest("ref-2", "2026-W32-1", "v01", "a red fox", 99)
+        assert provider.lookup("ref-2", other_seed) is None
+        provider.submit(REQUEST)  # a second prediction with our very input: which is ours?
+        with pytest.raises(UnknownOutcome, match="ambiguous"):
+            provider.lookup(REQUEST.client_reference, REQUEST)
+
+
+def test_replicate_failed_canceled_and_aborted_predictions_and_their_cost(
+    replicate: ReplicateServer,
+) -> None:
+    provider = ReplicateProvider(profile=replicate_profile(replicate), token=TOKEN)
+    failed = provider.submit(ImageRequest("r1", "e", "v01", "x [[REMOTE_FAIL]]", 1))
+    with pytest.raises(RemoteJobFailed) as raised:
+        provider.collect(failed, deadline_s=5, should_stop=never_stop)
+    assert raised.value.cost_minor == 3
+    aborted = provider.submit(ImageRequest("r2", "e", "v01", "x [[ABORTED]]", 2))
+    with pytest.raises(RemoteJobFailed) as raised:
+        provider.collect(aborted, deadline_s=5, should_stop=never_stop)
+    assert raised.value.cost_minor == 0  # aborted before it started: not billed
+    running = provider.submit(ImageRequest("r3", "e", "v01", "y", 3))
+    assert provider.cancel(running) == "canceled"
+    assert replicate.cancels[running] == 1
+    with pytest.raises(RemoteJobFailed):
+        provider.collect(running, deadline_s=5, should_stop=never_stop)
+
+
+def test_replicate_check_verifies_the_token_without_spending(replicate: ReplicateServer) -> None:
+    assert ReplicateProvider(profile=replicate_profile(replicate), token=TOKEN).check() == (
+        "episodic-test"
+    )
+    from core.errors import ProviderConfigError
+
+    with pytest.raises(ProviderConfigError, match="refused the token"):
+        ReplicateProvider(profile=replicate_profile(replicate), token="wrong").check()
+    assert not replicate.jobs_made and "wrong" not in json.dumps(
+        [r.path for r in replicate.requests]
+    )
+
+
+# ---------------------------------------------------------------- fal, the adapter
+def test_fal_sends_exactly_the_documented_submit_status_result_and_download(
+    fal: FalServer,
+) -> None:
+    provider = FalProvider(profile=fal_profile(fal), token=TOKEN)
+    request_id = provider.submit(REQUEST)
+    result = provider.collect(request_id, deadline_s=5, should_stop=never_stop)
+    assert result.content.startswith(b"\x89PNG") and result.cost_minor == 2
+    submit, *rest = fal.requests
+    assert (submit.method, submit.path) == ("POST", "/fal-ai/flux/dev")
+    assert submit.headers["authorization"] == f"Key {TOKEN}"
+    assert "idempotency-key" not in submit.headers
+    base = f"/fal-ai/flux/requests/{request_id}"  # without the subpath, as documented
+    assert [(r.method, r.path) for r in rest] == [("GET", f"{base}/status")] * 2 + [("GET", base)]
+    (download,) = fal.files.requests
+    assert "authorization" not in download.headers
+    (job,) = fal.jobs.values()
+    assert job["input"] == {
+        "image_size": "landscape_16_9",
+        "num_images": 1,
+        "prompt": "a red fox",
+        "seed": 1234,
+    }
+
+
+@pytest.mark.parametrize(
+    ("marker", "error"),
+    [
+        ("[[HTTP_429]]", RateLimited),
+        ("[[REFUSE_422]]", PermanentProviderError),
+        ("[[CREATED_502]]", UnknownOutcome),
+        ("[[ACCEPT_DROP]]", UnknownOutcome),
+    ],
+)
+def test_fal_submit_errors_are_classified_and_an_unknown_is_never_looked_up_or_resent(
+    fal: FalServer, marker: str, error: type[Exception]
+) -> None:
+    provider = FalProvider(profile=fal_profile(fal), token=TOKEN)
+    assert not provider.capabilities.can_lookup and not provider.capabilities.idempotent_create
+    request = ImageRequest("ref-1", "2026-W32-1", "v01", f"fox {marker}", 1)
+    with pytest.raises(error):
+        provider.submit(request)
+    assert sum(fal.jobs_made.values()) == (1 if error is UnknownOutcome else 0)
+    with pytest.raises(UnknownOutcome):
+        provider.lookup(request.client_reference, request)
+
+
+def test_fal_failed_request_cancel_and_check(fal: FalServer) -> None:
+    provider = FalProvider(profile=fal_profile(fal), token=TOKEN)
+    failed = provider.submit(ImageRequest("r1", "e", "v01", "x [[REMOTE_FAIL]]", 1))
+    with pytest.raises(RemoteJobFailed):
+        provider.collect(failed, deadline_s=5, should_stop=never_stop)
+    queued = provider.submit(ImageRequest("r2", "e", "v01", "y", 2))
+    assert provider.cancel(queued) == "CANCELLATION_REQUESTED"
+    assert provider.cancel(failed) == "ALREADY_COMPLETED"
+    with pytest.raises(CannotCheck):
+        provider.check()
+
+
+# ---------------------------------------------------------------- profiles
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"kind": "replicate", "credential_env": "T"}, "needs model"),
+        ({"kind": "replicate", "model": "a/b"}, "needs credential_env"),
+        ({"kind": "fal", "model": "a/b", "credential_env": "T", "version": VERSION}, "version"),
+        (
+            {"kind": "replicate", "model": "a/b", "credential_env": "T", "lookup": False},
+            "does not declare",
+        ),
+        (
+            {"kind": "replicate", "model": "a/b", "credential_env": "T", "inputs": {"seed": 1}},
+            "set per item",
+        ),
+        (
+            {"kind": "fal", "model": "a/b", "credential_env": "T", "inputs": {"x": float("nan")}},
+            "finite",
+        ),
+        ({"kind": "fal", "model": "../etc", "credential_env": "T"}, "model"),
+        ({"kind": "http", "base_url": "http://h", "model": "a/b"}, "has none"),
+    ],
+)
+def test_a_profile_that_does_not_fit_its_kind_is_refused_naming_the_field(
+    tmp_path: Path, fields: dict[str, Any], message: str
+) -> None:
+    import yaml
+
+    from core.errors import ProviderConfigError
+
+    path = tmp_path / "providers.yaml"
+    path.write_text(yaml.safe_dump({"profiles": {"p": {"cost_per_image_minor": 1, **fields}}}))
+    with pytest.raises(ProviderConfigError, match=message):
+        load_profiles(path)
+
+
+# ---------------------------------------------------------------- through the engine
+def _episode(
+    engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str, base_url: str
+) -> Episode:
+    model = "black-forest-labs/flux-schnell" if kind == "replicate" else "fal-ai/flux/dev"
+    (tmp_path / "providers.yaml").write_text(
+        "profiles:\n"
+        "  real:\n"
+        f"    kind: {kind}\n"
+        f"    model: {model}\n"
+        f"    base_url: {base_url}\n"
+        "    credential_env: IMAGE_KEY\n"
+        "    cost_per_image_minor: 3\n"
+        "    timeout_s: 2.0\n"
+        "    poll_interval_s: 0.02\n"
+    )
+    monkeypatch.setenv("EPISODIC_PROVIDERS_FILE", str(tmp_path / "providers.yaml"))
+    monkeypatch.setenv("IMAGE_KEY", TOKEN)
+    return new_episode(engine)
+
+
+def test_a_replicate_run_pays_once_per_item_through_lost_replies(
+    engine: Engine, database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with ReplicateServer() as server:
+        episode = _episode(engine, tmp_path, monkeypatch, "replicate", server.base_url)  # type: ignore[attr-defined]
+        titles = ["a", "b [[CREATED_502]]", "c [[ACCEPT_DROP]]", "d [[HTTP_429:2]]"]
+        episode.plan(write_playlist(tmp_path / "pl", titles, profile="real"))
+        outcome = episode.generate()
+        assert outcome.exit_code == ExitCode.OK, outcome.message
+        assert sorted(server.jobs_made.values()) == [1, 1, 1, 1]  # the provider's own count
+        assert outcome.counts.cost_minor == 12
+        again = episode.generate()
+        assert again.counts.paid_submissions == 0 and sum(server.jobs_made.values()) == 4
+
+
+def test_a_fal_run_leaves_an_unknown_submit_to_an_operator_and_never_resends_it(
+    engine: Engine, database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with FalServer() as server:
+        episode = _episode(engine, tmp_path, monkeypatch, "fal", server.base_url)  # type: ignore[attr-defined]
+        titles = ["a", "b [[CREATED_502]]", "c [[HTTP_429:1]]"]
+        episode.plan(write_playlist(tmp_path / "pl", titles, profile="real"))
+        outcome = episode.generate()
+        assert outcome.exit_code == ExitCode.PARTIAL, outcome.message
+        assert outcome.counts.completed == 2 and outcome.counts.failed == 1
+        for _ in range(2):  # resumes: the unknown stays unknown, nothing is sent again
+            again = episode.generate()
+            assert again.counts.failed == 1 and again.counts.paid_submissions == 0
+        assert sorted(server.jobs_made.values()) == [1, 1, 1]
+        with engine.connect() as conn:
+            (error,) = conn.execute(
+                select(ItemRow.error_text).where(ItemRow.state == "failed")
+            ).one()
+        assert "can neither look jobs up nor dedupe creates" in error
+        assert "a request to fal-ai/flux/dev (prompt of item v02.p1, seed " in error, error

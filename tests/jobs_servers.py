@@ -1,0 +1,417 @@
+"""Real local HTTP servers that follow Replicate's and fal's documented request and response
+shapes (paths, auth headers, status names, pagination), with fault injection, for the
+adapters' tests. Outputs are served from a second origin (127.0.0.2 where bindable) that
+records whether a credential ever reached it.
+
+``ReplicateServer``: ``POST /v1/models/{owner}/{name}/predictions`` and ``POST /v1/predictions``
+(with ``version``), ``GET /v1/predictions/{id}``, ``GET /v1/predictions`` (newest first,
+``created_after``/``created_before``, ``next`` as an absolute URL with a cursor),
+``POST /v1/predictions/{id}/cancel``, ``GET /v1/account``; ``Authorization: Bearer TOKEN``.
+A prediction is ``starting``, then ``processing``, then ``succeeded`` with ``output`` a list
+of URLs (``output_as_string``: one URL).
+
+``FalServer``: ``POST /{owner}/{app}[/{subpath}]`` (the input as the body), ``GET
+/{owner}/{app}/requests/{id}/status`` (202 ``IN_QUEUE``, 202 ``IN_PROGRESS``, 200
+``COMPLETED``), ``GET /{owner}/{app}/requests/{id}`` (``images: [{url, ...}]``), ``PUT
+.../cancel``; ``Authorization: Key TOKEN``. Request URLs with the subpath answer 404, as the
+adapter must drop it.
+
+Markers in the prompt, ``:n`` for the first n calls of that prompt and seed (default 1):
+``[[HTTP_429:n]]``, ``[[REFUSE_422:n]]``, ``[[HTTP_401:n]]`` (refused, nothing made);
+``[[CREATED_502:n]]`` (made, then 502), ``[[ACCEPT_DROP:n]]`` (made, connection closed);
+``[[REMOTE_FAIL]]`` (the job fails), ``[[ABORTED]]`` (Replicate: aborted before it started).
+``jobs_made`` counts jobs per (prompt, seed): what the provider would bill.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import uuid
+from collections import Counter
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler
+from typing import Any
+from urllib.parse import parse_qs, urlencode, urlparse
+
+from providers.fake import render_png
+from tests.http_server import Seen, _hits, _QuietServer, _second_loopback
+
+TOKEN = "jobs-token-not-a-secret"
+
+
+class _Origin:
+    def __init__(self, host: str, handler: type[BaseHTTPRequestHandler]) -> None:
+        self.requests: list[Seen] = []
+        self.httpd = _QuietServer((host, 0), handler)
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True)
+
+    @property
+    def origin(self) -> str:
+        host, port = self.httpd.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+class _JobsServer:
+    """Jobs, their polls, the bill, and both origins (the API and the files)."""
+
+    AUTH = "Bearer"
+
+    def __init__(self, *, page_size: int = 100, processing_polls: int = 1) -> None:
+        self.jobs: dict[str, dict[str, Any]] = {}  # insertion order: oldest first
+        self.jobs_made: Counter[tuple[str, int]] = Counter()  # per (prompt, seed)
+        self.create_calls: Counter[tuple[str, int]] = Counter()
+        self.cancels: Counter[str] = Counter()
+        self.lock = threading.Lock()
+        self.page_size = page_size
+        self.processing_polls = processing_polls
+        self.api = _Origin("127.0.0.1", _handler(self, api=True))
+        self.files = _Origin(_second_loopback(), _handler(self, api=False))
+
+    @property
+    def requests(self) -> list[Seen]:
+        return self.api.requests
+
+    def __enter__(self) -> _JobsServer:
+        self.api.start()
+        self.files.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.api.stop()
+        self.files.stop()
+
+    def authorized(self, header: str | None) -> bool:
+        return header == f"{self.AUTH} {TOKEN}"
+
+    def make(self, model: str, version: str | None, inputs: dict[str, Any]) -> dict[str, Any]:
+        job_id = uuid.uuid4().hex[:24]
+        key = (str(inputs.get("prompt")), int(inputs.get("seed", 0)))
+        job = {
+            "id": job_id,
+            "model": model,
+            "version": version,
+            "input": inputs,
+            "polls": 0,
+            "status": "starting",
+            "created_at": datetime.now(UTC).isoformat().replace("+00:00", "Z"),
+        }
+        with self.lock:
+            self.jobs[job_id] = job
+            self.jobs_made[key] += 1
+        return job
+
+    def advance(self, job: dict[str, Any]) -> None:
+        """A poll: the job runs a little further (queued, running, then done)."""
+        with self.lock:
+            job["polls"] += 1
+            if job["status"] in ("canceled", "failed", "succeeded", "aborted"):
+                return
+            prompt = str(job["input"].get("prompt"))
+            if job["polls"] <= self.processing_polls:
+                job["status"] = "processing"
+            elif "[[ABORTED]]" in prompt:
+                job["status"] = "aborted"
+            elif "[[REMOTE_FAIL]]" in prompt:
+                job["status"] = "failed"
+            else:
+                job["status"] = "succeeded"
+
+    def output_url(self, job_id: str) -> str:
+        return f"{self.files.origin}/files/{job_id}.png"
+
+    def file(self, job_id: str) -> tuple[int, Any]:
+        job = self.jobs.get(job_id)
+        if job is None:
+            return 404, {"detail": "no such file"}
+        return 200, render_png(str(job["input"].get("prompt")), int(job["input"].get("seed", 0)))
+
+    def refused(self, inputs: dict[str, Any]) -> tuple[int, Any] | None:
+        """A create refused by a marker (nothing made), counted per (prompt, seed)."""
+        prompt = str(inputs.get("prompt"))
+        with self.lock:
+            self.create_calls[(prompt, int(inputs.get("seed", 0)))] += 1
+            calls = self.create_calls[(prompt, int(inputs.get("seed", 0)))]
+        for name, code in (("HTTP_429", 429), ("REFUSE_422", 422), ("HTTP_401", 401)):
+            if _hits(prompt, name, calls):
+                return code, {"title": name, "status": code, "detail": name.lower()}
+        return None
+
+    def after_made(self, inputs: dict[str, Any]) -> str | None:
+        """What goes wrong after a job was made: ``drop``, ``502``, or None."""
+        prompt = str(inputs.get("prompt"))
+        calls = self.create_calls[(prompt, int(inputs.get("seed", 0)))]
+        if _hits(prompt, "ACCEPT_DROP", calls):
+            return "drop"
+        if _hits(prompt, "CREATED_502", calls):
+            return "502"
+        return None
+
+    # ------------------------------------------------------------ per API
+    def create(self, path: str, body: Any) -> tuple[int, Any] | None:
+        raise NotImplementedError
+
+    def get(self, path: str, query: dict[str, list[str]]) -> tuple[int, Any]:
+        raise NotImplementedError
+
+    def cancel(self, method: str, path: str) -> tuple[int, Any]:
+        raise NotImplementedError
+
+
+class ReplicateServer(_JobsServer):
+    AUTH = "Bearer"
+
+    def __init__(self, *, output_as_string: bool = False, **options: Any) -> None:
+        super().__init__(**options)
+        self.output_as_string = output_as_string
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.api.origin}/v1"
+
+    def prediction(self, job: dict[str, Any]) -> dict[str, Any]:
+        reply = {
+            key: job[key] for key in ("id", "model", "version", "input", "status", "created_at")
+        }
+        reply["urls"] = {
+            "get": f"{self.base_url}/predictions/{job['id']}",
+            "cancel": f"{self.base_url}/predictions/{job['id']}/cancel",
+        }
+        reply["output"] = None
+        reply["error"] = "the model crashed" if job["status"] == "failed" else None
+        if job["status"] == "succeeded":
+            url = self.output_url(job["id"])
+            reply["output"] = url if self.output_as_string else [url]
+        return reply
+
+    def create(self, path: str, body: Any) -> tuple[int, Any] | None:
+        if path == "/v1/predictions":
+            version = body.get("version") if isinstance(body, dict) else None
+            if not isinstance(version, str):
+                return 422, {"title": "Invalid version", "status": 422, "detail": "version"}
+            model = "owner/versioned"
+        elif path.startswith("/v1/models/") and path.endswith("/predictions"):
+            model, version = path.removeprefix("/v1/models/").removesuffix("/predictions"), None
+            if isinstance(body, dict) and "version" in body:
+                return 422, {"title": "Unexpected version", "status": 422, "detail": "version"}
+        else:
+            return 404, {"title": "Not found", "status": 404, "detail": "no such route"}
+        inputs = body.get("input") if isinstance(body, dict) else None
+        if not isinstance(inputs, dict) or not isinstance(inputs.get("prompt"), str):
+            return 422, {"title": "Invalid input", "status": 422, "detail": "input.prompt"}
+        if (refused := self.refused(inputs)) is not None:
+            return refused
+        job = self.make(model, version, inputs)
+        after = self.after_made(inputs)
+        if after == "drop":
+            return None
+        if after == "502":
+            return 502, {"detail": "bad gateway"}
+        return 201, self.prediction(job)
+
+    def get(self, path: str, query: dict[str, list[str]]) -> tuple[int, Any]:
+        if path == "/v1/account":
+            return 200, {"type": "user", "username": "episodic-test", "name": "Test"}
+        if path == "/v1/predictions":
+            return 200, self.listing(query)
+        job = self.jobs.get(path.removeprefix("/v1/predictions/"))
+        if job is None:
+            return 404, {"title": "Not found", "status": 404, "detail": "no such prediction"}
+        self.advance(job)
+        return 200, self.prediction(job)
+
+    def listing(self, query: dict[str, list[str]]) -> dict[str, Any]:
+        after = query.get("created_after", [""])[0]
+        cursor = int(query.get("cursor", ["0"])[0])
+        with self.lock:
+            jobs = [job for job in reversed(self.jobs.values()) if job["created_at"] >= after]
+        page = jobs[cursor : cursor + self.page_size]
+        reply: dict[str, Any] = {
+            "results": [self.prediction(job) for job in page],
+            "previous": None,
+            "next": None,
+        }
+        if cursor + self.page_size < len(jobs):
+            params = {"cursor": cursor + self.page_size, "created_after": after}
+            reply["next"] = f"{self.base_url}/predictions?{urlencode(params)}"
+        return reply
+
+    def cancel(self, method: str, path: str) -> tuple[int, Any]:
+        job_id = path.removeprefix("/v1/predictions/").removesuffix("/cancel")
+        job = self.jobs.get(job_id)
+        if method != "POST" or job is None:
+            return 404, {"title": "Not found", "status": 404, "detail": "no such prediction"}
+        with self.lock:
+            self.cancels[job_id] += 1
+            if job["status"] in ("starting", "processing"):
+                job["status"] = "canceled"
+        return 200, self.prediction(job)
+
+
+class FalServer(_JobsServer):
+    AUTH = "Key"
+
+    @property
+    def base_url(self) -> str:
+        return self.api.origin
+
+    def create(self, path: str, body: Any) -> tuple[int, Any] | None:
+        model = path.strip("/")
+        if model.count("/") < 1 or "/requests/" in path:
+            return 404, {"detail": "application not found"}
+        if not isinstance(body, dict) or not isinstance(body.get("prompt"), str):
+            return 422, {"detail": [{"loc": ["body", "prompt"], "msg": "field required"}]}
+        if (refused := self.refused(body)) is not None:
+            return refused
+        job = self.make(model, None, body)
+        after = self.after_made(body)
+        if after == "drop":
+            return None
+        if after == "502":
+            return 502, {"detail": "bad gateway", "error_type": "runner_disconnected"}
+        app = "/".join(model.split("/")[:2])
+        base = f"{self.base_url}/{app}/requests/{job['id']}"
+        return 200, {
+            "request_id": job["id"],
+            "response_url": base,
+            "status_url": f"{base}/status",
+            "cancel_url": f"{base}/cancel",
+            "queue_position": 0,
+        }
+
+    def _job(self, path: str) -> tuple[dict[str, Any] | None, str]:
+        """The job a request URL names, and what follows its id; None when the URL is not
+        ``/{owner}/{app}/requests/{id}...`` of the app the job was submitted to."""
+        parts = path.strip("/").split("/")
+        if len(parts) < 4 or parts[2] != "requests":
+            return None, ""
+        job = self.jobs.get(parts[3])
+        if job is None or "/".join(job["model"].split("/")[:2]) != "/".join(parts[:2]):
+            return None, ""
+        return job, "/".join(parts[4:])
+
+    def get(self, path: str, query: dict[str, list[str]]) -> tuple[int, Any]:
+        job, rest = self._job(path)
+        if job is None:
+            return 404, {"detail": "request not found"}
+        if rest == "status":
+            self.advance(job)
+            status = job["status"]
+            if status in ("starting",):
+                return 202, {"status": "IN_QUEUE", "request_id": job["id"], "queue_position": 0}
+            if status == "processing":
+                return 202, {"status": "IN_PROGRESS", "request_id": job["id"]}
+            reply: dict[str, Any] = {"status": "COMPLETED", "request_id": job["id"]}
+            if status in ("failed", "canceled", "aborted"):
+                reply.update(error="the request failed", error_type="runner_failed")
+            return 200, reply
+        if rest == "":
+            if job["status"] != "succeeded":
+                return 400, {"detail": "request not completed", "error_type": "bad_request"}
+            return 200, {
+                "images": [
+                    {
+                        "url": self.output_url(job["id"]),
+                        "width": 1024,
+                        "height": 768,
+                        "content_type": "image/png",
+                    }
+                ],
+                "seed": job["input"].get("seed"),
+                "has_nsfw_concepts": [False],
+                "prompt": job["input"].get("prompt"),
+            }
+        return 404, {"detail": "not found"}
+
+    def cancel(self, method: str, path: str) -> tuple[int, Any]:
+        job, rest = self._job(path)
+        if method != "PUT" or job is None or rest != "cancel":
+            return 404, {"status": "NOT_FOUND"}
+        with self.lock:
+            self.cancels[job["id"]] += 1
+            if job["status"] in ("starting", "processing"):
+                job["status"] = "canceled"
+                return 202, {"status": "CANCELLATION_REQUESTED"}
+        return 400, {"status": "ALREADY_COMPLETED"}
+
+
+def _handler(server: _JobsServer, *, api: bool) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def _record(self) -> None:
+            headers = {name.lower(): value for name, value in self.headers.items()}
+            (server.api if api else server.files).requests.append(
+                Seen(self.command, self.path, headers)
+            )
+
+        def _send(self, code: int, body: Any) -> None:
+            data = body if isinstance(body, bytes) else json.dumps(body).encode()
+            self.send_response(code)
+            png = data.startswith(b"\x89PNG")
+            self.send_header("Content-Type", "image/png" if png else "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _body(self) -> Any:
+            length = int(self.headers.get("Content-Length", "0"))
+            raw = self.rfile.read(length) if length else b""
+            try:
+                return json.loads(raw) if raw else None
+            except ValueError:
+                return None
+
+        def _authorized(self) -> bool:
+            if not server.authorized(self.headers.get("Authorization")):
+                self._send(401, {"title": "Unauthenticated", "status": 401, "detail": "token"})
+                return False
+            return True
+
+        def do_POST(self) -> None:
+            self._record()
+            body = self._body()
+            if not api:
+                self._send(404, {"detail": "not found"})
+            elif not self._authorized():
+                return
+            elif urlparse(self.path).path.endswith("/cancel"):
+                self._send(*server.cancel("POST", urlparse(self.path).path))
+            elif (reply := server.create(urlparse(self.path).path, body)) is None:
+                self.close_connection = True
+                self.connection.shutdown(socket.SHUT_RDWR)  # made, but the caller never hears
+            else:
+                self._send(*reply)
+
+        def do_PUT(self) -> None:
+            self._record()
+            self._body()
+            if not api:
+                self._send(404, {"detail": "not found"})
+            elif self._authorized():
+                self._send(*server.cancel("PUT", urlparse(self.path).path))
+
+        def do_GET(self) -> None:
+            self._record()
+            url = urlparse(self.path)
+            if not api:
+                if url.path.startswith("/files/"):  # outputs need no credential
+                    self._send(*server.file(url.path.rsplit("/", 1)[-1].removesuffix(".png")))
+                else:
+                    self._send(404, {"detail": "not found"})
+            elif self._authorized():
+                self._send(*server.get(url.path, parse_qs(url.query)))
+
+    return Handler
