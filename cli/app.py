@@ -27,6 +27,7 @@ from cli import (
     maintenance,
     pipelines,
     prefect_setup,
+    providers,
     review,
     runs,
     serve,
@@ -58,6 +59,7 @@ app.add_typer(episodes.app, name="episodes")
 app.add_typer(runs.app, name="runs")
 app.add_typer(db.app, name="db")
 app.add_typer(pipelines.app, name="pipelines")
+app.add_typer(providers.app, name="providers")
 app.add_typer(prefect_setup.app, name="prefect")
 
 

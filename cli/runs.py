@@ -115,16 +115,25 @@ def resume(
 
 @app.command("cancel")
 def cancel(run_id: RunArg, as_json: JsonOption = False) -> None:
-    """Cancel a pending, running or paused run; its unstarted items are cancelled too."""
+    """Cancel a pending, running or paused run; its unstarted items are cancelled too, and
+    the jobs the provider accepted for it and nobody collected are cancelled at the provider
+    where its API allows (each answer is recorded). Cancelling a cancelled run asks again."""
     from core.ids import parse_run_id
-    from core.states import RunState
+    from pipeline.cancel import cancel_run
+    from pipeline.gate import EnvironmentCredentials
     from storage.runs import RunStore
 
     run_id = parse_run_id(run_id)
-    store = RunStore(context.engine())
-    store.transition_run(run_id, RunState.CANCELLED, "cancelled by operator")
-    run = store.get_run(run_id)
-    emit_json(_run_dict(run)) if as_json else typer.echo(f"run {run_id} cancelled")
+    _state, jobs = cancel_run(
+        context.engine(), context.settings(), run_id, EnvironmentCredentials()
+    )
+    if as_json:
+        run = _run_dict(RunStore(context.engine()).get_run(run_id))
+        emit_json({**run, "provider_cancels": [job.to_dict() for job in jobs]})
+        return
+    typer.echo(f"run {run_id} cancelled")
+    for job in jobs:
+        typer.echo(f"  job {job.remote_ref} ({job.profile}): {job.answer}")
 
 
 def _run_dict(run: object) -> dict[str, object]:

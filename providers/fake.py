@@ -26,7 +26,9 @@ process can look a job up by its client reference and collect it. When
 ``EPISODIC_FAKE_PROVIDER_LOG`` is set, one JSON line per event is appended there: ``submit``
 (every create call that arrived), ``job_created`` (once per job really created, with its
 client reference, item, episode, remote reference and cost) and ``accepted`` (the same moment,
-kept for older readers), ``submit_replayed``, ``lookup``, ``collect`` and ``client_built``.
+kept for older readers), ``submit_replayed``, ``lookup``, ``collect``, ``cancel`` (a job
+still running is cancelled: its collect raises ``RemoteJobFailed`` at no cost) and
+``client_built``.
 """
 
 from __future__ import annotations
@@ -193,6 +195,8 @@ class FakeProvider:
             if time.monotonic() > give_up:
                 raise CollectionPending(f"remote task {remote_ref} not ready in time")
             time.sleep(min(wait, 0.05))
+        if self._job_path(remote_ref).with_suffix(".canceled").exists():
+            raise RemoteJobFailed("fake job canceled", 0)
         log_event("collect", remote_ref=remote_ref)
         if "[[FAIL_REMOTE]]" in job["prompt"]:
             raise RemoteJobFailed("fake remote job failed", self.capabilities.cost_per_image_minor)
@@ -206,6 +210,18 @@ class FakeProvider:
         if not path.exists() or "[[NO_LOOKUP]]" in json.loads(path.read_text())["prompt"]:
             return None
         return remote_ref
+
+    def cancel(self, remote_ref: str) -> str:
+        """Cancel a job that is still running (``canceled``, not billed); a finished one
+        answers ``succeeded`` and an unknown one ``not_found``."""
+        job = self._job(remote_ref)
+        log_event("cancel", remote_ref=remote_ref)
+        if job is None:
+            return "not_found"
+        if job["ready_at"] <= time.time():
+            return "succeeded"
+        self._job_path(remote_ref).with_suffix(".canceled").touch()
+        return "canceled"
 
     def close(self) -> None:
         pass

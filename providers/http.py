@@ -330,6 +330,23 @@ class HttpProvider(JobsApiClient):
             raise UnknownOutcome(f"lookup: {len(found)} jobs carry our client reference: ambiguous")
         return next(iter(found), None)
 
+    def check(self) -> str:
+        """Verify the token without spending: a lookup of a reference no job has (``GET
+        /predictions?client_reference=episodic-check``). Raises `ProviderConfigError` when
+        the token is refused, `UnknownOutcome` when there is no usable answer."""
+        try:
+            response = self._api.get("/predictions", params={"client_reference": "episodic-check"})
+        except httpx.HTTPError as exc:
+            raise UnknownOutcome(f"check: {type(exc).__name__}") from None
+        if response.status_code in (401, 403):
+            raise ProviderConfigError(
+                f"profile {self.profile.id!r}: the provider refused the token (HTTP "
+                f"{response.status_code})"
+            )
+        if response.status_code != 200:
+            raise UnknownOutcome(f"check: HTTP {response.status_code}")
+        return "the provider accepted the token (a free lookup)"
+
     def _collect_once(self, remote_ref: str) -> ImageResult:
         job = self._get_json(f"/predictions/{remote_ref}")
         status = job.get("status")

@@ -54,6 +54,7 @@ from storage.base import utcnow
 from storage.lock import keyed_transaction
 from storage.models import (
     CostEntryRow,
+    EpisodeEventRow,
     EpisodePlanRow,
     EpisodeRow,
     ItemRow,
@@ -70,6 +71,7 @@ _items: Table = ItemRow.__table__  # type: ignore[assignment]
 _members: Table = RunItemRow.__table__  # type: ignore[assignment]
 _subs: Table = SubmissionRow.__table__  # type: ignore[assignment]
 _costs: Table = CostEntryRow.__table__  # type: ignore[assignment]
+_events: Table = EpisodeEventRow.__table__  # type: ignore[assignment]
 
 OPEN_SUBMISSION_STATES = (SubmissionState.INTENT, SubmissionState.ACCEPTED, SubmissionState.UNKNOWN)
 _T = TypeVar("_T")
@@ -565,6 +567,45 @@ class RunStore:
             or_(_items.c.claim_owner.is_(None), _items.c.claim_owner != owner),
             or_(_items.c.error_text == INTERRUPTED, open_sub),
         )
+
+    def accepted_jobs(self, run_id: str) -> list[tuple[int, str, str]]:
+        """The run's submissions the provider accepted and nobody collected yet: (submission
+        pk, remote reference, provider profile), oldest first."""
+        with tx.read(self.engine) as conn:
+            rows = conn.execute(
+                select(_subs.c.id, _subs.c.remote_ref, _subs.c.provider_profile)
+                .where(
+                    _subs.c.run_id == run_id,
+                    _subs.c.state == SubmissionState.ACCEPTED,
+                    _subs.c.remote_ref.is_not(None),
+                )
+                .order_by(_subs.c.id)
+            ).all()
+        return [(int(r.id), str(r.remote_ref), str(r.provider_profile)) for r in rows]
+
+    def record_provider_cancel(
+        self, run_id: str, submission_pk: int, remote_ref: str, profile: str, answer: str
+    ) -> None:
+        """The ledger's note that a cancel was asked of the provider for an accepted job, and
+        what it answered (an event of the run's episode, ``provider_cancel``)."""
+        with tx.write(self.engine) as conn:
+            episode_pk = conn.execute(
+                select(_runs.c.episode_pk).where(_runs.c.id == run_id)
+            ).scalar_one()
+            conn.execute(
+                insert(_events).values(
+                    episode_pk=episode_pk,
+                    kind="provider_cancel",
+                    at=utcnow(),
+                    detail={
+                        "run_id": run_id,
+                        "submission": submission_pk,
+                        "remote_ref": remote_ref,
+                        "profile": profile,
+                        "answer": answer[:200],
+                    },
+                )
+            )
 
     def _members_where(self, run_id: str, *conditions: ColumnElement[bool]) -> list[Item]:
         query = (

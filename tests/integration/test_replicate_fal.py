@@ -345,3 +345,100 @@ def test_a_fal_run_leaves_an_unknown_submit_to_an_operator_and_never_resends_it(
             ).one()
         assert "can neither look jobs up nor dedupe creates" in error
         assert "a request to fal-ai/flux/dev (prompt of item v02.p1, seed " in error, error
+
+
+# ---------------------------------------------------------------- cancelling a run
+def test_cancelling_a_run_cancels_its_accepted_jobs_at_the_provider_and_records_it(
+    engine: Engine, database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run whose prediction is running at Replicate is cancelled: the run stops, the
+    prediction is cancelled there (the server counts the cancel call), the ledger records
+    the provider's answer, and a cancel again asks only for what is still accepted (here
+    nothing: the stopping process saw the prediction end cancelled and closed it)."""
+    import threading
+    import time
+
+    from pipeline.cancel import cancel_run
+    from pipeline.gate import EnvironmentCredentials
+    from storage.models import EpisodeEventRow, SubmissionRow
+    from storage.runs import RunStore
+
+    with ReplicateServer(processing_polls=10**6) as server:  # it never finishes by itself
+        episode = _episode(engine, tmp_path, monkeypatch, "replicate", server.base_url)  # type: ignore[attr-defined]
+        episode.plan(write_playlist(tmp_path / "pl", ["slow"], profile="real"))
+        outcomes: list[Any] = []
+        worker = threading.Thread(target=lambda: outcomes.append(episode.generate(lease_s=5)))
+        worker.start()
+        deadline = time.monotonic() + 20
+        accepted: list[tuple[int, str, str]] = []
+        while not accepted and time.monotonic() < deadline:
+            (run,) = RunStore(engine).list_runs("weekly", episode.episode_id) or [None]
+            accepted = RunStore(engine).accepted_jobs(run.run_id) if run else []
+            time.sleep(0.05)
+        assert accepted, "the prediction was never accepted"
+        state, jobs = cancel_run(engine, episode.settings, run.run_id, EnvironmentCredentials())
+        worker.join(30)
+        assert not worker.is_alive() and outcomes[0].state.value == "cancelled"
+        assert state == "cancelled" and [j.answer for j in jobs] == ["canceled"]
+        (job_id,) = server.jobs
+        assert server.cancels[job_id] == 1 and server.jobs[job_id]["status"] == "canceled"
+        with engine.connect() as conn:
+            (event,) = conn.execute(
+                select(EpisodeEventRow.detail).where(EpisodeEventRow.kind == "provider_cancel")
+            ).one()
+            assert event["remote_ref"] == job_id and event["answer"] == "canceled"
+        # the stopping process saw the prediction end "canceled" and closed its submission
+        with engine.connect() as conn:
+            assert conn.execute(select(SubmissionRow.state)).scalar_one() == "failed"
+        _state, again = cancel_run(engine, episode.settings, run.run_id, EnvironmentCredentials())
+        assert again == [] and server.cancels[job_id] == 1  # nothing left to cancel
+        assert sum(server.jobs_made.values()) == 1
+
+
+# ---------------------------------------------------------------- episodic providers
+def test_providers_check_verifies_without_spending_and_prints_the_capability_row(
+    replicate: ReplicateServer,
+    fal: FalServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from cli.app import run
+
+    (tmp_path / "providers.yaml").write_text(
+        "profiles:\n"
+        "  rep:\n    kind: replicate\n    model: owner/model\n"
+        f"    base_url: {replicate.base_url}\n    credential_env: REP_TOKEN\n"
+        "    cost_per_image_minor: 3\n"
+        "  falp:\n    kind: fal\n    model: fal-ai/flux/dev\n"
+        f"    base_url: {fal.base_url}\n    credential_env: FAL_TOKEN\n"
+        "    cost_per_image_minor: 2\n"
+    )
+    monkeypatch.setenv("EPISODIC_PROVIDERS_FILE", str(tmp_path / "providers.yaml"))
+    monkeypatch.setenv("REP_TOKEN", TOKEN)
+    monkeypatch.setenv("FAL_TOKEN", TOKEN)
+    capsys.readouterr()
+    assert run(["providers", "check", "rep", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["check"] == {"ok": True, "message": "episodic-test"}
+    assert shown["idempotent_create"] is False and "exact input" in shown["lookup"]
+    assert [r.path for r in replicate.requests] == ["/v1/account"]
+    monkeypatch.setenv("REP_TOKEN", "wrong-token")
+    assert run(["providers", "check", "rep"]) == 2
+    assert "refused the token" in capsys.readouterr().out
+    assert run(["providers", "check", "falp", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert (
+        shown["check"]["ok"] is None
+        and "cannot check without spending" in shown["check"]["message"]
+    )
+    assert shown["on_ambiguous_reply"] == "left to an operator (never sent again)"
+    assert fal.requests == [] and not replicate.jobs_made  # nothing sent that could spend
+    assert run(["providers", "list", "--json"]) == 0
+    assert [row["profile"] for row in json.loads(capsys.readouterr().out)] == [
+        "fake",
+        "falp",
+        "rep",
+    ]
+    assert run(["providers", "check", "nope"]) == 2
+    assert "unknown provider profile 'nope'" in capsys.readouterr().err

@@ -1,0 +1,100 @@
+"""Cancelling a run: the run stops before its next paid call, and the jobs the provider
+accepted for it and nobody collected are cancelled at the provider where its API allows.
+
+Each cancel asked is recorded in the ledger (an episode event ``provider_cancel`` with the
+submission, the remote reference and the provider's answer). The submissions stay
+``accepted``: a cancelled job may still finish, and a later run collects it, or records its
+failure, at no new cost. Cancelling an already cancelled run asks again for the jobs still
+accepted (calls that were in flight when the run was first cancelled).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine
+
+from core.errors import EpisodicError, InvalidTransition
+from core.settings import Settings
+from core.states import RunState
+from pipeline.gate import CredentialSource, build_provider, open_gate
+from providers.base import ProviderError
+from providers.profiles import get_profile, load_profiles
+from storage.runs import RunStore
+
+
+@dataclass(frozen=True, slots=True)
+class JobCancel:
+    submission: int
+    remote_ref: str
+    profile: str
+    answer: str  # the provider's status, or why it was not asked
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "submission": self.submission,
+            "remote_ref": self.remote_ref,
+            "profile": self.profile,
+            "answer": self.answer,
+        }
+
+
+def cancel_run(
+    engine: Engine, settings: Settings, run_id: str, credentials: CredentialSource
+) -> tuple[str, list[JobCancel]]:
+    """Cancel `run_id` (pending, running, paused, or already cancelled); then ask the
+    provider to cancel each accepted, uncollected job of the run. Returns the run's state
+    and one `JobCancel` per job. Raises `RunNotFound`, `InvalidTransition` (a completed or
+    failed run is not cancelled)."""
+    store = RunStore(engine)
+    if store.run_state(run_id) != RunState.CANCELLED:
+        try:
+            store.transition_run(run_id, RunState.CANCELLED, "cancelled by operator")
+        except InvalidTransition:
+            if store.run_state(run_id) != RunState.CANCELLED:  # not a racing cancel
+                raise
+    run = store.get_run(run_id)
+    jobs = store.accepted_jobs(run_id)
+    if not jobs:
+        return run.state, []
+    gate = open_gate(engine, run.pipeline, run.episode_id, "cancel")
+    profiles = load_profiles(settings.providers_path)
+    answers: list[JobCancel] = []
+    providers: dict[str, Any] = {}
+    for submission, remote_ref, profile_id in jobs:
+        answer = _ask(gate, profiles, profile_id, remote_ref, providers, settings, credentials)
+        store.record_provider_cancel(run_id, submission, remote_ref, profile_id, answer)
+        answers.append(JobCancel(submission, remote_ref, profile_id, answer))
+    for provider in providers.values():
+        if provider is not None:
+            provider.close()
+    return run.state, answers
+
+
+def _ask(
+    gate: Any,
+    profiles: dict[str, Any],
+    profile_id: str,
+    remote_ref: str,
+    providers: dict[str, Any],
+    settings: Settings,
+    credentials: CredentialSource,
+) -> str:
+    if profile_id not in providers:
+        try:
+            profile = get_profile(profiles, profile_id)
+            providers[profile_id] = build_provider(gate, profile, credentials, settings.home_path)
+        except EpisodicError as exc:
+            providers[profile_id] = None
+            return f"not asked: {exc}"[:200]
+    provider = providers[profile_id]
+    if provider is None:
+        return "not asked: the provider could not be built"
+    cancel = getattr(provider, "cancel", None)
+    if not callable(cancel):
+        return "not asked: the provider has no cancel"
+    try:
+        return str(cancel(remote_ref))
+    except ProviderError as exc:
+        return f"unknown: {exc}"[:200]

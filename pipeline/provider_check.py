@@ -1,0 +1,141 @@
+"""`episodic providers check|list`: what each provider profile promises, and a check of its
+credential that spends nothing (where the provider's API has a free call for it).
+
+The capability row says, per profile: does create honour an idempotency key; can a job we
+sent be found again, and how; can a job be cancelled; where an image's cost comes from; and
+what happens on an ambiguous reply (a create whose acceptance is unknown).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from core.errors import ProviderConfigError
+from pipeline.gate import CredentialSource
+from providers.base import CannotCheck, ProviderError
+from providers.profiles import Profile
+
+_AMBIGUOUS_RESEND = "sent again with the same key: the provider returns the one job"
+_AMBIGUOUS_LOOKUP = "looked up; until found, never sent again"
+_AMBIGUOUS_OPERATOR = "left to an operator (never sent again)"
+
+
+@dataclass(frozen=True, slots=True)
+class CapabilityRow:
+    profile: str
+    kind: str
+    idempotent_create: bool
+    lookup: str  # how a job we sent is found again, or "no"
+    cancel: str
+    cost: str
+    ambiguous: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "profile": self.profile,
+            "kind": self.kind,
+            "idempotent_create": self.idempotent_create,
+            "lookup": self.lookup,
+            "cancel": self.cancel,
+            "cost": self.cost,
+            "on_ambiguous_reply": self.ambiguous,
+        }
+
+
+def capability_row(profile: Profile) -> CapabilityRow:
+    """The row for a profile, from what its adapter declares (docs/providers.md)."""
+    price = f"profile ({profile.cost_per_image_minor} minor units of {profile.currency})"
+    if profile.kind == "fake":
+        return CapabilityRow(
+            profile.id, "fake", True, "by client reference", "yes", price, _AMBIGUOUS_RESEND
+        )
+    if profile.kind == "http":
+        lookup = (
+            "by client reference (GET /predictions?client_reference=)" if profile.lookup else "no"
+        )
+        ambiguous = (
+            _AMBIGUOUS_RESEND
+            if profile.idempotent_create
+            else _AMBIGUOUS_LOOKUP
+            if profile.lookup
+            else _AMBIGUOUS_OPERATOR
+        )
+        return CapabilityRow(
+            profile.id,
+            "http",
+            profile.idempotent_create,
+            lookup,
+            "no",
+            f"reply's cost_minor, else {price}",
+            ambiguous,
+        )
+    if profile.kind == "replicate":
+        seeded = profile.seed_input is not None
+        lookup = (
+            f"by exact input among this model's predictions of the last "
+            f"{profile.lookup_window_s} s (GET /v1/predictions?created_after=)"
+            if seeded
+            else "no (the model takes no seed: inputs do not tell ours apart)"
+        )
+        return CapabilityRow(
+            profile.id,
+            "replicate",
+            False,
+            lookup,
+            "yes (POST /v1/predictions/{id}/cancel)",
+            price,
+            _AMBIGUOUS_LOOKUP if seeded else _AMBIGUOUS_OPERATOR,
+        )
+    return CapabilityRow(
+        profile.id,
+        "fal",
+        False,
+        "no (the queue lists nothing and carries no reference of ours)",
+        "yes (PUT .../requests/{id}/cancel)",
+        price,
+        _AMBIGUOUS_OPERATOR,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class CheckResult:
+    ok: bool | None  # True: verified; False: refused; None: cannot check without spending
+    message: str
+
+
+def check_profile(profile: Profile, credentials: CredentialSource) -> CheckResult:
+    """Verify the profile's credential without spending. Never submits anything.
+    Raises `ProviderConfigError` (no credential, malformed)."""
+    if profile.kind == "fake":
+        return CheckResult(True, "the fake provider is local: nothing to check")
+    token = credentials.read(profile) if profile.needs_credential else None
+    if token is None:
+        raise ProviderConfigError(f"profile {profile.id!r} names no credential")
+    client = _client(profile, token)
+    try:
+        return CheckResult(True, client.check())
+    except CannotCheck as exc:
+        return CheckResult(None, f"cannot check without spending: {exc}")
+    except ProviderConfigError as exc:
+        return CheckResult(False, str(exc))
+    except ProviderError as exc:
+        return CheckResult(False, f"no answer: {exc}")
+    finally:
+        client.close()
+
+
+def _client(profile: Profile, token: str) -> Any:
+    """The adapter, built for a check only: its methods that spend are never called here
+    (a check is not a paid command, so it needs no episode's gate)."""
+    if profile.kind == "replicate":
+        from providers.replicate import ReplicateProvider
+
+        return ReplicateProvider(profile=profile, token=token)
+    if profile.kind == "fal":
+        from providers.fal import FalProvider
+
+        return FalProvider(profile=profile, token=token)
+    from providers.http import HttpProvider
+
+    return HttpProvider(profile=profile, token=token)
