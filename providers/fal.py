@@ -17,8 +17,8 @@
   ``episodic providers check`` says it cannot check without spending.
 
 Errors on submit, by what they prove (a refused submit has no ``request_id``): 429
-`RateLimited`; any other 4xx `PermanentProviderError` (401, 403 locked account, 404 unknown
-app, 422 invalid input); 3xx, 5xx, a 2xx without a request id, or no reply
+`RateLimited`; any other 4xx but 409 `PermanentProviderError` (401, 403 locked account, 404
+unknown app, 422 invalid input); 409, 3xx, 5xx, a 2xx without a request id, or no reply
 `UnknownOutcome`. A failed request costs the profile's price (fal may bill a request that
 ran); the cost of an image is the profile's ``cost_per_image_minor``.
 """
@@ -96,6 +96,8 @@ class FalProvider(JobsApiClient):
             return request_id
         if code == 429:
             raise RateLimited("submit: HTTP 429")
+        if code == 409:  # fal's own client sends it again: it proves nothing either way
+            raise UnknownOutcome("submit: HTTP 409 (conflict): a request may exist")
         if 400 <= code < 500:  # refused: no request_id, nothing queued
             raise PermanentProviderError(f"submit refused: HTTP {code}")
         raise UnknownOutcome(f"submit: HTTP {code}: a request may exist")
