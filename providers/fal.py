@@ -9,8 +9,8 @@
   subpath (``fal-ai/flux/requests/{id}/status``). ``IN_QUEUE`` and ``IN_PROGRESS`` (HTTP 202)
   are polled again; ``COMPLETED`` with ``error`` or ``error_type`` is a failed request;
   otherwise the result ``GET .../requests/{id}`` holds ``images: [{url, ...}]``, downloaded
-  without the credential (fal's CDN). A result answered 4xx with a ``detail`` is a failed
-  request too; 5xx and transport errors are polled again.
+  without the credential (fal's CDN). A result answered 422 with a ``detail`` (the model's
+  validation or content error) is a failed request too; any other error is polled again.
 - **Cancel** ``PUT .../requests/{id}/cancel``: ``{"status": "CANCELLATION_REQUESTED" |
   "ALREADY_COMPLETED" | "NOT_FOUND" | "OK"}``.
 - **Check**: fal documents no free endpoint that verifies an ordinary key, so
@@ -115,10 +115,8 @@ class FalProvider(JobsApiClient):
             response = self._api.get(base)
         except httpx.HTTPError as exc:
             raise _NotYet(f"result: {type(exc).__name__}") from None
-        if 400 <= response.status_code < 500 and self._has_detail(response):
-            raise RemoteJobFailed(
-                f"request failed: HTTP {response.status_code}", self.profile.cost_per_image_minor
-            )
+        if response.status_code == 422 and self._has_detail(response):  # the model refused
+            raise RemoteJobFailed("request failed: HTTP 422", self.profile.cost_per_image_minor)
         if not response.is_success:
             raise _NotYet(f"result: HTTP {response.status_code}")
         try:

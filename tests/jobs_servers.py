@@ -21,6 +21,10 @@ Markers in the prompt, ``:n`` for the first n calls of that prompt and seed (def
 ``[[CREATED_502:n]]`` (made, then 502), ``[[ACCEPT_DROP:n]]`` (made, connection closed);
 ``[[REMOTE_FAIL]]`` (the job fails), ``[[ABORTED]]`` (Replicate: aborted before it started).
 ``jobs_made`` counts jobs per (prompt, seed): what the provider would bill.
+
+``reply`` (for fuzzing): a callable ``(kind, path) -> (status, body) | None`` asked before each
+answer (kind: ``create``, ``poll``, ``result`` (fal), ``list``); a non-None answer is sent
+instead (``bytes`` as they are, anything else as JSON). A create it answers still makes the job.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import socket
 import threading
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler
 from typing import Any
@@ -74,6 +79,7 @@ class _JobsServer:
         self.lock = threading.Lock()
         self.page_size = page_size
         self.processing_polls = processing_polls
+        self.reply: Callable[[str, str], tuple[int, Any] | None] | None = None
         self.api = _Origin("127.0.0.1", _handler(self, api=True))
         self.files = _Origin(_second_loopback(), _handler(self, api=False))
 
@@ -155,6 +161,18 @@ class _JobsServer:
         if _hits(prompt, "CREATED_502", calls):
             return "502"
         return None
+
+    def forced(self, kind: str, path: str) -> tuple[int, Any] | None:
+        return None if self.reply is None else self.reply(kind, path)
+
+    def kind_of(self, path: str) -> str:
+        """What a GET asks for: ``list``, ``poll`` (a prediction or a fal status) or
+        ``result`` (a fal result)."""
+        if path == "/v1/predictions":
+            return "list"
+        if isinstance(self, FalServer) and not path.endswith("/status"):
+            return "result"
+        return "poll"
 
     # ------------------------------------------------------------ per API
     def create(self, path: str, body: Any) -> tuple[int, Any] | None:
@@ -392,6 +410,8 @@ def _handler(server: _JobsServer, *, api: bool) -> type[BaseHTTPRequestHandler]:
             elif (reply := server.create(urlparse(self.path).path, body)) is None:
                 self.close_connection = True
                 self.connection.shutdown(socket.SHUT_RDWR)  # made, but the caller never hears
+            elif (forced := server.forced("create", self.path)) is not None:
+                self._send(*forced)
             else:
                 self._send(*reply)
 
@@ -412,6 +432,7 @@ def _handler(server: _JobsServer, *, api: bool) -> type[BaseHTTPRequestHandler]:
                 else:
                     self._send(404, {"detail": "not found"})
             elif self._authorized():
-                self._send(*server.get(url.path, parse_qs(url.query)))
+                forced = server.forced(server.kind_of(url.path), self.path)
+                self._send(*(forced or server.get(url.path, parse_qs(url.query))))
 
     return Handler

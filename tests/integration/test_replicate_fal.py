@@ -320,6 +320,11 @@ def test_a_replicate_run_pays_once_per_item_through_lost_replies(
         outcome = episode.generate()
         assert outcome.exit_code == ExitCode.OK, outcome.message
         assert sorted(server.jobs_made.values()) == [1, 1, 1, 1]  # the provider's own count
+        sent = sorted(
+            (next((m for m in ("502", "DROP", "429") if m in prompt), "-"), n)
+            for (prompt, _seed), n in server.create_calls.items()
+        )  # only the refused create was sent again; a lost reply's create never was
+        assert sent == [("-", 1), ("429", 3), ("502", 1), ("DROP", 1)], sent
         assert outcome.counts.cost_minor == 12
         again = episode.generate()
         assert again.counts.paid_submissions == 0 and sum(server.jobs_made.values()) == 4
