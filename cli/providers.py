@@ -57,8 +57,10 @@ def list_profiles(as_json: JsonOption = False) -> None:
 @app.command("check")
 def check(profile: ProfileArg, as_json: JsonOption = False) -> None:
     """Validate a profile and verify its credential without spending (a free call where the
-    provider's API has one; otherwise it says it cannot check without spending). Exit 0
-    verified or not checkable, 2 invalid profile or refused credential, 1 no answer."""
+    provider's API has one; otherwise it says it cannot check without spending). The
+    credential comes from its environment variable, or its Prefect Secret block through the
+    configured Prefect API. Exit 0 verified or not checkable, 2 invalid profile or refused
+    credential, 1 no answer."""
     from core.exit_codes import ExitCode
     from pipeline.gate import EnvironmentCredentials
     from pipeline.provider_check import capability_row, check_profile
@@ -66,7 +68,12 @@ def check(profile: ProfileArg, as_json: JsonOption = False) -> None:
 
     chosen = get_profile(load_profiles(context.settings().providers_path), profile)
     row = capability_row(chosen).to_dict()
-    result = check_profile(chosen, EnvironmentCredentials())
+    if chosen.credential_secret_block:  # read from the Prefect API configured here
+        from tasks.generate import PrefectSecretCredentials
+
+        result = check_profile(chosen, PrefectSecretCredentials())
+    else:
+        result = check_profile(chosen, EnvironmentCredentials())
     if as_json:
         emit_json({**row, "check": {"ok": result.ok, "message": result.message}})
     else:
