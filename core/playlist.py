@@ -101,11 +101,39 @@ class Video(_Strict):
         return parts
 
 
+REFERENCE_IMAGE_TYPES = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg",
+                         ".webp": "image/webp"}  # fmt: skip
+MAX_REFERENCE_IMAGE_BYTES = 10 * 1024 * 1024
+
+
 class Playlist(_Strict):
     template: Template
     provider_profile: str = Field(default="fake", pattern=f"^{_ID}$")
     reference_assets: list[str] = Field(default_factory=list, max_length=20)
+    # one of the reference assets, sent with every item as the model's reference image
+    reference_image: str | None = Field(default=None, min_length=1, max_length=1024)
     items: list[Video] = Field(min_length=1, max_length=100_000)
+
+    @model_validator(mode="after")
+    def _reference_image_is_an_asset(self) -> Playlist:
+        name = self.reference_image
+        if name is None:
+            return self
+        if name not in self.reference_assets:
+            raise ValueError(
+                "reference_image must be one of reference_assets (its hash is in every key)"
+            )
+        if reference_image_type(name) is None:
+            raise ValueError(
+                f"reference_image must be a {', '.join(sorted(REFERENCE_IMAGE_TYPES))} file"
+            )
+        return self
+
+    def reference_image_sha256(self, reference_sha256: list[str]) -> str | None:
+        """The reference image's hash, from the assets' hashes (in `reference_assets` order)."""
+        if self.reference_image is None:
+            return None
+        return reference_sha256[self.reference_assets.index(self.reference_image)]
 
     @model_validator(mode="after")
     def _unique_videos(self) -> Playlist:
@@ -118,6 +146,12 @@ class Playlist(_Strict):
                 raise ValueError(f"video_id {video.video_id!r} appears twice")
             seen.add(video.video_id)
         return self
+
+
+def reference_image_type(name: str) -> str | None:
+    """The media type of a reference image file name, by its suffix (None: not an image)."""
+    dot = name.rfind(".")
+    return REFERENCE_IMAGE_TYPES.get(name[dot:].lower()) if dot >= 0 else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -402,6 +402,7 @@ class RunEngine:
     on_wait: Callable[[str | None], None] = lambda text: None
     planned_keys: frozenset[str] = frozenset()
     plan_id: int | None = None  # the recorded plan `planned_keys` come from
+    reference_image: str | None = None  # the plan's reference image, a data: URI
     follow_poll_s: float = 0.5
 
     # ------------------------------------------------------------------ the run
@@ -649,7 +650,12 @@ class RunEngine:
     def _request(self, claim: Claim, submission: Submission) -> ImageRequest:
         item = claim.item
         return ImageRequest(
-            submission.client_reference, self.gate.episode_id, item.item_id, item.prompt, item.seed
+            submission.client_reference,
+            self.gate.episode_id,
+            item.item_id,
+            item.prompt,
+            item.seed,
+            self.reference_image,
         )
 
     def _send(self, claim: Claim, submission: Submission) -> tuple[int, str] | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -9,7 +10,7 @@ from pathlib import Path
 
 from sqlalchemy import Engine
 
-from core.errors import CommandNotAllowed
+from core.errors import CommandNotAllowed, ProviderConfigError
 from core.hints import hint
 from core.ids import EpisodeId
 from core.playlist import PlannedItem
@@ -17,7 +18,13 @@ from core.settings import Settings
 from core.states import RunState
 from pipeline.engine import ItemExecutor, RunEngine, thread_pool_executor
 from pipeline.gate import CredentialSource, GatePass, build_provider, open_gate
-from pipeline.playlists import load_playlist, planned_items, playlist_sha256
+from pipeline.playlists import (
+    load_playlist,
+    parse_playlist,
+    planned_items,
+    playlist_sha256,
+    read_reference_image,
+)
 from pipeline.runs import (
     RunOptions,
     RunOutcome,
@@ -40,6 +47,7 @@ class Prepared:
     items: list[PlannedItem]
     profile: Profile
     plan_id: int | None = None  # the recorded plan the items come from
+    reference_image: str | None = None  # sha256 of the plan's reference image
 
 
 def record_plan(
@@ -57,6 +65,7 @@ def record_plan(
         playlist_sha256(playlist),
         references,
         str(playlist_path),
+        read_reference_image(playlist_path, playlist, references),
     )
     return {
         "episode_id": gate.episode_id,
@@ -113,7 +122,17 @@ def prepare(
     profile = get_profile(
         load_profiles(settings.providers_path), str(playlist.get("provider_profile", "fake"))
     )
-    return Prepared(gate, items, profile, plan_id)
+    reference = parse_playlist(playlist, "recorded plan").reference_image_sha256(references)
+    if (
+        reference is not None
+        and profile.kind in ("replicate", "fal")
+        and profile.reference_image_input is None
+    ):
+        raise ProviderConfigError(
+            f"episode {gate.episode_id}: the plan has a reference image, but provider "
+            f"profile {profile.id!r} names no model input for it (reference_image_input)"
+        )
+    return Prepared(gate, items, profile, plan_id, reference)
 
 
 def run_engine(
@@ -125,6 +144,16 @@ def run_engine(
     stop: threading.Event | None = None,
 ) -> RunEngine:
     """Build the provider (through the gate) and the engine that runs items with it."""
+    reference_image = None
+    if prepared.reference_image is not None:  # before the credential is read
+        found = RunStore(engine).reference_image(prepared.reference_image)
+        if found is None:
+            raise CommandNotAllowed(
+                f"episode {prepared.gate.episode_id}: its plan's reference image is not "
+                "recorded (planned before reference images were kept): plan it again"
+            )
+        media_type, content = found
+        reference_image = f"data:{media_type};base64,{base64.b64encode(content).decode()}"
     provider = build_provider(prepared.gate, prepared.profile, credentials, settings.home_path)
     return RunEngine(
         store=RunStore(engine),
@@ -138,6 +167,7 @@ def run_engine(
         stop=stop or threading.Event(),
         planned_keys=frozenset(item.idempotency_key for item in prepared.items),
         plan_id=prepared.plan_id,
+        reference_image=reference_image,
     )
 
 

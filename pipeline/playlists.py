@@ -10,7 +10,14 @@ from pydantic import ValidationError
 
 from core.documents import DocumentError, parse_yaml, read_text
 from core.errors import InvalidPlaylist
-from core.playlist import PlannedItem, Playlist, canonical_json, expand
+from core.playlist import (
+    MAX_REFERENCE_IMAGE_BYTES,
+    PlannedItem,
+    Playlist,
+    canonical_json,
+    expand,
+    reference_image_type,
+)
 
 MAX_PLAYLIST_BYTES = 5_000_000
 
@@ -45,6 +52,32 @@ def load_playlist(path: Path) -> tuple[Playlist, list[str]]:
     return playlist, references
 
 
+def read_reference_image(
+    path: Path, playlist: Playlist, references: list[str]
+) -> tuple[str, str, bytes] | None:
+    """The playlist's reference image as planned: (sha256, media type, bytes), read again
+    and checked against the hash in the item keys; None when the playlist names none.
+    Raises `InvalidPlaylist` (too large, changed while planning, unreadable)."""
+    digest = playlist.reference_image_sha256(references)
+    if digest is None or playlist.reference_image is None:
+        return None
+    asset = (path.parent.resolve() / playlist.reference_image).resolve()
+    try:
+        if asset.stat().st_size > MAX_REFERENCE_IMAGE_BYTES:
+            raise InvalidPlaylist(
+                f"{path}: reference_image is larger than "
+                f"{MAX_REFERENCE_IMAGE_BYTES // (1024 * 1024)} MiB"
+            )
+        content = asset.read_bytes()
+    except OSError as exc:
+        raise InvalidPlaylist(f"{path}: reference_image cannot be read ({exc.strerror})") from None
+    if hashlib.sha256(content).hexdigest() != digest:
+        raise InvalidPlaylist(f"{path}: reference_image changed while it was being planned")
+    media_type = reference_image_type(playlist.reference_image)
+    assert media_type is not None  # the playlist's validator checked the suffix
+    return digest, media_type, content
+
+
 def parse_playlist(raw: Any, source: str) -> Playlist:
     try:
         return Playlist.model_validate(raw)
@@ -55,7 +88,12 @@ def parse_playlist(raw: Any, source: str) -> Playlist:
 
 
 def playlist_sha256(playlist: Playlist) -> str:
-    return hashlib.sha256(canonical_json(playlist.model_dump()).encode()).hexdigest()
+    """The playlist's hash. A field added later counts only when it is set, so a playlist
+    that does not use it keeps the hash it was recorded with (planning it again changes
+    nothing, and an approved episode's plan stays the same plan)."""
+    unset_later_fields = {"reference_image"} if playlist.reference_image is None else set()
+    dump = playlist.model_dump(exclude=unset_later_fields)
+    return hashlib.sha256(canonical_json(dump).encode()).hexdigest()
 
 
 def planned_items(

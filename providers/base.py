@@ -90,6 +90,7 @@ class ImageRequest:
     item_id: str
     prompt: str
     seed: int
+    reference_image: str | None = None  # the plan's reference image, a data: URI
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,8 @@ Created jobs are kept as files under ``state_dir`` (the fake's "server side"), s
 process can look a job up by its client reference and collect it. When
 ``EPISODIC_FAKE_PROVIDER_LOG`` is set, one JSON line per event is appended there: ``submit``
 (every create call that arrived), ``job_created`` (once per job really created, with its
-client reference, item, episode, remote reference and cost) and ``accepted`` (the same moment,
+client reference, item, episode, remote reference, cost and the sha256 of the reference image
+sent, if any) and ``accepted`` (the same moment,
 kept for older readers), ``submit_replayed``, ``lookup``, ``collect``, ``cancel`` (a job
 still running is cancelled: its collect raises ``RemoteJobFailed`` at no cost) and
 ``client_built``.
@@ -33,6 +34,7 @@ still running is cancelled: its collect raises ``RemoteJobFailed`` at no cost) a
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import io
 import json
@@ -178,6 +180,7 @@ class FakeProvider:
             remote_ref=remote_ref,
             cost_minor=self.capabilities.cost_per_image_minor,
             ready_at=job["ready_at"],  # the job runs at the provider until then
+            reference_sha256=_data_sha256(request.reference_image),
         )
         log_event("accepted", client_reference=request.client_reference, remote_ref=remote_ref)
         if "[[LOSE_RESPONSE]]" in request.prompt:
@@ -243,6 +246,14 @@ class FakeProvider:
             return job
         path = self._job_path(remote_ref)
         return json.loads(path.read_text()) if path.exists() else None
+
+
+def _data_sha256(uri: str | None) -> str | None:
+    """The sha256 of a data: URI's bytes (what a reference image sent really was)."""
+    if uri is None:
+        return None
+    _, _, payload = uri.partition(";base64,")
+    return hashlib.sha256(base64.b64decode(payload)).hexdigest()
 
 
 def _create_exclusive(path: Path, text: str) -> bool:

@@ -294,10 +294,10 @@ class HttpProvider(JobsApiClient):
         )
 
     def submit(self, request: ImageRequest) -> str:
-        body = {
-            "input": {"prompt": request.prompt, "seed": request.seed},
-            "client_reference": request.client_reference,
-        }
+        inputs: dict[str, Any] = {"prompt": request.prompt, "seed": request.seed}
+        if request.reference_image is not None:
+            inputs["reference_image"] = request.reference_image  # a data: URI
+        body = {"input": inputs, "client_reference": request.client_reference}
         response = self._create(
             "/predictions", body, headers={"Idempotency-Key": request.client_reference}
         )

@@ -88,6 +88,7 @@ class Profile(BaseModel):
     inputs: dict[str, InputValue] = Field(default_factory=dict, max_length=32)
     prompt_input: str = Field(default="prompt", pattern=INPUT_NAME)
     seed_input: str | None = Field(default="seed", pattern=INPUT_NAME)  # None: no seed
+    reference_image_input: str | None = Field(default=None, pattern=INPUT_NAME)
     lookup_window_s: int = Field(default=3600, ge=60, le=86400, strict=True)
 
     @field_validator("inputs")
@@ -118,13 +119,19 @@ class Profile(BaseModel):
                     f"{', '.join(sorted(declared))}: a {self.kind} profile does not declare "
                     "this; the adapter states what the API promises (docs/providers.md)"
                 )
-            taken = {self.prompt_input, self.seed_input} & set(self.inputs)
+            taken = {self.prompt_input, self.seed_input, self.reference_image_input} & set(
+                self.inputs
+            )
             if taken:
                 raise ValueError(f"inputs: {', '.join(sorted(map(str, taken)))} is set per item")
         if self.version is not None and self.kind != "replicate":
             raise ValueError("version: only a replicate profile has one")
-        if self.kind in ("fake", "http") and (self.model is not None or self.inputs):
-            raise ValueError(f"model and inputs: a {self.kind} profile has none")
+        if self.kind in ("fake", "http") and (
+            self.model is not None or self.inputs or self.reference_image_input is not None
+        ):
+            raise ValueError(
+                f"model, inputs and reference_image_input: a {self.kind} profile has none"
+            )
         return self
 
     @field_validator("base_url")

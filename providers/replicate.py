@@ -58,11 +58,14 @@ _PREDICTION_ID = re.compile(r"[a-z0-9]{1,64}")
 
 def model_input(profile: Profile, request: ImageRequest) -> dict[str, Any]:
     """The model's input for one item: the profile's constant inputs, the prompt and, when
-    the model takes one, the seed (under the names the profile maps them to)."""
+    the model takes them, the seed and the plan's reference image (a data: URI), under the
+    names the profile maps them to."""
     values: dict[str, Any] = dict(profile.inputs)
     values[profile.prompt_input] = request.prompt
     if profile.seed_input is not None:
         values[profile.seed_input] = request.seed
+    if request.reference_image is not None and profile.reference_image_input is not None:
+        values[profile.reference_image_input] = request.reference_image
     return values
 
 
@@ -171,8 +174,18 @@ class ReplicateProvider(JobsApiClient):
         return next(iter(found), None)
 
     def _ours(self, entry: dict[str, Any], wanted: dict[str, Any]) -> bool:
-        """This model's (and pinned version's) prediction with exactly our input."""
-        if entry.get("input") != wanted:
+        """This model's (and pinned version's) prediction with exactly our input. The
+        reference image is left out of the comparison: Replicate may keep an uploaded file
+        as a URL of its own instead of the data we sent (the seed and prompt still tell
+        ours apart)."""
+        found = entry.get("input")
+        skip = self.profile.reference_image_input
+        if not isinstance(found, dict) or (skip is None and found != wanted):
+            return False
+        if skip is not None and (
+            {k: v for k, v in found.items() if k != skip}
+            != {k: v for k, v in wanted.items() if k != skip}
+        ):
             return False
         if self.profile.version is not None:
             return entry.get("version") == self.profile.version

@@ -5,7 +5,16 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, ForeignKey, Index, Integer, String, UniqueConstraint
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    UniqueConstraint,
+)
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from core.episodes import Episode, EpisodeEvent
@@ -79,6 +88,18 @@ class EpisodePlanRow(Base):
     playlist_sha256: Mapped[str] = mapped_column(String(64))
     reference_sha256: Mapped[list[str]] = mapped_column(JSON)
     source_path: Mapped[str | None] = mapped_column(String(1024))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class ReferenceImageRow(Base):
+    """A plan's reference image, content-addressed: what was planned is what is sent, from any
+    machine that reaches the database (the playlist's file may change or be elsewhere)."""
+
+    __tablename__ = "reference_images"
+
+    sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    media_type: Mapped[str] = mapped_column(String(32))
+    content: Mapped[bytes] = mapped_column(LargeBinary)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 

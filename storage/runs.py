@@ -58,6 +58,7 @@ from storage.models import (
     EpisodePlanRow,
     EpisodeRow,
     ItemRow,
+    ReferenceImageRow,
     RunItemRow,
     RunRow,
     SubmissionRow,
@@ -72,6 +73,7 @@ _members: Table = RunItemRow.__table__  # type: ignore[assignment]
 _subs: Table = SubmissionRow.__table__  # type: ignore[assignment]
 _costs: Table = CostEntryRow.__table__  # type: ignore[assignment]
 _events: Table = EpisodeEventRow.__table__  # type: ignore[assignment]
+_images: Table = ReferenceImageRow.__table__  # type: ignore[assignment]
 
 OPEN_SUBMISSION_STATES = (SubmissionState.INTENT, SubmissionState.ACCEPTED, SubmissionState.UNKNOWN)
 _T = TypeVar("_T")
@@ -152,8 +154,11 @@ class RunStore:
         sha256: str,
         references: list[str],
         source: str | None,
+        reference_image: tuple[str, str, bytes] | None = None,
     ) -> bool:
         """Store the playlist unless the newest plan is the same; True if it was stored.
+        `reference_image` (sha256, media type, bytes) is kept, content-addressed, in the same
+        transaction.
 
         One transaction with the episode row locked (``FOR UPDATE``; SQLite: the write lock),
         so a plan and a decision never interleave: an approved or assembled episode's plan is
@@ -181,6 +186,20 @@ class RunStore:
                 .order_by(_plans.c.id.desc())
                 .limit(1)
             ).first()
+            if reference_image is not None:
+                digest, media_type, content = reference_image
+                known = conn.execute(
+                    select(_images.c.sha256).where(_images.c.sha256 == digest)
+                ).first()
+                if known is None:
+                    conn.execute(
+                        insert(_images).values(
+                            sha256=digest,
+                            media_type=media_type,
+                            content=content,
+                            created_at=utcnow(),
+                        )
+                    )
             if latest is not None and latest[0] == sha256 and list(latest[1]) == references:
                 return False
             conn.execute(
@@ -567,6 +586,14 @@ class RunStore:
             or_(_items.c.claim_owner.is_(None), _items.c.claim_owner != owner),
             or_(_items.c.error_text == INTERRUPTED, open_sub),
         )
+
+    def reference_image(self, sha256: str) -> tuple[str, bytes] | None:
+        """A plan's reference image: (media type, bytes), or None if none is recorded."""
+        with tx.read(self.engine) as conn:
+            row = conn.execute(
+                select(_images.c.media_type, _images.c.content).where(_images.c.sha256 == sha256)
+            ).first()
+        return None if row is None else (str(row.media_type), bytes(row.content))
 
     def accepted_jobs(self, run_id: str) -> list[tuple[int, str, str]]:
         """The run's submissions the provider accepted and nobody collected yet: (submission

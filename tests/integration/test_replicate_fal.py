@@ -447,3 +447,92 @@ def test_providers_check_verifies_without_spending_and_prints_the_capability_row
     ]
     assert run(["providers", "check", "nope"]) == 2
     assert "unknown provider profile 'nope'" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- reference images
+def _playlist_with_reference(folder: Path, profile: str, image: bytes) -> Path:
+    import yaml
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "style.png").write_bytes(image)
+    path = folder / "playlist.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "template": {"id": "cover", "version": 1, "prompt": "cover for {title}"},
+                "provider_profile": profile,
+                "reference_assets": ["style.png"],
+                "reference_image": "style.png",
+                "items": [
+                    {"video_id": "v01", "title": "fox", "seed": 11},
+                    {"video_id": "v02", "title": "owl [[CREATED_502]]", "seed": 12},
+                ],
+            }
+        )
+    )
+    return path
+
+
+def test_the_planned_reference_image_is_what_every_item_sends(
+    engine: Engine, database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plan keeps the reference image's bytes; each create sends them as a data: URI
+    under the profile's input name, even after the file changed on disk; a lost reply is
+    still found by the lookup (the image is left out of the exact-input match)."""
+    import base64
+    import hashlib
+
+    from providers.fake import render_png
+
+    planned = render_png("style", 1)
+    with ReplicateServer() as server:
+        episode = _episode(engine, tmp_path, monkeypatch, "replicate", server.base_url)  # type: ignore[attr-defined]
+        profiles = tmp_path / "providers.yaml"
+        profiles.write_text(profiles.read_text() + "    reference_image_input: image\n")
+        path = _playlist_with_reference(tmp_path / "pl", "real", planned)
+        episode.plan(path)
+        (path.parent / "style.png").write_bytes(render_png("changed", 2))  # after planning
+        outcome = episode.generate()
+        assert outcome.exit_code == ExitCode.OK, outcome.message
+        assert sorted(server.jobs_made.values()) == [1, 1]
+        for job in server.jobs.values():
+            uri = job["input"]["image"]
+            assert uri.startswith("data:image/png;base64,")
+            assert base64.b64decode(uri.split(",", 1)[1]) == planned
+    with FalServer() as server:  # a fal profile without the input name is refused, unspent
+        episode2 = new_episode(engine, key="test:2")
+        (tmp_path / "providers.yaml").write_text(
+            "profiles:\n  real:\n    kind: fal\n    model: fal-ai/flux/dev\n"
+            f"    base_url: {server.base_url}\n    credential_env: IMAGE_KEY\n"
+            "    cost_per_image_minor: 3\n"
+        )
+        episode2.plan(_playlist_with_reference(tmp_path / "pl2", "real", planned))
+        from core.errors import ProviderConfigError
+
+        with pytest.raises(ProviderConfigError, match="reference_image_input"):
+            episode2.generate()
+        assert server.requests == []
+    assert hashlib.sha256(planned).hexdigest() != hashlib.sha256(b"").hexdigest()
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"reference_image": "other.png"}, "one of reference_assets"),
+        ({"reference_assets": ["style.txt"], "reference_image": "style.txt"}, "file"),
+    ],
+)
+def test_a_reference_image_that_is_not_an_image_asset_is_refused(
+    tmp_path: Path, change: dict[str, Any], message: str
+) -> None:
+    import yaml
+
+    from core.errors import InvalidPlaylist
+    from pipeline.playlists import load_playlist
+
+    path = _playlist_with_reference(tmp_path, "fake", b"\x89PNG")
+    (tmp_path / "style.txt").write_text("x")
+    data = yaml.safe_load(path.read_text()) | change
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(InvalidPlaylist, match=message):
+        load_playlist(path)

@@ -203,3 +203,20 @@ def test_a_rendered_prompt_longer_than_its_column_is_refused_when_planning() -> 
     )
     with pytest.raises(InvalidInput, match="at most 8000"):
         expand(playlist, [], "2026-W32-0", "weekly")
+
+
+def test_a_playlist_without_a_reference_image_keeps_the_hash_it_was_recorded_with() -> None:
+    """Adding the optional `reference_image` field must not change the hash of playlists
+    that do not use it: a changed hash records a new plan, which moves a generated episode
+    back to allocated and refuses to plan an approved one (the weekly flow plans on every
+    run). The value is what the code before the field computed for the example playlist."""
+    from pathlib import Path
+
+    from pipeline.playlists import load_playlist, playlist_sha256
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "playlist.yaml"
+    playlist, _references = load_playlist(example)
+    assert playlist.reference_image is None
+    assert playlist_sha256(playlist) == (
+        "eabec14135c2c9dad1b21d497ef260667de5cd450351a0be153d410108ad427a"
+    )
