@@ -258,7 +258,7 @@ class _Job:
     owner: str
     options: RunOptions
     no_retry: set[int] = field(default_factory=set)  # items followed after another holder
-    taken_back: set[int] = field(default_factory=set)  # items another holder left unfinished
+    taken_back: set[int] = field(default_factory=set)  # items given up unfinished, taken back
     _local: threading.local = field(default_factory=threading.local)
     busy: dict[int, str] = field(default_factory=dict)
     followed: set[str] = field(default_factory=set)
@@ -433,10 +433,10 @@ class RunEngine:
                     # not over while they run, so they are followed (and taken over if their
                     # holder dies): this process never concludes the run under another's feet.
                     items = self.store.held_elsewhere(run_id, job.owner)
-                    if not items:  # what a process of this run gave up unfinished (its
-                        items = [  # interrupt cut it short): this one finishes it, once each
+                    if not items:  # what a process of this run (this one too) gave up
+                        items = [  # unfinished: this one finishes it, once each
                             it
-                            for it in self.store.unfinished_elsewhere(run_id, job.owner)
+                            for it in self.store.unfinished(run_id)
                             if it.pk not in job.taken_back
                         ]
                         if not items:

@@ -570,12 +570,13 @@ class RunStore:
             _items.c.claim_owner != owner,
         )
 
-    def unfinished_elsewhere(self, run_id: str, owner: str) -> list[Item]:
-        """The run's items another owner gave up unfinished: released `INTERRUPTED` (its
-        intent withdrawn, nothing sent) or with a submission still open (intent, unknown,
+    def unfinished(self, run_id: str) -> list[Item]:
+        """The run's items given up unfinished, by any process of the run (this one too: its
+        retry found the run paused by another's interrupt): released `INTERRUPTED` (its
+        intent withdrawn, nothing sent), or with a submission still open (intent, unknown,
         accepted: a stop cut its settling or collection short). Taking one back pays
         nothing new: its claim submits what was never sent, or settles and collects what
-        was. An item that ended (a refusal, a failed remote job) is not among them."""
+        was. An item whose attempt ended (refused, its remote job failed) is not among them."""
         open_sub = exists().where(
             _subs.c.item_pk == _items.c.id,
             _subs.c.state.in_([s.value for s in OPEN_SUBMISSION_STATES]),
@@ -583,7 +584,6 @@ class RunStore:
         return self._members_where(
             run_id,
             _items.c.state == ItemState.FAILED,
-            or_(_items.c.claim_owner.is_(None), _items.c.claim_owner != owner),
             or_(_items.c.error_text == INTERRUPTED, open_sub),
         )
 

@@ -494,3 +494,41 @@ def test_an_item_another_process_left_unsettled_when_interrupted_is_settled_here
     items = RunStore(engine).run_items(run_id)
     assert jobs_per_key() == Counter({it.idempotency_key: 1 for it in items}), provider_log()
     assert check_episodes(engine, "weekly") == []
+
+
+def test_an_own_item_whose_retry_found_the_run_paused_by_another_process_is_finished_here(
+    engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two processes on one run. This one's item failed its first submit transiently and
+    waited to send it again; meanwhile the other process was interrupted and paused the run.
+    The retry's claim check then failed, the item was given up as interrupted, and nobody
+    took it back: this process, never signalled, concluded the run failed (exit 6; found by
+    a fresh tester, 2-3 of 10 targeted trials). Now the items this process gave up itself
+    are taken back too; the provider's own log shows one job per item."""
+    from providers.base import TransientProviderError
+    from providers.fake import FakeProvider
+
+    monkeypatch.setenv("EPISODIC_FAKE_PROVIDER_LOG", str(tmp_path / "provider.jsonl"))
+    real_submit = FakeProvider.submit
+    paused: list[str] = []
+
+    def paused_during_the_backoff(self: FakeProvider, request: Any) -> str:
+        try:
+            return real_submit(self, request)
+        except TransientProviderError:
+            if not paused:  # the other process's interrupt lands now
+                (run,) = RunStore(engine).list_runs("weekly", episode.episode_id)
+                RunStore(engine).transition_run(run.run_id, RunState.PAUSED, "interrupted")
+                paused.append(run.run_id)
+            raise
+
+    monkeypatch.setattr(FakeProvider, "submit", paused_during_the_backoff)
+    episode = new_episode(engine)
+    episode.plan(write_playlist(tmp_path / "pl", ["one [[FAIL_TRANSIENT:1]]", "two"]))
+    outcome = episode.generate(concurrency=1)
+    assert paused, "the run was never paused"
+    assert outcome.state == RunState.COMPLETED, outcome.message
+    assert int(outcome.exit_code) == 0
+    items = RunStore(engine).run_items(outcome.run_id)
+    assert jobs_per_key() == Counter({it.idempotency_key: 1 for it in items}), provider_log()
+    assert check_episodes(engine, "weekly") == []
