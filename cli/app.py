@@ -7,10 +7,12 @@ one line on stderr and exits with its code (DESIGN 10); set EPISODIC_DEBUG=1 for
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from contextlib import suppress
 
 import click
@@ -88,15 +90,45 @@ def _finished(code: int) -> None:
             sys.stderr.flush()
         os._exit(code)
 
+    def quiet_from_here() -> None:  # the interpreter's finalization resets Python-level
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # handlers to the default (death by
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the signal); ignored ones stay
+
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, now)
         signal.signal(signal.SIGINT, now)
+        atexit.register(quiet_from_here)  # after the threads are joined, first of the hooks
 
 
 # Set by the first SIGINT or SIGTERM: whatever the interrupt turned into on its way out (a
 # library that wraps the KeyboardInterrupt raised inside it, as pydantic's schema builder
 # does at start-up), the command ends as interrupted, exit 130.
 _signalled = threading.Event()
+# Called by the first SIGINT or SIGTERM before the KeyboardInterrupt is raised: a raise can
+# be swallowed (inside a weakref callback or a `__del__`, Python prints "Exception ignored"
+# and goes on), so what must stop (a generation run's engine) is also told directly.
+_on_signal: list[Callable[[], None]] = []
+
+
+_reported = threading.Event()  # the command said how it ended (a run's outcome) itself
+
+
+def mark_reported() -> None:
+    """The command has printed its own answer (a generation run's outcome, interrupted
+    included): an interrupt needs no further line."""
+    _reported.set()
+
+
+def on_signal(callback: Callable[[], None]) -> None:
+    """Call `callback` (from the signal handler: it must only set flags) on an interrupt."""
+    _on_signal.append(callback)
+
+
+def _tell_listeners() -> None:
+    _signalled.set()
+    for callback in list(_on_signal):
+        with suppress(Exception):
+            callback()
 
 
 def _terminate_like_interrupt() -> None:
@@ -106,11 +138,11 @@ def _terminate_like_interrupt() -> None:
 
     def on_terminate(signum: int, frame: object) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        _signalled.set()
+        _tell_listeners()
         raise KeyboardInterrupt
 
     def on_interrupt(signum: int, frame: object) -> None:
-        _signalled.set()
+        _tell_listeners()
         raise KeyboardInterrupt
 
     if threading.current_thread() is threading.main_thread():
@@ -124,6 +156,8 @@ def run(argv: list[str] | None = None) -> int:
     from core.exit_codes import ExitCode
 
     args = sys.argv[1:] if argv is None else argv
+    _on_signal.clear()  # listeners belong to one command (tests run many in one process)
+    _reported.clear()
     for arg in args:  # a process can never receive one (execve); a caller in Python can
         if "\x00" in arg:
             error("an argument contains a NUL byte; nothing was done")
@@ -146,6 +180,8 @@ def run(argv: list[str] | None = None) -> int:
             error(f"interrupted (stopped in {type(exc).__name__})")
             return ExitCode.INTERRUPTED
         return _report(exc)
+    if result == ExitCode.INTERRUPTED and _signalled.is_set() and not _reported.is_set():
+        error("interrupted")  # Typer answers an interrupt inside a command with a bare 130
     return result if isinstance(result, int) else ExitCode.OK
 
 

@@ -224,6 +224,13 @@ def _progress(as_json: bool) -> Iterator[OnStart]:
     shown: list[Progress] = []
 
     def on_start(engine: RunEngine, run_id: str) -> None:
+        from cli.app import on_signal
+
+        def interrupted() -> None:  # also when the KeyboardInterrupt itself is swallowed
+            engine.interrupted.set()
+            engine.stop.set()
+
+        on_signal(interrupted)
         if as_json:
             return
         progress = Progress(
@@ -248,8 +255,10 @@ def _progress(as_json: bool) -> Iterator[OnStart]:
 
 
 def _report(outcome: RunOutcome, as_json: bool) -> None:
+    from cli.app import mark_reported
     from core.money import format_minor
 
+    mark_reported()
     if as_json:
         emit_json(outcome.to_dict())
     else:

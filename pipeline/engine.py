@@ -397,6 +397,10 @@ class RunEngine:
     output_dir: Path
     executor: ItemExecutor = thread_pool_executor
     stop: threading.Event = field(default_factory=threading.Event)
+    # Set with `stop` by this process's own interrupt (Ctrl-C, SIGTERM) when the caller can
+    # tell it apart from a stop from elsewhere: the run is paused, as when the interrupt is
+    # raised here as KeyboardInterrupt (which a library may swallow on its way).
+    interrupted: threading.Event = field(default_factory=threading.Event)
     on_progress: Callable[[Item, str], None] = lambda item, result: None
     # Called with a line when the run starts waiting for a provider slot, None when it goes on.
     on_wait: Callable[[str | None], None] = lambda text: None
@@ -468,6 +472,7 @@ class RunEngine:
             heartbeat.done.set()
         followed = tuple(sorted(job.followed))
         if self.stop.is_set():
+            interrupted = interrupted or self.interrupted.is_set()
             outcome = self._stopped(run_id, job.owner, skipped, followed, interrupted)
         else:
             outcome = self.finish(run_id, skipped, followed)

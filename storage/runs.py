@@ -571,12 +571,13 @@ class RunStore:
         )
 
     def unfinished(self, run_id: str) -> list[Item]:
-        """The run's items given up unfinished, by any process of the run (this one too: its
-        retry found the run paused by another's interrupt): released `INTERRUPTED` (its
-        intent withdrawn, nothing sent), or with a submission still open (intent, unknown,
-        accepted: a stop cut its settling or collection short). Taking one back pays
-        nothing new: its claim submits what was never sent, or settles and collects what
-        was. An item whose attempt ended (refused, its remote job failed) is not among them."""
+        """The run's items given up unsent, by any process of the run (this one too: its
+        retry found the run paused by another's interrupt): released `INTERRUPTED` with no
+        submission open (the intent withdrawn: nothing was sent). Taking one back pays only
+        the call that was never made. An item with a submission still open is not among
+        them: it was sent, and only a claim that settles it (never a new paid call, even
+        under --force-resubmit: that would pay again for a call made in this very run) may
+        take it on."""
         open_sub = exists().where(
             _subs.c.item_pk == _items.c.id,
             _subs.c.state.in_([s.value for s in OPEN_SUBMISSION_STATES]),
@@ -584,7 +585,8 @@ class RunStore:
         return self._members_where(
             run_id,
             _items.c.state == ItemState.FAILED,
-            or_(_items.c.error_text == INTERRUPTED, open_sub),
+            _items.c.error_text == INTERRUPTED,
+            ~open_sub,
         )
 
     def reference_image(self, sha256: str) -> tuple[str, bytes] | None:

@@ -255,3 +255,48 @@ def test_a_signal_after_the_command_finished_ends_it_with_its_answer_and_no_trac
         _out, err = process.communicate(timeout=20)
         assert process.returncode == 0, (sig, err)
         assert err == "", (sig, err)
+
+
+def test_an_interrupt_typer_answers_inside_a_command_is_said_in_one_line() -> None:
+    """Typer answers a KeyboardInterrupt raised inside a command with exit 130 and nothing
+    said: the command ended silently (a fresh tester's signal sweep, about 40 of 50 signals
+    that landed while a command ran). It is the same one line as every interrupt now, and a
+    command that reports its own interrupted outcome (generate) gets no second one."""
+    code = (
+        "import os, signal, cli.app as app\n"
+        "from cli.app import app as typer_app\n"
+        "@typer_app.command('ctrl-c')\n"
+        "def ctrl_c() -> None:\n"
+        "    os.kill(os.getpid(), signal.SIG{sig})\n"
+        "app.main(['ctrl-c'])\n"
+    )
+    for sig in ("INT", "TERM"):
+        done = subprocess.run(
+            [sys.executable, "-c", code.format(sig=sig)], capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 130 and done.stderr == "error: interrupted\n", done.stderr
+
+
+def test_a_signal_while_exit_hooks_run_lets_them_finish_and_keeps_the_answer() -> None:
+    """After the command's answer, a signal while the interpreter runs its exit hooks used to
+    end the process at once (or, once finalization had reset the handlers, kill it: -15,
+    a fresh tester's late-signal sweep). From the exit hooks on, signals are ignored: the
+    hooks finish (a database pool is closed) and the command's exit code stands."""
+    code = (
+        "import atexit, time, cli.app as app\n"
+        "from cli.app import app as typer_app\n"
+        "def hook() -> None:\n"
+        "    print('hook', flush=True); time.sleep(1.0); print('hook done', flush=True)\n"
+        "@typer_app.command('done')\n"
+        "def done() -> None:\n"
+        "    atexit.register(hook)\n"
+        "app.main(['done'])\n"
+    )
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        process = subprocess.Popen(
+            [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        assert process.stdout is not None and process.stdout.readline() == "hook\n"
+        process.send_signal(sig)
+        out, err = process.communicate(timeout=20)
+        assert process.returncode == 0 and out == "hook done\n" and err == "", (sig, out, err)

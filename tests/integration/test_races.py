@@ -532,3 +532,35 @@ def test_an_own_item_whose_retry_found_the_run_paused_by_another_process_is_fini
     items = RunStore(engine).run_items(outcome.run_id)
     assert jobs_per_key() == Counter({it.idempotency_key: 1 for it in items}), provider_log()
     assert check_episodes(engine, "weekly") == []
+
+
+def test_an_interrupt_whose_keyboardinterrupt_was_swallowed_still_stops_the_paying(
+    engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SIGINT or SIGTERM whose KeyboardInterrupt Python swallows (raised inside a weakref
+    callback: "Exception ignored ...", seen by a fresh tester at start-up) left `generate`
+    running and paying. The handler now also tells the run's engine directly: the run
+    stops before its next paid call, is paused, and the command says so (exit 130). Here
+    the handler's telling happens without the raise, as when it is swallowed."""
+    import cli.app as cli_app
+    from providers.fake import FakeProvider
+
+    monkeypatch.setenv("EPISODIC_FAKE_PROVIDER_LOG", str(tmp_path / "provider.jsonl"))
+    real_submit = FakeProvider.submit
+
+    def signalled_at_the_first_call(self: FakeProvider, request: Any) -> str:
+        if not cli_app._signalled.is_set():
+            cli_app._tell_listeners()  # the handler ran; its KeyboardInterrupt was lost
+        return real_submit(self, request)
+
+    monkeypatch.setattr(FakeProvider, "submit", signalled_at_the_first_call)
+    episode = new_episode(engine)
+    episode.plan(write_playlist(tmp_path / "pl", [f"item {n}" for n in range(6)]))
+    try:
+        code = cli_app.run(["generate", episode.episode_id, "--concurrency", "1", "--json"])
+    finally:
+        cli_app._signalled.clear()
+    assert code == 130
+    (run,) = RunStore(engine).list_runs("weekly", episode.episode_id)
+    assert run.state == RunState.PAUSED
+    assert sum(jobs_per_key().values()) == 1  # the call in flight; nothing after the signal
