@@ -8,7 +8,7 @@ import typer
 
 from cli import context
 from cli.options import JsonOption, PipelineOption
-from cli.output import emit_json, table
+from cli.output import emit_json, error, table
 
 app = typer.Typer(help="Inspect, resume and cancel generation runs.", no_args_is_help=True)
 RunArg = Annotated[str, typer.Argument(help="Run id (from `episodic runs list`).")]
@@ -118,22 +118,30 @@ def cancel(run_id: RunArg, as_json: JsonOption = False) -> None:
     """Cancel a pending, running or paused run; its unstarted items are cancelled too, and
     the jobs the provider accepted for it and nobody collected are cancelled at the provider
     where its API allows (each answer is recorded). Cancelling a cancelled run asks again."""
+    from core.exit_codes import ExitCode
     from core.ids import parse_run_id
     from pipeline.cancel import cancel_run
     from pipeline.gate import EnvironmentCredentials
     from storage.runs import RunStore
 
     run_id = parse_run_id(run_id)
-    _state, jobs = cancel_run(
-        context.engine(), context.settings(), run_id, EnvironmentCredentials()
-    )
+    state, jobs = cancel_run(context.engine(), context.settings(), run_id, EnvironmentCredentials())
     if as_json:
         run = _run_dict(RunStore(context.engine()).get_run(run_id))
         emit_json({**run, "provider_cancels": [job.to_dict() for job in jobs]})
-        return
-    typer.echo(f"run {run_id} cancelled")
-    for job in jobs:
-        typer.echo(f"  job {job.remote_ref} ({job.profile}): {job.answer}")
+    else:
+        typer.echo(
+            f"run {run_id} cancelled" if state == "cancelled" else f"run {run_id} is {state}"
+        )
+        for job in jobs:
+            typer.echo(f"  job {job.remote_ref} ({job.profile}): {job.answer}")
+    missed = [job for job in jobs if not job.asked]
+    if missed:
+        error(
+            f"{len(missed)} of {len(jobs)} accepted jobs were not cancelled at the provider "
+            f"({missed[0].answer}); run the cancel again once that is fixed"
+        )
+        raise typer.Exit(int(ExitCode.ERROR))
 
 
 def _run_dict(run: object) -> dict[str, object]:

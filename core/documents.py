@@ -77,6 +77,8 @@ def parse_yaml(text: str) -> Any:
         raise DocumentError(f"invalid YAML: {_first_line(exc)}") from None
     except RecursionError:
         raise DocumentError(f"nested deeper than {MAX_DEPTH} levels") from None
+    except ValueError as exc:  # an integer of 5000 digits (Python's conversion limit), ...
+        raise DocumentError(f"invalid YAML: {_first_line(exc)}") from None
 
 
 def parse_json(text: str) -> Any:

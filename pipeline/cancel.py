@@ -31,6 +31,11 @@ class JobCancel:
     profile: str
     answer: str  # the provider's status, or why it was not asked
 
+    @property
+    def asked(self) -> bool:
+        """The provider answered the cancel (whatever the job's state was)."""
+        return not self.answer.startswith(("not asked:", "unknown:"))
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "submission": self.submission,
@@ -44,15 +49,18 @@ def cancel_run(
     engine: Engine, settings: Settings, run_id: str, credentials: CredentialSource
 ) -> tuple[str, list[JobCancel]]:
     """Cancel `run_id` (pending, running, paused, or already cancelled); then ask the
-    provider to cancel each accepted, uncollected job of the run. Returns the run's state
-    and one `JobCancel` per job. Raises `RunNotFound`, `InvalidTransition` (a completed or
-    failed run is not cancelled)."""
+    provider to cancel each accepted, uncollected job of the run. A run that already ended
+    (failed, its jobs left for later collection) keeps its state and its jobs are still
+    asked. Returns the run's state and one `JobCancel` per job. Raises `RunNotFound`,
+    `InvalidTransition` (an ended run with no accepted job)."""
     store = RunStore(engine)
     if store.run_state(run_id) != RunState.CANCELLED:
         try:
             store.transition_run(run_id, RunState.CANCELLED, "cancelled by operator")
         except InvalidTransition:
-            if store.run_state(run_id) != RunState.CANCELLED:  # not a racing cancel
+            # a run that ended (failed: its jobs left for later collection) keeps its state,
+            # and its accepted jobs are still asked to cancel; with none, nothing to do
+            if store.run_state(run_id) != RunState.CANCELLED and not store.accepted_jobs(run_id):
                 raise
     run = store.get_run(run_id)
     jobs = store.accepted_jobs(run_id)
@@ -67,7 +75,7 @@ def cancel_run(
         store.record_provider_cancel(run_id, submission, remote_ref, profile_id, answer)
         answers.append(JobCancel(submission, remote_ref, profile_id, answer))
     for provider in providers.values():
-        if provider is not None:
+        if not isinstance(provider, str):
             provider.close()
     return run.state, answers
 
@@ -86,11 +94,10 @@ def _ask(
             profile = get_profile(profiles, profile_id)
             providers[profile_id] = build_provider(gate, profile, credentials, settings.home_path)
         except EpisodicError as exc:
-            providers[profile_id] = None
-            return f"not asked: {exc}"[:200]
+            providers[profile_id] = f"not asked: {exc}"[:200]  # said for each of its jobs
     provider = providers[profile_id]
-    if provider is None:
-        return "not asked: the provider could not be built"
+    if isinstance(provider, str):
+        return provider
     cancel = getattr(provider, "cancel", None)
     if not callable(cancel):
         return "not asked: the provider has no cancel"

@@ -153,7 +153,7 @@ class FalProvider(JobsApiClient):
             raise UnknownOutcome("cancel: malformed request id")
         try:
             response = self._api.put(f"/{self.app}/requests/{remote_ref}/cancel")
-            status = _json(response).get("status")
+            status = _json(response).get("status") if response.status_code < 500 else None
         except (httpx.HTTPError, ValueError, AttributeError) as exc:
             raise UnknownOutcome(f"cancel: {type(exc).__name__}") from None
         if status not in _CANCEL:

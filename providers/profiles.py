@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
+import httpx
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -100,6 +101,8 @@ class Profile(BaseModel):
                 raise ValueError(f"input name {_clipped(repr(name))} is not an input name")
             if isinstance(item, float) and not math.isfinite(item):
                 raise ValueError(f"input {name}: numbers must be finite")
+            if isinstance(item, int) and abs(item) > 2**53:  # what JSON carries exactly
+                raise ValueError(f"input {name}: integers are at most 2^53 in size")
             if isinstance(item, str) and len(item) > 1000:
                 raise ValueError(f"input {name}: text longer than 1000 characters")
         return value
@@ -109,6 +112,10 @@ class Profile(BaseModel):
         if self.kind in ("replicate", "fal"):
             if self.model is None:
                 raise ValueError(f"a {self.kind} profile needs model (e.g. {_EXAMPLE[self.kind]})")
+            if self.kind == "replicate" and self.model.count("/") != 1:
+                raise ValueError(
+                    f"model: a replicate model is owner/name (e.g. {_EXAMPLE['replicate']})"
+                )
             if not self.needs_credential:
                 raise ValueError(
                     f"a {self.kind} profile needs credential_env or credential_secret_block"
@@ -145,6 +152,15 @@ class Profile(BaseModel):
         parts = urlsplit(value)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError("must be an http:// or https:// URL with a host")
+        if parts.query or parts.fragment or "?" in value or "#" in value:
+            raise ValueError("must not carry a query or a fragment (API paths are added to it)")
+        try:
+            port = parts.port  # out of range: ValueError
+            _ = httpx.URL(value).host  # a host IDNA cannot read: an error here, not later
+        except (ValueError, httpx.InvalidURL, UnicodeError):
+            raise ValueError("must have a valid host name and port") from None
+        if port == 0:
+            raise ValueError("must have a valid host name and port")
         if parts.username or parts.password:
             raise ValueError("must not carry a user or password (use credential_env)")
         if any(ord(char) < 0x21 or ord(char) == 0x7F for char in value):

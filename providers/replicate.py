@@ -43,7 +43,6 @@ from providers.base import (
     UnknownOutcome,
 )
 from providers.http import (
-    _JOB_ID,
     _STATUS,
     MAX_LOOKUP_PAGES,
     JobsApiClient,
@@ -160,7 +159,9 @@ class ReplicateProvider(JobsApiClient):
             for entry in results:
                 if isinstance(entry, dict) and self._ours(entry, wanted):
                     prediction_id = entry.get("id")
-                    if not isinstance(prediction_id, str) or not _JOB_ID.fullmatch(prediction_id):
+                    if not isinstance(prediction_id, str) or not _PREDICTION_ID.fullmatch(
+                        prediction_id
+                    ):
                         raise UnknownOutcome("lookup: a matching prediction has no usable id")
                     found.add(prediction_id)
             link = page.get("next")
@@ -190,6 +191,15 @@ class ReplicateProvider(JobsApiClient):
         if self.profile.version is not None:
             return entry.get("version") == self.profile.version
         return entry.get("model") == self.model
+
+    def how_to_find(self, request: ImageRequest) -> str:
+        """Where an operator finds a prediction whose create reply was lost (predictions
+        carry nothing of ours): this model's predictions, by the item's input."""
+        seed = f", seed {request.seed}" if self.profile.seed_input is not None else ""
+        return (
+            f"a prediction of {self.model} (prompt of item {request.item_id}{seed}) in "
+            "Replicate's prediction list"
+        )
 
     def cancel(self, remote_ref: str) -> str:
         """Ask Replicate to cancel a prediction; its status after the call (``canceled``, or
@@ -224,4 +234,5 @@ class ReplicateProvider(JobsApiClient):
             username = None
         if not isinstance(username, str):
             raise UnknownOutcome(f"account: HTTP {response.status_code} without an account")
-        return username[:100]
+        shown = "".join(char for char in username[:100] if char.isprintable())
+        return f"Replicate accepted the token (account {shown or '?'})"

@@ -183,7 +183,7 @@ def test_replicate_failed_canceled_and_aborted_predictions_and_their_cost(
 
 def test_replicate_check_verifies_the_token_without_spending(replicate: ReplicateServer) -> None:
     assert ReplicateProvider(profile=replicate_profile(replicate), token=TOKEN).check() == (
-        "episodic-test"
+        "Replicate accepted the token (account episodic-test)"
     )
     from core.errors import ProviderConfigError
 
@@ -273,6 +273,14 @@ def test_fal_failed_request_cancel_and_check(fal: FalServer) -> None:
             "finite",
         ),
         ({"kind": "fal", "model": "../etc", "credential_env": "T"}, "model"),
+        ({"kind": "replicate", "model": "a/b/c", "credential_env": "T"}, "owner/name"),
+        (
+            {"kind": "fal", "model": "a/b", "credential_env": "T", "inputs": {"n": 10**60}},
+            "2\\^53",
+        ),
+        ({"kind": "http", "base_url": "http://xn--/v1"}, "valid host"),
+        ({"kind": "http", "base_url": "http://h:99999/v1"}, "valid host"),
+        ({"kind": "http", "base_url": "http://h/v1?x=1"}, "query"),
         ({"kind": "http", "base_url": "http://h", "model": "a/b"}, "has none"),
     ],
 )
@@ -425,7 +433,10 @@ def test_providers_check_verifies_without_spending_and_prints_the_capability_row
     capsys.readouterr()
     assert run(["providers", "check", "rep", "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
-    assert shown["check"] == {"ok": True, "message": "episodic-test"}
+    assert shown["check"] == {
+        "ok": True,
+        "message": "Replicate accepted the token (account episodic-test)",
+    }
     assert shown["idempotent_create"] is False and "exact input" in shown["lookup"]
     assert [r.path for r in replicate.requests] == ["/v1/account"]
     monkeypatch.setenv("REP_TOKEN", "wrong-token")
@@ -536,3 +547,80 @@ def test_a_reference_image_that_is_not_an_image_asset_is_refused(
     path.write_text(yaml.safe_dump(data))
     with pytest.raises(InvalidPlaylist, match=message):
         load_playlist(path)
+
+
+def test_a_replicate_unknown_without_a_seed_tells_the_operator_where_to_look(
+    engine: Engine, database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model without a seed cannot be looked up; the hint named our client reference,
+    which never reaches Replicate, so an operator would not find the prediction that was
+    made and --force-resubmit would pay twice (found by a fresh tester). It names the
+    model and the item's prompt in Replicate's prediction list now."""
+    with ReplicateServer() as server:
+        episode = _episode(engine, tmp_path, monkeypatch, "replicate", server.base_url)  # type: ignore[attr-defined]
+        profiles = tmp_path / "providers.yaml"
+        profiles.write_text(profiles.read_text() + "    seed_input: null\n")
+        episode.plan(write_playlist(tmp_path / "pl", ["owl [[CREATED_502]]"], profile="real"))
+        assert episode.generate().exit_code == ExitCode.RUN_FAILED
+        with engine.connect() as conn:
+            (error,) = conn.execute(select(ItemRow.error_text)).one()
+        assert "a prediction of black-forest-labs/flux-schnell (prompt of item v01.p1)" in error
+        assert "client reference" not in error
+        (job,) = server.jobs.values()
+        assert "seed" not in job["input"]
+
+
+def test_cancel_asks_for_a_failed_runs_uncollected_jobs_and_says_when_it_could_not(
+    engine: Engine,
+    database_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A run that ended failed with jobs left for later collection could not be cancelled
+    at all, so its running predictions could not be stopped (a fresh tester); and a cancel
+    that asked nothing (no credential) said "cancelled", exit 0. The failed run keeps its
+    state and its jobs are asked; a cancel that could not ask exits 1 with the reason."""
+    from cli.app import run
+
+    with ReplicateServer(processing_polls=10**6) as server:
+        episode = _episode(engine, tmp_path, monkeypatch, "replicate", server.base_url)  # type: ignore[attr-defined]
+        episode.plan(write_playlist(tmp_path / "pl", ["a", "b"], profile="real"))
+        first = episode.generate(collect_timeout_s=0.3)
+        assert first.state.value == "failed"
+        monkeypatch.delenv("IMAGE_KEY")
+        capsys.readouterr()
+        assert run(["runs", "cancel", first.run_id]) == 1
+        out, err = capsys.readouterr()
+        assert out.count("not asked: ") == 2 and "$IMAGE_KEY is not set" in err
+        assert sum(server.cancels.values()) == 0
+        monkeypatch.setenv("IMAGE_KEY", TOKEN)
+        assert run(["runs", "cancel", first.run_id, "--json"]) == 0
+        shown = json.loads(capsys.readouterr().out)
+        assert shown["state"] == "failed"
+        assert [c["answer"] for c in shown["provider_cancels"]] == ["canceled", "canceled"]
+        assert sorted(server.cancels.values()) == [1, 1] and sum(server.jobs_made.values()) == 2
+
+
+def test_a_hostile_account_name_never_reaches_the_terminal_raw(replicate: ReplicateServer) -> None:
+    replicate.reply = lambda kind, path: (200, {"username": "\x1b[2J\x1b[31mPWNED\x07"})
+    said = ReplicateProvider(profile=replicate_profile(replicate), token=TOKEN).check()
+    assert said == "Replicate accepted the token (account [2J[31mPWNED)"
+
+
+def test_a_number_past_pythons_digit_limit_in_a_yaml_file_is_one_line_exit_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A 5001-digit integer in providers.yaml (and so in any YAML file we read) escaped as
+    "unexpected ValueError", exit 1 (a fresh tester)."""
+    from cli.app import run
+
+    (tmp_path / "providers.yaml").write_text(
+        "profiles:\n  p:\n    kind: fal\n    model: a/b\n    credential_env: T\n"
+        f"    cost_per_image_minor: 1\n    inputs: {{x: {'9' * 5001}}}\n"
+    )
+    monkeypatch.setenv("EPISODIC_PROVIDERS_FILE", str(tmp_path / "providers.yaml"))
+    capsys.readouterr()
+    assert run(["providers", "list"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "unexpected" not in err
