@@ -149,6 +149,8 @@ class Profile(BaseModel):
         provider."""
         if value is None:
             return None
+        if any(ord(char) < 0x21 or ord(char) == 0x7F for char in value):
+            raise ValueError("must not contain spaces or control characters")
         parts = urlsplit(value)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError("must be an http:// or https:// URL with a host")
@@ -163,8 +165,6 @@ class Profile(BaseModel):
             raise ValueError("must have a valid host name and port")
         if parts.username or parts.password:
             raise ValueError("must not carry a user or password (use credential_env)")
-        if any(ord(char) < 0x21 or ord(char) == 0x7F for char in value):
-            raise ValueError("must not contain spaces or control characters")
         return value
 
     @property

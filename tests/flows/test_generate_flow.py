@@ -272,8 +272,9 @@ def test_an_item_task_that_fails_before_its_work_leaves_no_intent_behind(
 ) -> None:
     # A task that fails before it loads its claim (here: its worker cannot build the
     # provider) never made the paid call. The flow withdraws the intent it committed with
-    # the claim, so the next run submits the item normally instead of reconciling it (which
-    # a provider that can neither look jobs up nor dedupe creates would leave to an operator).
+    # the claim and takes the item back once (nothing was sent); when that fails too, the
+    # next run submits the item normally instead of reconciling it (which a provider that
+    # can neither look jobs up nor dedupe creates would leave to an operator).
     import tasks.generate as item_tasks
     from core.errors import ProviderConfigError
     from storage.engine import make_engine
@@ -286,19 +287,17 @@ def test_an_item_task_that_fails_before_its_work_leaves_no_intent_behind(
     def broken_worker(
         pipeline: str, episode_id: str, profile: str | None = None, owner: str | None = None
     ) -> object:
-        if not failed:
-            failed.append(episode_id)
-            raise ProviderConfigError("this worker has no credential")
-        return real(pipeline, episode_id, profile, owner)
+        failed.append(episode_id)  # every item task on this worker, and each taken back
+        raise ProviderConfigError("this worker has no credential")
 
     monkeypatch.setattr(item_tasks, "item_engine", broken_worker)
     first = generate_episode(episode_id=episode, concurrency=1, return_state=True)
-    assert failed and not first.is_completed()
+    assert len(failed) == 4 and not first.is_completed()  # 2 items, each taken back once
     engine = make_engine(harness)
     with engine.connect() as conn:
         states = list(conn.execute(select(SubmissionRow.state)).scalars())
     engine.dispose()
-    assert states == ["succeeded"], states  # the unsent intent is gone, nothing is unknown
+    assert states == [], states  # the unsent intents are gone, nothing is unknown
     monkeypatch.setattr(item_tasks, "item_engine", real)
     again = generate_episode(episode_id=episode)
     assert again["state"] == "completed"
