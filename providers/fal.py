@@ -18,9 +18,10 @@
 
 Errors on submit, by what they prove (a refused submit has no ``request_id``): 429
 `RateLimited`; any other 4xx but 409 `PermanentProviderError` (401, 403 locked account, 404
-unknown app, 422 invalid input); 409, 3xx, 5xx, a 2xx without a request id, or no reply
-`UnknownOutcome`. A failed request costs the profile's price (fal may bill a request that
-ran); the cost of an image is the profile's ``cost_per_image_minor``.
+unknown app, 422 invalid input); 409 (fal's own client sends it again: it proves nothing),
+3xx, 5xx, a 2xx without a request id, or no reply `UnknownOutcome`. A failed request costs
+the profile's price (fal may bill a request that ran); the cost of an image is the
+profile's ``cost_per_image_minor``.
 """
 
 from __future__ import annotations
@@ -35,8 +36,6 @@ from providers.base import (
     Capabilities,
     ImageRequest,
     ImageResult,
-    PermanentProviderError,
-    RateLimited,
     RemoteJobFailed,
     UnknownOutcome,
 )
@@ -54,24 +53,18 @@ class FalProvider(JobsApiClient):
     AUTH_SCHEME = "Key"
     DEFAULT_BASE_URL = QUEUE
 
-    def __init__(
-        self,
-        *,
-        profile: Profile,
-        token: str,
-        transport: httpx.BaseTransport | None = None,
-        download_transport: httpx.BaseTransport | None = None,
-    ) -> None:
+    def _check_profile(self, profile: Profile) -> None:
         if profile.kind != "fal" or profile.model is None:
             raise ProviderConfigError(f"profile {profile.id!r} is not a fal profile")
-        super().__init__(
-            profile=profile,
-            token=token,
-            transport=transport,
-            download_transport=download_transport,
-        )
-        self.model = profile.model
-        self.app = "/".join(profile.model.split("/")[:2])  # status/result/cancel: no subpath
+
+    @property
+    def model(self) -> str:
+        return self.profile.model or ""
+
+    @property
+    def app(self) -> str:
+        """Owner and app: the status, result and cancel URLs use no subpath."""
+        return "/".join(self.model.split("/")[:2])
 
     def _capabilities(self, profile: Profile) -> Capabilities:
         return Capabilities(
@@ -85,22 +78,7 @@ class FalProvider(JobsApiClient):
 
     def submit(self, request: ImageRequest) -> str:
         response = self._create(f"/{self.model}", model_input(self.profile, request))
-        code = response.status_code
-        if response.is_success:
-            try:
-                request_id = _json(response).get("request_id")
-            except (ValueError, AttributeError):
-                raise UnknownOutcome(f"submit: HTTP {code} without a JSON object") from None
-            if not isinstance(request_id, str) or not _REQUEST_ID.fullmatch(request_id):
-                raise UnknownOutcome(f"submit: HTTP {code} without a valid request_id")
-            return request_id
-        if code == 429:
-            raise RateLimited("submit: HTTP 429")
-        if code == 409:  # fal's own client sends it again: it proves nothing either way
-            raise UnknownOutcome("submit: HTTP 409 (conflict): a request may exist")
-        if 400 <= code < 500:  # refused: no request_id, nothing queued
-            raise PermanentProviderError(f"submit refused: HTTP {code}")
-        raise UnknownOutcome(f"submit: HTTP {code}: a request may exist")
+        return self._created(response, "request_id", _REQUEST_ID, "request")
 
     def _collect_once(self, remote_ref: str) -> ImageResult:
         base = f"/{self.app}/requests/{remote_ref}"

@@ -44,6 +44,7 @@ from __future__ import annotations
 import random
 import re
 import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -106,6 +107,7 @@ class JobsApiClient:
         base_url = profile.base_url or self.DEFAULT_BASE_URL
         if base_url is None:
             raise ProviderConfigError(f"{profile.kind} profile {profile.id!r} needs base_url")
+        self._check_profile(profile)
         if not _TOKEN.fullmatch(token):  # never echoed: it is the credential
             raise ProviderConfigError(
                 f"credential for profile {profile.id!r} is not a usable API token "
@@ -134,6 +136,9 @@ class JobsApiClient:
             transport=download_transport,
             follow_redirects=True,
         )
+
+    def _check_profile(self, profile: Profile) -> None:
+        """Refuse a profile this adapter cannot serve (`ProviderConfigError`)."""
 
     def _capabilities(self, profile: Profile) -> Capabilities:
         raise NotImplementedError
@@ -191,6 +196,42 @@ class JobsApiClient:
             raise UnknownOutcome("lookup: next link is not on the provider's origin")
         return target
 
+    def _find_one(
+        self,
+        path: str,
+        params: dict[str, str],
+        ours: Callable[[dict[str, Any]], bool],
+        usable: re.Pattern[str],
+        what: str,
+    ) -> str | None:
+        """The id of the one listed `what` for which `ours` holds, across same-origin
+        ``next`` pages of ``{"results": [...]}``; None when there is none. `UnknownOutcome`
+        when two match, a match has no `usable` id, the reply is unusable, or there are more
+        than `MAX_LOOKUP_PAGES` pages: believed only from the reply, never from a filter."""
+        found: set[str] = set()
+        url: str | httpx.URL = path
+        query: dict[str, str] | None = params
+        for _ in range(MAX_LOOKUP_PAGES):
+            page, page_url = self._lookup_page(url, query)
+            results = page.get("results")
+            if not isinstance(results, list):
+                raise UnknownOutcome("lookup: reply without a results list")
+            for entry in results:
+                if isinstance(entry, dict) and ours(entry):
+                    job_id = entry.get("id")
+                    if not isinstance(job_id, str) or not usable.fullmatch(job_id):
+                        raise UnknownOutcome(f"lookup: a {what} matching ours has no usable id")
+                    found.add(job_id)
+            link = page.get("next")
+            if link is None or link == "":
+                break
+            url, query = self._same_origin(page_url, link), None
+        else:
+            raise UnknownOutcome(f"lookup: more than {MAX_LOOKUP_PAGES} pages of {what}s")
+        if len(found) > 1:
+            raise UnknownOutcome(f"lookup: {len(found)} {what}s match ours: ambiguous")
+        return next(iter(found), None)
+
     def _lookup_page(
         self, url: str | httpx.URL, params: dict[str, str] | None
     ) -> tuple[dict[str, Any], httpx.URL]:
@@ -229,6 +270,29 @@ class JobsApiClient:
         except httpx.HTTPError as exc:  # the request may have left the machine
             raise UnknownOutcome(f"create sent, no reply: {type(exc).__name__}") from None
 
+    @staticmethod
+    def _created(response: httpx.Response, field: str, usable: re.Pattern[str], what: str) -> str:
+        """A create's reply for an API without idempotency keys, by what it proves: the new
+        `what`'s id from `field` of a 2xx; 429 `RateLimited`; any other 4xx but 409
+        `PermanentProviderError` (refused: no id); 409, 3xx, 5xx or a 2xx without a usable
+        id `UnknownOutcome`."""
+        code = response.status_code
+        if response.is_success:
+            try:
+                made = _json(response).get(field)
+            except (ValueError, AttributeError):
+                raise UnknownOutcome(f"create: HTTP {code} without a JSON object") from None
+            if not isinstance(made, str) or not usable.fullmatch(made):
+                raise UnknownOutcome(f"create: HTTP {code} without a valid {what} id")
+            return made
+        if code == 429:
+            raise RateLimited("create: HTTP 429 throttled")
+        if code == 409:
+            raise UnknownOutcome(f"create: HTTP 409 (conflict): a {what} may exist")
+        if 400 <= code < 500:  # a refusal document, no id: nothing was made
+            raise PermanentProviderError(f"create refused: HTTP {code}")
+        raise UnknownOutcome(f"create: HTTP {code}: a {what} may exist")
+
     def _get_json(self, path: str, *, accept: tuple[int, ...] = ()) -> dict[str, Any]:
         """A poll's JSON object, or `_NotYet` (transport error, a status that is not 2xx nor
         in `accept`, a reply that is not a JSON object): polled again after a backoff."""
@@ -266,23 +330,6 @@ class JobsApiClient:
 class HttpProvider(JobsApiClient):
     """Our own predictions protocol (see the module docstring)."""
 
-    def __init__(
-        self,
-        *,
-        profile: Profile,
-        token: str,
-        transport: httpx.BaseTransport | None = None,
-        download_transport: httpx.BaseTransport | None = None,
-    ) -> None:
-        if profile.base_url is None:
-            raise ProviderConfigError(f"http profile {profile.id!r} needs base_url")
-        super().__init__(
-            profile=profile,
-            token=token,
-            transport=transport,
-            download_transport=download_transport,
-        )
-
     def _capabilities(self, profile: Profile) -> Capabilities:
         return Capabilities(
             max_concurrency=profile.max_concurrency,
@@ -304,31 +351,13 @@ class HttpProvider(JobsApiClient):
         return _created_id(response)
 
     def lookup(self, client_reference: str, request: ImageRequest | None = None) -> str | None:
-        found: set[str] = set()
-        url: str | httpx.URL = "/predictions"
-        params: dict[str, str] | None = {"client_reference": client_reference}
-        for _ in range(MAX_LOOKUP_PAGES):
-            page, page_url = self._lookup_page(url, params)
-            results = page.get("results")
-            if not isinstance(results, list):
-                raise UnknownOutcome("lookup: reply without a results list")
-            for entry in results:
-                if isinstance(entry, dict) and entry.get("client_reference") == client_reference:
-                    job_id = entry.get("id")
-                    if not isinstance(job_id, str) or not _JOB_ID.fullmatch(job_id):
-                        raise UnknownOutcome(
-                            "lookup: a job carrying our reference has no usable id"
-                        )
-                    found.add(job_id)
-            link = page.get("next")
-            if link is None or link == "":
-                break
-            url, params = self._same_origin(page_url, link), None
-        else:
-            raise UnknownOutcome(f"lookup: more than {MAX_LOOKUP_PAGES} pages of results")
-        if len(found) > 1:
-            raise UnknownOutcome(f"lookup: {len(found)} jobs carry our client reference: ambiguous")
-        return next(iter(found), None)
+        return self._find_one(
+            "/predictions",
+            {"client_reference": client_reference},
+            lambda entry: entry.get("client_reference") == client_reference,
+            _JOB_ID,
+            "job",
+        )
 
     def check(self) -> str:
         """Verify the token without spending: a lookup of a reference no job has (``GET

@@ -37,14 +37,11 @@ from providers.base import (
     Capabilities,
     ImageRequest,
     ImageResult,
-    PermanentProviderError,
-    RateLimited,
     RemoteJobFailed,
     UnknownOutcome,
 )
 from providers.http import (
     _STATUS,
-    MAX_LOOKUP_PAGES,
     JobsApiClient,
     _json,
     _NotYet,
@@ -72,14 +69,7 @@ class ReplicateProvider(JobsApiClient):
     AUTH_SCHEME = "Bearer"
     DEFAULT_BASE_URL = API
 
-    def __init__(
-        self,
-        *,
-        profile: Profile,
-        token: str,
-        transport: httpx.BaseTransport | None = None,
-        download_transport: httpx.BaseTransport | None = None,
-    ) -> None:
+    def _check_profile(self, profile: Profile) -> None:
         if profile.kind != "replicate" or profile.model is None:
             raise ProviderConfigError(f"profile {profile.id!r} is not a replicate profile")
         if profile.model.count("/") != 1:
@@ -87,13 +77,10 @@ class ReplicateProvider(JobsApiClient):
                 f"replicate profile {profile.id!r}: model is owner/name, e.g. "
                 "black-forest-labs/flux-schnell"
             )
-        super().__init__(
-            profile=profile,
-            token=token,
-            transport=transport,
-            download_transport=download_transport,
-        )
-        self.model = profile.model
+
+    @property
+    def model(self) -> str:
+        return self.profile.model or ""
 
     def _capabilities(self, profile: Profile) -> Capabilities:
         return Capabilities(
@@ -112,22 +99,7 @@ class ReplicateProvider(JobsApiClient):
             response = self._create("/predictions", body)
         else:
             response = self._create(f"/models/{self.model}/predictions", body)
-        code = response.status_code
-        if response.is_success:
-            try:
-                prediction_id = _json(response).get("id")
-            except (ValueError, AttributeError):
-                raise UnknownOutcome(f"create: HTTP {code} without a JSON object") from None
-            if not isinstance(prediction_id, str) or not _PREDICTION_ID.fullmatch(prediction_id):
-                raise UnknownOutcome(f"create: HTTP {code} without a valid prediction id")
-            return prediction_id
-        if code == 429:
-            raise RateLimited("create: HTTP 429 throttled")
-        if code == 409:
-            raise UnknownOutcome("create: HTTP 409 (conflict): a prediction may exist")
-        if 400 <= code < 500:  # a problem document: no prediction was made
-            raise PermanentProviderError(f"create refused: HTTP {code}")
-        raise UnknownOutcome(f"create: HTTP {code}: a prediction may exist")
+        return self._created(response, "id", _PREDICTION_ID, "prediction")
 
     def _collect_once(self, remote_ref: str) -> ImageResult:
         prediction = self._get_json(f"/predictions/{remote_ref}")
@@ -148,31 +120,13 @@ class ReplicateProvider(JobsApiClient):
             raise UnknownOutcome("lookup: a Replicate prediction is found by its input only")
         wanted = model_input(self.profile, request)
         since = datetime.now(UTC) - timedelta(seconds=self.profile.lookup_window_s)
-        found: set[str] = set()
-        url: str | httpx.URL = "/predictions"
-        params: dict[str, str] | None = {"created_after": since.isoformat().replace("+00:00", "Z")}
-        for _ in range(MAX_LOOKUP_PAGES):
-            page, page_url = self._lookup_page(url, params)
-            results = page.get("results")
-            if not isinstance(results, list):
-                raise UnknownOutcome("lookup: reply without a results list")
-            for entry in results:
-                if isinstance(entry, dict) and self._ours(entry, wanted):
-                    prediction_id = entry.get("id")
-                    if not isinstance(prediction_id, str) or not _PREDICTION_ID.fullmatch(
-                        prediction_id
-                    ):
-                        raise UnknownOutcome("lookup: a matching prediction has no usable id")
-                    found.add(prediction_id)
-            link = page.get("next")
-            if link is None or link == "":
-                break
-            url, params = self._same_origin(page_url, link), None
-        else:
-            raise UnknownOutcome(f"lookup: more than {MAX_LOOKUP_PAGES} pages of predictions")
-        if len(found) > 1:
-            raise UnknownOutcome(f"lookup: {len(found)} predictions have our input: ambiguous")
-        return next(iter(found), None)
+        return self._find_one(
+            "/predictions",
+            {"created_after": since.isoformat().replace("+00:00", "Z")},
+            lambda entry: self._ours(entry, wanted),
+            _PREDICTION_ID,
+            "prediction",
+        )
 
     def _ours(self, entry: dict[str, Any], wanted: dict[str, Any]) -> bool:
         """This model's (and pinned version's) prediction with exactly our input. The
