@@ -13,7 +13,7 @@ from sqlalchemy import Engine
 from core.errors import CommandNotAllowed, ProviderConfigError
 from core.hints import hint
 from core.ids import EpisodeId
-from core.playlist import PlannedItem
+from core.playlist import PlannedItem, expand
 from core.settings import Settings
 from core.states import RunState
 from pipeline.engine import ItemExecutor, RunEngine, thread_pool_executor
@@ -118,11 +118,10 @@ def prepare(
             )
         )
     plan_id, playlist, references = recorded
-    items = planned_items(playlist, references, gate.episode_id, gate.pipeline)
-    profile = get_profile(
-        load_profiles(settings.providers_path), str(playlist.get("provider_profile", "fake"))
-    )
-    reference = parse_playlist(playlist, "recorded plan").reference_image_sha256(references)
+    parsed = parse_playlist(playlist, "recorded plan")  # once: the items and the image
+    items = expand(parsed, references, gate.episode_id, gate.pipeline)
+    profile = get_profile(load_profiles(settings.providers_path), parsed.provider_profile)
+    reference = parsed.reference_image_sha256(references)
     if (
         reference is not None
         and profile.kind in ("replicate", "fal")

@@ -30,7 +30,6 @@ import re
 
 import httpx
 
-from core.errors import ProviderConfigError
 from providers.base import (
     CannotCheck,
     Capabilities,
@@ -50,16 +49,9 @@ _CANCEL = {"OK", "CANCELLATION_REQUESTED", "ALREADY_COMPLETED", "NOT_FOUND"}
 
 
 class FalProvider(JobsApiClient):
+    KIND = "fal"
     AUTH_SCHEME = "Key"
     DEFAULT_BASE_URL = QUEUE
-
-    def _check_profile(self, profile: Profile) -> None:
-        if profile.kind != "fal" or profile.model is None:
-            raise ProviderConfigError(f"profile {profile.id!r} is not a fal profile")
-
-    @property
-    def model(self) -> str:
-        return self.profile.model or ""
 
     @property
     def app(self) -> str:

@@ -137,8 +137,31 @@ class JobsApiClient:
             follow_redirects=True,
         )
 
+    KIND: str | None = None  # the profile kind this adapter serves (None: any)
+
     def _check_profile(self, profile: Profile) -> None:
-        """Refuse a profile this adapter cannot serve (`ProviderConfigError`)."""
+        """Refuse a profile of another kind (`ProviderConfigError`); the profile's own
+        validation already refused what does not fit its kind (a missing model, ...)."""
+        if self.KIND is not None and profile.kind != self.KIND:
+            raise ProviderConfigError(f"profile {profile.id!r} is not a {self.KIND} profile")
+
+    @property
+    def model(self) -> str:
+        return self.profile.model or ""
+
+    def _verify(self, path: str, params: dict[str, str] | None = None) -> httpx.Response:
+        """A free call that proves the token: the reply, or `ProviderConfigError` (refused,
+        401/403) or `UnknownOutcome` (no reply)."""
+        try:
+            response = self._api.get(path, params=params)
+        except httpx.HTTPError as exc:
+            raise UnknownOutcome(f"check: {type(exc).__name__}") from None
+        if response.status_code in (401, 403):
+            raise ProviderConfigError(
+                f"profile {self.profile.id!r}: the provider refused the token (HTTP "
+                f"{response.status_code})"
+            )
+        return response
 
     def _capabilities(self, profile: Profile) -> Capabilities:
         raise NotImplementedError
@@ -330,6 +353,8 @@ class JobsApiClient:
 class HttpProvider(JobsApiClient):
     """Our own predictions protocol (see the module docstring)."""
 
+    KIND = "http"
+
     def _capabilities(self, profile: Profile) -> Capabilities:
         return Capabilities(
             max_concurrency=profile.max_concurrency,
@@ -363,15 +388,7 @@ class HttpProvider(JobsApiClient):
         """Verify the token without spending: a lookup of a reference no job has (``GET
         /predictions?client_reference=episodic-check``). Raises `ProviderConfigError` when
         the token is refused, `UnknownOutcome` when there is no usable answer."""
-        try:
-            response = self._api.get("/predictions", params={"client_reference": "episodic-check"})
-        except httpx.HTTPError as exc:
-            raise UnknownOutcome(f"check: {type(exc).__name__}") from None
-        if response.status_code in (401, 403):
-            raise ProviderConfigError(
-                f"profile {self.profile.id!r}: the provider refused the token (HTTP "
-                f"{response.status_code})"
-            )
+        response = self._verify("/predictions", {"client_reference": "episodic-check"})
         if response.status_code != 200:
             raise UnknownOutcome(f"check: HTTP {response.status_code}")
         return "the provider accepted the token (a free lookup)"

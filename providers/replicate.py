@@ -32,7 +32,6 @@ from typing import Any
 
 import httpx
 
-from core.errors import ProviderConfigError
 from providers.base import (
     Capabilities,
     ImageRequest,
@@ -66,21 +65,9 @@ def model_input(profile: Profile, request: ImageRequest) -> dict[str, Any]:
 
 
 class ReplicateProvider(JobsApiClient):
+    KIND = "replicate"
     AUTH_SCHEME = "Bearer"
     DEFAULT_BASE_URL = API
-
-    def _check_profile(self, profile: Profile) -> None:
-        if profile.kind != "replicate" or profile.model is None:
-            raise ProviderConfigError(f"profile {profile.id!r} is not a replicate profile")
-        if profile.model.count("/") != 1:
-            raise ProviderConfigError(
-                f"replicate profile {profile.id!r}: model is owner/name, e.g. "
-                "black-forest-labs/flux-schnell"
-            )
-
-    @property
-    def model(self) -> str:
-        return self.profile.model or ""
 
     def _capabilities(self, profile: Profile) -> Capabilities:
         return Capabilities(
@@ -173,15 +160,7 @@ class ReplicateProvider(JobsApiClient):
     def check(self) -> str:
         """Verify the token without spending (``GET /v1/account``); the account's name.
         Raises `ProviderConfigError` (refused token) or `UnknownOutcome` (no answer)."""
-        try:
-            response = self._api.get("/account")
-        except httpx.HTTPError as exc:
-            raise UnknownOutcome(f"account: {type(exc).__name__}") from None
-        if response.status_code in (401, 403):
-            raise ProviderConfigError(
-                f"profile {self.profile.id!r}: Replicate refused the token (HTTP "
-                f"{response.status_code})"
-            )
+        response = self._verify("/account")
         try:
             username = _json(response).get("username") if response.is_success else None
         except (ValueError, AttributeError):
