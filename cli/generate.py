@@ -90,6 +90,14 @@ def generate(
     force_resubmit: Annotated[
         bool, typer.Option(help="Resubmit items whose acceptance is unknown (recorded).")
     ] = False,
+    hero_candidates: Annotated[
+        int | None,
+        typer.Option(
+            click_type=StrictInt(1, 50),
+            help="Hero runs at N paid candidates each (recorded in the plan; growing 4 to 6 "
+            "pays for 2). Without hero runs in the playlist: every one-image video.",
+        ),
+    ] = None,
     idempotency_key: IdempotencyKeyOption = None,
     allow_duplicate: AllowDuplicateOption = False,
     batch_id: BatchIdOption = None,
@@ -123,7 +131,9 @@ def generate(
     engine = context.engine()
     settings = context.settings()
     name = context.pipeline_name(pipeline)
-    prepared = prepare(engine, settings, name, episode_id, "generate")
+    prepared = prepare(
+        engine, settings, name, episode_id, "generate", hero_candidates=hero_candidates
+    )
     videos = max(item.index for item in prepared.items)
     options = RunOptions(
         only=parse_selection(only, videos) if only else None,
@@ -155,6 +165,7 @@ def generate(
             batch_id=batch_id,
             allow_duplicate=allow_duplicate,
             on_start=on_start,
+            hero_candidates=hero_candidates,
         )
     _report(outcome, as_json)
 
@@ -283,8 +294,11 @@ def _print_plan(report: dict[str, object], as_json: bool) -> None:
     if as_json:
         emit_json(report)
         return
+    hero = int(str(report.get("hero_calls", 0)))
     typer.echo(
-        f"plan: {report['new_calls']} new paid calls, {report['skipped']} skipped (done), "
+        f"plan: {report['new_calls']} new paid calls"
+        + (f" ({hero} of them hero candidates)" if hero else "")
+        + f", {report['skipped']} skipped (done), "
         f"{report['to_collect']} to collect, {report['to_reconcile']} to reconcile, "
         f"{report['busy']} busy, {report['exhausted']} out of retries; estimated cost "
         f"{format_minor(int(str(report['estimated_cost_minor'])), str(report['currency']))}"

@@ -10,7 +10,7 @@ import json
 import re
 import string
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
@@ -24,6 +24,8 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u202a-\u202e\u2066-
 MAX_PART = 9999
 MAX_IMAGES_PER_PLAN = 100_000
 MAX_PROMPT_CHARS = 8000  # items.prompt: checked when planning, on every backend
+MAX_CANDIDATES = 50  # paid candidates of one hero image
+SEED_MODULUS = 2**31  # seeds are 0 .. 2^31-1
 PROMPT_FIELDS = frozenset({"title", "part", "video_id", "index"})
 
 
@@ -82,11 +84,20 @@ class Template(_Strict):
         return hashlib.sha256(canonical_json(self.model_dump()).encode()).hexdigest()
 
 
+class Hero(_Strict):
+    """A hero run: the video's one image generated `candidates` times; a reviewer picks one."""
+
+    candidates: int = Field(ge=1, le=MAX_CANDIDATES, strict=True)
+
+
 class Video(_Strict):
     video_id: str = Field(pattern=f"^{_ID}$")
     title: str = Field(min_length=1, max_length=300)
     parts: list[StrictInt] = Field(default_factory=lambda: [1], min_length=1, max_length=100)
-    seed: int = Field(ge=0, le=2**31 - 1, strict=True)  # `seed: true` is not 1
+    seed: int = Field(ge=0, le=SEED_MODULUS - 1, strict=True)  # `seed: true` is not 1
+    # a hero run for this video; `false`: never, whatever the playlist's `hero` says;
+    # None: the playlist's `hero` decides
+    hero: Hero | Literal[False] | None = None
 
     @field_validator("title")
     @classmethod
@@ -100,6 +111,12 @@ class Video(_Strict):
             raise ValueError(f"parts must be distinct numbers from 1 to {MAX_PART}")
         return parts
 
+    @model_validator(mode="after")
+    def _hero_has_one_image(self) -> Video:
+        if isinstance(self.hero, Hero) and self.parts != [1]:
+            raise ValueError("a hero video has one image, generated as candidates: remove parts")
+        return self
+
 
 REFERENCE_IMAGE_TYPES = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg",
                          ".webp": "image/webp"}  # fmt: skip
@@ -112,7 +129,58 @@ class Playlist(_Strict):
     reference_assets: list[str] = Field(default_factory=list, max_length=20)
     # one of the reference assets, sent with every item as the model's reference image
     reference_image: str | None = Field(default=None, min_length=1, max_length=1024)
+    # a hero run for every video without a `hero` of its own (each must have one image)
+    hero: Hero | None = None
     items: list[Video] = Field(min_length=1, max_length=100_000)
+
+    def hero_of(self, video: Video) -> Hero | None:
+        """The hero run of `video`: its own, else the playlist's (unless it says false)."""
+        if video.hero is False:
+            return None
+        return video.hero if video.hero is not None else self.hero
+
+    def images_of(self, video: Video) -> int:
+        hero = self.hero_of(video)
+        return hero.candidates if hero is not None else len(video.parts)
+
+    def with_hero_candidates(self, candidates: int) -> Playlist:
+        """This playlist with every hero run at `candidates` (`--hero-candidates`). A playlist
+        without hero runs gets a playlist-wide `hero` for its one-image videos (a video with
+        several parts keeps them). Raises `InvalidInput` when no video can be a hero."""
+        if not 1 <= candidates <= MAX_CANDIDATES:
+            raise InvalidInput(f"--hero-candidates must be 1 to {MAX_CANDIDATES}")
+        hero = Hero(candidates=candidates)
+        videos = []
+        for video in self.items:
+            if isinstance(video.hero, Hero):
+                video = video.model_copy(update={"hero": hero})
+            elif video.hero is None and video.parts != [1]:
+                video = video.model_copy(update={"hero": False})
+            videos.append(video)
+        changed = Playlist.model_validate(
+            {
+                **self.model_dump(),
+                "hero": hero.model_dump(),
+                "items": [v.model_dump() for v in videos],
+            }
+        )
+        if not any(changed.hero_of(video) for video in changed.items):
+            raise InvalidInput(
+                "--hero-candidates: no video of the plan can be a hero video (each has "
+                "several parts or says hero: false)"
+            )
+        return changed
+
+    @model_validator(mode="after")
+    def _heroes_have_one_image(self) -> Playlist:
+        if self.hero is not None:
+            for video in self.items:
+                if video.hero is None and video.parts != [1]:
+                    raise ValueError(
+                        f"video {video.video_id} has parts {video.parts}: the playlist's hero "
+                        "run covers one-image videos; give it hero: false"
+                    )
+        return self
 
     @model_validator(mode="after")
     def _reference_image_is_an_asset(self) -> Playlist:
@@ -137,7 +205,7 @@ class Playlist(_Strict):
 
     @model_validator(mode="after")
     def _unique_videos(self) -> Playlist:
-        images = sum(len(video.parts) for video in self.items)
+        images = sum(self.images_of(video) for video in self.items)
         if images > MAX_IMAGES_PER_PLAN:
             raise ValueError(f"{images} images in one plan; at most {MAX_IMAGES_PER_PLAN}")
         seen: set[str] = set()
@@ -156,18 +224,32 @@ def reference_image_type(name: str) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class PlannedItem:
-    """One paid image: one part of one video, with everything its key is made of."""
+    """One paid image: one part of one video, or one candidate of a video's hero image,
+    with everything its key is made of."""
 
     index: int  # 1-based position of the video in the playlist (what --only selects)
     video_id: str
-    part: int
+    part: int  # 0 for a hero candidate (it has no part)
     prompt: str
     seed: int
     idempotency_key: str
+    candidate: int | None = None  # 1..N for a hero candidate
 
     @property
     def item_id(self) -> str:
-        return f"{self.video_id}.p{self.part}"
+        return item_label(self.video_id, self.part, self.candidate)
+
+
+def item_label(video_id: str, part: int, candidate: int | None) -> str:
+    """How people see an item: `v01.p2` (part 2 of v01) or `v01.c3` (hero candidate 3)."""
+    return f"{video_id}.c{candidate}" if candidate is not None else f"{video_id}.p{part}"
+
+
+def candidate_seed(seed: int, candidate: int) -> int:
+    """The seed of hero candidate `candidate` (1-based) of a video whose seed is `seed`:
+    the ordinal folded in, so each candidate is a different image of a seeded model, and
+    candidate 1 keeps the video's seed. Stable: it depends on nothing else."""
+    return (seed + candidate - 1) % SEED_MODULUS
 
 
 def canonical_json(value: Any) -> str:
@@ -179,32 +261,39 @@ def item_idempotency_key(
     template_spec_hash: str,
     provider_profile: str,
     item_id: str,
-    part: int,
+    part: int | None,
     prompt: str,
     seed: int,
     reference_sha256: list[str],
+    candidate: int | None = None,
 ) -> str:
-    """sha256 over canonical JSON of every input that changes the paid output (32 hex)."""
-    payload = canonical_json(
-        {
-            "template": template_spec_hash,
-            "profile": provider_profile,
-            "item": item_id,
-            "part": part,
-            "prompt": prompt,
-            "seed": seed,
-            "references": sorted(reference_sha256),
-        }
-    )
-    return hashlib.sha256(payload.encode()).hexdigest()[:32]
+    """sha256 over canonical JSON of every input that changes the paid output (32 hex).
+
+    A hero candidate (`candidate` 1..N, `part` None, `seed` already folded by
+    `candidate_seed`) also carries its ordinal, so candidates differ even for a provider
+    that takes no seed; a part's payload is unchanged (its keys predate hero runs)."""
+    fields: dict[str, Any] = {
+        "template": template_spec_hash,
+        "profile": provider_profile,
+        "item": item_id,
+        "part": part,
+        "prompt": prompt,
+        "seed": seed,
+        "references": sorted(reference_sha256),
+    }
+    if candidate is not None:
+        fields["candidate"] = candidate
+    return hashlib.sha256(canonical_json(fields).encode()).hexdigest()[:32]
 
 
-def scoped_item_id(pipeline: str, episode_id: str, video_id: str, part: int) -> str:
+def scoped_item_id(pipeline: str, episode_id: str, video_id: str, part: int | None) -> str:
     """The item id inside a key: scoped by episode and pipeline, so two episodes (of one
     pipeline or of two) planned from one playlist never share a key, a row or a file. The
     pipeline `weekly` keeps the form that predates pipeline scoping (its keys never change);
-    pipeline names cannot contain ':', so the two forms never meet."""
-    item = f"{episode_id}/{video_id}.p{part}"
+    pipeline names cannot contain ':', so the two forms never meet. A hero image (`part`
+    None) is `{episode_id}/{video_id}.hero`; its candidates differ by seed and ordinal."""
+    image = f"{video_id}.hero" if part is None else f"{video_id}.p{part}"
+    item = f"{episode_id}/{image}"
     return item if pipeline == UNSCOPED_PIPELINE else f"{pipeline}:{item}"
 
 
@@ -215,27 +304,87 @@ def expand(
     spec = playlist.template.spec_hash()
     planned = []
     for index, video in enumerate(playlist.items, start=1):
-        for part in video.parts:
+        hero = playlist.hero_of(video)
+        # a hero image has no part: `{part}` renders empty, and every candidate has one prompt
+        slots: list[tuple[int | None, int | None]] = (
+            [(None, n) for n in range(1, hero.candidates + 1)]
+            if hero is not None
+            else [(part, None) for part in video.parts]
+        )
+        for part, candidate in slots:
             prompt = playlist.template.prompt.format(
-                title=video.title, part=part, video_id=video.video_id, index=index
-            )
+                title=video.title, part="" if part is None else part, video_id=video.video_id,
+                index=index,
+            )  # fmt: skip
             if len(prompt) > MAX_PROMPT_CHARS:
+                where = f"part {part}" if part is not None else "hero image"
                 raise InvalidInput(
-                    f"video {video.video_id} part {part}: the prompt is {len(prompt)} "
+                    f"video {video.video_id} {where}: the prompt is {len(prompt)} "
                     f"characters; at most {MAX_PROMPT_CHARS}"
                 )
-            item_id = scoped_item_id(pipeline, episode_id, video.video_id, part)
+            seed = video.seed if candidate is None else candidate_seed(video.seed, candidate)
             key = item_idempotency_key(
                 template_spec_hash=spec,
                 provider_profile=playlist.provider_profile,
-                item_id=item_id,
+                item_id=scoped_item_id(pipeline, episode_id, video.video_id, part),
                 part=part,
                 prompt=prompt,
-                seed=video.seed,
+                seed=seed,
                 reference_sha256=reference_sha256,
+                candidate=candidate,
             )
-            planned.append(PlannedItem(index, video.video_id, part, prompt, video.seed, key))
+            planned.append(
+                PlannedItem(index, video.video_id, part or 0, prompt, seed, key, candidate)
+            )
     return planned
+
+
+def hero_candidates(items: list[PlannedItem]) -> dict[str, list[PlannedItem]]:
+    """The plan's hero videos, in plan order: video id -> its candidates (1..N, in order)."""
+    heroes: dict[str, list[PlannedItem]] = {}
+    for item in items:
+        if item.candidate is not None:
+            heroes.setdefault(item.video_id, []).append(item)
+    return heroes
+
+
+_PICK = re.compile(r"(" + _ID + r")=([1-9][0-9]{0,5})")
+
+
+def parse_picks(text: str) -> dict[str, int]:
+    """'v01=2,v02=1' -> {'v01': 2, 'v02': 1}: which candidate ships, per hero video.
+    Checks the syntax only (`check_picks` checks them against a plan); raises InvalidInput."""
+    picks: dict[str, int] = {}
+    for chunk in text.split(","):
+        match = _PICK.fullmatch(chunk.strip())
+        if match is None:
+            raise InvalidInput(f"invalid --pick {shown(text)}: expected e.g. v01=2,v02=1")
+        if match[1] in picks:
+            raise InvalidInput(f"invalid --pick: video {match[1]} is picked twice")
+        picks[match[1]] = int(match[2])
+    return picks
+
+
+def check_picks(
+    picks: dict[str, int], heroes: dict[str, list[PlannedItem]], what: str = "--pick"
+) -> dict[str, int]:
+    """Every hero video has exactly one pick within its candidates, and nothing else is
+    picked. Returns the picks in plan order; raises InvalidInput naming the first fault."""
+    for video_id, pick in picks.items():
+        if video_id not in heroes:
+            raise InvalidInput(f"{what}: video {shown(video_id)} has no hero candidates")
+        count = len(heroes[video_id])
+        if not 1 <= pick <= count:
+            raise InvalidInput(
+                f"{what}: video {video_id} has candidates 1-{count}; {pick} is not one of them"
+            )
+    missing = [video_id for video_id in heroes if video_id not in picks]
+    if missing:
+        raise InvalidInput(
+            f"{what}: no pick for {', '.join(missing)}: a hero video is approved with the "
+            f"candidate that ships, e.g. {what} {missing[0]}=1"
+        )
+    return {video_id: picks[video_id] for video_id in heroes}
 
 
 _RANGE = re.compile(r"([1-9][0-9]*)(?:-([1-9][0-9]*))?")

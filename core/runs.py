@@ -6,6 +6,8 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
+from core.playlist import item_label
+
 INTERRUPTED = "interrupted"
 """The error of an item its holder gave up when its process was interrupted (Ctrl-C,
 SIGTERM): resumable, and finished by another process still working on the run."""
@@ -36,13 +38,14 @@ class Item:
     idempotency_key: str
     position: int
     video_id: str
-    part: int
+    part: int  # 0 for a hero candidate
     prompt: str
     seed: int
     state: str
     attempts: int
     error_text: str | None
     created_at: datetime | None = None
+    candidate: int | None = None  # 1..N for a hero candidate
 
     @property
     def ledger_ref(self) -> str:
@@ -52,7 +55,7 @@ class Item:
 
     @property
     def item_id(self) -> str:
-        return f"{self.video_id}.p{self.part}"
+        return item_label(self.video_id, self.part, self.candidate)
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +150,7 @@ class PlanReport:
     currency: str
     new_keys: tuple[str, ...] = field(default=(), repr=False)
     reuse_keys: tuple[str, ...] = field(default=(), repr=False)
+    hero_calls: int = 0  # of new_calls: candidates of hero images
 
     @property
     def has_work(self) -> bool:

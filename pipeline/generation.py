@@ -13,7 +13,7 @@ from sqlalchemy import Engine
 from core.errors import CommandNotAllowed, ProviderConfigError
 from core.hints import hint
 from core.ids import EpisodeId
-from core.playlist import PlannedItem, expand
+from core.playlist import PlannedItem, Playlist, expand
 from core.settings import Settings
 from core.states import RunState
 from pipeline.engine import ItemExecutor, RunEngine, thread_pool_executor
@@ -48,6 +48,9 @@ class Prepared:
     profile: Profile
     plan_id: int | None = None  # the recorded plan the items come from
     reference_image: str | None = None  # sha256 of the plan's reference image
+    # the plan with `--hero-candidates` applied, when it differs from the recorded one: the
+    # items come from it, and it is recorded before the run is admitted
+    replan: tuple[Playlist, list[str]] | None = None
 
 
 def record_plan(
@@ -103,9 +106,18 @@ def recorded_plan_summary(
 
 
 def prepare(
-    engine: Engine, settings: Settings, pipeline: str, episode_id: str, command: str
+    engine: Engine,
+    settings: Settings,
+    pipeline: str,
+    episode_id: str,
+    command: str,
+    *,
+    hero_candidates: int | None = None,
 ) -> Prepared:
-    """The gate first, then the recorded plan and the provider profile. No credential yet."""
+    """The gate first, then the recorded plan and the provider profile. No credential yet.
+    `hero_candidates` (`generate --hero-candidates N`): the items of the recorded plan with
+    every hero run at N candidates (`Prepared.replan`; nothing is recorded here).
+    Errors: `CommandNotAllowed` (no plan), `InvalidInput` (no video can be a hero video)."""
     gate = open_gate(engine, pipeline, episode_id, command)
     recorded = RunStore(engine).current_plan(gate.episode_pk)
     if recorded is None:
@@ -119,6 +131,11 @@ def prepare(
         )
     plan_id, playlist, references = recorded
     parsed = parse_playlist(playlist, "recorded plan")  # once: the items and the image
+    replan = None
+    if hero_candidates is not None:
+        changed = parsed.with_hero_candidates(hero_candidates)
+        if playlist_sha256(changed) != playlist_sha256(parsed):
+            parsed, replan = changed, (changed, references)
     items = expand(parsed, references, gate.episode_id, gate.pipeline)
     profile = get_profile(load_profiles(settings.providers_path), parsed.provider_profile)
     reference = parsed.reference_image_sha256(references)
@@ -131,7 +148,29 @@ def prepare(
             f"episode {gate.episode_id}: the plan has a reference image, but provider "
             f"profile {profile.id!r} names no model input for it (reference_image_input)"
         )
-    return Prepared(gate, items, profile, plan_id, reference)
+    return Prepared(gate, items, profile, plan_id, reference, replan)
+
+
+def _record_replan(engine: Engine, prepared: Prepared, settings: Settings) -> Prepared:
+    """Record the plan `--hero-candidates` changed (a frozen plan refuses: exit 2), and
+    prepare again from it: the run is a run of the recorded plan."""
+    if prepared.replan is None:
+        return prepared
+    playlist, references = prepared.replan
+    RunStore(engine).record_plan(
+        prepared.gate.episode_pk,
+        playlist.model_dump(mode="json"),
+        playlist_sha256(playlist),
+        references,
+        f"--hero-candidates {playlist.hero.candidates if playlist.hero else '?'}",
+    )
+    again = prepare(engine, settings, prepared.gate.pipeline, prepared.gate.episode_id, "generate")
+    if [it.idempotency_key for it in again.items] != [it.idempotency_key for it in prepared.items]:
+        raise CommandNotAllowed(  # another plan was recorded in between: ask again
+            f"episode {prepared.gate.episode_id}: its plan changed while this run was being "
+            "prepared; nothing was spent: run the command again"
+        )
+    return again
 
 
 def run_engine(
@@ -186,6 +225,7 @@ def generate(
     allow_duplicate: bool = False,
     executor: ItemExecutor = thread_pool_executor,
     on_start: OnStart | None = None,
+    hero_candidates: int | None = None,
 ) -> RunOutcome:
     """The Python API of `episodic generate` (the CLI and the Prefect flow call it).
 
@@ -195,8 +235,12 @@ def generate(
     (``outcome.deduplicated``) or creates one. `on_start(engine, run_id)` is called before
     the run executes (progress displays). Errors: `InvalidInput` and its kin (exit 2),
     `EpisodeNotFound` (5), `ProviderConfigError` (2), `IdempotencyKeyReused` (2).
+    `hero_candidates`: every hero run of the plan at N candidates; the changed plan is
+    recorded once the budget guard passed (refused for an approved episode: frozen plan).
     """
-    prepared = prepare(engine, settings, pipeline, episode_id, "generate")
+    prepared = prepare(
+        engine, settings, pipeline, episode_id, "generate", hero_candidates=hero_candidates
+    )
     if options.cap_minor is None:
         options = replace(options, cap_minor=settings.max_run_cost_minor)
     request = run_request(
@@ -211,6 +255,7 @@ def generate(
     store = RunStore(engine)
     report = plan(store, prepared.gate, prepared.items, options, prepared.profile)
     check_budget(report, options)
+    prepared = _record_replan(engine, prepared, settings)
     run = run_engine(engine, settings, prepared, credentials, executor)
     admission = admit_run(
         store,

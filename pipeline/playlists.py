@@ -91,8 +91,13 @@ def playlist_sha256(playlist: Playlist) -> str:
     """The playlist's hash. A field added later counts only when it is set, so a playlist
     that does not use it keeps the hash it was recorded with (planning it again changes
     nothing, and an approved episode's plan stays the same plan)."""
-    unset_later_fields = {"reference_image"} if playlist.reference_image is None else set()
-    dump = playlist.model_dump(exclude=unset_later_fields)
+    dump = playlist.model_dump()
+    for later in ("reference_image", "hero"):
+        if dump[later] is None:
+            del dump[later]
+    for video in dump["items"]:
+        if video["hero"] is None:
+            del video["hero"]
     return hashlib.sha256(canonical_json(dump).encode()).hexdigest()
 
 

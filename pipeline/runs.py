@@ -123,6 +123,7 @@ def plan(
     tally = dict.fromkeys(("new", "skip", "busy", "collect", "reconcile", "retry", "exhausted"), 0)
     new_keys: list[str] = []
     reuse_keys: list[str] = []
+    hero_calls = 0
     for item in selected:
         snapshot = snapshots.get(item.idempotency_key)
         if snapshot is not None and snapshot.state == ItemState.COMPLETED:
@@ -130,6 +131,7 @@ def plan(
             continue
         kind = classify(snapshot, options, now)
         tally[kind] += 1
+        hero_calls += item.candidate is not None and kind in ("new", "retry")
         # busy: followed; exhausted: a member, so the run cannot end "completed" while it
         # stays failed (the engine does not run it)
         (new_keys if snapshot is None else reuse_keys).append(item.idempotency_key)
@@ -145,6 +147,7 @@ def plan(
         currency=profile.currency,
         new_keys=tuple(new_keys),
         reuse_keys=tuple(reuse_keys),
+        hero_calls=hero_calls,
     )
 
 

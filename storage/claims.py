@@ -83,11 +83,12 @@ class _ItemRow(NamedTuple):
     claim_owner: str | None
     claim_run_id: str | None
     lease_expires_at: datetime | None
+    candidate: int | None
 
 
 _ITEM_FOR_UPDATE = Hot(
     "SELECT id, idempotency_key, position, video_id, part, prompt, seed, state, attempts, "
-    "error_text, created_at, claim_owner, claim_run_id, lease_expires_at FROM items "
+    "error_text, created_at, claim_owner, claim_run_id, lease_expires_at, candidate FROM items "
     "WHERE id = :b_item",
     pg_suffix="FOR UPDATE",
 )

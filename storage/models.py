@@ -148,7 +148,8 @@ class ItemRow(Base):
     idempotency_key: Mapped[str] = mapped_column(String(32), unique=True)
     position: Mapped[int] = mapped_column(Integer)
     video_id: Mapped[str] = mapped_column(String(64))
-    part: Mapped[int] = mapped_column(Integer)
+    part: Mapped[int] = mapped_column(Integer)  # 0 for a hero candidate
+    candidate: Mapped[int | None] = mapped_column(Integer)  # 1..N: a hero candidate
     prompt: Mapped[str] = mapped_column(String(8000))
     seed: Mapped[int] = mapped_column(BigInteger)
     state: Mapped[str] = mapped_column(String(16))

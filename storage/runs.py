@@ -557,7 +557,9 @@ class RunStore:
         if states is not None:
             query = query.where(_items.c.state.in_(list(states)))
         with tx.read(self.engine) as conn:
-            rows = conn.execute(query.order_by(_items.c.position, _items.c.part)).all()
+            rows = conn.execute(
+                query.order_by(_items.c.position, _items.c.part, _items.c.candidate)
+            ).all()
         return [item_from_row(row) for row in rows]
 
     def held_elsewhere(self, run_id: str, owner: str) -> list[Item]:
@@ -641,7 +643,7 @@ class RunStore:
             select(_items)
             .join(_members, _members.c.item_pk == _items.c.id)
             .where(_members.c.run_id == run_id, *conditions)
-            .order_by(_items.c.position, _items.c.part)
+            .order_by(_items.c.position, _items.c.part, _items.c.candidate)
         )
         with tx.read(self.engine) as conn:
             return [item_from_row(row) for row in conn.execute(query).all()]
@@ -814,6 +816,7 @@ def _insert_new_items(
             "position": it.index,
             "video_id": it.video_id,
             "part": it.part,
+            "candidate": it.candidate,
             "prompt": it.prompt,
             "seed": it.seed,
             "state": ItemState.PENDING,
@@ -867,6 +870,7 @@ def item_from_row(row: Any) -> Item:
         attempts=row.attempts,
         error_text=row.error_text,
         created_at=row.created_at,
+        candidate=row.candidate,
     )
 
 
@@ -878,6 +882,7 @@ def completed_outputs(engine: Engine, episode_pk: int) -> list[dict[str, Any]]:
                 _items.c.idempotency_key,
                 _items.c.video_id,
                 _items.c.part,
+                _items.c.candidate,
                 _items.c.position,
                 _items.c.output_path,
                 _items.c.output_sha256,
@@ -888,6 +893,6 @@ def completed_outputs(engine: Engine, episode_pk: int) -> list[dict[str, Any]]:
             .join(_subs, (_subs.c.item_pk == _items.c.id) & (_subs.c.state == "succeeded"))
             .join(_costs, _costs.c.submission_pk == _subs.c.id)
             .where(_items.c.episode_pk == episode_pk, _items.c.state == ItemState.COMPLETED)
-            .order_by(_items.c.position, _items.c.part)
+            .order_by(_items.c.position, _items.c.part, _items.c.candidate)
         ).all()
     return [dict(row._mapping) for row in rows]

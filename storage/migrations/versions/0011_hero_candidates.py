@@ -1,0 +1,29 @@
+"""hero candidates: which candidate of a video's hero image an item is
+
+Revision ID: 0011
+Revises: 0010
+Create Date: 2026-11-30
+
+A hero run generates one video's hero image N times, each candidate its own paid item
+(its own key). `candidate` is its ordinal (1..N); it is NULL for every other item, and for
+a hero candidate `part` is 0 (a hero image has no part).
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0011"
+down_revision = "0010"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    op.add_column("items", sa.Column("candidate", sa.Integer(), nullable=True))
+
+
+def downgrade() -> None:
+    with op.batch_alter_table("items") as batch:
+        batch.drop_column("candidate")
