@@ -21,12 +21,23 @@ def approve(
     reason: Annotated[
         str | None, typer.Option("--reason", help="Why (required to reject).")
     ] = None,
+    pick: Annotated[
+        str | None,
+        typer.Option(
+            "--pick",
+            help="The hero candidate that ships, per hero video, e.g. v01=2,v02=1 (required "
+            "for each hero video).",
+        ),
+    ] = None,
     pipeline: PipelineOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Approve (or --reject) a generated episode's images. Recorded with who and when."""
+    """Approve (or --reject) a generated episode's images. Recorded with who and when.
+    A plan with hero runs is approved with the candidate that ships for each hero video."""
+    from core.playlist import parse_picks
     from pipeline.review import decide
 
+    picks = parse_picks(pick) if pick is not None else None
     result = decide(
         context.engine(),
         context.pipeline_name(pipeline),
@@ -35,12 +46,19 @@ def approve(
         by=by,
         note=reason if reject else note,
         labels=("--by", "--reason" if reject else "--note"),
+        picks=picks,
     )
     if as_json:
         emit_json(result)
     else:
         verb = "already" if not result["changed"] else "now"
-        typer.echo(f"{result['episode_id']} is {verb} {result['state']}")
+        chosen = result.get("picks")
+        shipped = (
+            f" (ships {', '.join(f'{v} candidate {n}' for v, n in chosen.items())})"
+            if chosen
+            else ""
+        )
+        typer.echo(f"{result['episode_id']} is {verb} {result['state']}{shipped}")
 
 
 def assemble(

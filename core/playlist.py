@@ -9,6 +9,7 @@ import hashlib
 import json
 import re
 import string
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -366,7 +367,7 @@ def parse_picks(text: str) -> dict[str, int]:
 
 
 def check_picks(
-    picks: dict[str, int], heroes: dict[str, list[PlannedItem]], what: str = "--pick"
+    picks: dict[str, int], heroes: Mapping[str, Sequence[object]], what: str = "--pick"
 ) -> dict[str, int]:
     """Every hero video has exactly one pick within its candidates, and nothing else is
     picked. Returns the picks in plan order; raises InvalidInput naming the first fault."""

@@ -19,7 +19,8 @@ from sqlalchemy import Connection, Engine, select
 
 from core.errors import EpisodicError, InvalidInput
 from core.ids import EpisodeId
-from core.states import EpisodeState
+from core.playlist import PlannedItem, check_picks, hero_candidates
+from core.states import FROZEN_PLAN_STATES, EpisodeState
 from pipeline.playlists import planned_items
 from storage.base import utcnow
 from storage.models import (
@@ -31,6 +32,7 @@ from storage.models import (
     RunRow,
     SubmissionRow,
 )
+from storage.review import ReviewStore
 from storage.runs import DedupPolicy, RunStore, active_run
 
 NEEDS_ALL_IMAGES = {EpisodeState.GENERATED, EpisodeState.APPROVED, EpisodeState.ASSEMBLED}
@@ -280,15 +282,74 @@ def _check_states(
         add("state", f"episode is assembled but its media are {sorted(kinds)}")
     for row in media:
         _check_file(add, row.kind, row.path, row.sha256)
+    heroes = _planned_heroes(engine, episode) if state in FROZEN_PLAN_STATES else {}
+    picks = ReviewStore(engine).approved_picks(episode.id) if heroes else {}
+    if heroes:
+        try:
+            check_picks(picks, heroes, "the approval's picks")
+        except InvalidInput as exc:
+            add("picks", f"episode is {state} but {exc}")
     manifest = kinds.get("manifest")
     if manifest is not None and Path(manifest.path).is_file():
         try:
             document = json.loads(Path(manifest.path).read_text())
-            total = sum(i["cost_minor"] for i in document["items"])
-            if total != document["total_cost_minor"]:
-                add("ledger", "manifest total does not equal the sum of its items")
-        except (ValueError, KeyError, TypeError):
+            _check_manifest(add, document, items, heroes, picks)
+        except (ValueError, KeyError, TypeError, AttributeError):
             add("files", "manifest is not a valid manifest")
+
+
+def _check_manifest(
+    add: Any,
+    document: dict[str, Any],
+    items: Sequence[Any],
+    heroes: dict[str, list[PlannedItem]],
+    picks: dict[str, int],
+) -> None:
+    """The manifest's total is what its items and unpicked candidates cost; its hero picks
+    are the approval's, each hero video ships its picked candidate, and every candidate's
+    sha256 is the ledger's."""
+    listed = {h["video_id"]: h for h in document.get("heroes", [])}
+    unpicked = sum(
+        c["cost_minor"]
+        for h in listed.values()
+        for c in h["candidates"]
+        if c["candidate"] != h["picked"]
+    )
+    if sum(i["cost_minor"] for i in document["items"]) + unpicked != document["total_cost_minor"]:
+        add("ledger", "manifest total does not equal the sum of its items and candidates")
+    if set(listed) != set(heroes):
+        add("picks", f"manifest lists hero videos {sorted(listed)}, the plan {sorted(heroes)}")
+        return
+    output = {i.idempotency_key: i.output_sha256 for i in items if i.state == "completed"}
+    shipped = {i["idempotency_key"] for i in document["items"]}
+    for video, candidates in heroes.items():
+        entry = listed[video]
+        if picks.get(video) is not None and entry["picked"] != picks[video]:
+            add("picks", f"manifest ships {video} candidate {entry['picked']}, the approval "
+                f"picked {picks[video]}")  # fmt: skip
+        keys = [c.idempotency_key for c in candidates]
+        if [c["idempotency_key"] for c in entry["candidates"]] != keys:
+            add("picks", f"manifest's candidates of {video} are not the plan's")
+            continue
+        for c in entry["candidates"]:
+            if output.get(c["idempotency_key"]) != c["sha256"]:
+                add("picks", f"manifest's {video} candidate {c['candidate']} is not the "
+                    "ledger's image")  # fmt: skip
+        picked = keys[entry["picked"] - 1] if 1 <= entry["picked"] <= len(keys) else None
+        if picked not in shipped or len(shipped & set(keys)) != 1:
+            add("picks", f"manifest does not ship exactly {video}'s picked candidate")
+
+
+def _planned_heroes(engine: Engine, episode: Any) -> dict[str, list[PlannedItem]]:
+    """The current plan's hero videos and their candidates ({}: none, or no plan)."""
+    recorded = RunStore(engine).latest_plan(episode.id)
+    if recorded is None:
+        return {}
+    try:
+        items = planned_items(recorded[0], recorded[1], episode.episode_id, episode.pipeline)
+    except InvalidInput as exc:
+        raise _PlanUnreadable(str(exc)) from None
+    return hero_candidates(items)
 
 
 def _planned_keys(engine: Engine, episode: Any) -> set[str] | None:

@@ -19,7 +19,7 @@ from sqlalchemy import Engine
 
 from core.errors import CommandNotAllowed, InvalidInput, StorageError
 from core.hints import hint
-from core.playlist import check_text
+from core.playlist import check_picks, check_text, item_label
 from core.settings import Settings
 from core.states import FROZEN_PLAN_STATES, EpisodeState
 from pipeline.gate import GatePass, open_gate
@@ -60,16 +60,24 @@ def decide(
     note: str | None,
     expected_digest: str | None = None,
     labels: tuple[str, str] = ("--by", "--reason"),
+    picks: dict[str, int] | None = None,
+    picks_label: str = "--pick",
 ) -> dict[str, Any]:
     """Approve or reject a generated episode. Refused unless it is waiting for a decision.
 
     `expected_digest` (`approval_digest` of the images the reviewer was shown, e.g. by the
     Prefect form) binds the decision to them: if the plan or its images changed since, the
-    decision is refused (`CommandNotAllowed`) and nothing is recorded."""
+    decision is refused (`CommandNotAllowed`) and nothing is recorded.
+    `picks` (video id -> candidate, 1-based): an approval of a plan with hero runs names
+    the candidate that ships for every hero video; a missing pick, one outside the video's
+    candidates or one for a video without candidates is `InvalidInput` (exit 2), and nothing
+    is recorded."""
     by_label, note_label = labels  # how the caller's person named the fields
     by = validate_person(by, by_label)
     if not approve and not (note and note.strip()):
         raise InvalidInput(f"a rejection needs a reason ({note_label})")
+    if not approve and picks:
+        raise InvalidInput(f"{picks_label} is for approving: a rejection ships nothing")
     if note is not None:
         check_text(note, note_label)
     gate = open_gate(engine, pipeline, episode_id, "approve")
@@ -78,6 +86,16 @@ def decide(
     wanted = EpisodeState.APPROVED if approve else EpisodeState.REJECTED
     already = state == wanted or (approve and state == EpisodeState.ASSEMBLED)
     if already:  # the same decision again (a retried flow, a double click): a no-op
+        recorded = review.approved_picks(gate.episode_pk) if approve else {}
+        if picks and picks != recorded:
+            raise CommandNotAllowed(
+                f"episode {gate.episode_id} is already {state} with the picks "
+                f"{_picks_text(recorded) or '(none)'}; nothing was recorded: "
+                + hint(
+                    f"`episodic reopen {gate.episode_id}` to decide again",
+                    "reopen it (`episodic reopen`) to decide again",
+                )
+            )
         return {"episode_id": gate.episode_id, "state": state, "changed": False}
     if state != EpisodeState.GENERATED:
         raise CommandNotAllowed(
@@ -85,6 +103,7 @@ def decide(
             f"{'approved' if approve else 'rejected'}"
         )
     approved_items: dict[str, str] | None = None
+    chosen: dict[str, int] | None = None
     if approve or expected_digest is not None:  # checked on disk now: exactly this ships
         outputs = _planned_outputs(engine, gate)
         shown = {o["idempotency_key"]: o["output_sha256"] for o in outputs}
@@ -94,7 +113,14 @@ def decide(
                 "review; nothing was recorded: review them again"
             )
         approved_items = shown if approve else None
-    lost_to = review.decide(gate.episode_pk, approve, by, note, items=approved_items)
+        if approve:
+            heroes = hero_outputs(outputs)
+            if not heroes and picks:
+                raise InvalidInput(
+                    f"{picks_label}: episode {gate.episode_id} has no hero candidates"
+                )
+            chosen = check_picks(picks or {}, heroes, picks_label) if heroes else None
+    lost_to = review.decide(gate.episode_pk, approve, by, note, items=approved_items, picks=chosen)
     if lost_to is not None:  # a concurrent decision won the compare-and-set
         if lost_to == wanted.value:
             return {"episode_id": gate.episode_id, "state": lost_to, "changed": False}
@@ -102,7 +128,29 @@ def decide(
             f"episode {gate.episode_id} was just {lost_to} by someone else; this decision "
             "was not recorded"
         )
-    return {"episode_id": gate.episode_id, "state": wanted.value, "changed": True, "by": by}
+    answer: dict[str, Any] = {
+        "episode_id": gate.episode_id,
+        "state": wanted.value,
+        "changed": True,
+        "by": by,
+    }
+    if chosen:
+        answer["picks"] = chosen
+    return answer
+
+
+def hero_outputs(outputs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """The hero videos among `outputs` (plan order): video id -> its candidates' outputs,
+    in candidate order."""
+    heroes: dict[str, list[dict[str, Any]]] = {}
+    for output in outputs:
+        if output.get("candidate") is not None:
+            heroes.setdefault(output["video_id"], []).append(output)
+    return heroes
+
+
+def _picks_text(picks: dict[str, int]) -> str:
+    return ",".join(f"{video}={pick}" for video, pick in picks.items())
 
 
 def assemble(engine: Engine, settings: Settings, pipeline: str, episode_id: str) -> dict[str, Any]:
@@ -127,10 +175,24 @@ def assemble(engine: Engine, settings: Settings, pipeline: str, episode_id: str)
                 "reopen it (`episodic reopen`) and run the approve deployment again",
             )
         )
+    heroes = hero_outputs(outputs)
+    picks = review.approved_picks(gate.episode_pk)
+    if heroes:
+        try:
+            check_picks(picks, heroes, "the approval's picks")
+        except InvalidInput as exc:
+            raise CommandNotAllowed(
+                f"episode {gate.episode_id}: {exc}; nothing was assembled: "
+                + hint(
+                    f"`episodic reopen {gate.episode_id}` and approve it again with --pick",
+                    "reopen it (`episodic reopen`) and approve it again with a pick",
+                )
+            ) from None
+    shipped = [o for o in outputs if o.get("candidate") in (None, picks.get(o["video_id"]))]
     folder = settings.episode_folder(gate.pipeline, gate.episode_id)
-    cover = _cover([Path(o["output_path"]) for o in outputs])
+    cover = _cover([Path(o["output_path"]) for o in shipped])
     cover_sha = write_atomically(folder / "cover.png", cover)
-    manifest = _manifest(gate.episode_id, outputs, folder, cover_sha)
+    manifest = _manifest(gate.episode_id, shipped, folder, cover_sha, heroes, picks)
     manifest_sha = write_atomically(folder / "manifest.json", manifest)
     media = {
         "cover": (str(folder / "cover.png"), cover_sha),
@@ -151,7 +213,8 @@ def assemble(engine: Engine, settings: Settings, pipeline: str, episode_id: str)
         "cover_sha256": cover_sha,
         "manifest": media["manifest"][0],
         "manifest_sha256": manifest_sha,
-        "images": len(outputs),
+        "images": len(shipped),
+        **({"picks": picks} if heroes else {}),
     }
 
 
@@ -228,12 +291,22 @@ def _cover(paths: list[Path]) -> bytes:
 
 
 def _manifest(
-    episode_id: str, outputs: list[dict[str, Any]], folder: Path, cover_sha: str
+    episode_id: str,
+    shipped: list[dict[str, Any]],
+    folder: Path,
+    cover_sha: str,
+    heroes: dict[str, list[dict[str, Any]]],
+    picks: dict[str, int],
 ) -> bytes:
-    """Canonical JSON, paths relative to the episode folder, no timestamps: deterministic."""
-    items = [
-        {
-            "item_id": f"{o['video_id']}.p{o['part']}",
+    """Canonical JSON, paths relative to the episode folder, no timestamps: deterministic.
+
+    `items`: the images that ship (a hero video's picked candidate among them). With hero
+    runs, `heroes` records each hero video's pick and every candidate's key, sha256 and
+    cost, and `total_cost_minor` counts every paid candidate, picked or not."""
+    items = []
+    for o in shipped:
+        item = {
+            "item_id": item_label(o["video_id"], o["part"], o.get("candidate")),
             "idempotency_key": o["idempotency_key"],
             # relative to the episode folder (images of an older layout may sit elsewhere)
             "path": os.path.relpath(o["output_path"], folder),
@@ -242,13 +315,33 @@ def _manifest(
             "cost_minor": o["amount_minor"],
             "currency": o["currency"],
         }
-        for o in outputs
-    ]
-    document = {
+        if o.get("candidate") is not None:
+            item["candidate"] = o["candidate"]
+        items.append(item)
+    unpicked = [c for video, cs in heroes.items() for c in cs if c["candidate"] != picks.get(video)]
+    document: dict[str, Any] = {
         "episode_id": episode_id,
         "cover": {"path": "cover.png", "sha256": cover_sha},
         "items": items,
-        "total_cost_minor": sum(o["amount_minor"] for o in outputs),
-        "currency": outputs[0]["currency"],
+        "total_cost_minor": sum(o["amount_minor"] for o in [*shipped, *unpicked]),
+        "currency": shipped[0]["currency"],
     }
+    if heroes:
+        document["heroes"] = [
+            {
+                "video_id": video,
+                "picked": picks[video],
+                "candidates": [
+                    {
+                        "candidate": c["candidate"],
+                        "idempotency_key": c["idempotency_key"],
+                        "sha256": c["output_sha256"],
+                        "remote_ref": c["remote_ref"],
+                        "cost_minor": c["amount_minor"],
+                    }
+                    for c in candidates
+                ],
+            }
+            for video, candidates in heroes.items()
+        ]
     return (json.dumps(document, indent=2, sort_keys=True) + "\n").encode()

@@ -48,8 +48,11 @@ class ReviewStore:
         note: str | None,
         *,
         items: dict[str, str] | None = None,
+        picks: dict[str, int] | None = None,
     ) -> str | None:
         """Record the decision and move the episode from `generated`, in one transaction.
+        `items`: item key -> image sha256 of everything shown; `picks`: video id -> the hero
+        candidate that ships (both recorded with the approval).
 
         Returns None when this decision was recorded, else the state the episode is in (a
         concurrent decision won the compare-and-set; nothing was written).
@@ -59,6 +62,8 @@ class ReviewStore:
             detail: dict[str, Any] = {"by": by, "note": note}
             if items is not None:  # the approval record: item key -> sha256 of its image
                 detail["items"] = dict(sorted(items.items()))
+            if picks:  # hero videos: which candidate ships
+                detail["picks"] = dict(picks)
             if not _move(conn, episode_pk, target, detail, source=EpisodeState.GENERATED):
                 return str(
                     conn.execute(
@@ -96,6 +101,18 @@ class ReviewStore:
     def approved_items(self, episode_pk: int) -> dict[str, str] | None:
         """The item keys and image sha256 of the latest approval (None: none recorded, e.g.
         an episode approved before approvals recorded them, or migrated)."""
+        detail = self._latest_approval(episode_pk)
+        if not detail or "items" not in detail:
+            return None
+        return {str(k): str(v) for k, v in dict(detail["items"]).items()}
+
+    def approved_picks(self, episode_pk: int) -> dict[str, int]:
+        """The latest approval's picks: hero video id -> candidate that ships ({}: none)."""
+        detail = self._latest_approval(episode_pk)
+        picks = (detail or {}).get("picks") or {}
+        return {str(k): int(v) for k, v in dict(picks).items()}
+
+    def _latest_approval(self, episode_pk: int) -> dict[str, Any] | None:
         with tx.read(self.engine) as conn:
             detail = conn.execute(
                 select(_events.c.detail)
@@ -103,9 +120,7 @@ class ReviewStore:
                 .order_by(_events.c.id.desc())
                 .limit(1)
             ).scalar()
-        if not detail or "items" not in detail:
-            return None
-        return {str(k): str(v) for k, v in dict(detail["items"]).items()}
+        return detail if isinstance(detail, dict) else None
 
     def media(self, episode_pk: int) -> dict[str, tuple[str, str]]:
         with tx.read(self.engine) as conn:
