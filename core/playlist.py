@@ -145,26 +145,24 @@ class Playlist(_Strict):
         return hero.candidates if hero is not None else len(video.parts)
 
     def with_hero_candidates(self, candidates: int) -> Playlist:
-        """This playlist with every hero run at `candidates` (`--hero-candidates`). A playlist
-        without hero runs gets a playlist-wide `hero` for its one-image videos (a video with
-        several parts keeps them). Raises `InvalidInput` when no video can be a hero."""
+        """This playlist with every hero run at `candidates` (`--hero-candidates`): the
+        playlist's own and each video's. A playlist without any hero run gets a
+        playlist-wide one for its one-image videos (a video with several parts keeps them).
+        Raises `InvalidInput` when no video can be a hero video."""
         if not 1 <= candidates <= MAX_CANDIDATES:
             raise InvalidInput(f"--hero-candidates must be 1 to {MAX_CANDIDATES}")
-        hero = Hero(candidates=candidates)
+        hero = Hero(candidates=candidates).model_dump()
+        declared = self.hero is not None or any(isinstance(v.hero, Hero) for v in self.items)
         videos = []
         for video in self.items:
+            dump = video.model_dump()
             if isinstance(video.hero, Hero):
-                video = video.model_copy(update={"hero": hero})
-            elif video.hero is None and video.parts != [1]:
-                video = video.model_copy(update={"hero": False})
-            videos.append(video)
-        changed = Playlist.model_validate(
-            {
-                **self.model_dump(),
-                "hero": hero.model_dump(),
-                "items": [v.model_dump() for v in videos],
-            }
-        )
+                dump["hero"] = hero
+            elif not declared and video.hero is None and video.parts != [1]:
+                dump["hero"] = False  # keeps its parts under the new playlist-wide run
+            videos.append(dump)
+        top = hero if (self.hero is not None or not declared) else None
+        changed = Playlist.model_validate({**self.model_dump(), "hero": top, "items": videos})
         if not any(changed.hero_of(video) for video in changed.items):
             raise InvalidInput(
                 "--hero-candidates: no video of the plan can be a hero video (each has "

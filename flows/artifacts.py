@@ -116,6 +116,9 @@ def publish_decision(
         f"- paid calls: {report['paid_submissions']}, cost {report['cost']}",
         f"- episode state: {report['state']}",
     ]
+    if decision.get("picks"):
+        shipped = ", ".join(f"{video} candidate {n}" for video, n in decision["picks"].items())
+        lines.append(f"- hero picks: {md_text(shipped)}")
     create_markdown_artifact(
         key=artifact_key(episode_id, "decision"),
         markdown="\n".join(lines),

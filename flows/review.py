@@ -33,15 +33,16 @@ from prefect.flow_runs import suspend_flow_run
 from prefect.input import RunInput
 from prefect.logging import get_run_logger
 from prefect.states import Completed
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, create_model
 
 from core.errors import CommandNotAllowed, InvalidInput
 from core.ids import EpisodeId
 from core.money import format_minor
+from core.playlist import item_label
 from core.settings import load_settings
 from flows.artifacts import md_text, publish_assembly, publish_decision, publish_spend
 from flows.params import EpisodeIdParam, PipelineParam, episode_run_name
-from pipeline.review import approval_digest, assemble, decide, review_set
+from pipeline.review import approval_digest, assemble, decide, hero_outputs, review_set
 from pipeline.thumbnails import thumbnail_data_uri
 from storage.episodes import EpisodeRepository
 from storage.lock import keyed_transaction
@@ -71,6 +72,45 @@ class ApprovalInput(RunInput):
     note: str = Field(default="", max_length=2000, description="Why (required when rejecting).")
 
 
+def approval_input_for(outputs: list[dict[str, Any]]) -> type[ApprovalInput]:
+    """The form for these images: `ApprovalInput`, plus, for each hero video (in plan order),
+    a required field `pick_N` (N = 1, 2, ... over the hero videos) holding the candidate
+    that ships, an integer within the video's candidates. The server checks presence and
+    range before the run resumes; `picks_of` maps the answer back to video ids."""
+    heroes = hero_outputs(outputs)
+    if not heroes:
+        return ApprovalInput
+    fields: dict[str, Any] = {
+        f"pick_{n}": (
+            int,
+            Field(
+                ge=1,
+                le=len(candidates),
+                title=f"{video}: the candidate that ships",
+                description=f"1 to {len(candidates)}: the candidate of {video} shown above "
+                "that ships if you approve (ignored when rejecting).",
+            ),
+        )
+        for n, (video, candidates) in enumerate(heroes.items(), start=1)
+    }
+    model: type[ApprovalInput] = create_model("HeroApprovalInput", __base__=ApprovalInput, **fields)
+    return model
+
+
+def picks_of(answer: ApprovalInput, outputs: list[dict[str, Any]]) -> dict[str, int] | None:
+    """The answer's picks as video id -> candidate (None: the form had no hero videos, or
+    the answer is a rejection)."""
+    heroes = hero_outputs(outputs)
+    if not heroes or answer.decision != "approve":
+        return None
+    values = answer.model_dump()
+    return {
+        video: int(values[f"pick_{n}"])
+        for n, video in enumerate(heroes, start=1)
+        if isinstance(values.get(f"pick_{n}"), int)
+    }
+
+
 def approval_tag(engine: Any, pipeline: str, episode_id: str) -> str:
     """Tag of the flow run that waits for an episode's decision (one per episode). It names
     the episode's row in this database (key and creation time), so two databases that share
@@ -96,21 +136,39 @@ def approval_form_description(
     lines = []
     if refused:
         lines += [f"> **Your last answer was not recorded:** {md_text(refused)}", ""]
+    heroes = hero_outputs(outputs)
+    parts = [o for o in outputs if o.get("candidate") is None]
     lines += [
         f"## Approve episode {episode_id}",
         "",
         f"{len(outputs)} images; the episode cost {format_minor(cost_minor, currency)} "
         f"in {paid} paid calls.",
-        "",
-        "| image | preview | cost | sha256 |",
-        "|---|---|---|---|",
     ]
-    for n, o in enumerate(outputs):
-        label = f"{o['video_id']}.p{o['part']}"
-        uri = thumbnail_data_uri(_path(o)) if n < MAX_PREVIEWS else None
-        preview = f"![{label}]({uri})" if uri else f"`{_path(o).name}`"
-        cost = format_minor(int(o["amount_minor"]), o["currency"])
-        lines.append(f"| {label} | {preview} | {cost} | `{o['output_sha256'][:12]}` |")
+    if heroes:
+        lines += [
+            "",
+            f"{len(heroes)} hero videos: each ships the one candidate you pick below "
+            "(the fields *the candidate that ships*).",
+        ]
+    shown = 0
+
+    def table(rows: list[dict[str, Any]], first: str) -> None:
+        nonlocal shown
+        lines.extend(["", f"| {first} | preview | cost | sha256 |", "|---|---|---|---|"])
+        for o in rows:
+            label = item_label(o["video_id"], o["part"], o.get("candidate"))
+            uri = thumbnail_data_uri(_path(o)) if shown < MAX_PREVIEWS else None
+            shown += 1
+            preview = f"![{label}]({uri})" if uri else f"`{_path(o).name}`"
+            cost = format_minor(int(o["amount_minor"]), o["currency"])
+            name = label if o.get("candidate") is None else f"candidate {o['candidate']}"
+            lines.append(f"| {name} | {preview} | {cost} | `{o['output_sha256'][:12]}` |")
+
+    if parts:
+        table(parts, "image")
+    for video, candidates in heroes.items():
+        lines += ["", f"### {video}: pick one of {len(candidates)} candidates"]
+        table(candidates, "candidate")
     return "\n".join(lines)
 
 
@@ -151,8 +209,9 @@ def approval_step(
         return None, None
     digest = approval_digest(shown)
     refused = _outdated_answer(episode_id, digest)
+    form_type = approval_input_for(outputs)
     for attempt in range(MAX_ANSWERS):
-        form = ApprovalInput.with_initial_data(
+        form = form_type.with_initial_data(
             description=approval_form_description(episode_id, pipeline, outputs, refused)
         )
         try:
@@ -165,7 +224,11 @@ def approval_step(
             continue  # the run was retried while waiting): ask again under the next key
         try:
             recorded = record_decision(
-                episode_id, pipeline, answer, expected_digest=digest if outputs else None
+                episode_id,
+                pipeline,
+                answer,
+                expected_digest=digest if outputs else None,
+                picks=picks_of(answer, outputs),
             )
         except (InvalidInput, CommandNotAllowed) as exc:
             if isinstance(exc, CommandNotAllowed) and "changed since" not in str(exc):
@@ -276,10 +339,15 @@ def _claim_approval_wait(engine: Any, pipeline: str, episode_id: str) -> bool:
 
 
 def record_decision(
-    episode_id: str, pipeline: str, answer: ApprovalInput, expected_digest: str | None = None
+    episode_id: str,
+    pipeline: str,
+    answer: ApprovalInput,
+    expected_digest: str | None = None,
+    picks: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """Record the form's answer (`pipeline.review.decide` with the form's field names) and
-    publish the decision artifact. Raises `InvalidInput` / `CommandNotAllowed` unrecorded."""
+    publish the decision artifact. `picks`: hero video id -> candidate that ships.
+    Raises `InvalidInput` / `CommandNotAllowed` unrecorded."""
     engine = engine_for(load_settings())
     recorded = decide(
         engine,
@@ -290,13 +358,17 @@ def record_decision(
         note=answer.note or None,
         expected_digest=expected_digest,
         labels=("reviewer", "note"),
+        picks=picks,
+        picks_label="the candidate that ships",
     )
-    publish_decision(
-        engine,
-        pipeline,
-        episode_id,
-        {"decision": answer.decision, "by": answer.reviewer, "note": answer.note},
-    )
+    decision: dict[str, Any] = {
+        "decision": answer.decision,
+        "by": answer.reviewer,
+        "note": answer.note,
+    }
+    if recorded.get("picks"):
+        decision["picks"] = recorded["picks"]
+    publish_decision(engine, pipeline, episode_id, decision)
     publish_spend(engine, pipeline, episode_id)  # the cost table shows the decided state
     return recorded
 

@@ -32,7 +32,11 @@ def write_playlist(
     references: dict[str, str] | None = None,
     parts: dict[int, list[int]] | None = None,
     profile: str = "fake",
+    hero: dict[int, int | bool] | None = None,
+    hero_all: int | None = None,
 ) -> Path:
+    """A playlist of `titles` (videos v01, v02, ...). `hero`: video number -> candidates
+    (False: `hero: false`); `hero_all`: the playlist-wide hero run's candidates."""
     folder.mkdir(parents=True, exist_ok=True)
     for name, text in (references or {}).items():
         (folder / name).write_text(text)
@@ -45,6 +49,9 @@ def write_playlist(
         }
         if parts and n in parts:
             video["parts"] = parts[n]
+        if hero and n in hero:
+            count = hero[n]
+            video["hero"] = False if count is False else {"candidates": count}
         items.append(video)
     data = {
         "template": {"id": "cover", "version": template_version, "prompt": prompt},
@@ -52,6 +59,8 @@ def write_playlist(
         "reference_assets": sorted(references or {}),
         "items": items,
     }
+    if hero_all is not None:
+        data["hero"] = {"candidates": hero_all}
     path = folder / "playlist.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path

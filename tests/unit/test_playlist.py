@@ -220,3 +220,160 @@ def test_a_playlist_without_a_reference_image_keeps_the_hash_it_was_recorded_wit
     assert playlist_sha256(playlist) == (
         "eabec14135c2c9dad1b21d497ef260667de5cd450351a0be153d410108ad427a"
     )
+
+
+# Hero runs (issue 14): N candidates of one video's image, each its own paid item.
+
+HERO_PLAYLIST = {
+    "template": {"id": "cover", "version": 1, "prompt": "Cover art for '{title}'"},
+    "items": [
+        {"video_id": "v01", "title": "Morning Harbor", "seed": 1001, "hero": {"candidates": 4}},
+        {"video_id": "v02", "title": "Night Market", "seed": 1002, "parts": [1, 2]},
+    ],
+}
+
+
+def _hero(candidates: int | None = None) -> list:
+    playlist = Playlist.model_validate(HERO_PLAYLIST)
+    if candidates is not None:
+        playlist = playlist.with_hero_candidates(candidates)
+    return expand(playlist, [], "2026-W32-0", "weekly")
+
+
+def test_hero_candidates_have_distinct_keys_and_growing_them_keeps_the_old_ones() -> None:
+    four = _hero()
+    candidates = [i for i in four if i.candidate is not None]
+    assert [i.item_id for i in candidates] == ["v01.c1", "v01.c2", "v01.c3", "v01.c4"]
+    assert [i.seed for i in candidates] == [1001, 1002, 1003, 1004]  # ordinal folded in
+    assert all(i.part == 0 for i in candidates)
+    assert len({i.idempotency_key for i in four}) == len(four) == 6
+    six = _hero(6)
+    keys_six = [i.idempotency_key for i in six]
+    assert [i.idempotency_key for i in four] == [*keys_six[:4], *keys_six[6:]]
+    assert len(set(keys_six)) == 8  # two more candidates, nothing else changed
+    assert _hero(2)[:2] == four[:2]  # shrinking keeps the first ones too
+    assert [i.idempotency_key for i in _hero()] == [i.idempotency_key for i in four]  # stable
+
+
+def test_a_hero_key_follows_the_documented_rule() -> None:
+    """The worked example of docs/playlist.md: candidate 2 of v01 in 2026-W32-0 (weekly)."""
+    import hashlib
+    import json
+
+    template = Playlist.model_validate(HERO_PLAYLIST).template.spec_hash()
+    payload = {
+        "template": template,
+        "profile": "fake",
+        "item": "2026-W32-0/v01.hero",
+        "part": None,
+        "prompt": "Cover art for 'Morning Harbor'",
+        "seed": 1002,
+        "references": [],
+        "candidate": 2,
+    }
+    text = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    expected = hashlib.sha256(text.encode()).hexdigest()[:32]
+    assert _hero()[1].idempotency_key == expected == "396c413be37b79597d00f2c7c3905f74"
+
+
+def test_the_ordinal_is_in_the_key_even_where_the_seed_would_not_tell_candidates_apart() -> None:
+    one = item_idempotency_key(**{**BASE, "part": None, "candidate": 1})
+    two = item_idempotency_key(**{**BASE, "part": None, "candidate": 2})
+    assert one != two != item_idempotency_key(**BASE)
+
+
+def test_a_part_key_is_unchanged_by_hero_runs() -> None:
+    """Keys recorded before hero runs existed stay the keys of the same images."""
+    assert item_idempotency_key(**BASE) == item_idempotency_key(**{**BASE, "candidate": None})
+    parts = [i for i in _hero() if i.candidate is None]
+    without = {**HERO_PLAYLIST["items"][0], "hero": False}  # type: ignore[index]
+    plain = Playlist.model_validate(
+        {**HERO_PLAYLIST, "items": [without, HERO_PLAYLIST["items"][1]]}
+    )  # type: ignore[index]
+    plain_keys = [i.idempotency_key for i in expand(plain, [], "2026-W32-0", "weekly")]
+    assert plain_keys[1:] == [i.idempotency_key for i in parts]
+    assert plain_keys[0] == item_idempotency_key(  # v01 without its hero run: part 1
+        template_spec_hash=plain.template.spec_hash(),
+        provider_profile="fake",
+        item_id="2026-W32-0/v01.p1",
+        part=1,
+        prompt="Cover art for 'Morning Harbor'",
+        seed=1001,
+        reference_sha256=[],
+    )
+
+
+def test_a_playlist_wide_hero_covers_one_image_videos_and_hero_false_opts_out() -> None:
+    raw = {
+        "template": {"id": "t", "version": 1, "prompt": "{title}"},
+        "hero": {"candidates": 3},
+        "items": [
+            {"video_id": "a", "title": "x", "seed": 1},
+            {"video_id": "b", "title": "y", "seed": 2, "hero": {"candidates": 2}},
+            {"video_id": "c", "title": "z", "seed": 3, "parts": [1, 2], "hero": False},
+        ],
+    }
+    items = expand(Playlist.model_validate(raw), [], "2026-W32-0", "weekly")
+    assert [i.item_id for i in items] == ["a.c1", "a.c2", "a.c3", "b.c1", "b.c2", "c.p1", "c.p2"]
+    for bad in (
+        {**raw, "items": [{"video_id": "c", "title": "z", "seed": 3, "parts": [1, 2]}]},
+        {**raw, "hero": {"candidates": 0}},
+        {**raw, "hero": {"candidates": 51}},
+        {**raw, "hero": {"candidates": True}},
+        {**raw, "hero": True},
+        {**raw, "hero": {"candidates": 2, "extra": 1}},
+        {**raw, "hero": None, "items": [{"video_id": "c", "title": "z", "seed": 3,
+                                         "parts": [1, 2], "hero": {"candidates": 2}}]},
+    ):  # fmt: skip
+        with pytest.raises(ValueError):
+            Playlist.model_validate(bad)
+
+
+def test_hero_candidates_from_the_command_line() -> None:
+    plain = Playlist.model_validate(
+        {
+            "template": {"id": "t", "version": 1, "prompt": "{title}"},
+            "items": [
+                {"video_id": "a", "title": "x", "seed": 1},
+                {"video_id": "c", "title": "z", "seed": 3, "parts": [1, 2]},
+            ],
+        }
+    )
+    items = expand(plain.with_hero_candidates(2), [], "2026-W32-0", "weekly")
+    assert [i.item_id for i in items] == ["a.c1", "a.c2", "c.p1", "c.p2"]
+    only_parts = Playlist.model_validate(
+        {**plain.model_dump(), "items": [plain.items[1].model_dump()]}
+    )
+    with pytest.raises(InvalidInput, match="no video of the plan can be a hero"):
+        only_parts.with_hero_candidates(2)
+    for bad in (0, 51):
+        with pytest.raises(InvalidInput):
+            plain.with_hero_candidates(bad)
+    # a playlist with a video's own hero run: only hero runs change, other videos keep parts
+    grown = Playlist.model_validate(HERO_PLAYLIST).with_hero_candidates(6)
+    assert grown.hero is None
+    assert [i.item_id for i in expand(grown, [], "2026-W32-0", "weekly")] == [
+        *(f"v01.c{n}" for n in range(1, 7)),
+        "v02.p1",
+        "v02.p2",
+    ]
+
+
+def test_picks_are_parsed_strictly_and_checked_against_the_plan() -> None:
+    from core.playlist import check_picks, hero_candidates, parse_picks
+
+    heroes = hero_candidates(_hero())
+    assert parse_picks("v01=2") == {"v01": 2}
+    assert check_picks({"v01": 4}, heroes) == {"v01": 4}
+    for text in ("v01", "v01=", "v01=0", "v01=x", "v01=2,v01=3", "=2", "v01=2;", "v01=-1",
+                 "v01=1e3", "v01 = 2,", "v01=9999999"):  # fmt: skip
+        with pytest.raises(InvalidInput):
+            parse_picks(text)
+    for picks, message in (
+        ({}, "no pick for v01"),
+        ({"v01": 5}, "candidates 1-4; 5 is not one of them"),
+        ({"v01": 1, "v02": 1}, "has no hero candidates"),
+        ({"v01": 1, "zz": 1}, "has no hero candidates"),
+    ):
+        with pytest.raises(InvalidInput, match=message):
+            check_picks(picks, heroes)

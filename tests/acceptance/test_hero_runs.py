@@ -1,0 +1,249 @@
+"""Hero runs from the command line (issue 14): N paid candidates of one video's image, and
+the reviewer picks the one that ships.
+
+Money is counted at the fake provider (its own log of the jobs it made), on SQLite and on
+Postgres; interrupts are real signals to a real `episodic generate`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.acceptance.conftest import EPISODIC
+from tests.generation import jobs_per_key, provider_log, write_playlist
+
+Cli = Callable[..., subprocess.CompletedProcess[str]]
+pytestmark = pytest.mark.e2e
+EPISODE = "2026-W32-0"
+
+
+@pytest.fixture(autouse=True)
+def environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EPISODIC_FAKE_PROVIDER_LOG", str(tmp_path / "provider.jsonl"))
+    monkeypatch.setenv("EPISODIC_LEASE_S", "5")
+
+
+def _planned(cli: Cli, tmp_path: Path, **playlist: object) -> None:
+    assert cli("allocate", "--key", "k", "--week", "2026-W32").returncode == 0
+    path = write_playlist(tmp_path / "pl", ["harbor", "market"], **playlist)  # type: ignore[arg-type]
+    done = cli("plan", EPISODE, "--playlist", str(path))
+    assert done.returncode == 0, done.stderr
+
+
+def _ok(result: subprocess.CompletedProcess[str]) -> dict[str, object]:
+    assert result.returncode == 0, result.stderr
+    return dict(json.loads(result.stdout))
+
+
+def _refused(result: subprocess.CompletedProcess[str], message: str) -> None:
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], lines
+
+
+def _state(cli: Cli) -> str:
+    return str(_ok(cli("episodes", "show", EPISODE, "--json"))["state"])
+
+
+def test_asking_for_6_candidates_after_4_pays_for_2(
+    cli: Cli, database_url: str, tmp_path: Path
+) -> None:
+    _planned(cli, tmp_path, hero={1: 4})
+    shown = _ok(cli("generate", EPISODE, "--plan", "--json"))
+    assert (shown["new_calls"], shown["hero_calls"], shown["estimated_cost_minor"]) == (5, 4, 20)
+    assert _ok(cli("generate", EPISODE, "--json"))["state"] == "completed"
+    first = jobs_per_key()
+    assert len(first) == 5 and set(first.values()) == {1}
+
+    grown = _ok(cli("generate", EPISODE, "--hero-candidates", "6", "--plan", "--json"))
+    assert (grown["new_calls"], grown["hero_calls"], grown["skipped"]) == (2, 2, 5)
+    assert jobs_per_key() == first  # --plan spent nothing
+    assert _ok(cli("generate", EPISODE, "--hero-candidates", "6", "--json"))["state"] == (
+        "completed"
+    )
+    after = jobs_per_key()
+    assert len(after) == 7 and set(after.values()) == {1}  # exactly 2 more jobs
+    assert after.keys() > first.keys()  # the first four candidates kept their keys
+    # the plan now says 6: a plain generate and a second --hero-candidates 6 pay nothing
+    assert _ok(cli("generate", EPISODE, "--json"))["paid_submissions"] == 0
+    assert (
+        _ok(cli("generate", EPISODE, "--hero-candidates", "6", "--json"))["paid_submissions"] == 0
+    )
+    assert jobs_per_key() == after
+    assert cli("check", "--all").returncode == 0
+
+
+def test_the_budget_guard_counts_the_candidates(
+    cli: Cli, database_url: str, tmp_path: Path
+) -> None:
+    _planned(cli, tmp_path, hero={1: 4})
+    _refused(
+        cli("generate", EPISODE, "--hero-candidates", "12", "--max-images", "10"),
+        "plan needs 13 new paid calls, --max-images allows 10",
+    )
+    _refused(
+        cli("generate", EPISODE, "--hero-candidates", "50", "--max-cost", "1.00"),
+        "plan would cost 2.04 USD",
+    )
+    _refused(  # the default cap: 13 candidates x 4 cents under a 0.40 cap
+        cli("generate", EPISODE, "--hero-candidates", "12", env={"EPISODIC_MAX_RUN_COST": "0.40"}),
+        "above the per-run cap",
+    )
+    assert provider_log() == [] or jobs_per_key() == {}
+    # refused runs recorded no plan either: the plan still has 4 candidates
+    assert _ok(cli("generate", EPISODE, "--plan", "--json"))["new_calls"] == 5
+    for bad in ("0", "51", "x", "1.5"):
+        result = cli("generate", EPISODE, "--hero-candidates", bad)
+        assert result.returncode == 2 and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_an_interrupt_in_the_middle_of_the_candidates_then_retry_pays_each_once(
+    cli: Cli, database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sig: int
+) -> None:
+    monkeypatch.setenv("EPISODIC_FAKE_DELAY_MS", "400")
+    _planned(cli, tmp_path, hero={1: 8, 2: 4})
+    assert EPISODIC is not None
+    process = subprocess.Popen(
+        [EPISODIC, "generate", EPISODE, "--json", "--concurrency", "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=os.environ.copy(),
+    )
+    deadline = time.monotonic() + 60
+    while sum(1 for e in provider_log() if e["event"] == "job_created") < 3:
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, "generate made no progress"
+        time.sleep(0.05)
+    process.send_signal(sig)
+    process.communicate(timeout=60)
+    assert process.returncode == (130 if sig == signal.SIGTERM else -signal.SIGKILL)
+    assert len(jobs_per_key()) < 12  # interrupted in the middle of the candidates
+    done = _ok(cli("retry", EPISODE, "--json"))
+    assert done["state"] == "completed" and done["failed"] == 0
+    jobs = jobs_per_key()
+    assert len(jobs) == 12 and set(jobs.values()) == {1}, jobs
+    assert cli("check", "--all").returncode == 0
+
+
+def test_approval_needs_a_pick_within_range_for_every_hero_video(
+    cli: Cli, database_url: str, tmp_path: Path
+) -> None:
+    _planned(cli, tmp_path, hero={1: 3})
+    _ok(cli("generate", EPISODE, "--json"))
+    approve = ("approve", EPISODE, "--by", "ann")
+    _refused(cli(*approve), "no pick for v01")
+    _refused(cli(*approve, "--pick", "v01=4"), "v01 has candidates 1-3; 4 is not one of them")
+    _refused(cli(*approve, "--pick", "v01=0"), "expected e.g. v01=2,v02=1")
+    _refused(cli(*approve, "--pick", "v01=1,v02=1"), "video 'v02' has no hero candidates")
+    _refused(cli(*approve, "--pick", "v01=1,v01=2"), "picked twice")
+    _refused(cli(*approve, "--pick", "v09=1"), "has no hero candidates")
+    _refused(cli(*approve, "--pick", "v01=1\x1b[2J"), "expected e.g.")
+    _refused(cli("approve", EPISODE, "--reject", "--by", "ann", "--reason", "no",
+                 "--pick", "v01=1"), "is for approving")  # fmt: skip
+    assert _state(cli) == "generated"  # nothing was recorded
+    assert _ok(cli(*approve, "--pick", "v01=2", "--json"))["picks"] == {"v01": 2}
+    assert _state(cli) == "approved"
+    assert _ok(cli(*approve, "--pick", "v01=2", "--json"))["changed"] is False  # a double click
+    _refused(cli(*approve, "--pick", "v01=3"), "already approved with the picks v01=2")
+    # a plan without hero runs: a pick is refused, and approval needs none
+    assert cli("allocate", "--key", "k2", "--week", "2026-W32").returncode == 0
+    plain = write_playlist(tmp_path / "plain", ["a"])
+    assert cli("plan", "2026-W32-1", "--playlist", str(plain)).returncode == 0
+    _ok(cli("generate", "2026-W32-1", "--json"))
+    _refused(cli("approve", "2026-W32-1", "--by", "ann", "--pick", "v01=1"), "no hero candidates")
+    assert _ok(cli("approve", "2026-W32-1", "--by", "ann", "--json"))["state"] == "approved"
+
+
+def _assembled(cli: Cli, pick: int) -> tuple[bytes, dict[str, object]]:
+    assert _ok(cli("approve", EPISODE, "--by", "ann", "--pick", f"v01={pick}", "--json"))
+    assembled = _ok(cli("assemble", EPISODE, "--json"))
+    cover = Path(str(assembled["cover"])).read_bytes()
+    manifest = json.loads(Path(str(assembled["manifest"])).read_text())
+    checked = cli("check", EPISODE)
+    assert checked.returncode == 0, checked.stdout
+    return cover, manifest
+
+
+def _reopen_and_regenerate(cli: Cli) -> None:
+    _ok(cli("reopen", EPISODE, "--by", "ann", "--reason", "other pick", "--json"))
+    assert _ok(cli("generate", EPISODE, "--json"))["paid_submissions"] == 0
+
+
+def test_assembly_ships_exactly_the_picked_candidate_byte_for_byte(
+    cli: Cli, database_url: str, tmp_path: Path
+) -> None:
+    _planned(cli, tmp_path, hero={1: 3})
+    _ok(cli("generate", EPISODE, "--json"))
+    paid = jobs_per_key()
+    cover_2, manifest_2 = _assembled(cli, 2)
+    _reopen_and_regenerate(cli)
+    cover_3, manifest_3 = _assembled(cli, 3)
+    _reopen_and_regenerate(cli)
+    cover_2_again, manifest_2_again = _assembled(cli, 2)
+    assert cover_2 == cover_2_again and manifest_2 == manifest_2_again  # deterministic
+    assert cover_2 != cover_3
+    assert jobs_per_key() == paid  # picking again paid nothing
+
+    for manifest, pick in ((manifest_2, 2), (manifest_3, 3)):
+        items = manifest["items"]
+        assert isinstance(items, list)
+        assert [i["item_id"] for i in items] == [f"v01.c{pick}", "v02.p1"]
+        (hero,) = manifest["heroes"]  # type: ignore[misc]
+        assert hero["video_id"] == "v01" and hero["picked"] == pick
+        assert [c["candidate"] for c in hero["candidates"]] == [1, 2, 3]
+        picked = hero["candidates"][pick - 1]
+        assert items[0]["idempotency_key"] == picked["idempotency_key"]
+        assert items[0]["sha256"] == picked["sha256"]
+        image = Path(tmp_path / "home" / "episodes" / EPISODE / str(items[0]["path"]))
+        folder = Path(str(_ok(cli("assemble", EPISODE, "--json"))["manifest"])).parent
+        image = folder / str(items[0]["path"])
+        assert hashlib.sha256(image.read_bytes()).hexdigest() == picked["sha256"]
+        assert manifest["total_cost_minor"] == 4 * 4  # every paid candidate counts
+    shown = _ok(cli("episodes", "show", EPISODE, "--json"))
+    assert shown["state"] == "assembled"
+
+
+def test_check_finds_an_approval_without_picks_and_a_manifest_that_ships_another(
+    cli: Cli, database_url: str, tmp_path: Path
+) -> None:
+    from sqlalchemy import update
+
+    from storage.engine import make_engine
+    from storage.models import EpisodeEventRow
+
+    _planned(cli, tmp_path, hero={1: 2})
+    _ok(cli("generate", EPISODE, "--json"))
+    _, manifest = _assembled(cli, 1)
+    folder = Path(str(_ok(cli("assemble", EPISODE, "--json"))["manifest"])).parent
+    text = (folder / "manifest.json").read_text()
+    (folder / "manifest.json").write_text(text.replace('"picked": 1', '"picked": 2'))
+    found = cli("check", EPISODE)
+    assert found.returncode == 1
+    assert "manifest ships v01 candidate 2, the approval picked 1" in found.stdout
+    (folder / "manifest.json").write_text(text)
+    engine = make_engine(database_url)
+    with engine.begin() as conn:  # an approval recorded without its picks
+        conn.execute(
+            update(EpisodeEventRow)
+            .where(EpisodeEventRow.kind == "approved")
+            .values(detail={"by": "ann", "note": None})
+        )
+    engine.dispose()
+    found = cli("check", EPISODE)
+    assert found.returncode == 1 and "picks: episode is assembled but" in found.stdout
+    assert "no pick for v01" in found.stdout
+    refused = cli("assemble", EPISODE)
+    assert refused.returncode == 2 and "no pick for v01" in refused.stderr
+    assert manifest["items"]  # the first assembly shipped
