@@ -1,0 +1,108 @@
+"""Hero runs on the Prefect path (issue 14): the weekly slot run generates every candidate,
+suspends at a form that shows each hero video's candidates and asks for the pick, and ships
+exactly the picked candidate. Presence and range of a pick are checked by the Prefect server
+before the run resumes (schema constraints), so a bad pick never resumes the run."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prefect.client.schemas.responses import SetStateStatus
+
+from flows import local
+from flows.weekly import weekly_episode
+from storage.engine import make_engine
+from storage.review import ReviewStore
+from storage.runs import RunStore
+from tests.flows.test_prefect_path import MONDAY, _deploy, _episode_state, _form, _resume
+from tests.generation import jobs_per_key, write_playlist
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def hero_waiting(harness: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A weekly slot run suspended at its approval form: v01 has 3 hero candidates, v02 is a
+    plain image, v03 has 2 candidates (6 paid images)."""
+    monkeypatch.setenv("EPISODIC_FAKE_PROVIDER_LOG", str(tmp_path / "provider.jsonl"))
+    playlist = write_playlist(tmp_path / "pl", ["a", "b", "c"], hero={1: 3, 3: 2})
+    deployment = _deploy(playlist)
+    (run,) = local.schedule_slots(deployment, MONDAY, MONDAY + timedelta(days=7, seconds=-1))
+    state = local.execute(weekly_episode, run.id)
+    assert state.is_paused(), state
+    return run
+
+
+def test_the_form_shows_each_candidate_and_asks_for_each_pick(
+    harness: str, hero_waiting: Any
+) -> None:
+    schema, description = _form(hero_waiting.id)
+    assert set(schema["required"]) == {"decision", "reviewer", "pick_1", "pick_2"}
+    pick_1, pick_2 = schema["properties"]["pick_1"], schema["properties"]["pick_2"]
+    assert (pick_1["type"], pick_1["minimum"], pick_1["maximum"]) == ("integer", 1, 3)
+    assert (pick_2["minimum"], pick_2["maximum"]) == (1, 2)
+    assert pick_1["title"] == "v01: the candidate that ships"
+    assert "### v01: pick one of 3 candidates" in description
+    assert "### v03: pick one of 2 candidates" in description
+    assert description.count("](data:image/jpeg;base64,") == 6  # every candidate and v02
+    for label in ("v01.c1", "v01.c2", "v01.c3", "v03.c1", "v03.c2"):
+        assert f"| candidate {label[-1]} | ![{label}](data:image/jpeg;base64," in description
+    assert "| v02.p1 |" in description
+
+
+def test_a_missing_or_out_of_range_pick_is_refused_before_the_run_resumes(
+    harness: str, hero_waiting: Any
+) -> None:
+    base = {"decision": "approve", "reviewer": "ann"}
+    for bad in (
+        base,
+        {**base, "pick_1": 2},
+        {**base, "pick_1": 4, "pick_2": 1},
+        {**base, "pick_1": 0, "pick_2": 1},
+        {**base, "pick_1": 2, "pick_2": 3},
+        {**base, "pick_1": "2", "pick_2": 1},
+    ):
+        assert _resume(hero_waiting.id, bad) != SetStateStatus.ACCEPT, bad
+        _form(hero_waiting.id)  # still paused at the same form
+    assert _episode_state(harness) == "generated"
+
+
+def test_the_picked_candidates_ship_and_nothing_is_paid_again(
+    harness: str, hero_waiting: Any
+) -> None:
+    paid = jobs_per_key()
+    assert len(paid) == 6 and set(paid.values()) == {1}
+    answer = {"decision": "approve", "reviewer": "ann", "pick_1": 3, "pick_2": 1}
+    assert _resume(hero_waiting.id, answer) == SetStateStatus.ACCEPT
+    state = local.execute(weekly_episode, hero_waiting.id)
+    assert state.is_completed(), state
+    assert _episode_state(harness) == "assembled"
+    assert jobs_per_key() == paid  # the resumed run paid nothing
+    engine = make_engine(harness)
+    try:
+        pk = RunStore(engine).episode_pk("weekly", "2026-W32-0")
+        review = ReviewStore(engine)
+        assert review.approved_picks(pk) == {"v01": 3, "v03": 1}
+        manifest_path, _ = review.media(pk)["manifest"]
+    finally:
+        engine.dispose()
+    manifest = json.loads(Path(manifest_path).read_text())
+    assert [i["item_id"] for i in manifest["items"]] == ["v01.c3", "v02.p1", "v03.c1"]
+    assert [(h["video_id"], h["picked"], len(h["candidates"])) for h in manifest["heroes"]] == [
+        ("v01", 3, 3),
+        ("v03", 1, 2),
+    ]
+
+
+def test_a_rejection_needs_picks_in_the_form_but_records_none(
+    harness: str, hero_waiting: Any
+) -> None:
+    answer = {"decision": "reject", "reviewer": "bob", "note": "too dark", "pick_1": 1, "pick_2": 1}
+    assert _resume(hero_waiting.id, answer) == SetStateStatus.ACCEPT
+    state = local.execute(weekly_episode, hero_waiting.id)
+    assert state.is_completed() and state.name == "Rejected", state
+    assert _episode_state(harness) == "rejected"
