@@ -5,13 +5,14 @@
 1. starts a real ``prefect server`` with its UI (``tests.e2e.stack.PrefectServer``) in a
    temporary folder, with ``EPISODIC_HOME`` in that folder too;
 2. in this process, pointed at that server: registers a deployment of the weekly flow for a
-   3-image playlist (fake provider), has the server schedule one slot and executes it as a
-   worker would, until the run is suspended at its approval form;
+   3-video, 5-image playlist (fake provider), has the server schedule one slot and executes it as a
+   worker would, until the run is suspended at its approval form; the third video is a
+   hero run of 3 candidates, so the form also asks which candidate ships;
 3. opens the flow run's page in headless Chromium (Debian's ``chromium`` and
    ``chromium-driver``, driven by selenium), clicks Resume and checks the form the reviewer
    gets: one inline thumbnail (``data:image/jpeg;base64,...``) per image of the episode, each
-   decoded by the browser (``naturalWidth > 0``) and laid out, and the decision and reviewer
-   fields required (not "(Optional)"). Prefect 3.9 ships two UIs and its sidebar switches
+   decoded by the browser (``naturalWidth > 0``) and laid out (each hero candidate among
+   them), and the decision, reviewer and hero pick fields required (not "(Optional)"). Prefect 3.9 ships two UIs and its sidebar switches
    between them: the default one (v1, ``/runs/flow-run/ID``, Resume in the header) and the
    new one (v2, ``/v2/runs/flow-run/ID``, Resume in the "⋮" menu); both are checked;
 4. saves screenshots of both forms, ``.episodic/ui-check/resume-form.png`` (v1) and
@@ -56,7 +57,10 @@ OUT_DIR = REPO / ".episodic" / "ui-check"
 SCREENSHOT = OUT_DIR / "resume-form.png"
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
-TITLES = ["first light", "second wind", "third act"]  # one image each
+TITLES = ["first light", "second wind", "third act"]
+HERO = {3: 3}  # the third video is a hero run of 3 candidates: the reviewer picks one
+IMAGES = 2 + 3
+PICK_FIELD = "v03: the candidate that ships"
 MONDAY = datetime(2026, 8, 3, tzinfo=UTC)  # 2026-W32
 DATA_JPEG = "data:image/jpeg;base64,"
 WAIT_S = 90.0
@@ -137,7 +141,7 @@ def point_this_process_at(server: PrefectServer, home: Path) -> None:
 
 
 def suspend_a_run_at_its_approval_form(work: Path) -> tuple[str, int, list[str]]:
-    """A weekly slot run of a 3-image playlist, suspended at its form. Returns the flow run
+    """A weekly slot run of a 3-video playlist (5 images), suspended at its form. Returns the flow run
     id, the number of images of the episode and the previews' labels in the form."""
     from prefect.client.orchestration import get_client
     from prefect.schedules import Cron
@@ -146,7 +150,7 @@ def suspend_a_run_at_its_approval_form(work: Path) -> tuple[str, int, list[str]]
     from flows.weekly import weekly_episode
     from tests.generation import write_playlist
 
-    playlist = write_playlist(work / "playlist", TITLES)
+    playlist = write_playlist(work / "playlist", TITLES, hero=HERO)
     schedule = Cron("0 9 * * 1", timezone="UTC", slug="ui-check-slot")
     deployment = local.apply_deployment(
         weekly_episode, "ui-check", schedule, parameters={"playlist": str(playlist)}
@@ -166,7 +170,7 @@ def suspend_a_run_at_its_approval_form(work: Path) -> tuple[str, int, list[str]]
         for chunk in description.split("![")[1:]
         if chunk.split("]", 1)[1].startswith("(" + DATA_JPEG)
     ]
-    images = len(TITLES)
+    images = IMAGES
     if len(labels) != images:
         raise CheckFailed(
             f"the form's description inlines {len(labels)} previews for {images} images"
@@ -323,7 +327,7 @@ def check_the_form(driver: Any, ui: Ui, form: Any, images: int, labels: list[str
         raise CheckFailed(f"{ui.name}: thumbnails laid out with no size (not visible): {hidden}")
 
     lines = [line.strip() for line in form.text.splitlines()]
-    for field in ("Decision", "Reviewer"):
+    for field in ("Decision", "Reviewer", PICK_FIELD):
         if f"{field} (Optional)" in lines or field not in lines:
             raise CheckFailed(f"{ui.name}: the {field.lower()} field is not shown as required")
     if "Note (Optional)" not in lines:  # else the check above proves nothing
@@ -381,7 +385,8 @@ def describe(report: dict[str, Any], images: int) -> str:
     hosts = sorted({urlsplit(u).hostname or "?" for u in report["off_machine_requests"]})
     return (
         f"{report['ui']}: {len(thumbs)}/{images} thumbnails in the form, {loaded} loaded "
-        f"({sizes} px), decision+reviewer required, screenshot {report['screenshot']}, "
+        f"({sizes} px), decision+reviewer+hero pick required, "
+        f"screenshot {report['screenshot']}, "
         f"{len(report['console_errors'])} console errors, "
         f"off-machine requests: {', '.join(hosts) or 'none'}"
     )
