@@ -147,7 +147,8 @@ def approval_form_description(
     if heroes:
         lines += [
             "",
-            f"{len(heroes)} hero videos: each ships the one candidate you pick below "
+            f"{len(heroes)} hero video{'s' if len(heroes) > 1 else ''}: "
+            f"{'each' if len(heroes) > 1 else 'it'} ships the one candidate you pick below "
             "(the fields *the candidate that ships*).",
         ]
     shown = 0
