@@ -5,15 +5,15 @@
 1. starts a real ``prefect server`` with its UI (``tests.e2e.stack.PrefectServer``) in a
    temporary folder, with ``EPISODIC_HOME`` in that folder too;
 2. in this process, pointed at that server: registers a deployment of the weekly flow for a
-   3-video, 5-image playlist (fake provider), has the server schedule one slot and executes it as a
-   worker would, until the run is suspended at its approval form; the third video is a
-   hero run of 3 candidates, so the form also asks which candidate ships;
+   3-video, 5-image playlist (fake provider), has the server schedule one slot and executes
+   it as a worker would, until the run is suspended at its approval form; the third video is
+   a hero run of 3 candidates, so the form also asks which candidate ships;
 3. opens the flow run's page in headless Chromium (Debian's ``chromium`` and
    ``chromium-driver``, driven by selenium), clicks Resume and checks the form the reviewer
    gets: one inline thumbnail (``data:image/jpeg;base64,...``) per image of the episode, each
    decoded by the browser (``naturalWidth > 0``) and laid out (each hero candidate among
-   them), and the decision, reviewer and hero pick fields required (not "(Optional)"). Prefect 3.9 ships two UIs and its sidebar switches
-   between them: the default one (v1, ``/runs/flow-run/ID``, Resume in the header) and the
+   them), and the decision, reviewer and hero pick fields required (not "(Optional)").
+   Prefect 3.9 ships two UIs and its sidebar switches between them: the default one (v1, ``/runs/flow-run/ID``, Resume in the header) and the
    new one (v2, ``/v2/runs/flow-run/ID``, Resume in the "⋮" menu); both are checked;
 4. saves screenshots of both forms, ``.episodic/ui-check/resume-form.png`` (v1) and
    ``resume-form-v2.png``, with ``report-v1.json``/``report-v2.json`` (thumbnails, console
@@ -141,8 +141,8 @@ def point_this_process_at(server: PrefectServer, home: Path) -> None:
 
 
 def suspend_a_run_at_its_approval_form(work: Path) -> tuple[str, int, list[str]]:
-    """A weekly slot run of a 3-video playlist (5 images), suspended at its form. Returns the flow run
-    id, the number of images of the episode and the previews' labels in the form."""
+    """A weekly slot run of a 3-video playlist (5 images), suspended at its form. Returns the
+    flow run id, the number of images of the episode and the previews' labels in the form."""
     from prefect.client.orchestration import get_client
     from prefect.schedules import Cron
 
