@@ -14,7 +14,8 @@
    decoded by the browser (``naturalWidth > 0``) and laid out (each hero candidate among
    them), and the decision, reviewer and hero pick fields required (not "(Optional)").
    Prefect 3.9 ships two UIs and its sidebar switches between them: the default one (v1,
-   ``/runs/flow-run/ID``, Resume in the header) and the new one (v2, ``/v2/runs/flow-run/ID``, Resume in the "⋮" menu); both are checked;
+   ``/runs/flow-run/ID``, Resume in the header) and the new one (v2,
+   ``/v2/runs/flow-run/ID``, Resume in the "⋮" menu); both are checked;
 4. saves screenshots of both forms, ``.episodic/ui-check/resume-form.png`` (v1) and
    ``resume-form-v2.png``, with ``report-v1.json``/``report-v2.json`` (thumbnails, console
    errors, requests the page tried to send off the machine) beside them, and prints one
