@@ -66,9 +66,11 @@ COMMANDS = [
     ["generate", "2026-W32-0", "--collect-timeout", "{}", "--plan"],
     ["generate", "2026-W32-0", "--only", "{}", "--plan"],
     ["generate", "2026-W32-0", "--resume", "{}"],
+    ["generate", "2026-W32-0", "--hero-candidates", "{}", "--plan"],
     ["retry", "{}"],
     ["approve", "{}", "--by", "me"],
     ["approve", "2026-W32-0", "--by", "{}"],
+    ["approve", "2026-W32-0", "--by", "me", "--pick", "{}"],
     ["assemble", "{}"],
     ["reopen", "{}", "--by", "me", "--reason", "r"],
     ["check", "{}"],
@@ -150,7 +152,8 @@ def test_bad_input_is_one_line_with_a_documented_exit_code(
 
 @pytest.mark.parametrize("value", ["\u0663", "1_0", " 3", "3 ", "+3", "\uff13"])
 @pytest.mark.parametrize(
-    "option", ["--concurrency", "--max-retries", "--collect-timeout", "--max-images"]
+    "option",
+    ["--concurrency", "--max-retries", "--collect-timeout", "--max-images", "--hero-candidates"],
 )
 def test_integer_options_take_ascii_digits_only(
     home: Path, capsys: pytest.CaptureFixture[str], option: str, value: str

@@ -190,6 +190,10 @@ PLAYLIST_FIELDS: list[tuple[Any, ...]] = [
     ("items", 0, "parts", 0),
     ("items", 0, "seed"),
     ("items", 0, "extra"),
+    ("items", 1, "hero"),
+    ("items", 1, "hero", "candidates"),
+    ("items", 1, "hero", "extra"),
+    ("hero",),
     ("extra",),
 ]
 
@@ -202,7 +206,9 @@ def planning(
     monkeypatch.chdir(tmp_path)
     allocate(engine, "weekly", WeekId.parse("2026-W32"), "fuzz")
     folder = tmp_path / "pl"
-    valid = write_playlist(folder, ["a", "b"], references={"style.txt": "ok"}, parts={1: [1, 2]})
+    valid = write_playlist(
+        folder, ["a", "b"], references={"style.txt": "ok"}, parts={1: [1, 2]}, hero={2: 3}
+    )
     (tmp_path / "secret.txt").write_text("not yours")
     return engine, folder, yaml.safe_load(valid.read_text())
 
