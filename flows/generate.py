@@ -55,6 +55,7 @@ def generate_episode(
     idempotency_key: KeyParam = None,
     allow_duplicate: Flag = False,
     batch_id: Annotated[str, Field(min_length=1, max_length=64)] | None = None,
+    hero_candidates: Annotated[int, Field(ge=1, le=50, strict=True)] | None = None,
 ) -> dict[str, Any]:
     """Generate the images of an existing, planned episode (paid; never pays twice).
 
@@ -76,6 +77,9 @@ def generate_episode(
             with other parameters it is refused.
         allow_duplicate: start a new run even if the same request is running.
         batch_id: a caller's batch id: runs of one batch are never joined with others.
+        hero_candidates: run every hero run of the plan at this many paid candidates (1-50;
+            a plan without hero runs: every one-image video); recorded in the plan, so
+            asking for 6 after 4 pays for 2. Refused for an approved episode.
     """
     with surface("prefect"):
         return _generate(
@@ -89,6 +93,7 @@ def generate_episode(
             idempotency_key,
             allow_duplicate,
             batch_id,
+            hero_candidates,
         )
 
 
@@ -103,12 +108,13 @@ def _generate(
     idempotency_key: str | None,
     allow_duplicate: bool,
     batch_id: str | None,
+    hero_candidates: int | None = None,
 ) -> dict[str, Any]:
     logger = get_run_logger()
     settings = load_settings()
     db = engine_for(settings)
     name = pipeline or settings.pipeline
-    prepared = prepare(db, settings, name, episode_id, "generate")
+    prepared = prepare(db, settings, name, episode_id, "generate", hero_candidates=hero_candidates)
     videos = max(item.index for item in prepared.items)
     options = RunOptions(
         only=parse_selection(only, videos) if only else None,
@@ -150,6 +156,7 @@ def _generate(
                 options=options,
             ),
             on_start=on_start,
+            hero_candidates=hero_candidates,
         )
     finally:  # the episode's artifacts, also when the run was cancelled or failed
         with suppress(Exception):

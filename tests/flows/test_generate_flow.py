@@ -15,7 +15,7 @@ from flows.generate import generate_episode
 from pipeline.allocation import allocate
 from pipeline.generation import record_plan
 from tasks.generate import generate_item
-from tests.generation import provider_log, submissions_per_item, write_playlist
+from tests.generation import jobs_per_key, provider_log, submissions_per_item, write_playlist
 
 pytestmark = pytest.mark.slow
 
@@ -329,3 +329,24 @@ def test_a_worker_rebuilds_its_engine_when_the_episode_moves_to_another_profile(
     assert item_engine("weekly", episode, "fake-b") is item_engine("weekly", episode, "fake-b")
     with pytest.raises(ItemNotCompleted, match="now uses 'fake-b'"):
         item_engine("weekly", episode, "fake-a")
+
+
+def test_the_flow_grows_hero_candidates_and_pays_only_the_new_ones(
+    harness: str, episode: str, tmp_path: Path
+) -> None:
+    """Issue 14 from the generate deployment: `hero_candidates` is recorded in the plan,
+    so asking for 5 after 3 pays for 2, counted at the provider."""
+    plan(harness, episode, tmp_path / "p", ["a", "b"])  # two one-image videos
+    first = generate_episode(episode_id=episode, hero_candidates=3)
+    assert first["state"] == "completed" and first["paid_submissions"] == 6
+    paid = jobs_per_key()
+    grown = generate_episode(episode_id=episode, hero_candidates=5)
+    assert grown["paid_submissions"] == 4 and grown["skipped"] == 6
+    after = jobs_per_key()
+    assert len(after) == 10 and set(after.values()) == {1} and after.keys() > paid.keys()
+    assert submissions_per_item() == {f"v0{v}.c{c}": 1 for v in (1, 2) for c in range(1, 6)}
+    assert generate_episode(episode_id=episode)["paid_submissions"] == 0  # the plan says 5
+    for bad in (0, 51, True, "3", 2.0):
+        state = generate_episode(episode_id=episode, hero_candidates=bad, return_state=True)
+        assert state.is_failed(), bad
+    assert jobs_per_key() == after
