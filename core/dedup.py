@@ -119,6 +119,7 @@ class Admission:
     created: bool = False
     taken_over: bool = False  # the same request's run whose process died: continued here
     fingerprint: str | None = None
+    plan_id: int | None = None  # the recorded plan the run is for (recorded here if new)
 
     def to_dict(self) -> dict[str, Any]:
         return {

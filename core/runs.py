@@ -30,6 +30,11 @@ class Run:
     idempotency_key: str | None = None
     batch_id: str | None = None
     fingerprint: str | None = None
+    plan_id: int | None = None  # the recorded plan the run was admitted for
+
+
+REPLANNED = "re-planned"
+"""The error text of a run cancelled because its episode was re-planned while it worked."""
 
 
 @dataclass(frozen=True, slots=True)

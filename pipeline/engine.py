@@ -41,7 +41,7 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait
 from core.errors import BudgetExceeded, CommandNotAllowed, InvalidTransition
 from core.exit_codes import ExitCode
 from core.hints import hint
-from core.runs import INTERRUPTED, Claim, Item, Refusal, Submission
+from core.runs import INTERRUPTED, REPLANNED, Claim, Item, Refusal, Submission
 from core.states import ItemState, RunState
 from pipeline.gate import GatePass
 from pipeline.runs import RunOptions, RunOutcome, classify, write_atomically
@@ -598,6 +598,16 @@ class RunEngine:
         elif state == RunState.CANCELLED:
             code = ExitCode.INTERRUPTED
             message = f"run {run_id} was cancelled; it stopped before its next paid call"
+            if self.store.get_run(run_id).error_text == REPLANNED:
+                message = (
+                    f"run {run_id} was cancelled: episode {self.gate.episode_id} was re-planned "
+                    "while it worked, and it stopped before paying for anything the new plan "
+                    "does not ask for; "
+                    + hint(
+                        f"`episodic generate {self.gate.episode_id}` generates the new plan",
+                        f"run the generate deployment again for {self.gate.episode_id}",
+                    )
+                )
         elif state == RunState.RUNNING:  # paused and resumed elsewhere while this one stopped
             code = ExitCode.INTERRUPTED
             message = (

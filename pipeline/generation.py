@@ -38,7 +38,7 @@ from pipeline.runs import (
 )
 from providers.profiles import Profile, get_profile, load_profiles
 from storage.claims import ClaimStore
-from storage.runs import RunStore
+from storage.runs import PlanRecord, RunStore
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,9 +48,10 @@ class Prepared:
     profile: Profile
     plan_id: int | None = None  # the recorded plan the items come from
     reference_image: str | None = None  # sha256 of the plan's reference image
-    # the plan with `--hero-candidates` applied, when it differs from the recorded one: the
-    # items come from it, and it is recorded before the run is admitted
-    replan: tuple[Playlist, list[str]] | None = None
+    # the plan with `--hero-candidates N` applied (playlist, reference hashes, N), when it
+    # differs from the recorded one: the items come from it, and it is recorded when the run
+    # is admitted (`plan_id` is then the plan it was derived from)
+    replan: tuple[Playlist, list[str], int] | None = None
 
 
 def record_plan(
@@ -135,7 +136,7 @@ def prepare(
     if hero_candidates is not None:
         changed = parsed.with_hero_candidates(hero_candidates)
         if playlist_sha256(changed) != playlist_sha256(parsed):
-            parsed, replan = changed, (changed, references)
+            parsed, replan = changed, (changed, references, hero_candidates)
     items = expand(parsed, references, gate.episode_id, gate.pipeline)
     profile = get_profile(load_profiles(settings.providers_path), parsed.provider_profile)
     reference = parsed.reference_image_sha256(references)
@@ -151,26 +152,17 @@ def prepare(
     return Prepared(gate, items, profile, plan_id, reference, replan)
 
 
-def _record_replan(engine: Engine, prepared: Prepared, settings: Settings) -> Prepared:
-    """Record the plan `--hero-candidates` changed (a frozen plan refuses: exit 2), and
-    prepare again from it: the run is a run of the recorded plan."""
+def _replan_record(prepared: Prepared) -> PlanRecord | None:
+    """The plan `--hero-candidates` changed, to be recorded when the run is admitted."""
     if prepared.replan is None:
-        return prepared
-    playlist, references = prepared.replan
-    RunStore(engine).record_plan(
-        prepared.gate.episode_pk,
+        return None
+    playlist, references, candidates = prepared.replan
+    return PlanRecord(
         playlist.model_dump(mode="json"),
         playlist_sha256(playlist),
         references,
-        f"--hero-candidates {playlist.hero.candidates if playlist.hero else '?'}",
+        f"generate --hero-candidates {candidates}",
     )
-    again = prepare(engine, settings, prepared.gate.pipeline, prepared.gate.episode_id, "generate")
-    if [it.idempotency_key for it in again.items] != [it.idempotency_key for it in prepared.items]:
-        raise CommandNotAllowed(  # another plan was recorded in between: ask again
-            f"episode {prepared.gate.episode_id}: its plan changed while this run was being "
-            "prepared; nothing was spent: run the command again"
-        )
-    return again
 
 
 def run_engine(
@@ -255,9 +247,8 @@ def generate(
     store = RunStore(engine)
     report = plan(store, prepared.gate, prepared.items, options, prepared.profile)
     check_budget(report, options)
-    prepared = _record_replan(engine, prepared, settings)
     run = run_engine(engine, settings, prepared, credentials, executor)
-    admission = admit_run(
+    admission = admit_run(  # records a --hero-candidates plan once nothing can refuse it
         store,
         prepared.gate,
         prepared.items,
@@ -266,7 +257,10 @@ def generate(
         prepared.profile,
         request,
         dedup_policy(settings),
+        plan_id=prepared.plan_id,
+        replan=_replan_record(prepared),
     )
+    run.plan_id = admission.plan_id  # the plan it runs (the new one after a replan)
     if admission.run_id is None:
         outcome = nothing_to_do(prepared.gate, report, options)
         if outcome.state == RunState.COMPLETED:
@@ -316,6 +310,15 @@ def resume(
     prepared = prepare(engine, settings, stored.pipeline, stored.episode_id, "resume")
     if stored.state == RunState.COMPLETED:
         return _already_completed(store, prepared, run_id)
+    if stored.plan_id is not None and stored.plan_id != prepared.plan_id:
+        raise CommandNotAllowed(
+            f"run {run_id} was for an earlier plan of episode {stored.episode_id} (it was "
+            "re-planned since); it is not resumed, and nothing was spent: "
+            + hint(
+                f"`episodic generate {stored.episode_id}` generates the current plan",
+                f"run the generate deployment for {stored.episode_id}",
+            )
+        )
     options = replace(RunOptions.from_params(stored.params), force_resubmit=force_resubmit)
     run = run_engine(engine, settings, prepared, credentials, executor)
     admission = prepare_resume(store, run_id, dedup_policy(settings))
@@ -336,7 +339,8 @@ def retry(
     on_start: OnStart | None = None,
 ) -> RunOutcome:
     """The Python API of `episodic retry`: resume the episode's latest generation run; if it
-    was cancelled, ask again for the same request (a new run through the choke point, which
+    was cancelled, or was for an earlier plan (the episode was re-planned since), ask again
+    for the same request on the current plan (a new run through the choke point, which
     collects accepted jobs and reconciles unknowns at no cost).
     Errors: `CommandNotAllowed` (no generation run yet: exit 2), `EpisodeNotFound` (5)."""
     gate = open_gate(engine, pipeline, episode_id, "retry")
@@ -345,7 +349,9 @@ def retry(
     if run_id is None:
         raise CommandNotAllowed(f"episode {gate.episode_id} has no generation run to retry")
     latest = store.get_run(run_id)
-    if latest.state != RunState.CANCELLED:
+    current = store.current_plan(gate.episode_pk)
+    replanned = latest.plan_id is not None and (current is None or latest.plan_id != current[0])
+    if latest.state != RunState.CANCELLED and not replanned:
         return resume(
             engine,
             settings,

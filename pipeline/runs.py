@@ -33,7 +33,7 @@ from core.states import ItemState, RunState, SubmissionState
 from pipeline.gate import GatePass
 from providers.profiles import Profile
 from storage.base import utcnow
-from storage.runs import DedupPolicy, RunStore
+from storage.runs import DedupPolicy, PlanRecord, RunStore
 
 DEFAULT_LEASE_S = 30.0
 DEFAULT_COLLECT_TIMEOUT_S = 600.0
@@ -231,6 +231,9 @@ def admit_run(
     profile: Profile,
     request: RunRequest,
     policy: DedupPolicy,
+    *,
+    plan_id: int | None = None,
+    replan: PlanRecord | None = None,
 ) -> Admission:
     """The one way a generation run comes to exist (CLI, Python API, Prefect flows).
 
@@ -238,7 +241,10 @@ def admit_run(
     request writes nothing). An active run of the same request (DESIGN 6) is reused and the
     answer says ``deduplicated``; with nothing to do (every item completed or out of
     retries) no run is created and the answer has no run id.
-    Raises `BudgetExceeded`, `IdempotencyKeyReused` (exit 2).
+    `plan_id`: the recorded plan `items` come from (the run is admitted for it, and refused
+    if the episode was re-planned since); `replan`: a changed plan to record first, in the
+    same transaction (`generate --hero-candidates`). ``Admission.plan_id`` is the run's plan.
+    Raises `BudgetExceeded`, `IdempotencyKeyReused`, `CommandNotAllowed` (exit 2).
     """
     check_budget(report, options)
     new = set(report.new_keys)
@@ -252,6 +258,8 @@ def admit_run(
         policy=policy,
         create=report.has_work,
         run_id=str(uuid.uuid4()),  # chosen once: a retry of the call finds the run it made
+        plan_id=plan_id,
+        replan=replan,
     )
 
 

@@ -34,7 +34,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import IntegrityError
 
-from core.runs import Claim, Item, Refusal, Submission
+from core.runs import REPLANNED, Claim, Item, Refusal, Submission
 from core.states import ItemState, RunState, SubmissionState
 from storage import hot, tx
 from storage.base import utcnow
@@ -63,7 +63,16 @@ def _states_sql(states: list[str]) -> str:
 
 _OPEN_SQL = _states_sql(_OPEN)
 _UNSETTLED_SQL = _states_sql(_UNSETTLED)
-_RUN_STATE = Hot("SELECT state FROM runs WHERE id = :b_run")
+# The run's state and, for a run admitted for a recorded plan, whether that plan is still
+# the episode's newest (a re-planned episode's older runs pay for nothing more).
+_RUN_STATE = Hot(
+    "SELECT r.state, r.plan_id IS NOT NULL AND r.plan_id <> (SELECT max(p.id) FROM "
+    "episode_plans p WHERE p.episode_pk = r.episode_pk) FROM runs r WHERE r.id = :b_run"
+)
+_CANCEL_REPLANNED = Hot(
+    f"UPDATE runs SET state = 'cancelled', error_text = '{REPLANNED}', finished_at = :b_now "
+    "WHERE id = :b_run AND state = 'running'"
+)
 
 
 class _ItemRow(NamedTuple):
@@ -337,12 +346,16 @@ class ClaimStore:
         allow_retry: bool,
     ) -> Claim | Refusal:
         checked = time.monotonic()  # the proof's age counts from before the run is read
-        run_state = hot.scalar(conn, _RUN_STATE, {"b_run": run_id})
+        found_run = hot.fetch_one(conn, _RUN_STATE, {"b_run": run_id})
+        run_state, replanned = found_run if found_run is not None else (None, False)
         # Concluded by another process, reaped by the sweep while this one was frozen, or
         # paused by another process's interrupt: this one still has work and may reopen it.
         if run_state in (RunState.FAILED, RunState.PAUSED):
             return Refusal("reopen")
         if run_state != RunState.RUNNING:
+            return Refusal("stopped")
+        if replanned:  # the episode was re-planned: what this run was for is not wanted
+            hot.rowcount(conn, _CANCEL_REPLANNED, {"b_run": run_id, "b_now": now})
             return Refusal("stopped")
         found = hot.fetch_one(conn, _ITEM_FOR_UPDATE, {"b_item": item_pk})
         if found is None:

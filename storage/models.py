@@ -119,6 +119,9 @@ class RunRow(Base):
     request_sha256: Mapped[str | None] = mapped_column(String(64))
     idempotency_key: Mapped[str | None] = mapped_column(String(255))
     batch_id: Mapped[str | None] = mapped_column(String(64))
+    # The recorded plan (episode_plans.id) the run was admitted for: a re-planned episode's
+    # older runs pay for nothing more (NULL: admitted before runs recorded it, not checked).
+    plan_id: Mapped[int | None] = mapped_column(BigInteger)
     error_text: Mapped[str | None] = mapped_column(String(2000))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column()

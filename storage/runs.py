@@ -165,62 +165,9 @@ class RunStore:
         frozen (`CommandNotAllowed`), and a changed plan moves a generated or rejected episode
         back to ``allocated`` (its new images must be generated and reviewed).
         """
-        from storage.review import move_episode
-
+        record = PlanRecord(playlist, sha256, references, source, reference_image)
         with tx.write(self.engine) as conn:
-            state = conn.execute(
-                select(_episodes.c.state).where(_episodes.c.id == episode_pk).with_for_update()
-            ).scalar_one()
-            if state in FROZEN_PLAN_STATES:
-                episode_id = conn.execute(
-                    select(_episodes.c.episode_id).where(_episodes.c.id == episode_pk)
-                ).scalar_one()
-                raise CommandNotAllowed(
-                    f"episode {episode_id} is {state}: its plan is frozen (what was approved "
-                    f"is what ships); `episodic reopen {episode_id} --reason TEXT --by NAME` "
-                    "first"
-                )
-            latest = conn.execute(
-                select(_plans.c.playlist_sha256, _plans.c.reference_sha256)
-                .where(_plans.c.episode_pk == episode_pk)
-                .order_by(_plans.c.id.desc())
-                .limit(1)
-            ).first()
-            if reference_image is not None:
-                digest, media_type, content = reference_image
-                known = conn.execute(
-                    select(_images.c.sha256).where(_images.c.sha256 == digest)
-                ).first()
-                if known is None:
-                    conn.execute(
-                        insert(_images).values(
-                            sha256=digest,
-                            media_type=media_type,
-                            content=content,
-                            created_at=utcnow(),
-                        )
-                    )
-            if latest is not None and latest[0] == sha256 and list(latest[1]) == references:
-                return False
-            conn.execute(
-                insert(_plans).values(
-                    episode_pk=episode_pk,
-                    playlist=playlist,
-                    playlist_sha256=sha256,
-                    reference_sha256=references,
-                    source_path=source[:1024] if source else None,
-                    created_at=utcnow(),
-                )
-            )
-            if state in (EpisodeState.GENERATED, EpisodeState.REJECTED):
-                move_episode(
-                    conn,
-                    episode_pk,
-                    EpisodeState.ALLOCATED,
-                    {"reason": "re-planned", "plan_sha256": sha256},
-                    source=EpisodeState(state),
-                )
-            return True
+            return _record_plan_in(conn, episode_pk, record)[1]
 
     def latest_plan(self, episode_pk: int) -> tuple[dict[str, Any], list[str]] | None:
         recorded = self.current_plan(episode_pk)
@@ -357,6 +304,8 @@ class RunStore:
         policy: DedupPolicy,
         create: bool = True,
         run_id: str,
+        plan_id: int | None = None,
+        replan: PlanRecord | None = None,
     ) -> Admission:
         """The write choke point (DESIGN 6): reuse an active run of the same request, or
         create one, in one transaction serialized per fingerprint.
@@ -376,13 +325,30 @@ class RunStore:
         explicit idempotency key seen within the window with other parameters raises
         `IdempotencyKeyReused`.
         With ``create=False`` (nothing to do) no run is written: the answer has no run id.
+
+        `plan_id`: the recorded plan the request was prepared from. If the episode was
+        re-planned since, nothing is written (`CommandNotAllowed`: ask again). `replan`: a
+        changed plan (`generate --hero-candidates`), recorded here once the request is
+        admissible, in the same transaction (a refused request records nothing). The run is
+        admitted for the resulting plan (``Admission.plan_id``).
         """
         fingerprint = request.fingerprint
         now = utcnow()
         with keyed_transaction(self.engine, f"run:{fingerprint}") as conn:
-            mine = select(_runs.c.id).where(_runs.c.id == run_id)
-            if create and conn.execute(mine).first() is not None:
-                return Admission(run_id, created=True, fingerprint=fingerprint)
+            mine = conn.execute(select(_runs.c.plan_id).where(_runs.c.id == run_id)).first()
+            if create and mine is not None:  # a retry after a lost COMMIT: the run it made
+                return Admission(
+                    run_id, created=True, fingerprint=fingerprint, plan_id=mine.plan_id
+                )
+            if plan_id is not None:
+                newest = conn.execute(
+                    select(func.max(_plans.c.id)).where(_plans.c.episode_pk == episode_pk)
+                ).scalar()
+                if newest != plan_id:
+                    raise CommandNotAllowed(
+                        "the episode was re-planned while this run was being prepared; "
+                        "nothing was spent: run the command again"
+                    )
             if policy.window_s > 0:
                 recent = (_runs.c.fingerprint == fingerprint) & (
                     _runs.c.created_at >= now - timedelta(seconds=policy.window_s)
@@ -396,46 +362,53 @@ class RunStore:
                     ).scalar()
                     if other is not None:
                         raise IdempotencyKeyReused(request.idempotency_key, other)
-                if not request.allow_duplicate:
-                    # One indexed read: the request's unfinished runs within the window.
-                    unfinished = conn.execute(
-                        select(_runs.c.id, _runs.c.state, active_run(now, policy).label("active"))
-                        .where(
-                            recent,
-                            _runs.c.state.in_(
-                                [RunState.PENDING, RunState.RUNNING, RunState.PAUSED]
-                            ),
+            if replan is not None:  # admissible: the changed plan is the one it runs
+                plan_id = _record_plan_in(conn, episode_pk, replan)[0]
+            if policy.window_s > 0 and not request.allow_duplicate:
+                # One indexed read: the request's unfinished runs within the window.
+                unfinished = conn.execute(
+                    select(_runs.c.id, _runs.c.state, active_run(now, policy).label("active"))
+                    .where(
+                        recent,
+                        _runs.c.state.in_([RunState.PENDING, RunState.RUNNING, RunState.PAUSED]),
+                    )
+                    .order_by(_runs.c.created_at.desc())
+                    .limit(20)
+                ).all()
+                for row in unfinished:
+                    if row.active:  # the same request (same items): for the newest plan
+                        _adopt_plan(conn, row.id, plan_id)
+                        return Admission(
+                            row.id, deduplicated=True, fingerprint=fingerprint, plan_id=plan_id
                         )
-                        .order_by(_runs.c.created_at.desc())
-                        .limit(20)
-                    ).all()
-                    for row in unfinished:
-                        if row.active:
-                            return Admission(row.id, deduplicated=True, fingerprint=fingerprint)
-                    dead = next((r.id for r in unfinished if r.state != RunState.PENDING), None)
-                    if dead is not None:  # the same request, its process gone or paused
-                        # (Ctrl-C, SIGTERM): continue it rather than leave it beside a new run
-                        conn.execute(  # alive again: a concurrent caller joins, not re-takes
-                            update(_runs)
-                            .where(_runs.c.id == dead)
-                            .values(
-                                heartbeat_at=now,
-                                lease_expires_at=now + timedelta(seconds=policy.fallback_lease_s),
-                            )
+                dead = next((r.id for r in unfinished if r.state != RunState.PENDING), None)
+                if dead is not None:  # the same request, its process gone or paused
+                    # (Ctrl-C, SIGTERM): continue it rather than leave it beside a new run
+                    conn.execute(  # alive again: a concurrent caller joins, not re-takes
+                        update(_runs)
+                        .where(_runs.c.id == dead)
+                        .values(
+                            heartbeat_at=now,
+                            lease_expires_at=now + timedelta(seconds=policy.fallback_lease_s),
                         )
-                        return Admission(dead, taken_over=True, fingerprint=fingerprint)
+                    )
+                    _adopt_plan(conn, dead, plan_id)
+                    return Admission(
+                        dead, taken_over=True, fingerprint=fingerprint, plan_id=plan_id
+                    )
             if not create:
-                return Admission(None, fingerprint=fingerprint)
+                return Admission(None, fingerprint=fingerprint, plan_id=plan_id)
             extra = {
                 "fingerprint": fingerprint,
                 "request_sha256": request.request_sha256,
                 "idempotency_key": request.idempotency_key,
                 "batch_id": request.batch_id,
+                "plan_id": plan_id,
             }
             _insert_run(
                 conn, run_id, episode_pk, request.command, params, new_items, reuse_keys, extra
             )
-        return Admission(run_id, created=True, fingerprint=fingerprint)
+        return Admission(run_id, created=True, fingerprint=fingerprint, plan_id=plan_id)
 
     def join(self, run_id: str, policy: DedupPolicy) -> bool:
         """True if `run_id` is active now (pending, or running with a live lease): a caller
@@ -744,6 +717,90 @@ def cancel_orphaned_items(conn: Connection, run_ids: Sequence[str], now: datetim
     )
 
 
+def _adopt_plan(conn: Connection, run_id: str, plan_id: int | None) -> None:
+    """A run of the same request (the same items) is a run of the newest plan too: a plan
+    recorded again after another (A, B, A) must not make it look re-planned."""
+    if plan_id is not None:
+        conn.execute(
+            update(_runs)
+            .where(_runs.c.id == run_id, _runs.c.plan_id.is_not(None))
+            .values(plan_id=plan_id)
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PlanRecord:
+    """A plan to record: the playlist (as JSON), its hash, the reference assets' hashes, where
+    it came from, and its reference image (sha256, media type, bytes) if it has one."""
+
+    playlist: dict[str, Any]
+    sha256: str
+    references: list[str]
+    source: str | None
+    reference_image: tuple[str, str, bytes] | None = None
+
+
+def _record_plan_in(conn: Connection, episode_pk: int, record: PlanRecord) -> tuple[int, bool]:
+    """`RunStore.record_plan` inside `conn`'s transaction: (the newest plan's id, whether
+    this call stored it). Raises `CommandNotAllowed` for a frozen plan."""
+    from storage.review import move_episode
+
+    state = conn.execute(
+        select(_episodes.c.state).where(_episodes.c.id == episode_pk).with_for_update()
+    ).scalar_one()
+    if state in FROZEN_PLAN_STATES:
+        episode_id = conn.execute(
+            select(_episodes.c.episode_id).where(_episodes.c.id == episode_pk)
+        ).scalar_one()
+        raise CommandNotAllowed(
+            f"episode {episode_id} is {state}: its plan is frozen (what was approved "
+            f"is what ships); `episodic reopen {episode_id} --reason TEXT --by NAME` "
+            "first"
+        )
+    latest = conn.execute(
+        select(_plans.c.id, _plans.c.playlist_sha256, _plans.c.reference_sha256)
+        .where(_plans.c.episode_pk == episode_pk)
+        .order_by(_plans.c.id.desc())
+        .limit(1)
+    ).first()
+    if record.reference_image is not None:
+        digest, media_type, content = record.reference_image
+        known = conn.execute(select(_images.c.sha256).where(_images.c.sha256 == digest)).first()
+        if known is None:
+            conn.execute(
+                insert(_images).values(
+                    sha256=digest, media_type=media_type, content=content, created_at=utcnow()
+                )
+            )
+    if (
+        latest is not None
+        and latest.playlist_sha256 == record.sha256
+        and list(latest.reference_sha256) == record.references
+    ):
+        return int(latest.id), False
+    plan_id = conn.execute(
+        insert(_plans)
+        .values(
+            episode_pk=episode_pk,
+            playlist=record.playlist,
+            playlist_sha256=record.sha256,
+            reference_sha256=record.references,
+            source_path=record.source[:1024] if record.source else None,
+            created_at=utcnow(),
+        )
+        .returning(_plans.c.id)
+    ).scalar_one()
+    if state in (EpisodeState.GENERATED, EpisodeState.REJECTED):
+        move_episode(
+            conn,
+            episode_pk,
+            EpisodeState.ALLOCATED,
+            {"reason": "re-planned", "plan_sha256": record.sha256},
+            source=EpisodeState(state),
+        )
+    return int(plan_id), True
+
+
 def _insert_run(
     conn: Connection,
     run_id: str,
@@ -854,6 +911,7 @@ def _run(row: Any) -> Run:
         idempotency_key=row.idempotency_key,
         batch_id=row.batch_id,
         fingerprint=row.fingerprint,
+        plan_id=row.plan_id,
     )
 
 

@@ -205,8 +205,10 @@ def test_check_reports_a_recorded_plan_todays_rules_refuse(engine: Engine, tmp_p
 def test_a_run_of_an_older_plan_does_not_mark_a_replanned_episode_generated(
     engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The episode is re-planned while a run of its previous plan is going: when that run
-    # completes, the new plan's images are not made, so the episode stays allocated.
+    # The episode is re-planned while a run of its previous plan is going: that run pays for
+    # nothing more (the item in flight finishes; the rest of the old plan is never bought:
+    # issue 14's fresh tester paid six hero candidates after the plan had shrunk and been
+    # approved) and is cancelled, saying why; the episode stays allocated.
     import threading
     import time
 
@@ -224,7 +226,9 @@ def test_a_run_of_an_older_plan_does_not_mark_a_replanned_episode_generated(
     episode.plan(write_playlist(tmp_path / "b", ["b1", "b2"], seeds=[7, 8]))  # while it runs
     run.join(timeout=60)
     (outcome,) = outcomes
-    assert outcome.exit_code == 0, outcome.message  # type: ignore[attr-defined]
+    assert outcome.exit_code == 130, outcome.message  # type: ignore[attr-defined]
+    assert outcome.state == "cancelled" and "re-planned" in outcome.message  # type: ignore[attr-defined]
+    assert sum(jobs_per_key().values()) == 1  # the old plan's second image was never bought
     pk = RunStore(engine).episode_pk("weekly", episode.episode_id)
     with engine.connect() as conn:
         state = conn.execute(select(EpisodeRow.state).where(EpisodeRow.id == pk)).scalar_one()
