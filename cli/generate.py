@@ -119,6 +119,13 @@ def generate(
     from storage.runs import RunStore
 
     check_dedup_options(idempotency_key, batch_id, allow_duplicate)
+    if resume is not None and hero_candidates is not None:
+        from core.errors import InvalidInput
+
+        raise InvalidInput(
+            "--resume continues a run as it was admitted; --hero-candidates changes the plan "
+            "(use one of them)"
+        )
     if resume is not None:
         resume_run(
             resume,

@@ -100,6 +100,13 @@ class Video(_Strict):
     # None: the playlist's `hero` decides
     hero: Hero | Literal[False] | None = None
 
+    @field_validator("hero", mode="before")
+    @classmethod
+    def _hero_is_a_mapping_or_false(cls, value: Any) -> Any:
+        if value is None or value is False or isinstance(value, dict | Hero):
+            return value
+        raise ValueError("hero is {candidates: N} or false")  # not 0, "false", 1, ...
+
     @field_validator("title")
     @classmethod
     def _printable_title(cls, title: str) -> str:
@@ -244,11 +251,17 @@ def item_label(video_id: str, part: int, candidate: int | None) -> str:
     return f"{video_id}.c{candidate}" if candidate is not None else f"{video_id}.p{part}"
 
 
+CANDIDATE_SEED_STRIDE = 104_729  # a prime far from the small steps people number seeds by
+
+
 def candidate_seed(seed: int, candidate: int) -> int:
     """The seed of hero candidate `candidate` (1-based) of a video whose seed is `seed`:
-    the ordinal folded in, so each candidate is a different image of a seeded model, and
-    candidate 1 keeps the video's seed. Stable: it depends on nothing else."""
-    return (seed + candidate - 1) % SEED_MODULUS
+    ``(seed + (candidate - 1) * 104729) mod 2^31``. The ordinal is folded in, so each
+    candidate is a different image of a seeded model; candidate 1 keeps the video's seed;
+    the stride keeps candidates off the neighbouring seeds other videos usually have
+    (1001, 1002, ...: the same prompt and seed would be the same paid input twice). Stable:
+    it depends on nothing else."""
+    return (seed + (candidate - 1) * CANDIDATE_SEED_STRIDE) % SEED_MODULUS
 
 
 def canonical_json(value: Any) -> str:
@@ -353,6 +366,8 @@ _PICK = re.compile(r"(" + _ID + r")=([1-9][0-9]{0,5})")
 def parse_picks(text: str) -> dict[str, int]:
     """'v01=2,v02=1' -> {'v01': 2, 'v02': 1}: which candidate ships, per hero video.
     Checks the syntax only (`check_picks` checks them against a plan); raises InvalidInput."""
+    if not text.isprintable():  # a newline or escape is refused, not stripped
+        raise InvalidInput(f"invalid --pick {shown(text)}: control characters")
     picks: dict[str, int] = {}
     for chunk in text.split(","):
         match = _PICK.fullmatch(chunk.strip())

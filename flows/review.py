@@ -97,6 +97,16 @@ def approval_input_for(outputs: list[dict[str, Any]]) -> type[ApprovalInput]:
     return model
 
 
+def form_digest(shown: dict[str, str], outputs: list[dict[str, Any]]) -> str:
+    """What a form is about: `approval_digest` of its images, and, with hero videos, which
+    video each pick field names (sha256 hex). Equal digests: an answer means the same."""
+    digest = approval_digest(shown)
+    heroes = list(hero_outputs(outputs))
+    if not heroes:
+        return digest  # the key of forms without picks is unchanged
+    return hashlib.sha256(f"{digest}|picks:{','.join(heroes)}".encode()).hexdigest()
+
+
 def picks_of(answer: ApprovalInput, outputs: list[dict[str, Any]]) -> dict[str, int] | None:
     """The answer's picks as video id -> candidate (None: the form had no hero videos, or
     the answer is a rejection)."""
@@ -208,7 +218,11 @@ def approval_step(
         shown = review.approved_items(pk) or {}
     if state == "generated" and not _claim_approval_wait(engine, pipeline, episode_id):
         return None, None
-    digest = approval_digest(shown)
+    # The form's key carries the images' digest and which hero video each pick field names
+    # (fields are numbered in plan order): a re-plan that reorders the hero videos keeps
+    # every image, but an answer given to the old form would ship one video's pick for
+    # another, so it gets a new form (found by the fresh tester of issue 14).
+    digest = form_digest(shown, outputs)
     refused = _outdated_answer(episode_id, digest)
     form_type = approval_input_for(outputs)
     for attempt in range(MAX_ANSWERS):
@@ -228,7 +242,7 @@ def approval_step(
                 episode_id,
                 pipeline,
                 answer,
-                expected_digest=digest if outputs else None,
+                expected_digest=approval_digest(shown) if outputs else None,
                 picks=picks_of(answer, outputs),
             )
         except (InvalidInput, CommandNotAllowed) as exc:

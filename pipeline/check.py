@@ -19,7 +19,7 @@ from sqlalchemy import Connection, Engine, select
 
 from core.errors import EpisodicError, InvalidInput
 from core.ids import EpisodeId
-from core.playlist import PlannedItem, check_picks, hero_candidates
+from core.playlist import PlannedItem, check_picks, hero_candidates, item_label
 from core.states import FROZEN_PLAN_STATES, EpisodeState
 from pipeline.playlists import planned_items
 from storage.base import utcnow
@@ -136,19 +136,17 @@ def _check_one(engine: Engine, episode: Any, policy: DedupPolicy) -> list[Findin
     sub_ids = {s.id: s for s in subs}
     for item in items:
         if item.state == "completed":
-            _check_file(
-                add, f"image {item.video_id}.p{item.part}", item.output_path, item.output_sha256
-            )
+            _check_file(add, f"image {_label(item)}", item.output_path, item.output_sha256)
             if succeeded[item.id] != 1:
                 add(
                     "ledger",
-                    f"completed item {item.video_id}.p{item.part} has "
+                    f"completed item {_label(item)} has "
                     f"{succeeded[item.id]} succeeded submissions, expected 1",
                 )
         elif succeeded[item.id]:
             add(
                 "state",
-                f"item {item.video_id}.p{item.part} is {item.state} but has a succeeded submission",
+                f"item {_label(item)} is {item.state} but has a succeeded submission",
             )
     now = utcnow()
     held = {  # items whose live claim holder is still working on them: not a finding yet
@@ -236,7 +234,7 @@ def _check_liveness(add: Any, runs: Sequence[Any], items: Sequence[Any], now: An
         ):
             add(
                 "liveness",
-                f"item {item.video_id}.p{item.part} is running but its claim expired: "
+                f"item {_label(item)} is running but its claim expired: "
                 "`episodic retry` continues it",
             )
 
@@ -293,7 +291,11 @@ def _check_states(
     if manifest is not None and Path(manifest.path).is_file():
         try:
             document = json.loads(Path(manifest.path).read_text())
-            _check_manifest(add, document, items, heroes, picks)
+            # An earlier assembly's manifest stays recorded while the episode is reopened,
+            # re-generated or approved again: it is checked against the plan and the
+            # approval only when it is the assembly of them.
+            assembled = state == EpisodeState.ASSEMBLED
+            _check_manifest(add, document, items, heroes if assembled else None, picks)
         except (ValueError, KeyError, TypeError, AttributeError):
             add("files", "manifest is not a valid manifest")
 
@@ -302,12 +304,12 @@ def _check_manifest(
     add: Any,
     document: dict[str, Any],
     items: Sequence[Any],
-    heroes: dict[str, list[PlannedItem]],
+    heroes: dict[str, list[PlannedItem]] | None,
     picks: dict[str, int],
 ) -> None:
-    """The manifest's total is what its items and unpicked candidates cost; its hero picks
-    are the approval's, each hero video ships its picked candidate, and every candidate's
-    sha256 is the ledger's."""
+    """The manifest's total is what its items and unpicked candidates cost; with `heroes`
+    (the assembled plan's), its hero picks are the approval's, each hero video ships its
+    picked candidate, and every candidate's sha256 is the ledger's."""
     listed = {h["video_id"]: h for h in document.get("heroes", [])}
     unpicked = sum(
         c["cost_minor"]
@@ -317,6 +319,8 @@ def _check_manifest(
     )
     if sum(i["cost_minor"] for i in document["items"]) + unpicked != document["total_cost_minor"]:
         add("ledger", "manifest total does not equal the sum of its items and candidates")
+    if heroes is None:
+        return
     if set(listed) != set(heroes):
         add("picks", f"manifest lists hero videos {sorted(listed)}, the plan {sorted(heroes)}")
         return
@@ -362,6 +366,10 @@ def _planned_keys(engine: Engine, episode: Any) -> set[str] | None:
     except InvalidInput as exc:  # recorded by an older version whose rules were looser
         raise _PlanUnreadable(str(exc)) from None
     return {it.idempotency_key for it in items}
+
+
+def _label(item: Any) -> str:
+    return item_label(item.video_id, item.part, item.candidate)
 
 
 class _PlanUnreadable(Exception):

@@ -15,7 +15,7 @@ from core.hints import hint
 from core.ids import EpisodeId
 from core.playlist import PlannedItem, Playlist, expand
 from core.settings import Settings
-from core.states import RunState
+from core.states import FROZEN_PLAN_STATES, RunState
 from pipeline.engine import ItemExecutor, RunEngine, thread_pool_executor
 from pipeline.gate import CredentialSource, GatePass, build_provider, open_gate
 from pipeline.playlists import (
@@ -136,6 +136,12 @@ def prepare(
     if hero_candidates is not None:
         changed = parsed.with_hero_candidates(hero_candidates)
         if playlist_sha256(changed) != playlist_sha256(parsed):
+            if gate.episode.state in FROZEN_PLAN_STATES:  # as recording it would (--plan too)
+                raise CommandNotAllowed(
+                    f"episode {gate.episode_id} is {gate.episode.state}: its plan is frozen "
+                    "(what was approved is what ships), so --hero-candidates cannot change "
+                    f"it; `episodic reopen {gate.episode_id} --reason TEXT --by NAME` first"
+                )
             parsed, replan = changed, (changed, references, hero_candidates)
     items = expand(parsed, references, gate.episode_id, gate.pipeline)
     profile = get_profile(load_profiles(settings.providers_path), parsed.provider_profile)

@@ -149,7 +149,7 @@ def test_approval_needs_a_pick_within_range_for_every_hero_video(
     _refused(cli(*approve, "--pick", "v01=1,v02=1"), "video 'v02' has no hero candidates")
     _refused(cli(*approve, "--pick", "v01=1,v01=2"), "picked twice")
     _refused(cli(*approve, "--pick", "v09=1"), "has no hero candidates")
-    _refused(cli(*approve, "--pick", "v01=1\x1b[2J"), "expected e.g.")
+    _refused(cli(*approve, "--pick", "v01=1\x1b[2J"), "control characters")
     _refused(cli("approve", EPISODE, "--reject", "--by", "ann", "--reason", "no",
                  "--pick", "v01=1"), "is for approving")  # fmt: skip
     assert _state(cli) == "generated"  # nothing was recorded
@@ -247,3 +247,132 @@ def test_check_finds_an_approval_without_picks_and_a_manifest_that_ships_another
     refused = cli("assemble", EPISODE)
     assert refused.returncode == 2 and "no pick for v01" in refused.stderr
     assert manifest["items"]  # the first assembly shipped
+
+
+# What the fresh tester of issue 14 found, kept as cases.
+
+
+def test_a_refused_hero_candidates_request_leaves_the_plan_as_it_was(
+    cli: Cli, database_url: str, tmp_path: Path
+) -> None:
+    """Exit 2 means nothing was done: a --hero-candidates run refused for its credential or
+    for a reused idempotency key used to record its plan anyway, so the next plain generate
+    paid for candidates nobody ran."""
+    profiles = tmp_path / "providers.yaml"
+    profiles.write_text(
+        "profiles:\n  paid:\n    kind: http\n    base_url: http://127.0.0.1:9/v1\n"
+        "    credential_env: HERO_TOKEN_UNSET\n    cost_per_image_minor: 4\n"
+    )
+    paid = {"EPISODIC_PROVIDERS_FILE": str(profiles)}
+    assert cli("allocate", "--key", "k", "--week", "2026-W32").returncode == 0
+    path = write_playlist(tmp_path / "paid", ["a", "b"], profile="paid")
+    assert cli("plan", EPISODE, "--playlist", str(path), env=paid).returncode == 0
+    _refused(cli("generate", EPISODE, "--hero-candidates", "4", env=paid), "is not set")
+    assert _ok(cli("generate", EPISODE, "--plan", "--json", env=paid))["new_calls"] == 2
+
+    assert cli("allocate", "--key", "k2", "--week", "2026-W32").returncode == 0
+    plain = write_playlist(tmp_path / "plain", ["a", "b"])
+    assert cli("plan", "2026-W32-1", "--playlist", str(plain)).returncode == 0
+    _ok(cli("generate", "2026-W32-1", "--idempotency-key", "K1", "--json"))
+    _refused(
+        cli("generate", "2026-W32-1", "--idempotency-key", "K1", "--hero-candidates", "3"),
+        "K1",
+    )
+    again = _ok(cli("generate", "2026-W32-1", "--plan", "--json"))
+    assert (again["new_calls"], again["skipped"]) == (0, 2)  # still the plan of 2 images
+    assert sum(jobs_per_key().values()) == 2
+
+
+def test_hero_candidates_that_cannot_apply_are_refused_before_anything(
+    cli: Cli, database_url: str, tmp_path: Path
+) -> None:
+    _planned(cli, tmp_path, hero={1: 2})
+    _ok(cli("generate", EPISODE, "--json"))
+    listed = cli("runs", "list", "--episode", EPISODE, "--json")
+    run_id = str(json.loads(listed.stdout)[0]["run_id"])
+    _refused(cli("generate", EPISODE, "--resume", run_id, "--hero-candidates", "3"), "--resume")
+    _ok(cli("approve", EPISODE, "--by", "ann", "--pick", "v01=1", "--json"))
+    for extra in ((), ("--plan",)):  # --plan says what the command would say: refused
+        _refused(cli("generate", EPISODE, "--hero-candidates", "3", *extra), "its plan is frozen")
+    assert sum(jobs_per_key().values()) == 3
+
+
+def test_a_run_of_a_plan_that_shrank_and_was_approved_buys_nothing_more(
+    cli: Cli, database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fresh tester's money case: `generate --hero-candidates 12` is running when the
+    plan is shrunk to 2 and approved; that run went on to buy candidates 7-12 for an
+    approved episode. Now its next claim cancels it, it says why, the manifest's total is
+    what the plan's candidates cost, and the old run is not resumed."""
+    monkeypatch.setenv("EPISODIC_FAKE_DELAY_MS", "500")
+    _planned(cli, tmp_path, hero={1: 2})
+    assert EPISODIC is not None
+    big = subprocess.Popen(
+        [
+            EPISODIC,
+            "generate",
+            EPISODE,
+            "--hero-candidates",
+            "12",
+            "--concurrency",
+            "1",
+            "--json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=os.environ.copy(),
+    )
+    deadline = time.monotonic() + 60
+    while sum(1 for e in provider_log() if e["event"] == "job_created") < 3:
+        assert big.poll() is None, big.communicate()
+        assert time.monotonic() < deadline, "generate made no progress"
+        time.sleep(0.05)
+    shrunk = _ok(cli("generate", EPISODE, "--hero-candidates", "2", "--json"))
+    assert shrunk["state"] == "completed"  # v01's first two candidates and v02
+    assert _ok(cli("approve", EPISODE, "--by", "ann", "--pick", "v01=1", "--json"))["changed"]
+    made_at_approval = sum(jobs_per_key().values())
+    out, err = big.communicate(timeout=120)
+    assert big.returncode == 130, err
+    answer = json.loads(out)
+    assert answer["state"] == "cancelled" and "re-planned" in answer["message"]
+    assert sum(jobs_per_key().values()) <= made_at_approval + 1  # at most the call in flight
+    assert sum(jobs_per_key().values()) < 12
+    assert set(jobs_per_key().values()) == {1}
+    _refused(cli("runs", "resume", str(answer["run_id"])), "earlier plan")
+    before = jobs_per_key()
+    assert _ok(cli("retry", EPISODE, "--json"))["state"] == "completed"  # the current plan's
+    assert jobs_per_key() == before
+    assembled = _ok(cli("assemble", EPISODE, "--json"))
+    manifest = json.loads(Path(str(assembled["manifest"])).read_text())
+    assert [len(h["candidates"]) for h in manifest["heroes"]] == [2]
+    assert manifest["total_cost_minor"] == 4 * 3  # v01's two candidates and v02
+    checked = cli("check", "--all")
+    assert checked.returncode == 0, checked.stdout
+
+
+def test_check_is_clean_through_reopen_and_a_second_approval(
+    cli: Cli, database_url: str, tmp_path: Path
+) -> None:
+    """The stored manifest of an earlier assembly is not held against a reopened episode
+    or a new approval that is not assembled yet (false findings, exit 1, before)."""
+    _planned(cli, tmp_path, hero={1: 3, 2: 3})
+    _ok(cli("generate", EPISODE, "--json"))
+    _ok(cli("approve", EPISODE, "--by", "ann", "--pick", "v01=1,v02=2", "--json"))
+    _ok(cli("assemble", EPISODE, "--json"))
+    assert cli("check", "--all").returncode == 0
+    _ok(cli("reopen", EPISODE, "--by", "ann", "--reason", "again", "--json"))
+    checked = cli("check", "--all")
+    assert checked.returncode == 0, checked.stdout
+    _ok(cli("generate", EPISODE, "--json"))
+    _ok(cli("approve", EPISODE, "--by", "ann", "--pick", "v01=3,v02=3", "--json"))
+    checked = cli("check", "--all")
+    assert checked.returncode == 0, checked.stdout
+    _ok(cli("assemble", EPISODE, "--json"))
+    checked = cli("check", "--all")
+    assert checked.returncode == 0, checked.stdout
+    folder = Path(str(_ok(cli("assemble", EPISODE, "--json"))["manifest"])).parent
+    image = next((folder / "images").glob("v01.c3.*.png"))
+    image.write_bytes(image.read_bytes() + b"x")
+    found = cli("check", EPISODE)
+    assert found.returncode == 1 and "image v01.c3 does not match" in found.stdout

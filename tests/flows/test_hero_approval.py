@@ -106,3 +106,47 @@ def test_a_rejection_needs_picks_in_the_form_but_records_none(
     state = local.execute(weekly_episode, hero_waiting.id)
     assert state.is_completed() and state.name == "Rejected", state
     assert _episode_state(harness) == "rejected"
+
+
+def test_reordering_the_hero_videos_while_the_form_waits_asks_again(
+    harness: str, hero_waiting: Any, tmp_path: Path
+) -> None:
+    """Found by issue 14's fresh tester: pick fields are numbered in plan order, and a
+    re-plan that only reorders the videos keeps every image (the keys do not depend on the
+    order), so an answer to the old form shipped v01's pick for v03. Now the form's key
+    names the videos its fields stand for: the old answer is not applied, a new form asks."""
+    import yaml
+
+    from pipeline.generation import record_plan
+    from tests.generation import Episode
+
+    engine = make_engine(harness)
+    original = yaml.safe_load((tmp_path / "pl" / "playlist.yaml").read_text())
+    original["items"].reverse()  # the same videos (ids, titles, seeds, heroes), v03 first
+    reordered = tmp_path / "pl" / "reordered.yaml"
+    reordered.write_text(yaml.safe_dump(original, sort_keys=False))
+    record_plan(engine, "weekly", "2026-W32-0", reordered)
+    paid = jobs_per_key()
+    Episode(engine, "2026-W32-0").generate()  # nothing to pay: the same images
+    assert jobs_per_key() == paid
+    engine.dispose()
+    _, description = _form(hero_waiting.id)
+    # valid under both numberings: applied to the new one it would ship v01=1 and v03=2
+    old_answer = {"decision": "approve", "reviewer": "ann", "pick_1": 2, "pick_2": 1}
+    assert _resume(hero_waiting.id, old_answer) == SetStateStatus.ACCEPT
+    state = local.execute(weekly_episode, hero_waiting.id)
+    assert state.is_paused(), state  # asked again: the answer was for another form
+    schema, description = _form(hero_waiting.id)
+    assert schema["properties"]["pick_1"]["title"] == "v03: the candidate that ships"
+    assert "not recorded" in description and "review the images below" in description
+    assert _resume(hero_waiting.id, {**old_answer, "pick_1": 1, "pick_2": 2}) == (
+        SetStateStatus.ACCEPT
+    )
+    assert local.execute(weekly_episode, hero_waiting.id).is_completed()
+    engine = make_engine(harness)
+    try:
+        pk = RunStore(engine).episode_pk("weekly", "2026-W32-0")
+        assert ReviewStore(engine).approved_picks(pk) == {"v03": 1, "v01": 2}
+    finally:
+        engine.dispose()
+    assert jobs_per_key() == paid

@@ -244,7 +244,7 @@ def test_hero_candidates_have_distinct_keys_and_growing_them_keeps_the_old_ones(
     four = _hero()
     candidates = [i for i in four if i.candidate is not None]
     assert [i.item_id for i in candidates] == ["v01.c1", "v01.c2", "v01.c3", "v01.c4"]
-    assert [i.seed for i in candidates] == [1001, 1002, 1003, 1004]  # ordinal folded in
+    assert [i.seed for i in candidates] == [1001, 105730, 210459, 315188]  # ordinal folded in
     assert all(i.part == 0 for i in candidates)
     assert len({i.idempotency_key for i in four}) == len(four) == 6
     six = _hero(6)
@@ -267,13 +267,13 @@ def test_a_hero_key_follows_the_documented_rule() -> None:
         "item": "2026-W32-0/v01.hero",
         "part": None,
         "prompt": "Cover art for 'Morning Harbor'",
-        "seed": 1002,
+        "seed": 1001 + 104_729,
         "references": [],
         "candidate": 2,
     }
     text = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     expected = hashlib.sha256(text.encode()).hexdigest()[:32]
-    assert _hero()[1].idempotency_key == expected == "396c413be37b79597d00f2c7c3905f74"
+    assert _hero()[1].idempotency_key == expected == "c828ee0b4ca0786e78c4bc2b33922f13"
 
 
 def test_the_ordinal_is_in_the_key_even_where_the_seed_would_not_tell_candidates_apart() -> None:
@@ -322,6 +322,10 @@ def test_a_playlist_wide_hero_covers_one_image_videos_and_hero_false_opts_out() 
         {**raw, "hero": {"candidates": True}},
         {**raw, "hero": True},
         {**raw, "hero": {"candidates": 2, "extra": 1}},
+        {**raw, "items": [{"video_id": "a", "title": "x", "seed": 1, "hero": 0}]},
+        {**raw, "items": [{"video_id": "a", "title": "x", "seed": 1, "hero": 0.0}]},
+        {**raw, "items": [{"video_id": "a", "title": "x", "seed": 1, "hero": "false"}]},
+        {**raw, "items": [{"video_id": "a", "title": "x", "seed": 1, "hero": 1}]},
         {**raw, "hero": None, "items": [{"video_id": "c", "title": "z", "seed": 3,
                                          "parts": [1, 2], "hero": {"candidates": 2}}]},
     ):  # fmt: skip
@@ -366,7 +370,8 @@ def test_picks_are_parsed_strictly_and_checked_against_the_plan() -> None:
     assert parse_picks("v01=2") == {"v01": 2}
     assert check_picks({"v01": 4}, heroes) == {"v01": 4}
     for text in ("v01", "v01=", "v01=0", "v01=x", "v01=2,v01=3", "=2", "v01=2;", "v01=-1",
-                 "v01=1e3", "v01 = 2,", "v01=9999999"):  # fmt: skip
+                 "v01=1e3", "v01 = 2,", "v01=9999999", "v01=2\n", "v01=2\n,v02=1",
+                 "v01=\uff12", "\x1b[2Jv01=1"):  # fmt: skip
         with pytest.raises(InvalidInput):
             parse_picks(text)
     for picks, message in (
