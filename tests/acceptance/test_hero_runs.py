@@ -2,7 +2,10 @@
 the reviewer picks the one that ships.
 
 Money is counted at the fake provider (its own log of the jobs it made), on SQLite and on
-Postgres; interrupts are real signals to a real `episodic generate`.
+Postgres. Commands run in this process through the CLI's own entry point (`cli.app.run`:
+the same parsing, exit codes and one-line errors as the installed command, without the
+interpreter's start-up per call); interrupts are real signals to a real `episodic generate`
+process, and the run a plan shrinks under is a real process too.
 """
 
 from __future__ import annotations
@@ -24,6 +27,23 @@ from tests.generation import jobs_per_key, provider_log, write_playlist
 Cli = Callable[..., subprocess.CompletedProcess[str]]
 pytestmark = pytest.mark.e2e
 EPISODE = "2026-W32-0"
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Cli:
+    """`episodic ARGS` in this process: (exit code, stdout, stderr) as the command gives."""
+    from cli.app import run
+
+    def call(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        with monkeypatch.context() as scoped:
+            for name, value in (env or {}).items():
+                scoped.setenv(name, value)
+            capsys.readouterr()
+            code = run(list(args))
+            out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(["episodic", *args], code, out, err)
+
+    return call
 
 
 @pytest.fixture(autouse=True)

@@ -30,7 +30,5 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("runs") as batch:
-        batch.drop_column("plan_id")
-    with op.batch_alter_table("items") as batch:
-        batch.drop_column("candidate")
+    op.drop_column("runs", "plan_id")  # SQLite >= 3.35 drops them in place
+    op.drop_column("items", "candidate")
