@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -171,3 +173,28 @@ def creates_per_key() -> Counter[str]:
     return Counter(
         e["client_reference"].rsplit("-", 1)[0] for e in provider_log() if e["event"] == "submit"
     )
+
+
+def generate_in_background(*args: str) -> subprocess.Popen[str]:
+    """A real `episodic generate ARGS` process with this environment, its output piped: for
+    kills and races in the middle of a run (`until_jobs` waits for its progress)."""
+    from tests.acceptance.conftest import EPISODIC
+
+    assert EPISODIC is not None
+    return subprocess.Popen(
+        [EPISODIC, "generate", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=os.environ.copy(),
+    )
+
+
+def until_jobs(process: subprocess.Popen[str], jobs: int, timeout_s: float = 60) -> None:
+    """Wait until the fake provider has made `jobs` jobs (its own log) while `process`
+    still runs; fails if it ends first or makes no progress."""
+    deadline = time.monotonic() + timeout_s
+    while sum(1 for e in provider_log() if e["event"] == "job_created") < jobs:
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, "generate made no progress"
+        time.sleep(0.05)

@@ -5,7 +5,6 @@ provider's own log: one job per item, whatever was killed when."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import time
@@ -15,7 +14,13 @@ from pathlib import Path
 import pytest
 
 from tests.acceptance.conftest import EPISODIC
-from tests.generation import jobs_per_key, provider_log, write_playlist
+from tests.generation import (
+    generate_in_background,
+    jobs_per_key,
+    provider_log,
+    until_jobs,
+    write_playlist,
+)
 
 Cli = Callable[..., subprocess.CompletedProcess[str]]
 pytestmark = pytest.mark.e2e
@@ -39,19 +44,8 @@ def episode(cli: Cli, database_url: str, tmp_path: Path) -> str:
 
 
 def _start_and_kill(episode: str, sig: signal.Signals) -> subprocess.CompletedProcess[str]:
-    assert EPISODIC is not None
-    process = subprocess.Popen(
-        [EPISODIC, "generate", episode, "--json", "--concurrency", "2"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=os.environ.copy(),
-    )
-    deadline = time.monotonic() + 60
-    while sum(1 for e in provider_log() if e["event"] == "job_created") < 3:
-        assert process.poll() is None, process.communicate()
-        assert time.monotonic() < deadline, "generate made no progress"
-        time.sleep(0.05)
+    process = generate_in_background(episode, "--json", "--concurrency", "2")
+    until_jobs(process, 3)
     process.send_signal(sig)
     out, err = process.communicate(timeout=60)
     return subprocess.CompletedProcess(process.args, process.returncode, out, err)

@@ -12,17 +12,20 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import signal
 import subprocess
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.acceptance.conftest import EPISODIC
-from tests.generation import jobs_per_key, provider_log, write_playlist
+from tests.generation import (
+    generate_in_background,
+    jobs_per_key,
+    provider_log,
+    until_jobs,
+    write_playlist,
+)
 
 Cli = Callable[..., subprocess.CompletedProcess[str]]
 pytestmark = pytest.mark.e2e
@@ -133,19 +136,8 @@ def test_an_interrupt_in_the_middle_of_the_candidates_then_retry_pays_each_once(
 ) -> None:
     monkeypatch.setenv("EPISODIC_FAKE_DELAY_MS", "400")
     _planned(cli, tmp_path, hero={1: 8, 2: 4})
-    assert EPISODIC is not None
-    process = subprocess.Popen(
-        [EPISODIC, "generate", EPISODE, "--json", "--concurrency", "2"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=os.environ.copy(),
-    )
-    deadline = time.monotonic() + 60
-    while sum(1 for e in provider_log() if e["event"] == "job_created") < 3:
-        assert process.poll() is None, process.communicate()
-        assert time.monotonic() < deadline, "generate made no progress"
-        time.sleep(0.05)
+    process = generate_in_background(EPISODE, "--json", "--concurrency", "2")
+    until_jobs(process, 3)
     process.send_signal(sig)
     process.communicate(timeout=60)
     assert process.returncode == (130 if sig == signal.SIGTERM else -signal.SIGKILL)
@@ -326,28 +318,8 @@ def test_a_run_of_a_plan_that_shrank_and_was_approved_buys_nothing_more(
     what the plan's candidates cost, and the old run is not resumed."""
     monkeypatch.setenv("EPISODIC_FAKE_DELAY_MS", "500")
     _planned(cli, tmp_path, hero={1: 2})
-    assert EPISODIC is not None
-    big = subprocess.Popen(
-        [
-            EPISODIC,
-            "generate",
-            EPISODE,
-            "--hero-candidates",
-            "12",
-            "--concurrency",
-            "1",
-            "--json",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=os.environ.copy(),
-    )
-    deadline = time.monotonic() + 60
-    while sum(1 for e in provider_log() if e["event"] == "job_created") < 3:
-        assert big.poll() is None, big.communicate()
-        assert time.monotonic() < deadline, "generate made no progress"
-        time.sleep(0.05)
+    big = generate_in_background(EPISODE, "--hero-candidates", "12", "--concurrency", "1", "--json")
+    until_jobs(big, 3)
     shrunk = _ok(cli("generate", EPISODE, "--hero-candidates", "2", "--json"))
     assert shrunk["state"] == "completed"  # v01's first two candidates and v02
     assert _ok(cli("approve", EPISODE, "--by", "ann", "--pick", "v01=1", "--json"))["changed"]
