@@ -126,3 +126,11 @@ class TimezoneMismatch(InvalidInput):
 class ScheduleOutOfDate(InvalidInput):
     """A scheduled run whose deployment's schedule is in another timezone than the one the
     pipeline records (changed without redeploying): its slot would land in the wrong week."""
+
+
+def frozen_plan(episode_id: str, state: str) -> CommandNotAllowed:
+    """The refusal of any change to an approved or assembled episode's plan (exit 2)."""
+    return CommandNotAllowed(
+        f"episode {episode_id} is {state}: its plan is frozen (what was approved is what "
+        f"ships); `episodic reopen {episode_id} --reason TEXT --by NAME` first"
+    )

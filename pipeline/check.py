@@ -250,11 +250,15 @@ def _check_states(
     unmarked_is_expected: bool,
 ) -> None:
     state = episode.state
+    expects_plan = state in NEEDS_ALL_IMAGES or (
+        state == EpisodeState.ALLOCATED and items and not unmarked_is_expected
+    )
+    plan = _planned(engine, episode) if expects_plan else None  # read and expanded once
+    keys = None if plan is None else {it.idempotency_key for it in plan}
     if state in NEEDS_ALL_IMAGES and migrated:  # imported whole: no playlist, all images done
         if any(i.state != "completed" for i in items):
             add("state", f"migrated episode is {state} but not every image is completed")
     elif state in NEEDS_ALL_IMAGES:
-        keys = _planned_keys(engine, episode)
         if keys is None:
             add("state", f"episode is {state} but has no plan")
         else:
@@ -264,23 +268,21 @@ def _check_states(
                     "state",
                     f"episode is {state} but {len(missing)} planned images are not completed",
                 )
-    elif state == EpisodeState.ALLOCATED and items and not unmarked_is_expected:
-        keys = _planned_keys(engine, episode)
-        if keys:
-            done = {i.idempotency_key for i in items if i.state == "completed"}
-            if keys <= done:
-                add(
-                    "state",
-                    "episode is allocated but every planned image is completed (a crash "
-                    f"before it was marked): `episodic retry {episode.episode_id}` marks it "
-                    "generated",
-                )
+    elif state == EpisodeState.ALLOCATED and items and not unmarked_is_expected and keys:
+        done = {i.idempotency_key for i in items if i.state == "completed"}
+        if keys <= done:
+            add(
+                "state",
+                "episode is allocated but every planned image is completed (a crash "
+                f"before it was marked): `episodic retry {episode.episode_id}` marks it "
+                "generated",
+            )
     kinds = {m.kind: m for m in media}
     if state == EpisodeState.ASSEMBLED and set(kinds) != {"cover", "manifest"}:
         add("state", f"episode is assembled but its media are {sorted(kinds)}")
     for row in media:
         _check_file(add, row.kind, row.path, row.sha256)
-    heroes = _planned_heroes(engine, episode) if state in FROZEN_PLAN_STATES else {}
+    heroes = hero_candidates(plan) if plan and state in FROZEN_PLAN_STATES else {}
     picks = ReviewStore(engine).approved_picks(episode.id) if heroes else {}
     if heroes:
         try:
@@ -344,28 +346,15 @@ def _check_manifest(
             add("picks", f"manifest does not ship exactly {video}'s picked candidate")
 
 
-def _planned_heroes(engine: Engine, episode: Any) -> dict[str, list[PlannedItem]]:
-    """The current plan's hero videos and their candidates ({}: none, or no plan)."""
-    recorded = RunStore(engine).latest_plan(episode.id)
-    if recorded is None:
-        return {}
-    try:
-        items = planned_items(recorded[0], recorded[1], episode.episode_id, episode.pipeline)
-    except InvalidInput as exc:
-        raise _PlanUnreadable(str(exc)) from None
-    return hero_candidates(items)
-
-
-def _planned_keys(engine: Engine, episode: Any) -> set[str] | None:
-    """The item keys of the episode's current plan (None: no plan recorded)."""
+def _planned(engine: Engine, episode: Any) -> list[PlannedItem] | None:
+    """The items of the episode's current plan (None: no plan recorded)."""
     recorded = RunStore(engine).latest_plan(episode.id)
     if recorded is None:
         return None
     try:
-        items = planned_items(recorded[0], recorded[1], episode.episode_id, episode.pipeline)
+        return planned_items(recorded[0], recorded[1], episode.episode_id, episode.pipeline)
     except InvalidInput as exc:  # recorded by an older version whose rules were looser
         raise _PlanUnreadable(str(exc)) from None
-    return {it.idempotency_key for it in items}
 
 
 def _label(item: Any) -> str:

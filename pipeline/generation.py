@@ -10,7 +10,7 @@ from pathlib import Path
 
 from sqlalchemy import Engine
 
-from core.errors import CommandNotAllowed, ProviderConfigError
+from core.errors import CommandNotAllowed, ProviderConfigError, frozen_plan
 from core.hints import hint
 from core.ids import EpisodeId
 from core.playlist import PlannedItem, Playlist, expand
@@ -137,11 +137,7 @@ def prepare(
         changed = parsed.with_hero_candidates(hero_candidates)
         if playlist_sha256(changed) != playlist_sha256(parsed):
             if gate.episode.state in FROZEN_PLAN_STATES:  # as recording it would (--plan too)
-                raise CommandNotAllowed(
-                    f"episode {gate.episode_id} is {gate.episode.state}: its plan is frozen "
-                    "(what was approved is what ships), so --hero-candidates cannot change "
-                    f"it; `episodic reopen {gate.episode_id} --reason TEXT --by NAME` first"
-                )
+                raise frozen_plan(gate.episode_id, str(gate.episode.state))
             parsed, replan = changed, (changed, references, hero_candidates)
     items = expand(parsed, references, gate.episode_id, gate.pipeline)
     profile = get_profile(load_profiles(settings.providers_path), parsed.provider_profile)

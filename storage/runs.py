@@ -38,6 +38,7 @@ from core.errors import (
     InvalidTransition,
     RunNotFound,
     StorageError,
+    frozen_plan,
 )
 from core.playlist import PlannedItem
 from core.runs import INTERRUPTED, Item, ItemSnapshot, Run, RunCounts
@@ -206,12 +207,8 @@ class RunStore:
             state = conn.execute(
                 select(_episodes.c.state).where(_episodes.c.id == episode_pk).with_for_update()
             ).scalar_one()
-            if plan_id is not None:
-                newest = conn.execute(
-                    select(func.max(_plans.c.id)).where(_plans.c.episode_pk == episode_pk)
-                ).scalar()
-                if newest != plan_id:
-                    return False
+            if plan_id is not None and _newest_plan_id(conn, episode_pk) != plan_id:
+                return False
             completed = set(
                 conn.execute(
                     select(_items.c.idempotency_key).where(
@@ -340,15 +337,11 @@ class RunStore:
                 return Admission(
                     run_id, created=True, fingerprint=fingerprint, plan_id=mine.plan_id
                 )
-            if plan_id is not None:
-                newest = conn.execute(
-                    select(func.max(_plans.c.id)).where(_plans.c.episode_pk == episode_pk)
-                ).scalar()
-                if newest != plan_id:
-                    raise CommandNotAllowed(
-                        "the episode was re-planned while this run was being prepared; "
-                        "nothing was spent: run the command again"
-                    )
+            if plan_id is not None and _newest_plan_id(conn, episode_pk) != plan_id:
+                raise CommandNotAllowed(
+                    "the episode was re-planned while this run was being prepared; "
+                    "nothing was spent: run the command again"
+                )
             if policy.window_s > 0:
                 recent = (_runs.c.fingerprint == fingerprint) & (
                     _runs.c.created_at >= now - timedelta(seconds=policy.window_s)
@@ -717,6 +710,14 @@ def cancel_orphaned_items(conn: Connection, run_ids: Sequence[str], now: datetim
     )
 
 
+def _newest_plan_id(conn: Connection, episode_pk: int) -> int | None:
+    """The id of the episode's newest recorded plan (None: none)."""
+    newest = conn.execute(
+        select(func.max(_plans.c.id)).where(_plans.c.episode_pk == episode_pk)
+    ).scalar()
+    return None if newest is None else int(newest)
+
+
 def _adopt_plan(conn: Connection, run_id: str, plan_id: int | None) -> None:
     """A run of the same request (the same items) is a run of the newest plan too: a plan
     recorded again after another (A, B, A) must not make it look re-planned."""
@@ -752,11 +753,7 @@ def _record_plan_in(conn: Connection, episode_pk: int, record: PlanRecord) -> tu
         episode_id = conn.execute(
             select(_episodes.c.episode_id).where(_episodes.c.id == episode_pk)
         ).scalar_one()
-        raise CommandNotAllowed(
-            f"episode {episode_id} is {state}: its plan is frozen (what was approved "
-            f"is what ships); `episodic reopen {episode_id} --reason TEXT --by NAME` "
-            "first"
-        )
+        raise frozen_plan(episode_id, state)
     latest = conn.execute(
         select(_plans.c.id, _plans.c.playlist_sha256, _plans.c.reference_sha256)
         .where(_plans.c.episode_pk == episode_pk)
