@@ -7,6 +7,9 @@ UV := $(TOOLS)/bin/uv
 VENV := .venv
 BIN := $(VENV)/bin
 WEEK ?=
+# Test processes (pytest-xdist). Each has its own Prefect test harness and test databases;
+# two halve the suite's time on this project's 2-core CI machine.
+TEST_WORKERS ?= 2
 
 export UV_PYTHON := $(PYTHON)
 export UV_PYTHON_DOWNLOADS := never
@@ -29,8 +32,8 @@ $(VENV)/.synced: pyproject.toml uv.lock | $(UV)
 demo: bootstrap  ## the main job: the weekly flow on SQLite + fake provider (WEEK=2026-W32 to pick a week)
 	$(BIN)/episodic demo $(if $(WEEK),--week $(WEEK))
 
-test: bootstrap  ## the whole test suite (SQLite and the local PostgreSQL server)
-	$(BIN)/pytest
+test: bootstrap  ## the whole test suite (SQLite and the local PostgreSQL server), TEST_WORKERS processes
+	$(BIN)/pytest -n $(TEST_WORKERS)
 
 lint: bootstrap
 	$(BIN)/ruff check .
