@@ -8,12 +8,14 @@
     the embedded SQLite database and, unless --skip-postgres, on a Postgres database too.
     The ideal is what a perfect scheduler achieves with items of a fixed latency: they run in
     waves of `concurrency`, so ceil(items / concurrency) x latency (200 items at 32 make 7
-    waves, 1.40 s; items / concurrency x latency, 1.25 s, cannot be reached).
+    waves, 1.40 s; items / concurrency x latency, 1.25 s, cannot be reached). Items under
+    a second run --rounds rounds (3) of floor and flow side by side; each ratio is the median
+    of the rounds' ratios, with their range.
 (b) bookkeeping: see bench/ledger.py (the per-item ledger against raw SQL issuing the same
     commits, on both backends).
 (c) planning a resume of 100,000 items of which 99% are complete. Target < 1 s on each backend.
 
-Run: make bench  (or .venv/bin/python -m bench.batch [--skip-postgres] [--skip-flow])
+Run: make bench  (or .venv/bin/python -m bench.batch [--skip-postgres] [--skip-flow] [--rounds N])
 """
 
 from __future__ import annotations
@@ -190,23 +192,35 @@ def _bench_home(tmp: Path, name: str, items: int, url: str | None = None) -> tup
     return home, url, episode
 
 
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
+
+
 def bench_makespan(
     tmp: Path,
     skip_flow: bool,
     configs: list[tuple[int, int, int]] = MAKESPAN_CONFIGS,
     postgres_url: Any = None,
     heartbeats: bool = False,
+    rounds: int = 3,
 ) -> None:
     """(a) the flow against bare Prefect on the same runner and server, the CLI against ideal.
 
     `postgres_url`: a callable returning a fresh migrated Postgres URL, to run the flow on
-    Postgres as well (None: SQLite only)."""
+    Postgres as well (None: SQLite only). Configurations of items under a second run
+    `rounds` rounds, each measuring the floor and then the flow on each backend, one after
+    the other: every ratio is the median of the rounds' own ratios (the machine's speed drifts
+    by tens of percent within minutes, so only measurements side by side are compared), with
+    the range of the rounds. Slower items run one round (a drift of the same size is a few
+    percent of their makespan)."""
     prefect_home = ROOT / ".episodic" / "prefect"  # reuse the migrated ephemeral server db
     for items, latency_ms, concurrency in configs:
         ideal = math.ceil(items / concurrency) * latency_ms / 1000
+        n_rounds = rounds if latency_ms < 1000 else 1
         print(
             f"(a) makespan: {items} items x {latency_ms} ms, concurrency {concurrency}: "
-            f"ideal {ideal:.2f} s"
+            f"ideal {ideal:.2f} s ({n_rounds} round{'s' if n_rounds > 1 else ''})"
         )
         tag = f"{items}x{latency_ms}ms-c{concurrency}"
         home, url, episode = _bench_home(tmp, f"cli-{tag}", items)
@@ -231,57 +245,65 @@ def bench_makespan(
         if skip_flow:
             continue
         env_prefect = {**env, "PREFECT_HOME": str(prefect_home)}
-        floor, floor_cpu = _python(
-            _FLOOR.format(
+
+        def floor_script(gcl: bool) -> str:
+            return _FLOOR.format(
                 latency_s=latency_ms / 1000,
                 concurrency=concurrency,
                 items=items,
-                gcl=False,
+                gcl=gcl,
                 heartbeats=heartbeats,
-            ),
-            env_prefect,
-        )
-        gcl = None
-        if (latency_ms, concurrency) == (200, 8):  # the slot-per-item pattern, once
-            gcl, _ = _python(
-                _FLOOR.format(
-                    latency_s=latency_ms / 1000,
-                    concurrency=concurrency,
-                    items=items,
-                    gcl=True,
-                    heartbeats=heartbeats,
-                ),
-                env_prefect,
             )
+
+        backends = ["SQLite"] + (["Postgres"] if postgres_url else [])
+        floors: list[tuple[float, float]] = []
+        flows: dict[str, list[tuple[float, float]]] = {name: [] for name in backends}
+        for n in range(n_rounds):
+            floors.append(_python(floor_script(False), env_prefect))
+            for backend in backends:
+                db_url = postgres_url() if backend == "Postgres" else None
+                home, url, episode = _bench_home(tmp, f"flow-{backend}-{tag}-{n}", items, db_url)
+                env_flow = {
+                    **_env(
+                        home,
+                        db_url,
+                        EPISODIC_FAKE_DELAY_MS=str(latency_ms),
+                        EPISODIC_PROVIDERS_FILE=str(home / "providers.yaml"),
+                    ),
+                    "PREFECT_HOME": str(prefect_home),
+                }
+                flows[backend].append(
+                    _python(
+                        _FLOW.format(
+                            episode=episode, concurrency=concurrency, heartbeats=heartbeats
+                        ),
+                        env_flow,
+                    )
+                )
+        floor = _median([wall for wall, _ in floors])
+        floor_cpu = _median([cpu for _, cpu in floors])
+        spread = ", ".join(f"{wall:.2f}" for wall, _ in floors)
         print(
             f"    bare Prefect floor {floor:6.2f} s = {floor / ideal:.2f}x ideal "
-            f"(CPU {floor_cpu:.2f} s)"
+            f"(CPU {floor_cpu:.2f} s; rounds: {spread} s)"
         )
-        if gcl is not None:
+        if (latency_ms, concurrency) == (200, 8):  # the slot-per-item pattern, once
+            gcl, _ = _python(floor_script(True), env_prefect)
             print(
-                f"    floor + a GCL slot per item {gcl:6.2f} s = {gcl / floor:.2f}x the floor "
-                "(the pattern replaced by claims)"
+                f"    floor + a GCL slot per item {gcl:6.2f} s = {gcl / floors[-1][0]:.2f}x "
+                "the floor of the last round (the pattern replaced by claims)"
             )
-        backends = {"SQLite": None} | ({"Postgres": postgres_url()} if postgres_url else {})
-        for backend, db_url in backends.items():
-            home, url, episode = _bench_home(tmp, f"flow-{backend}-{tag}", items, db_url)
-            env_flow = {
-                **_env(
-                    home,
-                    db_url,
-                    EPISODIC_FAKE_DELAY_MS=str(latency_ms),
-                    EPISODIC_PROVIDERS_FILE=str(home / "providers.yaml"),
-                ),
-                "PREFECT_HOME": str(prefect_home),
-            }
-            flow, flow_cpu = _python(
-                _FLOW.format(episode=episode, concurrency=concurrency, heartbeats=heartbeats),
-                env_flow,
-            )
+        for backend in backends:
+            ratios = [f[0] / b[0] for f, b in zip(flows[backend], floors, strict=True)]
+            cpu_ratios = [f[1] / b[0] for f, b in zip(flows[backend], floors, strict=True)]
+            ratio = _median(ratios)
+            wall = _median([f[0] for f in flows[backend]])
+            rng = f"; rounds {min(ratios):.2f}x-{max(ratios):.2f}x" if n_rounds > 1 else ""
             print(
-                f"    generate_episode, {backend:8} {flow:6.2f} s = {flow / floor:.2f}x the floor "
-                f"(target <= 1.15x; {flow / ideal:.2f}x ideal; CPU {flow_cpu:.2f} s = "
-                f"{flow_cpu / floor:.2f}x the floor's makespan)"
+                f"    generate_episode, {backend:8} {wall:6.2f} s = {ratio:.2f}x the floor "
+                f"(target <= 1.15x{rng}; {wall / ideal:.2f}x ideal; CPU "
+                f"{_median([f[1] for f in flows[backend]]):.2f} s = "
+                f"{_median(cpu_ratios):.2f}x the floor's makespan)"
             )
 
 
@@ -335,6 +357,12 @@ def main() -> None:
         help="only these makespan configurations (e.g. 200:200:32); skips (c)",
     )
     parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="rounds of floor and flow, side by side, for items under a second (default 3)",
+    )
+    parser.add_argument(
         "--prefect-heartbeats",
         action="store_true",
         help="keep Prefect's flow-run heartbeats on (its default, every 180 s) in the floor "
@@ -373,6 +401,7 @@ def main() -> None:
                 configs,  # type: ignore[arg-type]
                 backends.get("postgres"),
                 heartbeats=args.prefect_heartbeats,
+                rounds=max(1, args.rounds),
             )
             if not args.makespan:
                 bench_planning(tmp, backends)
