@@ -98,7 +98,11 @@ class _Run:
         lost = self.conn.dialect.is_disconnect(
             exc, self.conn.connection.dbapi_connection, self.cursor
         )
-        if lost:
+        if lost and not self.conn.invalidated:
+            # As `Connection.execute` does: every connection pooled before this one is
+            # stale too (a server restart, a terminate storm), so the pool replaces them at
+            # their next checkout instead of each failing in turn.
+            self.conn.engine.pool._invalidate(self.conn.connection, exc)
             self.conn.invalidate(exc)
         raise DBAPIError.instance(
             self.sql,

@@ -143,7 +143,10 @@ def test_postgres_lock_is_transaction_scoped(engine: Engine) -> None:
     """No advisory lock outlives the allocation transaction (a session lock would)."""
     Allocator(engine).allocate("weekly", W32, "k")
     with engine.connect() as conn:
-        held = conn.execute(
-            text("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'")
+        held = conn.execute(  # this database's locks: other tests' run beside it (xdist)
+            text(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND database = "
+                "(SELECT oid FROM pg_database WHERE datname = current_database())"
+            )
         ).scalar_one()
     assert held == 0
