@@ -135,7 +135,7 @@ def _baseline(url: str, keys: list[str], ready: Any, go: Any, out: Any) -> None:
     else:
         import psycopg
 
-        from storage.lock import advisory_key
+        from storage.tx import advisory_key
 
         conn = psycopg.connect(
             parsed.set(drivername="postgresql").render_as_string(hide_password=False)

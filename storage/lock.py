@@ -17,23 +17,16 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from filelock import FileLock
-from sqlalchemy import Connection, Engine, text
+from sqlalchemy import Connection, Engine
 
 from storage.engine import sqlite_path, writer_lock
-from storage.tx import tracked_commit
+from storage.tx import advisory_xact_lock, tracked_commit
 from storage.tx import write as write_transaction
 
 LOCK_TIMEOUT_S = 60.0
 # filelock polls a held lock; its default 50 ms poll turned a 1 ms critical section into tens
 # of milliseconds of waiting under contention.
 LOCK_POLL_INTERVAL_S = 0.002
-_ADVISORY_XACT_LOCK = text("SELECT pg_advisory_xact_lock(:k)")
-
-
-def advisory_key(name: str) -> int:
-    """A signed 64-bit integer derived from ``name`` (the range of a Postgres bigint)."""
-    digest = hashlib.sha256(f"episodic:{name}".encode()).digest()
-    return int.from_bytes(digest[:8], "big", signed=True)
 
 
 def pipeline_lock_path(engine: Engine, pipeline: str) -> Path:
@@ -46,11 +39,6 @@ def pipeline_lock_path(engine: Engine, pipeline: str) -> Path:
 def _file_lock(engine: Engine, pipeline: str) -> FileLock:
     """One reentrant lock object per lock file per process (building one is not free)."""
     return FileLock(pipeline_lock_path(engine, pipeline))
-
-
-@functools.lru_cache(maxsize=256)
-def _pipeline_key(pipeline: str) -> int:
-    return advisory_key(f"pipeline:{pipeline}")
 
 
 @contextmanager
@@ -76,7 +64,7 @@ def locked_transaction(
         return
     # The wait is bounded by the connection's lock_timeout (see storage.engine).
     with tracked_commit() as body_done, engine.connect() as conn, conn.begin():
-        conn.execute(_ADVISORY_XACT_LOCK, {"k": _pipeline_key(pipeline)})
+        advisory_xact_lock(conn, f"pipeline:{pipeline}")
         yield conn
         body_done[0] = True
 

@@ -14,8 +14,7 @@ from sqlalchemy import Engine, inspect, text
 
 from core.errors import SchemaNotCurrent
 from storage.engine import sqlite_path
-from storage.lock import advisory_key
-from storage.tx import retry_outage
+from storage.tx import advisory_xact_lock, retry_outage
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -57,7 +56,7 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
             command.upgrade(config, revision)
         return
     with engine.connect() as conn, conn.begin():
-        conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": advisory_key("schema")})
+        advisory_xact_lock(conn, "schema")
         config.attributes["connection"] = conn
         command.upgrade(config, revision)
 

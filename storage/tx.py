@@ -15,6 +15,7 @@ the error), or the method is marked `idempotent` (running it twice is running it
 from __future__ import annotations
 
 import functools
+import hashlib
 import inspect
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -133,11 +134,21 @@ def retry_outages(cls: _Cls) -> _Cls:
 _ADVISORY_XACT_LOCK = hot.Hot("SELECT pg_advisory_xact_lock(:b_key)")
 
 
-@functools.lru_cache(maxsize=1024)
-def _lock_key(name: str) -> int:
-    from storage.lock import advisory_key
+def advisory_key(name: str) -> int:
+    """A signed 64-bit integer derived from ``name`` (the range of a Postgres bigint)."""
+    digest = hashlib.sha256(f"episodic:{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
 
-    return advisory_key(name)
+
+_lock_key = functools.lru_cache(maxsize=1024)(advisory_key)
+
+
+def advisory_xact_lock(conn: Connection, name: str) -> None:
+    """PostgreSQL: take the transaction lock named `name` (held until commit or rollback;
+    the wait is bounded by the connection's lock_timeout). On the bare driver
+    (`storage.hot`): through SQLAlchemy Core this statement cost a third of a claim's
+    transaction (bench/batch.py)."""
+    hot.fetch_one(conn, _ADVISORY_XACT_LOCK, {"b_key": _lock_key(name)})
 
 
 @contextmanager
@@ -152,9 +163,7 @@ def write(engine: Engine, lock: str | None = None) -> Iterator[Connection]:
         conn.begin(),
     ):
         if lock is not None and conn.dialect.name == "postgresql":
-            # On the bare driver (`storage.hot`): through SQLAlchemy Core this statement
-            # cost a third of a claim's transaction on PostgreSQL (bench/batch.py).
-            hot.fetch_one(conn, _ADVISORY_XACT_LOCK, {"b_key": _lock_key(lock)})
+            advisory_xact_lock(conn, lock)
         yield conn
         body_done[0] = True
 

@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 
 from storage.engine import make_engine
@@ -44,6 +44,22 @@ def pg_available() -> str | None:
     except Exception as exc:
         return f"PostgreSQL not reachable at EPISODIC_TEST_DATABASE_URL: {type(exc).__name__}"
     return None
+
+
+def terminate_other_sessions(engine: Engine) -> int:
+    """``pg_terminate_backend`` of every other session of `engine`'s database (what a server
+    restart or a failover does to a pool); returns how many were ended."""
+    admin = create_engine(engine.url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        killed = conn.execute(
+            text(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :d "
+                "AND pid <> pg_backend_pid()"
+            ),
+            {"d": engine.url.database},
+        ).all()
+    admin.dispose()
+    return len(killed)
 
 
 def require_postgres() -> None:

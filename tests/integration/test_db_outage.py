@@ -21,32 +21,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine, create_engine, text
+from sqlalchemy import Engine, text
 from sqlalchemy.exc import OperationalError
 
 from storage import tx
 from storage.engine import make_engine
 from storage.runs import RunStore
 from storage.tx import idempotent, retry_outages
+from tests.databases import terminate_other_sessions
 from tests.generation import jobs_per_key, new_episode, provider_log, write_playlist
 from tests.pgcluster import PrivateCluster, cluster_unavailable
 
 EPISODIC = str(Path(sys.executable).parent / "episodic")
-
-
-def _terminate_others(engine: Engine) -> int:
-    """pg_terminate_backend of every other session of the engine's database."""
-    admin = create_engine(engine.url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        killed = conn.execute(
-            text(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :d "
-                "AND pid <> pg_backend_pid()"
-            ),
-            {"d": engine.url.database},
-        ).all()
-    admin.dispose()
-    return len(killed)
 
 
 @pytest.mark.parametrize("backend", ["postgres"])
@@ -54,11 +40,11 @@ def test_a_store_call_whose_connection_was_killed_is_retried_and_answers(engine:
     episode = new_episode(engine)
     store = RunStore(engine)
     pk = store.episode_pk("weekly", episode.episode_id)  # a pooled connection now exists
-    assert _terminate_others(engine) >= 1
+    assert terminate_other_sessions(engine) >= 1
     with pytest.raises(OperationalError):  # what every store call did before
         RunStore.episode_pk.__wrapped__(store, "weekly", episode.episode_id)  # type: ignore[attr-defined]
     store.episode_pk("weekly", episode.episode_id)  # warm the pool again
-    assert _terminate_others(engine) >= 1
+    assert terminate_other_sessions(engine) >= 1
     assert store.episode_pk("weekly", episode.episode_id) == pk
 
 
@@ -73,11 +59,11 @@ class _Probe:
     def write_then_read(self, kill_before_write: bool) -> int:
         self.calls += 1
         if self.calls == 1 and kill_before_write:
-            assert _terminate_others(self.engine) >= 1
+            assert terminate_other_sessions(self.engine) >= 1
         with tx.write(self.engine) as conn:
             conn.execute(text("INSERT INTO outage_probe VALUES (1)"))
         if self.calls == 1 and not kill_before_write:
-            assert _terminate_others(self.engine) >= 1
+            assert terminate_other_sessions(self.engine) >= 1
         with tx.read(self.engine) as conn:
             return int(conn.execute(text("SELECT count(*) FROM outage_probe")).scalar_one())
 
@@ -88,7 +74,7 @@ class _Probe:
         with tx.write(self.engine) as conn:
             conn.execute(text("INSERT INTO outage_once VALUES (7) ON CONFLICT DO NOTHING"))
         if self.calls == 1:
-            assert _terminate_others(self.engine) >= 1
+            assert terminate_other_sessions(self.engine) >= 1
         with tx.read(self.engine) as conn:
             return int(conn.execute(text("SELECT count(*) FROM outage_once")).scalar_one())
 

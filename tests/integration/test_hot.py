@@ -14,6 +14,7 @@ from storage import hot, tx
 from storage.hot import Hot
 from storage.models import ItemRow
 from storage.runs import RunStore
+from tests.databases import terminate_other_sessions
 from tests.generation import new_episode, new_run, write_playlist
 
 _items = ItemRow.__table__
@@ -108,16 +109,7 @@ def test_a_lost_connection_makes_the_pool_replace_every_older_one(engine: Engine
         conn.execute(text("SELECT 1"))
     for conn in held:
         conn.close()
-    admin = create_engine(engine.url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as other:
-        killed = other.execute(
-            text(
-                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-            )
-        ).scalar_one()
-    admin.dispose()
-    assert killed == 5
+    assert terminate_other_sessions(engine) == 5
     outcomes = []
     for _ in range(4):
         try:
