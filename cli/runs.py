@@ -117,7 +117,8 @@ def resume(
 def cancel(run_id: RunArg, as_json: JsonOption = False) -> None:
     """Cancel a pending, running or paused run; its unstarted items are cancelled too, and
     the jobs the provider accepted for it and nobody collected are cancelled at the provider
-    where its API allows (each answer is recorded). Cancelling a cancelled run asks again."""
+    where its API allows (each answer is recorded), except a job whose item another live run
+    includes: that run collects it. Cancelling a cancelled run asks again."""
     from core.exit_codes import ExitCode
     from core.ids import parse_run_id
     from pipeline.cancel import cancel_run
@@ -135,7 +136,7 @@ def cancel(run_id: RunArg, as_json: JsonOption = False) -> None:
         )
         for job in jobs:
             typer.echo(f"  job {job.remote_ref} ({job.profile}): {job.answer}")
-    missed = [job for job in jobs if not job.asked]
+    missed = [job for job in jobs if job.missed]
     if missed:
         error(
             f"{len(missed)} of {len(jobs)} accepted jobs were not cancelled at the provider "

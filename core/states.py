@@ -52,6 +52,9 @@ ITEM_TRANSITIONS: dict[ItemState, frozenset[ItemState]] = {
 }
 
 ACTIVE_RUN_STATES = frozenset({RunState.PENDING, RunState.RUNNING})
+# A live run may still work on its items: it keeps them (a cancel elsewhere leaves them
+# pending, and a job a cancelled run sent for one of them is kept for it).
+LIVE_RUN_STATES = (RunState.PENDING, RunState.RUNNING, RunState.PAUSED)
 
 
 def check_run_transition(current: str, target: str) -> None:

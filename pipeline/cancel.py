@@ -1,5 +1,8 @@
 """Cancelling a run: the run stops before its next paid call, and the jobs the provider
-accepted for it and nobody collected are cancelled at the provider where its API allows.
+accepted for it and nobody collected are cancelled at the provider where its API allows,
+except a job whose item another live run (pending, running, paused) includes: that run
+collects it, and a cancelled job would make it pay for the item again (Replicate bills a
+cancelled prediction).
 
 Each cancel asked is recorded in the ledger (an episode event ``provider_cancel`` with the
 submission, the remote reference and the provider's answer). The submissions stay
@@ -30,11 +33,17 @@ class JobCancel:
     remote_ref: str
     profile: str
     answer: str  # the provider's status, or why it was not asked
+    kept_for: str | None = None  # the live run that includes the item and collects the job
 
     @property
     def asked(self) -> bool:
         """The provider answered the cancel (whatever the job's state was)."""
-        return not self.answer.startswith(("not asked:", "unknown:"))
+        return self.kept_for is None and not self.answer.startswith(("not asked:", "unknown:"))
+
+    @property
+    def missed(self) -> bool:
+        """A cancel that should have been asked and was not (a cancel again asks it)."""
+        return self.kept_for is None and not self.asked
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -42,6 +51,7 @@ class JobCancel:
             "remote_ref": self.remote_ref,
             "profile": self.profile,
             "answer": self.answer,
+            "kept_for": self.kept_for,
         }
 
 
@@ -49,7 +59,9 @@ def cancel_run(
     engine: Engine, settings: Settings, run_id: str, credentials: CredentialSource
 ) -> tuple[str, list[JobCancel]]:
     """Cancel `run_id` (pending, running, paused, or already cancelled); then ask the
-    provider to cancel each accepted, uncollected job of the run. A run that already ended
+    provider to cancel each accepted, uncollected job of the run (a job whose item another
+    live run includes, checked right before that job's call, is kept for it:
+    `JobCancel.kept_for`). A run that already ended
     (failed, its jobs left for later collection) keeps its state and its jobs are still
     asked. Returns the run's state and one `JobCancel` per job. Raises `RunNotFound`,
     `InvalidTransition` (an ended run with no accepted job)."""
@@ -71,6 +83,15 @@ def cancel_run(
     answers: list[JobCancel] = []
     providers: dict[str, Any] = {}
     for submission, remote_ref, profile_id in jobs:
+        # Asked again right before each job's call: a run admitted while earlier jobs were
+        # being cancelled (a provider round trip each) may already be collecting this one.
+        wanted = store.wanted_elsewhere(run_id, [submission])
+        if submission in wanted:
+            answer = f"kept: run {wanted[submission]} includes the item and collects this job"
+            answers.append(
+                JobCancel(submission, remote_ref, profile_id, answer, wanted[submission])
+            )
+            continue
         answer = _ask(gate, profiles, profile_id, remote_ref, providers, settings, credentials)
         store.record_provider_cancel(run_id, submission, remote_ref, profile_id, answer)
         answers.append(JobCancel(submission, remote_ref, profile_id, answer))

@@ -1,14 +1,14 @@
 """Claims on items and the spend ledger's writes (DESIGN 5: claims and leases, not checks).
 
-A worker *claims* an item before any paid call: one transaction locks the item row
-(``SELECT … FOR UPDATE`` on Postgres; SQLite's ``BEGIN IMMEDIATE`` already serializes
-writers), checks the run is still running, decides what the holder does next, records the
-claim (owner, run, lease expiry) and, for a new paid call, counts the attempt and commits the
-submission *intent* in the same transaction. Every later write of the holder is guarded by
-its ownership (``… WHERE claim_owner = :owner AND state = 'running'``) and answers False when
-someone else has taken the item over; submissions move only along their own states. So any
-number of runs, processes or Prefect workers on one episode split its items, and each item is
-submitted once.
+A worker *claims* an item before any paid call: one transaction locks the item row (``SELECT …
+FOR NO KEY UPDATE`` on Postgres, which excludes every other claim but not the foreign-key checks
+of rows that refer to the item; SQLite's ``BEGIN IMMEDIATE`` already serializes writers), checks
+the run is still running, decides what the holder does next, records the claim (owner, run,
+lease expiry) and, for a new paid call, counts the attempt and commits the submission *intent*
+in the same transaction. Every later write of the holder is guarded by its ownership (``… WHERE
+claim_owner = :owner AND state = 'running'``) and answers False when someone else has taken the
+item over; submissions move only along their own states. So any number of runs, processes or
+Prefect workers on one episode split its items, and each item is submitted once.
 """
 
 from __future__ import annotations
@@ -69,6 +69,8 @@ _RUN_STATE = Hot(
     "SELECT r.state, r.plan_id IS NOT NULL AND r.plan_id <> (SELECT max(p.id) FROM "
     "episode_plans p WHERE p.episode_pk = r.episode_pk) FROM runs r WHERE r.id = :b_run"
 )
+# Postgres only (SQLite's writer lock serializes every writer already).
+_LOCK_ITEMS = Hot("SELECT id FROM items WHERE id = ANY(:b_items) ORDER BY id FOR NO KEY UPDATE")
 _CANCEL_REPLANNED = Hot(
     f"UPDATE runs SET state = 'cancelled', error_text = '{REPLANNED}', finished_at = :b_now "
     "WHERE id = :b_run AND state = 'running'"
@@ -99,7 +101,7 @@ _ITEM_FOR_UPDATE = Hot(
     "SELECT id, idempotency_key, position, video_id, part, prompt, seed, state, attempts, "
     "error_text, created_at, claim_owner, claim_run_id, lease_expires_at, candidate FROM items "
     "WHERE id = :b_item",
-    pg_suffix="FOR UPDATE",
+    pg_suffix="FOR NO KEY UPDATE",
 )
 
 
@@ -172,7 +174,7 @@ _HOLDS_SQL = (
     "AND runs.state = 'running')"
 )
 _HOLDS = Hot(_HOLDS_SQL)
-_HOLDS_LOCKED = Hot(_HOLDS_SQL, pg_suffix="FOR UPDATE OF items")
+_HOLDS_LOCKED = Hot(_HOLDS_SQL, pg_suffix="FOR NO KEY UPDATE OF items")
 _ACCEPT = Hot(
     "UPDATE submissions SET state = 'accepted', remote_ref = :b_remote, error_text = NULL, "
     f"accepted_at = :b_now WHERE id = :b_sub AND {_UNSETTLED_SQL}"
@@ -199,7 +201,7 @@ def _held(conn: Connection, claim: Claim) -> bool:
         conn.execute(
             select(_items.c.id)
             .where(_items.c.id == claim.item.pk, _items.c.claim_owner == claim.owner)
-            .with_for_update()
+            .with_for_update(key_share=True)
         ).first()
         is not None
     )
@@ -276,16 +278,6 @@ class ClaimStore:
         the first ``throttled`` refusal the rest are refused the same way, unclaimed."""
         lock = f"provider:{profile}" if provider_limit is not None else None
         slots = None if provider_limit is None else (max(1, provider_limit), max_job_s)
-        if self.engine.dialect.name != "sqlite" and len(items) > 1:
-            # Postgres: one row lock per transaction, as in `claim` (several in one could
-            # deadlock with a heartbeat's UPDATE over the same rows in another order).
-            return [
-                a
-                for entry in items
-                for a in self._claim_batch(
-                    [entry], run_id, owner, lock, lease_s, max_attempts, profile, slots
-                )
-            ]
         return self._claim_batch(items, run_id, owner, lock, lease_s, max_attempts, profile, slots)
 
     def _claim_batch(
@@ -301,17 +293,25 @@ class ClaimStore:
     ) -> list[Claim | Refusal]:
         answers: list[Claim | Refusal] = []
         with tx.write(self.engine, lock=lock) as conn:
+            checked = time.monotonic()  # the proof's age counts from before the run is read
+            # The run is decided before any item row is locked: cancelling a run locks the
+            # run's row and then its items (`RunStore.transition_run`, the sweep), so a claim
+            # that held items while it cancelled a re-planned run could deadlock with them.
+            stopped = self._run_refusal(conn, run_id)
+            if stopped is not None:
+                return [stopped] * len(items)
+            if len(items) > 1 and conn.dialect.name == "postgresql":
+                # Every row of the batch is locked first, in ascending id order, as every
+                # other statement that locks several items does (`tx.in_id_order`): two
+                # transactions taking rows in orders of their own could deadlock (a
+                # heartbeat's renewal over this owner's items, the sweep's expired ones).
+                hot.fetch_all(conn, _LOCK_ITEMS, {"b_items": [pk for pk, _ in items]})
             now = utcnow()  # read with the write lock held (a waited-for lock ages a lease)
             for item_pk, allow_retry in items:
                 if (
                     answers
                     and isinstance(answers[-1], Refusal)
-                    and answers[-1].reason
-                    in (
-                        "throttled",
-                        "stopped",
-                        "reopen",
-                    )
+                    and answers[-1].reason == "throttled"
                 ):
                     answers.append(answers[-1])
                     continue
@@ -319,6 +319,7 @@ class ClaimStore:
                     self._claim_in(
                         conn,
                         now,
+                        checked,
                         item_pk,
                         run_id,
                         owner,
@@ -331,10 +332,27 @@ class ClaimStore:
                 )
         return answers
 
+    @staticmethod
+    def _run_refusal(conn: Connection, run_id: str) -> Refusal | None:
+        """Why no item of the run may be claimed now, or None (it is running)."""
+        found_run = hot.fetch_one(conn, _RUN_STATE, {"b_run": run_id})
+        run_state, replanned = found_run if found_run is not None else (None, False)
+        # Concluded by another process, reaped by the sweep while this one was frozen, or
+        # paused by another process's interrupt: this one still has work and may reopen it.
+        if run_state in (RunState.FAILED, RunState.PAUSED):
+            return Refusal("reopen")
+        if run_state != RunState.RUNNING:
+            return Refusal("stopped")
+        if replanned:  # the episode was re-planned: what this run was for is not wanted
+            hot.rowcount(conn, _CANCEL_REPLANNED, {"b_run": run_id, "b_now": utcnow()})
+            return Refusal("stopped")
+        return None
+
     def _claim_in(
         self,
         conn: Connection,
         now: datetime,
+        checked: float,
         item_pk: int,
         run_id: str,
         owner: str,
@@ -345,18 +363,6 @@ class ClaimStore:
         slots: tuple[int, float | None] | None,
         allow_retry: bool,
     ) -> Claim | Refusal:
-        checked = time.monotonic()  # the proof's age counts from before the run is read
-        found_run = hot.fetch_one(conn, _RUN_STATE, {"b_run": run_id})
-        run_state, replanned = found_run if found_run is not None else (None, False)
-        # Concluded by another process, reaped by the sweep while this one was frozen, or
-        # paused by another process's interrupt: this one still has work and may reopen it.
-        if run_state in (RunState.FAILED, RunState.PAUSED):
-            return Refusal("reopen")
-        if run_state != RunState.RUNNING:
-            return Refusal("stopped")
-        if replanned:  # the episode was re-planned: what this run was for is not wanted
-            hot.rowcount(conn, _CANCEL_REPLANNED, {"b_run": run_id, "b_now": now})
-            return Refusal("stopped")
         found = hot.fetch_one(conn, _ITEM_FOR_UPDATE, {"b_item": item_pk})
         if found is None:
             raise LookupError(f"item {item_pk} does not exist")
@@ -465,19 +471,20 @@ class ClaimStore:
             # busy SQLite writer must not write a lease that has already run out.
             state = conn.execute(select(_runs.c.state).where(_runs.c.id == run_id)).scalar()
             now = utcnow()
-            conn.execute(  # only live leases: an expired one may already count as a free
-                update(_items)  # provider slot (or be taken over); it is not revived
-                .where(
-                    _items.c.claim_owner == owner,
-                    _items.c.state == ItemState.RUNNING,
-                    _items.c.lease_expires_at > now,
-                )
-                .values(lease_expires_at=now + timedelta(seconds=lease_s))
-            )
             conn.execute(  # the run's lease: alive while any process working on it renews
-                update(_runs)
+                update(_runs)  # (its row before its items' rows, as everywhere: tx.in_id_order)
                 .where(_runs.c.id == run_id, _runs.c.state == RunState.RUNNING)
                 .values(heartbeat_at=now, lease_expires_at=now + timedelta(seconds=lease_s))
+            )
+            renewed = and_(  # only live leases: an expired one may already count as a free
+                _items.c.claim_owner == owner,  # provider slot (or be taken over); it is not
+                _items.c.state == ItemState.RUNNING,  # revived
+                _items.c.lease_expires_at > now,
+            )
+            conn.execute(
+                update(_items)
+                .where(tx.in_id_order(_items, renewed), renewed)
+                .values(lease_expires_at=now + timedelta(seconds=lease_s))
             )
         return None if state is None else str(state)
 
@@ -534,11 +541,11 @@ class ClaimStore:
         been sent. Returns how many intents were withdrawn."""
         withdrawn = 0
         with tx.write(self.engine) as conn:
-            for item_pk in item_pks:
+            for item_pk in sorted(item_pks):  # ascending, as `tx.in_id_order` locks
                 row = conn.execute(
                     select(_items.c.id, _items.c.attempts)
                     .where(_items.c.id == item_pk, _items.c.claim_owner == owner)
-                    .with_for_update()
+                    .with_for_update(key_share=True)
                 ).first()
                 if row is None:
                     continue
@@ -832,10 +839,11 @@ def _record_cost(
 def _give_up_in(conn: Connection, which: ColumnElement[bool], owner: str, error_text: str) -> int:
     """`owner`'s running items among `which` become failed (resumable), in `conn`'s
     transaction; returns how many."""
+    given_up = and_(which, _items.c.claim_owner == owner, _items.c.state == ItemState.RUNNING)
     return int(
         conn.execute(
             update(_items)
-            .where(which, _items.c.claim_owner == owner, _items.c.state == ItemState.RUNNING)
+            .where(tx.in_id_order(_items, given_up), given_up)
             .values(
                 state=ItemState.FAILED,
                 error_text=error_text[:2000],

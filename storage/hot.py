@@ -126,6 +126,14 @@ def fetch_one(conn: Connection, statement: Hot, params: Mapping[str, Any]) -> Se
         return row
 
 
+def fetch_all(conn: Connection, statement: Hot, params: Mapping[str, Any]) -> list[Sequence[Any]]:
+    """Every row (tuples in the statement's column order); raises as `fetch_one`."""
+    run = _Run(conn, statement, params)
+    with run as cursor:
+        cursor.execute(run.sql, run.args)
+        return list(cursor.fetchall())
+
+
 def scalar(conn: Connection, statement: Hot, params: Mapping[str, Any]) -> Any:
     """The first column of the first row, or None without a row."""
     row = fetch_one(conn, statement, params)

@@ -20,6 +20,7 @@ from sqlalchemy import (
     ColumnElement,
     Connection,
     Engine,
+    Select,
     Table,
     and_,
     exists,
@@ -44,6 +45,7 @@ from core.playlist import PlannedItem
 from core.runs import INTERRUPTED, Item, ItemSnapshot, Run, RunCounts
 from core.states import (
     FROZEN_PLAN_STATES,
+    LIVE_RUN_STATES,
     RUN_TRANSITIONS,
     EpisodeState,
     ItemState,
@@ -332,6 +334,9 @@ class RunStore:
         fingerprint = request.fingerprint
         now = utcnow()
         with keyed_transaction(self.engine, f"run:{fingerprint}") as conn:
+            # Before the episode's row (a changed plan locks it) and any run's row (a
+            # request's run is reused or taken over): `tx.lock_membership`.
+            tx.lock_membership(conn, [episode_pk])
             mine = conn.execute(select(_runs.c.plan_id).where(_runs.c.id == run_id)).first()
             if create and mine is not None:  # a retry after a lost COMMIT: the run it made
                 return Admission(
@@ -363,7 +368,7 @@ class RunStore:
                     select(_runs.c.id, _runs.c.state, active_run(now, policy).label("active"))
                     .where(
                         recent,
-                        _runs.c.state.in_([RunState.PENDING, RunState.RUNNING, RunState.PAUSED]),
+                        _runs.c.state.in_(LIVE_RUN_STATES),
                     )
                     .order_by(_runs.c.created_at.desc())
                     .limit(20)
@@ -484,6 +489,8 @@ class RunStore:
         else:
             values.update(finished_at=now, lease_expires_at=None)
         with tx.write(self.engine) as conn:
+            if target == RunState.CANCELLED:  # before the run's row (tx.lock_membership)
+                lock_membership_of_runs(conn, [run_id])
             moved = conn.execute(
                 update(_runs)
                 .where(_runs.c.id == run_id, _runs.c.state.in_(sources_of(target)))
@@ -505,6 +512,7 @@ class RunStore:
         False if it has started meanwhile (someone joined it): then it is left alone."""
         now = utcnow()
         with tx.write(self.engine) as conn:
+            lock_membership_of_runs(conn, [run_id])  # before the run's row
             moved = conn.execute(
                 update(_runs)
                 .where(_runs.c.id == run_id, _runs.c.state == RunState.PENDING)
@@ -566,19 +574,38 @@ class RunStore:
         return None if row is None else (str(row.media_type), bytes(row.content))
 
     def accepted_jobs(self, run_id: str) -> list[tuple[int, str, str]]:
-        """The run's submissions the provider accepted and nobody collected yet: (submission
-        pk, remote reference, provider profile), oldest first."""
+        """The jobs the provider accepted for the run's items and nobody collected yet, made
+        by this run or by another (a job a cancelled run kept for this one): (submission pk,
+        remote reference, provider profile), oldest first."""
+        members = select(_members.c.item_pk).where(_members.c.run_id == run_id)
         with tx.read(self.engine) as conn:
             rows = conn.execute(
                 select(_subs.c.id, _subs.c.remote_ref, _subs.c.provider_profile)
                 .where(
-                    _subs.c.run_id == run_id,
+                    or_(_subs.c.run_id == run_id, _subs.c.item_pk.in_(members)),
                     _subs.c.state == SubmissionState.ACCEPTED,
                     _subs.c.remote_ref.is_not(None),
                 )
                 .order_by(_subs.c.id)
             ).all()
         return [(int(r.id), str(r.remote_ref), str(r.provider_profile)) for r in rows]
+
+    def wanted_elsewhere(self, run_id: str, submission_pks: Sequence[int]) -> dict[int, str]:
+        """Of these submissions, those whose item another live run (pending, running or
+        paused) includes: submission pk -> that run's id (the oldest such run). Cancelling
+        such a job at the provider would make that run pay for the item again (a provider
+        may bill a cancelled job: Replicate does)."""
+        if not submission_pks:
+            return {}
+        other = live_memberships([run_id]).subquery()
+        with tx.read(self.engine) as conn:
+            rows = conn.execute(
+                select(_subs.c.id, func.min(other.c.run_id))
+                .join(other, other.c.item_pk == _subs.c.item_pk)
+                .where(_subs.c.id.in_(list(submission_pks)))
+                .group_by(_subs.c.id)
+            ).all()
+        return {int(pk): str(run) for pk, run in rows}
 
     def record_provider_cancel(
         self, run_id: str, submission_pk: int, remote_ref: str, profile: str, answer: str
@@ -679,32 +706,45 @@ class RunStore:
             )
 
 
+def live_memberships(excluding: Sequence[str] = ()) -> Select[tuple[str, int]]:
+    """(run_id, item_pk) of every live run (`LIVE_RUN_STATES`) but those in `excluding`:
+    the runs that keep an item from being cancelled."""
+    query = (
+        select(_members.c.run_id, _members.c.item_pk)
+        .join(_runs, _runs.c.id == _members.c.run_id)
+        .where(_runs.c.state.in_(LIVE_RUN_STATES))
+    )
+    return query.where(_members.c.run_id.not_in(list(excluding))) if excluding else query
+
+
+def lock_membership_of_runs(conn: Connection, run_ids: Sequence[str]) -> None:
+    """`tx.lock_membership` for the episodes of these runs (read without locking a row)."""
+    if conn.dialect.name != "postgresql" or not run_ids:
+        return
+    episodes = select(_runs.c.episode_pk).where(_runs.c.id.in_(list(run_ids))).distinct()
+    tx.lock_membership(conn, conn.execute(episodes).scalars())
+
+
 def cancel_orphaned_items(conn: Connection, run_ids: Sequence[str], now: datetime) -> int:
     """Terminalize the unstarted children of cancelled runs: their ``pending`` items that no
-    other active run includes become ``cancelled``. Running items stay with their claim
-    holder (its heartbeat sees the cancel and stops; a dead holder's lease expires and the
-    sweep fails the item); submissions are never touched (they are the ledger's evidence)."""
+    other active run includes become ``cancelled``, decided under the runs' episodes'
+    `tx.lock_membership` (a run being created with one of them is seen). Running items stay
+    with their claim holder (its heartbeat sees the cancel and stops; a dead holder's lease
+    expires and the sweep fails the item); submissions are never touched (they are the
+    ledger's evidence)."""
     if not run_ids:
         return 0
-    other = _members.alias("other")
-    live_elsewhere = (
-        select(other.c.item_pk)
-        .join(_runs, _runs.c.id == other.c.run_id)
-        .where(
-            other.c.run_id.not_in(list(run_ids)),
-            _runs.c.state.in_([RunState.PENDING, RunState.RUNNING, RunState.PAUSED]),
-        )
+    lock_membership_of_runs(conn, run_ids)  # held already by callers that follow the order
+    live_elsewhere = select(live_memberships(run_ids).subquery().c.item_pk)
+    orphaned = and_(
+        _items.c.id.in_(select(_members.c.item_pk).where(_members.c.run_id.in_(list(run_ids)))),
+        _items.c.id.not_in(live_elsewhere),
+        _items.c.state == ItemState.PENDING,
     )
     return int(
         conn.execute(
             update(_items)
-            .where(
-                _items.c.id.in_(
-                    select(_members.c.item_pk).where(_members.c.run_id.in_(list(run_ids)))
-                ),
-                _items.c.id.not_in(live_elsewhere),
-                _items.c.state == ItemState.PENDING,
-            )
+            .where(tx.in_id_order(_items, orphaned), _items.c.state == ItemState.PENDING)
             .values(state=ItemState.CANCELLED, finished_at=now)
         ).rowcount
     )
@@ -815,6 +855,7 @@ def _insert_run(
     """
     now = utcnow()
     keys = [it.idempotency_key for it in new_items] + list(reuse_keys)
+    tx.lock_membership(conn, [episode_pk])  # before any item row: see tx.lock_membership
     conn.execute(
         insert(_runs).values(
             id=run_id,
@@ -842,14 +883,15 @@ def _insert_run(
         raise StorageError(
             f"{len(set(keys)) - len(pks)} planned item keys belong to another episode"
         )
-    if pks:
-        conn.execute(insert(_members), [{"run_id": run_id, "item_pk": pk} for pk in pks])
+    if pks:  # in id order, as every statement that locks several items (tx.in_id_order)
+        conn.execute(insert(_members), [{"run_id": run_id, "item_pk": pk} for pk in sorted(pks)])
+    restarted = and_(
+        _items.c.id.in_(select(_members.c.item_pk).where(_members.c.run_id == run_id)),
+        _items.c.state == ItemState.CANCELLED,
+    )
     conn.execute(  # a cancelled item included in a new run starts over as pending
         update(_items)
-        .where(
-            _items.c.id.in_(select(_members.c.item_pk).where(_members.c.run_id == run_id)),
-            _items.c.state == ItemState.CANCELLED,
-        )
+        .where(tx.in_id_order(_items, restarted), _items.c.state == ItemState.CANCELLED)
         .values(state=ItemState.PENDING)
     )
     return run_id

@@ -41,7 +41,13 @@ from core.states import ItemState, RunState
 from storage import tx
 from storage.base import utcnow
 from storage.models import ItemRow, RunItemRow, RunRow
-from storage.runs import DedupPolicy, cancel_orphaned_items, run_alive
+from storage.runs import (
+    DedupPolicy,
+    cancel_orphaned_items,
+    live_memberships,
+    lock_membership_of_runs,
+    run_alive,
+)
 from storage.tx import retry_outages
 
 _runs: Table = RunRow.__table__  # type: ignore[assignment]
@@ -86,19 +92,33 @@ def _stale_pending(now: datetime, policy: DedupPolicy) -> ColumnElement[bool]:
     )
 
 
-def _orphaned_item_ids(conn: Connection) -> list[int]:
-    active = [RunState.PENDING, RunState.RUNNING, RunState.PAUSED]
-    live = select(_members.c.item_pk).join(_runs, _runs.c.id == _members.c.run_id)
-    rows = conn.execute(
-        select(_items.c.id)
-        .where(
-            _items.c.state == ItemState.PENDING,
-            _items.c.id.in_(live.where(_runs.c.state == RunState.CANCELLED)),
-            _items.c.id.not_in(live.where(_runs.c.state.in_(active))),
-        )
-        .order_by(_items.c.id)
+def _orphans(conn: Connection, episode_pks: list[int] | None = None) -> list[tuple[int, int]]:
+    """(item pk, episode pk) of the pending items of cancelled runs that no live run
+    includes (of these episodes), by item pk."""
+    cancelled = (
+        select(_members.c.item_pk)
+        .join(_runs, _runs.c.id == _members.c.run_id)
+        .where(_runs.c.state == RunState.CANCELLED)
     )
-    return [int(pk) for pk in rows.scalars()]
+    query = select(_items.c.id, _items.c.episode_pk).where(
+        _items.c.state == ItemState.PENDING,
+        _items.c.id.in_(cancelled),
+        _items.c.id.not_in(select(live_memberships().subquery().c.item_pk)),
+    )
+    if episode_pks is not None:
+        query = query.where(_items.c.episode_pk.in_(episode_pks))
+    return [(int(pk), int(ep)) for pk, ep in conn.execute(query.order_by(_items.c.id))]
+
+
+def _orphans_locked(conn: Connection) -> list[int]:
+    """The orphans' pks, read again under their episodes' membership locks: a run created
+    meanwhile with one of them (committed, or committing while we wait) keeps it."""
+    candidates = _orphans(conn)
+    if candidates and conn.dialect.name == "postgresql":
+        episodes = sorted({episode for _, episode in candidates})
+        tx.lock_membership(conn, episodes)
+        candidates = _orphans(conn, episodes)
+    return [pk for pk, _ in candidates]
 
 
 @retry_outages
@@ -132,6 +152,7 @@ class Sweeper:
                 .returning(_runs.c.id)
             ),
             dry_run,
+            before=lock_membership_of_runs,  # before the runs' rows: tx.lock_membership
             after=lambda conn, ids: cancel_orphaned_items(conn, ids, now),
         )
         item_expired = _expired_item(now)
@@ -141,7 +162,9 @@ class Sweeper:
             select(_items.c.id).where(item_expired).order_by(_items.c.id),
             lambda ids: (
                 update(_items)
-                .where(_items.c.id.in_(ids), item_expired)
+                .where(
+                    tx.in_id_order(_items, and_(_items.c.id.in_(ids), item_expired)), item_expired
+                )
                 .values(
                     state=ItemState.FAILED,
                     claim_owner=None,
@@ -173,14 +196,20 @@ class Sweeper:
             dry_run,
         )
         with tx.write(self.engine) if not dry_run else tx.read(self.engine) as conn:
-            orphans = _orphaned_item_ids(conn)
+            orphans = [pk for pk, _ in _orphans(conn)] if dry_run else _orphans_locked(conn)
             if not dry_run and orphans:
                 orphans = [
                     int(pk)
                     for chunk in _chunks(orphans)
                     for pk in conn.execute(
                         update(_items)
-                        .where(_items.c.id.in_(chunk), _items.c.state == ItemState.PENDING)
+                        .where(
+                            tx.in_id_order(
+                                _items,
+                                and_(_items.c.id.in_(chunk), _items.c.state == ItemState.PENDING),
+                            ),
+                            _items.c.state == ItemState.PENDING,
+                        )
                         .values(state=ItemState.CANCELLED, finished_at=now)
                         .returning(_items.c.id)
                     ).scalars()
@@ -195,10 +224,12 @@ class Sweeper:
         candidates: Any,
         move: Callable[[Sequence[Any]], Any],
         dry_run: bool,
+        before: Callable[[Connection, Sequence[Any]], object] | None = None,
         after: Callable[[Connection, Sequence[Any]], object] | None = None,
     ) -> None:
         """Select candidates, then move them in chunks with a guarded, RETURNING update;
-        `after` runs in the same transaction on the ids that chunk really moved."""
+        `before` runs first in each chunk's transaction on the chunk's candidates, `after`
+        last on the ids that chunk really moved."""
         with tx.read(self.engine) as conn:
             ids = [row[0] for row in conn.execute(candidates)]
         if dry_run or not ids:
@@ -207,6 +238,8 @@ class Sweeper:
         moved: list[Any] = []
         for chunk in _chunks(ids):
             with tx.write(self.engine) as conn:
+                if before is not None:
+                    before(conn, chunk)
                 done = list(conn.execute(move(chunk)).scalars())
                 if after is not None and done:
                     after(conn, done)

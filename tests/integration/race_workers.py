@@ -273,3 +273,137 @@ def timezone_worker(barrier: Any, url: str, pipeline: str, zone: str, results: A
         results.put(("refused", str(exc), zone))
     finally:
         engine.dispose()
+
+
+def lock_order_worker(
+    barrier: Any,
+    url: str,
+    run_id: str,
+    owner: str,
+    role: str,
+    pks: list[int],
+    rounds: int,
+    results: Any,
+) -> None:
+    """Per barrier-released trial (3), `rounds` times: ``claim`` the items `pks` in one
+    batch, in the order given (a dispatcher filling its free slots), or ``renew`` every claim
+    of `owner` (a heartbeat). Returns the errors seen (a deadlock aborts one of the
+    transactions in it)."""
+    from storage.claims import ClaimStore
+
+    claims = ClaimStore(_engine(url))
+    errors: list[str] = []
+    for _ in range(3):
+        barrier.wait(timeout=120)
+        for _ in range(rounds):
+            try:
+                if role == "claim":
+                    claims.claim_many(
+                        [(pk, True) for pk in pks],
+                        run_id,
+                        owner,
+                        lease_s=60,
+                        max_attempts=1000,
+                        profile="fake",
+                    )
+                else:
+                    claims.renew(owner, run_id, 60)
+            except Exception as exc:
+                errors.append(f"{role}: {type(exc).__name__}: {str(exc).splitlines()[0]}")
+    results.put(errors)
+
+
+def membership_worker(
+    barrier: Any, url: str, home: str, episode_id: str, role: str, trials: int, results: Any
+) -> None:
+    """Per trial, four barrier phases. ``cancel``: admit run A over every planned item
+    (cancelled items start over), then, released with the creators, cancel A. ``create``:
+    released with the cancel, admit a run of its own (its own idempotency key, so its own
+    fingerprint: nothing but the database serializes it with the others); once everyone
+    is done, read the states of its run's items, then cancel its run. Returns
+    ``{"errors": [...], "cancelled_in_live_run": [[trial, item states], ...]}``."""
+    import os
+
+    os.environ["EPISODIC_HOME"] = home
+    os.environ["EPISODIC_DATABASE_URL"] = url
+    from sqlalchemy import select
+
+    from core.states import ItemState, RunState
+    from storage.models import ItemRow, RunItemRow
+    from storage.runs import RunStore
+    from tests.generation import admit
+
+    engine = _engine(url)
+    runs = RunStore(engine)
+    errors: list[str] = []
+    wrong: list[Any] = []
+    for trial in range(trials):
+        mine: str | None = None
+        try:
+            barrier.wait(timeout=120)
+            if role == "cancel":
+                mine = admit(engine, episode_id, allow_duplicate=True).run_id
+            barrier.wait(timeout=120)
+            if role == "cancel":
+                assert mine is not None
+                runs.transition_run(mine, RunState.CANCELLED)
+            else:
+                key = f"race-{os.getpid()}-{trial}"
+                mine = admit(engine, episode_id, idempotency_key=key).run_id
+            barrier.wait(timeout=120)
+            if role == "create" and mine is not None:
+                with engine.connect() as conn:
+                    states = sorted(
+                        conn.execute(
+                            select(ItemRow.state)
+                            .join(RunItemRow, RunItemRow.item_pk == ItemRow.id)
+                            .where(RunItemRow.run_id == mine)
+                        ).scalars()
+                    )
+                if ItemState.CANCELLED in states:
+                    wrong.append([trial, states])
+                runs.transition_run(mine, RunState.CANCELLED)
+            barrier.wait(timeout=120)
+        except Exception as exc:
+            errors.append(f"{role} trial {trial}: {type(exc).__name__}: {str(exc)[:300]}")
+            barrier.abort()  # the others stop at their next phase (BrokenBarrierError)
+            break
+    results.put({"errors": errors, "cancelled_in_live_run": wrong})
+
+
+def renew_or_admit_worker(
+    barrier: Any,
+    url: str,
+    home: str,
+    episode_id: str,
+    run_id: str,
+    owner: str,
+    role: str,
+    seconds: float,
+    results: Any,
+) -> None:
+    """For `seconds` after the barrier: ``renew`` the owner's claims over and over (a
+    heartbeat), or ``admit`` a new run of the episode over and over (each with its own
+    idempotency key). Returns ``{"done": n, "errors": [...]}``."""
+    import os
+
+    os.environ["EPISODIC_HOME"] = home
+    os.environ["EPISODIC_DATABASE_URL"] = url
+    from storage.claims import ClaimStore
+    from tests.generation import admit
+
+    engine = _engine(url)
+    claims = ClaimStore(engine)
+    done, errors = 0, []
+    barrier.wait(timeout=120)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        try:
+            if role == "renew":
+                claims.renew(owner, run_id, 600)
+            else:
+                admit(engine, episode_id, idempotency_key=f"k-{os.getpid()}-{done}")
+            done += 1
+        except Exception as exc:
+            errors.append(f"{role}: {type(exc).__name__}: {str(exc)[:200]}")
+    results.put({"done": done, "errors": errors})

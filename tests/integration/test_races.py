@@ -17,6 +17,7 @@ import pytest
 from sqlalchemy import Engine, func, select, update
 
 from core.ids import WeekId
+from core.runs import Refusal
 from core.settings import load_settings
 from core.states import RunState
 from pipeline.allocation import allocate
@@ -25,9 +26,11 @@ from storage.models import ApprovalRow, EpisodeRow, ItemRow, SubmissionRow
 from storage.runs import RunStore
 from tests.generation import (
     Episode,
+    admit,
     creates_per_key,
     jobs_per_key,
     new_episode,
+    new_run,
     provider_log,
     write_playlist,
 )
@@ -47,7 +50,6 @@ def fake_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def _running_run(episode: Episode) -> str:
     """A run that includes every planned item, moved to running (nothing claimed yet)."""
-    from tests.generation import new_run
 
     run_id = new_run(episode)
     RunStore(episode.engine).transition_run(run_id, RunState.RUNNING)
@@ -77,6 +79,54 @@ def _claim_race(engine: Engine, database_url: str, run_id: str) -> list[list[obj
         [(w.claim_worker, (database_url, home, trials)) for _ in range(PROCESSES)]
     )
     return [row for answer in answers for row in answer]
+
+
+def _locks_waited(engine: Engine) -> int:
+    """Postgres sessions of the test database waiting for a lock (row or advisory)."""
+    from sqlalchemy import text
+
+    with engine.connect() as conn:
+        return int(
+            conn.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = :d "
+                    "AND wait_event_type = 'Lock'"
+                ),
+                {"d": engine.url.database},
+            ).scalar_one()
+        )
+
+
+def _until_waiting(engine: Engine, count: int, done: Any = None) -> None:
+    """Until `count` sessions wait for a lock (or `done`, an Event, is set; at most 20 s)."""
+    deadline = time.monotonic() + 20
+    while _locks_waited(engine) < count and time.monotonic() < deadline:
+        if done is not None and done.is_set():
+            return
+        time.sleep(0.02)
+
+
+def _release(blocker: Any, threads: list[Any], outcomes: dict[str, object]) -> None:
+    """End the third session's transaction, let the threads finish, and check none raised."""
+    blocker.commit()
+    blocker.close()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not any(isinstance(o, Exception) for o in outcomes.values()), outcomes
+
+
+def _item_states(engine: Engine, run_id: object) -> list[str]:
+    """The states of the run's items, sorted."""
+    from storage.models import RunItemRow
+
+    with engine.connect() as conn:
+        return sorted(
+            conn.execute(
+                select(ItemRow.state)
+                .join(RunItemRow, RunItemRow.item_pk == ItemRow.id)
+                .where(RunItemRow.run_id == run_id)
+            ).scalars()
+        )
 
 
 def test_one_pending_item_is_claimed_and_paid_once(
@@ -254,8 +304,6 @@ def test_a_run_concluded_failed_elsewhere_is_finished_by_the_process_still_worki
     # from the items it saw, while the recovery run still works on it. The process still
     # working reopens the run and finishes it: completed, exit 0, each item paid once.
     import threading
-
-    from tests.generation import new_run
 
     monkeypatch.setenv("EPISODIC_FAKE_DELAY_MS", "700")
     episode = new_episode(engine)
@@ -564,3 +612,510 @@ def test_an_interrupt_whose_keyboardinterrupt_was_swallowed_still_stops_the_payi
     (run,) = RunStore(engine).list_runs("weekly", episode.episode_id)
     assert run.state == RunState.PAUSED
     assert sum(jobs_per_key().values()) == 1  # the call in flight; nothing after the signal
+
+
+def test_a_dispatchers_claim_of_several_items_is_one_transaction(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """One write fills every free slot, on Postgres too (it took one transaction per item
+    there: 32 in a row for a wave of 32, bench/batch.py)."""
+    from sqlalchemy import event
+
+    from pipeline.engine import new_owner
+    from storage.claims import ClaimStore
+
+    episode = new_episode(engine)
+    episode.plan(write_playlist(tmp_path / "p", [f"t{n}" for n in range(8)]))
+    run_id = _running_run(episode)
+    with engine.connect() as conn:
+        pks = conn.execute(select(ItemRow.id).order_by(ItemRow.id)).scalars().all()
+    commits: list[object] = []
+
+    def committed(conn: object) -> None:
+        commits.append(conn)
+
+    event.listen(engine, "commit", committed)
+    answers = ClaimStore(engine).claim_many(
+        [(pk, True) for pk in reversed(pks)],
+        run_id,
+        new_owner(),
+        lease_s=60,
+        max_attempts=3,
+        profile="fake",
+        provider_limit=8,
+    )
+    event.remove(engine, "commit", committed)
+    assert [getattr(a, "action", a) for a in answers] == ["submit"] * 8
+    assert [a.item.pk for a in answers] == list(reversed(pks))  # type: ignore[union-attr]
+    assert len(commits) == 1
+
+
+def test_batched_claims_never_deadlock_with_each_other_or_a_heartbeat(
+    engine: Engine, database_url: str, tmp_path: Path
+) -> None:
+    """Dispatchers claiming overlapping batches in opposite orders while the holder's
+    heartbeat renews them, released together: every statement that locks several items
+    takes them in one order, so none is aborted as a deadlock (Postgres READ COMMITTED;
+    SQLite's writer lock serializes them anyway)."""
+    from pipeline.engine import new_owner
+    from storage.claims import ClaimStore
+
+    episode = new_episode(engine)
+    episode.plan(write_playlist(tmp_path / "p", [f"t{n}" for n in range(24)]))
+    run_id = _running_run(episode)
+    with engine.connect() as conn:
+        pks = list(conn.execute(select(ItemRow.id).order_by(ItemRow.id)).scalars())
+    owner, other = new_owner(), new_owner()
+    first = ClaimStore(engine).claim_many(
+        [(pk, True) for pk in pks], run_id, owner, lease_s=60, max_attempts=3, profile="fake"
+    )
+    assert all(getattr(a, "action", None) == "submit" for a in first)
+    rounds = 15
+    errors = w.run_processes(
+        [
+            (w.lock_order_worker, (database_url, run_id, owner, "claim", pks[::-1], rounds)),
+            (w.lock_order_worker, (database_url, run_id, owner, "claim", pks, rounds)),
+            (w.lock_order_worker, (database_url, run_id, other, "claim", pks[::-1], rounds)),
+            (w.lock_order_worker, (database_url, run_id, owner, "renew", [], rounds * 4)),
+        ]
+    )
+    assert [e for worker in errors for e in worker] == []
+    with engine.connect() as conn:  # still the holder's, each with its one intent
+        held = conn.execute(select(ItemRow.state, ItemRow.claim_owner)).all()
+        intents = conn.execute(select(func.count()).select_from(SubmissionRow)).scalar_one()
+    assert set(held) == {("running", owner)} and intents == len(pks)
+
+
+@pytest.mark.parametrize(
+    "backend", [pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True
+)
+def test_a_batch_claim_of_a_replanned_run_never_deadlocks_with_its_cancel(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """A dispatcher's batch reaching a re-planned run while an operator cancels it: the
+    cancel locks the run's row, then its pending items; the claim decides the run before it
+    locks any item, so one waits for the other and both finish (a claim that locked its
+    items first and then cancelled the re-planned run deadlocked with the cancel, found by
+    the fresh tester). The order of the locks is forced with a third session."""
+    import threading
+
+    from sqlalchemy import text
+
+    from pipeline.engine import new_owner
+    from storage.claims import ClaimStore
+    from storage.models import EpisodePlanRow, RunRow
+
+    episode = new_episode(engine)
+    episode.plan(write_playlist(tmp_path / "p", [f"t{n}" for n in range(8)]))
+    run_id = _running_run(episode)
+    with engine.begin() as conn:  # the run was admitted for this plan, as `generate` does
+        latest = select(func.max(EpisodePlanRow.id)).scalar_subquery()
+        conn.execute(update(RunRow).where(RunRow.id == run_id).values(plan_id=latest))
+    episode.plan(write_playlist(tmp_path / "p2", [f"t{n}" for n in range(7)] + ["changed"]))
+    with engine.connect() as conn:
+        pks = list(conn.execute(select(ItemRow.id).order_by(ItemRow.id)).scalars())
+
+    outcomes: dict[str, object] = {}
+    finished = {name: threading.Event() for name in ("cancel", "claim")}
+
+    def cancel() -> None:
+        try:
+            outcomes["cancel"] = RunStore(engine).transition_run(run_id, RunState.CANCELLED)
+        except Exception as exc:
+            outcomes["cancel"] = exc
+        finished["cancel"].set()
+
+    def claim() -> None:
+        try:
+            outcomes["claim"] = ClaimStore(engine).claim_many(
+                [(pk, True) for pk in pks[4:6]],
+                run_id,
+                new_owner(),
+                lease_s=30,
+                max_attempts=3,
+                profile="fake",
+                provider_limit=6,
+            )
+        except Exception as exc:
+            outcomes["claim"] = exc
+        finished["claim"].set()
+
+    blocker = engine.connect()
+    blocker.begin()
+    blocker.execute(text("SELECT 1 FROM items WHERE id = :i FOR UPDATE"), {"i": pks[3]})
+    threads = [threading.Thread(target=cancel), threading.Thread(target=claim)]
+    threads[0].start()
+    _until_waiting(
+        engine, 1, finished["cancel"]
+    )  # the cancel holds the run and waits at the fourth item
+    threads[1].start()
+    _until_waiting(
+        engine, 2, finished["claim"]
+    )  # the claim waits too (for the run's row, or an item)
+    blocker.commit()
+    blocker.close()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not any(isinstance(o, Exception) for o in outcomes.values()), outcomes
+    assert outcomes["cancel"] is True
+    answers = outcomes["claim"]
+    assert isinstance(answers, list)
+    assert [a.reason for a in answers if isinstance(a, Refusal)] == ["stopped", "stopped"]
+    assert RunStore(engine).run_state(run_id) == RunState.CANCELLED
+
+
+def _jobs_left_accepted(
+    engine: Engine, tmp_path: Path, titles: list[str]
+) -> tuple[Episode, str, list[str]]:
+    """Run A's accepted jobs, one per item of a playlist of `titles`, their holder gone (the
+    jobs stay accepted): (episode, A, the jobs in item order)."""
+    from pipeline.engine import new_owner
+    from providers.base import ImageRequest
+    from providers.fake import FakeProvider
+    from storage.claims import ClaimStore
+
+    episode = new_episode(engine)
+    episode.plan(write_playlist(tmp_path / "p", titles))
+    run_a = _running_run(episode)
+    with engine.connect() as conn:
+        pks = list(conn.execute(select(ItemRow.id).order_by(ItemRow.id)).scalars())
+    claims = ClaimStore(engine)
+    provider = FakeProvider(
+        profile_id="fake", state_dir=load_settings().home_path / "fake-provider"
+    )
+    remotes = []
+    owner = new_owner()
+    for pk in pks:
+        claim = claims.claim(pk, run_a, owner, lease_s=30, max_attempts=3, profile="fake")
+        assert not isinstance(claim, Refusal) and claim.submission is not None
+        item = claim.item
+        remotes.append(
+            provider.submit(
+                ImageRequest(
+                    claim.submission.client_reference, "e", item.item_id, item.prompt, item.seed
+                )
+            )
+        )
+        assert claims.accept(claim.submission.pk, remotes[-1])
+        claims.release(claim, "interrupted")  # A's process stopped; its job stays accepted
+    return episode, run_a, remotes
+
+
+def _job_kept_open(engine: Engine, tmp_path: Path, title: str) -> tuple[Episode, str, str, str]:
+    """Run A's accepted job for the episode's one item, its holder gone (the job stays
+    accepted), and run B, live and including the item: (episode, A, the job, B)."""
+    episode, run_a, (remote,) = _jobs_left_accepted(engine, tmp_path, [title])
+    return episode, run_a, remote, new_run(episode)  # B: another live run includes the item
+
+
+def test_cancelling_a_run_keeps_the_jobs_another_live_run_will_collect(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """Run A's accepted job for an item that run B also includes is not cancelled at the
+    provider when A is cancelled: B collects it, and the item is paid once. (Cancelling it
+    made B pay a second job, and Replicate bills a cancelled one: found by the fresh
+    tester.) Counted from the fake provider's own log."""
+    from pipeline.cancel import cancel_run
+    from pipeline.gate import EnvironmentCredentials
+
+    episode, run_a, remote, run_b = _job_kept_open(engine, tmp_path, "only")
+    state, jobs = cancel_run(engine, load_settings(), run_a, EnvironmentCredentials())
+    assert state == "cancelled"
+    assert not [e for e in provider_log() if e["event"] == "cancel"]
+    assert [(j.remote_ref, j.kept_for, j.missed) for j in jobs] == [(remote, run_b, False)]
+    outcome = episode.generate()
+    assert outcome.counts.completed == 1, outcome.message
+    assert set(jobs_per_key().values()) == {1} and set(creates_per_key().values()) == {1}
+    assert [e["event"] for e in provider_log() if e["event"] == "collect"] == ["collect"]
+
+
+def test_cancelling_the_run_a_job_was_kept_for_cancels_that_job(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """Run A's cancel keeps its accepted job for run B; cancelling B then asks the provider
+    to cancel that job (it was A's submission, so B's cancel looked only at B's own and
+    left it running and billed: found by the fresh tester)."""
+    from pipeline.cancel import cancel_run
+    from pipeline.gate import EnvironmentCredentials
+
+    _episode, run_a, remote, run_b = _job_kept_open(engine, tmp_path, "only [[DELAY_MS:600000]]")
+    _state, kept = cancel_run(engine, load_settings(), run_a, EnvironmentCredentials())
+    assert [j.kept_for for j in kept] == [run_b]
+    state, jobs = cancel_run(engine, load_settings(), run_b, EnvironmentCredentials())
+    assert state == "cancelled"
+    assert [e["remote_ref"] for e in provider_log() if e["event"] == "cancel"] == [remote]
+    assert [(j.remote_ref, j.kept_for, j.asked) for j in jobs] == [(remote, None, True)]
+
+
+def test_a_run_admitted_while_a_cancel_asks_the_provider_keeps_the_jobs_not_yet_asked(
+    engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`runs cancel A` asks the provider job by job; run B, admitted over the same items
+    while the first job's cancel is in flight, is collecting the others. Those are kept for
+    B (the check ran once, before the loop, and cancelled all three: B's items failed and a
+    resume bought them again; found by the fresh tester). The moment is made exact by
+    admitting B from inside the provider's first cancel call. Counted from the fake
+    provider's own log."""
+    from pipeline.cancel import cancel_run
+    from pipeline.gate import EnvironmentCredentials
+    from providers.fake import FakeProvider
+
+    titles = [f"t{n} [[DELAY_MS:600000]]" for n in range(3)]
+    episode, run_a, remotes = _jobs_left_accepted(engine, tmp_path, titles)
+    real_cancel = FakeProvider.cancel
+    admitted: list[str] = []
+
+    def cancel_while_b_is_admitted(self: FakeProvider, remote_ref: str) -> str:
+        if not admitted:
+            admitted.append(new_run(episode))
+        return real_cancel(self, remote_ref)
+
+    monkeypatch.setattr(FakeProvider, "cancel", cancel_while_b_is_admitted)
+    _state, jobs = cancel_run(engine, load_settings(), run_a, EnvironmentCredentials())
+    (run_b,) = admitted
+    assert [(j.remote_ref, j.kept_for) for j in jobs] == [
+        (remotes[0], None),
+        (remotes[1], run_b),
+        (remotes[2], run_b),
+    ]
+    assert [e["remote_ref"] for e in provider_log() if e["event"] == "cancel"] == remotes[:1]
+
+
+def test_runs_created_while_another_run_of_the_episode_is_cancelled_keep_their_items(
+    engine: Engine, database_url: str, tmp_path: Path
+) -> None:
+    """Three processes per trial: one cancels run A over every item while two create runs
+    over the same items, each with its own fingerprint. A cancel must not cancel the items
+    of a run it could not see yet (its "no live run includes it" was read before the new
+    run committed: the new run's items stayed cancelled), and two creations restarting the
+    same cancelled items must not deadlock (Postgres: inserting the memberships takes share
+    locks on the items that the same transactions then update). Both were found by a fresh
+    tester; run creation and the cancels that depend on membership now take the episode's
+    membership lock first."""
+    episode = new_episode(engine)
+    episode.plan(write_playlist(tmp_path / "p", [f"t{n}" for n in range(6)]))
+    home = str(tmp_path / "home")
+    args = (database_url, home, episode.episode_id)
+    answers = w.run_processes(
+        [
+            (w.membership_worker, (*args, "cancel", 25)),
+            (w.membership_worker, (*args, "create", 25)),
+            (w.membership_worker, (*args, "create", 25)),
+        ]
+    )
+    assert [a for answer in answers for a in answer["errors"]] == []
+    assert [a for answer in answers for a in answer["cancelled_in_live_run"]] == []
+
+
+@pytest.mark.parametrize(
+    "backend", [pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True
+)
+def test_two_runs_restarting_the_same_cancelled_items_never_deadlock(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """Two runs over the same cancelled items, created at once with different fingerprints,
+    both wait at an item a third session holds: then both insert their memberships (share
+    locks on the items) and update the items, each waiting for the other's share lock (a
+    deadlock: one creation aborted). Serialized per episode, the second creation waits for
+    the first, and both runs are created with every item pending."""
+    import threading
+
+    from sqlalchemy import text
+
+    episode = new_episode(engine)
+    episode.plan(write_playlist(tmp_path / "p", [f"t{n}" for n in range(6)]))
+    first = new_run(episode)
+    RunStore(engine).transition_run(first, RunState.CANCELLED)
+    with engine.connect() as conn:
+        pks = list(conn.execute(select(ItemRow.id).order_by(ItemRow.id)).scalars())
+        assert set(conn.execute(select(ItemRow.state)).scalars()) == {"cancelled"}
+
+    outcomes: dict[str, object] = {}
+
+    def create(name: str) -> None:
+        try:
+            outcomes[name] = admit(engine, episode.episode_id, idempotency_key=name).run_id
+        except Exception as exc:
+            outcomes[name] = exc
+
+    blocker = engine.connect()
+    blocker.begin()
+    blocker.execute(text("SELECT 1 FROM items WHERE id = :i FOR UPDATE"), {"i": pks[2]})
+    threads = [threading.Thread(target=create, args=(n,)) for n in ("one", "two")]
+    for thread in threads:
+        thread.start()
+    _until_waiting(engine, 2)
+    _release(blocker, threads, outcomes)
+    for name in ("one", "two"):
+        assert _item_states(engine, outcomes[name]) == ["pending"] * len(pks)
+
+
+@pytest.mark.parametrize(
+    "backend", [pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True
+)
+@pytest.mark.parametrize("canceller", ["runs cancel", "sweep"])
+def test_a_cancel_never_cancels_the_items_of_a_run_created_while_it_decided(
+    engine: Engine, tmp_path: Path, canceller: str
+) -> None:
+    """Run B is being created over run A's items (memberships inserted, not committed) when
+    A is cancelled, or the sweep reaps A's orphaned items (A cancelled by a dispatcher that
+    found it re-planned): "no other live run includes the item" could not see B, so B's
+    items were cancelled once B committed, and B had nothing left to do (found by a fresh
+    tester). Both now decide under the episode's membership lock, after B commits. The
+    order is forced with a third session: it holds one item (cancelled, so B restarts it)
+    with a lock that lets B insert its memberships but not update the item."""
+    import threading
+
+    from sqlalchemy import text
+
+    from pipeline.runs import dedup_policy
+    from storage.models import RunRow
+    from storage.sweep import Sweeper
+
+    episode = new_episode(engine)
+    episode.plan(write_playlist(tmp_path / "p", [f"t{n}" for n in range(6)]))
+    run_a = new_run(episode)
+    with engine.begin() as conn:
+        pks = list(conn.execute(select(ItemRow.id).order_by(ItemRow.id)).scalars())
+        conn.execute(update(ItemRow).where(ItemRow.id == pks[-1]).values(state="cancelled"))
+
+    outcomes: dict[str, object] = {}
+
+    def create() -> None:
+        try:
+            outcomes["b"] = admit(engine, episode.episode_id, idempotency_key="b").run_id
+        except Exception as exc:
+            outcomes["b"] = exc
+
+    if canceller == "sweep":  # cancelled as a re-planned run's dispatcher does: the row only
+        with engine.begin() as conn:
+            conn.execute(update(RunRow).where(RunRow.id == run_a).values(state="cancelled"))
+
+    def cancel() -> None:
+        try:
+            if canceller == "sweep":
+                policy = dedup_policy(load_settings())
+                outcomes["cancel"] = Sweeper(engine).sweep(policy).moved["orphaned_items"]
+            else:
+                outcomes["cancel"] = RunStore(engine).transition_run(run_a, RunState.CANCELLED)
+        except Exception as exc:
+            outcomes["cancel"] = exc
+
+    blocker = engine.connect()
+    blocker.begin()
+    blocker.execute(text("SELECT 1 FROM items WHERE id = :i FOR NO KEY UPDATE"), {"i": pks[-1]})
+    threads = [threading.Thread(target=create), threading.Thread(target=cancel)]
+    threads[0].start()
+    _until_waiting(engine, 1)  # B inserted its memberships and waits to restart the held item
+    threads[1].start()
+    _until_waiting(engine, 2)  # the cancel waits too (for B's share locks, or the membership lock)
+    _release(blocker, threads, outcomes)
+    assert _item_states(engine, outcomes["b"]) == ["pending"] * len(pks)
+
+
+@pytest.mark.parametrize(
+    "backend", [pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True
+)
+def test_a_run_that_changes_the_plan_never_deadlocks_with_a_run_being_created(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """`generate --hero-candidates` records its changed plan when admitted, with the
+    episode's row locked; a plain `generate` of the same episode inserts a run, whose
+    foreign key needs a share lock on that row. The membership lock was taken after the
+    episode's row by the one and before it by the other: a deadlock, one command failing
+    (found by the fresh tester). Now every admission takes it first. The order is forced
+    with a third session holding the episode's row (as `mark_generated` or `plan` do)."""
+    import threading
+    import uuid
+
+    from sqlalchemy import text
+
+    from core.dedup import RunRequest
+    from pipeline.runs import dedup_policy
+    from storage.models import EpisodeRow
+    from storage.runs import PlanRecord
+
+    episode = new_episode(engine)
+    episode.plan(write_playlist(tmp_path / "p", [f"t{n}" for n in range(6)]))
+    store = RunStore(engine)
+    with engine.connect() as conn:
+        episode_pk = conn.execute(
+            select(EpisodeRow.id).where(EpisodeRow.episode_id == episode.episode_id)
+        ).scalar_one()
+    current = store.current_plan(episode_pk)
+    assert current is not None
+    changed = {**current[1], "note": "hero candidates"}
+    outcomes: dict[str, object] = {}
+
+    def replan() -> None:
+        try:
+            outcomes["replan"] = store.admit(
+                episode_pk,
+                RunRequest("weekly", episode.episode_id, "generate", {"hero": 2}),
+                {"hero": 2},
+                [],
+                [],
+                policy=dedup_policy(load_settings()),
+                run_id=str(uuid.uuid4()),
+                replan=PlanRecord(changed, "f" * 64, current[2], "generate --hero-candidates 2"),
+            ).run_id
+        except Exception as exc:
+            outcomes["replan"] = exc
+
+    def create() -> None:
+        try:
+            outcomes["plain"] = admit(engine, episode.episode_id, idempotency_key="plain").run_id
+        except Exception as exc:
+            outcomes["plain"] = exc
+
+    blocker = engine.connect()
+    blocker.begin()
+    blocker.execute(text("SELECT 1 FROM episodes WHERE id = :e FOR UPDATE"), {"e": episode_pk})
+    threads = [threading.Thread(target=replan), threading.Thread(target=create)]
+    threads[0].start()
+    _until_waiting(engine, 1)  # the changed plan waits for the episode's row
+    threads[1].start()
+    _until_waiting(engine, 2)  # the plain run waits too
+    _release(blocker, threads, outcomes)
+    assert all(isinstance(o, str) for o in outcomes.values()), outcomes
+
+
+def test_run_creation_never_deadlocks_with_a_heartbeat_renewing_the_same_items(
+    engine: Engine, database_url: str, tmp_path: Path
+) -> None:
+    """A worker's heartbeat renews its claims (items locked in ascending id order) while
+    other runs of the episode are created (their memberships' foreign keys take share locks
+    on the same items, in the order the lookup returned them, not ascending). On Postgres
+    a renewal's FOR UPDATE waited for those share locks and they for it: 15-23 deadlocks in
+    half a minute (found by the fresh tester). Rows locked to update non-key columns are
+    locked FOR NO KEY UPDATE now, which foreign-key checks never wait for, and memberships
+    are inserted in id order."""
+    from pipeline.engine import new_owner
+    from storage.claims import ClaimStore
+
+    episode = new_episode(engine)
+    episode.plan(write_playlist(tmp_path / "p", [f"t{n}" for n in range(30)]))
+    run_id = _running_run(episode)
+    owner = new_owner()
+    with engine.connect() as conn:
+        pks = list(conn.execute(select(ItemRow.id).order_by(ItemRow.id)).scalars())
+    claims = ClaimStore(engine)
+    got = claims.claim_many(
+        [(pk, True) for pk in pks], run_id, owner, lease_s=600, max_attempts=3, profile="fake"
+    )
+    assert all(getattr(g, "action", None) == "submit" for g in got), got
+    for _ in range(3):  # rows rewritten out of id order: a lookup by key scans them so
+        for pk in pks[::-1]:
+            with engine.begin() as conn:
+                conn.execute(update(ItemRow).where(ItemRow.id == pk).values(attempts=1))
+    home = str(tmp_path / "home")
+    answers = w.run_processes(
+        [
+            (w.renew_or_admit_worker, (database_url, home, episode.episode_id, run_id, owner,
+                                       "renew", 8.0)),
+            (w.renew_or_admit_worker, (database_url, home, episode.episode_id, run_id, owner,
+                                       "admit", 8.0)),
+        ]
+    )  # fmt: skip
+    assert [e for answer in answers for e in answer["errors"]] == []
+    assert all(answer["done"] > 5 for answer in answers), answers
