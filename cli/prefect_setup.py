@@ -38,7 +38,7 @@ def setup(
         )
     import tasks  # noqa: F401  (Prefect defaults before Prefect is imported)
     from cli import context
-    from flows.setup import prefect_setup
+    from deployments.setup import prefect_setup
 
     result = prefect_setup(
         context.pipeline_name(pipeline), work_pool=work_pool, settings=context.settings()

@@ -14,6 +14,7 @@ from prefect import Flow, serve
 from prefect.deployments.runner import RunnerDeployment
 from prefect.schedules import Cron, Interval, Schedule
 
+from deployments.setup import prefect_setup
 from deployments.spec import (
     DEFAULT_PLAYLIST,
     SWEEP_EVERY_S,
@@ -27,7 +28,6 @@ from flows.generate import generate_episode
 from flows.maintenance import cancel_stale
 from flows.plan import plan_episode_flow
 from flows.review import approve_episode, assemble_episode
-from flows.setup import prefect_setup
 from flows.weekly import weekly_episode
 
 FLOWS: dict[str, Flow[Any, Any]] = {

@@ -20,7 +20,7 @@ def setup(pipeline: str | None = None, work_pool: str | None = None) -> dict[str
     which stops `prefect deploy` with a non-zero exit.
     """
     import tasks  # noqa: F401  (Prefect defaults before anything else)
-    from flows.setup import prefect_setup
+    from deployments.setup import prefect_setup
 
     result = prefect_setup(pipeline, mode="deploy", work_pool=work_pool)
     return {

@@ -449,10 +449,14 @@ def _json(response: httpx.Response) -> Any:
         raise ValueError("reply nested too deeply") from None
 
 
+# Our own generator: the application's global `random` state stays its own.
+_JITTER = random.Random()
+
+
 def _backoff(interval: float, failures: int) -> float:
     """Exponential backoff with jitter after `failures` errors in a row, capped."""
     exponential: float = interval * 2.0 ** min(failures - 1, 16)
-    return min(exponential + random.uniform(0, interval), MAX_BACKOFF_S)
+    return min(exponential + _JITTER.uniform(0, interval), MAX_BACKOFF_S)
 
 
 def _read_capped(response: httpx.Response) -> bytes:

@@ -280,7 +280,7 @@ def test_setup_is_idempotent_and_serve_and_deploy_never_take_over_each_other(
 
     from core.errors import ProviderConfigError
     from deployments.serve import all_deployments
-    from flows.setup import prefect_setup
+    from deployments.setup import prefect_setup
 
     monkeypatch.setenv("EPISODIC_TIMEZONE", "Europe/Berlin")
     first = prefect_setup(mode="serve")
@@ -425,7 +425,7 @@ def test_serve_refuses_a_playlist_it_cannot_read_and_another_pipeline_s_deployme
 ) -> None:
     from core.errors import InvalidInput, ProviderConfigError
     from deployments.serve import all_deployments, serve_all
-    from flows.setup import prefect_setup
+    from deployments.setup import prefect_setup
 
     monkeypatch.chdir(tmp_path)
     with pytest.raises(InvalidInput, match=r"playlist examples/playlist\.yaml not found"):
