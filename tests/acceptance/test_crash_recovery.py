@@ -1,6 +1,7 @@
 """A real `episodic generate` killed mid-run (SIGTERM as systemd, `docker stop` or a CI
 timeout send it; kill -9), then the one recovery command. Money is counted from the fake
-provider's own log: one job per item, whatever was killed when."""
+provider's side: the jobs it holds (one file per job), one per item, whatever was killed
+when."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from tests.acceptance.conftest import EPISODIC
 from tests.generation import (
     generate_in_background,
     jobs_per_key,
+    made_jobs_per_key,
     provider_log,
     until_jobs,
     write_playlist,
@@ -119,8 +121,9 @@ def test_after_kill_9_check_reports_the_dead_run_and_the_sweep_reaps_it(
 
 
 def _assert_finished_once(cli: Cli, episode: str) -> None:
-    jobs = jobs_per_key()
+    jobs = made_jobs_per_key()  # the jobs the provider holds (see `made_jobs_per_key`)
     assert len(jobs) == ITEMS and set(jobs.values()) == {1}, jobs
+    assert set(jobs_per_key()) <= set(jobs)  # every job its log shows is one of them
     shown = json.loads(cli("episodes", "show", episode, "--json").stdout)
     assert shown["state"] == "generated"
     checked = cli("check", "--all")

@@ -99,7 +99,10 @@ def test_concurrent_whole_generates_share_one_run_and_pay_once(
     episode: Episode, database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Eight processes run the whole `generate` at once: one run, each item paid once."""
-    monkeypatch.setenv("EPISODIC_FAKE_DELAY_MS", "150")
+    # The run lasts over a second and a half, so every process, however starved of CPU on a
+    # loaded machine, asks while it is still active (a request after it completed starts a
+    # new run, which pays nothing: seen under load with 150 ms items).
+    monkeypatch.setenv("EPISODIC_FAKE_DELAY_MS", "1500")
     answers = w.run_processes(
         [(w.generate_with, (database_url, [episode.episode_id], {})) for _ in range(8)]
     )
