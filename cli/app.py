@@ -79,6 +79,12 @@ def main(argv: list[str] | None = None) -> None:
     sys.exit(code)
 
 
+def interrupt_answered() -> bool:
+    """Whether an interrupt reached the command's own handling (which says how the command
+    ended, or was cut short by a second signal): the console script then adds no line."""
+    return _signalled.is_set()
+
+
 def _finished(code: int) -> None:
     """The command is over and `code` is its answer: a signal from here on (while the
     interpreter joins threads and runs exit handlers) ends the process with that answer at
@@ -222,5 +228,7 @@ def _database_error(exc: Exception) -> str | None:
     return f"database error: {first_line}"
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # python -m cli.app: the console script's path, interrupts included
+    import runpy
+
+    runpy.run_module("cli.entry", run_name="__main__", alter_sys=True)
