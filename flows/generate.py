@@ -126,8 +126,11 @@ def _generate(
     )
     storage = result_storage(settings)
 
+    publishers: list[EpisodeProgress] = []
+
     def on_start(engine: RunEngine, run_id: str) -> None:
         progress = EpisodeProgress(db, name, episode_id)
+        publishers.append(progress)
 
         def on_progress(item: object, result: str) -> None:
             if result == "completed":
@@ -159,6 +162,8 @@ def _generate(
             hero_candidates=hero_candidates,
         )
     finally:  # the episode's artifacts, also when the run was cancelled or failed
+        for publisher in publishers:  # first: a late update never follows the final figure
+            publisher.close()
         with suppress(Exception):
             report = publish_spend(db, name, episode_id)
     if outcome.deduplicated:

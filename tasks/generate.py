@@ -245,21 +245,27 @@ def check_result_storage(settings: Settings) -> str:
     returns a description of the storage. Raises `ProviderConfigError`."""
     if not settings.result_storage:
         return str(settings.results_path)
+    load_result_storage(settings.result_storage)
+    return settings.result_storage
+
+
+def load_result_storage(slug: str) -> WritableFileSystem:
+    """The Prefect filesystem block `slug` names (``block-type/name``), loaded from the API.
+    Raises `ProviderConfigError` (one line, naming EPISODIC_RESULT_STORAGE) when it does
+    not load or is not a writable filesystem block."""
     from prefect.blocks.core import Block
 
     try:
-        block = Block.load(settings.result_storage)
+        block = Block.load(slug)
     except (ValueError, ObjectNotFound) as exc:
         raise ProviderConfigError(
-            f"EPISODIC_RESULT_STORAGE: block {settings.result_storage!r} does not load: "
-            f"{str(exc).splitlines()[0]}"
+            f"EPISODIC_RESULT_STORAGE: block {slug!r} does not load: {str(exc).splitlines()[0]}"
         ) from None
     if not isinstance(block, WritableFileSystem):
         raise ProviderConfigError(
-            f"EPISODIC_RESULT_STORAGE: block {settings.result_storage!r} is not a writable "
-            "filesystem block"
+            f"EPISODIC_RESULT_STORAGE: block {slug!r} is not a writable filesystem block"
         )
-    return settings.result_storage
+    return block
 
 
 def prefect_executor(
@@ -277,8 +283,18 @@ def prefect_executor(
     """Claims each item, then runs it as a `generate_item` task, `concurrency` at a time,
     with results in `storage` (default: `result_storage` of the current settings), on the
     flow's task runner (threads, or Dask workers anywhere)."""
+    context = FlowRunContext.get()
+    in_process = context is not None and isinstance(context.task_runner, ThreadPoolTaskRunner)
+    storage = storage or result_storage(load_settings())
     item_task = generate_item.with_options(
-        result_storage=storage or result_storage(load_settings()),
+        # Prefect resolves a task's result storage at the start of every task run: a block
+        # slug (EPISODIC_RESULT_STORAGE) was an API call per item. In this process the block
+        # is loaded once per run; Dask workers load it themselves (the loaded block, with
+        # whatever credentials it holds, is never pickled onto the cluster). A folder stays
+        # a path: Prefect takes only saved blocks, and a path costs no call.
+        result_storage=(
+            load_result_storage(storage) if in_process and isinstance(storage, str) else storage
+        ),
         # Write the result under the item's cache key, without looking it up first: an item
         # is dispatched only when its claim found it not completed, so the lookup can only
         # miss (it cost a quarter of Prefect's time per task run, bench/batch.py). A flow run
@@ -286,10 +302,6 @@ def prefect_executor(
         refresh_cache=True,
     )
     params = options.params()
-    # On the thread runner, Prefect need not search each task's `work` for futures (ids
-    # only; the search cost a tenth of an item task's time). Dask receives it as sent.
-    context = FlowRunContext.get()
-    in_process = context is not None and isinstance(context.task_runner, ThreadPoolTaskRunner)
     queue = deque(items)
     running: dict[PrefectFuture[str], tuple[Item, Any]] = {}
     worked: set[int] = set()  # items in `running` whose work is over (their task finishing)
@@ -318,6 +330,8 @@ def prefect_executor(
                     "profile": job.profile_id,
                     "options": params,
                 }
+                # On the thread runner, Prefect need not search `work` for futures (ids only;
+                # the search cost a tenth of an item task's time). Dask receives it as sent.
                 future = item_task.submit(
                     cast(Any, quote(work)) if in_process else work,
                     item.item_id,
