@@ -27,13 +27,14 @@ from storage.models import (
     CostEntryRow,
     EpisodeEventRow,
     EpisodeMediaRow,
+    EpisodePlanRow,
     EpisodeRow,
     ItemRow,
     RunRow,
     SubmissionRow,
 )
-from storage.review import ReviewStore
-from storage.runs import DedupPolicy, RunStore, active_run
+from storage.review import approved_picks
+from storage.runs import DedupPolicy, active_run
 
 NEEDS_ALL_IMAGES = {EpisodeState.GENERATED, EpisodeState.APPROVED, EpisodeState.ASSEMBLED}
 
@@ -102,6 +103,11 @@ def _check_one(engine: Engine, episode: Any, policy: DedupPolicy) -> list[Findin
     except EpisodicError as exc:
         add("identity", str(exc))
     with _snapshot(engine) as conn:
+        # The episode, its plan and its approval are read again in the snapshot: the row
+        # `check_episodes` listed is from an earlier moment, and an episode listed as
+        # allocated whose run then completed, marked it generated and ended looked like a
+        # crash before it was marked (all images completed, no live run).
+        episode = conn.execute(select(EpisodeRow).where(EpisodeRow.id == episode.id)).one()
         items = conn.execute(select(ItemRow).where(ItemRow.episode_pk == episode.id)).all()
         subs = conn.execute(
             select(SubmissionRow)
@@ -127,6 +133,18 @@ def _check_one(engine: Engine, episode: Any, policy: DedupPolicy) -> list[Findin
         latest_event = conn.execute(
             select(EpisodeEventRow.detail)
             .where(EpisodeEventRow.episode_pk == episode.id)
+            .order_by(EpisodeEventRow.id.desc())
+            .limit(1)
+        ).scalar()
+        recorded = conn.execute(
+            select(EpisodePlanRow.playlist, EpisodePlanRow.reference_sha256)
+            .where(EpisodePlanRow.episode_pk == episode.id)
+            .order_by(EpisodePlanRow.id.desc())
+            .limit(1)
+        ).first()
+        approval = conn.execute(
+            select(EpisodeEventRow.detail)
+            .where(EpisodeEventRow.episode_pk == episode.id, EpisodeEventRow.kind == "approved")
             .order_by(EpisodeEventRow.id.desc())
             .limit(1)
         ).scalar()
@@ -196,8 +214,9 @@ def _check_one(engine: Engine, episode: Any, policy: DedupPolicy) -> list[Findin
     try:
         _check_states(
             add,
-            engine,
             episode,
+            None if recorded is None else (dict(recorded[0]), list(recorded[1])),
+            approval if isinstance(approval, dict) else None,
             items,
             media,
             migrated=migrated is not None,
@@ -241,8 +260,9 @@ def _check_liveness(add: Any, runs: Sequence[Any], items: Sequence[Any], now: An
 
 def _check_states(
     add: Any,
-    engine: Engine,
     episode: Any,
+    recorded: tuple[dict[str, Any], list[str]] | None,
+    approval: dict[str, Any] | None,
     items: Sequence[Any],
     media: Sequence[Any],
     *,
@@ -253,7 +273,7 @@ def _check_states(
     expects_plan = state in NEEDS_ALL_IMAGES or (
         state == EpisodeState.ALLOCATED and items and not unmarked_is_expected
     )
-    plan = _planned(engine, episode) if expects_plan else None  # read and expanded once
+    plan = _planned(recorded, episode) if expects_plan else None  # expanded once
     keys = None if plan is None else {it.idempotency_key for it in plan}
     if state in NEEDS_ALL_IMAGES and migrated:  # imported whole: no playlist, all images done
         if any(i.state != "completed" for i in items):
@@ -283,7 +303,7 @@ def _check_states(
     for row in media:
         _check_file(add, row.kind, row.path, row.sha256)
     heroes = hero_candidates(plan) if plan and state in FROZEN_PLAN_STATES else {}
-    picks = ReviewStore(engine).approved_picks(episode.id) if heroes else {}
+    picks = approved_picks(approval) if heroes else {}
     if heroes:
         try:
             check_picks(picks, heroes, "the approval's picks")
@@ -346,9 +366,11 @@ def _check_manifest(
             add("picks", f"manifest does not ship exactly {video}'s picked candidate")
 
 
-def _planned(engine: Engine, episode: Any) -> list[PlannedItem] | None:
-    """The items of the episode's current plan (None: no plan recorded)."""
-    recorded = RunStore(engine).latest_plan(episode.id)
+def _planned(
+    recorded: tuple[dict[str, Any], list[str]] | None, episode: Any
+) -> list[PlannedItem] | None:
+    """The items of the episode's newest recorded plan, (playlist, reference hashes) as
+    recorded (None: no plan recorded)."""
     if recorded is None:
         return None
     try:

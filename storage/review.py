@@ -108,9 +108,7 @@ class ReviewStore:
 
     def approved_picks(self, episode_pk: int) -> dict[str, int]:
         """The latest approval's picks: hero video id -> candidate that ships ({}: none)."""
-        detail = self._latest_approval(episode_pk)
-        picks = (detail or {}).get("picks") or {}
-        return {str(k): int(v) for k, v in dict(picks).items()}
+        return approved_picks(self._latest_approval(episode_pk))
 
     def _latest_approval(self, episode_pk: int) -> dict[str, Any] | None:
         with tx.read(self.engine) as conn:
@@ -195,3 +193,10 @@ def _move(
         insert(_events).values(episode_pk=episode_pk, kind=target.value, at=now, detail=detail)
     )
     return True
+
+
+def approved_picks(detail: dict[str, Any] | None) -> dict[str, int]:
+    """The picks of an ``approved`` event's detail (None: no approval): hero video id ->
+    candidate that ships ({}: none)."""
+    picks = (detail or {}).get("picks") or {}
+    return {str(k): int(v) for k, v in dict(picks).items()}

@@ -14,7 +14,8 @@ from core.settings import load_settings
 from pipeline.check import check_episodes
 from pipeline.review import assemble, decide
 from storage.engine import make_engine
-from storage.models import CostEntryRow, ItemRow
+from storage.models import CostEntryRow, EpisodeRow, ItemRow
+from storage.runs import DedupPolicy
 from tests.generation import Episode, new_episode, write_playlist
 
 
@@ -107,6 +108,27 @@ def test_a_reopened_episode_is_not_reported_as_a_crash(engine: Engine, assembled
 
     reopen(engine, "weekly", assembled.episode_id, by="ann", reason="new cover")
     assert check_episodes(engine, "weekly") == []
+
+
+def test_an_episode_that_completes_after_it_was_listed_is_checked_as_it_is_now(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """`check --all` lists the episodes, then checks each in a snapshot of its own. An
+    episode listed while allocated whose run then completed, marked it generated and ended
+    was checked by its listed row: every image completed, no live run, still allocated,
+    so "a crash before it was marked" (seen in CI with two generates beside a check loop).
+    The episode, its plan and its approval are read in the same snapshot as the rest."""
+    from pipeline.check import _check_one
+
+    episode = new_episode(engine)
+    episode.plan(write_playlist(tmp_path / "pl", ["a", "b"]))
+    with engine.connect() as conn:
+        listed = conn.execute(
+            select(EpisodeRow).where(EpisodeRow.episode_id == episode.episode_id)
+        ).one()
+    assert listed.state == "allocated"
+    assert episode.generate().state.value == "completed"
+    assert _check_one(engine, listed, DedupPolicy()) == []
 
 
 def test_check_while_generations_run_reports_nothing(
