@@ -83,14 +83,14 @@ def cancel_run(
     answers: list[JobCancel] = []
     providers: dict[str, Any] = {}
     for submission, remote_ref, profile_id in jobs:
-        # Asked again right before each job's call: a run admitted while earlier jobs were
-        # being cancelled (a provider round trip each) may already be collecting this one.
-        wanted = store.wanted_elsewhere(run_id, [submission])
-        if submission in wanted:
-            answer = f"kept: run {wanted[submission]} includes the item and collects this job"
-            answers.append(
-                JobCancel(submission, remote_ref, profile_id, answer, wanted[submission])
-            )
+        # Decided right before each job's call, and recorded with the decision under the
+        # episode's membership lock: a run admitted while earlier jobs were being cancelled
+        # (a provider round trip each) may be collecting this one (kept for it), and a run
+        # admitted after the decision buys the item anew if it finds this job cancelled.
+        keeper = store.ask_provider_cancel(run_id, submission, remote_ref, profile_id)
+        if keeper is not None:
+            answer = f"kept: run {keeper} includes the item and collects this job"
+            answers.append(JobCancel(submission, remote_ref, profile_id, answer, keeper))
             continue
         answer = _ask(gate, profiles, profile_id, remote_ref, providers, settings, credentials)
         store.record_provider_cancel(run_id, submission, remote_ref, profile_id, answer)

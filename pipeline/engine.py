@@ -637,6 +637,22 @@ class RunEngine:
                 found = self._reconcile(claim, options)
             if found is None:
                 return "unknown"
+            try:
+                return self._collect(claim, found[0], found[1], options)
+            except RemoteJobFailed:
+                if not self.store.cancel_asked_elsewhere(
+                    self.gate.episode_pk, found[0], claim.run_id
+                ):
+                    raise
+            # The job was cancelled on an operator's command, by the cancel of another run
+            # that decided before this run included the item (`RunStore.ask_provider_cancel`;
+            # its cost is recorded): this run buys the item anew instead of failing it.
+            fresh = self.claims.new_attempt(claim, self.profile.id, forced=False)
+            if fresh is None:  # the run stopped or the claim was lost: spend nothing
+                raise Stopped()
+            found = self._send(claim, fresh)
+            if found is None:
+                return "unknown"
             return self._collect(claim, found[0], found[1], options)
         except Stopped:
             self.claims.release(claim, INTERRUPTED)

@@ -847,6 +847,33 @@ def test_cancelling_the_run_a_job_was_kept_for_cancels_that_job(
     assert [(j.remote_ref, j.kept_for, j.asked) for j in jobs] == [(remote, None, True)]
 
 
+def test_a_job_kept_for_a_run_that_then_crashed_and_was_cancelled_again_is_bought_once_more(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """`runs cancel A` keeps A's job for run B; B's process dies and the sweep fails B; a
+    second `runs cancel A` then cancels the job (no live run includes the item: a failed
+    run is not live). `retry` resumed B, which collected the cancelled job and failed the
+    item, and the next retry bought it (found by the fresh tester on Postgres). The second
+    cancel says "canceled"; the resumed run now buys the item anew at once and completes,
+    one job more at the provider, never two uncancelled ones."""
+    from pipeline.cancel import cancel_run
+    from pipeline.gate import EnvironmentCredentials
+
+    episode, run_a, remote, run_b = _job_kept_open(engine, tmp_path, "only [[DELAY_MS:4000]]")
+    _state, kept = cancel_run(engine, load_settings(), run_a, EnvironmentCredentials())
+    assert [j.kept_for for j in kept] == [run_b]
+    store = RunStore(engine)
+    store.transition_run(run_b, RunState.RUNNING, lease_s=30)
+    store.transition_run(run_b, RunState.FAILED, "holder died (swept)")
+    _state, again = cancel_run(engine, load_settings(), run_a, EnvironmentCredentials())
+    assert [(j.remote_ref, j.answer, j.kept_for) for j in again] == [(remote, "canceled", None)]
+    outcome = episode.resume(run_b)
+    assert outcome.state.value == "completed" and outcome.counts.failed == 0, outcome.message
+    assert list(jobs_per_key().values()) == [2]
+    assert [e["remote_ref"] for e in provider_log() if e["event"] == "cancel"] == [remote]
+    assert check_episodes(engine, "weekly") == []
+
+
 def test_a_run_admitted_while_a_cancel_asks_the_provider_keeps_the_jobs_not_yet_asked(
     engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -879,6 +906,45 @@ def test_a_run_admitted_while_a_cancel_asks_the_provider_keeps_the_jobs_not_yet_
         (remotes[2], run_b),
     ]
     assert [e["remote_ref"] for e in provider_log() if e["event"] == "cancel"] == remotes[:1]
+
+
+def test_a_run_admitted_after_a_cancel_decided_buys_the_cancelled_job_anew_not_failing_it(
+    engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Run B is admitted after `runs cancel A` decided to cancel the first job (no live run
+    included its item then) and before the provider's cancel: B includes the item, and the
+    job it went to collect was cancelled under it. B failed the item (exit 6) and a retry
+    bought it again (found by the fresh tester, SQLite and Postgres). The decision is now
+    recorded with the membership lock before the provider's call, and a run that finds such
+    a job cancelled buys the item anew: B completes every item, each with one job that was
+    not cancelled; the kept jobs are collected, not bought again. Counted from the fake
+    provider's own log."""
+    from pipeline.cancel import cancel_run
+    from pipeline.gate import EnvironmentCredentials
+    from providers.fake import FakeProvider
+
+    titles = [f"t{n} [[DELAY_MS:4000]]" for n in range(3)]
+    episode, run_a, remotes = _jobs_left_accepted(engine, tmp_path, titles)
+    real_cancel = FakeProvider.cancel
+    admitted: list[str] = []
+
+    def cancel_while_b_is_admitted(self: FakeProvider, remote_ref: str) -> str:
+        if not admitted:
+            admitted.append(new_run(episode))
+        return real_cancel(self, remote_ref)
+
+    monkeypatch.setattr(FakeProvider, "cancel", cancel_while_b_is_admitted)
+    _state, jobs = cancel_run(engine, load_settings(), run_a, EnvironmentCredentials())
+    monkeypatch.setattr(FakeProvider, "cancel", real_cancel)
+    (run_b,) = admitted
+    assert [j.kept_for for j in jobs] == [None, run_b, run_b] and jobs[0].answer == "canceled"
+    outcome = episode.resume(run_b)
+    assert outcome.state.value == "completed" and outcome.counts.failed == 0, outcome.message
+    cancelled = {e["remote_ref"] for e in provider_log() if e["event"] == "cancel"}
+    assert cancelled == {remotes[0]}
+    made = jobs_per_key()
+    assert sorted(made.values()) == [1, 1, 2]  # the cancelled job's item bought once more
+    assert check_episodes(engine, "weekly") == []
 
 
 def test_runs_created_while_another_run_of_the_episode_is_cancelled_keep_their_items(
