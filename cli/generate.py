@@ -288,9 +288,12 @@ def _report(outcome: RunOutcome, as_json: bool) -> None:
             else ""
         )
         typer.echo(
+            # The run's figures, whichever process paid (a resume of a run a killed process
+            # started shows that process's submissions too: "new" misled a fresh tester).
             f"{outcome.message}{joined}\n  completed {counts.completed}, skipped "
-            f"{outcome.skipped}, failed {counts.failed}, new paid submissions "
+            f"{outcome.skipped}, failed {counts.failed}; the run's paid submissions "
             f"{counts.paid_submissions}, cost {format_minor(counts.cost_minor, counts.currency)}"
+            " (every process's that worked on it)"
         )
     raise typer.Exit(int(outcome.exit_code))
 
