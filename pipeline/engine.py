@@ -639,10 +639,8 @@ class RunEngine:
                 return "unknown"
             try:
                 return self._collect(claim, found[0], found[1], options)
-            except RemoteJobFailed:
-                if not self.store.cancel_asked_elsewhere(
-                    self.gate.episode_pk, found[0], claim.run_id
-                ):
+            except RemoteJobFailed as exc:
+                if not self._buy_again(claim, found[0], exc, options):
                     raise
             # The job was cancelled on an operator's command, by the cancel of another run
             # that decided before this run included the item (`RunStore.ask_provider_cancel`;
@@ -672,6 +670,33 @@ class RunEngine:
         except Exception as exc:  # a bug or an outage must not leave the item "running"
             self.claims.release(claim, f"error: {_reason(exc)}")
             raise
+
+    def _buy_again(
+        self, claim: Claim, submission_pk: int, exc: RemoteJobFailed, options: RunOptions
+    ) -> bool:
+        """Whether the item whose job `exc` ended is bought anew in this run: only when the
+        provider says the job was cancelled, the cancel of another run asked for exactly
+        that (`RunStore.cancel_asked_elsewhere`: decided before this run included the item),
+        the item has an attempt left (--max-retries) and the run's budget holds one more
+        call with every open item of the run still to buy (--max-images, --max-cost, else
+        EPISODIC_MAX_RUN_COST). Otherwise the item fails, and the operator decides."""
+        if not exc.cancelled:  # failed at the provider, or cancelled by this run's own cancel
+            return False
+        if not self.store.cancel_asked_elsewhere(self.gate.episode_pk, submission_pk, claim.run_id):
+            return False
+        used = claim.item.attempts + (1 if claim.action == "submit" else 0)
+        if used >= options.max_attempts:
+            return False
+        counts = self.store.counts(claim.run_id)
+        still_open = counts.pending + counts.running  # this item among them
+        price = self.provider.capabilities.cost_per_image_minor
+        cost = counts.cost_minor + price * still_open
+        if options.max_images is None and options.max_cost_minor is None:
+            return options.cap_minor is None or cost <= options.cap_minor
+        images_fit = (
+            options.max_images is None or counts.paid_submissions + still_open <= options.max_images
+        )
+        return images_fit and (options.max_cost_minor is None or cost <= options.max_cost_minor)
 
     def withdraw_unsent(self, claim: Claim) -> None:
         """A claim's fresh intent whose call was never made goes away (attempt given back)."""

@@ -53,11 +53,14 @@ class UnknownOutcome(ProviderError):
 
 
 class RemoteJobFailed(ProviderError):
-    """The provider reports the job failed or was cancelled; `cost_minor` is what it billed."""
+    """The provider reports the job failed or was cancelled; `cost_minor` is what it billed;
+    `cancelled`: the provider's own status says the job was cancelled (on a cancel request),
+    not that it failed."""
 
-    def __init__(self, message: str, cost_minor: int = 0) -> None:
+    def __init__(self, message: str, cost_minor: int = 0, *, cancelled: bool = False) -> None:
         super().__init__(message)
         self.cost_minor = cost_minor
+        self.cancelled = cancelled
 
 
 class CollectionPending(ProviderError):

@@ -199,7 +199,7 @@ class FakeProvider:
                 raise CollectionPending(f"remote task {remote_ref} not ready in time")
             time.sleep(min(wait, 0.05))
         if self._job_path(remote_ref).with_suffix(".canceled").exists():
-            raise RemoteJobFailed("fake job canceled", 0)
+            raise RemoteJobFailed("fake job canceled", 0, cancelled=True)
         log_event("collect", remote_ref=remote_ref)
         if "[[FAIL_REMOTE]]" in job["prompt"]:
             raise RemoteJobFailed("fake remote job failed", self.capabilities.cost_per_image_minor)

@@ -94,7 +94,11 @@ class ReplicateProvider(JobsApiClient):
         if status == "aborted":  # its deadline passed before it started: not billed
             raise RemoteJobFailed("prediction aborted before it started", 0)
         if status in ("failed", "canceled"):
-            raise RemoteJobFailed(f"prediction {status}", self.profile.cost_per_image_minor)
+            raise RemoteJobFailed(
+                f"prediction {status}",
+                self.profile.cost_per_image_minor,
+                cancelled=status == "canceled",
+            )
         if status != "succeeded":
             label = status if isinstance(status, str) and _STATUS.fullmatch(status) else "?"
             raise _NotYet(f"status {label}", failed=False)

@@ -874,6 +874,44 @@ def test_a_job_kept_for_a_run_that_then_crashed_and_was_cancelled_again_is_bough
     assert check_episodes(engine, "weekly") == []
 
 
+@pytest.mark.parametrize(
+    ("title", "limits", "answer"),
+    [
+        # the job failed at the provider on its own; the cancel only asked (too late)
+        ("only [[DELAY_MS:300]] [[FAIL_REMOTE]]", {}, "succeeded"),
+        ("only [[DELAY_MS:4000]]", {"max_retries": 0}, "canceled"),  # no attempt left
+        ("only [[DELAY_MS:4000]]", {"max_cost_minor": 0}, "canceled"),  # over the budget
+        ("only [[DELAY_MS:4000]]", {"max_images": 0}, "canceled"),
+    ],
+    ids=["failed-on-its-own", "max-retries", "max-cost", "max-images"],
+)
+def test_a_run_buys_a_cancelled_job_anew_only_if_cancelled_and_within_its_limits(
+    engine: Engine, tmp_path: Path, title: str, limits: dict[str, int], answer: str
+) -> None:
+    """A run buys an item anew only when the provider says the job was cancelled, the
+    cancel of another run asked for it, and --max-retries and the budget allow one more
+    call. A job that failed on its own after a cancel had only asked (the provider answered
+    `succeeded`) was bought again by itself, and the rebuy ignored --max-retries, --max-cost
+    and --max-images (found by the second fresh tester). Otherwise the item fails and
+    the operator decides. Counted at the fake provider."""
+    from pipeline.cancel import cancel_run
+    from pipeline.gate import EnvironmentCredentials
+
+    episode, run_a, remote, run_b = _job_kept_open(engine, tmp_path, title)
+    _state, kept = cancel_run(engine, load_settings(), run_a, EnvironmentCredentials())
+    assert [j.kept_for for j in kept] == [run_b]
+    store = RunStore(engine)
+    store.transition_run(run_b, RunState.RUNNING, lease_s=30)
+    store.transition_run(run_b, RunState.FAILED, "holder died (swept)")
+    if answer == "succeeded":
+        time.sleep(0.5)  # the job has ended at the provider (failed) before the cancel asks
+    _state, again = cancel_run(engine, load_settings(), run_a, EnvironmentCredentials())
+    assert [(j.remote_ref, j.answer) for j in again] == [(remote, answer)]
+    outcome = episode.resume(run_b, **limits)
+    assert outcome.state.value == "failed" and outcome.counts.failed == 1, outcome.message
+    assert list(jobs_per_key().values()) == [1]  # nothing bought anew
+
+
 def test_a_run_admitted_while_a_cancel_asks_the_provider_keeps_the_jobs_not_yet_asked(
     engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -169,7 +169,7 @@ def test_replicate_failed_canceled_and_aborted_predictions_and_their_cost(
     failed = provider.submit(ImageRequest("r1", "e", "v01", "x [[REMOTE_FAIL]]", 1))
     with pytest.raises(RemoteJobFailed) as raised:
         provider.collect(failed, deadline_s=5, should_stop=never_stop)
-    assert raised.value.cost_minor == 3
+    assert raised.value.cost_minor == 3 and not raised.value.cancelled  # failed on its own
     aborted = provider.submit(ImageRequest("r2", "e", "v01", "x [[ABORTED]]", 2))
     with pytest.raises(RemoteJobFailed) as raised:
         provider.collect(aborted, deadline_s=5, should_stop=never_stop)
@@ -177,8 +177,9 @@ def test_replicate_failed_canceled_and_aborted_predictions_and_their_cost(
     running = provider.submit(ImageRequest("r3", "e", "v01", "y", 3))
     assert provider.cancel(running) == "canceled"
     assert replicate.cancels[running] == 1
-    with pytest.raises(RemoteJobFailed):
+    with pytest.raises(RemoteJobFailed) as raised:
         provider.collect(running, deadline_s=5, should_stop=never_stop)
+    assert raised.value.cancelled  # the provider's status says so: a run may buy it anew
 
 
 def test_replicate_check_verifies_the_token_without_spending(replicate: ReplicateServer) -> None:
