@@ -912,20 +912,17 @@ def test_a_run_buys_a_cancelled_job_anew_only_if_cancelled_and_within_its_limits
     assert list(jobs_per_key().values()) == [1]  # nothing bought anew
 
 
-def test_a_run_admitted_while_a_cancel_asks_the_provider_keeps_the_jobs_not_yet_asked(
-    engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """`runs cancel A` asks the provider job by job; run B, admitted over the same items
-    while the first job's cancel is in flight, is collecting the others. Those are kept for
-    B (the check ran once, before the loop, and cancelled all three: B's items failed and a
-    resume bought them again; found by the fresh tester). The moment is made exact by
-    admitting B from inside the provider's first cancel call. Counted from the fake
-    provider's own log."""
+def _cancel_admitting_b_in_the_first_call(
+    engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, delay_ms: int
+) -> tuple[Episode, list[str], str, list[Any]]:
+    """`runs cancel A` over three accepted jobs of `delay_ms`, with run B admitted over the
+    same items from inside the provider's first cancel call (after that job's decision,
+    before the provider cancels it): (episode, the jobs, B, the cancel's answers)."""
     from pipeline.cancel import cancel_run
     from pipeline.gate import EnvironmentCredentials
     from providers.fake import FakeProvider
 
-    titles = [f"t{n} [[DELAY_MS:600000]]" for n in range(3)]
+    titles = [f"t{n} [[DELAY_MS:{delay_ms}]]" for n in range(3)]
     episode, run_a, remotes = _jobs_left_accepted(engine, tmp_path, titles)
     real_cancel = FakeProvider.cancel
     admitted: list[str] = []
@@ -937,7 +934,23 @@ def test_a_run_admitted_while_a_cancel_asks_the_provider_keeps_the_jobs_not_yet_
 
     monkeypatch.setattr(FakeProvider, "cancel", cancel_while_b_is_admitted)
     _state, jobs = cancel_run(engine, load_settings(), run_a, EnvironmentCredentials())
+    monkeypatch.setattr(FakeProvider, "cancel", real_cancel)
     (run_b,) = admitted
+    return episode, remotes, run_b, jobs
+
+
+def test_a_run_admitted_while_a_cancel_asks_the_provider_keeps_the_jobs_not_yet_asked(
+    engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`runs cancel A` asks the provider job by job; run B, admitted over the same items
+    while the first job's cancel is in flight, is collecting the others. Those are kept for
+    B (the check ran once, before the loop, and cancelled all three: B's items failed and a
+    resume bought them again; found by the fresh tester). The moment is made exact by
+    admitting B from inside the provider's first cancel call. Counted from the fake
+    provider's own log."""
+    _episode, remotes, run_b, jobs = _cancel_admitting_b_in_the_first_call(
+        engine, tmp_path, monkeypatch, delay_ms=600000
+    )
     assert [(j.remote_ref, j.kept_for) for j in jobs] == [
         (remotes[0], None),
         (remotes[1], run_b),
@@ -957,24 +970,9 @@ def test_a_run_admitted_after_a_cancel_decided_buys_the_cancelled_job_anew_not_f
     a job cancelled buys the item anew: B completes every item, each with one job that was
     not cancelled; the kept jobs are collected, not bought again. Counted from the fake
     provider's own log."""
-    from pipeline.cancel import cancel_run
-    from pipeline.gate import EnvironmentCredentials
-    from providers.fake import FakeProvider
-
-    titles = [f"t{n} [[DELAY_MS:4000]]" for n in range(3)]
-    episode, run_a, remotes = _jobs_left_accepted(engine, tmp_path, titles)
-    real_cancel = FakeProvider.cancel
-    admitted: list[str] = []
-
-    def cancel_while_b_is_admitted(self: FakeProvider, remote_ref: str) -> str:
-        if not admitted:
-            admitted.append(new_run(episode))
-        return real_cancel(self, remote_ref)
-
-    monkeypatch.setattr(FakeProvider, "cancel", cancel_while_b_is_admitted)
-    _state, jobs = cancel_run(engine, load_settings(), run_a, EnvironmentCredentials())
-    monkeypatch.setattr(FakeProvider, "cancel", real_cancel)
-    (run_b,) = admitted
+    episode, remotes, run_b, jobs = _cancel_admitting_b_in_the_first_call(
+        engine, tmp_path, monkeypatch, delay_ms=4000
+    )
     assert [j.kept_for for j in jobs] == [None, run_b, run_b] and jobs[0].answer == "canceled"
     outcome = episode.resume(run_b)
     assert outcome.state.value == "completed" and outcome.counts.failed == 0, outcome.message
