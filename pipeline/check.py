@@ -27,14 +27,13 @@ from storage.models import (
     CostEntryRow,
     EpisodeEventRow,
     EpisodeMediaRow,
-    EpisodePlanRow,
     EpisodeRow,
     ItemRow,
     RunRow,
     SubmissionRow,
 )
-from storage.review import approved_picks
-from storage.runs import DedupPolicy, active_run
+from storage.review import approved_picks, latest_approval
+from storage.runs import DedupPolicy, active_run, newest_plan
 
 NEEDS_ALL_IMAGES = {EpisodeState.GENERATED, EpisodeState.APPROVED, EpisodeState.ASSEMBLED}
 
@@ -136,18 +135,8 @@ def _check_one(engine: Engine, episode: Any, policy: DedupPolicy) -> list[Findin
             .order_by(EpisodeEventRow.id.desc())
             .limit(1)
         ).scalar()
-        recorded = conn.execute(
-            select(EpisodePlanRow.playlist, EpisodePlanRow.reference_sha256)
-            .where(EpisodePlanRow.episode_pk == episode.id)
-            .order_by(EpisodePlanRow.id.desc())
-            .limit(1)
-        ).first()
-        approval = conn.execute(
-            select(EpisodeEventRow.detail)
-            .where(EpisodeEventRow.episode_pk == episode.id, EpisodeEventRow.kind == "approved")
-            .order_by(EpisodeEventRow.id.desc())
-            .limit(1)
-        ).scalar()
+        recorded = newest_plan(conn, episode.id)
+        approval = latest_approval(conn, episode.id)
     reopened = isinstance(latest_event, dict) and "reopened_by" in latest_event
     succeeded = Counter(s.item_pk for s in subs if s.state == "succeeded")
     cost_by_sub = Counter(c.submission_pk for c in costs)
@@ -215,8 +204,8 @@ def _check_one(engine: Engine, episode: Any, policy: DedupPolicy) -> list[Findin
         _check_states(
             add,
             episode,
-            None if recorded is None else (dict(recorded[0]), list(recorded[1])),
-            approval if isinstance(approval, dict) else None,
+            None if recorded is None else recorded[1:],
+            approval,
             items,
             media,
             migrated=migrated is not None,

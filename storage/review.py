@@ -112,13 +112,7 @@ class ReviewStore:
 
     def _latest_approval(self, episode_pk: int) -> dict[str, Any] | None:
         with tx.read(self.engine) as conn:
-            detail = conn.execute(
-                select(_events.c.detail)
-                .where(_events.c.episode_pk == episode_pk, _events.c.kind == "approved")
-                .order_by(_events.c.id.desc())
-                .limit(1)
-            ).scalar()
-        return detail if isinstance(detail, dict) else None
+            return latest_approval(conn, episode_pk)
 
     def media(self, episode_pk: int) -> dict[str, tuple[str, str]]:
         with tx.read(self.engine) as conn:
@@ -200,3 +194,15 @@ def approved_picks(detail: dict[str, Any] | None) -> dict[str, int]:
     candidate that ships ({}: none)."""
     picks = (detail or {}).get("picks") or {}
     return {str(k): int(v) for k, v in dict(picks).items()}
+
+
+def latest_approval(conn: Connection, episode_pk: int) -> dict[str, Any] | None:
+    """The detail of the episode's latest ``approved`` event (None: none), read in the
+    caller's transaction (a snapshot's reader)."""
+    detail = conn.execute(
+        select(_events.c.detail)
+        .where(_events.c.episode_pk == episode_pk, _events.c.kind == "approved")
+        .order_by(_events.c.id.desc())
+        .limit(1)
+    ).scalar()
+    return detail if isinstance(detail, dict) else None

@@ -179,13 +179,7 @@ class RunStore:
     def current_plan(self, episode_pk: int) -> tuple[int, dict[str, Any], list[str]] | None:
         """The newest recorded plan: (its row id, playlist, reference hashes), or None."""
         with tx.read(self.engine) as conn:
-            row = conn.execute(
-                select(_plans.c.id, _plans.c.playlist, _plans.c.reference_sha256)
-                .where(_plans.c.episode_pk == episode_pk)
-                .order_by(_plans.c.id.desc())
-                .limit(1)
-            ).first()
-        return None if row is None else (int(row[0]), dict(row[1]), list(row[2]))
+            return newest_plan(conn, episode_pk)
 
     @idempotent
     def mark_generated(
@@ -756,6 +750,17 @@ def _insert_event(conn: Connection, run_id: str, kind: str, detail: dict[str, An
     conn.execute(
         insert(_events).values(episode_pk=episode_pk, kind=kind, at=utcnow(), detail=detail)
     )
+
+
+def newest_plan(conn: Connection, episode_pk: int) -> tuple[int, dict[str, Any], list[str]] | None:
+    """`RunStore.current_plan` in the caller's transaction (a snapshot's reader)."""
+    row = conn.execute(
+        select(_plans.c.id, _plans.c.playlist, _plans.c.reference_sha256)
+        .where(_plans.c.episode_pk == episode_pk)
+        .order_by(_plans.c.id.desc())
+        .limit(1)
+    ).first()
+    return None if row is None else (int(row[0]), dict(row[1]), list(row[2]))
 
 
 def live_memberships(excluding: Sequence[str] = ()) -> Select[tuple[str, int]]:
