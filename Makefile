@@ -33,7 +33,7 @@ demo: bootstrap  ## the main job: the weekly flow on SQLite + fake provider (WEE
 	$(BIN)/episodic demo $(if $(WEEK),--week $(WEEK))
 
 test: bootstrap  ## the whole test suite (SQLite and the local PostgreSQL server), TEST_WORKERS processes
-	$(BIN)/pytest -n $(TEST_WORKERS) --durations=30
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup --durations=30
 
 lint: bootstrap
 	$(BIN)/ruff check .
