@@ -43,7 +43,7 @@ from tests.e2e.stack import free_port, kill_marked
 #: Carried by every process a documented block starts; whatever outlives its block is killed.
 SESSION_TOKEN_VAR = "EPISODIC_DOCS_SESSION_TOKEN"
 #: Seconds a command marked `# runs until stopped` must stay up (other than a server).
-UP_SECONDS = float(os.environ.get("EPISODIC_DOCS_UP_S", "8"))
+UP_SECONDS = float(os.environ.get("EPISODIC_DOCS_UP_S", "5"))
 BLOCK_TIMEOUT_S = 300.0
 _SKIP_COPY = {".venv", ".tools", ".episodic", ".git", "__pycache__", ".pytest_cache",
               ".mypy_cache", ".ruff_cache", ".hypothesis"}  # fmt: skip
@@ -83,6 +83,8 @@ __doc_bg_line=()
 __doc_fail() { printf 'doc-test: %s\n' "$1" >&2; exit 86; }
 __doc_end() {
   local rc=$? i pid status
+  # First whether each is still up (stopping one, e.g. a server, may end another), then
+  # stop them last-started first.
   for i in "${!__doc_bg[@]}"; do
     pid=${__doc_bg[$i]}
     if ! kill -0 "$pid" 2>/dev/null; then
@@ -90,8 +92,10 @@ __doc_end() {
       printf 'doc-test: %s: exited %s before the block stopped it\n' \
         "${__doc_bg_line[$i]}" "$status" >&2
       rc=86
-      continue
     fi
+  done
+  for ((i = ${#__doc_bg[@]} - 1; i >= 0; i--)); do
+    pid=${__doc_bg[$i]}
     kill -INT -- "-$pid" 2>/dev/null
     for _ in $(seq 1 150); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     kill -KILL -- "-$pid" 2>/dev/null
@@ -151,6 +155,7 @@ class FileSession:
     api_url: str
     postgres: Callable[[], str] | None = None  # makes a fresh empty database, returns its URL
     up_seconds: float = UP_SECONDS
+    prefect_db_template: Path | None = None  # a migrated, empty Prefect database (speed only)
     results: dict[int, BlockResult] = field(default_factory=dict)
     token: str = field(default_factory=lambda: uuid.uuid4().hex)
     _env: dict[str, str] | None = None
@@ -261,7 +266,8 @@ class FileSession:
             text = _DEFAULT_PREFECT.sub(address, command.text)
             text = _POSTGRES_URL.sub(lambda m: self._database(m.group(0)), text)
             where = f"{block.path}:{command.line}"
-            parts.append(f"printf '%s\\n' {shlex.quote('+ ' + where + ': ' + command.text)} >&2")
+            shown = shlex.quote(f"{where}: {command.text}")
+            parts.append(f"printf '+ [%ss] %s\\n' \"$SECONDS\" {shown} >&2")
             if command.until_stopped:
                 parts.append(self._background(command, text, where, own_port))
             else:
@@ -282,6 +288,14 @@ class FileSession:
             if server and own_port
             else ""
         )
+        seed = ""
+        if server and self.prefect_db_template:
+            # A first start spends ~30 s migrating an empty database; start from a migrated one.
+            seed = (
+                '__doc_ph="${PREFECT_HOME:-$HOME/.prefect}"; mkdir -p "$__doc_ph"; '
+                '[ -e "$__doc_ph/prefect.db" ] || '
+                f'cp {shlex.quote(str(self.prefect_db_template))} "$__doc_ph/prefect.db"'
+            )
         if server:
             probe = f"http http://127.0.0.1:{own_port}/api/health 180"
         else:
@@ -289,6 +303,7 @@ class FileSession:
         wait_up = f"{shlex.quote(sys.executable)} {shlex.quote(str(self.state / 'wait_up.py'))}"
         return "\n".join(
             [
+                seed,
                 "set -m",
                 f"( {exports}{code} ) > {shlex.quote(str(log))} 2>&1 < /dev/null &",
                 "__doc_pid=$!",

@@ -183,6 +183,24 @@ def test_runs_until_stopped_must_come_up_and_is_stopped_with_its_block(tmp_path:
     assert "# runs until stopped" in unmarked.failures[0]
 
 
+def test_a_service_that_dies_inside_its_block_fails_it(tmp_path: Path) -> None:
+    _, _, results = _run(
+        tmp_path,
+        """\
+        ```sh
+        sleep 600                       # runs until stopped
+        sh -c 'sleep 2; exit 5' &       # runs until stopped
+        sleep 4
+        ```
+        """,
+    )
+    (result,) = results
+    assert not result.ok
+    assert result.failures == ["docs/page.md:3: exited 5 before the block stopped it"], (
+        result.describe()
+    )
+
+
 def test_an_illustration_must_say_why(tmp_path: Path) -> None:
     (bare,) = _doc(tmp_path, "<!-- illustration -->\n```sh\nepisodic demo\n```\n")
     assert convention_errors(bare) == [
