@@ -32,7 +32,7 @@ from pathlib import Path
 
 SHELL_LANGUAGES = frozenset({"sh", "bash", "shell", "console"})
 
-_FENCE = re.compile(r"^(?P<indent> {0,3})(?P<fence>`{3,}|~{3,})\s*(?P<info>[^`\s]*)")
+_FENCE = re.compile(r"^(?P<indent> *)(?P<fence>`{3,}|~{3,})\s*(?P<info>[^`\s]*)")
 _MARKER = re.compile(r"^\s*<!--\s*illustration\s*(?::\s*(?P<why>.*?))?\s*-->\s*$")
 _EXIT = re.compile(r"^exit\s+(?P<code>\d{1,3})\b")
 _UNTIL_STOPPED = re.compile(r"^runs until stopped\b")
@@ -116,8 +116,10 @@ def shell_blocks(root: Path, relative: str) -> list[Block]:
         start = i
         i += 1
         body: list[str] = []
+        indent = len(opening["indent"])  # a fence inside a list item: its body is indented too
         while i < len(lines) and not lines[i].strip().startswith(fence):
-            body.append(lines[i])
+            line = lines[i]
+            body.append(line[min(indent, len(line) - len(line.lstrip(" "))) :])
             i += 1
         i += 1  # the closing fence
         language = opening["info"].lower()

@@ -138,6 +138,15 @@ class BlockResult:
 def copy_project(source: Path, target: Path) -> Path:
     """The project folder as a second machine's clone: files copied (mtimes kept, so
     `make` sees its bootstrap as done), the virtualenv and tools linked, no `.episodic`."""
+    synced = source / ".venv" / ".synced"
+    if synced.exists() and any(
+        (source / name).stat().st_mtime > synced.stat().st_mtime
+        for name in ("pyproject.toml", "uv.lock")
+    ):
+        # `make` in the copy would `uv sync` the shared .venv and install the copy into it.
+        raise RuntimeError(
+            f"{source}/.venv is older than pyproject.toml or uv.lock: make bootstrap"
+        )
     shutil.copytree(source, target, ignore=shutil.ignore_patterns(*_SKIP_COPY), symlinks=True)
     for name in _LINKED:
         if (source / name).exists():

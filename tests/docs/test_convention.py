@@ -73,6 +73,22 @@ def test_shell_fences_markers_and_console_prompts(tmp_path: Path) -> None:
     assert [c.text for c in blocks[2].commands()] == ["echo three"]  # output lines are not run
 
 
+def test_a_fence_inside_a_list_item_is_a_block_too(tmp_path: Path) -> None:
+    blocks = _doc(
+        tmp_path,
+        """\
+        1. **Deploy**:
+
+           ```sh
+           episodic prefect setup --work-pool episodic
+           ```
+        """,
+    )
+    assert [(b.line, b.body, b.runnable) for b in blocks] == [
+        (3, "episodic prefect setup --work-pool episodic", True)
+    ]
+
+
 def test_a_failing_command_names_its_line_and_exit(tmp_path: Path) -> None:
     _, _, results = _run(
         tmp_path,
