@@ -20,10 +20,10 @@ from prefect.context import FlowRunContext
 from prefect.logging import get_run_logger
 from pydantic import Field
 
-from core.errors import NoInvocationIdentity, ScheduleOutOfDate
+from core.errors import InvalidInput, NoInvocationIdentity, ScheduleOutOfDate
 from core.hints import surface
 from core.ids import WeekId
-from core.keys import derive_allocation_key
+from core.keys import SlotKey, derive_allocation_key
 from core.settings import load_settings, validate_pipeline
 from flows.generate import generate_episode
 from flows.invocation import current_invocation
@@ -108,19 +108,31 @@ def _weekly(
     settings = load_settings()
     pipeline_name = validate_pipeline(pipeline or settings.pipeline)
     invocation = current_invocation()
-    key = derive_allocation_key(invocation, allocation_key)  # bad input: refused before any
-    explicit_week = WeekId.parse(week) if week is not None else None  # database access
+    # bad input: refused before any database access
+    key = derive_allocation_key(invocation, allocation_key, pipeline=pipeline_name)
+    explicit_week = WeekId.parse(week) if week is not None else None
+    named_slot = SlotKey.parse(key)
     tz = pipeline_timezone(engine_for(settings), settings, pipeline_name)  # before allocating
     _check_schedule_zone(pipeline_name, str(tz))
     slot = None
-    if explicit_week is not None:
+    if named_slot is not None:  # a scheduled slot, or a replay of one (explicit key)
+        slot = named_slot.moment.astimezone(tz)
+        week_id = WeekId.of(slot, tz)
+        if explicit_week is not None and explicit_week != week_id:
+            raise InvalidInput(
+                f"allocation key {key} names a slot of {week_id} in {tz}, not of {explicit_week}"
+            )
+    elif explicit_week is not None:
         week_id = explicit_week
     elif invocation is not None and invocation.expected_start_time is not None:
         slot = invocation.expected_start_time.astimezone(tz)
         week_id = WeekId.of(slot, tz)
     else:
         raise NoInvocationIdentity("no scheduled time to take the week from: pass `week`")
-    allocation = allocate_episode(pipeline_name, str(week_id), key)
+    scheduled_by = None
+    if named_slot is not None and invocation is not None and invocation.auto_scheduled:
+        scheduled_by = f"{invocation.flow_name}/{invocation.deployment_name}"
+    allocation = allocate_episode(pipeline_name, str(week_id), key, scheduled_by)
     episode_id: str = allocation["episode_id"]
     logger.info("invocation %s owns episode %s (pipeline %s)", key, episode_id, pipeline_name)
     _rename(f"{pipeline_name} {episode_id}" + (f" · {slot:%a %H:%M %Z}" if slot else ""))
