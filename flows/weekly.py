@@ -38,14 +38,19 @@ FLOW_NAME = "weekly-episode"
 
 
 def weekly_run_name() -> str:
-    """`weekly 2026-W32` for an explicit week, else the slot (UTC) until allocation renames
-    the run after its episode."""
+    """`weekly 2026-W32` for an explicit week, else the slot (UTC: the scheduled one, or the
+    one a replay's allocation key names) until allocation renames the run after its
+    episode."""
     from prefect.runtime import flow_run
 
     parameters = flow_run.parameters
     pipeline = parameters.get("pipeline") or "weekly"
     if parameters.get("week"):
         return f"{pipeline} {parameters['week']}"
+    key = parameters.get("allocation_key")
+    named = SlotKey.parse(key) if isinstance(key, str) else None
+    if named is not None:
+        return f"{pipeline} slot {named.moment:%Y-%m-%d %H:%M} UTC (replay)"
     start = flow_run.scheduled_start_time
     return f"{pipeline} slot {start.strftime('%Y-%m-%d %H:%M')} UTC"
 
