@@ -27,8 +27,7 @@ from core.errors import InvalidInput
 from core.ids import EpisodeId
 from core.keys import slot_key
 from core.settings import Settings
-from deployments.spec import weekly_spec
-from flows.weekly import weekly_episode
+from flows.weekly import FLOW_NAME, weekly_episode
 from storage.episodes import EpisodeRepository
 from storage.registry import engine_for
 
@@ -83,11 +82,10 @@ def replay_here(
 def replay_on_deployment(pipeline: str, moment: datetime, deployment: str) -> Replayed:
     """A flow run of ``deployment`` (``flow/name``, a deployment of the weekly flow for
     ``pipeline``) with the slot's allocation key; its other parameters are the deployment's."""
-    flow_name = weekly_spec().flow_name
-    if deployment.count("/") != 1 or not deployment.startswith(f"{flow_name}/"):
+    if deployment.count("/") != 1 or not deployment.startswith(f"{FLOW_NAME}/"):
         raise InvalidInput(
             f"--deployment {deployment!r}: name a deployment of the weekly flow, e.g. "
-            f"{weekly_spec().full_name}"
+            f"{FLOW_NAME}/weekly"
         )
     key = slot_key(pipeline, moment)
     with get_client(sync_client=True) as client:
