@@ -11,6 +11,8 @@ already waiting for a decision, and ends green ("Joined").
 
 from __future__ import annotations
 
+import logging
+import re
 from typing import Annotated, Any
 
 from prefect import flow
@@ -45,6 +47,9 @@ def weekly_run_name() -> str:
 
     parameters = flow_run.parameters
     pipeline = parameters.get("pipeline") or "weekly"
+    current = flow_run.name  # a retry or a resumed run: keep the episode's name from the start
+    if current and re.fullmatch(rf"{re.escape(pipeline)} \d{{4}}-W\d{{2}}-\d+( · .*)?", current):
+        return str(current)
     if parameters.get("week"):
         return f"{pipeline} {parameters['week']}"
     key = parameters.get("allocation_key")
@@ -182,10 +187,44 @@ def _check_schedule_zone(pipeline: str, recorded: str) -> None:
         )
 
 
+class _RenamedRuns(logging.Filter):
+    """Gives log records the flow run's new name. Prefect's run loggers copy the run's name
+    when they are made (the engine's own, which logs "Finished in state …", is made before
+    the flow starts and cannot be reached), so without this every later line, on a worker's
+    console too, kept the slot name the run had before allocation."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: dict[str, str] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        name = self.names.get(str(getattr(record, "flow_run_id", None)))
+        if name is not None:
+            record.flow_run_name = name
+        return True
+
+    def rename(self, flow_run_id: str, name: str) -> None:
+        if len(self.names) >= 1024:  # a long-lived `serve` process: keep the latest runs
+            self.names.pop(next(iter(self.names)))
+        self.names[flow_run_id] = name
+
+
+_RENAMED = _RenamedRuns()
+for _logger_name in ("prefect.flow_runs", "prefect.task_runs"):
+    logging.getLogger(_logger_name).addFilter(_RENAMED)
+
+
 def _rename(name: str) -> None:
-    """Name the flow run after its episode (the UI's run list then reads like the ledger)."""
+    """Name the flow run after its episode (the UI's run list then reads like the ledger),
+    and every log line from here on with it: loggers made later read the context's run,
+    records of loggers made before are renamed by `_RenamedRuns`."""
     context = FlowRunContext.get()
-    if context is None or context.flow_run is None or context.flow_run.name == name:
+    if context is None or context.flow_run is None:
+        return
+    flow_run = context.flow_run
+    _RENAMED.rename(str(flow_run.id), name)
+    if flow_run.name == name:
         return
     with get_client(sync_client=True) as client:
-        client.update_flow_run(context.flow_run.id, name=name)
+        client.update_flow_run(flow_run.id, name=name)
+    flow_run.name = name
