@@ -7,6 +7,7 @@ the provider makes one job per image. Money is counted at the fake provider (its
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from uuid import UUID, uuid4
@@ -52,8 +53,9 @@ def episodes(url: str) -> dict[str, str]:
 
 
 def test_two_deployments_scheduling_one_pipeline_get_one_episode_and_pay_once(
-    harness: str, tmp_path: Path
+    harness: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO)
     playlist = write_playlist(tmp_path / "pl", ["a", "b"])
     weekly, weekly_name = deploy("weekly", playlist)
     copy, copy_name = deploy("weekly-copy", playlist)
@@ -61,6 +63,8 @@ def test_two_deployments_scheduling_one_pipeline_get_one_episode_and_pay_once(
     assert first.expected_start_time == second.expected_start_time
     assert local.execute(weekly_episode, first.id).result() == "2026-W32-0"
     assert local.execute(weekly_episode, second.id).result() == "2026-W32-0"
+    (joined,) = [r for r in caplog.records if "scheduled by 2 deployments" in r.getMessage()]
+    assert str(getattr(joined, "flow_run_id", None)) == str(second.id)  # the run that joined
     assert episodes(harness) == {"slot:weekly:2026-08-03T09:00:00Z": "2026-W32-0"}
     jobs = made_jobs_per_key()
     assert len(jobs) == 2 and set(jobs.values()) == {1}  # one provider job per image
