@@ -1,9 +1,11 @@
 """`weekly_episode`: the scheduled entry point, and the whole chain behind it.
 
-Derive the invocation's allocation key (scheduled slot, or flow run id, or the explicit
-parameter), compute the ISO week of the scheduled time in the pipeline's timezone (recorded
-in the database: `pipeline.pipelines`), allocate. Every retry of the flow run, and every flow
-run re-created for the same deployment slot, gets the same episode. With a playlist the run
+Derive the invocation's allocation key (the pipeline's scheduled slot, or flow run id, or
+the explicit parameter), compute the ISO week of the slot in the pipeline's timezone
+(recorded in the database: `pipeline.pipelines`), allocate. Every retry of the flow run,
+every flow run re-created for the slot, a run of another deployment scheduling the same
+pipeline at the same moment and a replay of the slot (`allocation_key=slot:…`, `episodic
+replay`) get the same episode. With a playlist the run
 goes on: plan → generate (paid, never twice) → wait for approval (suspended, no worker held)
 → assemble. A duplicate run of one slot finds the episode and the work already done, or
 already waiting for a decision, and ends green ("Joined").
