@@ -80,3 +80,14 @@ def test_episodes_two_deployments_allocated_before_the_upgrade_are_named(
         "findings": [],
         "warnings": [warning.to_dict()],
     }
+
+
+def test_allocate_refuses_a_slot_key_in_another_week(database_url: str) -> None:
+    """`episodic allocate --key slot:…` in a week that is not the slot's would leave the
+    slot's own run an `AllocationConflict`: refused, nothing written."""
+    args = [sys.executable, "-m", "cli.app", "allocate", "--key", f"slot:weekly:{SLOT}"]
+    wrong = subprocess.run([*args, "--week", "2026-W33"], capture_output=True, text=True)
+    assert wrong.returncode == 2, wrong.stderr
+    assert "names a slot of 2026-W32" in wrong.stderr
+    right = subprocess.run([*args, "--week", "2026-W32"], capture_output=True, text=True)
+    assert right.returncode == 0 and right.stdout == "2026-W32-0 (new)\n", right.stderr
