@@ -30,6 +30,7 @@ def allocate(
     from datetime import datetime
 
     from core.errors import InvalidInput
+    from core.ids import WeekId
     from core.keys import validate_key
     from pipeline.allocation import allocate as allocate_episode
     from pipeline.allocation import resolve_week
@@ -50,6 +51,13 @@ def allocate(
 
     tz = pipeline_timezone(context.engine(), context.settings(), name)
     week_id = resolve_week(week, moment, tz)
+    from core.keys import SlotKey
+
+    named = SlotKey.parse(key)
+    if named is not None and WeekId.of(named.moment, tz) != week_id:
+        raise InvalidInput(  # the slot's own run would then find it in the wrong week
+            f"--key {key} names a slot of {WeekId.of(named.moment, tz)} in {tz}, not of {week_id}"
+        )
     allocation = allocate_episode(context.engine(), name, week_id, key)
     if as_json:
         emit_json(allocation.to_dict())

@@ -30,6 +30,7 @@ from cli import (
     pipelines,
     prefect_setup,
     providers,
+    replay,
     review,
     runs,
     serve,
@@ -57,6 +58,7 @@ app.command("demo")(demo.demo)
 app.command("serve")(serve.serve)
 app.command("sweep")(maintenance.sweep)
 app.command("dispatch")(maintenance.dispatch)
+app.command("replay")(replay.replay)
 app.add_typer(episodes.app, name="episodes")
 app.add_typer(runs.app, name="runs")
 app.add_typer(db.app, name="db")

@@ -19,24 +19,33 @@ def check(
     pipeline: PipelineOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Audit episodes read-only (ids, files, ledger, states); exit 1 on findings."""
+    """Audit episodes read-only (ids, files, ledger, states); exit 1 on findings.
+
+    Warnings (a slot that several deployments asked for) are listed but do not change the
+    exit code: the slot was still one episode, paid once."""
     from core.errors import InvalidInput
-    from pipeline.check import check_episodes
+    from pipeline.check import check_episodes, schedule_warnings
     from pipeline.runs import dedup_policy
 
     if (episode_id is None) == (not check_all):
         raise InvalidInput("give an EPISODE_ID or --all")
-    findings = check_episodes(
-        context.engine(read_only=True),
-        context.pipeline_name(pipeline),
-        episode_id,
-        dedup_policy(context.settings()),
-    )
+    engine = context.engine(read_only=True)
+    name = context.pipeline_name(pipeline)
+    findings = check_episodes(engine, name, episode_id, dedup_policy(context.settings()))
+    warnings = schedule_warnings(engine, name, episode_id)
     if as_json:
-        emit_json({"clean": not findings, "findings": [f.to_dict() for f in findings]})
-    elif not findings:
-        typer.echo("clean")
+        emit_json(
+            {
+                "clean": not findings,
+                "findings": [f.to_dict() for f in findings],
+                "warnings": [w.to_dict() for w in warnings],
+            }
+        )
     else:
+        for warning in warnings:
+            typer.echo(f"{warning.episode_id}: warning: {warning.check}: {warning.detail}")
+        if not findings:
+            typer.echo("clean")
         for finding in findings:
             typer.echo(f"{finding.episode_id}: {finding.check}: {finding.detail}")
     raise typer.Exit(1 if findings else 0)

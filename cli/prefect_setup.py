@@ -24,8 +24,9 @@ def setup(
     """Create or update every limit and pool the flows need; safe to run repeatedly.
 
     Records the pipeline's timezone on first use (EPISODIC_TIMEZONE, else UTC) and refuses
-    when EPISODIC_TIMEZONE disagrees with the recorded one; creates one global concurrency
-    limit per provider profile; checks EPISODIC_RESULT_STORAGE loads. Uses PREFECT_API_URL.
+    when EPISODIC_TIMEZONE disagrees with the recorded one; lists each provider profile's
+    limit (held by the database's claims); checks EPISODIC_RESULT_STORAGE loads; warns when
+    more than one deployment of the weekly flow schedules the pipeline. Uses PREFECT_API_URL.
     """
     import re
 
@@ -47,8 +48,10 @@ def setup(
         emit_json(result)
         return
     typer.echo(f"pipeline {result['pipeline']}: timezone {result['timezone']}")
-    for limit in result["limits"]:
-        typer.echo(f"concurrency limit {limit['name']}: {limit['limit']}")
+    for limit in result["limits"]:  # held by the database's claims, not a Prefect limit
+        typer.echo(f"provider {limit['profile']}: at most {limit['limit']} jobs at once")
     if result["work_pool"]:
         typer.echo(f"work pool {result['work_pool']}: ready")
     typer.echo(f"result storage: {result['result_storage']}")
+    for warning in result["warnings"]:
+        typer.echo(f"warning: {warning}", err=True)

@@ -41,6 +41,9 @@ class Episode:
 class Allocation:
     episode: Episode
     created: bool
+    # Deployments recorded as scheduling this episode's slot (`flow/deployment`); more than
+    # one means two deployments feed one pipeline (`episodic check` warns).
+    scheduled_by: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         data = self.episode.to_dict()

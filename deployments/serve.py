@@ -8,6 +8,7 @@ duplicated.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from prefect import Flow, serve
@@ -83,6 +84,8 @@ def serve_all(pipeline: str | None = None, playlist: str = DEFAULT_PLAYLIST) -> 
             "project folder or pass --playlist"
         )
     setup = prefect_setup(pipeline, mode="serve")
+    for warning in setup["warnings"]:  # e.g. a `prefect deploy` copy of the weekly flow
+        print(f"episodic: warning: {warning}", file=sys.stderr, flush=True)
     serve(*all_deployments(setup["timezone"], setup["pipeline"], playlist))
 
 

@@ -2,9 +2,12 @@
 
 Run by `episodic serve` before serving and by the `prefect deploy` build step, so neither
 path can forget a piece: the schema and the pipeline's recorded timezone (which the weekly
-schedules are generated from), one global concurrency limit per provider profile, the work
-pool for `prefect deploy`, and a check that the configured result storage block loads. It
-also refuses to let `serve` and `prefect deploy` silently take over each other's deployments.
+schedules are generated from), the provider profiles' limits (held by the database's
+claims), the work pool for `prefect deploy`, and a check that the configured result storage
+block loads. It
+also refuses to let `serve` and `prefect deploy` silently take over each other's deployments,
+and warns when more than one deployment of the weekly flow schedules the pipeline (each slot
+is still one episode, paid once; but the copies are noise in the UI and a sign of a mistake).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from prefect.exceptions import ObjectNotFound
 
 from core.errors import ProviderConfigError
 from core.settings import Settings, load_settings, validate_pipeline
-from deployments.spec import WORK_POOL, deployment_specs, project_version
+from deployments.spec import WORK_POOL, deployment_specs, project_version, weekly_spec
 from pipeline.pipelines import pipeline_config
 from providers.profiles import load_profiles
 from storage.registry import engine_for
@@ -34,10 +37,10 @@ def prefect_setup(
 ) -> dict[str, Any]:
     """Create or update what the flows rely on; returns what it found and did.
 
-    Shape: ``{pipeline, timezone, version, limits: [{name, limit}], work_pool,
-    result_storage}``. Raises `TimezoneMismatch` (this process's EPISODIC_TIMEZONE differs
-    from the recorded one) and `ProviderConfigError` (a deployment of ours is registered the
-    other way, a result storage block that does not load).
+    Shape: ``{pipeline, timezone, version, limits: [{profile, limit}], work_pool,
+    result_storage, warnings: [str]}``. Raises `TimezoneMismatch` (this process's
+    EPISODIC_TIMEZONE differs from the recorded one) and `ProviderConfigError` (a deployment
+    of ours is registered the other way, a result storage block that does not load).
     """
     settings = settings or load_settings()
     name = validate_pipeline(pipeline or settings.pipeline)
@@ -51,6 +54,8 @@ def prefect_setup(
     storage = check_result_storage(settings)  # a typo fails here, not mid-run
     if mode is not None:
         _refuse_takeover(mode, name)
+    schedulers = scheduling_deployments(name, settings.pipeline)
+    warnings = [] if len(schedulers) < 2 else [multiple_schedulers_warning(name, schedulers)]
     return {
         "pipeline": name,
         "timezone": config.timezone,
@@ -58,7 +63,43 @@ def prefect_setup(
         "limits": limits,
         "work_pool": work_pool,
         "result_storage": storage,
+        "warnings": warnings,
     }
+
+
+def scheduling_deployments(pipeline: str, default_pipeline: str) -> list[str]:
+    """The deployments of the weekly flow (``flow/deployment``) whose active schedules feed
+    ``pipeline``: its ``pipeline`` parameter, else the EPISODIC_PIPELINE of its job
+    variables, else ``default_pipeline`` (this process's, the best guess for a worker's)."""
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+
+    flow_name = weekly_spec().flow_name
+    with get_client(sync_client=True) as client:
+        deployments = client.read_deployments(
+            flow_filter=FlowFilter(name=FlowFilterName(any_=[flow_name]))
+        )
+    names = []
+    for deployment in deployments:
+        if deployment.paused or not any(s.active for s in deployment.schedules):
+            continue
+        env = (deployment.job_variables or {}).get("env") or {}
+        fed = (
+            (deployment.parameters or {}).get("pipeline")
+            or (env.get("EPISODIC_PIPELINE") if isinstance(env, dict) else None)
+            or default_pipeline
+        )
+        if fed == pipeline:
+            names.append(f"{flow_name}/{deployment.name}")
+    return sorted(names)
+
+
+def multiple_schedulers_warning(pipeline: str, deployments: list[str]) -> str:
+    return (
+        f"pipeline {pipeline} is scheduled by {len(deployments)} deployments of the weekly "
+        f"flow ({', '.join(deployments)}): each slot is one episode whichever of them runs "
+        "it, and is paid for once, but keep one of them (`prefect deployment delete "
+        "FLOW/DEPLOYMENT` for the others)"
+    )
 
 
 def _ensure_process_pool(name: str) -> None:

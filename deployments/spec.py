@@ -99,6 +99,12 @@ def deployment_specs(
     ]
 
 
+def weekly_spec() -> DeploymentSpec:
+    """The scheduled entry (`weekly-episode/weekly`)."""
+    (weekly,) = (spec for spec in deployment_specs() if spec.schedule == "weekly")
+    return weekly
+
+
 @cache
 def project_version() -> str:
     """`0.1.0` plus the git commit when the code runs from a checkout (`0.1.0+g1a2b3c4`)."""

@@ -17,12 +17,17 @@ def setup(pipeline: str | None = None, work_pool: str | None = None) -> dict[str
 
     Returns ``{timezone, version, pipeline}`` for templating the deployments (the weekly
     schedules use the pipeline's recorded timezone). Raises what `prefect_setup` raises,
-    which stops `prefect deploy` with a non-zero exit.
+    which stops `prefect deploy` with a non-zero exit. Its warnings (two deployments of the
+    weekly flow scheduling the pipeline) go to standard error, in `prefect deploy`'s output.
     """
+    import sys
+
     import tasks  # noqa: F401  (Prefect defaults before anything else)
     from deployments.setup import prefect_setup
 
     result = prefect_setup(pipeline, mode="deploy", work_pool=work_pool)
+    for warning in result["warnings"]:
+        print(f"episodic: warning: {warning}", file=sys.stderr, flush=True)
     return {
         "timezone": result["timezone"],
         "version": result["version"],

@@ -1,9 +1,11 @@
 """`weekly_episode`: the scheduled entry point, and the whole chain behind it.
 
-Derive the invocation's allocation key (scheduled slot, or flow run id, or the explicit
-parameter), compute the ISO week of the scheduled time in the pipeline's timezone (recorded
-in the database: `pipeline.pipelines`), allocate. Every retry of the flow run, and every flow
-run re-created for the same deployment slot, gets the same episode. With a playlist the run
+Derive the invocation's allocation key (the pipeline's scheduled slot, or flow run id, or
+the explicit parameter), compute the ISO week of the slot in the pipeline's timezone
+(recorded in the database: `pipeline.pipelines`), allocate. Every retry of the flow run,
+every flow run re-created for the slot, a run of another deployment scheduling the same
+pipeline at the same moment and a replay of the slot (`allocation_key=slot:…`, `episodic
+replay`) get the same episode. With a playlist the run
 goes on: plan → generate (paid, never twice) → wait for approval (suspended, no worker held)
 → assemble. A duplicate run of one slot finds the episode and the work already done, or
 already waiting for a decision, and ends green ("Joined").
@@ -11,6 +13,8 @@ already waiting for a decision, and ends green ("Joined").
 
 from __future__ import annotations
 
+import logging
+import re
 from typing import Annotated, Any
 
 from prefect import flow
@@ -20,10 +24,10 @@ from prefect.context import FlowRunContext
 from prefect.logging import get_run_logger
 from pydantic import Field
 
-from core.errors import NoInvocationIdentity, ScheduleOutOfDate
+from core.errors import InvalidInput, NoInvocationIdentity, ScheduleOutOfDate
 from core.hints import surface
 from core.ids import WeekId
-from core.keys import derive_allocation_key
+from core.keys import SlotKey, derive_allocation_key
 from core.settings import load_settings, validate_pipeline
 from flows.generate import generate_episode
 from flows.invocation import current_invocation
@@ -38,14 +42,22 @@ FLOW_NAME = "weekly-episode"
 
 
 def weekly_run_name() -> str:
-    """`weekly 2026-W32` for an explicit week, else the slot (UTC) until allocation renames
-    the run after its episode."""
+    """`weekly 2026-W32` for an explicit week, else the slot (UTC: the scheduled one, or the
+    one a replay's allocation key names) until allocation renames the run after its
+    episode."""
     from prefect.runtime import flow_run
 
     parameters = flow_run.parameters
     pipeline = parameters.get("pipeline") or "weekly"
+    current = flow_run.name  # a retry or a resumed run: keep the episode's name from the start
+    if current and re.fullmatch(rf"{re.escape(pipeline)} \d{{4}}-W\d{{2}}-\d+( · .*)?", current):
+        return str(current)
     if parameters.get("week"):
         return f"{pipeline} {parameters['week']}"
+    key = parameters.get("allocation_key")
+    named = SlotKey.parse(key) if isinstance(key, str) else None
+    if named is not None:
+        return f"{pipeline} slot {named.moment:%Y-%m-%d %H:%M} UTC (replay)"
     start = flow_run.scheduled_start_time
     return f"{pipeline} slot {start.strftime('%Y-%m-%d %H:%M')} UTC"
 
@@ -108,19 +120,31 @@ def _weekly(
     settings = load_settings()
     pipeline_name = validate_pipeline(pipeline or settings.pipeline)
     invocation = current_invocation()
-    key = derive_allocation_key(invocation, allocation_key)  # bad input: refused before any
-    explicit_week = WeekId.parse(week) if week is not None else None  # database access
+    # bad input: refused before any database access
+    key = derive_allocation_key(invocation, allocation_key, pipeline=pipeline_name)
+    explicit_week = WeekId.parse(week) if week is not None else None
+    named_slot = SlotKey.parse(key)
     tz = pipeline_timezone(engine_for(settings), settings, pipeline_name)  # before allocating
     _check_schedule_zone(pipeline_name, str(tz))
     slot = None
-    if explicit_week is not None:
+    if named_slot is not None:  # a scheduled slot, or a replay of one (explicit key)
+        slot = named_slot.moment.astimezone(tz)
+        week_id = WeekId.of(slot, tz)
+        if explicit_week is not None and explicit_week != week_id:
+            raise InvalidInput(
+                f"allocation key {key} names a slot of {week_id} in {tz}, not of {explicit_week}"
+            )
+    elif explicit_week is not None:
         week_id = explicit_week
     elif invocation is not None and invocation.expected_start_time is not None:
         slot = invocation.expected_start_time.astimezone(tz)
         week_id = WeekId.of(slot, tz)
     else:
         raise NoInvocationIdentity("no scheduled time to take the week from: pass `week`")
-    allocation = allocate_episode(pipeline_name, str(week_id), key)
+    scheduled_by = None
+    if named_slot is not None and invocation is not None and invocation.auto_scheduled:
+        scheduled_by = f"{invocation.flow_name}/{invocation.deployment_name}"
+    allocation = allocate_episode(pipeline_name, str(week_id), key, scheduled_by)
     episode_id: str = allocation["episode_id"]
     logger.info("invocation %s owns episode %s (pipeline %s)", key, episode_id, pipeline_name)
     _rename(f"{pipeline_name} {episode_id}" + (f" · {slot:%a %H:%M %Z}" if slot else ""))
@@ -165,10 +189,44 @@ def _check_schedule_zone(pipeline: str, recorded: str) -> None:
         )
 
 
+class _RenamedRuns(logging.Filter):
+    """Gives log records the flow run's new name. Prefect's run loggers copy the run's name
+    when they are made (the engine's own, which logs "Finished in state …", is made before
+    the flow starts and cannot be reached), so without this every later line, on a worker's
+    console too, kept the slot name the run had before allocation."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: dict[str, str] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        name = self.names.get(str(getattr(record, "flow_run_id", None)))
+        if name is not None:
+            record.flow_run_name = name
+        return True
+
+    def rename(self, flow_run_id: str, name: str) -> None:
+        if len(self.names) >= 1024:  # a long-lived `serve` process: keep the latest runs
+            self.names.pop(next(iter(self.names)))
+        self.names[flow_run_id] = name
+
+
+_RENAMED = _RenamedRuns()
+for _logger_name in ("prefect.flow_runs", "prefect.task_runs"):
+    logging.getLogger(_logger_name).addFilter(_RENAMED)
+
+
 def _rename(name: str) -> None:
-    """Name the flow run after its episode (the UI's run list then reads like the ledger)."""
+    """Name the flow run after its episode (the UI's run list then reads like the ledger),
+    and every log line from here on with it: loggers made later read the context's run,
+    records of loggers made before are renamed by `_RenamedRuns`."""
     context = FlowRunContext.get()
-    if context is None or context.flow_run is None or context.flow_run.name == name:
+    if context is None or context.flow_run is None:
+        return
+    flow_run = context.flow_run
+    _RENAMED.rename(str(flow_run.id), name)
+    if flow_run.name == name:
         return
     with get_client(sync_client=True) as client:
-        client.update_flow_run(context.flow_run.id, name=name)
+        client.update_flow_run(flow_run.id, name=name)
+    flow_run.name = name

@@ -45,5 +45,13 @@ def resolve_week(week: str | None, at: datetime | None, tz: ZoneInfo) -> WeekId:
     wait=wait_exponential_jitter(multiplier=0.2, max=3.0),
     reraise=True,
 )
-def allocate(engine: Engine, pipeline: str, week: WeekId, allocation_key: str) -> Allocation:
-    return Allocator(engine).allocate(pipeline, week, allocation_key)
+def allocate(
+    engine: Engine,
+    pipeline: str,
+    week: WeekId,
+    allocation_key: str,
+    *,
+    scheduled_by: str | None = None,
+) -> Allocation:
+    """``scheduled_by``: the deployment whose schedule made the asking run (recorded)."""
+    return Allocator(engine).allocate(pipeline, week, allocation_key, scheduled_by=scheduled_by)

@@ -19,9 +19,11 @@ from sqlalchemy import Connection, Engine, select
 
 from core.errors import EpisodicError, InvalidInput
 from core.ids import EpisodeId
+from core.keys import SlotKey
 from core.playlist import PlannedItem, check_picks, hero_candidates, item_label
 from core.states import FROZEN_PLAN_STATES, EpisodeState
 from pipeline.playlists import planned_items
+from storage.allocator import SLOT_EVENTS, asked_by
 from storage.base import utcnow
 from storage.models import (
     CostEntryRow,
@@ -70,6 +72,62 @@ def check_episodes(
     for episode in episodes:
         findings.extend(_check_one(engine, episode, policy))
     return findings
+
+
+def schedule_warnings(
+    engine: Engine, pipeline: str, episode_id: str | None = None
+) -> list[Finding]:
+    """Slots of the pipeline that more than one deployment asked for: two deployments of
+    the weekly flow schedule one pipeline (a copy, a renamed one left behind). Each slot is
+    still one episode, paid once; the warning says which deployments to keep one of. From
+    the database alone: the deployments the allocation recorded (`storage.allocator`) and
+    those old-format keys name. With `episode_id`, the slots of that episode only."""
+    wanted = None if episode_id is None else str(EpisodeId.parse(episode_id))
+    with _snapshot(engine) as conn:
+        episodes = conn.execute(
+            select(EpisodeRow.id, EpisodeRow.episode_id, EpisodeRow.allocation_key)
+            .where(EpisodeRow.pipeline == pipeline)
+            .order_by(EpisodeRow.week_id, EpisodeRow.sequence)
+        ).all()
+        slots: dict[str, list[Any]] = {}
+        for row in episodes:
+            if (named := SlotKey.parse(row.allocation_key)) is not None:
+                slots.setdefault(named.slot, []).append(row)
+        pks = [row.id for rows in slots.values() for row in rows]
+        events = conn.execute(  # every slot event of the pipeline, one statement
+            select(EpisodeEventRow.episode_pk, EpisodeEventRow.detail).where(
+                EpisodeEventRow.episode_pk.in_(pks), EpisodeEventRow.kind.in_(SLOT_EVENTS)
+            )
+        ).all()
+    asked: dict[int, list[dict[str, Any]]] = {}
+    for pk, detail in events:
+        asked.setdefault(pk, []).append(detail)
+    out: list[Finding] = []
+    for slot, rows in slots.items():
+        ids = [row.episode_id for row in rows]
+        if wanted is not None and wanted not in ids:
+            continue
+        deployments = sorted(
+            set().union(*(asked_by(row.allocation_key, asked.get(row.id, [])) for row in rows))
+        )
+        if len(deployments) < 2:
+            continue
+        owned = (
+            f"episode {ids[0]}"
+            if len(ids) == 1
+            else f"episodes {', '.join(ids)} (allocated once per deployment before one "
+            "slot meant one episode: `episodic check` of each shows what was paid)"
+        )
+        out.append(
+            Finding(
+                ids[0],
+                "schedule",
+                f"slot {slot} of pipeline {pipeline} was asked for by deployments "
+                f"{' and '.join(deployments)} ({owned}): keep one deployment of the weekly "
+                "flow per pipeline (`prefect deployment delete FLOW/DEPLOYMENT`)",
+            )
+        )
+    return out
 
 
 @contextmanager
@@ -131,7 +189,10 @@ def _check_one(engine: Engine, episode: Any, policy: DedupPolicy) -> list[Findin
         ).first()
         latest_event = conn.execute(
             select(EpisodeEventRow.detail)
-            .where(EpisodeEventRow.episode_pk == episode.id)
+            .where(
+                EpisodeEventRow.episode_pk == episode.id,
+                EpisodeEventRow.kind != "slot_requested",  # who asked, not what happened
+            )
             .order_by(EpisodeEventRow.id.desc())
             .limit(1)
         ).scalar()

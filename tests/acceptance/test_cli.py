@@ -141,6 +141,7 @@ def test_pipelines_are_separate(cli: Cli, database_url: str) -> None:
         ["pipelines", "set-timezone"],
         ["prefect", "setup"],
         ["dispatch"],
+        ["replay"],
         ["sweep"],
     ],
 )

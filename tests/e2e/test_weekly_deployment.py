@@ -199,7 +199,7 @@ def _story(
     database: str,
     episodic: dict[str, str],
 ) -> None:
-    from core.keys import utc_iso
+    from core.keys import slot_key as key_of
 
     # 1. Both slots of week 46, and a duplicate dispatch of the first slot.
     end = WEEK_46 + dt.timedelta(days=7)
@@ -210,7 +210,7 @@ def _story(
     assert len(slots) == 2, slots
     monday, thursday = slots
     slot = dt.datetime.fromisoformat(monday["expected_start_time"])
-    slot_key = f"scheduled:weekly-episode/weekly:{utc_iso(slot)}"
+    slot_key = key_of("weekly", slot)  # the slot's identity: a replay of it
     duplicate = create_flow_run(
         server, weekly["id"], parameters={"allocation_key": slot_key, "week": "2026-W46"}
     )

@@ -64,10 +64,9 @@ def test_scheduled_slots_get_increasing_sequences_and_a_ui_retry_gets_the_same(
     assert local.execute(weekly_episode, monday.id).result() == "2026-W32-0"
     assert local.execute(weekly_episode, thursday.id).result() == "2026-W32-1"
     assert local.retry(weekly_episode, monday.id).result() == "2026-W32-0"
-    name = deployment_name(deployment_id)
     assert episodes(harness) == {
-        f"scheduled:weekly-episode/{name}:2026-08-03T09:00:00Z": "2026-W32-0",
-        f"scheduled:weekly-episode/{name}:2026-08-06T09:00:00Z": "2026-W32-1",
+        "slot:weekly:2026-08-03T09:00:00Z": "2026-W32-0",
+        "slot:weekly:2026-08-06T09:00:00Z": "2026-W32-1",
     }
 
 
@@ -158,7 +157,7 @@ def test_the_key_cannot_be_derived_outside_a_flow_run() -> None:
 
     assert current_invocation() is None
     with pytest.raises(NoInvocationIdentity):
-        derive_allocation_key(current_invocation())
+        derive_allocation_key(current_invocation(), pipeline="weekly")
 
 
 def test_the_weekly_flow_plans_from_a_playlist_parameter(harness: str, tmp_path: Path) -> None:

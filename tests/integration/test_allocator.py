@@ -150,3 +150,85 @@ def test_postgres_lock_is_transaction_scoped(engine: Engine) -> None:
             )
         ).scalar_one()
     assert held == 0
+
+
+# Issue 28: the slot belongs to the pipeline, whichever deployment carries its schedule.
+SLOT = "2026-08-06T07:00:00Z"
+OLD_KEY = f"scheduled:weekly-episode/weekly:{SLOT}"  # the format before issue 28
+NEW_KEY = f"slot:weekly:{SLOT}"
+
+
+def test_a_slot_allocated_under_the_old_key_format_keeps_its_episode(engine: Engine) -> None:
+    """A Retry after the upgrade asks with the new key and finds the old episode, by
+    lookup: nothing is rewritten, nothing new is allocated."""
+    before = Allocator(engine).allocate("weekly", W32, OLD_KEY)
+    again = Allocator(engine).allocate("weekly", W32, NEW_KEY, scheduled_by="weekly-episode/weekly")
+    assert not again.created
+    assert again.episode.episode_id == before.episode.episode_id
+    assert again.episode.allocation_key == OLD_KEY  # the recorded key stays
+    assert again.scheduled_by == ("weekly-episode/weekly",)  # the old key names it
+    assert counts(engine) == (1, 1)  # and this deployment was known: no event written
+    later = Allocator(engine).allocate("weekly", W32, f"slot:weekly:{'2026-08-03T07:00:00Z'}")
+    assert later.created and str(later.episode.episode_id) == "2026-W32-1"
+
+
+def test_an_old_key_of_another_slot_or_pipeline_is_not_taken(engine: Engine) -> None:
+    Allocator(engine).allocate(
+        "weekly", W32, "scheduled:weekly-episode/weekly:2026-08-06T07:00:01Z"
+    )
+    Allocator(engine).allocate("other", W32, OLD_KEY)
+    Allocator(engine).allocate("weekly", W32, f"scheduled:weekly/nodeployment%{SLOT}")
+    mine = Allocator(engine).allocate("weekly", W32, NEW_KEY)
+    assert mine.created and str(mine.episode.episode_id) == "2026-W32-2"
+
+
+def test_an_old_key_asking_after_the_upgrade_finds_the_slot_episode(engine: Engine) -> None:
+    """A run created before the upgrade with an explicit old key (a duplicate of a slot)
+    finds the episode the new key allocated."""
+    new = Allocator(engine).allocate("weekly", W32, NEW_KEY)
+    old = Allocator(engine).allocate("weekly", W32, OLD_KEY)
+    assert not old.created and old.episode.episode_id == new.episode.episode_id
+
+
+def test_a_slot_two_deployments_allocated_before_the_upgrade_fails_closed(
+    engine: Engine,
+) -> None:
+    """The old code gave each deployment its own episode for one slot (set up here as it
+    wrote them): neither is the slot's episode, so asking for the slot changes nothing."""
+    for n, deployment in enumerate(["weekly", "weekly-copy"]):
+        Allocator(engine).allocate("weekly", W32, f"placeholder-{n}")
+        with engine.begin() as conn:
+            conn.execute(
+                update(EpisodeRow)
+                .where(EpisodeRow.allocation_key == f"placeholder-{n}")
+                .values(allocation_key=f"scheduled:weekly-episode/{deployment}:{SLOT}")
+            )
+    for key in (NEW_KEY, OLD_KEY):
+        with pytest.raises(AllocationConflict, match="several episodes"):
+            Allocator(engine).allocate("weekly", W32, key, scheduled_by="weekly-episode/weekly")
+    assert counts(engine) == (2, 2)
+
+
+def test_a_second_deployment_asking_for_a_slot_is_recorded_once(engine: Engine) -> None:
+    allocator = Allocator(engine)
+    first = allocator.allocate("weekly", W32, NEW_KEY, scheduled_by="weekly-episode/weekly")
+    copy = allocator.allocate("weekly", W32, NEW_KEY, scheduled_by="weekly-episode/weekly-copy")
+    retry = allocator.allocate("weekly", W32, NEW_KEY, scheduled_by="weekly-episode/weekly-copy")
+    assert first.created and not copy.created and not retry.created
+    assert copy.episode.episode_id == first.episode.episode_id == retry.episode.episode_id
+    assert copy.scheduled_by == ("weekly-episode/weekly", "weekly-episode/weekly-copy")
+    assert retry.scheduled_by == copy.scheduled_by
+    with engine.connect() as conn:
+        events = conn.execute(
+            select(EpisodeEventRow.kind, EpisodeEventRow.detail).order_by(EpisodeEventRow.id)
+        ).all()
+    assert [(kind, detail.get("scheduled_by")) for kind, detail in events] == [
+        ("allocated", "weekly-episode/weekly"),
+        ("slot_requested", "weekly-episode/weekly-copy"),
+    ]
+
+
+def test_a_slot_key_of_another_pipeline_is_refused(engine: Engine) -> None:
+    with pytest.raises(InvalidInput, match="slot of pipeline weekly"):
+        Allocator(engine).allocate("other", W32, NEW_KEY)
+    assert counts(engine) == (0, 0)

@@ -1,0 +1,108 @@
+"""`episodic replay`: run a pipeline's scheduled slot now, as its scheduled run would."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from cli import context
+from cli.options import JsonOption, PipelineOption
+from cli.output import emit_json
+
+
+def replay(
+    slot: Annotated[
+        str,
+        typer.Option(
+            "--slot",
+            help="The slot's scheduled start with its UTC offset, e.g. "
+            "2026-08-06T09:00:00+02:00 (or ...T07:00:00Z).",
+        ),
+    ],
+    pipeline: PipelineOption = None,
+    playlist: Annotated[
+        Path | None,
+        typer.Option(
+            help="Playlist to plan from when the episode has no plan yet (here only; "
+            "default: the weekly deployment's, examples/playlist.yaml)."
+        ),
+    ] = None,
+    deployment: Annotated[
+        str | None,
+        typer.Option(
+            help="Hand the replay to this deployment's workers instead (e.g. "
+            "weekly-episode/weekly): it waits for approval in the UI as the scheduled run "
+            "would. Needs PREFECT_API_URL."
+        ),
+    ] = None,
+    generate: Annotated[
+        bool, typer.Option("--generate/--no-generate", help="Generate (paid) after planning.")
+    ] = True,
+    as_json: JsonOption = False,
+) -> None:
+    """Run the weekly chain of one slot now, with its scheduled run's identity.
+
+    The slot's episode is the one its scheduled run owns (allocated if none ran yet): a
+    repeat, or a replay of a slot the scheduler already ran, returns the same episode and
+    pays nothing twice. Here: allocate, plan, generate, then approve with `episodic
+    approve`. With --deployment: a flow run of that deployment, run by its workers.
+    """
+    from core.keys import parse_slot
+
+    moment = parse_slot(slot)  # bad input: refused before anything else
+    name = context.pipeline_name(pipeline)
+    import tasks  # noqa: F401  (Prefect defaults before Prefect is imported)
+
+    if deployment is not None:
+        if playlist is not None or not generate:
+            from core.errors import InvalidInput
+
+            raise InvalidInput("--playlist and --no-generate are the deployment's parameters")
+        _needs_server()
+        from flows.replay import replay_on_deployment
+
+        result = replay_on_deployment(name, moment, deployment)
+        if as_json:
+            emit_json(result.to_dict())
+            return
+        typer.echo(
+            f"slot {result.allocation_key}: flow run {result.flow_run_name} "
+            f"({result.flow_run_id}) of {deployment}: {result.state}; its workers allocate "
+            "the slot's episode and wait for approval in the UI"
+        )
+        return
+    from deployments.spec import DEFAULT_PLAYLIST
+    from flows.replay import replay_here
+
+    if playlist is not None and not playlist.is_file():
+        from core.errors import InvalidInput
+
+        raise InvalidInput(f"--playlist {playlist} not found")
+    default = Path(DEFAULT_PLAYLIST)  # relative: the project folder's, as on a worker
+    chosen = playlist if playlist is not None else (default if default.is_file() else None)
+    result = replay_here(context.settings(), name, moment, chosen, generate=generate)
+    if as_json:
+        emit_json(result.to_dict())
+        return
+    typer.echo(f"slot {result.allocation_key}: episode {result.episode_id}, {result.state}")
+    if result.state == "generated":
+        typer.echo(f"next: episodic approve {result.episode_id} --by NAME [--reject --reason R]")
+    elif result.state == "allocated" and chosen is None:
+        typer.echo(f"next: episodic replay --slot {slot} --playlist FILE (no plan yet)")
+
+
+def _needs_server() -> None:
+    import os
+
+    from core.errors import InvalidInput
+
+    if not os.environ.get("PREFECT_API_URL"):
+        from prefect.settings import get_current_settings
+
+        if not get_current_settings().api.url:
+            raise InvalidInput(
+                "replay --deployment needs a Prefect server: set PREFECT_API_URL "
+                "(e.g. http://127.0.0.1:4200/api)"
+            )

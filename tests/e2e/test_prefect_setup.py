@@ -1,0 +1,65 @@
+"""`episodic prefect setup` as the README's production recipe runs it, on a real Prefect
+server: the human output (issue 28: it crashed with `KeyError: 'name'` where `--json`
+worked) and the warning when two deployments of the weekly flow schedule one pipeline,
+from the command and from the `prefect deploy` build step."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.stack import PrefectServer, deploy_flow, run_cli
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+PROJECT = Path(__file__).resolve().parents[2]
+WEEKLY = "flows/weekly.py:weekly_episode"
+BUILD_STEP = "from deployments.steps import setup; setup('weekly', 'episodic')"
+
+
+def test_setup_prints_what_it_did_and_warns_of_a_second_weekly_deployment(
+    tmp_path: Path,
+) -> None:
+    episodic = {
+        "EPISODIC_DATABASE_URL": f"sqlite:///{tmp_path / 'episodic.db'}",
+        "EPISODIC_HOME": str(tmp_path / "home"),
+    }
+    with PrefectServer(tmp_path / "stack", ui=False) as server:
+        env = server.env(episodic)
+        setup = run_cli(["prefect", "setup", "--work-pool", "episodic"], env, PROJECT,
+                        program="episodic")  # fmt: skip
+        assert setup.returncode == 0, setup.stdout + setup.stderr
+        lines = setup.stdout.splitlines()
+        assert lines[0] == "pipeline weekly: timezone UTC"
+        assert "provider fake: at most 8 jobs at once" in lines
+        assert "work pool episodic: ready" in lines
+        assert lines[-1].startswith("result storage: ")
+        assert setup.stderr == ""
+
+        for name, pipeline in [("weekly", "weekly"), ("weekly-copy", "weekly"),
+                               ("other", "other")]:  # fmt: skip
+            deploy_flow(env, source=PROJECT, entrypoint=WEEKLY, name=name,
+                        work_pool_name="episodic", parameters={"pipeline": pipeline},
+                        cron="0 9 * * 1", timezone="UTC")  # fmt: skip
+        warning = (
+            "pipeline weekly is scheduled by 2 deployments of the weekly flow "
+            "(weekly-episode/weekly, weekly-episode/weekly-copy)"
+        )
+        again = run_cli(["prefect", "setup"], env, PROJECT, program="episodic")
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert again.stderr.startswith(f"warning: {warning}"), again.stderr
+        assert "Traceback" not in again.stderr
+        as_json = run_cli(["prefect", "setup", "--json"], env, PROJECT, program="episodic")
+        assert as_json.returncode == 0, as_json.stderr
+        (listed,) = json.loads(as_json.stdout)["warnings"]
+        assert listed.startswith(warning)
+        other = run_cli(["prefect", "setup", "--pipeline", "other"], env, PROJECT,
+                        program="episodic")  # fmt: skip
+        assert other.returncode == 0 and other.stderr == "", other.stderr
+
+        step = run_cli(["-c", BUILD_STEP], env, PROJECT, program=[sys.executable])
+        assert step.returncode == 0, step.stderr
+        assert f"episodic: warning: {warning}" in step.stderr
