@@ -96,14 +96,17 @@ def test_a_finished_item_is_a_cache_hit_without_the_database_or_provider(
 
 def _only_item(url: str) -> tuple[str, str]:
     from storage.engine import make_engine
+    from storage.installation import installation_id
     from storage.runs import RunStore
+    from tasks.generate import ledger_ref
 
     engine = make_engine(url)
     store = RunStore(engine)
     (run,) = store.list_runs("weekly")
     (item,) = store.run_items(run.run_id)
+    scope = installation_id(engine)
     engine.dispose()
-    return item.idempotency_key, item.ledger_ref
+    return item.idempotency_key, ledger_ref(scope, item)
 
 
 def test_a_missing_episode_fails_before_any_client_is_built(
