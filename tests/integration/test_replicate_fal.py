@@ -43,6 +43,7 @@ def replicate_profile(server: ReplicateServer, **fields: Any) -> Profile:
         "inputs": {"num_outputs": 1, "aspect_ratio": "16:9"},
         "timeout_s": 2.0,
         "poll_interval_s": 0.02,
+        "lookup_by_input": True,  # these tests' account serves one installation
     }
     return Profile(**(values | fields))
 
@@ -300,9 +301,16 @@ def test_a_profile_that_does_not_fit_its_kind_is_refused_naming_the_field(
 
 # ---------------------------------------------------------------- through the engine
 def _episode(
-    engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str, base_url: str
+    engine: Engine,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    kind: str,
+    base_url: str,
+    *,
+    lookup_by_input: bool = True,  # replicate: these tests' account serves one installation
 ) -> Episode:
     model = "black-forest-labs/flux-schnell" if kind == "replicate" else "fal-ai/flux/dev"
+    by_input = "    lookup_by_input: true\n" if kind == "replicate" and lookup_by_input else ""
     (tmp_path / "providers.yaml").write_text(
         "profiles:\n"
         "  real:\n"
@@ -312,7 +320,7 @@ def _episode(
         "    credential_env: IMAGE_KEY\n"
         "    cost_per_image_minor: 3\n"
         "    timeout_s: 2.0\n"
-        "    poll_interval_s: 0.02\n"
+        "    poll_interval_s: 0.02\n" + by_input
     )
     monkeypatch.setenv("EPISODIC_PROVIDERS_FILE", str(tmp_path / "providers.yaml"))
     monkeypatch.setenv("IMAGE_KEY", TOKEN)
@@ -438,7 +446,8 @@ def test_providers_check_verifies_without_spending_and_prints_the_capability_row
         "ok": True,
         "message": "Replicate accepted the token (account episodic-test)",
     }
-    assert shown["idempotent_create"] is False and "exact input" in shown["lookup"]
+    assert shown["idempotent_create"] is False and shown["lookup"].startswith("no (")
+    assert "lookup_by_input" in shown["lookup"]  # found by input only on one's own account
     assert [r.path for r in replicate.requests] == ["/v1/account"]
     monkeypatch.setenv("REP_TOKEN", "wrong-token")
     assert run(["providers", "check", "rep"]) == 2
@@ -558,7 +567,14 @@ def test_a_replicate_unknown_without_a_seed_tells_the_operator_where_to_look(
     made and --force-resubmit would pay twice (found by a fresh tester). It names the
     model and the item's prompt in Replicate's prediction list now."""
     with ReplicateServer() as server:
-        episode = _episode(engine, tmp_path, monkeypatch, "replicate", server.base_url)  # type: ignore[attr-defined]
+        episode = _episode(
+            engine,
+            tmp_path,
+            monkeypatch,
+            "replicate",
+            server.base_url,  # type: ignore[attr-defined]
+            lookup_by_input=False,  # a model without a seed cannot declare it
+        )
         profiles = tmp_path / "providers.yaml"
         profiles.write_text(profiles.read_text() + "    seed_input: null\n")
         episode.plan(write_playlist(tmp_path / "pl", ["owl [[CREATED_502]]"], profile="real"))
