@@ -15,7 +15,7 @@ submission made before the upgrade keeps its ``{item key}-{attempt}``.
 
 A database copied from another (a dump restored into staging, ``CREATE DATABASE ...
 TEMPLATE``, a copied SQLite file) carries the original's id: docs/providers.md says how to
-give the copy its own (`renew`).
+give the copy its own (`episodic db installation --renew`, `renew` here).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 import secrets
 
-from sqlalchemy import Connection, Engine, text
+from sqlalchemy import Connection, Engine, inspect, text
 
 from core.errors import SchemaNotCurrent
 from storage import tx
@@ -49,6 +49,15 @@ def read(conn: Connection) -> str:
 def installation_id(engine: Engine) -> str:
     with tx.read(engine) as conn:
         return read(conn)
+
+
+def find(engine: Engine) -> str | None:
+    """The installation id, or None for a database not upgraded to 0012 (for display)."""
+    with tx.read(engine) as conn:
+        if not inspect(conn).has_table("installation"):
+            return None
+        found = conn.execute(_READ).scalar_one_or_none()
+    return None if found is None else str(found)
 
 
 def renew(engine: Engine) -> tuple[str, str]:

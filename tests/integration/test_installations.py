@@ -55,35 +55,49 @@ class Installation:
         return [(r[0], r[1], r[2]) for r in rows]
 
 
-@pytest.fixture
-def installations(
-    backend: str, request: pytest.FixtureRequest, tmp_path: Path
+def _two(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path, *, copied: bool
 ) -> Iterator[tuple[Installation, Installation]]:
-    """Production and staging: two databases upgraded from empty (a database cloned from a
-    template would carry the template's id, as a copied database does), two homes."""
+    """Production and staging, two databases and two homes: upgraded from empty (each its
+    own id) or, `copied`, both clones of one migrated database (as a dump of production
+    restored into staging: the same id)."""
     made: list[Installation] = []
     dropped: list[str] = []
     pg: PostgresDatabases | None = None
     for name in ("production", "staging"):
         if backend == "sqlite":
             sqlite: SqliteDatabases = request.getfixturevalue("sqlite_databases")
-            url = sqlite.fresh(tmp_path / name / "db", migrated=False)
+            url = sqlite.fresh(tmp_path / name / "db", migrated=copied)
         else:
             pg = request.getfixturevalue("postgres_databases")
-            database = pg.fresh(migrated=False)
+            database = pg.fresh(migrated=copied)
             dropped.append(database)
             url = pg.url(database)
         engine = make_engine(url)
         upgrade(engine)
         made.append(Installation(url, engine, tmp_path / name / "home"))
     production, staging = made
-    assert production.id != staging.id
+    assert (production.id == staging.id) is copied
     yield production, staging
     for each in made:
         each.engine.dispose()
     for database in dropped:
         assert pg is not None
         pg.drop(database)
+
+
+@pytest.fixture
+def installations(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[tuple[Installation, Installation]]:
+    yield from _two(backend, request, tmp_path, copied=False)
+
+
+@pytest.fixture
+def copied_installations(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[tuple[Installation, Installation]]:
+    yield from _two(backend, request, tmp_path, copied=True)
 
 
 def _profiles(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str) -> None:
@@ -117,6 +131,31 @@ def test_two_installations_on_one_idempotent_provider_each_pay_for_their_own_job
     """Before: both sent `{item key}-{attempt}` as the Idempotency-Key, the server answered
     staging's creates with production's jobs (3 jobs made, 6 recorded) and staging shipped
     production's images."""
+    _each_pays_for_its_own(installations, tmp_path, monkeypatch)
+
+
+def test_a_copied_database_given_its_own_id_pays_for_its_own_jobs(
+    copied_installations: tuple[Installation, Installation],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A staging database restored from production's carries production's id; `episodic db
+    installation --renew` gives it its own, and its next references carry it at once."""
+    from cli.app import run
+
+    production, staging = copied_installations
+    staging.enter(monkeypatch)
+    before = staging.id
+    assert run(["db", "installation", "--renew"]) == 0
+    assert staging.id != before and production.id == before
+    _each_pays_for_its_own(copied_installations, tmp_path, monkeypatch)
+
+
+def _each_pays_for_its_own(
+    installations: tuple[Installation, Installation],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     production, staging = installations
     with PredictionsServer(honour_idempotency=True) as server:
         _profiles(
