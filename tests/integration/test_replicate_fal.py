@@ -147,6 +147,21 @@ def test_replicate_create_errors_are_classified_by_what_they_prove(
         assert provider.lookup(request.client_reference, request) == job_id
 
 
+def test_replicate_declares_no_lookup_unless_one_installation_uses_the_account(
+    replicate: ReplicateServer,
+) -> None:
+    """A prediction carries nothing of ours: by default nothing is looked up by input (a
+    staging on the same account sends production's very input), and nothing is asked."""
+    default = replicate_profile(replicate, lookup_by_input=False)
+    provider = ReplicateProvider(profile=default, token=TOKEN)
+    assert not provider.capabilities.can_lookup
+    with pytest.raises(UnknownOutcome, match="lookup_by_input"):
+        provider.lookup(REQUEST.client_reference, REQUEST)
+    assert replicate.requests == []
+    declared = ReplicateProvider(profile=replicate_profile(replicate), token=TOKEN)
+    assert declared.capabilities.can_lookup
+
+
 def test_replicate_lookup_matches_the_exact_input_across_pages_and_refuses_ambiguity() -> None:
     with ReplicateServer(page_size=2) as server:
         provider = ReplicateProvider(profile=replicate_profile(server), token=TOKEN)  # type: ignore[arg-type]
@@ -284,6 +299,20 @@ def test_fal_failed_request_cancel_and_check(fal: FalServer) -> None:
         ({"kind": "http", "base_url": "http://h:99999/v1"}, "valid host"),
         ({"kind": "http", "base_url": "http://h/v1?x=1"}, "query"),
         ({"kind": "http", "base_url": "http://h", "model": "a/b"}, "has none"),
+        (
+            {"kind": "fal", "model": "a/b", "credential_env": "T", "lookup_by_input": True},
+            "only a replicate profile",
+        ),
+        (
+            {
+                "kind": "replicate",
+                "model": "a/b",
+                "credential_env": "T",
+                "seed_input": None,
+                "lookup_by_input": True,
+            },
+            "takes no seed",
+        ),
     ],
 )
 def test_a_profile_that_does_not_fit_its_kind_is_refused_naming_the_field(
