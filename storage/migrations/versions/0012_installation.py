@@ -11,9 +11,10 @@ installations that share a provider account (production and staging) never repla
 collect or cancel each other's jobs. Submissions recorded before keep the reference they
 sent (`{item key}-{attempt}`): a lookup or a resend of an old open submission uses it.
 
-`singleton` is the primary key and can only be 1: a second row cannot exist. An upgrade
-that finds the table already there (a later head re-run) never replaces the id. Downgrade
-drops the table; upgrading again makes a new id (references already recorded keep theirs).
+`singleton` is the primary key and can only be 1: a second row cannot exist. Later
+upgrades never touch the row; only `episodic db installation --renew` (for a database copied
+from another installation) replaces the id. Downgrade drops the table; upgrading again makes
+a new id (references already recorded keep theirs).
 """
 
 from __future__ import annotations
