@@ -176,8 +176,9 @@ def floor_rate(url: str, home: Path, items: int, concurrency: int, tag: str = ""
                 )
                 cur = c.execute(
                     "INSERT INTO submissions (item_pk, run_id, attempt, client_reference, "
-                    "provider_profile, state, forced, created_at) VALUES "
-                    f"({p}, {p}, 1, {p}, 'fake', 'intent', {p}, {p}) RETURNING id",
+                    "provider_profile, state, forced, created_at) VALUES ("  # the reference
+                    f"{p}, {p}, 1, (SELECT id FROM installation WHERE singleton = 1) || '-' || "
+                    f"{p}, 'fake', 'intent', {p}, {p}) RETURNING id, client_reference",
                     (item, run_id, ref, False, now),
                 )
                 sub.append(cur.fetchone()[0])

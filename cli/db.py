@@ -1,6 +1,8 @@
-"""`episodic db upgrade|current`."""
+"""`episodic db upgrade|current|installation`."""
 
 from __future__ import annotations
+
+from typing import Annotated
 
 import typer
 
@@ -15,6 +17,7 @@ app = typer.Typer(help="Manage the database schema.", no_args_is_help=True)
 def upgrade(as_json: JsonOption = False) -> None:
     """Apply Alembic migrations up to the newest revision (safe to run repeatedly)."""
     from storage.engine import make_engine
+    from storage.installation import find
     from storage.schema import current_revision
     from storage.schema import upgrade as run_upgrade
 
@@ -24,7 +27,9 @@ def upgrade(as_json: JsonOption = False) -> None:
     run_upgrade(engine)
     after = current_revision(engine)
     if as_json:
-        emit_json({"from": before, "to": after, "changed": before != after})
+        emit_json(
+            {"from": before, "to": after, "changed": before != after, "installation": find(engine)}
+        )
     elif before == after:
         typer.echo(f"schema already at {after}")
     else:
@@ -35,10 +40,46 @@ def upgrade(as_json: JsonOption = False) -> None:
 def current(as_json: JsonOption = False) -> None:
     """Print the schema revision of the database."""
     from storage.engine import make_engine
+    from storage.installation import find
     from storage.schema import HEAD_REVISION, current_revision
 
-    revision = current_revision(make_engine(context.settings().url))
+    engine = make_engine(context.settings().url)
+    revision = current_revision(engine)
+    installation = find(engine) if revision is not None else None
     if as_json:
-        emit_json({"revision": revision, "head": HEAD_REVISION})
+        emit_json({"revision": revision, "head": HEAD_REVISION, "installation": installation})
     else:
-        typer.echo(f"{revision or 'empty'} (head {HEAD_REVISION})")
+        shown = f", installation {installation}" if installation else ""
+        typer.echo(f"{revision or 'empty'} (head {HEAD_REVISION}){shown}")
+
+
+RenewOption = Annotated[
+    bool,
+    typer.Option(
+        "--renew",
+        help="Give this database a new installation id (after copying it from another "
+        "installation); references already recorded keep theirs.",
+    ),
+]
+
+
+@app.command("installation")
+def installation(renew: RenewOption = False, as_json: JsonOption = False) -> None:
+    """Print this database's installation id, the prefix of every reference it sends to a
+    provider (docs/providers.md); --renew makes a new one."""
+    from storage.installation import installation_id
+    from storage.installation import renew as renew_id
+
+    engine = context.engine()  # at head (the embedded default upgrades itself), else exit 1
+    if renew:
+        old, new = renew_id(engine)
+        if as_json:
+            emit_json({"installation": new, "previous": old, "renewed": True})
+        else:
+            typer.echo(f"installation {new} (was {old})")
+        return
+    current_id = installation_id(engine)
+    if as_json:
+        emit_json({"installation": current_id, "renewed": False})
+    else:
+        typer.echo(current_id)

@@ -44,7 +44,7 @@ from core.playlist import (
 from core.settings import Settings
 from core.states import EpisodeState
 from pipeline.allocation import allocate
-from storage import tx
+from storage import installation, tx
 from storage.models import (
     ApprovalRow,
     CostEntryRow,
@@ -319,6 +319,9 @@ def _import(engine: Engine, settings: Settings, pipeline: str, legacy: LegacyEpi
     # Everything below commits in one transaction: a crash leaves nothing half-imported, and
     # the next apply (which finds the same allocated episode) imports it whole.
     with tx.write(engine) as conn:
+        # never sent (the legacy system made these jobs): the reference is recorded in this
+        # installation's form, so the column holds one kind of reference
+        scope = installation.read(conn)
         conn.execute(
             insert(RunRow).values(
                 id=run_id,
@@ -363,7 +366,7 @@ def _import(engine: Engine, settings: Settings, pipeline: str, legacy: LegacyEpi
                     item_pk=item_pk,
                     run_id=run_id,
                     attempt=1,
-                    client_reference=f"{planned.idempotency_key}-1",
+                    client_reference=installation.reference(scope, planned.idempotency_key, 1),
                     provider_profile=LEGACY_PROFILE,
                     state="succeeded",
                     remote_ref=image.remote_ref,

@@ -71,12 +71,16 @@ def capability_row(profile: Profile) -> CapabilityRow:
             ambiguous,
         )
     if profile.kind == "replicate":
-        seeded = profile.seed_input is not None
+        seeded = profile.seed_input is not None and profile.lookup_by_input
         lookup = (
             f"by exact input among this model's predictions of the last "
-            f"{profile.lookup_window_s} s (GET /v1/predictions?created_after=)"
+            f"{profile.lookup_window_s} s (GET /v1/predictions?created_after=; "
+            "lookup_by_input: no other installation uses this account)"
             if seeded
             else "no (the model takes no seed: inputs do not tell ours apart)"
+            if profile.seed_input is None
+            else "no (predictions carry nothing of ours; lookup_by_input to find them by "
+            "input when no other installation uses this account)"
         )
         return CapabilityRow(
             profile.id,

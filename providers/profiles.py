@@ -30,6 +30,12 @@ create outcome follows it, see ``providers.base.Capabilities``):
 
 The builtin ``fake`` profile ignores both: the fake provider declares its own (it honours
 idempotency and can look jobs up).
+
+A ``replicate`` profile may set ``lookup_by_input: true`` (default false): a prediction whose
+create reply was lost is then looked for by its exact input. Replicate's predictions carry
+nothing that names the installation that sent them, so set it only when no other
+installation (a staging beside production) uses the same account for this model: otherwise
+one installation could adopt, collect and cancel the other's prediction (docs/providers.md).
 """
 
 from __future__ import annotations
@@ -91,6 +97,10 @@ class Profile(BaseModel):
     seed_input: str | None = Field(default="seed", pattern=INPUT_NAME)  # None: no seed
     reference_image_input: str | None = Field(default=None, pattern=INPUT_NAME)
     lookup_window_s: int = Field(default=3600, ge=60, le=86400, strict=True)
+    # replicate only: find a prediction whose create reply was lost by its exact input. Its
+    # predictions carry nothing of ours, so this is true only when no other installation
+    # (staging beside production) sends this model's predictions from the same account
+    lookup_by_input: bool = Field(default=False, strict=True)
 
     @field_validator("inputs")
     @classmethod
@@ -133,6 +143,15 @@ class Profile(BaseModel):
                 raise ValueError(f"inputs: {', '.join(sorted(map(str, taken)))} is set per item")
         if self.version is not None and self.kind != "replicate":
             raise ValueError("version: only a replicate profile has one")
+        if self.lookup_by_input and self.kind != "replicate":
+            raise ValueError(
+                "lookup_by_input: only a replicate profile finds jobs by their input "
+                "(the others find them by our reference, or not at all)"
+            )
+        if self.lookup_by_input and self.seed_input is None:
+            raise ValueError(
+                "lookup_by_input: the model takes no seed, so inputs do not tell ours apart"
+            )
         if self.kind in ("fake", "http") and (
             self.model is not None or self.inputs or self.reference_image_input is not None
         ):

@@ -9,12 +9,17 @@
   host: fetched without the credential); ``failed`` and ``canceled`` raise `RemoteJobFailed`
   at the profile's price (Replicate bills the time a prediction ran); ``aborted`` (a deadline
   passed before it started) raises it at no cost.
-- **Lookup** (an unknown create): predictions carry no reference of ours, so ``GET
-  /v1/predictions?created_after=...`` (newest first, same-origin ``next`` pages) is searched
-  for the one prediction of this model whose ``input`` equals, key for key, the input we
-  sent: our per-item seed makes it unique among ours. Two matches are ambiguous
-  (`UnknownOutcome`); none is "not found". Replicate removes an API prediction's input after
-  an hour, so the window is at most the profile's ``lookup_window_s``.
+- **Lookup** (an unknown create), only with the profile's ``lookup_by_input: true``: a
+  prediction carries nothing of ours that a listing returns (its create takes ``version``,
+  ``input`` and webhook settings only: no metadata, no idempotency key, no reference), so
+  ``GET /v1/predictions?created_after=...`` (newest first, same-origin ``next`` pages) is
+  searched for the one prediction of this model whose ``input`` equals, key for key, the
+  input we sent: our per-item seed makes it unique among *ours*, not among another
+  installation's with the same plan (staging beside production on one account), which is
+  why it is off by default and the adapter then declares no lookup (an unknown create waits
+  for an operator). Two matches are ambiguous (`UnknownOutcome`); none is "not found".
+  Replicate removes an API prediction's input after an hour, so the window is at most the
+  profile's ``lookup_window_s``.
 - **Cancel** ``POST /v1/predictions/{id}/cancel``; **check** ``GET /v1/account`` (free).
 
 Errors on create, by what they prove (Replicate answers a refused create with a problem
@@ -75,7 +80,9 @@ class ReplicateProvider(JobsApiClient):
             supports_seed=profile.seed_input is not None,
             cost_per_image_minor=profile.cost_per_image_minor,
             currency=profile.currency,
-            can_lookup=profile.seed_input is not None,  # the seed is what tells ours apart
+            # the seed tells ours apart, but only from our own: another installation on the
+            # same account sends the very same input (lookup_by_input declares there is none)
+            can_lookup=profile.lookup_by_input and profile.seed_input is not None,
             idempotent_create=False,
         )
 
@@ -107,8 +114,11 @@ class ReplicateProvider(JobsApiClient):
         return self._fetch_output(url, self.profile.cost_per_image_minor)
 
     def lookup(self, client_reference: str, request: ImageRequest | None = None) -> str | None:
-        if request is None or self.profile.seed_input is None:
-            raise UnknownOutcome("lookup: a Replicate prediction is found by its input only")
+        if not self.capabilities.can_lookup or request is None:
+            raise UnknownOutcome(
+                "lookup: a Replicate prediction carries nothing of ours; finding it by its "
+                "input needs lookup_by_input (one installation per account)"
+            )
         wanted = model_input(self.profile, request)
         since = datetime.now(UTC) - timedelta(seconds=self.profile.lookup_window_s)
         return self._find_one(

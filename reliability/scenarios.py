@@ -702,7 +702,8 @@ def provider_faults(backend: Backend, trials: int, rng: random.Random) -> Result
                 items_total += count
                 result.trials += 1
                 left = _unfinished(engine, f"http-{trial}")
-                per_item = Counter(key.rsplit("-", 1)[0] for key in made.elements())
+                # an Idempotency-Key is {installation}-{item key}-{attempt}
+                per_item = Counter(key.rsplit("-", 2)[-2] for key in made.elements())
                 for prompt, error, key in left:
                     if not honour and (error or "").startswith("acceptance unknown"):
                         operator += 1  # as designed: a lookup that finds nothing proves nothing

@@ -36,7 +36,7 @@ from sqlalchemy.exc import IntegrityError
 
 from core.runs import REPLANNED, Claim, Item, Refusal, Submission
 from core.states import ItemState, RunState, SubmissionState
-from storage import hot, tx
+from storage import hot, installation, tx
 from storage.base import utcnow
 from storage.hot import Hot
 from storage.models import CostEntryRow, ItemRow, RunRow, SubmissionRow
@@ -161,10 +161,13 @@ _COUNT_ATTEMPT = (
     .values(attempts=_items.c.attempts + 1)
     .returning(_items.c.attempts)
 )
+# The client reference is this installation's id, the item's key and the attempt
+# (storage.installation), built from the database's own row in the same statement.
 _INSERT_INTENT = Hot(
     "INSERT INTO submissions (item_pk, run_id, attempt, client_reference, provider_profile, "
-    "state, forced, created_at) VALUES (:b_item, :b_run, :b_attempt, :b_ref, :b_profile, "
-    "'intent', :b_forced, :b_now) RETURNING id"
+    "state, forced, created_at) VALUES (:b_item, :b_run, :b_attempt, "
+    f"{installation.REFERENCE_SQL}, :b_profile, 'intent', :b_forced, :b_now) "
+    "RETURNING id, client_reference"
 )
 # The claim is still ours and live, and its run is running (the check before a paid call;
 # locked on Postgres where the caller then writes under it).
@@ -215,6 +218,10 @@ class _Lost(Exception):
 class ClaimStore:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+
+    def installation(self) -> str:
+        """This database's installation id (the scope of its provider references)."""
+        return installation.installation_id(self.engine)
 
     # ------------------------------------------------------------------ claiming
     def claim(
@@ -790,21 +797,23 @@ def _insert_intent(
     *,
     forced: bool,
 ) -> Submission:
-    """The intent of paid call number `attempt` (already counted on the item)."""
-    client_reference = f"{item.idempotency_key}-{attempt}"
-    pk = hot.scalar(
+    """The intent of paid call number `attempt` (already counted on the item), under this
+    installation's reference ``{installation id}-{item key}-{attempt}``."""
+    found = hot.fetch_one(
         conn,
         _INSERT_INTENT,
         {
             "b_item": item.pk,
             "b_run": run_id,
             "b_attempt": attempt,
-            "b_ref": client_reference,
+            "b_ref": f"{item.idempotency_key}-{attempt}",
             "b_profile": profile,
             "b_forced": forced,
             "b_now": now,
         },
     )
+    assert found is not None  # an INSERT ... RETURNING answers its row
+    pk, client_reference = found
     return Submission(pk, item.pk, attempt, client_reference, SubmissionState.INTENT, None)
 
 

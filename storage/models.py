@@ -8,6 +8,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    CheckConstraint,
     ForeignKey,
     Index,
     Integer,
@@ -283,3 +284,16 @@ class PipelineRow(Base):
     timezone: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+class InstallationRow(Base):
+    """This database's identity (one row, made by migration 0012): every client reference
+    and Idempotency-Key sent to a provider starts with `id`, so installations sharing a
+    provider account never meet each other's jobs (storage.installation)."""
+
+    __tablename__ = "installation"
+    __table_args__ = (CheckConstraint("singleton = 1", name="one_row"),)
+
+    singleton: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    id: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

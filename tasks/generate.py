@@ -1,7 +1,7 @@
 """Prefect tasks for paid items: the same engine step as the CLI, cached by idempotency key.
 
-`generate_item` caches its result under ``generate-item:{idempotency key}:{ledger row}``
-with results persisted in `result_storage` (EPISODIC_RESULT_STORAGE, else
+`generate_item` caches its result under ``generate-item:{idempotency key}:{ledger row}@{installation
+id}`` with results persisted in `result_storage` (EPISODIC_RESULT_STORAGE, else
 EPISODIC_HOME/results), so a retried or re-created flow run skips an item that already
 finished without asking the database or the provider. Only a completed item returns: any
 other outcome raises, so it is never cached.
@@ -99,6 +99,14 @@ def item_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
     must never read each other's "already done".
     """
     return f"{context.task.name}:{parameters['idempotency_key']}:{parameters['ledger_ref']}"
+
+
+def ledger_ref(installation: str, item: Item) -> str:
+    """The item's row in this installation's database, as the cache key carries it: the
+    installation id (databases that share a result store never meet, whatever their rows'
+    numbers and times) and the row itself (test databases cloned from one template share
+    an installation id)."""
+    return f"{item.ledger_ref}@{installation}"
 
 
 def item_engine(
@@ -286,6 +294,7 @@ def prefect_executor(
     context = FlowRunContext.get()
     in_process = context is not None and isinstance(context.task_runner, ThreadPoolTaskRunner)
     storage = storage or result_storage(load_settings())
+    scope = job.engine.claims.installation()
     item_task = generate_item.with_options(
         # Prefect resolves a task's result storage at the start of every task run: a block
         # slug (EPISODIC_RESULT_STORAGE) was an API call per item. In this process the block
@@ -336,7 +345,7 @@ def prefect_executor(
                     cast(Any, quote(work)) if in_process else work,
                     item.item_id,
                     item.idempotency_key,
-                    item.ledger_ref,
+                    ledger_ref(scope, item),
                 )
                 running[future] = (item, claim)
                 future.add_done_callback(lambda done: events.put(("finished", done)))

@@ -159,12 +159,16 @@ def new_episode(engine: Engine, key: str = "test:1") -> Episode:
     return Episode(engine, str(allocation.episode.episode_id))
 
 
+def item_key_of(client_reference: str) -> str:
+    """The item idempotency key in a client reference: ``{installation}-{key}-{attempt}``
+    (``{key}-{attempt}`` for submissions made before migration 0012)."""
+    return client_reference.rsplit("-", 2)[-2]
+
+
 def jobs_per_key() -> Counter[str]:
     """Jobs the fake provider really made, per item idempotency key (its own log)."""
     return Counter(
-        e["client_reference"].rsplit("-", 1)[0]
-        for e in provider_log()
-        if e["event"] == "job_created"
+        item_key_of(e["client_reference"]) for e in provider_log() if e["event"] == "job_created"
     )
 
 
@@ -176,7 +180,7 @@ def made_jobs_per_key(home: Path | None = None) -> Counter[str]:
     payment could then hide behind it). The same count as the fault suite's."""
     folder = (home or Path(os.environ["EPISODIC_HOME"])) / "fake-provider"
     return Counter(
-        json.loads(path.read_text())["client_reference"].rsplit("-", 1)[0]
+        item_key_of(json.loads(path.read_text())["client_reference"])
         for path in folder.glob("*.json")
     )
 
@@ -184,7 +188,7 @@ def made_jobs_per_key(home: Path | None = None) -> Counter[str]:
 def creates_per_key() -> Counter[str]:
     """Create calls that reached the fake provider, per item idempotency key."""
     return Counter(
-        e["client_reference"].rsplit("-", 1)[0] for e in provider_log() if e["event"] == "submit"
+        item_key_of(e["client_reference"]) for e in provider_log() if e["event"] == "submit"
     )
 
 

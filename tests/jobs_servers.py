@@ -21,6 +21,8 @@ Markers in the prompt, ``:n`` for the first n calls of that prompt and seed (def
 ``[[CREATED_502:n]]`` (made, then 502), ``[[ACCEPT_DROP:n]]`` (made, connection closed);
 ``[[REMOTE_FAIL]]`` (the job fails), ``[[ABORTED]]`` (Replicate: aborted before it started).
 ``jobs_made`` counts jobs per (prompt, seed): what the provider would bill.
+``lose_creates = n``: the next n creates (any prompt) are answered 502 by a gateway before
+they reach the API: nothing is made, and the client cannot tell (an unknown outcome).
 
 ``reply`` (for fuzzing): a callable ``(kind, path) -> (status, body) | None`` asked before each
 answer (kind: ``create``, ``poll``, ``result`` (fal), ``list``); a non-None answer is sent
@@ -80,6 +82,7 @@ class _JobsServer:
         self.page_size = page_size
         self.processing_polls = processing_polls
         self.reply: Callable[[str, str], tuple[int, Any] | None] | None = None
+        self.lose_creates = 0
         self.api = _Origin("127.0.0.1", _handler(self, api=True))
         self.files = _Origin(_second_loopback(), _handler(self, api=False))
 
@@ -142,7 +145,12 @@ class _JobsServer:
         return 200, render_png(str(job["input"].get("prompt")), int(job["input"].get("seed", 0)))
 
     def refused(self, inputs: dict[str, Any]) -> tuple[int, Any] | None:
-        """A create refused by a marker (nothing made), counted per (prompt, seed)."""
+        """A create refused by a marker (nothing made), counted per (prompt, seed); or lost
+        at the gateway (`lose_creates`: 502, nothing made)."""
+        with self.lock:
+            lost, self.lose_creates = self.lose_creates > 0, max(0, self.lose_creates - 1)
+        if lost:
+            return 502, {"detail": "bad gateway"}
         prompt = str(inputs.get("prompt"))
         with self.lock:
             self.create_calls[(prompt, int(inputs.get("seed", 0)))] += 1

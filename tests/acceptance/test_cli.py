@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -124,6 +125,7 @@ def test_pipelines_are_separate(cli: Cli, database_url: str) -> None:
         ["db"],
         ["db", "upgrade"],
         ["db", "current"],
+        ["db", "installation"],
         ["plan"],
         ["generate"],
         ["retry"],
@@ -173,8 +175,22 @@ def test_db_upgrade_on_an_empty_database(
     first = cli("db", "upgrade", "--json", env=env)
     assert first.returncode == 0, first.stderr
     assert json.loads(first.stdout)["to"] == HEAD_REVISION
-    assert json.loads(cli("db", "upgrade", "--json", env=env).stdout)["changed"] is False
+    installation = json.loads(first.stdout)["installation"]
+    assert re.fullmatch(r"[0-9a-f]{16}", installation)
+    again = json.loads(cli("db", "upgrade", "--json", env=env).stdout)
+    assert again["changed"] is False and again["installation"] == installation
     assert cli("episodes", "list", "--json", env=env).stdout.strip() == "[]"
+    # the installation id, shown where the schema is (docs/providers.md)
+    current = json.loads(cli("db", "current", "--json", env=env).stdout)
+    assert current["installation"] == installation
+    assert cli("db", "installation", env=env).stdout.strip() == installation
+    renewed = json.loads(cli("db", "installation", "--renew", "--json", env=env).stdout)
+    assert renewed["previous"] == installation and renewed["installation"] != installation
+    shown = cli("db", "current", env=env).stdout
+    assert (
+        shown.strip()
+        == f"{HEAD_REVISION} (head {HEAD_REVISION}), installation {renewed['installation']}"
+    )
 
 
 @pytest.mark.parametrize(

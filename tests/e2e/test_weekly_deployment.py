@@ -43,6 +43,7 @@ from tests.e2e.stack import (
     wait_for_flow_run,
     wait_for_flow_runs,
 )
+from tests.generation import item_key_of
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.postgres]
 
@@ -61,7 +62,7 @@ def _log(path: Path) -> list[dict[str, Any]]:
 def _jobs_per_item(path: Path) -> Counter[str]:
     """Jobs the provider made, per item key (its own log, never our tables)."""
     return Counter(
-        e["client_reference"].rsplit("-", 1)[0] for e in _log(path) if e["event"] == "job_created"
+        item_key_of(e["client_reference"]) for e in _log(path) if e["event"] == "job_created"
     )
 
 

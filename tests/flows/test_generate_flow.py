@@ -94,16 +94,77 @@ def test_a_finished_item_is_a_cache_hit_without_the_database_or_provider(
     assert len(provider_log()) == events_before
 
 
+def test_a_copied_database_given_its_own_installation_id_never_reads_the_originals_cache(
+    harness: str, episode: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """A staging database restored from production's holds production's rows (same pk, same
+    creation time); with its own installation id (`db installation --renew`) the item's
+    cache key differs, so a task asked for it in staging never reads production's "already
+    done" from a shared result store. Before, the key was the row alone: a cache hit."""
+    from core.settings import load_settings
+    from storage.engine import make_engine
+    from storage.installation import renew
+    from tasks.generate import result_storage
+
+    plan(harness, episode, tmp_path / "p", ["a"])
+    generate_episode(episode_id=episode)
+    copy = _copy_of(harness, request, tmp_path)
+    engine = make_engine(copy)
+    renew(engine)
+    engine.dispose()
+    key, in_copy = _only_item(copy)
+    assert key == _only_item(harness)[0] and in_copy != _only_item(harness)[1]
+    events_before = len(provider_log())
+
+    @flow
+    def in_staging() -> str:
+        item = generate_item.with_options(result_storage=result_storage(load_settings()))
+        work = {"item_pk": -1, "owner": "no-owner"}  # a miss runs the task: it fails here
+        return item(work, "v01.p1", key, in_copy, return_state=True).name
+
+    assert in_staging() != "Cached"
+    assert len(provider_log()) == events_before
+
+
+def _copy_of(url: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A copy of the database at `url` (a dump restored elsewhere), dropped after the test."""
+    import shutil
+
+    from sqlalchemy import make_url, text
+
+    from storage.registry import dispose_all
+    from tests.databases import terminate_other_sessions
+
+    dispose_all()
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        target = tmp_path / "copy.db"
+        shutil.copyfile(str(parsed.database), target)
+        return f"sqlite:///{target}"
+    databases = request.getfixturevalue("postgres_databases")
+    source = create_engine(url)
+    terminate_other_sessions(source)
+    source.dispose()
+    name = f"{parsed.database}_copy"
+    with databases.admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}" TEMPLATE "{parsed.database}"'))
+    request.addfinalizer(lambda: databases.drop(name))
+    return databases.url(name)
+
+
 def _only_item(url: str) -> tuple[str, str]:
     from storage.engine import make_engine
+    from storage.installation import installation_id
     from storage.runs import RunStore
+    from tasks.generate import ledger_ref
 
     engine = make_engine(url)
     store = RunStore(engine)
     (run,) = store.list_runs("weekly")
     (item,) = store.run_items(run.run_id)
+    scope = installation_id(engine)
     engine.dispose()
-    return item.idempotency_key, item.ledger_ref
+    return item.idempotency_key, ledger_ref(scope, item)
 
 
 def test_a_missing_episode_fails_before_any_client_is_built(

@@ -18,6 +18,7 @@ from pipeline.allocation import allocate
 from pipeline.check import check_episodes
 from pipeline.legacy import TOOL_VERSION, migrate
 from storage.episodes import EpisodeRepository
+from storage.installation import installation_id
 from storage.models import (
     ApprovalRow,
     CostEntryRow,
@@ -120,6 +121,10 @@ def test_apply_keeps_every_field_and_hash_and_a_second_apply_is_a_no_op(
     assert migrated.detail["tool_version"] == TOOL_VERSION and migrated.detail["migrated_at"]
     assert check_episodes(engine, "weekly") == []
     assert not (tmp_path / "provider.jsonl").exists()  # no provider was built
+    with engine.connect() as conn:  # references in this installation's one form
+        references = conn.execute(select(SubmissionRow.client_reference)).scalars().all()
+    scope = installation_id(engine)
+    assert references and all(ref.startswith(f"{scope}-") for ref in references)
 
     before, files = counts(engine), home_files()
     again = migrate(engine, load_settings(), "weekly", layout, apply=True)

@@ -43,6 +43,7 @@ def replicate_profile(server: ReplicateServer, **fields: Any) -> Profile:
         "inputs": {"num_outputs": 1, "aspect_ratio": "16:9"},
         "timeout_s": 2.0,
         "poll_interval_s": 0.02,
+        "lookup_by_input": True,  # these tests' account serves one installation
     }
     return Profile(**(values | fields))
 
@@ -144,6 +145,21 @@ def test_replicate_create_errors_are_classified_by_what_they_prove(
     if error is UnknownOutcome:  # the job exists: the lookup finds exactly it
         (job_id,) = replicate.jobs
         assert provider.lookup(request.client_reference, request) == job_id
+
+
+def test_replicate_declares_no_lookup_unless_one_installation_uses_the_account(
+    replicate: ReplicateServer,
+) -> None:
+    """A prediction carries nothing of ours: by default nothing is looked up by input (a
+    staging on the same account sends production's very input), and nothing is asked."""
+    default = replicate_profile(replicate, lookup_by_input=False)
+    provider = ReplicateProvider(profile=default, token=TOKEN)
+    assert not provider.capabilities.can_lookup
+    with pytest.raises(UnknownOutcome, match="lookup_by_input"):
+        provider.lookup(REQUEST.client_reference, REQUEST)
+    assert replicate.requests == []
+    declared = ReplicateProvider(profile=replicate_profile(replicate), token=TOKEN)
+    assert declared.capabilities.can_lookup
 
 
 def test_replicate_lookup_matches_the_exact_input_across_pages_and_refuses_ambiguity() -> None:
@@ -283,6 +299,20 @@ def test_fal_failed_request_cancel_and_check(fal: FalServer) -> None:
         ({"kind": "http", "base_url": "http://h:99999/v1"}, "valid host"),
         ({"kind": "http", "base_url": "http://h/v1?x=1"}, "query"),
         ({"kind": "http", "base_url": "http://h", "model": "a/b"}, "has none"),
+        (
+            {"kind": "fal", "model": "a/b", "credential_env": "T", "lookup_by_input": True},
+            "only a replicate profile",
+        ),
+        (
+            {
+                "kind": "replicate",
+                "model": "a/b",
+                "credential_env": "T",
+                "seed_input": None,
+                "lookup_by_input": True,
+            },
+            "takes no seed",
+        ),
     ],
 )
 def test_a_profile_that_does_not_fit_its_kind_is_refused_naming_the_field(
@@ -300,9 +330,16 @@ def test_a_profile_that_does_not_fit_its_kind_is_refused_naming_the_field(
 
 # ---------------------------------------------------------------- through the engine
 def _episode(
-    engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str, base_url: str
+    engine: Engine,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    kind: str,
+    base_url: str,
+    *,
+    lookup_by_input: bool = True,  # replicate: these tests' account serves one installation
 ) -> Episode:
     model = "black-forest-labs/flux-schnell" if kind == "replicate" else "fal-ai/flux/dev"
+    by_input = "    lookup_by_input: true\n" if kind == "replicate" and lookup_by_input else ""
     (tmp_path / "providers.yaml").write_text(
         "profiles:\n"
         "  real:\n"
@@ -312,7 +349,7 @@ def _episode(
         "    credential_env: IMAGE_KEY\n"
         "    cost_per_image_minor: 3\n"
         "    timeout_s: 2.0\n"
-        "    poll_interval_s: 0.02\n"
+        "    poll_interval_s: 0.02\n" + by_input
     )
     monkeypatch.setenv("EPISODIC_PROVIDERS_FILE", str(tmp_path / "providers.yaml"))
     monkeypatch.setenv("IMAGE_KEY", TOKEN)
@@ -438,7 +475,8 @@ def test_providers_check_verifies_without_spending_and_prints_the_capability_row
         "ok": True,
         "message": "Replicate accepted the token (account episodic-test)",
     }
-    assert shown["idempotent_create"] is False and "exact input" in shown["lookup"]
+    assert shown["idempotent_create"] is False and shown["lookup"].startswith("no (")
+    assert "lookup_by_input" in shown["lookup"]  # found by input only on one's own account
     assert [r.path for r in replicate.requests] == ["/v1/account"]
     monkeypatch.setenv("REP_TOKEN", "wrong-token")
     assert run(["providers", "check", "rep"]) == 2
@@ -558,7 +596,14 @@ def test_a_replicate_unknown_without_a_seed_tells_the_operator_where_to_look(
     made and --force-resubmit would pay twice (found by a fresh tester). It names the
     model and the item's prompt in Replicate's prediction list now."""
     with ReplicateServer() as server:
-        episode = _episode(engine, tmp_path, monkeypatch, "replicate", server.base_url)  # type: ignore[attr-defined]
+        episode = _episode(
+            engine,
+            tmp_path,
+            monkeypatch,
+            "replicate",
+            server.base_url,  # type: ignore[attr-defined]
+            lookup_by_input=False,  # a model without a seed cannot declare it
+        )
         profiles = tmp_path / "providers.yaml"
         profiles.write_text(profiles.read_text() + "    seed_input: null\n")
         episode.plan(write_playlist(tmp_path / "pl", ["owl [[CREATED_502]]"], profile="real"))

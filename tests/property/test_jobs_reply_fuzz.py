@@ -91,6 +91,7 @@ def connect(servers: dict[str, Any]) -> Iterator[Callable[[str], Any]]:
             cost_per_image_minor=PRICE,
             timeout_s=2.0,
             poll_interval_s=0.01,
+            lookup_by_input=kind == "replicate",  # the lookup's replies are fuzzed too
         )
         adapter = ReplicateProvider if kind == "replicate" else FalProvider
         built.append(adapter(profile=profile, token=TOKEN))
