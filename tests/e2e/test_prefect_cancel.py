@@ -30,6 +30,7 @@ import pytest
 
 from tests.databases import PostgresDatabases, require_postgres
 from tests.e2e.stack import (
+    WORKER_TOKEN_VAR,
     PrefectServer,
     Worker,
     api_request,
@@ -103,16 +104,6 @@ def _jobs(home: Path) -> dict[str, dict[str, Any]]:
 
 def _canceled(home: Path) -> set[str]:
     return {path.stem for path in (home / "fake-provider").glob("fake-*.canceled")}
-
-
-def _episode_jobs(home: Path, episode_id: str) -> set[str]:
-    prefix = f"weekly-{episode_id}-".lower()
-    return {
-        ref
-        for ref, job in _jobs(home).items()
-        if str(job["client_reference"]).lower().startswith(prefix)
-        or episode_id.lower() in str(job["client_reference"]).lower()
-    }
 
 
 def _wait_for_jobs(home: Path, count: int, before: set[str], timeout: float = 120) -> set[str]:
@@ -255,3 +246,51 @@ def test_cancelling_a_generate_run_cancels_its_accepted_jobs(stack: dict[str, An
     cost = _latest_cost(server, "2026-W33-0")
     assert cost["paid calls"] == len(made), cost
     assert cost["still running"] == 0, cost
+
+
+def test_after_kill_9_the_sweep_crashes_the_flow_and_task_runs_left_running(
+    stack: dict[str, Any],
+) -> None:
+    server, home, worker = stack["server"], stack["home"], stack["worker"]
+    before = set(_jobs(home))
+    run = create_flow_run(
+        server,
+        stack["deployments"]["weekly"],
+        parameters={"week": "2026-W34", "pipeline": "weekly", "playlist": str(PLAYLIST),
+                    "wait_for_approval": False},
+    )  # fmt: skip
+    bought = _wait_for_jobs(home, CONCURRENCY, before)
+    child = _wait_for_child(server, run["id"])
+    deadline = time.monotonic() + 60
+    while not [t for t in _task_runs(server, child["id"]) if t["state_type"] == "RUNNING"]:
+        assert time.monotonic() < deadline, "no item task run ever ran"
+        time.sleep(0.2)
+    flow_run_processes = [
+        p for p in pids_with_env(WORKER_TOKEN_VAR, worker.token) if p != worker.pid
+    ]
+    assert flow_run_processes
+    for pid in flow_run_processes:
+        os.kill(pid, signal.SIGKILL)
+    time.sleep(3)  # the worker sees its flow-run process exit
+    ghosts = [t for t in _task_runs(server, child["id"]) if t["state_type"] == "RUNNING"]
+    assert read_flow_run(server, child["id"])["state_type"] == "RUNNING" and ghosts  # before
+    time.sleep(float(stack["env"]["EPISODIC_LEASE_S"]) + 2)  # the run's lease expires
+
+    sweep = create_flow_run(server, stack["deployments"]["sweep"])
+    wait_for_flow_run(server, sweep["id"], ("COMPLETED",), timeout=120)
+
+    crashed = read_flow_run(server, child["id"])
+    assert crashed["state_type"] == "CRASHED", crashed["state"]
+    message = crashed["state"]["message"]
+    left = bought - _canceled(home)
+    assert left == bought  # the provider still holds the bought jobs: nobody cancelled them
+    assert f"left at the provider: {len(left)} accepted jobs" in message, message
+    assert "finish with: episodic runs resume " in message, message
+    for flow_run_id in (run["id"], child["id"]):
+        still = [t["name"] for t in _task_runs(server, flow_run_id) if t["state_type"] == "RUNNING"]
+        assert still == [], still
+    assert read_flow_run(server, run["id"])["state_type"] in ("CRASHED", "FAILED")
+    # A second sweep finds nothing more to finalize.
+    again = create_flow_run(server, stack["deployments"]["sweep"])
+    done = wait_for_flow_run(server, again["id"], ("COMPLETED",), timeout=120)
+    assert done["state_type"] == "COMPLETED"
