@@ -26,7 +26,7 @@ nothing: the paused run's accepted jobs keep running, and a later run collects t
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
@@ -37,6 +37,7 @@ from sqlalchemy import Engine
 
 from core.settings import Settings, load_settings
 from flows.artifacts import publish_spend
+from flows.maintenance import stdlib_utc
 from pipeline.cancel import Settlement, settle_cancelled
 from storage.flow_runs import FlowRunLinks
 from storage.registry import engine_for
@@ -113,7 +114,7 @@ def settle_hook(flow: Any, flow_run: Any, state: Any) -> None:
     try:
         settings = load_settings()
         engine = engine_for(settings)
-        since = (flow_run.created or datetime.now(UTC)) - _LINK_MARGIN
+        since = stdlib_utc(flow_run.created) - _LINK_MARGIN
         lives = FlowRunLinks(engine).runs_of([str(flow_run.id)], since).get(str(flow_run.id), [])
         run_ids = [life.run_id for life in lives]
         if not lives:

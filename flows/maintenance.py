@@ -193,8 +193,16 @@ def orphan_message(lives: list[RunLife]) -> str:
 def _lives(links: FlowRunLinks, runs: list[FlowRun]) -> dict[str, list[RunLife]]:
     if not runs:
         return {}
-    starts = [r.start_time or r.created or datetime.now(UTC) for r in runs]
+    starts = [stdlib_utc(r.start_time or r.created) for r in runs]
     return links.runs_of([str(r.id) for r in runs], min(starts) - _LINK_MARGIN)
+
+
+def stdlib_utc(moment: datetime | None) -> datetime:
+    """A Prefect timestamp (a pendulum DateTime in 3.9.1, whose Pendulum-only behaviour is
+    deprecated) as a plain aware datetime in UTC; now when it is missing."""
+    if moment is None:
+        return datetime.now(UTC)
+    return datetime.fromtimestamp(moment.timestamp(), UTC)
 
 
 def _all(page: Callable[[int], list[Any]]) -> list[Any]:
