@@ -135,23 +135,28 @@ def _ask(
         return f"unknown: {exc}"[:200]
 
 
-STOPPED_ANSWERS = frozenset(
-    {
-        "canceled",
-        "cancelled",
-        "succeeded",
-        "failed",
-        "not_found",
-        "already_completed",
-        "cancellation_requested",
-    }
-)
-"""Provider answers to a cancel that say the job no longer runs (or never will): the fake's
-and Replicate's statuses, fal's ``ALREADY_COMPLETED`` / ``CANCELLATION_REQUESTED``."""
+CANCELLED_ANSWERS = frozenset({"canceled", "cancelled", "cancellation_requested"})
+"""A cancel stopped the job (the fake's and Replicate's ``canceled``, fal's
+``CANCELLATION_REQUESTED``)."""
+FINISHED_ANSWERS = frozenset({"succeeded", "already_completed"})
+"""The job had finished before the cancel: billed, and the next run collects it free."""
+GONE_ANSWERS = frozenset({"failed", "not_found"})
+"""The job failed on its own, or the provider does not know it: nothing runs."""
+STOPPED_ANSWERS = CANCELLED_ANSWERS | FINISHED_ANSWERS | GONE_ANSWERS
 
 
 def stopped(answer: str) -> bool:
+    """The provider's answer says the job no longer runs (or never will)."""
     return answer.strip().lower() in STOPPED_ANSWERS
+
+
+def cancelled_answer(answer: str) -> bool:
+    """The provider's answer says a cancel stopped the job."""
+    return _is(answer, CANCELLED_ANSWERS)
+
+
+def _is(answer: str, kinds: frozenset[str]) -> bool:
+    return answer.strip().lower() in kinds
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,7 +172,12 @@ class Settlement:
 
     @property
     def cancelled(self) -> list[JobCancel]:
-        return [job for _, job in self.answers if job.asked and stopped(job.answer)]
+        return [job for _, job in self.answers if job.asked and _is(job.answer, CANCELLED_ANSWERS)]
+
+    @property
+    def finished(self) -> list[JobCancel]:
+        """Jobs that had finished at the provider before the cancel reached them (billed)."""
+        return [job for _, job in self.answers if job.asked and _is(job.answer, FINISHED_ANSWERS)]
 
     @property
     def kept(self) -> list[JobCancel]:
@@ -191,9 +201,22 @@ class Settlement:
             out.append(f"run {run_id} of episode {self.episodes[run_id]} is {state}")
         for run_id, why in (self.errors or {}).items():
             out.append(f"run {run_id} could not be cancelled: {why}")
-        refs = ", ".join(job.remote_ref for job in self.cancelled) or "none"
-        more = f" (and {self.already} earlier)" if self.already else ""
-        out.append(f"cancelled at the provider: {len(self.cancelled)} jobs{more}: {refs}")
+        if self.cancelled:
+            refs = ", ".join(job.remote_ref for job in self.cancelled)
+            more = f" (and {self.already} by an earlier cancel)" if self.already else ""
+            out.append(f"cancelled at the provider: {len(self.cancelled)} jobs{more}: {refs}")
+        elif self.already:
+            out.append(
+                f"cancelled at the provider: {self.already} jobs, by an earlier cancel of "
+                "this run (not asked again)"
+            )
+        else:
+            out.append("cancelled at the provider: none (no accepted job was left to cancel)")
+        if self.finished:
+            out.append(
+                f"finished before the cancel: {len(self.finished)} jobs (billed; the next run "
+                "of the episode collects them at no new cost)"
+            )
         for job in self.kept:
             out.append(f"kept: job {job.remote_ref}: {job.answer}")
         billing = self.billing

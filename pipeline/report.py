@@ -10,7 +10,7 @@ from sqlalchemy import Engine
 
 from core.ids import EpisodeId
 from core.money import format_minor
-from pipeline.cancel import stopped
+from pipeline.cancel import cancelled_answer, stopped
 from pipeline.playlists import planned_items
 from storage.episodes import EpisodeRepository
 from storage.runs import RunStore, completed_outputs
@@ -31,8 +31,9 @@ def episode_report(
     finished plan, and paid submissions and cost sum every run's ledger rows (minor units).
     ``accepted`` counts the jobs the provider accepted that nobody collected yet: bought,
     so committed spend (``committed_minor``: the cost so far plus each of them at its
-    profile's price in `prices`); of them, ``cancelled_at_provider`` the ones a cancel saw
-    stop and ``still_running`` the others. Raises `EpisodeNotFound`.
+    profile's price in `prices`); of them, ``cancelled_at_provider`` the ones a cancel
+    stopped and ``still_running`` the ones the provider has not said stopped (a job that
+    finished before the cancel is neither: the next run collects it). Raises `EpisodeNotFound`.
     """
     episode, pk = EpisodeRepository(engine).locate(pipeline, EpisodeId.parse(episode_id))
     store = RunStore(engine)
@@ -48,6 +49,7 @@ def episode_report(
     open_jobs = store.episode_open_jobs(pk)
     answers = store.provider_cancel_answers(pk) if open_jobs else {}
     halted = sum(1 for sub, _ in open_jobs if stopped(answers.get(sub, "")))
+    cancelled = sum(1 for sub, _ in open_jobs if cancelled_answer(answers.get(sub, "")))
     committed = cost_minor + sum((prices or {}).get(profile, 0) for _, profile in open_jobs)
     return {
         "episode_id": episode_id,
@@ -62,7 +64,7 @@ def episode_report(
         "cost": format_minor(cost_minor, currency),
         "accepted": len(open_jobs),
         "still_running": len(open_jobs) - halted,
-        "cancelled_at_provider": halted,
+        "cancelled_at_provider": cancelled,
         "committed_minor": committed,
         "committed": format_minor(committed, currency),
     }

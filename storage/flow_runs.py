@@ -123,24 +123,21 @@ class FlowRunLinks:
             return {}
         now = utcnow()
         alive = and_(_runs.c.state == RunState.RUNNING, run_alive(now, self.fallback_lease_s))
-        accepted = (
-            select(func.count())
-            .select_from(_subs)
+        accepted = _per_run(
+            conn,
+            select(_members.c.run_id, func.count(_subs.c.id))
+            .join(_subs, _subs.c.item_pk == _members.c.item_pk)
             .where(
-                _subs.c.item_pk.in_(
-                    select(_members.c.item_pk).where(_members.c.run_id == _runs.c.id)
-                ),
+                _members.c.run_id.in_(run_ids),
                 _subs.c.state == SubmissionState.ACCEPTED,
                 _subs.c.remote_ref.is_not(None),
-            )
-            .scalar_subquery()
+            ),
         )
-        unfinished = (
-            select(func.count())
-            .select_from(_members)
+        unfinished = _per_run(
+            conn,
+            select(_members.c.run_id, func.count())
             .join(_items, _items.c.id == _members.c.item_pk)
-            .where(_members.c.run_id == _runs.c.id, _items.c.state != ItemState.COMPLETED)
-            .scalar_subquery()
+            .where(_members.c.run_id.in_(run_ids), _items.c.state != ItemState.COMPLETED),
         )
         rows = conn.execute(
             select(
@@ -151,8 +148,6 @@ class FlowRunLinks:
                 alive.label("alive"),
                 _runs.c.lease_expires_at,
                 _runs.c.error_text,
-                accepted.label("accepted"),
-                unfinished.label("unfinished"),
             )
             .join(_episodes, _episodes.c.id == _runs.c.episode_pk)
             .where(_runs.c.id.in_(run_ids))
@@ -166,8 +161,13 @@ class FlowRunLinks:
                 bool(r.alive),
                 r.lease_expires_at,
                 r.error_text,
-                int(r.accepted),
-                int(r.unfinished),
+                accepted.get(str(r.id), 0),
+                unfinished.get(str(r.id), 0),
             )
             for r in rows
         }
+
+
+def _per_run(conn: Any, counted: Any) -> dict[str, int]:
+    """(run id, count) rows of a query grouped here by run."""
+    return {str(run): int(n) for run, n in conn.execute(counted.group_by(_members.c.run_id)).all()}

@@ -1,7 +1,7 @@
 """A Prefect cancel settles money, and a killed flow run leaves no Running ghosts (issue 28,
 points 4 and 5), on a real `prefect server` with a process worker.
 
-The fake provider's jobs are slow (20 s each), so a cancel lands while the provider holds
+The fake provider's jobs are slow (90 s each), so a cancel lands while the provider holds
 accepted jobs. The bill is read at the provider's side: the jobs it made (its job files)
 and the jobs it cancelled (its ``.canceled`` markers), never from our tables.
 
@@ -62,7 +62,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         "EPISODIC_DATABASE_URL": databases.url(name),
         "EPISODIC_HOME": str(root / "home"),
         "EPISODIC_TIMEZONE": "UTC",
-        "EPISODIC_FAKE_DELAY_MS": "20000",
+        "EPISODIC_FAKE_DELAY_MS": "90000",  # longer than the worker's 30 s kill grace
         "EPISODIC_LEASE_S": "6",
     }
     try:
@@ -294,3 +294,37 @@ def test_after_kill_9_the_sweep_crashes_the_flow_and_task_runs_left_running(
     again = create_flow_run(server, stack["deployments"]["sweep"])
     done = wait_for_flow_run(server, again["id"], ("COMPLETED",), timeout=120)
     assert done["state_type"] == "COMPLETED"
+
+
+def test_the_workers_cancel_hook_settles_when_the_process_could_not(
+    stack: dict[str, Any],
+) -> None:
+    """The flow-run process is frozen (SIGSTOP) when the cancel comes: it never runs its own
+    SIGTERM path, the worker kills it after its 30 s grace, and the `on_cancellation` hook
+    the worker then runs is what cancels the accepted jobs at the provider."""
+    server, home, worker = stack["server"], stack["home"], stack["worker"]
+    planned = create_flow_run(
+        server,
+        stack["deployments"]["weekly"],
+        parameters={"week": "2026-W35", "pipeline": "weekly", "playlist": str(PLAYLIST),
+                    "generate": False},
+    )  # fmt: skip
+    wait_for_flow_run(server, planned["id"], ("COMPLETED",), timeout=120)
+    before = set(_jobs(home))
+    run = create_flow_run(
+        server, stack["deployments"]["generate"], parameters={"episode_id": "2026-W35-0"}
+    )
+    bought = _wait_for_jobs(home, CONCURRENCY, before)
+    frozen = [p for p in pids_with_env(WORKER_TOKEN_VAR, worker.token) if p != worker.pid]
+    assert frozen
+    for pid in frozen:
+        os.kill(pid, signal.SIGSTOP)
+    _cancel(server, run["id"])
+    wait_for_flow_run(server, run["id"], ("CANCELLED",), timeout=180)
+    made = set(_jobs(home)) - before
+    assert made == bought and _canceled(home) >= made
+    logs = _logs(server, [run["id"]])
+    assert any(f"cancelled at the provider: {len(made)} jobs: " in line for line in logs), logs
+    _settled_answer(logs)
+    cost = _latest_cost(server, "2026-W35-0")
+    assert cost["paid calls"] == len(made) and cost["still running"] == 0, cost

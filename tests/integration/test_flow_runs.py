@@ -84,7 +84,7 @@ def _expire(engine: Engine, run_id: str) -> None:
 
 
 def test_a_flow_run_is_dead_only_when_its_run_lost_its_lease(
-    episode: Episode, monkeypatch: pytest.MonkeyPatch
+    episode: Episode, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("EPISODIC_FAKE_DELAY_MS", "0")  # the resume below collects at once
     links = FlowRunLinks(episode.engine)
@@ -101,6 +101,13 @@ def test_a_flow_run_is_dead_only_when_its_run_lost_its_lease(
         2,
     )
     assert not dead(found["generate-1"]) and not dead(found["weekly-1"])  # its process lives
+    other = new_episode(episode.engine, key="test:2")  # another episode's run and jobs
+    other.plan(write_playlist(tmp_path / "other", ["x", "y"]))
+    other_run, _ = _running_run_with_jobs(other, accepted=2)
+    links.record(other_run, ["generate-2"])
+    both = links.runs_of(["generate-1", "generate-2"], since)
+    assert [life.accepted_jobs for life in both["generate-1"]] == [2]  # its own jobs only
+    assert [(life.run_id, life.unfinished) for life in both["generate-2"]] == [(other_run, 2)]
 
     _expire(episode.engine, run_id)  # kill -9: nobody renews the lease
     assert dead(links.runs_of(["generate-1"], since)["generate-1"])
