@@ -219,7 +219,10 @@ def test_cancelling_the_weekly_run_cancels_its_accepted_jobs_at_the_provider(
     cost = _latest_cost(server, "2026-W32-0")
     assert cost["paid calls"] == len(made), cost
     assert cost["still running"] == 0, cost
+    assert cost["cancelled at the provider"] == len(made), cost
     assert read_flow_run(server, child["id"])["state_type"] == "CANCELLED"
+    checked = _episodic(stack, "check", "2026-W32-0")
+    assert checked.returncode == 0, checked.stdout + checked.stderr  # nothing left red
 
 
 def test_cancelling_a_generate_run_cancels_its_accepted_jobs(stack: dict[str, Any]) -> None:

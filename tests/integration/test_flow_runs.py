@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, update
 
-from core.runs import Claim
+from core.runs import INTERRUPTED, Claim
 from core.settings import load_settings
 from core.states import RunState
 from pipeline.cancel import settle_cancelled
@@ -54,8 +54,8 @@ def episode(engine: Engine, tmp_path: Path) -> Episode:
 
 
 def _running_run_with_jobs(episode: Episode, accepted: int) -> tuple[str, list[Claim]]:
-    """A running run whose process claimed every item; the provider accepted a job for the
-    first `accepted` of them (real jobs in the fake's store, still running)."""
+    """A running run whose process claimed its first `accepted` items, and the provider
+    accepted a job for each (real jobs in the fake's store, still running)."""
     store, claims = RunStore(episode.engine), ClaimStore(episode.engine)
     run_id = new_run(episode)
     store.transition_run(run_id, RunState.RUNNING, lease_s=30)
@@ -63,15 +63,14 @@ def _running_run_with_jobs(episode: Episode, accepted: int) -> tuple[str, list[C
         profile_id="fake", state_dir=load_settings().home_path / "fake-provider"
     )
     held = []
-    for n, item in enumerate(store.run_items(run_id)):
+    for item in store.run_items(run_id)[:accepted]:
         got = claims.claim(item.pk, run_id, "proc:1", lease_s=30, max_attempts=3, profile="fake")
         assert isinstance(got, Claim) and got.submission is not None
-        if n < accepted:
-            sub = got.submission
-            ref = provider.submit(
-                ImageRequest(sub.client_reference, "e", item.item_id, item.prompt, item.seed)
-            )
-            claims.accept(sub.pk, ref)
+        sub = got.submission
+        ref = provider.submit(
+            ImageRequest(sub.client_reference, "e", item.item_id, item.prompt, item.seed)
+        )
+        claims.accept(sub.pk, ref)
         held.append(got)
     return run_id, held
 
@@ -124,6 +123,11 @@ def test_a_flow_run_is_dead_only_when_its_run_lost_its_lease(
 def test_settling_a_cancelled_flow_run_asks_the_provider_once_per_job(episode: Episode) -> None:
     run_id, _ = _running_run_with_jobs(episode, accepted=2)
     settings = load_settings()
+    # The flow's process was told to stop (SIGTERM): it gave its items up and paused the run.
+    ClaimStore(episode.engine).release_all("proc:1", INTERRUPTED)
+    RunStore(episode.engine).transition_run(run_id, RunState.PAUSED, INTERRUPTED)
+    red = check_episodes(episode.engine, "weekly", policy=dedup_policy(settings))
+    assert any("accepted but never collected" in f.detail for f in red)  # before the cancel
     report = episode_report(episode.engine, "weekly", episode.episode_id, prices={"fake": 4})
     assert (report["accepted"], report["still_running"], report["committed_minor"]) == (2, 2, 8)
     assert report["cost_minor"] == 0  # nothing billed yet: bought, not collected
