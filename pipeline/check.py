@@ -49,7 +49,8 @@ class Finding:
 
 
 # The provider answers to a cancel that leave nothing to collect (the fake's and Replicate's
-# statuses, fal's; a job that had finished or failed is still collected, with its cost): `check` keeps its own list, as an auditor, rather than the cancel's.
+# statuses, fal's; a job that had finished or failed is still collected, with its cost):
+# `check` keeps its own list, as an auditor, rather than the cancel's.
 _STOPPED_BY_CANCEL = frozenset({"canceled", "cancelled", "cancellation_requested", "not_found"})
 
 
