@@ -28,13 +28,16 @@ def sweep(
         typer.Option(
             "--prefect/--no-prefect",
             help="Also cancel this project's flow runs stuck in Scheduled/Late/Pending past "
-            "the pending TTL [default: when PREFECT_API_URL is set].",
+            "the pending TTL, and crash its flow and task runs left Running by a dead "
+            "process [default: when PREFECT_API_URL is set].",
         ),
     ] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Reap stuck work: expired run and item leases → failed (resumable), runs never started
-    within EPISODIC_PENDING_TTL_S → cancelled, orphaned items of cancelled runs → cancelled.
+    within EPISODIC_PENDING_TTL_S → cancelled, orphaned items of cancelled runs → cancelled;
+    with Prefect, stuck flow runs → cancelled and flow/task runs a dead process left Running
+    → crashed.
 
     Never touches completed work or a submission; safe to run at any time, also twice at once.
     """
@@ -49,14 +52,30 @@ def sweep(
     use_prefect = prefect if prefect is not None else bool(os.environ.get("PREFECT_API_URL"))
     if use_prefect:
         import tasks  # noqa: F401  (Prefect defaults before Prefect is imported)
-        from flows.maintenance import PREFECT_BUCKET, PREFECT_MEANING, cancel_stuck_flow_runs
+        from flows.maintenance import (
+            GHOST_BUCKET,
+            GHOST_MEANING,
+            PREFECT_BUCKET,
+            PREFECT_MEANING,
+            cancel_stuck_flow_runs,
+            crash_ghost_runs,
+        )
+        from pipeline.runs import dedup_policy
 
         buckets[PREFECT_BUCKET] = list(
             cancel_stuck_flow_runs(settings.pending_ttl_s, dry_run=dry_run)
         )
         meaning[PREFECT_BUCKET] = PREFECT_MEANING
+        buckets[GHOST_BUCKET] = list(
+            crash_ghost_runs(
+                context.engine(), dedup_policy(settings).fallback_lease_s, dry_run=dry_run
+            )
+        )
+        meaning[GHOST_BUCKET] = GHOST_MEANING
     else:
-        skipped["stuck_flow_runs"] = "no PREFECT_API_URL (pass --prefect to use a profile's)"
+        why = "no PREFECT_API_URL (pass --prefect to use a profile's)"
+        skipped["stuck_flow_runs"] = why
+        skipped["crashed_flow_runs"] = why
     if as_json:
         emit_json(
             {

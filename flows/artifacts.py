@@ -15,17 +15,28 @@ from typing import Any
 from uuid import UUID
 
 from prefect.artifacts import (
+    ProgressArtifact,
+    TableArtifact,
     create_markdown_artifact,
-    create_progress_artifact,
-    create_table_artifact,
     update_progress_artifact,
 )
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import ArtifactCreate, ArtifactUpdate
+from prefect.client.schemas.filters import (
+    ArtifactFilter,
+    ArtifactFilterFlowRunId,
+    ArtifactFilterKey,
+)
+from prefect.client.schemas.sorting import ArtifactSort
 from prefect.exceptions import MissingContextError
 from prefect.logging import get_run_logger
+from prefect.utilities.context import get_task_and_flow_run_ids
 from sqlalchemy import Engine
 
+from core.settings import load_settings
 from pipeline.report import episode_report
 from pipeline.thumbnails import thumbnail_data_uri
+from providers.profiles import load_profiles
 
 _MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~&])")
 
@@ -45,30 +56,112 @@ def artifact_key(episode_id: str, what: str) -> str:
     return f"episode-{episode_id.lower()}-{what}"
 
 
-def publish_spend(engine: Engine, pipeline: str, episode_id: str) -> dict[str, Any]:
+def cost_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The `-cost` table: what was billed, and what was bought and is not billed yet (the
+    provider's accepted jobs nobody collected: committed spend, some still running)."""
+    return [
+        {
+            "episode": report["episode_id"],
+            "state": report["state"],
+            "images done": f"{report['completed']} of {report['planned']}",
+            "paid calls": report["paid_submissions"],
+            "cost": report["cost"],
+            "committed": report["committed"],
+            "still running": report["still_running"],
+            "cancelled at the provider": report["cancelled_at_provider"],
+        }
+    ]
+
+
+def publish_spend(
+    engine: Engine, pipeline: str, episode_id: str, *, flow_run_id: UUID | None = None
+) -> dict[str, Any]:
     """The episode's cost table and progress artifacts (cumulative over every run, so a run
     that paid nothing still shows the episode's spend, and a finished plan reads 100%);
-    returns the report."""
-    report = episode_report(engine, pipeline, episode_id)
-    create_progress_artifact(
-        report["percent"],
-        key=artifact_key(episode_id, "progress"),
-        description=f"episode {episode_id}: planned images completed",
+    returns the report. One card of each per flow run (`upsert_artifact`): publishing
+    again updates it. `flow_run_id`: the flow run to publish on (default: the current
+    one; a cancellation hook publishes on the run it settled)."""
+    report = episode_report(engine, pipeline, episode_id, prices=profile_prices())
+    upsert_artifact(
+        artifact_key(episode_id, "progress"),
+        "progress",
+        ProgressArtifact(progress=report["percent"]).format(),
+        f"episode {episode_id}: planned images completed",
+        flow_run_id,
     )
-    create_table_artifact(
-        key=artifact_key(episode_id, "cost"),
-        table=[
-            {
-                "episode": episode_id,
-                "state": report["state"],
-                "images done": f"{report['completed']} of {report['planned']}",
-                "paid calls": report["paid_submissions"],
-                "cost": report["cost"],
-            }
-        ],
-        description=f"episode {episode_id}: every paid call and its cost so far (the ledger)",
+    upsert_artifact(
+        artifact_key(episode_id, "cost"),
+        "table",
+        TableArtifact(table=cost_rows(report)).format(),
+        f"episode {episode_id}: every paid call and its cost so far (the ledger); "
+        "committed adds the accepted jobs not collected yet, at the profile's price",
+        flow_run_id,
     )
     return report
+
+
+def profile_prices() -> dict[str, int]:
+    """Each provider profile's price per image (minor units), for committed spend; empty
+    when the profiles cannot be read (committed then counts the billed cost only)."""
+    try:
+        settings = load_settings()
+        profiles = load_profiles(settings.providers_path)
+        return {p.id: p.cost_per_image_minor for p in profiles.values()}
+    except Exception as exc:  # a view: a broken profiles file is reported elsewhere
+        _warn("provider prices not read: %s", _described(exc))
+        return {}
+
+
+def upsert_artifact(
+    key: str,
+    kind: str,
+    data: Any,
+    description: str,
+    flow_run_id: UUID | None = None,
+) -> UUID | None:
+    """One artifact of `key` per flow run: the run's card is updated in place when it is
+    the key's latest, else replaced by a new one (so the key's latest is always the newest
+    figure); created when the run has none. Returns its id (None outside a flow run with
+    no `flow_run_id`: nothing is published). A failure is logged, never raised.
+
+    Creating an artifact for every publication (as `create_progress_artifact` and
+    `create_table_artifact` do) gave a run one card per call: the live progress card frozen
+    at its last update beside the final one, the weekly run a cost card per step."""
+    if flow_run_id is None:
+        _, flow_run_id = get_task_and_flow_run_ids()
+    if flow_run_id is None:
+        return None
+    try:
+        with get_client(sync_client=True) as client:
+            by_key = ArtifactFilter(key=ArtifactFilterKey(any_=[key]))
+            latest = client.read_artifacts(
+                artifact_filter=by_key, sort=ArtifactSort.CREATED_DESC, limit=1
+            )
+            mine = client.read_artifacts(
+                artifact_filter=ArtifactFilter(
+                    key=ArtifactFilterKey(any_=[key]),
+                    flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]),
+                ),
+                sort=ArtifactSort.CREATED_DESC,
+            )
+            if mine and latest and latest[0].id == mine[0].id:
+                client.update_artifact(
+                    mine[0].id, ArtifactUpdate(data=data, description=description)
+                )
+                for older in mine[1:]:
+                    client.delete_artifact(older.id)
+                return mine[0].id
+            created = client.create_artifact(
+                ArtifactCreate(
+                    key=key, type=kind, data=data, description=description, flow_run_id=flow_run_id
+                )
+            )
+            for older in mine:
+                client.delete_artifact(older.id)
+            return created.id
+    except Exception as exc:  # an artifact is a view: never the run's failure
+        _warn("artifact %s not published: %s", key, _described(exc))
+        return None
 
 
 _URL = re.compile(r"([a-zA-Z][a-zA-Z0-9+.-]*://)(?:[^/@\s'\"]*@)?([^\s'\"?#]*)(?:[?#][^\s'\"]*)?")
@@ -119,11 +212,14 @@ class EpisodeProgress:
             report = episode_report(engine, pipeline, episode_id)  # before any item runs
             self.planned = max(1, int(report["planned"]))
             self.done = int(report["completed"])
-            self.artifact_id = create_progress_artifact(  # type: ignore[assignment]
-                self.percent,
-                key=artifact_key(episode_id, "progress"),
-                description=f"episode {episode_id}: planned images completed",
+            self.artifact_id = upsert_artifact(
+                artifact_key(episode_id, "progress"),
+                "progress",
+                ProgressArtifact(progress=self.percent).format(),
+                f"episode {episode_id}: planned images completed",
             )
+            if self.artifact_id is None:
+                return
             # Prefect's settings and client live in context variables: the publisher runs
             # in a copy of this context, so it talks to this flow run's API.
             context = contextvars.copy_context()

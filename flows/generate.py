@@ -1,11 +1,15 @@
 """`generate_episode`: a paid generation run from Prefect (deployment, UI, or a parent flow).
 
 The same engine as `episodic generate`; each item runs as a cached `generate_item` task.
-Cancelling the flow run pauses the run as Ctrl-C does (Prefect delivers the cancellation as
-SIGTERM, raised in the flow as a termination signal that the engine handles): in-flight items
-are marked failed ("interrupted"), accepted remote tasks keep their references, and a later
-run of the deployment collects them. Its artifacts describe the episode (cumulative paid
-calls and cost from the ledger, progress of the plan), not the last run.
+Cancelling the flow run (or the weekly run it runs in) stops buying and settles what was
+bought (`flows.cancellation`): Prefect delivers the cancel as SIGTERM, raised in the flow as
+a termination signal; the engine pauses the run (in-flight items end "interrupted", their
+task runs Cancelled), then the run is cancelled and its accepted, uncollected jobs are
+cancelled at the provider where its API allows, each answer recorded; the `on_cancellation`
+hook settles again after the process is gone. A SIGTERM that is not a cancel only pauses the
+run: a later run collects its accepted jobs. Its artifacts describe the episode (cumulative
+paid calls and cost from the ledger, committed spend, progress of the plan), one card each
+per flow run, not the last run.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from functools import partial
 from typing import Annotated, Any
 
 from prefect import flow
+from prefect.exceptions import TerminationSignal
 from prefect.logging import get_run_logger
 from pydantic import Field
 
@@ -25,6 +30,7 @@ from core.money import parse_amount
 from core.playlist import parse_selection
 from core.settings import load_settings
 from flows.artifacts import EpisodeProgress, publish_spend
+from flows.cancellation import link_flow_run, settle_hook, settle_in_flow
 from flows.params import EpisodeIdParam, Flag, KeyParam, PipelineParam, episode_run_name
 from pipeline.engine import RunEngine
 from pipeline.generation import generate, prepare
@@ -43,6 +49,7 @@ class GenerationFailed(EpisodicError):
     task_runner=configured_task_runner(),
     validate_parameters=True,
     flow_run_name=episode_run_name("generate"),
+    on_cancellation=[settle_hook],
 )
 def generate_episode(
     episode_id: EpisodeIdParam,
@@ -127,8 +134,10 @@ def _generate(
     storage = result_storage(settings)
 
     publishers: list[EpisodeProgress] = []
+    started: list[tuple[str, list[str]]] = []  # (run id, flow run chain) of this flow run
 
     def on_start(engine: RunEngine, run_id: str) -> None:
+        started.append((run_id, link_flow_run(db, run_id)))
         progress = EpisodeProgress(db, name, episode_id)
         publishers.append(progress)
 
@@ -161,6 +170,12 @@ def _generate(
             on_start=on_start,
             hero_candidates=hero_candidates,
         )
+    except TerminationSignal:  # a cancel of this flow run (or its parent), or a shutdown
+        for publisher in publishers:
+            publisher.close()
+        if started:
+            settle_in_flow(db, settings, *started[-1])
+        raise
     finally:  # the episode's artifacts, also when the run was cancelled or failed
         for publisher in publishers:  # first: a late update never follows the final figure
             publisher.close()

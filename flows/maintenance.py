@@ -1,13 +1,25 @@
-"""`cancel_stale` (flow `sweep`): the scheduled sweep (DESIGN 6), and its Prefect bucket.
+"""`cancel_stale` (flow `sweep`): the scheduled sweep (DESIGN 6), and its Prefect buckets.
 
-The database buckets are `pipeline.sweep`; this adds the one only Prefect can see: flow runs
-of this project's deployments stuck in Scheduled (including Late) or Pending for longer than
-the pending TTL (no worker took them), cancelled through the Prefect API. A proposal the
-server rejects (the run started meanwhile, another sweep cancelled it first) is not counted.
+The database buckets are `pipeline.sweep`; this adds the ones only Prefect can see:
+
+- ``stuck_flow_runs``: flow runs of this project's deployments stuck in Scheduled
+  (including Late) or Pending for longer than the pending TTL (no worker took them),
+  cancelled through the Prefect API;
+- ``crashed_flow_runs``: this project's flow runs left Running by a dead process (after
+  ``kill -9`` the worker marks the top-level run Crashed, but an in-process generate
+  subflow and the item task runs stay Running for good), finalized as Crashed. A flow run
+  is dead when a run of the ledger it worked on (`storage.flow_runs`) lost its lease and no
+  process holds any of them; its message says what was left at the provider and the command
+  that finishes it. Then every task run still Running inside a flow run that ended
+  (Crashed, Cancelled, Failed) is Crashed too: a task run never outlives its flow run.
+
+A proposal the server rejects (the run moved meanwhile, another sweep was first) is not
+counted.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
@@ -20,18 +32,25 @@ from prefect.client.schemas.filters import (
     FlowRunFilter,
     FlowRunFilterDeploymentId,
     FlowRunFilterExpectedStartTime,
+    FlowRunFilterId,
     FlowRunFilterState,
     FlowRunFilterStateType,
+    TaskRunFilter,
+    TaskRunFilterState,
+    TaskRunFilterStateType,
 )
-from prefect.client.schemas.objects import StateType
+from prefect.client.schemas.objects import FlowRun, StateType
 from prefect.client.schemas.responses import SetStateStatus
 from prefect.client.schemas.sorting import FlowRunSort
 from prefect.logging import get_run_logger
-from prefect.states import Cancelled
+from prefect.states import Cancelled, Crashed
+from sqlalchemy import Engine
 
 from core.settings import load_settings
 from flows.params import Flag
+from pipeline.runs import dedup_policy
 from pipeline.sweep import BUCKET_MEANING, sweep
+from storage.flow_runs import FlowRunLinks, RunLife, dead
 from storage.registry import engine_for
 
 PROJECT_FLOWS = (
@@ -45,6 +64,12 @@ PROJECT_FLOWS = (
 )
 PREFECT_BUCKET = "stuck_flow_runs"
 PREFECT_MEANING = "Scheduled/Late/Pending → Cancelled: no worker started them within the TTL"
+GHOST_BUCKET = "crashed_flow_runs"
+GHOST_MEANING = (
+    "Running → Crashed: flow runs (lease expired) and task runs left Running by a dead process"
+)
+_ENDED = [StateType.CRASHED, StateType.CANCELLED, StateType.FAILED]
+_LINK_MARGIN = timedelta(minutes=5)
 _PAGE = 200
 
 
@@ -86,6 +111,130 @@ def cancel_stuck_flow_runs(ttl_s: float, *, dry_run: bool = False) -> list[str]:
     return done
 
 
+def crash_ghost_runs(
+    engine: Engine, fallback_lease_s: float, *, dry_run: bool = False
+) -> list[str]:
+    """Finalize (or, dry run, list) this project's flow runs left Running by a dead process
+    as Crashed, then the task runs left Running in ended flow runs. Returns
+    ``flow-run:{id}`` and ``task-run:{id}`` entries for what this call moved."""
+    ours = FlowFilter(name=FlowFilterName(any_=list(PROJECT_FLOWS)))
+    links = FlowRunLinks(engine, fallback_lease_s)
+    done: list[str] = []
+    with get_client(sync_client=True) as client:
+        running = _all(
+            lambda offset: client.read_flow_runs(
+                flow_filter=ours,
+                flow_run_filter=FlowRunFilter(
+                    state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.RUNNING]))
+                ),
+                sort=FlowRunSort.EXPECTED_START_TIME_ASC,
+                limit=_PAGE,
+                offset=offset,
+            )
+        )
+        lives = _lives(links, running)
+        for run in running:
+            if not dead(lives.get(str(run.id), [])):
+                continue
+            message = ghost_message(lives[str(run.id)])
+            if dry_run or _propose(client, run.id, Crashed(message=message)):
+                done.append(f"flow-run:{run.id}")
+        orphans = _all(
+            lambda offset: client.read_task_runs(
+                flow_filter=ours,
+                flow_run_filter=FlowRunFilter(
+                    state=FlowRunFilterState(type=FlowRunFilterStateType(any_=_ENDED))
+                ),
+                task_run_filter=TaskRunFilter(
+                    state=TaskRunFilterState(type=TaskRunFilterStateType(any_=[StateType.RUNNING]))
+                ),
+                limit=_PAGE,
+                offset=offset,
+            )
+        )
+        parents = {str(t.flow_run_id) for t in orphans if t.flow_run_id is not None}
+        ended = {str(r.id): r for r in _read_flow_runs(client, parents)}
+        owner_lives = _lives(links, list(ended.values()))
+        for task_run in orphans:
+            message = orphan_message(owner_lives.get(str(task_run.flow_run_id), []))
+            if dry_run or _propose_task(client, task_run.id, Crashed(message=message)):
+                done.append(f"task-run:{task_run.id}")
+    return done
+
+
+def ghost_message(lives: list[RunLife]) -> str:
+    """A dead flow run's Crashed message: what it left at the provider, how to finish."""
+    lost = next(life for life in lives if life.lost)
+    expiry = f" at {lost.lease_expires_at:%Y-%m-%d %H:%M:%S} UTC" if lost.lease_expires_at else ""
+    jobs = sum(life.accepted_jobs for life in lives)
+    unfinished = sum(life.unfinished for life in lives)
+    return (
+        f"crashed: the process of this flow run stopped (run {lost.run_id} of episode "
+        f"{lost.episode_id} lost its lease{expiry}; no process renews it); left at the "
+        f"provider: {jobs} accepted jobs not collected yet (a resume collects them, never "
+        f"buys them again), {unfinished} items unfinished; finish with: episodic runs resume "
+        f"{lost.run_id} (or Retry the weekly run); finalized by the episodic sweep"
+    )[:1900]
+
+
+def orphan_message(lives: list[RunLife]) -> str:
+    """The Crashed message of a task run left Running in a flow run that ended."""
+    text = "crashed: its flow run ended while this task run was Running (its process stopped)"
+    if lives:
+        run = lives[-1]
+        text += (
+            f"; the item belongs to run {run.run_id} of episode {run.episode_id} "
+            f"({run.accepted_jobs} accepted jobs at the provider); finish with: episodic runs "
+            f"resume {run.run_id}"
+        )
+    return text + "; finalized by the episodic sweep"
+
+
+def _lives(links: FlowRunLinks, runs: list[FlowRun]) -> dict[str, list[RunLife]]:
+    if not runs:
+        return {}
+    starts = [stdlib_utc(r.start_time or r.created) for r in runs]
+    return links.runs_of([str(r.id) for r in runs], min(starts) - _LINK_MARGIN)
+
+
+def stdlib_utc(moment: datetime | None) -> datetime:
+    """A Prefect timestamp (a pendulum DateTime in 3.9.1, whose Pendulum-only behaviour is
+    deprecated) as a plain aware datetime in UTC; now when it is missing."""
+    if moment is None:
+        return datetime.now(UTC)
+    return datetime.fromtimestamp(moment.timestamp(), UTC)
+
+
+def _all(page: Callable[[int], list[Any]]) -> list[Any]:
+    found: list[Any] = []
+    while True:
+        batch = page(len(found))
+        found.extend(batch)
+        if len(batch) < _PAGE:
+            return found
+
+
+def _read_flow_runs(client: SyncPrefectClient, ids: set[str]) -> list[FlowRun]:
+    if not ids:
+        return []
+    return list(
+        client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[UUID(i) for i in ids])),
+            limit=len(ids),
+        )
+    )
+
+
+def _propose(client: SyncPrefectClient, flow_run_id: UUID, state: Any) -> bool:
+    result: Any = client.set_flow_run_state(flow_run_id, state)
+    return bool(result.status == SetStateStatus.ACCEPT)
+
+
+def _propose_task(client: SyncPrefectClient, task_run_id: UUID, state: Any) -> bool:
+    result: Any = client.set_task_run_state(task_run_id, state)
+    return bool(result.status == SetStateStatus.ACCEPT)
+
+
 def _cancel(client: SyncPrefectClient, flow_run_id: UUID, message: str) -> bool:
     result: Any = client.set_flow_run_state(flow_run_id, Cancelled(message=message))
     return bool(result.status == SetStateStatus.ACCEPT)
@@ -94,14 +243,18 @@ def _cancel(client: SyncPrefectClient, flow_run_id: UUID, message: str) -> bool:
 @flow(name="sweep", validate_parameters=True, flow_run_name="sweep")
 def cancel_stale(dry_run: Flag = False) -> dict[str, Any]:
     """The stale sweep: expired run and item leases → failed (resumable), never-started runs
-    → cancelled, orphaned items of cancelled runs → cancelled, and this project's flow runs
-    stuck in Scheduled/Late/Pending past EPISODIC_PENDING_TTL_S → cancelled."""
+    → cancelled, orphaned items of cancelled runs → cancelled, this project's flow runs
+    stuck in Scheduled/Late/Pending past EPISODIC_PENDING_TTL_S → cancelled, and its flow
+    runs and task runs left Running by a dead process → crashed."""
     logger = get_run_logger()
     settings = load_settings()
     report = sweep(engine_for(settings), settings, dry_run=dry_run)
     buckets: dict[str, list[Any]] = dict(report.moved)
     buckets[PREFECT_BUCKET] = cancel_stuck_flow_runs(settings.pending_ttl_s, dry_run=dry_run)
-    meaning = {**BUCKET_MEANING, PREFECT_BUCKET: PREFECT_MEANING}
+    buckets[GHOST_BUCKET] = crash_ghost_runs(
+        engine_for(settings), dedup_policy(settings).fallback_lease_s, dry_run=dry_run
+    )
+    meaning = {**BUCKET_MEANING, PREFECT_BUCKET: PREFECT_MEANING, GHOST_BUCKET: GHOST_MEANING}
     for name, ids in buckets.items():
         logger.info(
             "%s %s: %d (%s)", "would move" if dry_run else "moved", name, len(ids), meaning[name]

@@ -29,6 +29,7 @@ from core.hints import surface
 from core.ids import WeekId
 from core.keys import SlotKey, derive_allocation_key
 from core.settings import load_settings, validate_pipeline
+from flows.cancellation import settle_hook
 from flows.generate import generate_episode
 from flows.invocation import current_invocation
 from flows.params import Flag, KeyParam, PipelineParam, PlaylistParam, WeekParam
@@ -68,6 +69,7 @@ def weekly_run_name() -> str:
     retry_delay_seconds=10,
     validate_parameters=True,
     flow_run_name=weekly_run_name,
+    on_cancellation=[settle_hook],
 )
 def weekly_episode(
     allocation_key: KeyParam = None,

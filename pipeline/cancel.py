@@ -56,15 +56,22 @@ class JobCancel:
 
 
 def cancel_run(
-    engine: Engine, settings: Settings, run_id: str, credentials: CredentialSource
+    engine: Engine,
+    settings: Settings,
+    run_id: str,
+    credentials: CredentialSource,
+    *,
+    settled: frozenset[int] = frozenset(),
 ) -> tuple[str, list[JobCancel]]:
     """Cancel `run_id` (pending, running, paused, or already cancelled); then ask the
     provider to cancel each accepted, uncollected job of the run (a job whose item another
     live run includes, checked right before that job's call, is kept for it:
     `JobCancel.kept_for`). A run that already ended
     (failed, its jobs left for later collection) keeps its state and its jobs are still
-    asked. Returns the run's state and one `JobCancel` per job. Raises `RunNotFound`,
-    `InvalidTransition` (an ended run with no accepted job)."""
+    asked. Jobs whose submission is in `settled` (a cancel already had the provider's
+    answer that they stopped) are not asked again. Returns the run's state and one
+    `JobCancel` per job asked or kept. Raises `RunNotFound`, `InvalidTransition` (an ended
+    run with no accepted job)."""
     store = RunStore(engine)
     if store.run_state(run_id) != RunState.CANCELLED:
         try:
@@ -75,7 +82,7 @@ def cancel_run(
             if store.run_state(run_id) != RunState.CANCELLED and not store.accepted_jobs(run_id):
                 raise
     run = store.get_run(run_id)
-    jobs = store.accepted_jobs(run_id)
+    jobs = [job for job in store.accepted_jobs(run_id) if job[0] not in settled]
     if not jobs:
         return run.state, []
     gate = open_gate(engine, run.pipeline, run.episode_id, "cancel")
@@ -126,3 +133,142 @@ def _ask(
         return str(cancel(remote_ref))
     except ProviderError as exc:
         return f"unknown: {exc}"[:200]
+
+
+CANCELLED_ANSWERS = frozenset({"canceled", "cancelled", "cancellation_requested"})
+"""A cancel stopped the job (the fake's and Replicate's ``canceled``, fal's
+``CANCELLATION_REQUESTED``)."""
+FINISHED_ANSWERS = frozenset({"succeeded", "already_completed"})
+"""The job had finished before the cancel: billed, and the next run collects it free."""
+GONE_ANSWERS = frozenset({"failed", "not_found"})
+"""The job failed on its own, or the provider does not know it: nothing runs."""
+STOPPED_ANSWERS = CANCELLED_ANSWERS | FINISHED_ANSWERS | GONE_ANSWERS
+
+
+def stopped(answer: str) -> bool:
+    """The provider's answer says the job no longer runs (or never will)."""
+    return answer.strip().lower() in STOPPED_ANSWERS
+
+
+def cancelled_answer(answer: str) -> bool:
+    """The provider's answer says a cancel stopped the job."""
+    return _is(answer, CANCELLED_ANSWERS)
+
+
+def _is(answer: str, kinds: frozenset[str]) -> bool:
+    return answer.strip().lower() in kinds
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    """What the cancel of one or more runs (a cancelled Prefect flow run's) did with the
+    jobs the provider held for them."""
+
+    runs: dict[str, str]  # run id -> its state after the cancel
+    episodes: dict[str, str]  # run id -> its episode id
+    answers: list[tuple[str, JobCancel]]  # (run id, answer) asked by this settlement
+    already: int = 0  # jobs an earlier cancel had settled (not asked again)
+    errors: dict[str, str] | None = None  # run id -> why it could not be cancelled
+
+    @property
+    def cancelled(self) -> list[JobCancel]:
+        return [job for _, job in self.answers if job.asked and _is(job.answer, CANCELLED_ANSWERS)]
+
+    @property
+    def finished(self) -> list[JobCancel]:
+        """Jobs that had finished at the provider before the cancel reached them (billed)."""
+        return [job for _, job in self.answers if job.asked and _is(job.answer, FINISHED_ANSWERS)]
+
+    @property
+    def kept(self) -> list[JobCancel]:
+        return [job for _, job in self.answers if job.kept_for is not None]
+
+    @property
+    def billing(self) -> list[tuple[str, JobCancel]]:
+        """Jobs that may still run and bill: not kept for another run, and the provider did
+        not say they stopped (no cancel in its API, an unknown answer, still running)."""
+        return [
+            (run, job)
+            for run, job in self.answers
+            if job.kept_for is None and not (job.asked and stopped(job.answer))
+        ]
+
+    def lines(self) -> list[str]:
+        """The settlement in words: what was cancelled, what still bills, and the one
+        command that settles it (or that finishes the episode)."""
+        out: list[str] = []
+        for run_id, state in self.runs.items():
+            out.append(f"run {run_id} of episode {self.episodes[run_id]} is {state}")
+        for run_id, why in (self.errors or {}).items():
+            out.append(f"run {run_id} could not be cancelled: {why}")
+        if self.cancelled:
+            refs = ", ".join(job.remote_ref for job in self.cancelled)
+            more = f" (and {self.already} by an earlier cancel)" if self.already else ""
+            out.append(f"cancelled at the provider: {len(self.cancelled)} jobs{more}: {refs}")
+        elif self.already:
+            out.append(
+                f"cancelled at the provider: {self.already} jobs, by an earlier cancel of "
+                "this run (not asked again)"
+            )
+        else:
+            out.append("cancelled at the provider: none (no accepted job was left to cancel)")
+        if self.finished:
+            out.append(
+                f"finished before the cancel: {len(self.finished)} jobs (billed; the next run "
+                "of the episode collects them at no new cost)"
+            )
+        for job in self.kept:
+            out.append(f"kept: job {job.remote_ref}: {job.answer}")
+        billing = self.billing
+        if billing:
+            first = billing[0][0]
+            out.append(
+                f"still billing: {len(billing)} jobs the provider did not confirm stopped "
+                f"({billing[0][1].answer}); settle with: episodic runs cancel {first} "
+                "(asks the provider again and records each answer)"
+            )
+        else:
+            out.append("still billing: none (nothing was bought after the cancel)")
+            for run_id, episode_id in sorted(set(self.episodes.items()), key=lambda e: e[1]):
+                if self.runs.get(run_id) == RunState.CANCELLED:
+                    out.append(
+                        f"to finish episode {episode_id} later: episodic generate {episode_id} "
+                        "(or run the generate deployment for it): completed images are kept, "
+                        "cancelled ones are bought anew"
+                    )
+                    break
+        return out
+
+
+def settle_cancelled(
+    engine: Engine, settings: Settings, run_ids: list[str], credentials: CredentialSource
+) -> Settlement:
+    """Cancel each of `run_ids` (the runs a cancelled flow run worked on) as `cancel_run`
+    does, asking the provider only for the jobs no earlier cancel saw stop: a flow's own
+    SIGTERM path and the worker's cancellation hook both settle, and the provider is asked
+    once per job that still runs. A completed run is left as it is."""
+    store = RunStore(engine)
+    states: dict[str, str] = {}
+    episodes: dict[str, str] = {}
+    answers: list[tuple[str, JobCancel]] = []
+    errors: dict[str, str] = {}
+    already = 0
+    for run_id in dict.fromkeys(run_ids):
+        run = store.get_run(run_id)
+        episodes[run_id] = run.episode_id
+        if run.state == RunState.COMPLETED:
+            states[run_id] = run.state
+            continue
+        episode_pk = store.episode_pk(run.pipeline, run.episode_id)
+        answered = store.provider_cancel_answers(episode_pk)
+        settled = frozenset(pk for pk, answer in answered.items() if stopped(answer))
+        already += sum(1 for job in store.accepted_jobs(run_id) if job[0] in settled)
+        try:
+            state, jobs = cancel_run(engine, settings, run_id, credentials, settled=settled)
+        except InvalidTransition as exc:
+            states[run_id] = store.run_state(run_id)
+            errors[run_id] = str(exc)
+            continue
+        states[run_id] = state
+        answers.extend((run_id, job) for job in jobs)
+    return Settlement(states, episodes, answers, already, errors or None)

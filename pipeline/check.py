@@ -50,6 +50,12 @@ class Finding:
         return asdict(self)
 
 
+# The provider answers to a cancel that leave nothing to collect (the fake's and Replicate's
+# statuses, fal's; a job that had finished or failed is still collected, with its cost):
+# `check` keeps its own list, as an auditor, rather than the cancel's.
+_STOPPED_BY_CANCEL = frozenset({"canceled", "cancelled", "cancellation_requested", "not_found"})
+
+
 def check_episodes(
     engine: Engine,
     pipeline: str,
@@ -198,6 +204,18 @@ def _check_one(engine: Engine, episode: Any, policy: DedupPolicy) -> list[Findin
         ).scalar()
         recorded = newest_plan(conn, episode.id)
         approval = latest_approval(conn, episode.id)
+        cancel_answers = {  # the provider's latest answer to a cancel, per submission
+            d["submission"]: str(d.get("answer", "")).strip().lower()
+            for d in conn.execute(
+                select(EpisodeEventRow.detail)
+                .where(
+                    EpisodeEventRow.episode_pk == episode.id,
+                    EpisodeEventRow.kind == "provider_cancel",
+                )
+                .order_by(EpisodeEventRow.id)
+            ).scalars()
+            if isinstance(d, dict) and "submission" in d
+        }
     reopened = isinstance(latest_event, dict) and "reopened_by" in latest_event
     succeeded = Counter(s.item_pk for s in subs if s.state == "succeeded")
     cost_by_sub = Counter(c.submission_pk for c in costs)
@@ -240,6 +258,8 @@ def _check_one(engine: Engine, episode: Any, policy: DedupPolicy) -> list[Findin
             )
         if sub.item_pk in held:
             continue
+        if sub.state == "accepted" and cancel_answers.get(sub.id) in _STOPPED_BY_CANCEL:
+            continue  # cancelled (or gone) at the provider: nothing to collect, none billing
         if sub.state == "accepted":
             add(
                 "ledger",

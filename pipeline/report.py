@@ -3,25 +3,37 @@ last run (a resume that pays nothing must not report "0 completed, 0.00 USD").""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy import Engine
 
 from core.ids import EpisodeId
 from core.money import format_minor
+from pipeline.cancel import cancelled_answer, stopped
 from pipeline.playlists import planned_items
 from storage.episodes import EpisodeRepository
 from storage.runs import RunStore, completed_outputs
 
 
-def episode_report(engine: Engine, pipeline: str, episode_id: str) -> dict[str, Any]:
+def episode_report(
+    engine: Engine,
+    pipeline: str,
+    episode_id: str,
+    prices: Mapping[str, int] | None = None,
+) -> dict[str, Any]:
     """The episode's progress and spend.
 
     Returns ``{episode_id, pipeline, state, planned, completed, percent, paid_submissions,
-    cost_minor, currency, cost}``: ``planned`` counts the current plan's paid images (0
+    cost_minor, currency, cost, accepted, still_running, cancelled_at_provider,
+    committed_minor, committed}``: ``planned`` counts the current plan's paid images (0
     without a plan), ``completed`` those of them that are done, ``percent`` is 100.0 for a
     finished plan, and paid submissions and cost sum every run's ledger rows (minor units).
-    Raises `EpisodeNotFound`.
+    ``accepted`` counts the jobs the provider accepted that nobody collected yet: bought,
+    so committed spend (``committed_minor``: the cost so far plus each of them at its
+    profile's price in `prices`); of them, ``cancelled_at_provider`` the ones a cancel
+    stopped and ``still_running`` the ones the provider has not said stopped (a job that
+    finished before the cancel is neither: the next run collects it). Raises `EpisodeNotFound`.
     """
     episode, pk = EpisodeRepository(engine).locate(pipeline, EpisodeId.parse(episode_id))
     store = RunStore(engine)
@@ -34,6 +46,11 @@ def episode_report(engine: Engine, pipeline: str, episode_id: str) -> dict[str, 
         }
     done = sum(1 for o in completed_outputs(engine, pk) if o["idempotency_key"] in planned)
     paid, cost_minor, currency = store.episode_spend(pk)
+    open_jobs = store.episode_open_jobs(pk)
+    answers = store.provider_cancel_answers(pk) if open_jobs else {}
+    halted = sum(1 for sub, _ in open_jobs if stopped(answers.get(sub, "")))
+    cancelled = sum(1 for sub, _ in open_jobs if cancelled_answer(answers.get(sub, "")))
+    committed = cost_minor + sum((prices or {}).get(profile, 0) for _, profile in open_jobs)
     return {
         "episode_id": episode_id,
         "pipeline": pipeline,
@@ -45,4 +62,9 @@ def episode_report(engine: Engine, pipeline: str, episode_id: str) -> dict[str, 
         "cost_minor": cost_minor,
         "currency": currency,
         "cost": format_minor(cost_minor, currency),
+        "accepted": len(open_jobs),
+        "still_running": len(open_jobs) - halted,
+        "cancelled_at_provider": cancelled,
+        "committed_minor": committed,
+        "committed": format_minor(committed, currency),
     }

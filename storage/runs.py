@@ -652,6 +652,21 @@ class RunStore:
                 },
             )
 
+    def provider_cancel_answers(self, episode_pk: int) -> dict[int, str]:
+        """The provider's latest answer to a cancel of each of the episode's submissions
+        (``provider_cancel`` events, whichever run's cancel asked): submission pk -> answer."""
+        with tx.read(self.engine) as conn:
+            details = conn.execute(
+                select(_events.c.detail)
+                .where(_events.c.episode_pk == episode_pk, _events.c.kind == "provider_cancel")
+                .order_by(_events.c.id)
+            ).scalars()
+            return {
+                int(d["submission"]): str(d.get("answer", ""))
+                for d in details
+                if isinstance(d, dict) and isinstance(d.get("submission"), int)
+            }
+
     def _members_where(self, run_id: str, *conditions: ColumnElement[bool]) -> list[Item]:
         query = (
             select(_items)
@@ -715,6 +730,22 @@ class RunStore:
                 ).where(_costs.c.episode_pk == episode_pk)
             ).one()
         return int(paid), int(cost[0]), cost[1] or "USD"
+
+    def episode_open_jobs(self, episode_pk: int) -> list[tuple[int, str]]:
+        """The episode's jobs the provider accepted and nobody collected yet (still running,
+        or cancelled, at the provider): (submission pk, provider profile), oldest first."""
+        with tx.read(self.engine) as conn:
+            rows = conn.execute(
+                select(_subs.c.id, _subs.c.provider_profile)
+                .join(_items, _items.c.id == _subs.c.item_pk)
+                .where(
+                    _items.c.episode_pk == episode_pk,
+                    _subs.c.state == SubmissionState.ACCEPTED,
+                    _subs.c.remote_ref.is_not(None),
+                )
+                .order_by(_subs.c.id)
+            ).all()
+        return [(int(r.id), str(r.provider_profile)) for r in rows]
 
     def episode_cost(self, episode_pk: int) -> int:
         with tx.read(self.engine) as conn:

@@ -32,11 +32,12 @@ from prefect.context import FlowRunContext, TaskRunContext
 from prefect.exceptions import ObjectNotFound
 from prefect.filesystems import WritableFileSystem
 from prefect.futures import PrefectFuture
+from prefect.states import Cancelled
 from prefect.task_runners import ThreadPoolTaskRunner
 from prefect.utilities.annotations import quote
 
 from core.errors import ProviderConfigError
-from core.runs import Claim, Item
+from core.runs import INTERRUPTED, Claim, Item
 from core.settings import Settings, load_settings
 from pipeline.engine import COLLECT_LATER, THROTTLE_POLL_S, ItemJob, RunEngine, claim_next
 from pipeline.runs import RunOptions
@@ -212,6 +213,12 @@ def generate_item(work: dict[str, Any], item_id: str, idempotency_key: str, ledg
         outcome = engine.process(claim, RunOptions.from_params(work["options"]))
     finally:  # the claim is completed or released by now: its slot is free
         item_worked(work["owner"], work["item_pk"], outcome)
+    if outcome == INTERRUPTED:  # the run was stopped (a cancel, Ctrl-C, a pause): no error,
+        # so no traceback in the run's log; the flow reads the state, not the result
+        return Cancelled(  # type: ignore[return-value]
+            message=f"item {item_id}: interrupted (the run stopped before it finished; "
+            "an accepted job keeps its reference)"
+        )
     if outcome != "completed":
         raise ItemNotCompleted(f"item {item_id}: {outcome}")
     # A string, not a collection: Prefect visits a task's result to link it to its state (a

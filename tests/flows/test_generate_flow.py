@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prefect import flow
@@ -224,6 +225,43 @@ def test_the_flow_reads_the_credential_from_a_secret_block_and_pays_over_http(
 @pytest.mark.parametrize(
     "backend", ["sqlite"]
 )  # backend-neutral; the ledger runs on both elsewhere
+def _cards(flow_run_id: object) -> list[tuple[str, Any]]:
+    """The artifacts (cards) the UI shows on one flow run: (key, data)."""
+    from prefect.client.schemas.filters import ArtifactFilterFlowRunId
+    from prefect.client.schemas.sorting import ArtifactSort
+
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])),
+            sort=ArtifactSort.ID_DESC,
+        )
+    return [(str(a.key), a.data) for a in found]
+
+
+def test_a_generate_run_shows_one_progress_and_one_cost_card_reading_100(
+    harness: str, episode: str, tmp_path: Path
+) -> None:
+    """Issue 28 (10): every generate run showed two `-progress` cards, the live one frozen
+    below 100% beside the final one (each publication created an artifact); now one card
+    per key and run, updated in place, the final reading 100% for a finished episode."""
+    import json
+
+    plan(harness, episode, tmp_path / "p", ["a", "b", "c", "d", "e", "f", "g"])
+    state = generate_episode(episode_id=episode, concurrency=2, return_state=True)
+    assert state.is_completed(), state
+    cards = _cards(state.state_details.flow_run_id)
+    keys = [key for key, _ in cards]
+    progress, cost = f"episode-{episode.lower()}-progress", f"episode-{episode.lower()}-cost"
+    assert sorted(keys) == [cost, progress], keys
+    assert float(dict(cards)[progress]) == 100.0
+    (row,) = json.loads(dict(cards)[cost])
+    assert row["paid calls"] == 7 and row["still running"] == 0 and row["cost"] == "0.28 USD"
+    assert row["committed"] == "0.28 USD"  # nothing accepted and not collected
+    # Running it again (nothing to do) shows the same figures on its own single cards.
+    again = generate_episode(episode_id=episode, return_state=True)
+    assert sorted(k for k, _ in _cards(again.state_details.flow_run_id)) == [cost, progress]
+
+
 def test_cancelling_the_flow_run_pauses_the_run_and_resume_pays_once(
     harness: str, episode: str, tmp_path: Path
 ) -> None:
@@ -437,15 +475,15 @@ def test_the_progress_artifact_is_published_off_the_dispatching_thread(
         return real_update(artifact_id, progress)  # type: ignore[arg-type]
 
     created = threading.Event()
-    real_create = artifacts.create_progress_artifact
+    real_create = artifacts.upsert_artifact
 
-    def create(*args: object, **kwargs: object) -> object:
+    def create(*args: Any, **kwargs: Any) -> Any:
         try:
-            return real_create(*args, **kwargs)  # type: ignore[arg-type]
+            return real_create(*args, **kwargs)
         finally:
             created.set()
 
-    monkeypatch.setattr(artifacts, "create_progress_artifact", create)
+    monkeypatch.setattr(artifacts, "upsert_artifact", create)
     monkeypatch.setattr(artifacts, "update_progress_artifact", slow_update)
     monkeypatch.setattr(artifacts.EpisodeProgress, "MIN_INTERVAL_S", 0.0)
     from storage.engine import make_engine
@@ -483,7 +521,7 @@ def test_a_progress_artifact_that_cannot_be_published_never_fails_the_run(
 
     plan(harness, episode, tmp_path / "p", ["a", "b"])
     monkeypatch.setattr(artifacts, "update_progress_artifact", broken)
-    monkeypatch.setattr(artifacts, "create_progress_artifact", broken)
+    monkeypatch.setattr(artifacts, "get_client", broken)  # every creation and update
     result = generate_episode(episode_id=episode)
     assert result["state"] == "completed" and set(submissions_per_item().values()) == {1}
 
@@ -536,12 +574,14 @@ def test_no_progress_update_follows_the_final_figure(
     import flows.artifacts as artifacts
 
     plan(harness, episode, tmp_path / "p", ["a", "b"])
-    creators: list[str] = []
-    real_create = artifacts.create_progress_artifact
+    from prefect.artifacts import create_progress_artifact
 
-    def create(*args: object, **kwargs: object) -> object:
+    creators: list[str] = []
+    real_create = artifacts.upsert_artifact
+
+    def create(*args: Any, **kwargs: Any) -> Any:
         creators.append(threading.current_thread().name)
-        return real_create(*args, **kwargs)  # type: ignore[arg-type]
+        return real_create(*args, **kwargs)
 
     in_flight, release = threading.Event(), threading.Event()
     real_update = artifacts.update_progress_artifact
@@ -551,7 +591,7 @@ def test_no_progress_update_follows_the_final_figure(
         assert release.wait(30)
         return real_update(artifact_id, progress)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(artifacts, "create_progress_artifact", create)
+    monkeypatch.setattr(artifacts, "upsert_artifact", create)
     monkeypatch.setattr(artifacts, "update_progress_artifact", slow_update)
     from storage.engine import make_engine
 
@@ -566,7 +606,7 @@ def test_no_progress_update_follows_the_final_figure(
         threading.Timer(0.5, release.set).start()  # the update lands half a second later
         progress.close()
         assert release.is_set()  # close waited for it
-        return real_create(12.5, key=key)  # the flow's final figure (publish_spend's)
+        return create_progress_artifact(12.5, key=key)  # a final figure after the close
 
     final = finish()
     engine.dispose()

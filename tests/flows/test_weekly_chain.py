@@ -67,6 +67,31 @@ def test_approve_from_the_ui_assembles_and_pays_nothing_more(harness: str, suspe
     assert [e["event"] for e in provider_log()].count("submit") == 2
 
 
+def test_the_weekly_run_shows_one_cost_and_one_progress_card(harness: str, suspended: Any) -> None:
+    """Issue 28 (10): the weekly run showed two `-cost` cards (one from the approval step,
+    one from assembly), each publication a new artifact; now one card per key on the run,
+    updated in place, the final one reading 100% and the assembled state."""
+    import json
+
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    resume_flow_run(suspended.id, run_input={"decision": "approve", "reviewer": "ann"})
+    state = local.execute(weekly_episode, suspended.id)
+    assert state.is_completed(), state
+    with get_client(sync_client=True) as client:
+        cards = client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[suspended.id]))
+        )
+    by_key: dict[str, list[Any]] = {}
+    for card in cards:
+        by_key.setdefault(str(card.key), []).append(card.data)
+    cost, progress = "episode-2026-w32-0-cost", "episode-2026-w32-0-progress"
+    assert len(by_key[cost]) == 1 and len(by_key[progress]) == 1, by_key
+    assert float(by_key[progress][0]) == 100.0
+    (row,) = json.loads(by_key[cost][0])
+    assert row["state"] == "assembled" and row["paid calls"] == 2 and row["still running"] == 0
+
+
 def test_editing_the_playlist_while_the_run_waits_changes_nothing_it_ships(
     harness: str, suspended: Any, tmp_path: Path
 ) -> None:
