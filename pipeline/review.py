@@ -21,11 +21,11 @@ from core.errors import CommandNotAllowed, InvalidInput, StorageError
 from core.hints import hint
 from core.playlist import check_picks, check_text, item_label
 from core.settings import Settings
-from core.states import FROZEN_PLAN_STATES, EpisodeState
+from core.states import DECIDED_STATES, REOPENABLE_STATES, EpisodeState
 from pipeline.gate import GatePass, open_gate
 from pipeline.playlists import planned_items
 from pipeline.runs import write_atomically
-from storage.review import ReviewStore
+from storage.review import RecordedDecision, ReviewStore
 from storage.runs import RunStore, completed_outputs
 
 THUMB = 128
@@ -97,6 +97,13 @@ def decide(
                 )
             )
         return {"episode_id": gate.episode_id, "state": state, "changed": False}
+    if state in DECIDED_STATES:  # the other decision stands: name it and the way back
+        decided = review.latest_decision(gate.episode_pk)
+        raise CommandNotAllowed(
+            f"episode {gate.episode_id} was "
+            f"{decided.describe() if decided else state}; this decision was not recorded: "
+            + decision_stands_hint(gate.episode_id, state)
+        )
     if state != EpisodeState.GENERATED:
         raise CommandNotAllowed(
             f"episode {gate.episode_id} is {state}: only a generated episode can be "
@@ -121,12 +128,19 @@ def decide(
                 )
             chosen = check_picks(picks or {}, heroes, picks_label) if heroes else None
     lost_to = review.decide(gate.episode_pk, approve, by, note, items=approved_items, picks=chosen)
-    if lost_to is not None:  # a concurrent decision won the compare-and-set
-        if lost_to == wanted.value:
-            return {"episode_id": gate.episode_id, "state": lost_to, "changed": False}
+    if isinstance(lost_to, RecordedDecision):  # a concurrent decision won the compare-and-set
+        if lost_to.decision == wanted.value and (not approve or lost_to.picks == (chosen or {})):
+            return {"episode_id": gate.episode_id, "state": lost_to.state, "changed": False}
+        mine = f"{wanted.value}{' with the picks ' + _picks_text(chosen) if chosen else ''}"
         raise CommandNotAllowed(
-            f"episode {gate.episode_id} was just {lost_to} by someone else; this decision "
-            "was not recorded"
+            f"episode {gate.episode_id} was just {lost_to.describe()}; this decision "
+            f"({mine}) was not recorded: "
+            + decision_stands_hint(gate.episode_id, EpisodeState(lost_to.state))
+        )
+    if lost_to is not None:  # moved meanwhile without a decision (re-planned)
+        raise CommandNotAllowed(
+            f"episode {gate.episode_id} became {lost_to} meanwhile (re-planned); this "
+            "decision was not recorded: review its current images"
         )
     answer: dict[str, Any] = {
         "episode_id": gate.episode_id,
@@ -137,6 +151,36 @@ def decide(
     if chosen:
         answer["picks"] = chosen
     return answer
+
+
+def decision_stands_hint(episode_id: str, state: str) -> str:
+    """What to do about a decision that stands: a rejection until a changed plan or a
+    recorded reopen, an approval until a reopen (worded for the current surface)."""
+    if state == EpisodeState.REJECTED:
+        return hint(
+            f"a rejection stands until the plan changes: re-plan it with a changed playlist "
+            f"(`episodic plan {episode_id} --playlist FILE`) or "
+            f"`episodic reopen {episode_id} --by NAME --reason TEXT` to review these images "
+            "again",
+            "a rejection stands until the plan changes: run the weekly flow with a changed "
+            "playlist, or reopen it (`episodic reopen`) to review these images again",
+        )
+    return hint(
+        f"`episodic reopen {episode_id} --by NAME --reason TEXT` to decide again",
+        "reopen it (`episodic reopen`) to decide again",
+    )
+
+
+def rejection_note(engine: Engine, episode_pk: int, episode_id: str) -> str | None:
+    """For a rejected episode, the clause a command that changed nothing adds to its answer
+    (`E stays rejected (by bob at …: too dark): …`); None for any other state."""
+    decided = ReviewStore(engine).latest_decision(episode_pk)
+    if decided is None or decided.state != EpisodeState.REJECTED:
+        return None
+    return (
+        f"{episode_id} stays {decided.describe()}: "
+        + decision_stands_hint(episode_id, EpisodeState.REJECTED)
+    )
 
 
 def hero_outputs(outputs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -221,9 +265,11 @@ def assemble(engine: Engine, settings: Settings, pipeline: str, episode_id: str)
 def reopen(
     engine: Engine, pipeline: str, episode_id: str, *, by: str, reason: str
 ) -> dict[str, Any]:
-    """Unfreeze an approved or assembled episode's plan, recording who and why; the approval
-    is reset (the episode is `allocated` until its plan is generated and reviewed again).
-    History keeps the earlier plan, decision and media. Refused for other states (exit 2)."""
+    """Undo a decision, recording who and why: an approved or assembled episode's plan is
+    unfrozen and its approval reset; a rejected episode's images may be reviewed again as
+    they are. The episode is `allocated` until its plan is generated (nothing to pay for
+    images that exist) and it is decided again. History keeps the earlier plan, decision
+    and media. Refused for other states (exit 2)."""
     by = validate_person(by)
     if not isinstance(reason, str) or not reason.strip() or len(reason) > 2000:
         raise InvalidInput("reopen needs --reason (1-2000 characters)")
@@ -231,10 +277,10 @@ def reopen(
     gate = open_gate(engine, pipeline, episode_id, "reopen")
     review = ReviewStore(engine)
     state = EpisodeState(review.state(gate.episode_pk))
-    if state not in FROZEN_PLAN_STATES:
+    if state not in REOPENABLE_STATES:
         raise CommandNotAllowed(
-            f"episode {gate.episode_id} is {state}: only an approved or assembled episode is "
-            "reopened (its plan can be changed with `episodic plan` as it is)"
+            f"episode {gate.episode_id} is {state}: only an approved, assembled or rejected "
+            "episode is reopened (its plan can be changed with `episodic plan` as it is)"
         )
     moved = review.transition(
         gate.episode_pk,
