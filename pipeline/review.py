@@ -88,13 +88,13 @@ def decide(
     if already:  # the same decision again (a retried flow, a double click): a no-op
         recorded = review.approved_picks(gate.episode_pk) if approve else {}
         if picks and picks != recorded:
+            decided = review.latest_decision(gate.episode_pk)
+            who = f" (by {decided.by} at {decided.at:%Y-%m-%d %H:%M} UTC)" if decided else ""
             raise CommandNotAllowed(
                 f"episode {gate.episode_id} is already {state} with the picks "
-                f"{_picks_text(recorded) or '(none)'}; nothing was recorded: "
-                + hint(
-                    f"`episodic reopen {gate.episode_id}` to decide again",
-                    "reopen it (`episodic reopen`) to decide again",
-                )
+                f"{_picks_text(recorded) or '(none)'}{who}; this decision (the picks "
+                f"{_picks_text(picks)}) was not recorded: "
+                + decision_stands_hint(gate.episode_id, state)
             )
         return {"episode_id": gate.episode_id, "state": state, "changed": False}
     if state in DECIDED_STATES:  # the other decision stands: name it and the way back
