@@ -177,9 +177,8 @@ def rejection_note(engine: Engine, episode_pk: int, episode_id: str) -> str | No
     decided = ReviewStore(engine).latest_decision(episode_pk)
     if decided is None or decided.state != EpisodeState.REJECTED:
         return None
-    return (
-        f"{episode_id} stays {decided.describe()}: "
-        + decision_stands_hint(episode_id, EpisodeState.REJECTED)
+    return f"{episode_id} stays {decided.describe()}: " + decision_stands_hint(
+        episode_id, EpisodeState.REJECTED
     )
 
 
