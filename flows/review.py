@@ -35,7 +35,7 @@ from prefect.logging import get_run_logger
 from prefect.states import Completed
 from pydantic import Field, ValidationError, create_model
 
-from core.errors import CommandNotAllowed, InvalidInput, StorageError
+from core.errors import CommandNotAllowed, InvalidInput
 from core.ids import EpisodeId
 from core.money import format_minor
 from core.playlist import item_label
@@ -323,7 +323,7 @@ def _unread_answer_refusal(episode_id: str, pipeline: str, fired: frozenset[str]
     engine = engine_for(load_settings())
     try:
         outputs = review_set(engine, pipeline, episode_id)
-    except (CommandNotAllowed, StorageError):
+    except CommandNotAllowed:  # no plan, images not complete or not as paid for
         outputs = []
     answer = _ask(approval_input_for(outputs), keys[-1], 60, fired)
     if answer is None:

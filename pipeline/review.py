@@ -17,7 +17,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from core.errors import CommandNotAllowed, InvalidInput, StorageError
+from core.errors import CommandNotAllowed, ImageNotAsPaid, InvalidInput
 from core.hints import hint
 from core.playlist import check_picks, check_text, item_label
 from core.settings import Settings
@@ -310,13 +310,32 @@ def _planned_outputs(engine: Engine, gate: GatePass) -> list[dict[str, Any]]:
         raise CommandNotAllowed(f"{len(planned) - len(outputs)} planned images are not completed")
     for output in outputs:  # never assemble from files that are not what the ledger paid for
         path = Path(output["output_path"])
+        label = item_label(output["video_id"], output["part"], output.get("candidate"))
         if not path.is_file():
-            raise StorageError(f"image {path} is missing")
+            raise image_not_as_paid(gate.episode_id, label, path, "is missing")
         if hashlib.sha256(path.read_bytes()).hexdigest() != output["output_sha256"]:
-            raise StorageError(f"image {path} does not match its recorded sha256")
+            raise image_not_as_paid(
+                gate.episode_id,
+                label,
+                path,
+                "does not match the sha256 recorded when it was paid for",
+            )
     if not outputs:
         raise CommandNotAllowed("episode has no completed images")
     return outputs
+
+
+def image_not_as_paid(episode_id: str, label: str, path: Path, what: str) -> ImageNotAsPaid:
+    """An image file changed or gone since the ledger recorded it: nothing is decided or
+    assembled from it (exit 2), and the message names the file and the next step."""
+    return ImageNotAsPaid(
+        f"episode {episode_id}: image {label} ({path}) {what}; nothing was done: "
+        + hint(
+            f"`episodic check {episode_id}` lists every such file; put the paid-for file back "
+            "(the ledger and `episodes show` name its sha256)",
+            "the check deployment lists every such file; put the paid-for file back",
+        )
+    )
 
 
 def _cover(paths: list[Path]) -> bytes:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, func, select
 
-from core.errors import CommandNotAllowed, InvalidInput, StorageError
+from core.errors import CommandNotAllowed, ImageNotAsPaid, InvalidInput
 from core.settings import load_settings
 from pipeline.review import assemble, decide
 from storage.models import (
@@ -133,8 +133,8 @@ def test_assembly_refuses_images_that_are_not_what_was_paid_for(generated: Episo
     with generated.engine.connect() as conn:
         path = Path(conn.execute(select(ItemRow.output_path).limit(1)).scalar_one())
     path.write_bytes(b"tampered")
-    with pytest.raises(StorageError, match="does not match"):
+    with pytest.raises(ImageNotAsPaid, match=r"v0.* does not match the sha256 recorded"):
         assemble(generated.engine, load_settings(), "weekly", generated.episode_id)
     path.unlink()
-    with pytest.raises(StorageError, match="missing"):
+    with pytest.raises(ImageNotAsPaid, match="missing"):
         assemble(generated.engine, load_settings(), "weekly", generated.episode_id)
