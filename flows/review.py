@@ -33,7 +33,7 @@ from prefect.flow_runs import suspend_flow_run
 from prefect.input import RunInput, keyset_from_base_key
 from prefect.logging import get_run_logger
 from prefect.states import Completed
-from pydantic import Field, ValidationError, create_model
+from pydantic import ConfigDict, Field, ValidationError, create_model
 
 from core.errors import CommandNotAllowed, InvalidInput
 from core.ids import EpisodeId
@@ -62,9 +62,40 @@ MAX_ANSWERS = 50  # refused answers per form before the run gives up (a bot, not
 MAX_PREVIEWS = 60  # thumbnails inlined in one form; the rest are listed by name
 
 
+# JSON Schema rules the Prefect server checks before a run resumes, so a bad answer is
+# refused at once, the run still waiting, instead of after the run came back from a worker
+# (tens of seconds later) to suspend again. The server words a failure with jsonschema's
+# message and has no custom messages: a value matching `pattern` must then equal a `const`
+# that says what is wanted, read as "Validation failed for field 'reviewer'. Failure reason:
+# 'a name, not only spaces ...' was expected" (a bare `pattern` read "' ' does not match
+# '\\S'"). Prefect's UI leaves `if`/`then` out of the form it renders; `decide` checks the
+# same rules again after the resume.
+_CONTROLS = r"\u0000-\u0008\u000b\u000c\u000e-\u001f\u007f-\u009f\u202a-\u202e\u2066-\u2069"
+REVIEWER_WANTED = "a name, not only spaces, without control characters"
+NOTE_WANTED = "a note saying why (a rejection needs one)"
+NOTE_CONTROL_WANTED = "a note without control characters"
+
+
+def refuse_matching(pattern: str, wanted: str) -> dict[str, Any]:
+    """A schema fragment: a string matching `pattern` is refused, the message naming
+    `wanted`."""
+    return {"if": {"type": "string", "pattern": pattern}, "then": {"const": wanted}}
+
+
+def _rejection_needs_a_note(schema: dict[str, Any]) -> None:
+    schema["if"] = {"properties": {"decision": {"const": "reject"}}, "required": ["decision"]}
+    schema["then"] = {
+        "properties": {"note": refuse_matching(r"^\s*$", NOTE_WANTED)},
+        "required": ["note"],
+    }
+
+
 class ApprovalInput(RunInput):
     """The approval form. The Prefect server validates an answer against this schema before
-    the run resumes: decision and reviewer are required, the reviewer is not blank."""
+    the run resumes: decision and reviewer are required, the reviewer is a name (not blank,
+    no control characters), a rejection has a note."""
+
+    model_config = ConfigDict(json_schema_extra=_rejection_needs_a_note)
 
     decision: Literal["approve", "reject"] = Field(
         description="approve: exactly the images above ship. reject: the episode goes back "
@@ -73,10 +104,15 @@ class ApprovalInput(RunInput):
     reviewer: str = Field(
         min_length=1,
         max_length=100,
-        pattern=r"\S",
         description="Your name, recorded with the decision.",
+        json_schema_extra=refuse_matching(rf"^\s*$|[{_CONTROLS}\t\n\r]", REVIEWER_WANTED),
     )
-    note: str = Field(default="", max_length=2000, description="Why (required when rejecting).")
+    note: str = Field(
+        default="",
+        max_length=2000,
+        description="Why (required when rejecting).",
+        json_schema_extra=refuse_matching(f"[{_CONTROLS}]", NOTE_CONTROL_WANTED),
+    )
 
 
 def approval_input_for(outputs: list[dict[str, Any]]) -> type[ApprovalInput]:

@@ -162,8 +162,9 @@ def decision_stands_hint(episode_id: str, state: str) -> str:
             f"(`episodic plan {episode_id} --playlist FILE`) or "
             f"`episodic reopen {episode_id} --by NAME --reason TEXT` to review these images "
             "again",
-            "a rejection stands until the plan changes: run the weekly flow with a changed "
-            "playlist, or reopen it (`episodic reopen`) to review these images again",
+            "a rejection stands until the plan changes: record a changed playlist (the plan "
+            "deployment or `episodic plan`) and retry, or reopen it (`episodic reopen`) to "
+            "review these images again",
         )
     return hint(
         f"`episodic reopen {episode_id} --by NAME --reason TEXT` to decide again",

@@ -128,3 +128,26 @@ def test_suspending_is_logged_only_when_the_run_suspends(harness: str, waiting: 
     state = local.execute(weekly_episode, waiting.id)
     assert state.is_completed(), state
     assert sum(m.startswith("Suspending flow run") for m in _logs(waiting.id)) == (suspended_before)
+
+
+def test_answers_the_form_rules_refuse_are_refused_at_once_in_words(
+    harness: str, waiting: Any
+) -> None:
+    """Issue 28, 10a/10b: a blank reviewer read "' ' does not match '\\S'"; a rejection
+    without a note was accepted, the run resumed ("Flow run resumed") and only after a worker
+    ran it again did the form come back with the reason. Now the server refuses both at the
+    resume itself, in words, and the run keeps waiting at the same form."""
+    before, _ = _form(waiting.id)
+    for answer, words in (
+        ({"decision": "approve", "reviewer": "  "}, "a name, not only spaces"),
+        ({"decision": "reject", "reviewer": "bob", "note": " "}, "a rejection needs one"),
+        ({"decision": "approve", "reviewer": "ann\x07"}, "without control characters"),
+    ):
+        with get_client(sync_client=True) as client:
+            result = client.resume_flow_run(waiting.id, run_input=answer)
+        assert result.status == SetStateStatus.REJECT, (answer, result)
+        reason = str(getattr(result.details, "reason", ""))
+        assert words in reason and "does not match" not in reason, reason
+        assert _form(waiting.id)[0] == before  # still paused at the same form
+    assert _resume(waiting.id, REJECT) == SetStateStatus.ACCEPT
+    assert local.execute(weekly_episode, waiting.id).name == "Rejected"
