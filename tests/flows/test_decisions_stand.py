@@ -151,3 +151,24 @@ def test_answers_the_form_rules_refuse_are_refused_at_once_in_words(
         assert _form(waiting.id)[0] == before  # still paused at the same form
     assert _resume(waiting.id, REJECT) == SetStateStatus.ACCEPT
     assert local.execute(weekly_episode, waiting.id).name == "Rejected"
+
+
+def test_the_ui_s_own_form_check_names_the_field_and_what_is_wanted(
+    harness: str, waiting: Any
+) -> None:
+    """Both Prefect UIs check a form through the server's `/ui/schemas/validate` (v2 sends
+    the form's schema as stored; v1 drops `if`/`then` first and so learns the reason from the
+    resume's refusal, checked above): the error sits under the field, in words."""
+    schema, _ = _form(waiting.id)
+    with get_client(sync_client=True) as client:
+        response = client.request(
+            "POST",
+            "/ui/schemas/validate",
+            json={"schema": schema, "values": {"decision": "reject", "reviewer": " ", "note": ""}},
+        )
+    response.raise_for_status()
+    answer = response.json()
+    assert answer["valid"] is False, answer
+    errors = {e["property"]: e["errors"] for e in answer["errors"] if "property" in e}
+    assert any("a name, not only spaces" in m for m in errors["reviewer"]), answer
+    assert any("a rejection needs one" in m for m in errors["note"]), answer
