@@ -89,8 +89,9 @@ def reopen(
     pipeline: PipelineOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Unfreeze an approved or assembled episode's plan (the approval is reset; history keeps
-    the earlier plan and decision). Then plan, generate and approve it again."""
+    """Undo a decision, recorded: unfreeze an approved or assembled episode's plan (the
+    approval is reset), or send a rejected episode back for review as it is. History keeps
+    the earlier plan and decision. Then (plan,) generate and decide it again."""
     from pipeline.review import reopen as run_reopen
 
     result = run_reopen(

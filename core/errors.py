@@ -10,6 +10,7 @@ The tree::
     │   ├── BudgetExceeded              the plan would spend more than allowed
     │   ├── InvalidPlaylist
     │   ├── CommandNotAllowed           the episode's state forbids the command
+    │   │   └── ImageNotAsPaid          an image file changed or vanished since it was paid for
     │   └── IdempotencyKeyReused        an explicit key sent again with other parameters
     ├── AllocationConflict              exit 3  fail closed, nothing written
     ├── EpisodeNotFound                 exit 5
@@ -81,6 +82,11 @@ class InvalidPlaylist(InvalidInput):
 
 class CommandNotAllowed(InvalidInput):
     pass
+
+
+class ImageNotAsPaid(CommandNotAllowed):
+    """An image file is missing or its bytes differ from the sha256 the ledger recorded when
+    it was paid for: nothing is approved or assembled from it (exit 2, nothing written)."""
 
 
 class IdempotencyKeyReused(InvalidInput):

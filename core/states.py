@@ -76,18 +76,23 @@ class EpisodeState(StrEnum):
 
 
 # Back to `allocated`: a changed plan before approval (its images must be generated and
-# reviewed again), or `episodic reopen` after it (recorded with a reason). Nothing else
-# moves an approved episode's plan: what was approved is what ships.
+# reviewed again), or `episodic reopen` (recorded with who and why) after a decision. Nothing
+# else moves a decided episode: what was approved is what ships, and a rejection stands until
+# its plan changes or it is reopened (never `rejected -> generated`: a generate with nothing to
+# do must not undo a person's decision).
 EPISODE_TRANSITIONS: dict[EpisodeState, frozenset[EpisodeState]] = {
     EpisodeState.ALLOCATED: frozenset({EpisodeState.GENERATED}),
     EpisodeState.GENERATED: frozenset(
         {EpisodeState.APPROVED, EpisodeState.REJECTED, EpisodeState.ALLOCATED}
     ),
-    EpisodeState.REJECTED: frozenset({EpisodeState.GENERATED, EpisodeState.ALLOCATED}),
+    EpisodeState.REJECTED: frozenset({EpisodeState.ALLOCATED}),
     EpisodeState.APPROVED: frozenset({EpisodeState.ASSEMBLED, EpisodeState.ALLOCATED}),
     EpisodeState.ASSEMBLED: frozenset({EpisodeState.ALLOCATED}),
 }
 FROZEN_PLAN_STATES = frozenset({EpisodeState.APPROVED, EpisodeState.ASSEMBLED})
+DECIDED_STATES = frozenset({EpisodeState.APPROVED, EpisodeState.REJECTED, EpisodeState.ASSEMBLED})
+# `episodic reopen` sends these back to `allocated` (recorded with who and why)
+REOPENABLE_STATES = DECIDED_STATES
 
 
 def check_episode_transition(current: str, target: str) -> None:

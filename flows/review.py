@@ -30,10 +30,10 @@ from prefect.client.schemas.filters import (
 from prefect.client.schemas.objects import State, StateType
 from prefect.context import FlowRunContext
 from prefect.flow_runs import suspend_flow_run
-from prefect.input import RunInput
+from prefect.input import RunInput, keyset_from_base_key
 from prefect.logging import get_run_logger
 from prefect.states import Completed
-from pydantic import Field, ValidationError, create_model
+from pydantic import ConfigDict, Field, ValidationError, create_model
 
 from core.errors import CommandNotAllowed, InvalidInput
 from core.ids import EpisodeId
@@ -42,7 +42,14 @@ from core.playlist import item_label
 from core.settings import load_settings
 from flows.artifacts import md_text, publish_assembly, publish_decision, publish_spend
 from flows.params import EpisodeIdParam, PipelineParam, episode_run_name
-from pipeline.review import approval_digest, assemble, decide, hero_outputs, review_set
+from pipeline.review import (
+    approval_digest,
+    assemble,
+    decide,
+    decision_stands_hint,
+    hero_outputs,
+    review_set,
+)
 from pipeline.thumbnails import thumbnail_data_uri
 from storage.episodes import EpisodeRepository
 from storage.lock import keyed_transaction
@@ -55,9 +62,40 @@ MAX_ANSWERS = 50  # refused answers per form before the run gives up (a bot, not
 MAX_PREVIEWS = 60  # thumbnails inlined in one form; the rest are listed by name
 
 
+# JSON Schema rules the Prefect server checks before a run resumes, so a bad answer is
+# refused at once, the run still waiting, instead of after the run came back from a worker
+# (tens of seconds later) to suspend again. The server words a failure with jsonschema's
+# message and has no custom messages: a value matching `pattern` must then equal a `const`
+# that says what is wanted, read as "Validation failed for field 'reviewer'. Failure reason:
+# 'a name, not only spaces ...' was expected" (a bare `pattern` read "' ' does not match
+# '\\S'"). Prefect's UI leaves `if`/`then` out of the form it renders; `decide` checks the
+# same rules again after the resume.
+_CONTROLS = r"\u0000-\u0008\u000b\u000c\u000e-\u001f\u007f-\u009f\u202a-\u202e\u2066-\u2069"
+REVIEWER_WANTED = "a name, not only spaces, without control characters"
+NOTE_WANTED = "a note saying why (a rejection needs one)"
+NOTE_CONTROL_WANTED = "a note without control characters"
+
+
+def refuse_matching(pattern: str, wanted: str) -> dict[str, Any]:
+    """A schema fragment: a string matching `pattern` is refused, the message naming
+    `wanted`."""
+    return {"if": {"type": "string", "pattern": pattern}, "then": {"const": wanted}}
+
+
+def _rejection_needs_a_note(schema: dict[str, Any]) -> None:
+    schema["if"] = {"properties": {"decision": {"const": "reject"}}, "required": ["decision"]}
+    schema["then"] = {
+        "properties": {"note": refuse_matching(r"^\s*$", NOTE_WANTED)},
+        "required": ["note"],
+    }
+
+
 class ApprovalInput(RunInput):
     """The approval form. The Prefect server validates an answer against this schema before
-    the run resumes: decision and reviewer are required, the reviewer is not blank."""
+    the run resumes: decision and reviewer are required, the reviewer is a name (not blank,
+    no control characters), a rejection has a note."""
+
+    model_config = ConfigDict(json_schema_extra=_rejection_needs_a_note)
 
     decision: Literal["approve", "reject"] = Field(
         description="approve: exactly the images above ship. reject: the episode goes back "
@@ -66,10 +104,15 @@ class ApprovalInput(RunInput):
     reviewer: str = Field(
         min_length=1,
         max_length=100,
-        pattern=r"\S",
         description="Your name, recorded with the decision.",
+        json_schema_extra=refuse_matching(rf"^\s*$|[{_CONTROLS}\t\n\r]", REVIEWER_WANTED),
     )
-    note: str = Field(default="", max_length=2000, description="Why (required when rejecting).")
+    note: str = Field(
+        default="",
+        max_length=2000,
+        description="Why (required when rejecting).",
+        json_schema_extra=refuse_matching(f"[{_CONTROLS}]", NOTE_CONTROL_WANTED),
+    )
 
 
 def approval_input_for(outputs: list[dict[str, Any]]) -> type[ApprovalInput]:
@@ -146,6 +189,13 @@ def approval_form_description(
     lines = []
     if refused:
         lines += [f"> **Your last answer was not recorded:** {md_text(refused)}", ""]
+    earlier = ReviewStore(engine).latest_decision(pk)
+    if earlier is not None and earlier.decision == "rejected":  # re-planned or reopened since
+        lines += [
+            f"> **Rejected before:** {md_text(earlier.describe())}. The episode was "
+            "re-planned or reopened since; below are the images of its current plan.",
+            "",
+        ]
     heroes = hero_outputs(outputs)
     parts = [o for o in outputs if o.get("candidate") is None]
     lines += [
@@ -197,7 +247,14 @@ def approval_step(
     Returns ``(answer, recorded)``; ``(None, None)`` when another flow run of this episode is
     already waiting for the decision (a duplicate dispatch, two workers on one slot): this
     run joins it instead of showing a second form. Refused before suspending unless the
-    episode is generated (or already decided, when a resumed run comes back here).
+    episode is generated or decided.
+
+    A decision stands (DESIGN 7): an episode already approved, assembled or rejected (a
+    retry of the run that decided it, a duplicate dispatch, a decision on the command line)
+    shows no form; the run follows the decision on record, its log saying who decided, when
+    and why. ``recorded`` then has ``followed`` (that decision, described) and, when this
+    run held an answer that differs from it (the loser of two decisions), ``overruled``: why
+    that answer was not recorded.
 
     The decision is bound to the images the form showed: the pause key carries their digest,
     so if the plan or an image changes while the run waits, the resumed run asks again with a
@@ -208,53 +265,44 @@ def approval_step(
     review = ReviewStore(engine)
     pk = RunStore(engine).episode_pk(pipeline, episode_id)
     tag = approval_tag(engine, pipeline, episode_id)
-    if state != "generated" and not _waited_here(tag):
-        # Decided before this run came (a duplicate dispatch, a retry of a run that never
-        # showed a form, a decision on the command line): follow it, show no empty form.
-        return _recorded_answer(review, pk, episode_id), None
-    outputs = review_set(engine, pipeline, episode_id) if state == "generated" else []
+    fired = _fired_pause_keys()
+    if state != "generated":
+        overruled = (
+            _unread_answer_refusal(episode_id, pipeline, fired) if _waited_here(tag) else None
+        )
+        return _follow_record(review, pk, episode_id, overruled)
+    outputs = review_set(engine, pipeline, episode_id)
     shown = {o["idempotency_key"]: o["output_sha256"] for o in outputs}
-    if state in ("approved", "assembled"):  # decided before a retry: the same key again
-        shown = review.approved_items(pk) or {}
-    if state == "generated" and not _claim_approval_wait(engine, pipeline, episode_id):
+    if not _claim_approval_wait(engine, pipeline, episode_id):
         return None, None
     # The form's key carries the images' digest and which hero video each pick field names
     # (fields are numbered in plan order): a re-plan that reorders the hero videos keeps
     # every image, but an answer given to the old form would ship one video's pick for
     # another, so it gets a new form (found by the fresh tester of issue 14).
     digest = form_digest(shown, outputs)
-    refused = _outdated_answer(episode_id, digest)
+    refused = _outdated_answer(episode_id, digest, fired)
     form_type = approval_input_for(outputs)
     for attempt in range(MAX_ANSWERS):
         form = form_type.with_initial_data(
             description=approval_form_description(episode_id, pipeline, outputs, refused)
         )
-        try:
-            answer: ApprovalInput = suspend_flow_run(
-                wait_for_input=form,
-                timeout=timeout_s,
-                key=f"approval-{episode_id.lower()}-{digest[:16]}-{attempt}",
-            )
-        except ValidationError:  # this form was shown but never answered (it timed out, or
-            continue  # the run was retried while waiting): ask again under the next key
+        answer = _ask(
+            form, f"approval-{episode_id.lower()}-{digest[:16]}-{attempt}", timeout_s, fired
+        )
+        if answer is None:  # this form was shown but never answered (it timed out, or the
+            continue  # run was retried while waiting): ask again under the next key
         try:
             recorded = record_decision(
                 episode_id,
                 pipeline,
                 answer,
-                expected_digest=approval_digest(shown) if outputs else None,
+                expected_digest=approval_digest(shown),
                 picks=picks_of(answer, outputs),
             )
         except (InvalidInput, CommandNotAllowed) as exc:
             if isinstance(exc, CommandNotAllowed) and "changed since" not in str(exc):
                 if review.state(pk) in DECIDED:  # decided elsewhere meanwhile: follow that
-                    get_run_logger().warning(
-                        "episode %s was decided elsewhere while the form waited; this answer "
-                        "(%s) was not recorded",
-                        episode_id,
-                        answer.decision,
-                    )
-                    return _recorded_answer(review, pk, episode_id), None
+                    return _follow_record(review, pk, episode_id, str(exc))
                 raise
             refused = str(exc)
             get_run_logger().warning("answer %d refused: %s", attempt + 1, refused)
@@ -264,6 +312,73 @@ def approval_step(
 
 
 DECIDED = ("approved", "rejected", "assembled")
+SUSPENDED_KEYSET = "suspended-"  # Prefect's keyset prefix of a `suspend_flow_run` input
+
+
+def _fired_pause_keys() -> frozenset[str]:
+    """The pause keys that already suspended this attempt of the flow run (Prefect resets
+    them when the run is retried): a suspend under one of these would not suspend again but
+    return the answer it was resumed with."""
+    context = FlowRunContext.get()
+    if context is None or context.flow_run is None:
+        return frozenset()
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(context.flow_run.id)
+    return frozenset(run.empirical_policy.pause_keys or ())
+
+
+def _ask(
+    form: type[ApprovalInput], key: str, timeout_s: int, fired: frozenset[str]
+) -> ApprovalInput | None:
+    """The answer to the form under `key`: the one this run was resumed with if that pause
+    already fired (read without calling `suspend_flow_run`, which would log "Suspending flow
+    run" on every resume although nothing suspends), else suspend for it (the run exits
+    here). None: the form was shown but never answered."""
+    try:
+        if key in fired:
+            loaded = form.load(keyset_from_base_key(f"{SUSPENDED_KEYSET}{key}"))
+            assert isinstance(loaded, ApprovalInput)  # a sync call: not a coroutine
+            return loaded
+        answer: ApprovalInput = suspend_flow_run(wait_for_input=form, timeout=timeout_s, key=key)
+        return answer
+    except ValidationError:
+        return None
+
+
+def _unread_answer_refusal(episode_id: str, pipeline: str, fired: frozenset[str]) -> str | None:
+    """This run was resumed with an answer, but the episode was decided before the run
+    came back to record it (another decision won): why that answer is not recorded (None:
+    it is the decision on record, or there is no such answer). `decide` compares it."""
+    prefix = f"approval-{episode_id.lower()}-"
+    keys = sorted(
+        (k for k in fired if k.startswith(prefix) and k.rsplit("-", 1)[-1].isdigit()),
+        key=lambda k: int(k.rsplit("-", 1)[-1]),
+    )
+    if not keys:
+        return None
+    engine = engine_for(load_settings())
+    try:
+        outputs = review_set(engine, pipeline, episode_id)
+    except CommandNotAllowed:  # no plan, images not complete or not as paid for
+        outputs = []
+    answer = _ask(approval_input_for(outputs), keys[-1], 60, fired)
+    if answer is None:
+        return None
+    try:
+        decide(
+            engine,
+            pipeline,
+            episode_id,
+            approve=answer.decision == "approve",
+            by=answer.reviewer,
+            note=answer.note or None,
+            labels=("reviewer", "note"),
+            picks=picks_of(answer, outputs),
+            picks_label="the candidate that ships",
+        )
+    except (InvalidInput, CommandNotAllowed) as exc:
+        return str(exc)
+    return None  # the same decision: nothing to say
 
 
 def _waited_here(tag: str) -> bool:
@@ -272,33 +387,42 @@ def _waited_here(tag: str) -> bool:
     return bool(context and context.flow_run and tag in (context.flow_run.tags or []))
 
 
-def _recorded_answer(review: ReviewStore, pk: int, episode_id: str) -> ApprovalInput:
-    """The decision on record, as the form's answer (who decided, when, why)."""
+def _follow_record(
+    review: ReviewStore, pk: int, episode_id: str, overruled: str | None = None
+) -> tuple[ApprovalInput, dict[str, Any]]:
+    """The decision on record, as the form's answer (who decided, when, why), logged with
+    what to do about it; `overruled`: why this run's own answer was not recorded."""
+    decided = review.latest_decision(pk)
     state = review.state(pk)
-    decisions = review.approvals(pk)
-    last = decisions[-1] if decisions else {"by": "?", "note": None}
-    get_run_logger().info(
-        "episode %s is already %s (by %s): following that decision", episode_id, state, last["by"]
+    described = decided.describe() if decided else state
+    logger = get_run_logger()
+    if overruled:
+        logger.warning(
+            "episode %s: the answer this run was resumed with was not recorded: %s",
+            episode_id,
+            overruled,
+        )
+    logger.info(
+        "episode %s was %s; the decision stands: %s",
+        episode_id,
+        described,
+        decision_stands_hint(episode_id, state),
     )
-    return ApprovalInput.model_construct(
+    answer = ApprovalInput.model_construct(
         decision="reject" if state == "rejected" else "approve",
-        reviewer=str(last["by"]),
-        note=str(last.get("note") or ""),
+        reviewer=decided.by if decided else "?",
+        note=(decided.note or "") if decided else "",
     )
+    return answer, {"followed": described, "overruled": overruled}
 
 
-def _outdated_answer(episode_id: str, digest: str) -> str | None:
-    """The reason to show when this run holds an answer to a form for other images (the
-    plan or an image changed while the form waited): that answer is not applied."""
-    context = FlowRunContext.get()
-    if context is None or context.flow_run is None:
-        return None
-    prefix = f"suspended-approval-{episode_id.lower()}-"  # Prefect's keyset of a suspend
-    with get_client(sync_client=True) as client:
-        inputs = client.filter_flow_run_input(context.flow_run.id, prefix, 200, set())
-    stale = [
-        i.key for i in inputs if i.key.endswith("-response") and f"-{digest[:16]}-" not in i.key
-    ]
+def _outdated_answer(episode_id: str, digest: str, fired: frozenset[str]) -> str | None:
+    """The reason to show when this run was resumed with an answer to a form for other
+    images (the plan or an image changed while the form waited): that answer is not applied.
+    Only this attempt's answers count (`fired`): an answer from before a UI Retry was
+    applied or refused in its own attempt."""
+    prefix = f"approval-{episode_id.lower()}-"
+    stale = [k for k in fired if k.startswith(prefix) and f"-{digest[:16]}-" not in k]
     if not stale:
         return None
     return (
@@ -388,18 +512,31 @@ def record_decision(
     return recorded
 
 
-def decision_state(episode_id: str, answer: ApprovalInput | None, result: Any) -> State[Any] | Any:
-    """The run's final state: a rejection ends as a `Completed` state named "Rejected" and a
-    joined duplicate as one named "Joined", so the UI tells them from an approval."""
+def decision_state(
+    episode_id: str,
+    answer: ApprovalInput | None,
+    result: Any,
+    recorded: dict[str, Any] | None = None,
+) -> State[Any] | Any:
+    """The run's final state: a rejection ends as a `Completed` state named "Rejected" (a
+    retried run of a rejected episode too: the decision stands) and a joined duplicate as one
+    named "Joined", so the UI tells them from an approval. `recorded`: `approval_step`'s
+    account (a followed decision is described with its time; an overruled answer is named)."""
     if answer is None:
         return Completed(
             name="Joined", message=f"episode {episode_id} already waits for a decision"
         )
+    followed = (recorded or {}).get("followed")
+    overruled = (recorded or {}).get("overruled")
     if answer.decision == "reject":
-        return Completed(
-            name="Rejected",
-            message=f"episode {episode_id} rejected by {answer.reviewer}: {answer.note}",
+        message = (
+            f"episode {episode_id} was {followed}; the rejection stands"
+            if followed
+            else f"episode {episode_id} rejected by {answer.reviewer}: {answer.note}"
         )
+        if overruled:
+            message += f"; this run's answer was not recorded: {overruled}"
+        return Completed(name="Rejected", message=message)
     return result
 
 
@@ -430,7 +567,7 @@ def approve_episode(
         "by": None if answer is None else answer.reviewer,
         "recorded": recorded,
     }
-    return decision_state(episode_id, answer, result)
+    return decision_state(episode_id, answer, result, recorded)
 
 
 def assemble_step(episode_id: str, pipeline: str) -> dict[str, Any]:

@@ -160,11 +160,11 @@ def _weekly(
     logger.info("generation of %s: %s", episode_id, generated)
     if not wait_for_approval:
         return episode_id
-    answer, _ = approval_step(episode_id, pipeline_name, approval_timeout_s)
+    answer, recorded = approval_step(episode_id, pipeline_name, approval_timeout_s)
     if answer is not None and answer.decision == "approve":
         assembled = assemble_step(episode_id, pipeline_name)
         logger.info("assembled %s: cover %s", episode_id, assembled["cover"])
-    return decision_state(episode_id, answer, episode_id)
+    return decision_state(episode_id, answer, episode_id, recorded)
 
 
 def _check_schedule_zone(pipeline: str, recorded: str) -> None:

@@ -891,7 +891,7 @@ def mark_generated(
     plan_id: int | None = None,
 ) -> bool:
     """Move the episode to ``generated`` once every image of its current plan is completed
-    (from allocated or rejected; approved stays approved). `plan_id`: the recorded plan the
+    (from allocated only: a decided episode stays decided). `plan_id`: the recorded plan the
     keys come from; if a newer plan was recorded meanwhile, nothing moves (its own images
     decide). Idempotent: a recovery command calls it again after a crash between a run's
     completion and this step. True if every planned image is completed."""

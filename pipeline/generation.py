@@ -266,7 +266,8 @@ def generate(
     if admission.run_id is None:
         outcome = nothing_to_do(prepared.gate, report, options)
         if outcome.state == RunState.COMPLETED:
-            run.mark_generated(None)
+            run.mark_generated(None)  # an allocated episode only: a decision stands
+            outcome = _with_decision(engine, prepared.gate, outcome)
         return outcome
     try:
         if on_start is not None:
@@ -388,4 +389,15 @@ def _already_completed(store: RunStore, prepared: Prepared, run_id: str) -> RunO
     mark_generated(store, prepared.gate.episode_pk, keys, run_id, prepared.plan_id)
     counts = store.counts(run_id)
     message = f"run {run_id} already completed; nothing to resume"
-    return RunOutcome(run_id, RunState.COMPLETED, ExitCode.OK, counts, 0, message)
+    outcome = RunOutcome(run_id, RunState.COMPLETED, ExitCode.OK, counts, 0, message)
+    return _with_decision(store.engine, prepared.gate, outcome)
+
+
+def _with_decision(engine: Engine, gate: GatePass, outcome: RunOutcome) -> RunOutcome:
+    """A generate that had nothing to do on a rejected episode says that the rejection
+    stands (who, when, why) and how to undo it, instead of leaving the reader to think the
+    episode now waits for a decision."""
+    from pipeline.review import rejection_note
+
+    note = rejection_note(engine, gate.episode_pk, gate.episode_id)
+    return outcome if note is None else replace(outcome, message=f"{outcome.message}; {note}")

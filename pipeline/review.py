@@ -17,15 +17,15 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from core.errors import CommandNotAllowed, InvalidInput, StorageError
+from core.errors import CommandNotAllowed, ImageNotAsPaid, InvalidInput
 from core.hints import hint
 from core.playlist import check_picks, check_text, item_label
 from core.settings import Settings
-from core.states import FROZEN_PLAN_STATES, EpisodeState
+from core.states import DECIDED_STATES, REOPENABLE_STATES, EpisodeState
 from pipeline.gate import GatePass, open_gate
 from pipeline.playlists import planned_items
 from pipeline.runs import write_atomically
-from storage.review import ReviewStore
+from storage.review import RecordedDecision, ReviewStore
 from storage.runs import RunStore, completed_outputs
 
 THUMB = 128
@@ -88,15 +88,22 @@ def decide(
     if already:  # the same decision again (a retried flow, a double click): a no-op
         recorded = review.approved_picks(gate.episode_pk) if approve else {}
         if picks and picks != recorded:
+            decided = review.latest_decision(gate.episode_pk)
+            who = f" (by {decided.by} at {decided.at:%Y-%m-%d %H:%M} UTC)" if decided else ""
             raise CommandNotAllowed(
                 f"episode {gate.episode_id} is already {state} with the picks "
-                f"{_picks_text(recorded) or '(none)'}; nothing was recorded: "
-                + hint(
-                    f"`episodic reopen {gate.episode_id}` to decide again",
-                    "reopen it (`episodic reopen`) to decide again",
-                )
+                f"{_picks_text(recorded) or '(none)'}{who}; this decision (the picks "
+                f"{_picks_text(picks)}) was not recorded: "
+                + decision_stands_hint(gate.episode_id, state)
             )
         return {"episode_id": gate.episode_id, "state": state, "changed": False}
+    if state in DECIDED_STATES:  # the other decision stands: name it and the way back
+        decided = review.latest_decision(gate.episode_pk)
+        raise CommandNotAllowed(
+            f"episode {gate.episode_id} was "
+            f"{decided.describe() if decided else state}; this decision was not recorded: "
+            + decision_stands_hint(gate.episode_id, state)
+        )
     if state != EpisodeState.GENERATED:
         raise CommandNotAllowed(
             f"episode {gate.episode_id} is {state}: only a generated episode can be "
@@ -121,12 +128,19 @@ def decide(
                 )
             chosen = check_picks(picks or {}, heroes, picks_label) if heroes else None
     lost_to = review.decide(gate.episode_pk, approve, by, note, items=approved_items, picks=chosen)
-    if lost_to is not None:  # a concurrent decision won the compare-and-set
-        if lost_to == wanted.value:
-            return {"episode_id": gate.episode_id, "state": lost_to, "changed": False}
+    if isinstance(lost_to, RecordedDecision):  # a concurrent decision won the compare-and-set
+        if lost_to.decision == wanted.value and (not approve or lost_to.picks == (chosen or {})):
+            return {"episode_id": gate.episode_id, "state": lost_to.state, "changed": False}
+        mine = f"{wanted.value}{' with the picks ' + _picks_text(chosen) if chosen else ''}"
         raise CommandNotAllowed(
-            f"episode {gate.episode_id} was just {lost_to} by someone else; this decision "
-            "was not recorded"
+            f"episode {gate.episode_id} was just {lost_to.describe()}; this decision "
+            f"({mine}) was not recorded: "
+            + decision_stands_hint(gate.episode_id, EpisodeState(lost_to.state))
+        )
+    if lost_to is not None:  # moved meanwhile without a decision (re-planned)
+        raise CommandNotAllowed(
+            f"episode {gate.episode_id} became {lost_to} meanwhile (re-planned); this "
+            "decision was not recorded: review its current images"
         )
     answer: dict[str, Any] = {
         "episode_id": gate.episode_id,
@@ -137,6 +151,36 @@ def decide(
     if chosen:
         answer["picks"] = chosen
     return answer
+
+
+def decision_stands_hint(episode_id: str, state: str) -> str:
+    """What to do about a decision that stands: a rejection until a changed plan or a
+    recorded reopen, an approval until a reopen (worded for the current surface)."""
+    if state == EpisodeState.REJECTED:
+        return hint(
+            f"a rejection stands until the plan changes: re-plan it with a changed playlist "
+            f"(`episodic plan {episode_id} --playlist FILE`) or "
+            f"`episodic reopen {episode_id} --by NAME --reason TEXT` to review these images "
+            "again",
+            "a rejection stands until the plan changes: record a changed playlist (the plan "
+            "deployment or `episodic plan`) and retry, or reopen it (`episodic reopen`) to "
+            "review these images again",
+        )
+    return hint(
+        f"`episodic reopen {episode_id} --by NAME --reason TEXT` to decide again",
+        "reopen it (`episodic reopen`) to decide again",
+    )
+
+
+def rejection_note(engine: Engine, episode_pk: int, episode_id: str) -> str | None:
+    """For a rejected episode, the clause a command that changed nothing adds to its answer
+    (`E stays rejected (by bob at …: too dark): …`); None for any other state."""
+    decided = ReviewStore(engine).latest_decision(episode_pk)
+    if decided is None or decided.state != EpisodeState.REJECTED:
+        return None
+    return f"{episode_id} stays {decided.describe()}: " + decision_stands_hint(
+        episode_id, EpisodeState.REJECTED
+    )
 
 
 def hero_outputs(outputs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -221,9 +265,11 @@ def assemble(engine: Engine, settings: Settings, pipeline: str, episode_id: str)
 def reopen(
     engine: Engine, pipeline: str, episode_id: str, *, by: str, reason: str
 ) -> dict[str, Any]:
-    """Unfreeze an approved or assembled episode's plan, recording who and why; the approval
-    is reset (the episode is `allocated` until its plan is generated and reviewed again).
-    History keeps the earlier plan, decision and media. Refused for other states (exit 2)."""
+    """Undo a decision, recording who and why: an approved or assembled episode's plan is
+    unfrozen and its approval reset; a rejected episode's images may be reviewed again as
+    they are. The episode is `allocated` until its plan is generated (nothing to pay for
+    images that exist) and it is decided again. History keeps the earlier plan, decision
+    and media. Refused for other states (exit 2)."""
     by = validate_person(by)
     if not isinstance(reason, str) or not reason.strip() or len(reason) > 2000:
         raise InvalidInput("reopen needs --reason (1-2000 characters)")
@@ -231,10 +277,10 @@ def reopen(
     gate = open_gate(engine, pipeline, episode_id, "reopen")
     review = ReviewStore(engine)
     state = EpisodeState(review.state(gate.episode_pk))
-    if state not in FROZEN_PLAN_STATES:
+    if state not in REOPENABLE_STATES:
         raise CommandNotAllowed(
-            f"episode {gate.episode_id} is {state}: only an approved or assembled episode is "
-            "reopened (its plan can be changed with `episodic plan` as it is)"
+            f"episode {gate.episode_id} is {state}: only an approved, assembled or rejected "
+            "episode is reopened (its plan can be changed with `episodic plan` as it is)"
         )
     moved = review.transition(
         gate.episode_pk,
@@ -265,13 +311,32 @@ def _planned_outputs(engine: Engine, gate: GatePass) -> list[dict[str, Any]]:
         raise CommandNotAllowed(f"{len(planned) - len(outputs)} planned images are not completed")
     for output in outputs:  # never assemble from files that are not what the ledger paid for
         path = Path(output["output_path"])
+        label = item_label(output["video_id"], output["part"], output.get("candidate"))
         if not path.is_file():
-            raise StorageError(f"image {path} is missing")
+            raise image_not_as_paid(gate.episode_id, label, path, "is missing")
         if hashlib.sha256(path.read_bytes()).hexdigest() != output["output_sha256"]:
-            raise StorageError(f"image {path} does not match its recorded sha256")
+            raise image_not_as_paid(
+                gate.episode_id,
+                label,
+                path,
+                "does not match the sha256 recorded when it was paid for",
+            )
     if not outputs:
         raise CommandNotAllowed("episode has no completed images")
     return outputs
+
+
+def image_not_as_paid(episode_id: str, label: str, path: Path, what: str) -> ImageNotAsPaid:
+    """An image file changed or gone since the ledger recorded it: nothing is decided or
+    assembled from it (exit 2), and the message names the file and the next step."""
+    return ImageNotAsPaid(
+        f"episode {episode_id}: image {label} ({path}) {what}; nothing was done: "
+        + hint(
+            f"`episodic check {episode_id}` lists every such file; put the paid-for file back "
+            "(the ledger and `episodes show` name its sha256)",
+            "the check deployment lists every such file; put the paid-for file back",
+        )
+    )
 
 
 def _cover(paths: list[Path]) -> bytes:

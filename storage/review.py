@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, Engine, Table, insert, select, update
 
-from core.states import EPISODE_TRANSITIONS, EpisodeState, check_episode_transition
+from core.states import (
+    DECIDED_STATES,
+    EPISODE_TRANSITIONS,
+    EpisodeState,
+    check_episode_transition,
+)
 from storage import tx
 from storage.base import utcnow
 from storage.models import ApprovalRow, EpisodeEventRow, EpisodeMediaRow, EpisodeRow
@@ -16,6 +23,26 @@ _episodes: Table = EpisodeRow.__table__  # type: ignore[assignment]
 _events: Table = EpisodeEventRow.__table__  # type: ignore[assignment]
 _approvals: Table = ApprovalRow.__table__  # type: ignore[assignment]
 _media: Table = EpisodeMediaRow.__table__  # type: ignore[assignment]
+
+
+@dataclass(frozen=True)
+class RecordedDecision:
+    """The latest decision on record: who decided what, when, why, and (an approval of hero
+    videos) the picks that ship; `state` is the episode's state when it was read."""
+
+    state: str
+    decision: str  # "approved" or "rejected"
+    by: str
+    note: str | None
+    at: datetime
+    picks: dict[str, int] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        """`rejected by bob at 2026-08-03 09:12 UTC (too dark)`: one clause for a message."""
+        text = f"{self.decision} by {self.by} at {self.at:%Y-%m-%d %H:%M} UTC"
+        if self.picks:
+            text += " with the picks " + ",".join(f"{v}={n}" for v, n in self.picks.items())
+        return text + (f" ({self.note})" if self.note else "")
 
 
 def sources_of_episode(target: EpisodeState) -> list[str]:
@@ -49,13 +76,15 @@ class ReviewStore:
         *,
         items: dict[str, str] | None = None,
         picks: dict[str, int] | None = None,
-    ) -> str | None:
+    ) -> RecordedDecision | str | None:
         """Record the decision and move the episode from `generated`, in one transaction.
         `items`: item key -> image sha256 of everything shown; `picks`: video id -> the hero
         candidate that ships (both recorded with the approval).
 
-        Returns None when this decision was recorded, else the state the episode is in (a
-        concurrent decision won the compare-and-set; nothing was written).
+        Returns None when this decision was recorded; else nothing was written (a concurrent
+        decision won the compare-and-set) and the answer is the decision on record, read in
+        the same transaction after the winner's commit (or the episode's state, when no
+        decision is recorded: it was re-planned meanwhile).
         """
         target = EpisodeState.APPROVED if approve else EpisodeState.REJECTED
         with tx.write(self.engine) as conn:
@@ -65,6 +94,9 @@ class ReviewStore:
             if picks:  # hero videos: which candidate ships
                 detail["picks"] = dict(picks)
             if not _move(conn, episode_pk, target, detail, source=EpisodeState.GENERATED):
+                recorded = latest_decision(conn, episode_pk)
+                if recorded is not None and recorded.state in DECIDED_STATES:
+                    return recorded
                 return str(
                     conn.execute(
                         select(_episodes.c.state).where(_episodes.c.id == episode_pk)
@@ -97,6 +129,11 @@ class ReviewStore:
             }
             for r in rows
         ]
+
+    def latest_decision(self, episode_pk: int) -> RecordedDecision | None:
+        """The latest decision on record (None: never decided), with the episode's state."""
+        with tx.read(self.engine) as conn:
+            return latest_decision(conn, episode_pk)
 
     def approved_items(self, episode_pk: int) -> dict[str, str] | None:
         """The item keys and image sha256 of the latest approval (None: none recorded, e.g.
@@ -194,6 +231,31 @@ def approved_picks(detail: dict[str, Any] | None) -> dict[str, int]:
     candidate that ships ({}: none)."""
     picks = (detail or {}).get("picks") or {}
     return {str(k): int(v) for k, v in dict(picks).items()}
+
+
+def latest_decision(conn: Connection, episode_pk: int) -> RecordedDecision | None:
+    """The episode's latest recorded decision (None: none), read in the caller's
+    transaction: its approvals row, and for an approval the picks of its ``approved``
+    event."""
+    row = conn.execute(
+        select(
+            _approvals.c.decision,
+            _approvals.c.decided_by,
+            _approvals.c.note,
+            _approvals.c.decided_at,
+        )
+        .where(_approvals.c.episode_pk == episode_pk)
+        .order_by(_approvals.c.id.desc())
+        .limit(1)
+    ).first()
+    if row is None:
+        return None
+    state = conn.execute(select(_episodes.c.state).where(_episodes.c.id == episode_pk)).scalar_one()
+    approved = row.decision == EpisodeState.APPROVED
+    picks = approved_picks(latest_approval(conn, episode_pk)) if approved else {}
+    return RecordedDecision(
+        str(state), str(row.decision), str(row.decided_by), row.note, row.decided_at, picks
+    )
 
 
 def latest_approval(conn: Connection, episode_pk: int) -> dict[str, Any] | None:

@@ -192,9 +192,10 @@ class RunStore:
         """Move the episode to ``generated`` if every key of its plan is completed and that
         plan (`plan_id`, when given) is still the newest: one transaction with the episode
         row locked, the same lock `record_plan` takes, so a plan recorded meanwhile is either
-        seen here (nothing moves) or moves the episode back itself. Allocated or rejected
-        episodes move; approved and assembled ones stay. True if every planned image is
-        completed under the newest plan."""
+        seen here (nothing moves) or moves the episode back itself. Only an allocated episode
+        moves: a decided one (approved, assembled, rejected) stays, since a decision stands
+        until the plan changes or `reopen` (both move it to allocated first). True if every
+        planned image is completed under the newest plan."""
         from storage.review import move_episode
 
         if not planned_keys:
@@ -215,7 +216,7 @@ class RunStore:
             )
             if not planned_keys <= completed:
                 return False
-            if state in (EpisodeState.ALLOCATED, EpisodeState.REJECTED):
+            if state == EpisodeState.ALLOCATED:
                 move_episode(conn, episode_pk, EpisodeState.GENERATED, detail)
         return True
 

@@ -83,3 +83,33 @@ def test_migrate_legacy_dry_run_then_apply(cli: Cli, tmp_path: Path) -> None:
     assert [e["episode_id"] for e in applied["episodes"]] == ["2026-W30-0", "2026-W31-0"]
     assert cli("check", "--all", env=env).stdout.strip() == "clean"
     assert cli("migrate-legacy", str(tmp_path / "nowhere"), env=env).returncode == 2
+
+
+def test_assemble_of_an_image_tampered_after_approval_is_refused_in_one_line(
+    cli: Cli, database_url: str, tmp_path: Path
+) -> None:
+    """Issue 28: the bytes of an approved image change on disk; `assemble` exits 2 (refused,
+    nothing written, as docs/cli.md's table says) with one line naming the image and the
+    next step, never a traceback; with the file put back it assembles."""
+    playlist = write_playlist(tmp_path / "pl", ["a", "b"])
+    for step in (
+        ["allocate", "--key", "k", "--week", "2026-W32"],
+        ["plan", "2026-W32-0", "--playlist", str(playlist)],
+        ["generate", "2026-W32-0"],
+        ["approve", "2026-W32-0", "--by", "ann"],
+    ):
+        assert cli(*step).returncode == 0, step
+    folder = tmp_path / "home" / "episodes" / "2026-W32-0"
+    [image] = (folder / "images").glob("v02.p1.*.png")
+    original = image.read_bytes()
+    image.write_bytes(original + b"tampered")
+    refused = cli("assemble", "2026-W32-0")
+    assert refused.returncode == 2, refused
+    (line,) = refused.stderr.strip().splitlines()
+    assert line.startswith("error: ") and "image v02.p1" in line and "episodic check" in line
+    assert "Traceback" not in refused.stderr and not (folder / "manifest.json").exists()
+    assert json.loads(cli("episodes", "show", "2026-W32-0", "--json").stdout)["state"] == (
+        "approved"
+    )
+    image.write_bytes(original)
+    assert cli("assemble", "2026-W32-0").returncode == 0

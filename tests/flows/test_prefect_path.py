@@ -120,16 +120,19 @@ def test_an_empty_reviewer_is_refused_before_the_run_resumes(harness: str, waiti
 def test_an_answer_we_refuse_is_asked_again_with_the_reason_and_never_sticks(
     harness: str, waiting: Any
 ) -> None:
-    """The seed's stuck run: an answer the schema accepts but we refuse (a rejection without
-    a note, a name with a control character) re-suspends with the reason shown; a UI Retry
-    replays the refused answers and waits again instead of failing forever."""
-    assert _resume(waiting.id, {"decision": "reject", "reviewer": "bob"}) == SetStateStatus.ACCEPT
+    """The seed's stuck run: an answer the schema accepts but we refuse (a name with a
+    character that is not printable, as a zero-width space; a rejection without a note and
+    control characters are refused by the schema itself since issue 28) re-suspends with the
+    reason shown; a UI Retry replays the refused answers and waits again instead of failing
+    forever."""
+    answer = {"decision": "approve", "reviewer": "bob\u200b"}
+    assert _resume(waiting.id, answer) == SetStateStatus.ACCEPT
     state = local.execute(weekly_episode, waiting.id)
     assert state.is_paused(), state
     _, description = _form(waiting.id)
-    assert "not recorded" in description and "a rejection needs a reason" in description
+    assert "not recorded" in description and "reviewer needs a name" in description
     assert "--" not in description.split("\n")[0]  # worded for the form, not a CLI flag
-    assert _resume(waiting.id, {"decision": "approve", "reviewer": "ann\x07"}) == (
+    assert _resume(waiting.id, {"decision": "approve", "reviewer": "ann\u2028"}) == (
         SetStateStatus.ACCEPT
     )
     assert local.execute(weekly_episode, waiting.id).is_paused()

@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
+    initialize,
     invariant,
     rule,
     run_state_machine_as_test,
@@ -51,6 +52,7 @@ class ApprovalMachine(RuleBasedStateMachine):
         allocation = allocate(self.engine, "weekly", WeekId.parse("2026-W32"), "prop")
         self.episode = Episode(self.engine, str(allocation.episode.episode_id))
         self.shipped: list[dict[str, str]] = []
+        self.rejection_stands = False  # rejected, and neither re-planned nor reopened since
 
     def teardown(self) -> None:
         self.engine.dispose()
@@ -61,10 +63,21 @@ class ApprovalMachine(RuleBasedStateMachine):
                 os.environ[key] = value
         shutil.rmtree(self.home, ignore_errors=True)
 
+    @initialize()
+    def planned_and_generated(self) -> None:
+        """Every sequence starts from a generated episode (with six rules, derandomized
+        sequences that reached an assembly from scratch became too rare)."""
+        self.plan(0)
+        self.generate()
+
     @rule(which=st.integers(0, len(PLANS) - 1))
     def plan(self, which: int) -> None:
         with suppress(CommandNotAllowed):  # refused in this state: fine
+            pk = RunStore(self.engine).episode_pk("weekly", self.episode.episode_id)
+            before = RunStore(self.engine).current_plan(pk)
             self.episode.plan(write_playlist(self.home / f"pl{which}", PLANS[which]))
+            if RunStore(self.engine).current_plan(pk) != before:  # a changed plan
+                self.rejection_stands = False
 
     @rule()
     def generate(self) -> None:
@@ -77,9 +90,18 @@ class ApprovalMachine(RuleBasedStateMachine):
             decide(self.engine, "weekly", self.episode.episode_id, approve=True, by="a", note=None)
 
     @rule()
+    def reject(self) -> None:
+        with suppress(CommandNotAllowed):  # refused in this state: fine
+            decided = decide(
+                self.engine, "weekly", self.episode.episode_id, approve=False, by="r", note="no"
+            )
+            self.rejection_stands = self.rejection_stands or decided["changed"]
+
+    @rule()
     def reopen(self) -> None:
         with suppress(CommandNotAllowed):  # refused in this state: fine
             reopen(self.engine, "weekly", self.episode.episode_id, by="b", reason="again")
+            self.rejection_stands = False
 
     @rule()
     def assemble(self) -> None:
@@ -99,6 +121,13 @@ class ApprovalMachine(RuleBasedStateMachine):
             assert hashlib.sha256(data).hexdigest() == item["sha256"]
         self.shipped.append(shipped)
         ApprovalMachine.assemblies += 1
+
+    @invariant()
+    def a_rejection_stands_until_a_changed_plan_or_a_reopen(self) -> None:
+        """Issue 28: a generate with nothing to do moved a rejected episode to generated."""
+        if self.rejection_stands:
+            pk = RunStore(self.engine).episode_pk("weekly", self.episode.episode_id)
+            assert ReviewStore(self.engine).state(pk) == "rejected"
 
     @invariant()
     def state_is_known(self) -> None:

@@ -120,14 +120,16 @@ def test_assembly_refuses_images_that_are_not_the_approved_ones(
         assemble(engine, load_settings(), "weekly", episode.episode_id)
 
 
-def test_reopen_is_refused_unless_approved_or_assembled(engine: Engine, tmp_path: Path) -> None:
+def test_reopen_is_refused_unless_decided(engine: Engine, tmp_path: Path) -> None:
     from core.errors import InvalidInput
 
     episode = new_episode(engine)
     _plan(episode, tmp_path, "a", ["one"])
-    with pytest.raises(CommandNotAllowed, match="only an approved or assembled"):
+    with pytest.raises(CommandNotAllowed, match="only an approved, assembled or rejected"):
         reopen(engine, "weekly", episode.episode_id, by="bob", reason="why")
     assert episode.generate().exit_code == 0
+    with pytest.raises(CommandNotAllowed, match="is generated"):  # not decided yet
+        reopen(engine, "weekly", episode.episode_id, by="bob", reason="why")
     _approve(episode)
     with pytest.raises(InvalidInput, match="--reason"):
         reopen(engine, "weekly", episode.episode_id, by="bob", reason="  ")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, func, select
 
-from core.errors import CommandNotAllowed, InvalidInput, StorageError
+from core.errors import CommandNotAllowed, ImageNotAsPaid, InvalidInput
 from core.settings import load_settings
 from pipeline.review import assemble, decide
 from storage.models import (
@@ -81,15 +81,31 @@ def test_approval_is_recorded_once_with_who(generated: Episode) -> None:
         )
 
 
-def test_a_rejected_episode_regenerates_before_a_new_decision(generated: Episode) -> None:
-    decide(
-        generated.engine, "weekly", generated.episode_id, approve=False, by="ann", note="too dark"
-    )
+def test_a_rejection_stands_through_a_generate_until_a_reopen(generated: Episode) -> None:
+    """Issue 28: a generate with nothing to do moved a rejected episode back to `generated`,
+    and the rejected images could then be approved without any re-plan."""
+    from pipeline.review import reopen
+    from storage.review import ReviewStore
+    from storage.runs import RunStore
+
+    engine, episode_id = generated.engine, generated.episode_id
+    decide(engine, "weekly", episode_id, approve=False, by="ann", note="too dark")
     outcome = generated.generate()  # nothing to pay: the images are there
-    assert outcome.counts.paid_submissions == 0
-    assert decide(
-        generated.engine, "weekly", generated.episode_id, approve=True, by="ann", note=None
-    )["changed"]
+    assert outcome.counts.paid_submissions == 0 and outcome.exit_code == 0
+    assert "stays rejected by ann" in outcome.message and "too dark" in outcome.message
+    pk = RunStore(engine).episode_pk("weekly", episode_id)
+    assert ReviewStore(engine).state(pk) == "rejected"
+    with pytest.raises(CommandNotAllowed, match="was rejected by ann"):
+        decide(engine, "weekly", episode_id, approve=True, by="bob", note=None)
+    assert not decide(engine, "weekly", episode_id, approve=False, by="bob", note="again")[
+        "changed"
+    ]  # the same decision again: a no-op
+    reopened = reopen(engine, "weekly", episode_id, by="cy", reason="second look")
+    assert reopened["changed"] and reopened["from"] == "rejected"
+    assert ReviewStore(engine).state(pk) == "allocated"
+    assert generated.generate().counts.paid_submissions == 0
+    assert ReviewStore(engine).state(pk) == "generated"
+    assert decide(engine, "weekly", episode_id, approve=True, by="bob", note=None)["changed"]
 
 
 def test_assembly_is_deterministic_and_reassembly_changes_nothing(generated: Episode) -> None:
@@ -117,8 +133,8 @@ def test_assembly_refuses_images_that_are_not_what_was_paid_for(generated: Episo
     with generated.engine.connect() as conn:
         path = Path(conn.execute(select(ItemRow.output_path).limit(1)).scalar_one())
     path.write_bytes(b"tampered")
-    with pytest.raises(StorageError, match="does not match"):
+    with pytest.raises(ImageNotAsPaid, match=r"v0.* does not match the sha256 recorded"):
         assemble(generated.engine, load_settings(), "weekly", generated.episode_id)
     path.unlink()
-    with pytest.raises(StorageError, match="missing"):
+    with pytest.raises(ImageNotAsPaid, match="missing"):
         assemble(generated.engine, load_settings(), "weekly", generated.episode_id)
