@@ -50,6 +50,7 @@ bench: bootstrap  ## benchmarks (never part of the tests)
 	$(BIN)/python -m bench.claims
 	$(BIN)/python -m bench.dedup
 	$(BIN)/python -m bench.ledger
+	$(BIN)/python -m bench.recovery
 
 # Not part of `make test`. Installs Debian's chromium and chromium-driver (apt, as root) when
 # missing and the `ui` dependency group (selenium) into .venv, then checks the approval form

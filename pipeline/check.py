@@ -304,11 +304,9 @@ def _check_liveness(add: Any, runs: Sequence[Any], items: Sequence[Any], now: An
         if run.active:
             continue
         if run.state == "running":
-            seen = run.lease_expires_at or run.heartbeat_at or run.started_at or run.created_at
             add(
                 "liveness",
-                f"run {run.id} is running but its lease expired (no renewal since "
-                f"{seen:%Y-%m-%d %H:%M:%S} UTC; its process is gone): "
+                f"run {run.id} is running but {_lapsed(run)}; its process is gone: "
                 f"`episodic runs resume {run.id}` finishes it, `episodic sweep` fails it",
             )
         else:
@@ -326,6 +324,19 @@ def _check_liveness(add: Any, runs: Sequence[Any], items: Sequence[Any], now: An
                 f"item {_label(item)} is running but its claim expired: "
                 "`episodic retry` continues it",
             )
+
+
+def _lapsed(run: Any) -> str:
+    """When a dead running run's lease ran out and when a process last renewed it, as
+    recorded: the renewal (``heartbeat_at``, written with every lease) is not the expiry
+    (a lease later), and a run with no lease recorded is judged by its last sign of life."""
+    if run.lease_expires_at is None:
+        seen = run.heartbeat_at or run.started_at or run.created_at
+        return f"no lease is recorded and its last sign of life was {seen:%Y-%m-%d %H:%M:%S} UTC"
+    expired = f"its lease expired at {run.lease_expires_at:%Y-%m-%d %H:%M:%S} UTC"
+    if run.heartbeat_at is None:
+        return expired
+    return f"{expired} (last renewed {run.heartbeat_at:%Y-%m-%d %H:%M:%S} UTC)"
 
 
 def _check_states(

@@ -102,6 +102,10 @@ class ItemJob(Protocol):
 
     def release(self, claim: Claim) -> None: ...
 
+    def collectible(self) -> list[Item]:
+        """The run's items whose accepted jobs (or unanswered intents) hold provider slots
+        and that no live claim holds: a throttled executor claims these before it waits."""
+
     def waiting(self, for_slot: bool) -> None:
         """The executor waits for a provider slot (True) or goes on working (False)."""
 
@@ -121,8 +125,8 @@ class ItemExecutor(Protocol):
 
 THROTTLE_POLL_S = 0.25  # how often a throttled executor asks again for a provider slot
 # `RunEngine.process`: the item's job was accepted but not ready within the collect timeout.
-# Its open submission keeps a provider slot (`ClaimStore.claim`), so an executor throttled
-# with nothing of its own running collects such items again before it waits for a slot.
+# Its open submission keeps a provider slot (`ClaimStore.claim`), so a throttled executor
+# collects such items again (`collect_first`) before it waits for a slot.
 COLLECT_LATER = "collect later"
 # A claim proved (ours, live, run running) by its own transaction less than this long ago
 # needs no second check before its paid call (`RunEngine._holds`).
@@ -152,6 +156,24 @@ def claim_next(
     return claimed, True
 
 
+def collect_first(queue: deque[Item], job: ItemJob, working: set[int]) -> bool:
+    """A throttled dispatcher's first step: put the run's collectible items (`ItemJob.
+    collectible`: accepted jobs nobody collects, left by a killed or interrupted process of
+    the run, taken over from an expired claim, or left for later by this one) at the front of
+    `queue`, except those in `working` (this dispatcher's items in flight). Their jobs hold
+    the very slots the throttle counts, and collecting one needs no slot, so a recovering run
+    collects them before it waits (after `kill -9` it waited for `max_job_s` behind them).
+    Returns whether any was found (the caller claims them at once)."""
+    found = [item for item in job.collectible() if item.pk not in working]
+    if not found:
+        return False
+    first = {item.pk for item in found}
+    rest = [item for item in queue if item.pk not in first]
+    queue.clear()
+    queue.extend(found + rest)
+    return True
+
+
 _THROTTLED = "\x00throttled"  # a worker's answer for an item refused for a provider slot
 
 
@@ -176,13 +198,11 @@ def thread_pool_executor(
     with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="item") as pool:
         pending: dict[Future[str | None], Item] = {}
         queue = deque(items)
-        later: list[Item] = []  # accepted jobs not ready in time (see COLLECT_LATER)
         throttled = False
         try:
             while queue or pending:
-                if throttled and not pending and later:
-                    queue.extendleft(reversed(later))  # a slot may be our own job: collect it
-                    later.clear()
+                if throttled and collect_first(queue, job, {it.pk for it in pending.values()}):
+                    throttled = False  # our slots are held by jobs we can collect: do it
                 elif throttled and not pending:
                     job.waiting(True)
                     if stop.wait(THROTTLE_POLL_S):
@@ -209,8 +229,6 @@ def thread_pool_executor(
                         throttled = True
                     elif result is not None:
                         job.waiting(False)
-                        if result == COLLECT_LATER:
-                            later.append(item)
                         progress(item, result)
         except BaseException:
             stop.set()
@@ -309,6 +327,7 @@ class _Job:
             if isinstance(got, Claim):
                 with self.guard:
                     self.claims[item.pk] = got
+                    self.busy.pop(item.pk, None)  # found held before, now ours (collected)
                 out.append(got)
                 continue
             if got.reason in ("throttled", "reopen"):  # asked again after a short wait
@@ -366,6 +385,11 @@ class _Job:
         sent nothing, and its intent is withdrawn; an intent it may have sent stays open
         and is reconciled by the next claim, never resubmitted (`release_unstarted`)."""
         self.engine.claims.release_unstarted(claim, INTERRUPTED)
+
+    def collectible(self) -> list[Item]:
+        """The run's items whose jobs hold provider slots and that it may collect now
+        (`ClaimStore.collectible`)."""
+        return self.engine.claims.collectible(self.run_id, self.profile_id)
 
     def waiting(self, for_slot: bool) -> None:
         """Tell the engine's `on_wait` once each time this job starts or stops waiting for a

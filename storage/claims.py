@@ -39,7 +39,7 @@ from core.states import ItemState, RunState, SubmissionState
 from storage import hot, installation, tx
 from storage.base import utcnow
 from storage.hot import Hot
-from storage.models import CostEntryRow, ItemRow, RunRow, SubmissionRow
+from storage.models import CostEntryRow, ItemRow, RunItemRow, RunRow, SubmissionRow
 from storage.runs import OPEN_SUBMISSION_STATES, item_from_row
 from storage.tx import idempotent, retry_outages
 
@@ -47,6 +47,7 @@ _runs: Table = RunRow.__table__  # type: ignore[assignment]
 _items: Table = ItemRow.__table__  # type: ignore[assignment]
 _subs: Table = SubmissionRow.__table__  # type: ignore[assignment]
 _costs: Table = CostEntryRow.__table__  # type: ignore[assignment]
+_members: Table = RunItemRow.__table__  # type: ignore[assignment]
 
 _OPEN = [s.value for s in OPEN_SUBMISSION_STATES]
 _UNSETTLED = [SubmissionState.INTENT.value, SubmissionState.UNKNOWN.value]
@@ -388,7 +389,15 @@ class ClaimStore:
             return Refusal("exhausted")
         if sub is None and not allow_retry and row.state == ItemState.FAILED:
             return Refusal("failed", row.claim_run_id)
-        if slots is not None and _in_flight(conn, profile, item_pk, now, slots[1]) >= slots[0]:
+        # An item with a submission open already holds its slot (the count below is of the
+        # *other* items): settling it (collect, reconcile) takes no new one, and frees one.
+        # Only a new paid call waits for a slot; so a run whose slots are held by its own
+        # accepted jobs can always take them back (`collectible`).
+        if (
+            sub is None
+            and slots is not None
+            and _in_flight(conn, profile, item_pk, now, slots[1]) >= slots[0]
+        ):
             return Refusal("throttled")
         params = {
             "b_item": item_pk,
@@ -407,6 +416,41 @@ class ClaimStore:
         attempt = hot.scalar(conn, _TAKE_ITEM_AND_COUNT, params)
         submission = _insert_intent(conn, item, run_id, profile, attempt, now, forced=False)
         return Claim(item, run_id, owner, "submit", submission, token, checked)
+
+    def collectible(self, run_id: str, profile: str) -> list[Item]:
+        """The run's items whose submission of `profile` holds a provider slot that this run
+        may free now without a new paid call: an accepted job not collected, or an intent
+        never answered (its process died between the intent and the reply: reconciled by a
+        lookup or the same idempotent create, never a second job), on an item that no live
+        claim holds (its holder was killed and its lease ran out, or it gave the item up:
+        interrupted, or left the job for later collection). A dispatcher refused a slot asks
+        for these before it waits: they are what holds its slots (`_claim_in`), so waiting
+        for `max_job_s` instead would stand still for jobs it can collect itself. An item
+        with an unknown outcome is not among them: its reconcile already found nothing, and
+        asking again belongs to an explicit resume."""
+        settle = [SubmissionState.ACCEPTED.value, SubmissionState.INTENT.value]
+        now = utcnow()
+        with tx.read(self.engine) as conn:
+            rows = conn.execute(
+                select(_items)
+                .join(_members, _members.c.item_pk == _items.c.id)
+                .where(
+                    _members.c.run_id == run_id,
+                    _items.c.state != ItemState.COMPLETED,
+                    ~and_(
+                        _items.c.state == ItemState.RUNNING,
+                        _items.c.lease_expires_at.is_not(None),
+                        _items.c.lease_expires_at > now,
+                    ),
+                    exists().where(
+                        _subs.c.item_pk == _items.c.id,
+                        _subs.c.provider_profile == profile,
+                        _subs.c.state.in_(settle),
+                    ),
+                )
+                .order_by(_items.c.position, _items.c.part, _items.c.candidate)
+            ).all()
+        return [item_from_row(row) for row in rows]
 
     def new_attempt(self, claim: Claim, profile: str, *, forced: bool) -> Submission | None:
         """A further paid call for a claimed item (operator's --force-resubmit).

@@ -39,7 +39,13 @@ from prefect.utilities.annotations import quote
 from core.errors import ProviderConfigError
 from core.runs import INTERRUPTED, Claim, Item
 from core.settings import Settings, load_settings
-from pipeline.engine import COLLECT_LATER, THROTTLE_POLL_S, ItemJob, RunEngine, claim_next
+from pipeline.engine import (
+    THROTTLE_POLL_S,
+    ItemJob,
+    RunEngine,
+    claim_next,
+    collect_first,
+)
 from pipeline.runs import RunOptions
 from providers.profiles import Profile
 
@@ -321,8 +327,6 @@ def prefect_executor(
     queue = deque(items)
     running: dict[PrefectFuture[str], tuple[Item, Any]] = {}
     worked: set[int] = set()  # items in `running` whose work is over (their task finishing)
-    later_pks: set[int] = set()  # of those, items whose accepted job was not ready in time
-    later: list[Item] = []  # such items, finished: collected again when the run is throttled
     local = _LocalFlow(job.engine)
     events = local.events
     with _guard:
@@ -356,13 +360,16 @@ def prefect_executor(
                 )
                 running[future] = (item, claim)
                 future.add_done_callback(lambda done: events.put(("finished", done)))
+            # Slots held by the run's own accepted jobs that nobody collects (a killed or
+            # interrupted process's, one left for later): collected first, before any wait
+            # (a task still finishing keeps its item until it has: `running`).
+            ours = {item.pk for item, _ in running.values()}
+            if throttled and not stop.is_set() and collect_first(queue, job, ours):
+                continue
             if not running:
                 if stop.is_set() or not queue:
                     break
-                if throttled and later:  # a slot may be our own job left for later:
-                    queue.extendleft(reversed(later))  # collect it (it needs no new slot)
-                    later.clear()
-                elif throttled:  # every slot is another run's: wait for one
+                if throttled:  # every slot is another run's: wait for one
                     job.waiting(True)
                     stop.wait(THROTTLE_POLL_S)
                 continue  # the batch was busy or done elsewhere: claim the next ones
@@ -376,11 +383,9 @@ def prefect_executor(
                     break
             for kind, what in pending:
                 if kind == "worked":
-                    pk, outcome = what
+                    pk, _outcome = what
                     if any(item.pk == pk for item, _ in running.values()):
                         worked.add(pk)
-                        if outcome == COLLECT_LATER:
-                            later_pks.add(pk)
                     continue
                 if what not in running:
                     continue
@@ -391,9 +396,6 @@ def prefect_executor(
                 if not completed:  # the task ended early (lost worker): free its claim;
                     job.release(local.unstarted(claim))  # an intent it may have sent is
                     # reconciled, never resent
-                if item.pk in later_pks:  # its job was accepted but not ready in time
-                    later_pks.discard(item.pk)
-                    later.append(item)
                 job.waiting(False)
                 progress(item, "completed" if completed else "failed")
     except BaseException:  # the engine pauses the run and releases this owner's claims

@@ -97,6 +97,65 @@ def test_kill_9_leaves_a_running_run_that_one_command_finishes(
     _assert_finished_once(cli, episode)
 
 
+SLOW_PROFILE = (
+    "profiles:\n  slow:\n    kind: fake\n    cost_per_image_minor: 4\n"
+    "    max_concurrency: 2\n    delay_ms: 1500\n    max_job_s: 60\n"
+)
+
+
+@pytest.mark.parametrize("recovery", ["retry", "runs resume"])
+def test_recovery_after_kill_9_collects_the_dead_processs_jobs_before_any_new_create(
+    cli: Cli, database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, recovery: str
+) -> None:
+    """A provider limit of 2, both slots taken by the jobs a generate had accepted when it
+    was killed (-9). Those jobs belong to the run and hold its slots until collected (or
+    `max_job_s` has passed). The recovery, started while the dead process's leases were
+    still live (15 s here), found those items held, dropped them and re-asked for a slot
+    for its next new item until `max_job_s` (60 s) had passed, then bought the rest and
+    collected the dead jobs last. Now it collects them as soon as the leases run out,
+    before any new create: the order is asserted at the provider, never a duration; one
+    job per item, counted in the provider's job store."""
+    from storage.engine import make_engine
+    from storage.runs import RunStore
+
+    profiles = tmp_path / "providers.yaml"
+    profiles.write_text(SLOW_PROFILE)
+    monkeypatch.setenv("EPISODIC_PROVIDERS_FILE", str(profiles))
+    monkeypatch.setenv("EPISODIC_LEASE_S", "15")
+    assert cli("allocate", "--key", "k", "--week", "2026-W32").returncode == 0
+    playlist = write_playlist(tmp_path / "pl", [f"t{n}" for n in range(6)], profile="slow")
+    assert cli("plan", "2026-W32-0", "--playlist", str(playlist)).returncode == 0
+    process = generate_in_background("2026-W32-0", "--json", "--concurrency", "2")
+    until_jobs(process, 2)  # the profile's whole limit is at the provider
+    process.kill()
+    process.communicate(timeout=60)
+    dead = {e["remote_ref"] for e in provider_log() if e["event"] == "job_created"}
+    dead_refs = {e["client_reference"] for e in provider_log() if e["event"] == "submit"}
+    engine = make_engine(database_url)
+    [run] = RunStore(engine).list_runs("weekly")  # read directly: the leases are still live
+    engine.dispose()
+    args = ["retry", "2026-W32-0"] if recovery == "retry" else ["runs", "resume", run.run_id]
+    assert EPISODIC is not None
+    done = subprocess.run(  # the CLI fixture's 120 s would cut the old wait short
+        [EPISODIC, *args, "--json"], capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["state"] == "completed"
+    made = made_jobs_per_key()
+    assert len(made) == 6 and set(made.values()) == {1}, made  # at the provider's side
+    # The fake runs in the process that calls it: the killed one's pid marks its events.
+    recovering = [e for e in provider_log() if e["pid"] != process.pid]
+    assert dead <= {e["remote_ref"] for e in recovering if e["event"] == "collect"}
+    order = [
+        "collect-dead" if e["event"] == "collect" else "create-new"
+        for e in recovering
+        if (e["event"] == "collect" and e["remote_ref"] in dead)
+        or (e["event"] == "submit" and e["client_reference"] not in dead_refs)
+    ]
+    assert order[0] == "collect-dead", order  # before it bought anything new
+    assert order.count("create-new") == 4, order
+
+
 def test_after_kill_9_check_reports_the_dead_run_and_the_sweep_reaps_it(
     cli: Cli, episode: str
 ) -> None:

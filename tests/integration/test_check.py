@@ -165,3 +165,40 @@ def test_check_while_generations_run_reports_nothing(
     assert checks > 5
     assert found == []
     assert check_episodes(engine, "weekly") == []
+
+
+def test_a_dead_runs_liveness_line_names_its_last_renewal_and_its_expiry(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """A running run whose process died: the line said "no renewal since T" and printed the
+    lease's expiry, a lease (about 30 s) after the true last renewal. Now it names both, as
+    recorded: when the lease expired, and when a process last renewed it."""
+    from datetime import UTC, datetime
+
+    from sqlalchemy import update
+
+    from core.states import RunState
+    from storage.models import RunRow
+    from storage.runs import RunStore
+    from tests.generation import new_run
+
+    episode = new_episode(engine)
+    episode.plan(write_playlist(tmp_path / "pl", ["a"]))
+    run_id = new_run(episode)
+    RunStore(engine).transition_run(run_id, RunState.RUNNING, lease_s=30)
+    renewed = datetime(2026, 8, 3, 9, 0, 5, tzinfo=UTC)
+    expired = datetime(2026, 8, 3, 9, 0, 35, tzinfo=UTC)
+    with engine.begin() as conn:  # its process renewed once at 09:00:05, then was killed
+        conn.execute(
+            update(RunRow)
+            .where(RunRow.id == run_id)
+            .values(heartbeat_at=renewed, lease_expires_at=expired)
+        )
+    [line] = [f.detail for f in check_episodes(engine, "weekly") if f.check == "liveness"]
+    assert "its lease expired at 2026-08-03 09:00:35 UTC" in line, line
+    assert "last renewed 2026-08-03 09:00:05 UTC" in line, line
+    assert "since 2026-08-03 09:00:35" not in line, line  # the expiry is not a renewal
+    with engine.begin() as conn:  # a row from before leases were recorded
+        conn.execute(update(RunRow).where(RunRow.id == run_id).values(lease_expires_at=None))
+    [line] = [f.detail for f in check_episodes(engine, "weekly") if f.check == "liveness"]
+    assert "no lease is recorded and its last sign of life was 2026-08-03 09:00:05 UTC" in line

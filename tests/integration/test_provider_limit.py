@@ -335,3 +335,45 @@ def test_a_claim_freed_before_its_task_started_is_withdrawn_and_never_worked(
 
     with engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(SubmissionRow)).scalar_one() == 0
+
+
+def test_settling_an_open_submission_needs_no_slot_and_the_run_finds_what_it_may_collect(
+    engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Limit 1 and two accepted jobs of one run nobody collects (a killed process's, or two
+    left for later): each job holds a slot, so the count is full. Collecting either was
+    refused as throttled (the other one held "the" slot) and the run could only wait for
+    `max_job_s`. A claim that settles an open submission takes no new slot: it is granted;
+    a new paid call is still refused. `collectible` names exactly the run's items whose
+    accepted job (or unanswered intent) no live claim holds."""
+    from core.runs import Claim, Refusal
+    from core.states import RunState
+    from storage.claims import ClaimStore
+    from storage.runs import RunStore
+    from tests.generation import new_run
+
+    _profiles(tmp_path, monkeypatch, delay_ms=0)
+    allocated = allocate(engine, "weekly", WeekId.parse("2026-W32"), "settle")
+    episode = Episode(engine, str(allocated.episode.episode_id))
+    episode.plan(write_playlist(tmp_path / "pl", ["a", "b", "c", "d"], profile="limited"))
+    store, runs = ClaimStore(engine), RunStore(engine)
+    run_id = new_run(episode)
+    runs.transition_run(run_id, RunState.RUNNING, lease_s=30)
+    a, b, c, d = runs.run_items(run_id)
+    open_slots = {"max_job_s": 600, "lease_s": 30, "max_attempts": 3, "profile": "limited"}
+    for item, owner in ((a, "dead-1"), (b, "dead-2")):  # no limit while they were sent
+        claim = store.claim(item.pk, run_id, owner, provider_limit=None, **open_slots)
+        assert isinstance(claim, Claim) and claim.submission is not None
+        assert store.accept(claim.submission.pk, f"job-{item.item_id}")
+        store.release_all(owner, "killed")  # the jobs still run at the provider
+    held = store.claim(c.pk, run_id, "live", provider_limit=None, **open_slots)
+    assert isinstance(held, Claim)  # an intent under a live claim: not collectible
+    assert [it.pk for it in store.collectible(run_id, "limited")] == [a.pk, b.pk]
+    assert store.collectible(run_id, "other") == []  # another profile's slots are not these
+    limits = {**open_slots, "provider_limit": 1}
+    refused = store.claim(d.pk, run_id, "recovery", **limits)
+    assert isinstance(refused, Refusal) and refused.reason == "throttled"  # a new paid call
+    for item in (a, b):
+        taken = store.claim(item.pk, run_id, "recovery", **limits)
+        assert isinstance(taken, Claim) and taken.action == "collect", taken
+    assert store.collectible(run_id, "limited") == []  # held now, by the recovery

@@ -23,6 +23,9 @@ class _AlwaysThrottled:
     def waiting(self, for_slot: bool) -> None:
         self.waits.append(for_slot)
 
+    def collectible(self) -> list[Item]:
+        return []  # nothing of this run holds a slot
+
     def claim(self, item: Item) -> None:
         self.claims += 1
         return None
