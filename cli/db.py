@@ -72,11 +72,19 @@ def installation(renew: RenewOption = False, as_json: JsonOption = False) -> Non
 
     engine = context.engine()  # at head (the embedded default upgrades itself), else exit 1
     if renew:
-        old, new = renew_id(engine)
+        old, new, disowned = renew_id(engine)
         if as_json:
-            emit_json({"installation": new, "previous": old, "renewed": True})
+            emit_json(
+                {"installation": new, "previous": old, "renewed": True, "disowned": disowned}
+            )
         else:
             typer.echo(f"installation {new} (was {old})")
+            if disowned:
+                typer.echo(
+                    f"{disowned} open provider jobs of installation {old} closed here "
+                    "(never collected or cancelled from this database; its next run buys "
+                    "its own)"
+                )
         return
     current_id = installation_id(engine)
     if as_json:

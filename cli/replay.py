@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Annotated
+from zoneinfo import ZoneInfo
 
 import typer
 
@@ -40,6 +42,14 @@ def replay(
     generate: Annotated[
         bool, typer.Option("--generate/--no-generate", help="Generate (paid) after planning.")
     ] = True,
+    off_schedule: Annotated[
+        bool,
+        typer.Option(
+            "--off-schedule",
+            help="Replay a moment that is not one of the schedule's slots (a slot of a "
+            "schedule changed since, say); without it such a moment is refused.",
+        ),
+    ] = False,
     as_json: JsonOption = False,
 ) -> None:
     """Run the weekly chain of one slot now, with its scheduled run's identity.
@@ -61,8 +71,10 @@ def replay(
 
             raise InvalidInput("--playlist and --no-generate are the deployment's parameters")
         _needs_server()
-        from flows.replay import replay_on_deployment
+        from flows.replay import deployment_crons, replay_on_deployment
 
+        if not off_schedule:
+            _check_on_schedule(slot, moment, deployment_crons(deployment), deployment)
         result = replay_on_deployment(name, moment, deployment)
         if as_json:
             emit_json(result.to_dict())
@@ -73,8 +85,16 @@ def replay(
             "the slot's episode and wait for approval in the UI"
         )
         return
-    from deployments.spec import DEFAULT_PLAYLIST
+    from deployments.spec import DEFAULT_PLAYLIST, WEEKLY_SLOTS
     from flows.replay import replay_here
+
+    if not off_schedule:
+        from pipeline.pipelines import pipeline_timezone
+        from storage.registry import engine_for
+
+        zone = pipeline_timezone(engine_for(context.settings()), context.settings(), name)
+        crons = [(cron, str(zone)) for _, cron in WEEKLY_SLOTS]
+        _check_on_schedule(slot, moment, crons, "the weekly schedule")
 
     if playlist is not None and not playlist.is_file():
         from core.errors import InvalidInput
@@ -91,6 +111,30 @@ def replay(
         typer.echo(f"next: episodic approve {result.episode_id} --by NAME [--reject --reason R]")
     elif result.state == "allocated" and chosen is None:
         typer.echo(f"next: episodic replay --slot {slot} --playlist FILE (no plan yet)")
+
+
+def _check_on_schedule(
+    given: str, moment: datetime, crons: list[tuple[str, str]], where: str
+) -> None:
+    """Refuse (`InvalidInput`, exit 2) a moment that no cron of ``crons`` (expression,
+    timezone) fires at: a forgotten or wrong UTC offset would otherwise allocate, and pay
+    for, an episode of a slot that does not exist. No cron schedule at all: nothing to hold
+    the moment against."""
+    from cronsim import CronSim
+
+    from core.errors import InvalidInput
+
+    if not crons:
+        return
+    for expression, zone in crons:
+        local = moment.astimezone(ZoneInfo(zone))
+        if next(CronSim(expression, local - timedelta(seconds=1))) == local:
+            return
+    slots = ", ".join(f"{expression} ({zone})" for expression, zone in crons)
+    raise InvalidInput(
+        f"slot {given} is not a slot of {where} ({slots}); check its UTC offset, or pass "
+        "--off-schedule to replay it anyway"
+    )
 
 
 def _needs_server() -> None:

@@ -17,16 +17,20 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from core.errors import InvalidInput, NoInvocationIdentity
 from core.settings import validate_pipeline
 
 MAX_KEY_LENGTH = 512
+MIN_SLOT_YEAR, MAX_SLOT_YEAR = 1970, 9998  # a slot's ISO week must exist on both sides
 SLOT_PREFIX = "slot:"
 LEGACY_SLOT_PREFIX = "scheduled:"  # scheduled:{flow}/{deployment}:{slot}, before issue 28
 _UTC_ISO = r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d{6})?Z"
-_SLOT_RE = re.compile(rf"slot:(?P<pipeline>[a-z0-9][a-z0-9_.-]{{0,62}}):(?P<slot>{_UTC_ISO})")
+# A slot key names a whole second, in exactly one spelling (`utc_iso` of a whole second):
+# `…T08:00:00.000000Z` would be a second key, and so a second episode, for the same slot.
+_SLOT_SECOND = r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z"
+_SLOT_RE = re.compile(rf"slot:(?P<pipeline>[a-z0-9][a-z0-9_.-]{{0,62}}):(?P<slot>{_SLOT_SECOND})")
 _LEGACY_RE = re.compile(rf"scheduled:(?P<deployment>.+/.+):(?P<slot>{_UTC_ISO})")
 
 
@@ -71,7 +75,10 @@ class SlotKey:
 
 
 def slot_key(pipeline: str, moment: datetime) -> str:
-    """The allocation key of a pipeline's scheduled slot, whichever deployment carries it."""
+    """The allocation key of a pipeline's scheduled slot, whichever deployment carries it.
+    Raises `InvalidInput` for a moment that is not a whole second (no schedule makes one)."""
+    if moment.microsecond:
+        raise InvalidInput(f"slot {moment.isoformat()} is not a whole second")
     return f"{SLOT_PREFIX}{validate_pipeline(pipeline)}:{utc_iso(moment)}"
 
 
@@ -85,6 +92,16 @@ def parse_slot(value: str) -> datetime:
         ) from None
     if moment.tzinfo is None:
         raise InvalidInput(f"slot {value!r} has no UTC offset (e.g. +02:00 or Z)")
+    if moment.microsecond:
+        raise InvalidInput(f"slot {value!r} is not a whole second (a schedule's slots are)")
+    try:
+        year = moment.astimezone(UTC).year
+    except OverflowError:
+        year = 0
+    if not MIN_SLOT_YEAR <= year <= MAX_SLOT_YEAR:
+        raise InvalidInput(
+            f"slot {value!r} is outside the years {MIN_SLOT_YEAR}-{MAX_SLOT_YEAR} (UTC)"
+        )
     return moment
 
 
@@ -129,5 +146,8 @@ def derive_allocation_key(
     if invocation.auto_scheduled and invocation.deployment_name:
         if invocation.expected_start_time is None:
             raise NoInvocationIdentity("scheduled flow run has no scheduled start time")
-        return slot_key(pipeline, invocation.expected_start_time)
+        # A schedule's slots are whole seconds; a sub-second start (no cron makes one) is
+        # the same slot as its second.
+        start = invocation.expected_start_time
+        return slot_key(pipeline, start - timedelta(microseconds=start.microsecond))
     return f"flow-run:{invocation.flow_run_id}"

@@ -16,7 +16,7 @@ Prefect has no start-now for a Scheduled run, and its Quick run, Copy to new run
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -79,14 +79,36 @@ def replay_here(
     return Replayed(pipeline, moment.isoformat(), key, episode_id, episode.state)
 
 
-def replay_on_deployment(pipeline: str, moment: datetime, deployment: str) -> Replayed:
-    """A flow run of ``deployment`` (``flow/name``, a deployment of the weekly flow for
-    ``pipeline``) with the slot's allocation key; its other parameters are the deployment's."""
+def _check_weekly(deployment: str) -> None:
     if deployment.count("/") != 1 or not deployment.startswith(f"{FLOW_NAME}/"):
         raise InvalidInput(
             f"--deployment {deployment!r}: name a deployment of the weekly flow, e.g. "
             f"{FLOW_NAME}/weekly"
         )
+
+
+def deployment_crons(deployment: str) -> list[tuple[str, str]]:
+    """The (cron expression, timezone) of each active cron schedule of ``deployment``;
+    `InvalidInput` if the server has no such deployment."""
+    from prefect.client.schemas.schedules import CronSchedule
+
+    _check_weekly(deployment)
+    with get_client(sync_client=True) as client:
+        try:
+            found = client.read_deployment_by_name(deployment)
+        except ObjectNotFound:
+            raise InvalidInput(f"no deployment {deployment} on the Prefect server") from None
+    return [
+        (s.schedule.cron, s.schedule.timezone or "UTC")
+        for s in found.schedules or []
+        if s.active and isinstance(s.schedule, CronSchedule)
+    ]
+
+
+def replay_on_deployment(pipeline: str, moment: datetime, deployment: str) -> Replayed:
+    """A flow run of ``deployment`` (``flow/name``, a deployment of the weekly flow for
+    ``pipeline``) with the slot's allocation key; its other parameters are the deployment's."""
+    _check_weekly(deployment)
     key = slot_key(pipeline, moment)
     with get_client(sync_client=True) as client:
         try:
@@ -100,7 +122,11 @@ def replay_on_deployment(pipeline: str, moment: datetime, deployment: str) -> Re
                 f"{fed} or another deployment"
             )
         run = client.create_flow_run_from_deployment(
-            found.id, parameters={"allocation_key": key}, tags=["episodic-replay"]
+            found.id,
+            parameters={"allocation_key": key},
+            tags=["episodic-replay"],
+            # the name the weekly flow gives a replay until its episode is allocated
+            name=f"{pipeline} slot {moment.astimezone(UTC):%Y-%m-%d %H:%M} UTC (replay)",
         )
     return Replayed(
         pipeline,

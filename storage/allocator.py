@@ -104,7 +104,7 @@ class Allocator:
                 f"not of {pipeline}"
             )
         with locked_transaction(self._engine, pipeline, self._lock_timeout) as conn:
-            owned = self._owned(conn, pipeline, allocation_key, slot)
+            owned = self._owned(conn, pipeline, allocation_key, slot, scheduled_by)
             if len(owned) > 1:
                 ids = ", ".join(
                     f"{row.week_id}-{row.sequence} (key {row.allocation_key})" for row in owned
@@ -133,10 +133,18 @@ class Allocator:
 
     @staticmethod
     def _owned(
-        conn: Connection, pipeline: str, allocation_key: str, slot: SlotKey | None
+        conn: Connection,
+        pipeline: str,
+        allocation_key: str,
+        slot: SlotKey | None,
+        scheduled_by: str | None = None,
     ) -> list[Row[Any]]:
         """The episodes a key owns: its own, and for a key naming a slot (either format)
-        every episode of the pipeline whose key names the same slot."""
+        every episode of the pipeline whose key names the same moment.
+
+        A slot that two deployments allocated twice before the slot key existed has two
+        episodes; a run of either deployment still finds its own (the one whose old key names
+        it, ``scheduled_by``), and only a third asker fails closed."""
         owned = {
             row.id: row
             for row in conn.execute(
@@ -153,9 +161,22 @@ class Allocator:
         ).all()
         for row in [*same_slot, *old]:  # LIKE found the candidates; the parse decides
             parsed = SlotKey.parse(row.allocation_key)
-            if parsed is not None and parsed.slot == slot.slot:
+            if parsed is not None and parsed.moment == slot.moment:
                 owned.setdefault(row.id, row)
-        return sorted(owned.values(), key=lambda row: (row.week_id, row.sequence))
+        found = sorted(owned.values(), key=lambda row: (row.week_id, row.sequence))
+        if len(found) > 1:
+            exact = [row for row in found if row.allocation_key == allocation_key]
+            own = [
+                row
+                for row in found
+                if scheduled_by is not None
+                and (parsed := SlotKey.parse(row.allocation_key)) is not None
+                and parsed.deployment == scheduled_by
+            ]
+            for preferred in (exact, own):
+                if len(preferred) == 1:
+                    return preferred
+        return found
 
     @staticmethod
     def _record_asker(

@@ -35,6 +35,13 @@ ID = re.compile(r"[0-9a-f]{16}")
 REFERENCE_SQL = "(SELECT id FROM installation WHERE singleton = 1) || '-' || :b_ref"
 _READ = text("SELECT id FROM installation WHERE singleton = 1")
 _RENEW = text("UPDATE installation SET id = :b_id, created_at = :b_now WHERE singleton = 1")
+# The open submissions a copy inherited are the original installation's jobs (its references
+# carry the original's id): the copy must never collect, reconcile or cancel them. Renewing
+# closes them as failed with no cost; the copy's next run buys its own (a new attempt).
+_DISOWN = text(
+    "UPDATE submissions SET state = 'failed', error_text = :b_why, finished_at = :b_now "
+    "WHERE state IN ('intent', 'accepted', 'unknown') AND client_reference LIKE :b_prefix"
+)
 
 
 def read(conn: Connection) -> str:
@@ -60,14 +67,28 @@ def find(engine: Engine) -> str | None:
     return None if found is None else str(found)
 
 
-def renew(engine: Engine) -> tuple[str, str]:
+def renew(engine: Engine) -> tuple[str, str, int]:
     """Give this database a new random id (after it was copied from another installation);
-    returns (old, new). Submissions already recorded keep the references they sent."""
+    returns (old, new, disowned). Submissions already recorded keep the references they
+    sent; those still open (intent, accepted, unknown) under the old id are the original
+    installation's jobs, so they are closed as failed, with no cost, in the same
+    transaction (``disowned`` of them): this database never collects, reconciles or cancels
+    them, and its next run of their items buys its own."""
     new = secrets.token_hex(8)
+    now = utcnow()
     with tx.write(engine) as conn:
         old = read(conn)
-        conn.execute(_RENEW, {"b_id": new, "b_now": utcnow()})
-    return old, new
+        conn.execute(_RENEW, {"b_id": new, "b_now": now})
+        disowned = conn.execute(
+            _DISOWN,
+            {
+                "b_why": f"a job of installation {old}, this database's original: "
+                "never collected or cancelled here (db installation --renew)",
+                "b_now": now,
+                "b_prefix": f"{old}-%",
+            },
+        ).rowcount
+    return old, new, int(disowned)
 
 
 def reference(installation: str, item_key: str, attempt: int) -> str:

@@ -32,15 +32,29 @@ def test_two_fresh_homes_assemble_identical_bytes(cli: Cli, tmp_path: Path) -> N
             assert result.returncode == 0, (step, result.stderr)
         assembled = json.loads(cli("assemble", "2026-W32-0", "--json", env=env).stdout)
         folder = tmp_path / machine / "episodes" / "2026-W32-0"
+        manifest = json.loads((folder / "manifest.json").read_text())
+        assert hashlib.sha256((folder / "manifest.json").read_bytes()).hexdigest() == (
+            assembled["manifest_sha256"]
+        )
         hashes.append(
             (
                 assembled["cover_sha256"],
-                assembled["manifest_sha256"],
                 hashlib.sha256((folder / "cover.png").read_bytes()).hexdigest(),
+                _without_remote_refs(manifest),
             )
         )
+    # Two homes are two installations: the provider's jobs (their remote references) are
+    # each one's own (issue 28); everything else the approved inputs decide is identical.
     assert hashes[0] == hashes[1]
-    assert hashes[0][0] == hashes[0][2]
+    assert hashes[0][0] == hashes[0][1]
+
+
+def _without_remote_refs(value: object) -> object:
+    if isinstance(value, dict):
+        return {k: _without_remote_refs(v) for k, v in value.items() if k != "remote_ref"}
+    if isinstance(value, list):
+        return [_without_remote_refs(v) for v in value]
+    return value
 
 
 def test_review_commands_refuse_out_of_order(cli: Cli, tmp_path: Path) -> None:

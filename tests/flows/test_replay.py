@@ -24,7 +24,7 @@ from tests.generation import made_jobs_per_key, write_playlist
 pytestmark = pytest.mark.slow
 
 WEEK_START = datetime(2026, 8, 3, tzinfo=UTC)  # Monday of 2026-W32
-THURSDAY = "2026-08-06T09:00:00+02:00"  # 07:00 UTC
+THURSDAY = "2026-08-06T11:00:00+02:00"  # 09:00 UTC: the weekly schedule's Thursday slot
 
 
 def replay(*args: str) -> subprocess.CompletedProcess[str]:
@@ -39,7 +39,7 @@ def replay(*args: str) -> subprocess.CompletedProcess[str]:
 
 def deploy(playlist: Path) -> tuple[UUID, str]:
     name = f"replayed-{uuid4().hex[:8]}"
-    schedule = Cron("0 7 * * 4", timezone="UTC", slug=f"{name}-thursday")
+    schedule = Cron("0 9 * * 4", timezone="UTC", slug=f"{name}-thursday")
     parameters = {"playlist": str(playlist), "wait_for_approval": False}
     return local.apply_deployment(weekly_episode, name, schedule, parameters), name
 
@@ -49,10 +49,10 @@ def test_a_replay_repeated_is_the_same_episode_and_pays_once(harness: str, tmp_p
     first = replay("--slot", THURSDAY, "--playlist", str(playlist))
     assert first.returncode == 0, first.stderr
     assert first.stdout.splitlines() == [
-        "slot slot:weekly:2026-08-06T07:00:00Z: episode 2026-W32-0, generated",
+        "slot slot:weekly:2026-08-06T09:00:00Z: episode 2026-W32-0, generated",
         "next: episodic approve 2026-W32-0 --by NAME [--reject --reason R]",
     ]
-    again = replay("--slot", "2026-08-06T07:00:00Z", "--playlist", str(playlist), "--json")
+    again = replay("--slot", "2026-08-06T09:00:00Z", "--playlist", str(playlist), "--json")
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout)["episode_id"] == "2026-W32-0"
     jobs = made_jobs_per_key()
@@ -73,7 +73,8 @@ def test_a_replay_of_a_slot_the_scheduler_ran_is_that_episode(harness: str, tmp_
     created = json.loads(handed.stdout)
     with get_client(sync_client=True) as client:
         flow_run = client.read_flow_run(UUID(created["flow_run_id"]))
-    assert flow_run.parameters["allocation_key"] == "slot:weekly:2026-08-06T07:00:00Z"
+    assert flow_run.parameters["allocation_key"] == "slot:weekly:2026-08-06T09:00:00Z"
+    assert flow_run.name == "weekly slot 2026-08-06 09:00 UTC (replay)"  # not a random name
     assert local.execute(weekly_episode, flow_run.id).result() == "2026-W32-0"  # a worker's run
     assert made_jobs_per_key() == paid and sum(paid.values()) == 2
 
@@ -86,6 +87,13 @@ def test_a_replay_of_a_slot_the_scheduler_ran_is_that_episode(harness: str, tmp_
         (["--slot", THURSDAY, "--playlist", "missing.yaml"], "not found"),
         (["--slot", THURSDAY, "--deployment", "generate-episode/generate"], "weekly flow"),
         (["--slot", THURSDAY, "--deployment", "weekly-episode/none"], "no deployment"),
+        # issue 28 (fresh tester): a forgotten offset, another hour or a sub-second moment
+        # allocated, and paid for, an episode of a slot no schedule has
+        (["--slot", "2026-08-06T09:00:00+02:00"], "is not a slot of the weekly schedule"),
+        (["--slot", "2026-08-05T03:17:00Z"], "is not a slot of the weekly schedule"),
+        (["--slot", "2026-08-06T09:00:00.5Z"], "is not a whole second"),
+        (["--slot", "0001-01-01T00:00:00+14:00"], "outside the years"),
+        (["--slot", "9999-12-31T23:59:59+00:00"], "outside the years"),
     ],
 )
 def test_a_replay_of_no_moment_or_of_no_weekly_deployment_is_refused(
@@ -95,3 +103,21 @@ def test_a_replay_of_no_moment_or_of_no_weekly_deployment_is_refused(
     assert refused.returncode == 2, refused.stdout + refused.stderr
     (line,) = refused.stderr.splitlines()
     assert line.startswith("error: ") and message in line
+
+
+def test_a_replay_off_the_deployments_schedule_is_refused_unless_asked_for(
+    harness: str, tmp_path: Path
+) -> None:
+    """The slot is held against the deployment's own crons (here Thursday 09:00 UTC):
+    Wednesday is refused and pays nothing; --off-schedule replays it on purpose."""
+    playlist = write_playlist(tmp_path / "pl", ["a"])
+    _, name = deploy(playlist)
+    wednesday = "2026-08-05T09:00:00Z"
+    refused = replay("--slot", wednesday, "--deployment", f"weekly-episode/{name}")
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    (line,) = refused.stderr.splitlines()
+    assert f"is not a slot of weekly-episode/{name} (0 9 * * 4 (UTC))" in line
+    assert made_jobs_per_key() == {}
+    here = replay("--slot", wednesday, "--playlist", str(playlist), "--off-schedule", "--json")
+    assert here.returncode == 0, here.stderr
+    assert json.loads(here.stdout)["allocation_key"] == "slot:weekly:2026-08-05T09:00:00Z"

@@ -190,11 +190,11 @@ def test_an_old_key_asking_after_the_upgrade_finds_the_slot_episode(engine: Engi
     assert not old.created and old.episode.episode_id == new.episode.episode_id
 
 
-def test_a_slot_two_deployments_allocated_before_the_upgrade_fails_closed(
+def test_a_slot_two_deployments_allocated_before_the_upgrade_is_each_ones_own(
     engine: Engine,
 ) -> None:
     """The old code gave each deployment its own episode for one slot (set up here as it
-    wrote them): neither is the slot's episode, so asking for the slot changes nothing."""
+    wrote them): each deployment's runs keep their episode; nobody else gets either."""
     for n, deployment in enumerate(["weekly", "weekly-copy"]):
         Allocator(engine).allocate("weekly", W32, f"placeholder-{n}")
         with engine.begin() as conn:
@@ -203,9 +203,18 @@ def test_a_slot_two_deployments_allocated_before_the_upgrade_fails_closed(
                 .where(EpisodeRow.allocation_key == f"placeholder-{n}")
                 .values(allocation_key=f"scheduled:weekly-episode/{deployment}:{SLOT}")
             )
-    for key in (NEW_KEY, OLD_KEY):
+    # A run of either deployment still finds its own (a Retry of a slot the old code
+    # allocated twice kept working before the upgrade: fresh tester, issue 28) ...
+    for n, deployment in enumerate(["weekly", "weekly-copy"]):
+        for key in (NEW_KEY, f"scheduled:weekly-episode/{deployment}:{SLOT}"):
+            own = Allocator(engine).allocate(
+                "weekly", W32, key, scheduled_by=f"weekly-episode/{deployment}"
+            )
+            assert not own.created and str(own.episode.episode_id) == f"2026-W32-{n}"
+    # ... and a third asker, or one that names no deployment, is refused.
+    for by in ("weekly-episode/weekly-third", None):
         with pytest.raises(AllocationConflict, match="several episodes"):
-            Allocator(engine).allocate("weekly", W32, key, scheduled_by="weekly-episode/weekly")
+            Allocator(engine).allocate("weekly", W32, NEW_KEY, scheduled_by=by)
     assert counts(engine) == (2, 2)
 
 

@@ -312,3 +312,77 @@ def test_an_open_submission_from_before_the_upgrade_is_settled_by_the_reference_
 
 def _submissions(engine: Engine) -> list[tuple[str, str | None, str]]:
     return Installation("", engine, Path()).submissions()
+
+
+def test_a_copy_renewed_never_collects_or_cancels_the_originals_open_jobs(
+    installations: tuple[Installation, Installation],
+    backend: str,
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Staging restored from production while production had a job running at the provider,
+    then renewed as documented (fresh tester, issue 28). Before: the copy's `runs cancel`
+    cancelled production's job and its resume collected it (the provider made one job, both
+    ledgers recorded it, staging shipped production's image). Renewing closes the inherited
+    open submissions: the copy never polls or cancels them, its resume buys its own."""
+    import shutil
+
+    from sqlalchemy import text
+    from sqlalchemy.engine import make_url
+
+    from cli.app import run
+
+    production, staging = installations
+    with ReplicateServer(processing_polls=10**6) as server:  # predictions run for good
+        _profiles(
+            tmp_path,
+            monkeypatch,
+            f"    kind: replicate\n    model: black-forest-labs/flux-schnell\n"
+            f"    base_url: {server.base_url}\n    credential_env: IMAGE_KEY\n"
+            "    cost_per_image_minor: 3\n    timeout_s: 2.0\n    poll_interval_s: 0.02\n",
+        )
+        monkeypatch.setenv("IMAGE_KEY", JOBS_TOKEN)
+        production.enter(monkeypatch)
+        first = _episode(production, tmp_path, ["fox"]).generate(collect_timeout_s=0.3)
+        ((_ref, prod_job, prod_state),) = production.submissions()
+        assert prod_job in server.jobs and prod_state == "accepted"
+        polls = _polls(server, prod_job)
+        # staging := a copy of production as it is now (a restored dump)
+        production.engine.dispose()
+        staging.engine.dispose()
+        if backend == "sqlite":
+            shutil.copyfile(
+                make_url(production.url).database or "", make_url(staging.url).database or ""
+            )
+        else:
+            pg: PostgresDatabases = request.getfixturevalue("postgres_databases")
+            name, source = make_url(staging.url).database, make_url(production.url).database
+            with pg.admin.connect() as conn:
+                conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
+                conn.execute(text(f'CREATE DATABASE "{name}" TEMPLATE "{source}"'))
+        assert staging.id == production.id
+        staging.enter(monkeypatch)
+        capsys.readouterr()
+        assert run(["db", "installation", "--renew", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["disowned"] == 1
+        assert [s for _r, _j, s in staging.submissions()] == ["failed"]
+        run(["runs", "cancel", first.run_id])
+        assert server.cancels[prod_job] == 0
+        copied = Episode(staging.engine, first_episode_id(staging))
+        copied.resume(first.run_id, collect_timeout_s=0.3)
+        assert _polls(server, prod_job) == polls  # the copy never collected it
+        assert sum(server.jobs_made.values()) == 2  # its resume bought its own
+        bought = [r for r, _j, _s in staging.submissions()][1:]
+        assert bought and all(r.startswith(f"{staging.id}-") for r in bought)
+        production.enter(monkeypatch)  # production's own cancel still reaches its job
+        assert run(["runs", "cancel", first.run_id]) == 0
+        assert server.cancels[prod_job] == 1
+
+
+def first_episode_id(installation: Installation) -> str:
+    from storage.models import EpisodeRow
+
+    with installation.engine.connect() as conn:
+        return str(conn.execute(select(EpisodeRow.episode_id)).scalar_one())

@@ -77,7 +77,18 @@ def test_slot_key_is_canonical_utc_whatever_the_offset_given() -> None:
     assert slot_key("weekly", berlin) == "slot:weekly:2026-08-06T07:00:00Z"
 
 
-@pytest.mark.parametrize("bad", ["2026-08-06T09:00:00", "2026-08-06", "next monday", ""])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "2026-08-06T09:00:00",
+        "2026-08-06",
+        "next monday",
+        "",
+        "2026-08-06T07:00:00.5Z",  # no schedule makes a sub-second slot
+        "0001-01-01T00:00:00+14:00",  # before year 1 in UTC (an OverflowError before)
+        "9999-12-31T23:59:59+00:00",  # its ISO week's end is past datetime's range
+    ],
+)
 def test_a_slot_needs_a_moment_with_its_offset(bad: str) -> None:
     with pytest.raises(InvalidInput):
         parse_slot(bad)
@@ -85,7 +96,14 @@ def test_a_slot_needs_a_moment_with_its_offset(bad: str) -> None:
 
 @pytest.mark.parametrize(
     "near_miss",
-    ["slot:weekly:2026-08-06T09:00:00+02:00", "slot:Weekly:2026-08-06T07:00:00Z", "slot:w"],
+    [
+        "slot:weekly:2026-08-06T09:00:00+02:00",
+        "slot:Weekly:2026-08-06T07:00:00Z",
+        "slot:w",
+        # issue 28 (fresh tester): the same moment spelled otherwise was a second episode
+        "slot:weekly:2026-08-06T07:00:00.000000Z",
+        "slot:weekly:2026-08-06T07:00:00.000001Z",
+    ],
 )
 def test_an_explicit_key_that_looks_like_a_slot_but_is_not_canonical_is_refused(
     near_miss: str,
@@ -121,3 +139,8 @@ def test_utc_iso_keeps_microseconds_and_refuses_naive() -> None:
     assert utc_iso(datetime(2026, 1, 1, 0, 0, 0, 5, tzinfo=UTC)) == "2026-01-01T00:00:00.000005Z"
     with pytest.raises(InvalidInput):
         utc_iso(datetime(2026, 1, 1))
+
+
+def test_a_slot_key_is_one_spelling_of_a_whole_second() -> None:
+    with pytest.raises(InvalidInput, match="whole second"):
+        slot_key("weekly", datetime(2026, 8, 6, 7, 0, 0, 500, tzinfo=UTC))
