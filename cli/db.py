@@ -74,9 +74,7 @@ def installation(renew: RenewOption = False, as_json: JsonOption = False) -> Non
     if renew:
         old, new, disowned = renew_id(engine)
         if as_json:
-            emit_json(
-                {"installation": new, "previous": old, "renewed": True, "disowned": disowned}
-            )
+            emit_json({"installation": new, "previous": old, "renewed": True, "disowned": disowned})
         else:
             typer.echo(f"installation {new} (was {old})")
             if disowned:

@@ -33,8 +33,9 @@ def test_two_fresh_homes_assemble_identical_bytes(cli: Cli, tmp_path: Path) -> N
         assembled = json.loads(cli("assemble", "2026-W32-0", "--json", env=env).stdout)
         folder = tmp_path / machine / "episodes" / "2026-W32-0"
         manifest = json.loads((folder / "manifest.json").read_text())
-        assert hashlib.sha256((folder / "manifest.json").read_bytes()).hexdigest() == (
-            assembled["manifest_sha256"]
+        assert (
+            hashlib.sha256((folder / "manifest.json").read_bytes()).hexdigest()
+            == (assembled["manifest_sha256"])
         )
         hashes.append(
             (
