@@ -26,7 +26,7 @@ nothing: the paused run's accepted jobs keep running, and a later run collects t
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -39,12 +39,14 @@ from core.settings import Settings, load_settings
 from flows.artifacts import publish_spend
 from flows.maintenance import stdlib_utc
 from pipeline.cancel import Settlement, settle_cancelled
+from storage.base import utcnow
 from storage.flow_runs import FlowRunLinks
 from storage.registry import engine_for
 from tasks.generate import PrefectSecretCredentials
 
 _CHAIN_MAX = 8  # flow runs above this one: a subflow's parents, and theirs
 _LINK_MARGIN = timedelta(minutes=5)  # clock skew between Prefect's server and the database
+_SHARED_LOOKBACK = timedelta(days=7)  # links of other flow runs of a run: as old as a run lives
 
 
 def flow_run_chain() -> list[str]:
@@ -90,6 +92,52 @@ def cancel_requested(chain: list[str]) -> bool:
     return False
 
 
+def shared_with_live(
+    engine: Engine, run_ids: list[str], chain: list[str], since: datetime
+) -> dict[str, list[str]]:
+    """For each of `run_ids`, the other flow runs that also work on it and are still live in
+    Prefect (not final, not being cancelled): two generate runs of one episode join one
+    run (dedup), and cancelling one of them must not cancel the jobs the other collects.
+    A flow run linked inside `chain` (the cancelled one, its parents, or a subflow of it)
+    is the cancelled one's own, whatever state it was left in."""
+    mine = set(chain)
+    shared: dict[str, list[str]] = {}
+    with get_client(sync_client=True) as client:
+        for run_id, chains in FlowRunLinks(engine).chains_of(run_ids, since).items():
+            for worker in dict.fromkeys(c[0] for c in chains if not mine & set(c)):
+                try:
+                    state = client.read_flow_run(UUID(worker)).state
+                except Exception:  # deleted, or not a flow run of this server
+                    continue
+                if state is None or state.is_final() or state.is_cancelling():
+                    continue
+                if state.is_running() or state.is_pending() or state.is_paused():
+                    shared.setdefault(run_id, []).append(worker)
+    return shared
+
+
+def _settle(
+    engine: Engine,
+    settings: Settings,
+    run_ids: list[str],
+    chain: list[str],
+    since: datetime,
+    logger: Any,
+) -> Settlement | None:
+    """Settle the runs no other live flow run works on; log the ones left to that run."""
+    shared = shared_with_live(engine, run_ids, chain, since)
+    for run_id, flow_runs in shared.items():
+        logger.info(
+            f"run {run_id} is also worked on by flow run {', '.join(flow_runs)}, still "
+            "running: its jobs are left for it to collect (nothing cancelled at the "
+            "provider); cancel that flow run too to stop them"
+        )
+    alone = [run_id for run_id in run_ids if run_id not in shared]
+    if not alone:
+        return None
+    return settle_cancelled(engine, settings, alone, PrefectSecretCredentials())
+
+
 def settle_in_flow(engine: Engine, settings: Settings, run_id: str, chain: list[str]) -> None:
     """The flow's own SIGTERM path: when the signal is a cancel, settle its run now (the
     process has about 30 s before the worker's SIGKILL) and say so in the run's log."""
@@ -97,7 +145,10 @@ def settle_in_flow(engine: Engine, settings: Settings, run_id: str, chain: list[
     try:
         if not cancel_requested(chain):
             return
-        settlement = settle_cancelled(engine, settings, [run_id], PrefectSecretCredentials())
+        since = utcnow() - _SHARED_LOOKBACK
+        settlement = _settle(engine, settings, [run_id], chain, since, logger)
+        if settlement is None:
+            return
     except Exception as exc:
         logger.warning(_unsettled(exc, [run_id]))
         return
@@ -120,7 +171,11 @@ def settle_hook(flow: Any, flow_run: Any, state: Any) -> None:
         if not lives:
             logger.info("cancelled before it started a paid run: nothing to settle at the provider")
             return
-        settlement = settle_cancelled(engine, settings, run_ids, PrefectSecretCredentials())
+        settlement = _settle(
+            engine, settings, run_ids, [str(flow_run.id)], utcnow() - _SHARED_LOOKBACK, logger
+        )
+        if settlement is None:
+            return
         _say(logger, settlement)
         for pipeline, episode_id in dict.fromkeys((e.pipeline, e.episode_id) for e in lives):
             publish_spend(engine, pipeline, episode_id, flow_run_id=flow_run.id)

@@ -97,6 +97,22 @@ class FlowRunLinks:
                 )
             )
 
+    def chains_of(self, run_ids: Iterable[str], since: datetime) -> dict[str, list[list[str]]]:
+        """For each run id, the chains of flow runs linked to it since `since`: each the
+        flow run that worked on it, then those it ran inside; ids with no link left out."""
+        wanted = {str(r) for r in run_ids}
+        found: dict[str, list[list[str]]] = {}
+        with tx.read(self.engine) as conn:
+            rows = conn.execute(
+                select(_events.c.detail).where(_events.c.kind == LINK_EVENT, _events.c.at >= since)
+            ).scalars()
+            for detail in rows:
+                if isinstance(detail, dict) and str(detail.get("run_id")) in wanted:
+                    chain = [str(f) for f in detail.get("flow_runs") or ()]
+                    if chain:
+                        found.setdefault(str(detail["run_id"]), []).append(chain)
+        return found
+
     def runs_of(self, flow_run_ids: Iterable[str], since: datetime) -> dict[str, list[RunLife]]:
         """For each flow run id, the runs linked to it since `since` (a flow run's links are
         recorded after it started), oldest link first; ids with no link are left out."""

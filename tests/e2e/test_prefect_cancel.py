@@ -331,3 +331,38 @@ def test_the_workers_cancel_hook_settles_when_the_process_could_not(
     _settled_answer(logs)
     cost = _latest_cost(server, "2026-W35-0")
     assert cost["paid calls"] == len(made) and cost["still running"] == 0, cost
+
+
+def test_cancelling_one_of_two_joined_generate_runs_keeps_the_others_jobs(
+    stack: dict[str, Any],
+) -> None:
+    """Two generate runs of one episode join one run (dedup). Before (fresh tester): a
+    Cancel of the second cancelled all the jobs at the provider, those the first, live flow
+    run was collecting included, and the first ended Failed with tracebacks. The cancel now
+    leaves them to the live flow run and says so; cancelling that one settles them."""
+    server, home = stack["server"], stack["home"]
+    planned = create_flow_run(
+        server,
+        stack["deployments"]["weekly"],
+        parameters={"week": "2026-W34", "pipeline": "weekly", "playlist": str(PLAYLIST),
+                    "generate": False},
+    )  # fmt: skip
+    wait_for_flow_run(server, planned["id"], ("COMPLETED",), timeout=120)
+    before = set(_jobs(home))
+    params = {"episode_id": "2026-W34-0"}
+    first = create_flow_run(server, stack["deployments"]["generate"], parameters=params)
+    bought = _wait_for_jobs(home, CONCURRENCY, before)
+    second = create_flow_run(server, stack["deployments"]["generate"], parameters=params)
+    wait_for_flow_run(server, second["id"], ("RUNNING",), timeout=120)
+    time.sleep(3)  # the second has joined the first's run and linked itself to it
+    _cancel(server, second["id"])
+    wait_for_flow_run(server, second["id"], ("CANCELLED",), timeout=120)
+    time.sleep(2)
+    assert not (_canceled(home) & bought)  # the live run's jobs still run at the provider
+    assert read_flow_run(server, first["id"])["state_type"] == "RUNNING"
+    logs = _logs(server, [second["id"]])
+    assert any("left for it to collect" in line for line in logs), logs
+    _cancel(server, first["id"])  # now nobody collects them: the cancel settles them
+    wait_for_flow_run(server, first["id"], ("CANCELLED",), timeout=120)
+    time.sleep(2)
+    assert _canceled(home) >= bought
