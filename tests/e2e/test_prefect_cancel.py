@@ -183,6 +183,17 @@ def _episodic(stack: dict[str, Any], *args: str) -> Any:
     return done
 
 
+def _plan(stack: dict[str, Any], week: str) -> None:
+    """The week's episode 0, planned by the weekly deployment without generating."""
+    planned = create_flow_run(
+        stack["server"],
+        stack["deployments"]["weekly"],
+        parameters={"week": week, "pipeline": "weekly", "playlist": str(PLAYLIST),
+                    "generate": False},
+    )  # fmt: skip
+    wait_for_flow_run(stack["server"], planned["id"], ("COMPLETED",), timeout=120)
+
+
 def _settled_answer(logs: list[str]) -> None:
     text = "\n".join(logs)
     assert "Traceback" not in text, text
@@ -227,13 +238,7 @@ def test_cancelling_the_weekly_run_cancels_its_accepted_jobs_at_the_provider(
 
 def test_cancelling_a_generate_run_cancels_its_accepted_jobs(stack: dict[str, Any]) -> None:
     server, home = stack["server"], stack["home"]
-    planned = create_flow_run(
-        server,
-        stack["deployments"]["weekly"],
-        parameters={"week": "2026-W33", "pipeline": "weekly", "playlist": str(PLAYLIST),
-                    "generate": False},
-    )  # fmt: skip
-    wait_for_flow_run(server, planned["id"], ("COMPLETED",), timeout=120)
+    _plan(stack, "2026-W33")
     before = set(_jobs(home))
     run = create_flow_run(
         server, stack["deployments"]["generate"], parameters={"episode_id": "2026-W33-0"}
@@ -341,13 +346,7 @@ def test_cancelling_one_of_two_joined_generate_runs_keeps_the_others_jobs(
     run was collecting included, and the first ended Failed with tracebacks. The cancel now
     leaves them to the live flow run and says so; cancelling that one settles them."""
     server, home = stack["server"], stack["home"]
-    planned = create_flow_run(
-        server,
-        stack["deployments"]["weekly"],
-        parameters={"week": "2026-W34", "pipeline": "weekly", "playlist": str(PLAYLIST),
-                    "generate": False},
-    )  # fmt: skip
-    wait_for_flow_run(server, planned["id"], ("COMPLETED",), timeout=120)
+    _plan(stack, "2026-W34")
     before = set(_jobs(home))
     params = {"episode_id": "2026-W34-0"}
     first = create_flow_run(server, stack["deployments"]["generate"], parameters=params)

@@ -106,6 +106,20 @@ def _profiles(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str) -> Non
     monkeypatch.setenv("EPISODIC_PROVIDERS_FILE", str(path))
 
 
+def _replicate_profile(
+    server: ReplicateServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Replicate profile against the local server (lookup by input left off)."""
+    _profiles(
+        tmp_path,
+        monkeypatch,
+        f"    kind: replicate\n    model: black-forest-labs/flux-schnell\n"
+        f"    base_url: {server.base_url}\n    credential_env: IMAGE_KEY\n"
+        "    cost_per_image_minor: 3\n    timeout_s: 2.0\n    poll_interval_s: 0.02\n",
+    )
+    monkeypatch.setenv("IMAGE_KEY", JOBS_TOKEN)
+
+
 def _episode(installation: Installation, tmp_path: Path, titles: list[str]) -> Episode:
     """The same slot and the same playlist in each installation (staging mirrors production)."""
     episode = new_episode(installation.engine)
@@ -232,14 +246,7 @@ def test_on_replicate_staging_never_adopts_collects_or_cancels_productions_predi
 
     production, staging = installations
     with ReplicateServer(processing_polls=10**6) as server:  # predictions run for good
-        _profiles(
-            tmp_path,
-            monkeypatch,
-            f"    kind: replicate\n    model: black-forest-labs/flux-schnell\n"
-            f"    base_url: {server.base_url}\n    credential_env: IMAGE_KEY\n"
-            "    cost_per_image_minor: 3\n    timeout_s: 2.0\n    poll_interval_s: 0.02\n",
-        )
-        monkeypatch.setenv("IMAGE_KEY", JOBS_TOKEN)
+        _replicate_profile(server, tmp_path, monkeypatch)
         production.enter(monkeypatch)
         first = _episode(production, tmp_path, ["fox"]).generate(collect_timeout_s=0.3)
         assert first.state.value == "failed"  # its job runs on: left for later collection
@@ -336,14 +343,7 @@ def test_a_copy_renewed_never_collects_or_cancels_the_originals_open_jobs(
 
     production, staging = installations
     with ReplicateServer(processing_polls=10**6) as server:  # predictions run for good
-        _profiles(
-            tmp_path,
-            monkeypatch,
-            f"    kind: replicate\n    model: black-forest-labs/flux-schnell\n"
-            f"    base_url: {server.base_url}\n    credential_env: IMAGE_KEY\n"
-            "    cost_per_image_minor: 3\n    timeout_s: 2.0\n    poll_interval_s: 0.02\n",
-        )
-        monkeypatch.setenv("IMAGE_KEY", JOBS_TOKEN)
+        _replicate_profile(server, tmp_path, monkeypatch)
         production.enter(monkeypatch)
         first = _episode(production, tmp_path, ["fox"]).generate(collect_timeout_s=0.3)
         ((_ref, prod_job, prod_state),) = production.submissions()
