@@ -312,7 +312,8 @@ def _sqlite(tmp: Path) -> Iterator[str]:
 
 
 @contextmanager
-def _postgres() -> Iterator[str]:
+def postgres_database(purpose: str = "claims") -> Iterator[str]:
+    """A fresh database on the local server for one bench run, dropped afterwards."""
     from sqlalchemy import create_engine, text
     from sqlalchemy.engine import make_url
 
@@ -321,7 +322,7 @@ def _postgres() -> Iterator[str]:
     reason = require_postgres_or_reason()
     if reason:
         raise SystemExit(f"postgres: {reason} (use --skip-postgres)")
-    name = f"episodic_bench_claims_{uuid.uuid4().hex[:10]}"
+    name = f"episodic_bench_{purpose}_{uuid.uuid4().hex[:10]}"
     admin = create_engine(pg_admin_url(), isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}"'))
@@ -444,7 +445,7 @@ def main() -> None:
         with _sqlite(tmp) as url:
             rows += bench_backend("sqlite", url, tmp / "sqlite", args.items, args.images)
         if not args.skip_postgres:
-            with _postgres() as url:
+            with postgres_database() as url:
                 rows += bench_backend("postgres", url, tmp / "postgres", args.items, args.images)
     print_table(rows)
 

@@ -37,12 +37,11 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from bench.claims import postgres_database
 
 ROOT = Path(__file__).resolve().parent.parent
 EPISODIC = shutil.which("episodic", path=str(Path(sys.executable).parent))
@@ -164,28 +163,6 @@ def bench_backend(backend: str, url: str, home: Path, args: argparse.Namespace) 
     return rows
 
 
-@contextmanager
-def _postgres() -> Iterator[str]:
-    from sqlalchemy import create_engine, text
-    from sqlalchemy.engine import make_url
-
-    from tests.databases import pg_admin_url, require_postgres_or_reason
-
-    reason = require_postgres_or_reason()
-    if reason:
-        raise SystemExit(f"postgres: {reason} (use --skip-postgres)")
-    name = f"episodic_bench_recovery_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(pg_admin_url(), isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield make_url(pg_admin_url()).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
-
-
 def print_table(rows: list[Row], args: argparse.Namespace) -> None:
     header = f"{'backend':9} {'scenario':28} {'seconds':>8} {'ratio':>6}  check"
     print("\n" + header)
@@ -227,7 +204,7 @@ def main() -> None:
         home = tmp / "sqlite"
         rows += bench_backend("sqlite", f"sqlite:///{home / 'episodic.db'}", home, args)
         if not args.skip_postgres:
-            with _postgres() as url:
+            with postgres_database("recovery") as url:
                 rows += bench_backend("postgres", url, tmp / "postgres", args)
     print_table(rows, args)
 
