@@ -159,7 +159,7 @@ def bench_backend(backend: str, url: str, home: Path, runs: int, samples: int) -
 
 
 def _postgres() -> Any:
-    from bench.claims import postgres_database as _postgres as pg
+    from bench.claims import postgres_database as pg
 
     return pg()
 
