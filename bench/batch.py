@@ -333,9 +333,10 @@ def bench_planning(tmp: Path, backends: dict[str, Any]) -> None:
     from pipeline.gate import open_gate
     from pipeline.runs import RunOptions, plan
     from providers.profiles import BUILTIN
+    from storage.admission import AdmissionStore
     from storage.engine import make_engine
     from storage.models import ItemRow
-    from storage.runs import RunStore
+    from storage.plans import PlanStore
 
     for name, make_url in backends.items():
         url = make_url()
@@ -345,13 +346,12 @@ def bench_planning(tmp: Path, backends: dict[str, Any]) -> None:
         items = [
             PlannedItem(n, f"v{n}", 1, f"prompt {n}", n, f"{n:032x}") for n in range(1, 100_001)
         ]
-        store = RunStore(engine)
-        run_id = store.create_run(gate.episode_pk, "generate", {}, items, [])
+        run_id = AdmissionStore(engine).create_run(gate.episode_pk, "generate", {}, items, [])
         with engine.begin() as conn:
             conn.execute(update(ItemRow).where(ItemRow.position > 1000).values(state="completed"))
         options = RunOptions()
         start = time.perf_counter()
-        report = plan(store, gate, items, options, BUILTIN["fake"])
+        report = plan(PlanStore(engine), gate, items, options, BUILTIN["fake"])
         elapsed = time.perf_counter() - start
         assert report.skipped == 99_000 and report.new_calls == 1000, report
         print(

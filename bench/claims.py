@@ -67,11 +67,13 @@ def _claim_worker(
     from pipeline.engine import new_owner
     from storage.claims import ClaimStore
     from storage.engine import make_engine
+    from storage.ledger import LedgerStore
 
     engine = make_engine(url)
     with engine.connect() as conn:  # connect outside the clock
         conn.execute(text("SELECT 1"))
     claims = ClaimStore(engine)
+    ledger = LedgerStore(engine)
     owner = new_owner()
     tally: Counter[str] = Counter()
     errors: list[str] = []
@@ -87,10 +89,10 @@ def _claim_worker(
                 tally[f"claimed for {got.action}"] += 1
                 continue
             sub = got.submission
-            if not claims.accept(sub.pk, f"bench-job-{pk}"):
+            if not ledger.accept(sub.pk, f"bench-job-{pk}"):
                 tally["accept refused"] += 1
                 continue
-            done = claims.complete(got, sub.pk, episode_pk, f"bench/{pk}.png", FAKE_SHA, 1, "USD")
+            done = ledger.complete(got, sub.pk, episode_pk, f"bench/{pk}.png", FAKE_SHA, 1, "USD")
             tally["completed" if done else "complete refused"] += 1
         except Exception as exc:
             tally["error"] += 1
@@ -167,14 +169,16 @@ def _new_episode(engine: Any, home: Path, key: str, count: int) -> Any:
 def _running_run(episode: Any) -> tuple[str, int, list[int]]:
     """A run of every planned item, moved to running (as tests/integration/test_races.py)."""
     from core.states import ItemState, RunState
+    from storage.episodes import EpisodeRepository
     from storage.runs import RunStore
     from tests.generation import new_run
 
     store = RunStore(episode.engine)
+    episodes = EpisodeRepository(episode.engine)
     run_id = new_run(episode)
     store.transition_run(run_id, RunState.RUNNING)
     pks = sorted(item.pk for item in store.run_items(run_id, [ItemState.PENDING]))
-    return run_id, store.episode_pk("weekly", episode.episode_id), pks
+    return run_id, episodes.episode_pk("weekly", episode.episode_id), pks
 
 
 def _ledger_check(engine: Any, episode_pk: int, expected: int) -> list[str]:

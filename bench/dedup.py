@@ -9,7 +9,7 @@ dropped at the end), in one run:
    1% `running` with a lease that expired an hour ago (processes that were killed);
 2. baseline: a primary-key lookup of a random run (`SELECT … FROM runs WHERE id = :id`, one
    transaction each, the same SQLAlchemy engine), `--samples` times: p50 and p99 in ms;
-3. the dedup decision: `RunStore.admit(…, create=False)` for a random existing fingerprint
+3. the dedup decision: `AdmissionStore.admit(…, create=False)` for a random existing fingerprint
    (the whole choke point: the per-fingerprint lock, the window read, the answer; nothing
    written), `--samples` times: p50, p99 and the ratios to the baseline (target: p50 < 3x);
 4. the sweep (`pipeline.sweep`) over the table: first `--dry-run`, then for real; seconds,
@@ -81,9 +81,10 @@ def bench_backend(backend: str, url: str, home: Path, runs: int, samples: int) -
     from core.settings import load_settings
     from pipeline.allocation import allocate
     from pipeline.sweep import sweep
+    from storage.admission import AdmissionStore, DedupPolicy
     from storage.engine import make_engine
+    from storage.episodes import EpisodeRepository
     from storage.models import RunRow
-    from storage.runs import DedupPolicy, RunStore
     from storage.schema import upgrade
 
     home.mkdir(parents=True, exist_ok=True)
@@ -91,8 +92,9 @@ def bench_backend(backend: str, url: str, home: Path, runs: int, samples: int) -
     engine = make_engine(url)
     upgrade(engine)
     episode = allocate(engine, "weekly", WeekId.parse("2026-W32"), "bench:dedup").episode
-    store = RunStore(engine)
-    pk = store.episode_pk("weekly", str(episode.episode_id))
+    episodes = EpisodeRepository(engine)
+    admission = AdmissionStore(engine)
+    pk = episodes.episode_pk("weekly", str(episode.episode_id))
     fps = max(1, runs // PER_FINGERPRINT)
     requests = [
         RunRequest("weekly", str(episode.episode_id), "generate", {"n": n}) for n in range(fps)
@@ -126,7 +128,9 @@ def bench_backend(backend: str, url: str, home: Path, runs: int, samples: int) -
     policy = DedupPolicy(window_s=900, pending_ttl_s=900, fallback_lease_s=30)
 
     def decide() -> None:  # the whole choke point; nothing to create
-        store.admit(pk, rng.choice(requests), {}, [], [], policy=policy, create=False, run_id="")
+        admission.admit(
+            pk, rng.choice(requests), {}, [], [], policy=policy, create=False, run_id=""
+        )
 
     for fn in (pk_lookup, decide):  # warm both up (connections, statement caches)
         for _ in range(50):

@@ -44,7 +44,7 @@ def _episode(url: str, home: Path, items: int, key: str) -> tuple[str, int]:
     from pipeline.allocation import allocate
     from pipeline.generation import record_plan
     from storage.engine import make_engine
-    from storage.runs import RunStore
+    from storage.episodes import EpisodeRepository
     from storage.schema import upgrade
     from tests.generation import write_playlist
 
@@ -53,7 +53,7 @@ def _episode(url: str, home: Path, items: int, key: str) -> tuple[str, int]:
     episode = str(allocate(engine, "weekly", WeekId.parse("2026-W32"), key).episode.episode_id)
     playlist = write_playlist(home / key, [f"video {n}" for n in range(items)])
     record_plan(engine, "weekly", episode, playlist)
-    pk = RunStore(engine).episode_pk("weekly", episode)
+    pk = EpisodeRepository(engine).episode_pk("weekly", episode)
     engine.dispose()
     return episode, pk
 

@@ -91,6 +91,7 @@ def _paid_story(episodes: list[str], pipeline: str) -> dict[str, Any]:
     from pipeline.check import check_episodes
     from pipeline.review import assemble, decide
     from storage.episodes import EpisodeRepository
+    from storage.ledger import LedgerStore
     from storage.runs import RunStore
 
     steps = []
@@ -107,12 +108,14 @@ def _paid_story(episodes: list[str], pipeline: str) -> dict[str, Any]:
         covers[episode_id] = assemble(engine, settings, pipeline, episode_id)["cover"]
     findings = [f.to_dict() for f in check_episodes(context.engine(read_only=True), pipeline)]
     store = RunStore(engine)
+    episodes_store = EpisodeRepository(engine)
+    ledger = LedgerStore(engine)
     summary = []
     for episode in EpisodeRepository(engine).list(pipeline):
         episode_id = str(episode.episode_id)
         if episode_id not in episodes:
             continue
-        pk = store.episode_pk(pipeline, episode_id)
+        pk = episodes_store.episode_pk(pipeline, episode_id)
         runs = store.list_runs(pipeline, episode_id)
         paid = sum(store.counts(run.run_id).paid_submissions for run in runs)
         summary.append(
@@ -120,7 +123,7 @@ def _paid_story(episodes: list[str], pipeline: str) -> dict[str, Any]:
                 "episode_id": episode_id,
                 "state": episode.state,
                 "paid_calls": paid,
-                "cost": format_minor(store.episode_cost(pk)),
+                "cost": format_minor(ledger.episode_cost(pk)),
                 "cover": covers[episode_id],
             }
         )

@@ -116,7 +116,7 @@ def generate(
     from pipeline.generation import prepare
     from pipeline.runs import RunOptions, check_budget
     from pipeline.runs import plan as make_plan
-    from storage.runs import RunStore
+    from storage.plans import PlanStore
 
     check_dedup_options(idempotency_key, batch_id, allow_duplicate)
     if resume is not None and hero_candidates is not None:
@@ -155,7 +155,7 @@ def generate(
     )
     if show_plan:
         report = make_plan(
-            RunStore(engine), prepared.gate, prepared.items, options, prepared.profile
+            PlanStore(engine), prepared.gate, prepared.items, options, prepared.profile
         )
         check_budget(report, options)
         _print_plan(report.to_dict(), as_json)

@@ -55,6 +55,8 @@ ACTIVE_RUN_STATES = frozenset({RunState.PENDING, RunState.RUNNING})
 # A live run may still work on its items: it keeps them (a cancel elsewhere leaves them
 # pending, and a job a cancelled run sent for one of them is kept for it).
 LIVE_RUN_STATES = (RunState.PENDING, RunState.RUNNING, RunState.PAUSED)
+# A submission without an outcome yet: its paid call was or may have been made.
+OPEN_SUBMISSION_STATES = (SubmissionState.INTENT, SubmissionState.ACCEPTED, SubmissionState.UNKNOWN)
 
 
 def check_run_transition(current: str, target: str) -> None:

@@ -51,11 +51,11 @@ from pipeline.review import (
     review_set,
 )
 from pipeline.thumbnails import thumbnail_data_uri
+from storage.approvals import ApprovalStore
 from storage.episodes import EpisodeRepository
+from storage.ledger import LedgerStore
 from storage.lock import keyed_transaction
 from storage.registry import engine_for
-from storage.review import ReviewStore
-from storage.runs import RunStore
 
 DAY_S = 24 * 3600
 MAX_ANSWERS = 50  # refused answers per form before the run gives up (a bot, not a person)
@@ -182,14 +182,15 @@ def approval_form_description(
     """The form's Markdown: exactly the images the decision is about (the current plan's),
     as inline previews with their cost, and the reason the last answer was refused."""
     engine = engine_for(load_settings())
-    store = RunStore(engine)
-    pk = store.episode_pk(pipeline, episode_id)
+    episodes = EpisodeRepository(engine)
+    ledger = LedgerStore(engine)
+    pk = episodes.episode_pk(pipeline, episode_id)
     outputs = review_set(engine, pipeline, episode_id) if outputs is None else outputs
-    paid, cost_minor, currency = store.episode_spend(pk)
+    paid, cost_minor, currency = ledger.episode_spend(pk)
     lines = []
     if refused:
         lines += [f"> **Your last answer was not recorded:** {md_text(refused)}", ""]
-    earlier = ReviewStore(engine).latest_decision(pk)
+    earlier = ApprovalStore(engine).latest_decision(pk)
     if earlier is not None and earlier.decision == "rejected":  # re-planned or reopened since
         lines += [
             f"> **Rejected before:** {md_text(earlier.describe())}. The episode was "
@@ -262,8 +263,9 @@ def approval_step(
     """
     engine = engine_for(load_settings())
     state = _check_waiting(engine, episode_id, pipeline)
-    review = ReviewStore(engine)
-    pk = RunStore(engine).episode_pk(pipeline, episode_id)
+    review = ApprovalStore(engine)
+    episodes = EpisodeRepository(engine)
+    pk = episodes.episode_pk(pipeline, episode_id)
     tag = approval_tag(engine, pipeline, episode_id)
     fired = _fired_pause_keys()
     if state != "generated":
@@ -301,7 +303,7 @@ def approval_step(
             )
         except (InvalidInput, CommandNotAllowed) as exc:
             if isinstance(exc, CommandNotAllowed) and "changed since" not in str(exc):
-                if review.state(pk) in DECIDED:  # decided elsewhere meanwhile: follow that
+                if episodes.state(pk) in DECIDED:  # decided elsewhere meanwhile: follow that
                     return _follow_record(review, pk, episode_id, str(exc))
                 raise
             refused = str(exc)
@@ -388,12 +390,12 @@ def _waited_here(tag: str) -> bool:
 
 
 def _follow_record(
-    review: ReviewStore, pk: int, episode_id: str, overruled: str | None = None
+    review: ApprovalStore, pk: int, episode_id: str, overruled: str | None = None
 ) -> tuple[ApprovalInput, dict[str, Any]]:
     """The decision on record, as the form's answer (who decided, when, why), logged with
     what to do about it; `overruled`: why this run's own answer was not recorded."""
     decided = review.latest_decision(pk)
-    state = review.state(pk)
+    state = EpisodeRepository(review.engine).state(pk)
     described = decided.describe() if decided else state
     logger = get_run_logger()
     if overruled:

@@ -24,6 +24,9 @@ from core.states import RunState
 from pipeline.gate import CredentialSource, build_provider, open_gate
 from providers.base import ProviderError
 from providers.profiles import get_profile, load_profiles
+from storage.cancels import CancelStore
+from storage.episodes import EpisodeRepository
+from storage.ledger import LedgerStore
 from storage.runs import RunStore
 
 
@@ -73,16 +76,18 @@ def cancel_run(
     `JobCancel` per job asked or kept. Raises `RunNotFound`, `InvalidTransition` (an ended
     run with no accepted job)."""
     store = RunStore(engine)
+    ledger = LedgerStore(engine)
+    cancels = CancelStore(engine)
     if store.run_state(run_id) != RunState.CANCELLED:
         try:
             store.transition_run(run_id, RunState.CANCELLED, "cancelled by operator")
         except InvalidTransition:
             # a run that ended (failed: its jobs left for later collection) keeps its state,
             # and its accepted jobs are still asked to cancel; with none, nothing to do
-            if store.run_state(run_id) != RunState.CANCELLED and not store.accepted_jobs(run_id):
+            if store.run_state(run_id) != RunState.CANCELLED and not ledger.accepted_jobs(run_id):
                 raise
     run = store.get_run(run_id)
-    jobs = [job for job in store.accepted_jobs(run_id) if job[0] not in settled]
+    jobs = [job for job in ledger.accepted_jobs(run_id) if job[0] not in settled]
     if not jobs:
         return run.state, []
     gate = open_gate(engine, run.pipeline, run.episode_id, "cancel")
@@ -94,13 +99,13 @@ def cancel_run(
         # episode's membership lock: a run admitted while earlier jobs were being cancelled
         # (a provider round trip each) may be collecting this one (kept for it), and a run
         # admitted after the decision buys the item anew if it finds this job cancelled.
-        keeper = store.ask_provider_cancel(run_id, submission, remote_ref, profile_id)
+        keeper = cancels.ask_provider_cancel(run_id, submission, remote_ref, profile_id)
         if keeper is not None:
             answer = f"kept: run {keeper} includes the item and collects this job"
             answers.append(JobCancel(submission, remote_ref, profile_id, answer, keeper))
             continue
         answer = _ask(gate, profiles, profile_id, remote_ref, providers, settings, credentials)
-        store.record_provider_cancel(run_id, submission, remote_ref, profile_id, answer)
+        cancels.record_provider_cancel(run_id, submission, remote_ref, profile_id, answer)
         answers.append(JobCancel(submission, remote_ref, profile_id, answer))
     for provider in providers.values():
         if not isinstance(provider, str):
@@ -248,6 +253,9 @@ def settle_cancelled(
     SIGTERM path and the worker's cancellation hook both settle, and the provider is asked
     once per job that still runs. A completed run is left as it is."""
     store = RunStore(engine)
+    episodes_store = EpisodeRepository(engine)
+    cancels = CancelStore(engine)
+    ledger = LedgerStore(engine)
     states: dict[str, str] = {}
     episodes: dict[str, str] = {}
     answers: list[tuple[str, JobCancel]] = []
@@ -259,10 +267,10 @@ def settle_cancelled(
         if run.state == RunState.COMPLETED:
             states[run_id] = run.state
             continue
-        episode_pk = store.episode_pk(run.pipeline, run.episode_id)
-        answered = store.provider_cancel_answers(episode_pk)
+        episode_pk = episodes_store.episode_pk(run.pipeline, run.episode_id)
+        answered = cancels.provider_cancel_answers(episode_pk)
         settled = frozenset(pk for pk, answer in answered.items() if stopped(answer))
-        already += sum(1 for job in store.accepted_jobs(run_id) if job[0] in settled)
+        already += sum(1 for job in ledger.accepted_jobs(run_id) if job[0] in settled)
         try:
             state, jobs = cancel_run(engine, settings, run_id, credentials, settled=settled)
         except InvalidTransition as exc:

@@ -23,7 +23,9 @@ from core.keys import SlotKey
 from core.playlist import PlannedItem, check_picks, hero_candidates, item_label
 from core.states import FROZEN_PLAN_STATES, EpisodeState
 from pipeline.playlists import planned_items
+from storage.admission import DedupPolicy, active_run
 from storage.allocator import SLOT_EVENTS, asked_by
+from storage.approvals import approved_picks, latest_approval
 from storage.base import utcnow
 from storage.models import (
     CostEntryRow,
@@ -34,8 +36,7 @@ from storage.models import (
     RunRow,
     SubmissionRow,
 )
-from storage.review import approved_picks, latest_approval
-from storage.runs import DedupPolicy, active_run, newest_plan
+from storage.plans import newest_plan
 
 NEEDS_ALL_IMAGES = {EpisodeState.GENERATED, EpisodeState.APPROVED, EpisodeState.ASSEMBLED}
 

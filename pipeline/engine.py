@@ -58,7 +58,12 @@ from providers.base import (
 )
 from providers.profiles import Profile
 from storage.base import utcnow
+from storage.cancels import CancelStore
 from storage.claims import ClaimStore
+from storage.episodes import EpisodeRepository
+from storage.leases import LeaseStore
+from storage.ledger import LedgerStore
+from storage.plans import PlanStore
 from storage.runs import RunStore
 from storage.tx import lost_connection
 
@@ -252,7 +257,7 @@ class _Heartbeat(threading.Thread):
     def run(self) -> None:
         while not self.done.wait(max(0.2, self.lease_s / 3)):
             try:
-                state = self.engine.claims.renew(self.owner, self.run_id, self.lease_s)
+                state = self.engine.leases.renew(self.owner, self.run_id, self.lease_s)
                 # Concluded elsewhere, or paused by another process's interrupt, while this
                 # process still works on it: the run goes on here (only a cancel stops every
                 # process). A process that is stopping itself leaves the run as it is.
@@ -316,7 +321,7 @@ class _Job:
             # sent: give it all back (the store retries that through the outage), and the
             # items are asked for again after a short wait, as throttled ones are. The run
             # goes on instead of ending on a claim whose outcome is now known.
-            engine.claims.give_back_unreceived(self.owner, [it.pk for it in items], since)
+            engine.leases.give_back_unreceived(self.owner, [it.pk for it in items], since)
             self._local.throttled_pks = {item.pk for item in items}
             self._local.throttled = True
             return [None for _ in items]
@@ -377,19 +382,19 @@ class _Job:
         with self.guard:
             self.claims.pop(claim.item.pk, None)
         self.engine.withdraw_unsent(claim)
-        self.engine.claims.release(claim, reason)
+        self.engine.leases.release(claim, reason)
 
     def release(self, claim: Claim) -> None:
         """Free a claim whose worker ended without finishing (a lost Dask worker, a crashed
         task): the item becomes failed and resumable. A task that never loaded its claim
         sent nothing, and its intent is withdrawn; an intent it may have sent stays open
         and is reconciled by the next claim, never resubmitted (`release_unstarted`)."""
-        self.engine.claims.release_unstarted(claim, INTERRUPTED)
+        self.engine.leases.release_unstarted(claim, INTERRUPTED)
 
     def collectible(self) -> list[Item]:
         """The run's items whose jobs hold provider slots and that it may collect now
-        (`ClaimStore.collectible`)."""
-        return self.engine.claims.collectible(self.run_id, self.profile_id)
+        (`RunStore.collectible`)."""
+        return self.engine.store.collectible(self.run_id, self.profile_id)
 
     def waiting(self, for_slot: bool) -> None:
         """Tell the engine's `on_wait` once each time this job starts or stops waiting for a
@@ -415,6 +420,11 @@ class _Job:
 class RunEngine:
     store: RunStore
     claims: ClaimStore
+    leases: LeaseStore
+    ledger: LedgerStore
+    plans: PlanStore
+    cancels: CancelStore
+    episodes: EpisodeRepository
     gate: GatePass
     provider: Provider
     profile: Profile
@@ -484,7 +494,7 @@ class RunEngine:
             self.stop.set()
         except Exception as exc:
             self.stop.set()
-            self.claims.release_all(job.owner, f"error: {_reason(exc)}")
+            self.leases.release_all(job.owner, f"error: {_reason(exc)}")
             self._move(run_id, RunState.FAILED, f"error: {_reason(exc)}")
             raise
         except BaseException:  # a termination signal (a cancelled flow run gets SIGTERM)
@@ -507,7 +517,7 @@ class RunEngine:
         candidates = self.store.run_items(
             run_id, [ItemState.PENDING, ItemState.FAILED, ItemState.RUNNING, ItemState.CANCELLED]
         )
-        snapshots = self.store.snapshots(self.gate.episode_pk)
+        snapshots = self.plans.snapshots(self.gate.episode_pk)
         now = utcnow()
         kinds = {
             it.pk: classify(snapshots.get(it.idempotency_key), options, now) for it in candidates
@@ -564,7 +574,7 @@ class RunEngine:
                 if state in (RunState.COMPLETED, RunState.CANCELLED):
                     return state
                 raise CommandNotAllowed(str(exc)) from None
-            if self.claims.renew(owner, run_id, lease_s) == RunState.RUNNING:
+            if self.leases.renew(owner, run_id, lease_s) == RunState.RUNNING:
                 return None
         raise CommandNotAllowed(f"run {run_id} keeps changing state; try again")
 
@@ -575,7 +585,7 @@ class RunEngine:
         return RunState(self.store.run_state(run_id))
 
     def _pause(self, run_id: str, owner: str) -> None:
-        self.claims.release_all(owner, INTERRUPTED)
+        self.leases.release_all(owner, INTERRUPTED)
         self._move(run_id, RunState.PAUSED, INTERRUPTED)
 
     def _stopped(
@@ -589,7 +599,7 @@ class RunEngine:
         """Stopped by an interrupt of this process (it pauses the run), or by a cancel,
         pause or finish of the run from elsewhere (the run is left as it is: a run another
         process resumed meanwhile goes on there)."""
-        self.claims.release_all(owner, INTERRUPTED)
+        self.leases.release_all(owner, INTERRUPTED)
         state = RunState(self.store.run_state(run_id))
         if state == RunState.RUNNING and interrupted:
             state = self._move(run_id, RunState.PAUSED, INTERRUPTED)
@@ -597,7 +607,7 @@ class RunEngine:
 
     def mark_generated(self, run_id: str | None) -> None:
         """The episode is generated once every image of its current plan is completed."""
-        mark_generated(self.store, self.gate.episode_pk, self.planned_keys, run_id, self.plan_id)
+        mark_generated(self.episodes, self.gate.episode_pk, self.planned_keys, run_id, self.plan_id)
 
     def _outcome(
         self, run_id: str, state: RunState, skipped: int, followed: tuple[str, ...]
@@ -648,7 +658,7 @@ class RunEngine:
         """Take one claimed item as far as it goes; returns what happened. Never pays twice."""
         if self.stop.is_set():
             self.withdraw_unsent(claim)
-            self.claims.release(claim, INTERRUPTED)
+            self.leases.release(claim, INTERRUPTED)
             return INTERRUPTED
         try:
             if claim.action == "submit":
@@ -667,9 +677,9 @@ class RunEngine:
                 if not self._buy_again(claim, found[0], exc, options):
                     raise
             # The job was cancelled on an operator's command, by the cancel of another run
-            # that decided before this run included the item (`RunStore.ask_provider_cancel`;
+            # that decided before this run included the item (`CancelStore.ask_provider_cancel`;
             # its cost is recorded): this run buys the item anew instead of failing it.
-            fresh = self.claims.new_attempt(claim, self.profile.id, forced=False)
+            fresh = self.leases.new_attempt(claim, self.profile.id, forced=False)
             if fresh is None:  # the run stopped or the claim was lost: spend nothing
                 raise Stopped()
             found = self._send(claim, fresh)
@@ -677,22 +687,22 @@ class RunEngine:
                 return "unknown"
             return self._collect(claim, found[0], found[1], options)
         except Stopped:
-            self.claims.release(claim, INTERRUPTED)
+            self.leases.release(claim, INTERRUPTED)
             return INTERRUPTED
         except CollectionPending as exc:
-            self.claims.release(
+            self.leases.release(
                 claim,
                 f"accepted job not collected yet ({_reason(exc)}); a resume collects it at no cost",
             )
             return COLLECT_LATER
         except RemoteJobFailed as exc:
-            self.claims.release(claim, f"remote job failed: {_reason(exc)}")
+            self.leases.release(claim, f"remote job failed: {_reason(exc)}")
             return "failed"
         except NotCreated as exc:
-            self.claims.release(claim, _reason(exc))
+            self.leases.release(claim, _reason(exc))
             return "failed"
         except Exception as exc:  # a bug or an outage must not leave the item "running"
-            self.claims.release(claim, f"error: {_reason(exc)}")
+            self.leases.release(claim, f"error: {_reason(exc)}")
             raise
 
     def _buy_again(
@@ -700,13 +710,15 @@ class RunEngine:
     ) -> bool:
         """Whether the item whose job `exc` ended is bought anew in this run: only when the
         provider says the job was cancelled, the cancel of another run asked for exactly
-        that (`RunStore.cancel_asked_elsewhere`: decided before this run included the item),
+        that (`CancelStore.cancel_asked_elsewhere`: decided before this run included the item),
         the item has an attempt left (--max-retries) and the run's budget holds one more
         call with every open item of the run still to buy (--max-images, --max-cost, else
         EPISODIC_MAX_RUN_COST). Otherwise the item fails, and the operator decides."""
         if not exc.cancelled:  # failed at the provider, or cancelled by this run's own cancel
             return False
-        if not self.store.cancel_asked_elsewhere(self.gate.episode_pk, submission_pk, claim.run_id):
+        if not self.cancels.cancel_asked_elsewhere(
+            self.gate.episode_pk, submission_pk, claim.run_id
+        ):
             return False
         used = claim.item.attempts + (1 if claim.action == "submit" else 0)
         if used >= options.max_attempts:
@@ -725,7 +737,7 @@ class RunEngine:
     def withdraw_unsent(self, claim: Claim) -> None:
         """A claim's fresh intent whose call was never made goes away (attempt given back)."""
         if claim.action == "submit" and claim.submission is not None:
-            self.claims.withdraw(claim, claim.submission)
+            self.ledger.withdraw(claim, claim.submission)
 
     def _request(self, claim: Claim, submission: Submission) -> ImageRequest:
         item = claim.item
@@ -742,26 +754,26 @@ class RunEngine:
         """The paid call of an intent. None: acceptance unknown (item released, explained)."""
         request = self._request(claim, submission)
         if not self._holds(claim):  # cancelled, paused or taken over: no call
-            self.claims.withdraw(claim, submission)
+            self.ledger.withdraw(claim, submission)
             raise Stopped()
         try:
             remote_ref: str = self._retry_not_created(claim, lambda: self.provider.submit(request))
         except Stopped:  # between tries that provably created nothing: nothing was sent
-            self.claims.withdraw(claim, submission)
+            self.ledger.withdraw(claim, submission)
             raise
         except UnknownOutcome as exc:
-            self.claims.mark_unknown(submission.pk, _reason(exc))
+            self.ledger.mark_unknown(submission.pk, _reason(exc))
             found = self._resolve(claim, submission, request)
             if found is None:
-                self.claims.release(claim, self._unknown_text(claim, submission, _reason(exc)))
+                self.leases.release(claim, self._unknown_text(claim, submission, _reason(exc)))
                 return None
             return submission.pk, found
         except NotCreated as exc:
-            self.claims.refuse(claim, submission.pk, _reason(exc))
+            self.ledger.refuse(claim, submission.pk, _reason(exc))
             raise
-        if not self.claims.accept(submission.pk, remote_ref):
-            self.claims.mark_unknown(submission.pk, "provider answered with a job already recorded")
-            self.claims.release(
+        if not self.ledger.accept(submission.pk, remote_ref):
+            self.ledger.mark_unknown(submission.pk, "provider answered with a job already recorded")
+            self.leases.release(
                 claim, "provider answered with a job recorded for another submission"
             )
             return None
@@ -775,12 +787,12 @@ class RunEngine:
         if found is not None:
             return submission.pk, found
         if not options.force_resubmit:
-            self.claims.mark_unknown(submission.pk, "acceptance unknown")
-            self.claims.release(claim, self._unknown_text(claim, submission, "no reply recorded"))
+            self.ledger.mark_unknown(submission.pk, "acceptance unknown")
+            self.leases.release(claim, self._unknown_text(claim, submission, "no reply recorded"))
             return None
-        if not self.claims.refuse(claim, submission.pk, "abandoned by operator (--force-resubmit)"):
+        if not self.ledger.refuse(claim, submission.pk, "abandoned by operator (--force-resubmit)"):
             raise Stopped()  # taken over (or settled meanwhile): the new holder decides
-        fresh = self.claims.new_attempt(claim, self.profile.id, forced=True)
+        fresh = self.leases.new_attempt(claim, self.profile.id, forced=True)
         if fresh is None:  # the run stopped or the claim was lost: spend nothing
             raise Stopped()
         return self._send(claim, fresh)
@@ -803,14 +815,14 @@ class RunEngine:
                 if remote_ref is None and caps.idempotent_create:
                     # the same create, same key: the provider returns the job it made, or
                     # makes the one job this submission stands for
-                    if not self.claims.still_holds(claim):
+                    if not self.leases.still_holds(claim):
                         return None  # cancelled or taken over: it stays unknown, unsent
                     remote_ref = self.provider.submit(request)
             except (UnknownOutcome, TransientProviderError):
                 continue
             except ProviderError:  # refused or failed: it will not settle this way
                 return None
-            if remote_ref is not None and self.claims.accept(submission.pk, remote_ref):
+            if remote_ref is not None and self.ledger.accept(submission.pk, remote_ref):
                 return remote_ref
             if remote_ref is not None:  # another submission's job: never ours
                 return None
@@ -849,7 +861,7 @@ class RunEngine:
                 remote_ref, deadline_s=options.collect_timeout_s, should_stop=self.stop.is_set
             )
         except RemoteJobFailed as exc:
-            self.claims.close_failed(
+            self.ledger.close_failed(
                 submission_pk,
                 f"remote job failed: {_reason(exc)}",
                 episode_pk=self.gate.episode_pk,
@@ -862,7 +874,7 @@ class RunEngine:
         # overwritten (going back to an earlier plan finds its images where they were).
         path = self.output_dir / f"{claim.item.item_id}.{claim.item.idempotency_key}.png"
         sha256 = write_atomically(path, result.content)
-        completed = self.claims.complete(
+        completed = self.ledger.complete(
             claim,
             submission_pk,
             self.gate.episode_pk,
@@ -883,7 +895,7 @@ class RunEngine:
         verified = claim.verified_at
         if verified is not None and time.monotonic() - verified < CLAIM_PROOF_FRESH_S:
             return True
-        return self.claims.still_holds(claim)
+        return self.leases.still_holds(claim)
 
     def _retry_not_created(self, claim: Claim, call: Callable[[], str]) -> str:
         """Send again only what provably created nothing (never sent, 429), with backoff;
@@ -894,7 +906,7 @@ class RunEngine:
         def attempt() -> str:
             nonlocal tries
             tries += 1
-            if self.stop.is_set() or (tries > 1 and not self.claims.still_holds(claim)):
+            if self.stop.is_set() or (tries > 1 and not self.leases.still_holds(claim)):
                 raise Stopped()
             return call()
 
@@ -908,7 +920,7 @@ class RunEngine:
 
 
 def mark_generated(
-    store: RunStore,
+    episodes: EpisodeRepository,
     episode_pk: int,
     planned_keys: frozenset[str],
     run_id: str | None,
@@ -919,7 +931,7 @@ def mark_generated(
     keys come from; if a newer plan was recorded meanwhile, nothing moves (its own images
     decide). Idempotent: a recovery command calls it again after a crash between a run's
     completion and this step. True if every planned image is completed."""
-    return store.mark_generated(
+    return episodes.mark_generated(
         episode_pk,
         planned_keys,
         plan_id,

@@ -37,8 +37,14 @@ from pipeline.runs import (
     run_request,
 )
 from providers.profiles import Profile, get_profile, load_profiles
+from storage.admission import AdmissionStore
+from storage.cancels import CancelStore
 from storage.claims import ClaimStore
-from storage.runs import PlanRecord, RunStore
+from storage.episodes import EpisodeRepository
+from storage.leases import LeaseStore
+from storage.ledger import LedgerStore
+from storage.plans import PlanRecord, PlanStore
+from storage.runs import RunStore
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +69,7 @@ def record_plan(
     items = planned_items(
         playlist.model_dump(mode="json"), references, gate.episode_id, gate.pipeline
     )
-    stored = RunStore(engine).record_plan(  # frozen check and state change: one transaction
+    stored = PlanStore(engine).record_plan(  # frozen check and state change: one transaction
         gate.episode_pk,
         playlist.model_dump(mode="json"),
         playlist_sha256(playlist),
@@ -90,7 +96,7 @@ def recorded_plan_summary(
     planned (and then approved) is what the run continues with.
     """
     gate = open_gate(engine, pipeline, episode_id, "plan")
-    recorded = RunStore(engine).latest_plan(gate.episode_pk)
+    recorded = PlanStore(engine).latest_plan(gate.episode_pk)
     if recorded is None:
         return None
     playlist, references = recorded
@@ -120,7 +126,7 @@ def prepare(
     every hero run at N candidates (`Prepared.replan`; nothing is recorded here).
     Errors: `CommandNotAllowed` (no plan), `InvalidInput` (no video can be a hero video)."""
     gate = open_gate(engine, pipeline, episode_id, command)
-    recorded = RunStore(engine).current_plan(gate.episode_pk)
+    recorded = PlanStore(engine).current_plan(gate.episode_pk)
     if recorded is None:
         raise CommandNotAllowed(
             f"episode {gate.episode_id} has no plan: "
@@ -178,7 +184,7 @@ def run_engine(
     """Build the provider (through the gate) and the engine that runs items with it."""
     reference_image = None
     if prepared.reference_image is not None:  # before the credential is read
-        found = RunStore(engine).reference_image(prepared.reference_image)
+        found = PlanStore(engine).reference_image(prepared.reference_image)
         if found is None:
             raise CommandNotAllowed(
                 f"episode {prepared.gate.episode_id}: its plan's reference image is not "
@@ -190,6 +196,11 @@ def run_engine(
     return RunEngine(
         store=RunStore(engine),
         claims=ClaimStore(engine),
+        leases=LeaseStore(engine),
+        ledger=LedgerStore(engine),
+        plans=PlanStore(engine),
+        cancels=CancelStore(engine),
+        episodes=EpisodeRepository(engine),
         gate=prepared.gate,
         provider=provider,
         profile=prepared.profile,
@@ -247,11 +258,11 @@ def generate(
         allow_duplicate=allow_duplicate,
     )
     store = RunStore(engine)
-    report = plan(store, prepared.gate, prepared.items, options, prepared.profile)
+    report = plan(PlanStore(engine), prepared.gate, prepared.items, options, prepared.profile)
     check_budget(report, options)
     run = run_engine(engine, settings, prepared, credentials, executor)
     admission = admit_run(  # records a --hero-candidates plan once nothing can refuse it
-        store,
+        AdmissionStore(engine),
         prepared.gate,
         prepared.items,
         report,
@@ -324,7 +335,7 @@ def resume(
         )
     options = replace(RunOptions.from_params(stored.params), force_resubmit=force_resubmit)
     run = run_engine(engine, settings, prepared, credentials, executor)
-    admission = prepare_resume(store, run_id, dedup_policy(settings))
+    admission = prepare_resume(store, AdmissionStore(engine), run_id, dedup_policy(settings))
     if on_start is not None:
         on_start(run, run_id)
     return run.execute(run_id, options, 0, deduplicated=admission.deduplicated)
@@ -352,7 +363,7 @@ def retry(
     if run_id is None:
         raise CommandNotAllowed(f"episode {gate.episode_id} has no generation run to retry")
     latest = store.get_run(run_id)
-    current = store.current_plan(gate.episode_pk)
+    current = PlanStore(engine).current_plan(gate.episode_pk)
     replanned = latest.plan_id is not None and (current is None or latest.plan_id != current[0])
     if latest.state != RunState.CANCELLED and not replanned:
         return resume(
@@ -386,7 +397,9 @@ def _already_completed(store: RunStore, prepared: Prepared, run_id: str) -> RunO
     from pipeline.engine import mark_generated
 
     keys = frozenset(item.idempotency_key for item in prepared.items)
-    mark_generated(store, prepared.gate.episode_pk, keys, run_id, prepared.plan_id)
+    mark_generated(
+        EpisodeRepository(store.engine), prepared.gate.episode_pk, keys, run_id, prepared.plan_id
+    )
     counts = store.counts(run_id)
     message = f"run {run_id} already completed; nothing to resume"
     outcome = RunOutcome(run_id, RunState.COMPLETED, ExitCode.OK, counts, 0, message)

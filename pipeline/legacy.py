@@ -45,6 +45,7 @@ from core.settings import Settings
 from core.states import EpisodeState
 from pipeline.allocation import allocate
 from storage import installation, tx
+from storage.episodes import EpisodeRepository, move_episode
 from storage.models import (
     ApprovalRow,
     CostEntryRow,
@@ -55,8 +56,6 @@ from storage.models import (
     RunRow,
     SubmissionRow,
 )
-from storage.review import _move
-from storage.runs import RunStore
 
 TOOL_VERSION = "episodic-migrate-legacy/1"
 _ID = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
@@ -290,8 +289,8 @@ def _next_id(engine: Engine, pipeline: str, week: str) -> str:
 def _import(engine: Engine, settings: Settings, pipeline: str, legacy: LegacyEpisode) -> str:
     allocation = allocate(engine, pipeline, WeekId.parse(legacy.legacy_id), legacy.allocation_key)
     episode_id = str(allocation.episode.episode_id)
-    store = RunStore(engine)
-    pk = store.episode_pk(pipeline, episode_id)
+    episodes = EpisodeRepository(engine)
+    pk = episodes.episode_pk(pipeline, episode_id)
     out = settings.episode_folder(pipeline, episode_id)
     state = legacy.state
     items = [
@@ -411,12 +410,14 @@ def _import(engine: Engine, settings: Settings, pipeline: str, legacy: LegacyEpi
                 },
             )
         )
-        _move(conn, pk, EpisodeState.GENERATED, {"migrated": True})
+        move_episode(conn, pk, EpisodeState.GENERATED, {"migrated": True})
         if state.approval.state != "pending":
             approved = state.approval.state == "approved"
             target = EpisodeState.APPROVED if approved else EpisodeState.REJECTED
             by = state.approval.by or "legacy"
-            _move(conn, pk, target, {"by": by, "note": state.approval.note, "migrated": True})
+            move_episode(
+                conn, pk, target, {"by": by, "note": state.approval.note, "migrated": True}
+            )
             conn.execute(
                 insert(ApprovalRow).values(
                     episode_pk=pk,

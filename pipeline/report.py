@@ -12,8 +12,10 @@ from core.ids import EpisodeId
 from core.money import format_minor
 from pipeline.cancel import cancelled_answer, stopped
 from pipeline.playlists import planned_items
+from storage.cancels import CancelStore
 from storage.episodes import EpisodeRepository
-from storage.runs import RunStore, completed_outputs
+from storage.ledger import LedgerStore, completed_outputs
+from storage.plans import PlanStore
 
 
 def episode_report(
@@ -36,8 +38,10 @@ def episode_report(
     finished before the cancel is neither: the next run collects it). Raises `EpisodeNotFound`.
     """
     episode, pk = EpisodeRepository(engine).locate(pipeline, EpisodeId.parse(episode_id))
-    store = RunStore(engine)
-    recorded = store.latest_plan(pk)
+    plans = PlanStore(engine)
+    ledger = LedgerStore(engine)
+    cancels = CancelStore(engine)
+    recorded = plans.latest_plan(pk)
     planned: set[str] = set()
     if recorded is not None:
         planned = {
@@ -45,9 +49,9 @@ def episode_report(
             for item in planned_items(recorded[0], recorded[1], episode_id, pipeline)
         }
     done = sum(1 for o in completed_outputs(engine, pk) if o["idempotency_key"] in planned)
-    paid, cost_minor, currency = store.episode_spend(pk)
-    open_jobs = store.episode_open_jobs(pk)
-    answers = store.provider_cancel_answers(pk) if open_jobs else {}
+    paid, cost_minor, currency = ledger.episode_spend(pk)
+    open_jobs = ledger.episode_open_jobs(pk)
+    answers = cancels.provider_cancel_answers(pk) if open_jobs else {}
     halted = sum(1 for sub, _ in open_jobs if stopped(answers.get(sub, "")))
     cancelled = sum(1 for sub, _ in open_jobs if cancelled_answer(answers.get(sub, "")))
     committed = cost_minor + sum((prices or {}).get(profile, 0) for _, profile in open_jobs)

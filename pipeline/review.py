@@ -25,8 +25,10 @@ from core.states import DECIDED_STATES, REOPENABLE_STATES, EpisodeState
 from pipeline.gate import GatePass, open_gate
 from pipeline.playlists import planned_items
 from pipeline.runs import write_atomically
-from storage.review import RecordedDecision, ReviewStore
-from storage.runs import RunStore, completed_outputs
+from storage.approvals import ApprovalStore, RecordedDecision
+from storage.episodes import EpisodeRepository
+from storage.ledger import completed_outputs
+from storage.plans import PlanStore
 
 THUMB = 128
 
@@ -81,8 +83,9 @@ def decide(
     if note is not None:
         check_text(note, note_label)
     gate = open_gate(engine, pipeline, episode_id, "approve")
-    review = ReviewStore(engine)
-    state = review.state(gate.episode_pk)
+    review = ApprovalStore(engine)
+    episodes = EpisodeRepository(engine)
+    state = episodes.state(gate.episode_pk)
     wanted = EpisodeState.APPROVED if approve else EpisodeState.REJECTED
     already = state == wanted or (approve and state == EpisodeState.ASSEMBLED)
     if already:  # the same decision again (a retried flow, a double click): a no-op
@@ -175,7 +178,7 @@ def decision_stands_hint(episode_id: str, state: str) -> str:
 def rejection_note(engine: Engine, episode_pk: int, episode_id: str) -> str | None:
     """For a rejected episode, the clause a command that changed nothing adds to its answer
     (`E stays rejected (by bob at …: too dark): …`); None for any other state."""
-    decided = ReviewStore(engine).latest_decision(episode_pk)
+    decided = ApprovalStore(engine).latest_decision(episode_pk)
     if decided is None or decided.state != EpisodeState.REJECTED:
         return None
     return f"{episode_id} stays {decided.describe()}: " + decision_stands_hint(
@@ -200,8 +203,9 @@ def _picks_text(picks: dict[str, int]) -> str:
 def assemble(engine: Engine, settings: Settings, pipeline: str, episode_id: str) -> dict[str, Any]:
     """Compose the cover and the manifest of an approved episode; record their hashes."""
     gate = open_gate(engine, pipeline, episode_id, "assemble")
-    review = ReviewStore(engine)
-    state = review.state(gate.episode_pk)
+    review = ApprovalStore(engine)
+    episodes = EpisodeRepository(engine)
+    state = episodes.state(gate.episode_pk)
     if state not in (EpisodeState.APPROVED, EpisodeState.ASSEMBLED):
         raise CommandNotAllowed(
             f"episode {gate.episode_id} is {state}: only an approved episode is assembled"
@@ -242,9 +246,9 @@ def assemble(engine: Engine, settings: Settings, pipeline: str, episode_id: str)
         "cover": (str(folder / "cover.png"), cover_sha),
         "manifest": (str(folder / "manifest.json"), manifest_sha),
     }
-    changed = review.record_media(gate.episode_pk, media)
+    changed = episodes.record_media(gate.episode_pk, media)
     if state == EpisodeState.APPROVED:
-        review.transition(
+        episodes.transition(
             gate.episode_pk,
             EpisodeState.ASSEMBLED,
             {"cover_sha256": cover_sha, "manifest_sha256": manifest_sha},
@@ -275,14 +279,14 @@ def reopen(
         raise InvalidInput("reopen needs --reason (1-2000 characters)")
     check_text(reason, "--reason")
     gate = open_gate(engine, pipeline, episode_id, "reopen")
-    review = ReviewStore(engine)
-    state = EpisodeState(review.state(gate.episode_pk))
+    episodes = EpisodeRepository(engine)
+    state = EpisodeState(episodes.state(gate.episode_pk))
     if state not in REOPENABLE_STATES:
         raise CommandNotAllowed(
             f"episode {gate.episode_id} is {state}: only an approved, assembled or rejected "
             "episode is reopened (its plan can be changed with `episodic plan` as it is)"
         )
-    moved = review.transition(
+    moved = episodes.transition(
         gate.episode_pk,
         EpisodeState.ALLOCATED,
         {"reopened_by": by, "reason": reason.strip(), "from": state.value},
@@ -292,8 +296,7 @@ def reopen(
 
 def _planned_outputs(engine: Engine, gate: GatePass) -> list[dict[str, Any]]:
     """The current plan's completed images, each file checked against its recorded sha256."""
-    store = RunStore(engine)
-    recorded = store.latest_plan(gate.episode_pk)
+    recorded = PlanStore(engine).latest_plan(gate.episode_pk)
     if recorded is None:
         raise CommandNotAllowed("episode has no plan")
     order = {  # the plan's order (a re-planned playlist may reorder existing images)

@@ -32,8 +32,10 @@ from core.settings import Settings
 from core.states import ItemState, RunState, SubmissionState
 from pipeline.gate import GatePass
 from providers.profiles import Profile
+from storage.admission import AdmissionStore, DedupPolicy
 from storage.base import utcnow
-from storage.runs import DedupPolicy, PlanRecord, RunStore
+from storage.plans import PlanRecord, PlanStore
+from storage.runs import RunStore
 
 DEFAULT_LEASE_S = 30.0
 DEFAULT_COLLECT_TIMEOUT_S = 600.0
@@ -110,7 +112,7 @@ def classify(snapshot: ItemSnapshot | None, options: RunOptions, now: datetime) 
 
 
 def plan(
-    store: RunStore,
+    plans: PlanStore,
     gate: GatePass,
     items: Sequence[PlannedItem],
     options: RunOptions,
@@ -118,7 +120,7 @@ def plan(
 ) -> PlanReport:
     """What a run would do; writes nothing. One query, however many items."""
     selected = [it for it in items if options.only is None or it.index in options.only]
-    snapshots = store.snapshots(gate.episode_pk)
+    snapshots = plans.snapshots(gate.episode_pk)
     now = utcnow()
     tally = dict.fromkeys(("new", "skip", "busy", "collect", "reconcile", "retry", "exhausted"), 0)
     new_keys: list[str] = []
@@ -223,7 +225,7 @@ def run_request(
 
 
 def admit_run(
-    store: RunStore,
+    admission: AdmissionStore,
     gate: GatePass,
     items: Sequence[PlannedItem],
     report: PlanReport,
@@ -249,7 +251,7 @@ def admit_run(
     check_budget(report, options)
     new = set(report.new_keys)
     params = {**options.params(), "provider_profile": profile.id}
-    return store.admit(
+    return admission.admit(
         gate.episode_pk,
         request,
         params,
@@ -289,7 +291,9 @@ JOINABLE_RUN_STATES = frozenset(
 )
 
 
-def prepare_resume(store: RunStore, run_id: str, policy: DedupPolicy) -> Admission:
+def prepare_resume(
+    store: RunStore, admission: AdmissionStore, run_id: str, policy: DedupPolicy
+) -> Admission:
     """A pending, paused or failed run resumes; a running one is joined (claims split its
     items); a completed one answers with its outcome.
 
@@ -303,7 +307,7 @@ def prepare_resume(store: RunStore, run_id: str, policy: DedupPolicy) -> Admissi
             f"run {run_id} is {run.state}; only pending, paused, failed or running runs "
             "resume (`episodic retry EPISODE` asks again for a cancelled run's request)"
         )
-    alive = RunState(run.state) == RunState.RUNNING and store.join(run_id, policy)
+    alive = RunState(run.state) == RunState.RUNNING and admission.join(run_id, policy)
     return Admission(run_id, deduplicated=alive)
 
 

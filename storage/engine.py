@@ -18,8 +18,8 @@ from sqlalchemy.engine import URL, Connection, make_url
 from sqlalchemy.exc import ArgumentError
 
 from core.errors import InvalidInput
-from storage import hot
-from storage.hot import Hot
+from storage import dbapi
+from storage.dbapi import DriverSQL
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 PG_LOCK_TIMEOUT_MS = 60_000  # bounds every lock wait, the pipeline's advisory lock included
@@ -89,8 +89,8 @@ def make_engine(raw_url: str | URL, *, read_only: bool = False, **kwargs: Any) -
     return create_engine(url, connect_args={"options": options}, **kwargs)
 
 
-_BEGIN = Hot("BEGIN DEFERRED")
-_BEGIN_IMMEDIATE = Hot("BEGIN IMMEDIATE")
+_BEGIN = DriverSQL("BEGIN DEFERRED")
+_BEGIN_IMMEDIATE = DriverSQL("BEGIN IMMEDIATE")
 
 
 def _sqlite_engine(url: URL, *, read_only: bool, **kwargs: Any) -> Engine:
@@ -122,7 +122,7 @@ def _sqlite_engine(url: URL, *, read_only: bool, **kwargs: Any) -> Engine:
     @event.listens_for(engine, "begin")
     def _on_begin(connection: Connection) -> None:
         mode = connection.get_execution_options().get("sqlite_begin", "DEFERRED")
-        # on the driver: a statement through Core costs about ten times more (storage/hot.py)
-        hot.rowcount(connection, _BEGIN_IMMEDIATE if mode == "IMMEDIATE" else _BEGIN, {})
+        # on the driver: a statement through Core costs about ten times more (storage/dbapi.py)
+        dbapi.rowcount(connection, _BEGIN_IMMEDIATE if mode == "IMMEDIATE" else _BEGIN, {})
 
     return engine

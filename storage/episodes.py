@@ -1,44 +1,153 @@
-"""Read access to episodes and their history."""
+"""Episodes: their reads, and the episode state machine.
+
+An episode changes state in one place, `move_episode`: one guarded statement, recorded in its
+history. The moves themselves (generated once every planned image is completed, decided,
+assembled, re-planned, reopened) are made by the rooms that decide them, inside their own
+transactions, through it.
+"""
 
 from __future__ import annotations
 
-from sqlalchemy import Engine, select
+from typing import Any
+
+from sqlalchemy import Connection, Engine, Table, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from core.episodes import Episode, EpisodeEvent
 from core.errors import EpisodeNotFound
 from core.ids import EpisodeId, WeekId
-from storage.models import EpisodeRow
-from storage.tx import retry_outages
+from core.states import EPISODE_TRANSITIONS, EpisodeState, ItemState, check_episode_transition
+from storage import tx
+from storage.base import utcnow
+from storage.models import EpisodeEventRow, EpisodeMediaRow, EpisodePlanRow, EpisodeRow, ItemRow
+from storage.tx import idempotent, retry_outages
+
+_episodes: Table = EpisodeRow.__table__  # type: ignore[assignment]
+_events: Table = EpisodeEventRow.__table__  # type: ignore[assignment]
+_items: Table = ItemRow.__table__  # type: ignore[assignment]
+_plans: Table = EpisodePlanRow.__table__  # type: ignore[assignment]
+_media: Table = EpisodeMediaRow.__table__  # type: ignore[assignment]
+
+
+def sources_of_episode(target: EpisodeState) -> list[str]:
+    return [s.value for s, targets in EPISODE_TRANSITIONS.items() if target in targets]
 
 
 @retry_outages
 class EpisodeRepository:
     def __init__(self, engine: Engine) -> None:
-        self._engine = engine
+        self.engine = engine
 
     def get(self, pipeline: str, episode_id: EpisodeId) -> Episode:
-        with Session(self._engine) as session:
+        with Session(self.engine) as session:
             row = self._row(session, pipeline, episode_id)
             return row.to_domain()
 
     def locate(self, pipeline: str, episode_id: EpisodeId) -> tuple[Episode, int]:
         """The episode and its row key, in one query."""
-        with Session(self._engine) as session:
+        with Session(self.engine) as session:
             row = self._row(session, pipeline, episode_id)
             return row.to_domain(), row.id
 
     def history(self, pipeline: str, episode_id: EpisodeId) -> list[EpisodeEvent]:
-        with Session(self._engine) as session:
+        with Session(self.engine) as session:
             row = self._row(session, pipeline, episode_id)
             return [event.to_domain() for event in row.events]
+
+    def episode_pk(self, pipeline: str, episode_id: str) -> int:
+        with tx.read(self.engine) as conn:
+            pk = conn.execute(
+                select(_episodes.c.id).where(
+                    _episodes.c.pipeline == pipeline, _episodes.c.episode_id == episode_id
+                )
+            ).scalar()
+        if pk is None:
+            raise EpisodeNotFound(pipeline, episode_id)
+        return int(pk)
+
+    def state(self, episode_pk: int) -> str:
+        with tx.read(self.engine) as conn:
+            return str(
+                conn.execute(
+                    select(_episodes.c.state).where(_episodes.c.id == episode_pk)
+                ).scalar_one()
+            )
+
+    def transition(self, episode_pk: int, target: EpisodeState, detail: dict[str, Any]) -> bool:
+        """Move the episode along an allowed transition, with a history event (no-op if there)."""
+        with tx.write(self.engine) as conn:
+            return _move(conn, episode_pk, target, detail)
+
+    @idempotent
+    def mark_generated(
+        self,
+        episode_pk: int,
+        planned_keys: frozenset[str],
+        plan_id: int | None,
+        detail: dict[str, Any],
+    ) -> bool:
+        """Move the episode to ``generated`` if every key of its plan is completed and that
+        plan (`plan_id`, when given) is still the newest: one transaction with the episode
+        row locked, the same lock `record_plan` takes, so a plan recorded meanwhile is either
+        seen here (nothing moves) or moves the episode back itself. Only an allocated episode
+        moves: a decided one (approved, assembled, rejected) stays, since a decision stands
+        until the plan changes or `reopen` (both move it to allocated first). True if every
+        planned image is completed under the newest plan."""
+        if not planned_keys:
+            return False
+        with tx.write(self.engine) as conn:
+            state = conn.execute(
+                select(_episodes.c.state).where(_episodes.c.id == episode_pk).with_for_update()
+            ).scalar_one()
+            if plan_id is not None and newest_plan_id(conn, episode_pk) != plan_id:
+                return False
+            completed = set(
+                conn.execute(
+                    select(_items.c.idempotency_key).where(
+                        _items.c.episode_pk == episode_pk,
+                        _items.c.state == ItemState.COMPLETED,
+                    )
+                ).scalars()
+            )
+            if not planned_keys <= completed:
+                return False
+            if state == EpisodeState.ALLOCATED:
+                move_episode(conn, episode_pk, EpisodeState.GENERATED, detail)
+        return True
+
+    def media(self, episode_pk: int) -> dict[str, tuple[str, str]]:
+        with tx.read(self.engine) as conn:
+            rows = conn.execute(
+                select(_media.c.kind, _media.c.path, _media.c.sha256).where(
+                    _media.c.episode_pk == episode_pk
+                )
+            ).all()
+        return {r.kind: (r.path, r.sha256) for r in rows}
+
+    def record_media(self, episode_pk: int, media: dict[str, tuple[str, str]]) -> bool:
+        """Record final media hashes; True if anything changed (reassembly changes nothing)."""
+        if self.media(episode_pk) == media:
+            return False
+        now = utcnow()
+        with tx.write(self.engine) as conn:  # an upsert: two assemblies at once never collide
+            for kind, (path, sha256) in media.items():
+                statement = tx.insert_for(conn, _media).values(
+                    episode_pk=episode_pk, kind=kind, path=path, sha256=sha256, recorded_at=now
+                )
+                conn.execute(
+                    statement.on_conflict_do_update(
+                        index_elements=["episode_pk", "kind"],
+                        set_={"path": path, "sha256": sha256, "recorded_at": now},
+                    )
+                )
+        return True
 
     def list(self, pipeline: str, week: WeekId | None = None) -> list[Episode]:
         query = select(EpisodeRow).where(EpisodeRow.pipeline == pipeline)
         if week is not None:
             query = query.where(EpisodeRow.week_id == str(week))
         query = query.order_by(EpisodeRow.week_id, EpisodeRow.sequence)
-        with Session(self._engine) as session:
+        with Session(self.engine) as session:
             return [row.to_domain() for row in session.scalars(query)]
 
     @staticmethod
@@ -51,3 +160,58 @@ class EpisodeRepository:
         if row is None:
             raise EpisodeNotFound(pipeline, str(episode_id))
         return row
+
+
+def move_episode(
+    conn: Connection,
+    episode_pk: int,
+    target: EpisodeState,
+    detail: dict[str, Any],
+    *,
+    source: EpisodeState | None = None,
+) -> bool:
+    """`_move` inside a caller's transaction (a plan recorded with its state change)."""
+    return _move(conn, episode_pk, target, detail, source=source)
+
+
+def _move(
+    conn: Connection,
+    episode_pk: int,
+    target: EpisodeState,
+    detail: dict[str, Any],
+    *,
+    source: EpisodeState | None = None,
+) -> bool:
+    """The one place an episode changes state: one guarded statement, recorded in its history.
+
+    ``UPDATE … WHERE state IN (:allowed sources)`` (or exactly `source`): True if this call
+    moved it; False if it already is in `target` or, with `source`, is no longer there (a
+    concurrent caller won). Any other state is an `InvalidTransition`.
+    """
+    allowed = [source.value] if source is not None else sources_of_episode(target)
+    now = utcnow()
+    moved = conn.execute(
+        update(_episodes)
+        .where(_episodes.c.id == episode_pk, _episodes.c.state.in_(allowed))
+        .values(state=target, updated_at=now)
+    ).rowcount
+    if not moved:
+        current = conn.execute(
+            select(_episodes.c.state).where(_episodes.c.id == episode_pk)
+        ).scalar_one()
+        if current == target or source is not None:
+            return False
+        check_episode_transition(current, target)  # raises: not allowed from here
+        return False
+    conn.execute(
+        insert(_events).values(episode_pk=episode_pk, kind=target.value, at=now, detail=detail)
+    )
+    return True
+
+
+def newest_plan_id(conn: Connection, episode_pk: int) -> int | None:
+    """The id of the episode's newest recorded plan (None: none)."""
+    newest = conn.execute(
+        select(func.max(_plans.c.id)).where(_plans.c.episode_pk == episode_pk)
+    ).scalar()
+    return None if newest is None else int(newest)

@@ -39,10 +39,10 @@ from sqlalchemy import (
 
 from core.states import ItemState, RunState
 from storage import tx
+from storage.admission import DedupPolicy
 from storage.base import utcnow
 from storage.models import ItemRow, RunItemRow, RunRow
 from storage.runs import (
-    DedupPolicy,
     cancel_orphaned_items,
     live_memberships,
     lock_membership_of_runs,

@@ -27,7 +27,7 @@ from sqlalchemy import ColumnElement, Connection, Engine, Table, select
 from sqlalchemy.exc import DBAPIError
 from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential_jitter
 
-from storage import hot
+from storage import dbapi
 from storage.engine import writer_lock
 
 OUTAGE_S = 30.0
@@ -131,7 +131,7 @@ def retry_outages(cls: _Cls) -> _Cls:
     return cls
 
 
-_ADVISORY_XACT_LOCK = hot.Hot("SELECT pg_advisory_xact_lock(:b_key)")
+_ADVISORY_XACT_LOCK = dbapi.DriverSQL("SELECT pg_advisory_xact_lock(:b_key)")
 
 
 def advisory_key(name: str) -> int:
@@ -146,9 +146,9 @@ _lock_key = functools.lru_cache(maxsize=1024)(advisory_key)
 def advisory_xact_lock(conn: Connection, name: str) -> None:
     """PostgreSQL: take the transaction lock named `name` (held until commit or rollback;
     the wait is bounded by the connection's lock_timeout). On the bare driver
-    (`storage.hot`): through SQLAlchemy Core this statement cost a third of a claim's
+    (`storage.dbapi`): through SQLAlchemy Core this statement cost a third of a claim's
     transaction (bench/batch.py)."""
-    hot.fetch_one(conn, _ADVISORY_XACT_LOCK, {"b_key": _lock_key(name)})
+    dbapi.fetch_one(conn, _ADVISORY_XACT_LOCK, {"b_key": _lock_key(name)})
 
 
 @contextmanager

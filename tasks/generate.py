@@ -203,7 +203,7 @@ def generate_item(work: dict[str, Any], item_id: str, idempotency_key: str, ledg
         work["pipeline"], work["episode_id"], work.get("profile"), work.get("owner")
     )
     claim = handed_claim(work["owner"], work["item_pk"], work["token"]) or (
-        engine.claims.load_claim(
+        engine.leases.load_claim(
             work["item_pk"],
             work["run_id"],
             work["owner"],

@@ -21,6 +21,8 @@ from pipeline.allocation import allocate
 from pipeline.gate import EnvironmentCredentials
 from pipeline.generation import generate, prepare, record_plan, run_engine
 from pipeline.runs import RunOptions, RunOutcome
+from storage.admission import AdmissionStore
+from storage.plans import PlanStore
 from storage.runs import RunStore
 
 
@@ -111,7 +113,9 @@ class Episode:
 
         store = RunStore(self.engine)
         run = store.get_run(run_id)
-        admission = prepare_resume(store, run_id, dedup_policy(self.settings))
+        admission = prepare_resume(
+            store, AdmissionStore(self.engine), run_id, dedup_policy(self.settings)
+        )
         prepared = prepare(self.engine, self.settings, "weekly", self.episode_id, "resume")
         options = replace(RunOptions.from_params(run.params), **overrides)
         return run_engine(self.engine, self.settings, prepared, EnvironmentCredentials()).execute(
@@ -131,12 +135,11 @@ def admit(
 
     settings = load_settings()
     prepared = prepare(engine, settings, "weekly", episode_id, "generate")
-    store = RunStore(engine)
     opts = options or RunOptions()
-    report = plan(store, prepared.gate, prepared.items, opts, prepared.profile)
+    report = plan(PlanStore(engine), prepared.gate, prepared.items, opts, prepared.profile)
     request = run_request(prepared.gate, prepared.items, opts, prepared.profile, **dedup)
     return admit_run(
-        store,
+        AdmissionStore(engine),
         prepared.gate,
         prepared.items,
         report,

@@ -15,9 +15,9 @@ from prefect.client.schemas.responses import SetStateStatus
 
 from flows import local
 from flows.weekly import weekly_episode
+from storage.approvals import ApprovalStore
 from storage.engine import make_engine
-from storage.review import ReviewStore
-from storage.runs import RunStore
+from storage.episodes import EpisodeRepository
 from tests.flows.test_prefect_path import MONDAY, _deploy, _episode_state, _form, _resume
 from tests.generation import jobs_per_key, write_playlist
 
@@ -89,10 +89,11 @@ def test_the_picked_candidates_ship_and_nothing_is_paid_again(
     assert jobs_per_key() == paid  # the resumed run paid nothing
     engine = make_engine(harness)
     try:
-        pk = RunStore(engine).episode_pk("weekly", "2026-W32-0")
-        review = ReviewStore(engine)
+        pk = EpisodeRepository(engine).episode_pk("weekly", "2026-W32-0")
+        review = ApprovalStore(engine)
+        episodes = EpisodeRepository(engine)
         assert review.approved_picks(pk) == {"v01": 3, "v03": 1}
-        manifest_path, _ = review.media(pk)["manifest"]
+        manifest_path, _ = episodes.media(pk)["manifest"]
     finally:
         engine.dispose()
     manifest = json.loads(Path(manifest_path).read_text())
@@ -125,6 +126,7 @@ def test_reordering_the_hero_videos_while_the_form_waits_asks_again(
     import yaml
 
     from pipeline.generation import record_plan
+    from storage.episodes import EpisodeRepository
     from tests.generation import Episode
 
     engine = make_engine(harness)
@@ -152,8 +154,8 @@ def test_reordering_the_hero_videos_while_the_form_waits_asks_again(
     assert local.execute(weekly_episode, hero_waiting.id).is_completed()
     engine = make_engine(harness)
     try:
-        pk = RunStore(engine).episode_pk("weekly", "2026-W32-0")
-        assert ReviewStore(engine).approved_picks(pk) == {"v03": 1, "v01": 2}
+        pk = EpisodeRepository(engine).episode_pk("weekly", "2026-W32-0")
+        assert ApprovalStore(engine).approved_picks(pk) == {"v03": 1, "v01": 2}
     finally:
         engine.dispose()
     assert jobs_per_key() == paid

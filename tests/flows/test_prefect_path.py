@@ -351,8 +351,7 @@ def test_a_conflicting_answer_after_a_decision_elsewhere_follows_the_decision(
     """The form waits; someone approves on the command line; the form is then answered
     "reject": the run follows the recorded approval (assembles) instead of sticking."""
     from pipeline.review import decide
-    from storage.review import ReviewStore
-    from storage.runs import RunStore
+    from storage.approvals import ApprovalStore
 
     engine = make_engine(harness)
     decide(engine, "weekly", "2026-W32-0", approve=True, by="cli", note=None)
@@ -361,8 +360,8 @@ def test_a_conflicting_answer_after_a_decision_elsewhere_follows_the_decision(
     state = local.execute(weekly_episode, waiting.id)
     assert state.is_completed() and state.name == "Completed", state
     assert _episode_state(harness) == "assembled"
-    pk = RunStore(engine).episode_pk("weekly", "2026-W32-0")
-    assert [a["by"] for a in ReviewStore(engine).approvals(pk)] == ["cli"]  # not recorded
+    pk = EpisodeRepository(engine).episode_pk("weekly", "2026-W32-0")
+    assert [a["by"] for a in ApprovalStore(engine).approvals(pk)] == ["cli"]  # not recorded
     engine.dispose()
 
 

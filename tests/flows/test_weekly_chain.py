@@ -99,8 +99,7 @@ def test_editing_the_playlist_while_the_run_waits_changes_nothing_it_ships(
     file. Approve assembles exactly the images the reviewer saw; nothing more is paid."""
     import json
 
-    from storage.review import ReviewStore
-    from storage.runs import RunStore
+    from storage.approvals import ApprovalStore
 
     write_playlist(tmp_path / "pl", ["a", "EDITED WHILE WAITING", "extra"])  # same file
     paid_before = dict(submissions_per_item())
@@ -110,9 +109,9 @@ def test_editing_the_playlist_while_the_run_waits_changes_nothing_it_ships(
     assert episode_state(harness) == "assembled"
     assert dict(submissions_per_item()) == paid_before == {"v01.p1": 1, "v02.p1": 1}
     engine = make_engine(harness)
-    pk = RunStore(engine).episode_pk("weekly", "2026-W32-0")
-    approved = ReviewStore(engine).approved_items(pk)
-    manifest_path, _ = ReviewStore(engine).media(pk)["manifest"]
+    pk = EpisodeRepository(engine).episode_pk("weekly", "2026-W32-0")
+    approved = ApprovalStore(engine).approved_items(pk)
+    manifest_path, _ = EpisodeRepository(engine).media(pk)["manifest"]
     engine.dispose()
     manifest = json.loads(Path(manifest_path).read_text())
     assert approved == {i["idempotency_key"]: i["sha256"] for i in manifest["items"]}

@@ -162,7 +162,7 @@ def test_the_key_cannot_be_derived_outside_a_flow_run() -> None:
 
 def test_the_weekly_flow_plans_from_a_playlist_parameter(harness: str, tmp_path: Path) -> None:
     from storage.engine import make_engine
-    from storage.runs import RunStore
+    from storage.plans import PlanStore
     from tests.generation import write_playlist
 
     playlist = write_playlist(tmp_path / "pl", ["a", "b"])
@@ -171,7 +171,8 @@ def test_the_weekly_flow_plans_from_a_playlist_parameter(harness: str, tmp_path:
         == "2026-W32-0"
     )
     engine = make_engine(harness)
-    store = RunStore(engine)
-    recorded = store.latest_plan(store.episode_pk("weekly", "2026-W32-0"))
+    plans = PlanStore(engine)
+    episodes = EpisodeRepository(engine)
+    recorded = plans.latest_plan(episodes.episode_pk("weekly", "2026-W32-0"))
     engine.dispose()
     assert recorded is not None and [v["video_id"] for v in recorded[0]["items"]] == ["v01", "v02"]

@@ -290,8 +290,10 @@ def lock_order_worker(
     of `owner` (a heartbeat). Returns the errors seen (a deadlock aborts one of the
     transactions in it)."""
     from storage.claims import ClaimStore
+    from storage.leases import LeaseStore
 
-    claims = ClaimStore(_engine(url))
+    engine = _engine(url)
+    claims, leases = ClaimStore(engine), LeaseStore(engine)
     errors: list[str] = []
     for _ in range(3):
         barrier.wait(timeout=120)
@@ -307,7 +309,7 @@ def lock_order_worker(
                         profile="fake",
                     )
                 else:
-                    claims.renew(owner, run_id, 60)
+                    leases.renew(owner, run_id, 60)
             except Exception as exc:
                 errors.append(f"{role}: {type(exc).__name__}: {str(exc).splitlines()[0]}")
     results.put(errors)
@@ -389,18 +391,18 @@ def renew_or_admit_worker(
 
     os.environ["EPISODIC_HOME"] = home
     os.environ["EPISODIC_DATABASE_URL"] = url
-    from storage.claims import ClaimStore
+    from storage.leases import LeaseStore
     from tests.generation import admit
 
     engine = _engine(url)
-    claims = ClaimStore(engine)
+    leases = LeaseStore(engine)
     done, errors = 0, []
     barrier.wait(timeout=120)
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         try:
             if role == "renew":
-                claims.renew(owner, run_id, 600)
+                leases.renew(owner, run_id, 600)
             else:
                 admit(engine, episode_id, idempotency_key=f"k-{os.getpid()}-{done}")
             done += 1

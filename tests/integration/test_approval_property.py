@@ -29,9 +29,10 @@ from core.ids import WeekId
 from core.settings import load_settings
 from pipeline.allocation import allocate
 from pipeline.review import assemble, decide, reopen
+from storage.approvals import ApprovalStore
 from storage.engine import make_engine
-from storage.review import ReviewStore
-from storage.runs import RunStore
+from storage.episodes import EpisodeRepository
+from storage.plans import PlanStore
 from storage.schema import ensure_schema
 from tests.generation import Episode, write_playlist
 
@@ -73,10 +74,10 @@ class ApprovalMachine(RuleBasedStateMachine):
     @rule(which=st.integers(0, len(PLANS) - 1))
     def plan(self, which: int) -> None:
         with suppress(CommandNotAllowed):  # refused in this state: fine
-            pk = RunStore(self.engine).episode_pk("weekly", self.episode.episode_id)
-            before = RunStore(self.engine).current_plan(pk)
+            pk = EpisodeRepository(self.engine).episode_pk("weekly", self.episode.episode_id)
+            before = PlanStore(self.engine).current_plan(pk)
             self.episode.plan(write_playlist(self.home / f"pl{which}", PLANS[which]))
-            if RunStore(self.engine).current_plan(pk) != before:  # a changed plan
+            if PlanStore(self.engine).current_plan(pk) != before:  # a changed plan
                 self.rejection_stands = False
 
     @rule()
@@ -110,8 +111,8 @@ class ApprovalMachine(RuleBasedStateMachine):
         except CommandNotAllowed:
             return
         manifest = json.loads(Path(result["manifest"]).read_text())
-        pk = RunStore(self.engine).episode_pk("weekly", self.episode.episode_id)
-        approved = ReviewStore(self.engine).approved_items(pk)
+        pk = EpisodeRepository(self.engine).episode_pk("weekly", self.episode.episode_id)
+        approved = ApprovalStore(self.engine).approved_items(pk)
         assert approved is not None
         shipped = {i["idempotency_key"]: i["sha256"] for i in manifest["items"]}
         assert shipped == approved  # exactly the approval record
@@ -126,13 +127,13 @@ class ApprovalMachine(RuleBasedStateMachine):
     def a_rejection_stands_until_a_changed_plan_or_a_reopen(self) -> None:
         """Issue 28: a generate with nothing to do moved a rejected episode to generated."""
         if self.rejection_stands:
-            pk = RunStore(self.engine).episode_pk("weekly", self.episode.episode_id)
-            assert ReviewStore(self.engine).state(pk) == "rejected"
+            pk = EpisodeRepository(self.engine).episode_pk("weekly", self.episode.episode_id)
+            assert EpisodeRepository(self.engine).state(pk) == "rejected"
 
     @invariant()
     def state_is_known(self) -> None:
-        pk = RunStore(self.engine).episode_pk("weekly", self.episode.episode_id)
-        assert ReviewStore(self.engine).state(pk) in {
+        pk = EpisodeRepository(self.engine).episode_pk("weekly", self.episode.episode_id)
+        assert EpisodeRepository(self.engine).state(pk) in {
             "allocated",
             "generated",
             "approved",

@@ -13,9 +13,9 @@ from sqlalchemy.engine import make_url
 from core.settings import load_settings
 from pipeline.check import check_episodes
 from pipeline.review import assemble, decide
+from storage.admission import DedupPolicy
 from storage.engine import make_engine
 from storage.models import CostEntryRow, EpisodeRow, ItemRow
-from storage.runs import DedupPolicy
 from tests.generation import Episode, new_episode, write_playlist
 
 

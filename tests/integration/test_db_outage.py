@@ -25,8 +25,9 @@ from sqlalchemy import Engine, text
 from sqlalchemy.exc import OperationalError
 
 from storage import tx
+from storage.admission import AdmissionStore
 from storage.engine import make_engine
-from storage.runs import RunStore
+from storage.episodes import EpisodeRepository
 from storage.tx import idempotent, retry_outages
 from tests.databases import terminate_other_sessions
 from tests.generation import jobs_per_key, new_episode, provider_log, write_playlist
@@ -38,14 +39,14 @@ EPISODIC = str(Path(sys.executable).parent / "episodic")
 @pytest.mark.parametrize("backend", ["postgres"])
 def test_a_store_call_whose_connection_was_killed_is_retried_and_answers(engine: Engine) -> None:
     episode = new_episode(engine)
-    store = RunStore(engine)
-    pk = store.episode_pk("weekly", episode.episode_id)  # a pooled connection now exists
+    episodes = EpisodeRepository(engine)
+    pk = episodes.episode_pk("weekly", episode.episode_id)  # a pooled connection now exists
     assert terminate_other_sessions(engine) >= 1
     with pytest.raises(OperationalError):  # what every store call did before
-        RunStore.episode_pk.__wrapped__(store, "weekly", episode.episode_id)  # type: ignore[attr-defined]
-    store.episode_pk("weekly", episode.episode_id)  # warm the pool again
+        EpisodeRepository.episode_pk.__wrapped__(episodes, "weekly", episode.episode_id)  # type: ignore[attr-defined]
+    episodes.episode_pk("weekly", episode.episode_id)  # warm the pool again
     assert terminate_other_sessions(engine) >= 1
-    assert store.episode_pk("weekly", episode.episode_id) == pk
+    assert episodes.episode_pk("weekly", episode.episode_id) == pk
 
 
 @retry_outages
@@ -214,10 +215,10 @@ def test_a_completion_whose_commit_reply_was_lost_is_answered_and_the_run_goes_o
     through the store's real outage decorator: the real completion commits, then the call
     fails as a dropped connection does)."""
     from pipeline.check import check_episodes
-    from storage.claims import ClaimStore
+    from storage.ledger import LedgerStore
 
     monkeypatch.setenv("EPISODIC_FAKE_PROVIDER_LOG", str(tmp_path / "provider.jsonl"))
-    lost = _lose_commit_replies(monkeypatch, ClaimStore, "complete", times=2)
+    lost = _lose_commit_replies(monkeypatch, LedgerStore, "complete", times=2)
     episode = new_episode(engine)
     episode.plan(write_playlist(tmp_path / "pl", ["one", "two", "three"]))
     outcome = episode.generate(concurrency=2)
@@ -243,7 +244,7 @@ def test_an_admission_whose_commit_reply_was_lost_finds_its_own_run(
     run it made: one run, completed, each item paid once. On both backends."""
     monkeypatch.setenv("EPISODIC_FAKE_PROVIDER_LOG", str(tmp_path / "provider.jsonl"))
     monkeypatch.setenv("EPISODIC_DEDUP_WINDOW_S", dedup_window_s)
-    lost = _lose_commit_replies(monkeypatch, RunStore, "admit", times=1)
+    lost = _lose_commit_replies(monkeypatch, AdmissionStore, "admit", times=1)
     episode = new_episode(engine)
     episode.plan(write_playlist(tmp_path / "pl", ["one", "two"]))
     outcome = episode.generate(concurrency=2)

@@ -16,9 +16,9 @@ from sqlalchemy import Engine, select
 
 from core.ids import WeekId
 from pipeline.allocation import allocate
+from storage.approvals import ApprovalStore
+from storage.episodes import EpisodeRepository
 from storage.models import ApprovalRow, EpisodeRow
-from storage.review import ReviewStore
-from storage.runs import RunStore
 from tests.generation import Episode, write_playlist
 from tests.integration import race_workers as w
 from tests.integration.decision_race_workers import pick_worker
@@ -63,12 +63,12 @@ def test_of_two_different_decisions_one_is_recorded_and_the_other_refused_naming
     by_episode: dict[str, list[list[str]]] = defaultdict(list)
     for row in rows:
         by_episode[row[0]].append(row)
-    reviews = ReviewStore(engine)
-    store = RunStore(engine)
+    reviews = ApprovalStore(engine)
+    episodes = EpisodeRepository(engine)
     for episode_id, pair in by_episode.items():
         assert sorted(r[1] for r in pair) == ["recorded", "refused"], pair  # never two wins
         (loser,) = [r for r in pair if r[1] == "refused"]
-        pk = store.episode_pk("weekly", episode_id)
+        pk = episodes.episode_pk("weekly", episode_id)
         (decision,) = reviews.approvals(pk)
         assert decision["by"] in loser[2] and decision["decision"] in loser[2], loser  # named
         if decision["decision"] == "approved":

@@ -31,6 +31,8 @@ from providers.fake import FakeProvider
 from storage.base import utcnow
 from storage.claims import ClaimStore
 from storage.flow_runs import FlowRunLinks, dead
+from storage.leases import LeaseStore
+from storage.ledger import LedgerStore
 from storage.models import ItemRow, RunRow
 from storage.runs import RunStore
 from tests.generation import Episode, new_episode, new_run, provider_log, write_playlist
@@ -70,7 +72,7 @@ def _running_run_with_jobs(episode: Episode, accepted: int) -> tuple[str, list[C
         ref = provider.submit(
             ImageRequest(sub.client_reference, "e", item.item_id, item.prompt, item.seed)
         )
-        claims.accept(sub.pk, ref)
+        LedgerStore(episode.engine).accept(sub.pk, ref)
         held.append(got)
     return run_id, held
 
@@ -124,7 +126,7 @@ def test_settling_a_cancelled_flow_run_asks_the_provider_once_per_job(episode: E
     run_id, _ = _running_run_with_jobs(episode, accepted=2)
     settings = load_settings()
     # The flow's process was told to stop (SIGTERM): it gave its items up and paused the run.
-    ClaimStore(episode.engine).release_all("proc:1", INTERRUPTED)
+    LeaseStore(episode.engine).release_all("proc:1", INTERRUPTED)
     RunStore(episode.engine).transition_run(run_id, RunState.PAUSED, INTERRUPTED)
     red = check_episodes(episode.engine, "weekly", policy=dedup_policy(settings))
     assert any("accepted but never collected" in f.detail for f in red)  # before the cancel

@@ -214,7 +214,7 @@ def test_a_run_of_an_older_plan_does_not_mark_a_replanned_episode_generated(
     import threading
     import time
 
-    from storage.runs import RunStore
+    from storage.episodes import EpisodeRepository
 
     monkeypatch.setenv("EPISODIC_FAKE_DELAY_MS", "600")
     episode = new_episode(engine)
@@ -231,7 +231,7 @@ def test_a_run_of_an_older_plan_does_not_mark_a_replanned_episode_generated(
     assert outcome.exit_code == 130, outcome.message  # type: ignore[attr-defined]
     assert outcome.state == "cancelled" and "re-planned" in outcome.message  # type: ignore[attr-defined]
     assert sum(jobs_per_key().values()) == 1  # the old plan's second image was never bought
-    pk = RunStore(engine).episode_pk("weekly", episode.episode_id)
+    pk = EpisodeRepository(engine).episode_pk("weekly", episode.episode_id)
     with engine.connect() as conn:
         state = conn.execute(select(EpisodeRow.state).where(EpisodeRow.id == pk)).scalar_one()
     assert state == "allocated"

@@ -1,4 +1,4 @@
-"""The ledger's hot statements on the bare driver (storage/hot.py), on both backends: their
+"""The ledger's hot statements on the bare driver (storage/dbapi.py), on both backends: their
 values mean what the schema's types mean, and their errors are SQLAlchemy's."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from sqlalchemy import Engine, create_engine, select, text, update
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from core.errors import RunNotFound
-from storage import hot, tx
-from storage.hot import Hot
+from storage import dbapi, tx
+from storage.dbapi import DriverSQL
 from storage.models import ItemRow
 from storage.runs import RunStore
 from tests.databases import terminate_other_sessions
@@ -40,42 +40,44 @@ def test_a_moment_written_on_the_driver_reads_and_orders_as_the_schema_type(
     engine: Engine, tmp_path, moment: datetime
 ) -> None:  # type: ignore[no-untyped-def]
     pk = _an_item(engine, tmp_path)
-    write = Hot("UPDATE items SET lease_expires_at = :at WHERE id = :pk")
+    write = DriverSQL("UPDATE items SET lease_expires_at = :at WHERE id = :pk")
     with tx.write(engine) as conn:
-        assert hot.rowcount(conn, write, {"at": moment, "pk": pk}) == 1
+        assert dbapi.rowcount(conn, write, {"at": moment, "pk": pk}) == 1
     with engine.connect() as conn:  # through the schema's type
         stored = conn.execute(select(_items.c.lease_expires_at).where(_items.c.id == pk)).scalar()
     assert stored == moment and stored.tzinfo is not None
-    later = Hot("SELECT count(*) FROM items WHERE id = :pk AND lease_expires_at > :at")
+    later = DriverSQL("SELECT count(*) FROM items WHERE id = :pk AND lease_expires_at > :at")
     with tx.read(engine) as conn:  # compared in SQL against the same instant, a microsecond off
-        assert hot.scalar(conn, later, {"pk": pk, "at": moment - timedelta(microseconds=1)}) == 1
-        assert hot.scalar(conn, later, {"pk": pk, "at": moment}) == 0
+        assert dbapi.scalar(conn, later, {"pk": pk, "at": moment - timedelta(microseconds=1)}) == 1
+        assert dbapi.scalar(conn, later, {"pk": pk, "at": moment}) == 0
     with tx.write(engine) as conn:  # written through the schema's type, read on the driver
         conn.execute(update(_items).where(_items.c.id == pk).values(lease_expires_at=moment))
     with tx.read(engine) as conn:
-        raw = hot.scalar(conn, Hot("SELECT lease_expires_at FROM items WHERE id = :pk"), {"pk": pk})
-        assert hot.moment(raw) == moment
-        assert hot.scalar(conn, later, {"pk": pk, "at": moment}) == 0
+        raw = dbapi.scalar(
+            conn, DriverSQL("SELECT lease_expires_at FROM items WHERE id = :pk"), {"pk": pk}
+        )
+        assert dbapi.moment(raw) == moment
+        assert dbapi.scalar(conn, later, {"pk": pk, "at": moment}) == 0
 
 
 def test_a_naive_moment_is_refused_before_it_is_sent(engine: Engine) -> None:
     with tx.read(engine) as conn, pytest.raises(ValueError, match="naive"):
-        hot.scalar(conn, Hot("SELECT :at"), {"at": datetime(2026, 1, 1)})
+        dbapi.scalar(conn, DriverSQL("SELECT :at"), {"at": datetime(2026, 1, 1)})
 
 
 def test_a_driver_error_is_raised_as_sqlalchemys(engine: Engine, tmp_path) -> None:  # type: ignore[no-untyped-def]
     pk = _an_item(engine, tmp_path)
-    duplicate = Hot(
+    duplicate = DriverSQL(
         "INSERT INTO items (episode_pk, idempotency_key, position, video_id, prompt, state, "
         "attempts, force_resubmit, created_at) SELECT episode_pk, idempotency_key, position, "
         "video_id, prompt, state, attempts, force_resubmit, created_at FROM items WHERE id = :pk"
     )
     with pytest.raises(IntegrityError) as caught, tx.write(engine) as conn:
-        hot.rowcount(conn, duplicate, {"pk": pk})
+        dbapi.rowcount(conn, duplicate, {"pk": pk})
     assert not caught.value.connection_invalidated
     assert not tx.lost_connection(caught.value)
     with tx.read(engine) as conn:  # the pool is fine afterwards
-        assert hot.scalar(conn, Hot("SELECT count(*) FROM items"), {}) == 1
+        assert dbapi.scalar(conn, DriverSQL("SELECT count(*) FROM items"), {}) == 1
 
 
 @pytest.mark.parametrize("backend", ["postgres"])
@@ -88,7 +90,7 @@ def test_a_lost_connection_is_invalidated_and_seen_as_lost(engine: Engine, tmp_p
         other.execute(text("SELECT pg_terminate_backend(:p)"), {"p": pid})
     admin.dispose()
     with pytest.raises(DBAPIError) as caught, tx.read(engine) as conn:
-        hot.scalar(conn, Hot("SELECT count(*) FROM items"), {})
+        dbapi.scalar(conn, DriverSQL("SELECT count(*) FROM items"), {})
     assert caught.value.connection_invalidated
     assert tx.lost_connection(caught.value)  # what the stores' outage retries look for
     with pytest.raises(RunNotFound):  # answered: the pool made a new connection
@@ -114,7 +116,7 @@ def test_a_lost_connection_makes_the_pool_replace_every_older_one(engine: Engine
     for _ in range(4):
         try:
             with keyed_transaction(engine, "dispatch:pool") as conn:  # the lock comes first
-                hot.scalar(conn, Hot("SELECT count(*) FROM items"), {})
+                dbapi.scalar(conn, DriverSQL("SELECT count(*) FROM items"), {})
             outcomes.append("ok")
         except DBAPIError as exc:
             assert tx.lost_connection(exc)

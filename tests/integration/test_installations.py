@@ -283,6 +283,7 @@ def test_an_open_submission_from_before_the_upgrade_is_settled_by_the_reference_
     from providers.base import ImageRequest
     from providers.fake import FakeProvider
     from storage.claims import ClaimStore
+    from storage.leases import LeaseStore
     from storage.runs import RunStore
     from tests.generation import new_run, provider_log
 
@@ -292,6 +293,7 @@ def test_an_open_submission_from_before_the_upgrade_is_settled_by_the_reference_
     run_id = new_run(episode)
     RunStore(engine).transition_run(run_id, RunState.RUNNING)
     claims = ClaimStore(engine)
+    leases = LeaseStore(engine)
     with engine.connect() as conn:
         (pk,) = conn.execute(select(ItemRow.id)).one()
     claim = claims.claim(pk, run_id, new_owner(), lease_s=30, max_attempts=3, profile="fake")
@@ -308,7 +310,7 @@ def test_an_open_submission_from_before_the_upgrade_is_settled_by_the_reference_
     )
     item = claim.item
     provider.submit(ImageRequest(old, episode.episode_id, item.item_id, item.prompt, item.seed))
-    claims.release(claim, "interrupted")  # its process died before the reply was recorded
+    leases.release(claim, "interrupted")  # its process died before the reply was recorded
     outcome = episode.resume(run_id)
     assert outcome.exit_code == ExitCode.OK, outcome.message
     assert [(r, s) for r, _remote, s in _submissions(engine)] == [(old, "succeeded")]

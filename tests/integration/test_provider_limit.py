@@ -196,6 +196,7 @@ def test_a_run_waiting_for_a_provider_slot_says_so(
     from pipeline.generation import generate
     from pipeline.runs import RunOptions
     from storage.claims import ClaimStore
+    from storage.leases import LeaseStore
     from storage.runs import RunStore
     from tests.generation import new_run
 
@@ -218,7 +219,7 @@ def test_a_run_waiting_for_a_provider_slot_says_so(
     def on_start(run_engine: object, _run_id: str) -> None:
         run_engine.on_wait = said.append  # type: ignore[attr-defined]
 
-    threading.Timer(1.0, store.release_unstarted, (held, "given up")).start()
+    threading.Timer(1.0, LeaseStore(engine).release_unstarted, (held, "given up")).start()
     outcome = generate(
         engine, load_settings(), "weekly", waiting_episode, RunOptions(),
         EnvironmentCredentials(), on_start=on_start,
@@ -242,6 +243,8 @@ def test_open_submissions_hold_slots_until_collected_or_older_than_max_job_s(
     from core.states import RunState
     from storage.base import utcnow
     from storage.claims import ClaimStore
+    from storage.leases import LeaseStore
+    from storage.ledger import LedgerStore
     from storage.models import SubmissionRow
     from storage.runs import RunStore
     from tests.generation import new_run
@@ -249,6 +252,7 @@ def test_open_submissions_hold_slots_until_collected_or_older_than_max_job_s(
     _profiles(tmp_path, monkeypatch, delay_ms=0)
     first, second = _episodes(engine, tmp_path, 2, items=1)
     store, runs = ClaimStore(engine), RunStore(engine)
+    ledger, leases = LedgerStore(engine), LeaseStore(engine)
     limits = {"provider_limit": 1, "max_job_s": 60, "lease_s": 30, "max_attempts": 3}
     items = {}
     for episode_id in (first, second):
@@ -259,17 +263,17 @@ def test_open_submissions_hold_slots_until_collected_or_older_than_max_job_s(
     run_b, item_b = items[second]
     claim = store.claim(item_a.pk, run_a, "a", profile="limited", **limits)
     assert isinstance(claim, Claim) and claim.submission is not None
-    assert store.accept(claim.submission.pk, "job-a")
-    assert store.release_all("a", "interrupted") == 1  # the job still runs at the provider
+    assert ledger.accept(claim.submission.pk, "job-a")
+    assert leases.release_all("a", "interrupted") == 1  # the job still runs at the provider
     refused = store.claim(item_b.pk, run_b, "b", profile="limited", **limits)
     assert isinstance(refused, Refusal) and refused.reason == "throttled"
     assert isinstance(  # another profile's limit is not taken by it
         store.claim(item_b.pk, run_b, "b", profile="other", **limits), Claim
     )
-    store.release_all("b", "test")
+    leases.release_all("b", "test")
     again = store.claim(item_a.pk, run_a, "a2", profile="limited", **limits)
     assert isinstance(again, Claim) and again.action == "collect"  # its own slot
-    store.release_all("a2", "interrupted again")
+    leases.release_all("a2", "interrupted again")
     with engine.begin() as conn:  # sent longer ago than the profile's max_job_s
         conn.execute(update(SubmissionRow).values(created_at=utcnow() - timedelta(seconds=61)))
     assert isinstance(store.claim(item_b.pk, run_b, "b", profile="limited", **limits), Claim)
@@ -281,12 +285,14 @@ def test_a_claim_is_worked_once_even_if_its_task_runs_twice(
     """Dask reschedules a task whose worker died: the second execution of the same item task
     finds the claim's token consumed and sends nothing (the first may already have paid)."""
     from storage.claims import ClaimStore
+    from storage.leases import LeaseStore
     from tests.generation import new_run
 
     _profiles(tmp_path, monkeypatch, delay_ms=0)
     (episode_id,) = _episodes(engine, tmp_path, 1, items=1)
     run_id = new_run(Episode(engine, episode_id))
     store = ClaimStore(engine)
+    leases = LeaseStore(engine)
     from storage.runs import RunStore
 
     runs = RunStore(engine)
@@ -297,11 +303,11 @@ def test_a_claim_is_worked_once_even_if_its_task_runs_twice(
     )
     assert not isinstance(claim, type(None)) and claim.token  # type: ignore[union-attr]
     args = (item.pk, run_id, "flow", claim.action, claim.submission.pk, claim.token)  # type: ignore[union-attr]
-    first = store.load_claim(*args)
+    first = leases.load_claim(*args)
     assert first is not None and first.action == "submit"
-    assert store.load_claim(*args) is None  # the re-executed task: nothing to send
+    assert leases.load_claim(*args) is None  # the re-executed task: nothing to send
     # Freeing a claim whose task already loaded it keeps the intent: it may have been sent.
-    assert store.release_unstarted(claim, "lost worker") is False  # type: ignore[arg-type]
+    assert leases.release_unstarted(claim, "lost worker") is False  # type: ignore[arg-type]
 
 
 def test_a_claim_freed_before_its_task_started_is_withdrawn_and_never_worked(
@@ -311,6 +317,7 @@ def test_a_claim_freed_before_its_task_started_is_withdrawn_and_never_worked(
     was sent), and a late execution of that task finds the token gone and sends nothing."""
     from core.states import RunState
     from storage.claims import ClaimStore
+    from storage.leases import LeaseStore
     from storage.runs import RunStore
     from tests.generation import new_run
 
@@ -318,15 +325,16 @@ def test_a_claim_freed_before_its_task_started_is_withdrawn_and_never_worked(
     (episode_id,) = _episodes(engine, tmp_path, 1, items=1)
     run_id = new_run(Episode(engine, episode_id))
     store, runs = ClaimStore(engine), RunStore(engine)
+    leases = LeaseStore(engine)
     runs.transition_run(run_id, RunState.RUNNING, lease_s=30)
     (item,) = runs.run_items(run_id)
     claim = store.claim(
         item.pk, run_id, "flow", lease_s=30, max_attempts=3, profile="limited", provider_limit=3
     )
     assert claim is not None and claim.submission is not None and claim.token
-    assert store.release_unstarted(claim, "task never started") is True
+    assert leases.release_unstarted(claim, "task never started") is True
     late = (item.pk, run_id, "flow", claim.action, claim.submission.pk, claim.token)
-    assert store.load_claim(*late) is None
+    assert leases.load_claim(*late) is None
     (after,) = runs.run_items(run_id)
     assert after.state == "failed" and after.attempts == 0  # the attempt was given back
     from sqlalchemy import func, select
@@ -349,6 +357,8 @@ def test_settling_an_open_submission_needs_no_slot_and_the_run_finds_what_it_may
     from core.runs import Claim, Refusal
     from core.states import RunState
     from storage.claims import ClaimStore
+    from storage.leases import LeaseStore
+    from storage.ledger import LedgerStore
     from storage.runs import RunStore
     from tests.generation import new_run
 
@@ -357,6 +367,7 @@ def test_settling_an_open_submission_needs_no_slot_and_the_run_finds_what_it_may
     episode = Episode(engine, str(allocated.episode.episode_id))
     episode.plan(write_playlist(tmp_path / "pl", ["a", "b", "c", "d"], profile="limited"))
     store, runs = ClaimStore(engine), RunStore(engine)
+    ledger, leases = LedgerStore(engine), LeaseStore(engine)
     run_id = new_run(episode)
     runs.transition_run(run_id, RunState.RUNNING, lease_s=30)
     a, b, c, d = runs.run_items(run_id)
@@ -364,16 +375,16 @@ def test_settling_an_open_submission_needs_no_slot_and_the_run_finds_what_it_may
     for item, owner in ((a, "dead-1"), (b, "dead-2")):  # no limit while they were sent
         claim = store.claim(item.pk, run_id, owner, provider_limit=None, **open_slots)
         assert isinstance(claim, Claim) and claim.submission is not None
-        assert store.accept(claim.submission.pk, f"job-{item.item_id}")
-        store.release_all(owner, "killed")  # the jobs still run at the provider
+        assert ledger.accept(claim.submission.pk, f"job-{item.item_id}")
+        leases.release_all(owner, "killed")  # the jobs still run at the provider
     held = store.claim(c.pk, run_id, "live", provider_limit=None, **open_slots)
     assert isinstance(held, Claim)  # an intent under a live claim: not collectible
-    assert [it.pk for it in store.collectible(run_id, "limited")] == [a.pk, b.pk]
-    assert store.collectible(run_id, "other") == []  # another profile's slots are not these
+    assert [it.pk for it in runs.collectible(run_id, "limited")] == [a.pk, b.pk]
+    assert runs.collectible(run_id, "other") == []  # another profile's slots are not these
     limits = {**open_slots, "provider_limit": 1}
     refused = store.claim(d.pk, run_id, "recovery", **limits)
     assert isinstance(refused, Refusal) and refused.reason == "throttled"  # a new paid call
     for item in (a, b):
         taken = store.claim(item.pk, run_id, "recovery", **limits)
         assert isinstance(taken, Claim) and taken.action == "collect", taken
-    assert store.collectible(run_id, "limited") == []  # held now, by the recovery
+    assert runs.collectible(run_id, "limited") == []  # held now, by the recovery

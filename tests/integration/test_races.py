@@ -354,12 +354,14 @@ def test_a_run_is_not_concluded_while_another_process_holds_one_of_its_items(
 
     from pipeline.runs import RunOptions
     from storage.claims import ClaimStore
+    from storage.leases import LeaseStore
 
     episode = new_episode(engine)
     episode.plan(write_playlist(tmp_path / "p", ["fine", "doomed [[FAIL_PERMANENT]]"]))
     run_id = _running_run(episode)
     run = _run_engine(episode)
     claims = ClaimStore(engine)
+    leases = LeaseStore(engine)
     released_at: list[float] = []
 
     def another_process_retries(item: object, result: str) -> None:
@@ -378,7 +380,7 @@ def test_a_run_is_not_concluded_while_another_process_holds_one_of_its_items(
         def give_up_later() -> None:
             time.sleep(1.0)
             released_at.append(time.monotonic())
-            claims.release(held, "failed again")  # type: ignore[arg-type]
+            leases.release(held, "failed again")  # type: ignore[arg-type]
 
         threading.Thread(target=give_up_later).start()
 
@@ -519,12 +521,16 @@ def test_an_item_another_process_left_unsettled_when_interrupted_is_settled_here
 
     from pipeline.runs import RunOptions
     from storage.claims import ClaimStore
+    from storage.leases import LeaseStore
+    from storage.ledger import LedgerStore
 
     episode = new_episode(engine)
     episode.plan(write_playlist(tmp_path / "pl", ["one", "two"]))
     run_id = _running_run(episode)
     here, other = _run_engine(episode), _run_engine(episode)
     claims = ClaimStore(engine)
+    ledger = LedgerStore(engine)
+    leases = LeaseStore(engine)
     two = RunStore(engine).run_items(run_id)[1]
     held = claims.claim(two.pk, run_id, "another-process", **{**SLOTS, "lease_s": 30})
     assert held.action == "submit" and held.submission is not None  # type: ignore[union-attr]
@@ -532,8 +538,8 @@ def test_an_item_another_process_left_unsettled_when_interrupted_is_settled_here
     def sends_then_is_interrupted_while_looking() -> None:
         time.sleep(0.8)
         other.provider.submit(other._request(held, held.submission))  # type: ignore[arg-type,union-attr]
-        claims.mark_unknown(held.submission.pk, "reply lost")  # type: ignore[union-attr]
-        claims.release(held, "acceptance unknown (reply lost); not resubmitted")  # type: ignore[arg-type]
+        ledger.mark_unknown(held.submission.pk, "reply lost")  # type: ignore[union-attr]
+        leases.release(held, "acceptance unknown (reply lost); not resubmitted")  # type: ignore[arg-type]
 
     threading.Thread(target=sends_then_is_interrupted_while_looking).start()
     outcome = here.execute(run_id, RunOptions(concurrency=2, lease_s=10))
@@ -773,6 +779,8 @@ def _jobs_left_accepted(
     from providers.base import ImageRequest
     from providers.fake import FakeProvider
     from storage.claims import ClaimStore
+    from storage.leases import LeaseStore
+    from storage.ledger import LedgerStore
 
     episode = new_episode(engine)
     episode.plan(write_playlist(tmp_path / "p", titles))
@@ -780,6 +788,8 @@ def _jobs_left_accepted(
     with engine.connect() as conn:
         pks = list(conn.execute(select(ItemRow.id).order_by(ItemRow.id)).scalars())
     claims = ClaimStore(engine)
+    ledger = LedgerStore(engine)
+    leases = LeaseStore(engine)
     provider = FakeProvider(
         profile_id="fake", state_dir=load_settings().home_path / "fake-provider"
     )
@@ -796,8 +806,8 @@ def _jobs_left_accepted(
                 )
             )
         )
-        assert claims.accept(claim.submission.pk, remotes[-1])
-        claims.release(claim, "interrupted")  # A's process stopped; its job stays accepted
+        assert ledger.accept(claim.submission.pk, remotes[-1])
+        leases.release(claim, "interrupted")  # A's process stopped; its job stays accepted
     return episode, run_a, remotes
 
 
@@ -1134,24 +1144,26 @@ def test_a_run_that_changes_the_plan_never_deadlocks_with_a_run_being_created(
 
     from core.dedup import RunRequest
     from pipeline.runs import dedup_policy
+    from storage.admission import AdmissionStore
     from storage.models import EpisodeRow
-    from storage.runs import PlanRecord
+    from storage.plans import PlanRecord, PlanStore
 
     episode = new_episode(engine)
     episode.plan(write_playlist(tmp_path / "p", [f"t{n}" for n in range(6)]))
-    store = RunStore(engine)
+    plans = PlanStore(engine)
+    admission = AdmissionStore(engine)
     with engine.connect() as conn:
         episode_pk = conn.execute(
             select(EpisodeRow.id).where(EpisodeRow.episode_id == episode.episode_id)
         ).scalar_one()
-    current = store.current_plan(episode_pk)
+    current = plans.current_plan(episode_pk)
     assert current is not None
     changed = {**current[1], "note": "hero candidates"}
     outcomes: dict[str, object] = {}
 
     def replan() -> None:
         try:
-            outcomes["replan"] = store.admit(
+            outcomes["replan"] = admission.admit(
                 episode_pk,
                 RunRequest("weekly", episode.episode_id, "generate", {"hero": 2}),
                 {"hero": 2},

@@ -411,6 +411,7 @@ def test_cancelling_a_run_cancels_its_accepted_jobs_at_the_provider_and_records_
 
     from pipeline.cancel import cancel_run
     from pipeline.gate import EnvironmentCredentials
+    from storage.ledger import LedgerStore
     from storage.models import EpisodeEventRow, SubmissionRow
     from storage.runs import RunStore
 
@@ -424,7 +425,7 @@ def test_cancelling_a_run_cancels_its_accepted_jobs_at_the_provider_and_records_
         accepted: list[tuple[int, str, str]] = []
         while not accepted and time.monotonic() < deadline:
             (run,) = RunStore(engine).list_runs("weekly", episode.episode_id) or [None]
-            accepted = RunStore(engine).accepted_jobs(run.run_id) if run else []
+            accepted = LedgerStore(engine).accepted_jobs(run.run_id) if run else []
             time.sleep(0.05)
         assert accepted, "the prediction was never accepted"
         state, jobs = cancel_run(engine, episode.settings, run.run_id, EnvironmentCredentials())

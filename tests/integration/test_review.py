@@ -85,16 +85,15 @@ def test_a_rejection_stands_through_a_generate_until_a_reopen(generated: Episode
     """Issue 28: a generate with nothing to do moved a rejected episode back to `generated`,
     and the rejected images could then be approved without any re-plan."""
     from pipeline.review import reopen
-    from storage.review import ReviewStore
-    from storage.runs import RunStore
+    from storage.episodes import EpisodeRepository
 
     engine, episode_id = generated.engine, generated.episode_id
     decide(engine, "weekly", episode_id, approve=False, by="ann", note="too dark")
     outcome = generated.generate()  # nothing to pay: the images are there
     assert outcome.counts.paid_submissions == 0 and outcome.exit_code == 0
     assert "stays rejected by ann" in outcome.message and "too dark" in outcome.message
-    pk = RunStore(engine).episode_pk("weekly", episode_id)
-    assert ReviewStore(engine).state(pk) == "rejected"
+    pk = EpisodeRepository(engine).episode_pk("weekly", episode_id)
+    assert EpisodeRepository(engine).state(pk) == "rejected"
     with pytest.raises(CommandNotAllowed, match="was rejected by ann"):
         decide(engine, "weekly", episode_id, approve=True, by="bob", note=None)
     assert not decide(engine, "weekly", episode_id, approve=False, by="bob", note="again")[
@@ -102,9 +101,9 @@ def test_a_rejection_stands_through_a_generate_until_a_reopen(generated: Episode
     ]  # the same decision again: a no-op
     reopened = reopen(engine, "weekly", episode_id, by="cy", reason="second look")
     assert reopened["changed"] and reopened["from"] == "rejected"
-    assert ReviewStore(engine).state(pk) == "allocated"
+    assert EpisodeRepository(engine).state(pk) == "allocated"
     assert generated.generate().counts.paid_submissions == 0
-    assert ReviewStore(engine).state(pk) == "generated"
+    assert EpisodeRepository(engine).state(pk) == "generated"
     assert decide(engine, "weekly", episode_id, approve=True, by="bob", note=None)["changed"]
 
 

@@ -20,6 +20,7 @@ from pipeline.runs import dedup_policy
 from pipeline.sweep import sweep
 from storage.base import utcnow
 from storage.claims import ClaimStore
+from storage.ledger import LedgerStore
 from storage.models import ItemRow, RunRow, SubmissionRow
 from storage.runs import RunStore
 from tests.generation import Episode, jobs_per_key, new_episode, new_run, write_playlist
@@ -73,7 +74,7 @@ def _dead_run_holding_items(episode: Episode, *, accept_first: bool) -> tuple[st
         ref = provider.submit(
             ImageRequest(sub.client_reference, "e", item.item_id, item.prompt, item.seed)
         )
-        claims.accept(sub.pk, ref)
+        LedgerStore(episode.engine).accept(sub.pk, ref)
     past = utcnow() - timedelta(seconds=5)
     with episode.engine.begin() as conn:
         conn.execute(update(ItemRow).values(lease_expires_at=past))
@@ -133,13 +134,19 @@ def test_orphaned_children_of_a_cancelled_parent_are_cancelled_unless_shared(
 ) -> None:
     """A parent cancelled by an older version (children left pending): the sweep cancels
     them, except an item that an active run still includes."""
+    from storage.admission import AdmissionStore
+    from storage.episodes import EpisodeRepository
     from storage.models import RunItemRow
 
     orphaned_parent = new_run(episode)
     with episode.engine.begin() as conn:  # cancelled without touching its children
         conn.execute(update(RunRow).where(RunRow.id == orphaned_parent).values(state="cancelled"))
-    active = RunStore(episode.engine).create_run(
-        RunStore(episode.engine).episode_pk("weekly", episode.episode_id), "generate", {}, [], []
+    active = AdmissionStore(episode.engine).create_run(
+        EpisodeRepository(episode.engine).episode_pk("weekly", episode.episode_id),
+        "generate",
+        {},
+        [],
+        [],
     )
     with episode.engine.begin() as conn:  # the active run shares the first item
         first = conn.execute(select(ItemRow.id).order_by(ItemRow.id).limit(1)).scalar_one()

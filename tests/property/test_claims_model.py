@@ -23,6 +23,9 @@ from core.runs import Claim
 from core.states import RunState
 from storage.base import utcnow
 from storage.claims import ClaimStore
+from storage.episodes import EpisodeRepository
+from storage.leases import LeaseStore
+from storage.ledger import LedgerStore
 from storage.runs import RunStore
 from tests.generation import new_episode, new_run, write_playlist
 
@@ -39,12 +42,15 @@ def test_claims_and_paid_calls_never_make_a_second_job(engine: Engine, tmp_path:
                 write_playlist(tmp_path / uuid.uuid4().hex, [f"p{n}" for n in range(ITEMS)])
             )
             runs = RunStore(engine)
+            episodes = EpisodeRepository(engine)
             self.runs = {name: new_run(episode) for name in ("A", "B")}
             for run_id in self.runs.values():
                 runs.transition_run(run_id, RunState.RUNNING, lease_s=60)
             self.items = [item.pk for item in runs.run_items(self.runs["A"])]
-            self.episode_pk = runs.episode_pk("weekly", episode.episode_id)
+            self.episode_pk = episodes.episode_pk("weekly", episode.episode_id)
             self.store = ClaimStore(engine)
+            self.leases = LeaseStore(engine)
+            self.ledger = LedgerStore(engine)
             self.held: dict[tuple[str, int], Claim] = {}
             self.sent: set[tuple[str, int]] = set()  # holder made the paid call
             self.jobs: dict[str, str] = {}  # client reference -> job (the provider)
@@ -83,16 +89,16 @@ def test_claims_and_paid_calls_never_make_a_second_job(engine: Engine, tmp_path:
             key = data.draw(st.sampled_from(ready))
             claim = self.held[key]
             assert claim.submission is not None
-            if not self.store.still_holds(claim):  # the engine's check before paying
-                self.store.withdraw(claim, claim.submission)
+            if not self.leases.still_holds(claim):  # the engine's check before paying
+                self.ledger.withdraw(claim, claim.submission)
                 del self.held[key]
                 return
             job = self._create(claim)
             self.sent.add(key)
             if lose_reply:
-                self.store.mark_unknown(claim.submission.pk, "reply lost")
+                self.ledger.mark_unknown(claim.submission.pk, "reply lost")
             else:
-                self.store.accept(claim.submission.pk, job)
+                self.ledger.accept(claim.submission.pk, job)
 
         @rule(data=st.data())
         def reconcile(self, data: st.DataObject) -> None:
@@ -103,7 +109,7 @@ def test_claims_and_paid_calls_never_make_a_second_job(engine: Engine, tmp_path:
             claim = self.held[key]
             assert claim.submission is not None
             # Asking the provider by client reference (or resending it: idempotent).
-            self.store.accept(claim.submission.pk, self._create(claim))
+            self.ledger.accept(claim.submission.pk, self._create(claim))
             self.sent.add(key)
 
         @rule(data=st.data(), stale=st.booleans())
@@ -123,8 +129,8 @@ def test_claims_and_paid_calls_never_make_a_second_job(engine: Engine, tmp_path:
                 return
             claim = data.draw(st.sampled_from(pool))
             assert claim.submission is not None
-            self.store.refuse(claim, claim.submission.pk, "400 refused")
-            self.store.release(claim, "refused")
+            self.ledger.refuse(claim, claim.submission.pk, "400 refused")
+            self.leases.release(claim, "refused")
             if stale:
                 self.stale.remove(claim)
             else:
@@ -145,7 +151,7 @@ def test_claims_and_paid_calls_never_make_a_second_job(engine: Engine, tmp_path:
                 ).scalar_one_or_none()
             if state != "accepted":
                 return
-            self.store.complete(
+            self.ledger.complete(
                 claim, claim.submission.pk, self.episode_pk, "/tmp/x.png", "0" * 64, 4, "USD"
             )
             del self.held[key]
@@ -156,9 +162,9 @@ def test_claims_and_paid_calls_never_make_a_second_job(engine: Engine, tmp_path:
             for key in [k for k in self.held if k[0] == owner]:
                 claim = self.held.pop(key)
                 if key not in self.sent and claim.action == "submit" and claim.submission:
-                    self.store.withdraw(claim, claim.submission)  # provably never sent
+                    self.ledger.withdraw(claim, claim.submission)  # provably never sent
                 self.sent.discard(key)
-            self.store.release_all(owner, "interrupted")
+            self.leases.release_all(owner, "interrupted")
 
         @rule(owner=st.sampled_from(sorted(OWNERS)), frozen=st.booleans())
         def die(self, owner: str, frozen: bool) -> None:

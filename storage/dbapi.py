@@ -1,4 +1,5 @@
-"""The ledger's hot statements, run on the bare driver inside SQLAlchemy's transactions.
+"""Hand-written statements of the paid path, run on the DBAPI cursor inside SQLAlchemy's
+transactions.
 
 Every paid item runs three short write transactions by design: the claim with the intent,
 the acceptance, the outcome with its cost. Through SQLAlchemy Core each of their statements
@@ -18,8 +19,10 @@ cursor of the SQLAlchemy connection that `storage.tx` opened:
   Python, naive UTC text on SQLite (SQLAlchemy's storage format, so comparisons in SQL
   order the same), ``timestamptz`` on PostgreSQL.
 
-Statements are written with ``:name`` parameters and literal state names; `Hot` derives the
+Statements are written with ``:name`` parameters and literal state names; `DriverSQL` derives the
 psycopg form (``%(name)s``) once.
+
+The module is named for what it does (statements on the DBAPI cursor), not for how fast it is.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ _SQLITE_FORMAT = "%Y-%m-%d %H:%M:%S.%f"  # SQLAlchemy's SQLite DATETIME storage 
 _PARAM = re.compile(r"(?<![:\w]):([a-z_][a-z0-9_]*)")
 
 
-class Hot:
+class DriverSQL:
     """One hand-written statement in both drivers' parameter styles."""
 
     __slots__ = ("pg", "sqlite")
@@ -52,6 +55,11 @@ class Hot:
 
 
 _UTC = UTCDateTime()
+
+
+def states_sql(states: list[str]) -> str:
+    """``(state = 'a' OR state = 'b')``: plain equalities, literal names from our own enums."""
+    return "(" + " OR ".join(f"state = '{state}'" for state in states) + ")"
 
 
 def _bind(value: Any, dialect: Dialect) -> Any:
@@ -79,7 +87,7 @@ class _Run:
 
     __slots__ = ("args", "conn", "cursor", "sql")
 
-    def __init__(self, conn: Connection, statement: Hot, params: Mapping[str, Any]) -> None:
+    def __init__(self, conn: Connection, statement: DriverSQL, params: Mapping[str, Any]) -> None:
         self.conn = conn
         self.sql = statement.sqlite if conn.dialect.name == "sqlite" else statement.pg
         self.args = {name: _bind(value, conn.dialect) for name, value in params.items()}
@@ -114,7 +122,9 @@ class _Run:
         ) from exc
 
 
-def fetch_one(conn: Connection, statement: Hot, params: Mapping[str, Any]) -> Sequence[Any] | None:
+def fetch_one(
+    conn: Connection, statement: DriverSQL, params: Mapping[str, Any]
+) -> Sequence[Any] | None:
     """The first row (a tuple in the statement's column order), or None.
 
     Raises SQLAlchemy's `DBAPIError` subclass for a driver error (see the module's docstring).
@@ -126,7 +136,9 @@ def fetch_one(conn: Connection, statement: Hot, params: Mapping[str, Any]) -> Se
         return row
 
 
-def fetch_all(conn: Connection, statement: Hot, params: Mapping[str, Any]) -> list[Sequence[Any]]:
+def fetch_all(
+    conn: Connection, statement: DriverSQL, params: Mapping[str, Any]
+) -> list[Sequence[Any]]:
     """Every row (tuples in the statement's column order); raises as `fetch_one`."""
     run = _Run(conn, statement, params)
     with run as cursor:
@@ -134,13 +146,13 @@ def fetch_all(conn: Connection, statement: Hot, params: Mapping[str, Any]) -> li
         return list(cursor.fetchall())
 
 
-def scalar(conn: Connection, statement: Hot, params: Mapping[str, Any]) -> Any:
+def scalar(conn: Connection, statement: DriverSQL, params: Mapping[str, Any]) -> Any:
     """The first column of the first row, or None without a row."""
     row = fetch_one(conn, statement, params)
     return None if row is None else row[0]
 
 
-def rowcount(conn: Connection, statement: Hot, params: Mapping[str, Any]) -> int:
+def rowcount(conn: Connection, statement: DriverSQL, params: Mapping[str, Any]) -> int:
     """Rows a write statement changed (raises as `fetch_one`)."""
     run = _Run(conn, statement, params)
     with run as cursor:

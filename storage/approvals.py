@@ -1,4 +1,4 @@
-"""Episode state changes with history, approvals and recorded final media."""
+"""Decisions on an episode's images, and the picks that ship: the approval record."""
 
 from __future__ import annotations
 
@@ -6,23 +6,18 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Table, insert, select, update
+from sqlalchemy import Connection, Engine, Table, insert, select
 
-from core.states import (
-    DECIDED_STATES,
-    EPISODE_TRANSITIONS,
-    EpisodeState,
-    check_episode_transition,
-)
+from core.states import DECIDED_STATES, EpisodeState
 from storage import tx
 from storage.base import utcnow
-from storage.models import ApprovalRow, EpisodeEventRow, EpisodeMediaRow, EpisodeRow
+from storage.episodes import move_episode
+from storage.models import ApprovalRow, EpisodeEventRow, EpisodeRow
 from storage.tx import retry_outages
 
 _episodes: Table = EpisodeRow.__table__  # type: ignore[assignment]
 _events: Table = EpisodeEventRow.__table__  # type: ignore[assignment]
 _approvals: Table = ApprovalRow.__table__  # type: ignore[assignment]
-_media: Table = EpisodeMediaRow.__table__  # type: ignore[assignment]
 
 
 @dataclass(frozen=True)
@@ -45,27 +40,10 @@ class RecordedDecision:
         return text + (f" ({self.note})" if self.note else "")
 
 
-def sources_of_episode(target: EpisodeState) -> list[str]:
-    return [s.value for s, targets in EPISODE_TRANSITIONS.items() if target in targets]
-
-
 @retry_outages
-class ReviewStore:
+class ApprovalStore:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-
-    def state(self, episode_pk: int) -> str:
-        with tx.read(self.engine) as conn:
-            return str(
-                conn.execute(
-                    select(_episodes.c.state).where(_episodes.c.id == episode_pk)
-                ).scalar_one()
-            )
-
-    def transition(self, episode_pk: int, target: EpisodeState, detail: dict[str, Any]) -> bool:
-        """Move the episode along an allowed transition, with a history event (no-op if there)."""
-        with tx.write(self.engine) as conn:
-            return _move(conn, episode_pk, target, detail)
 
     def decide(
         self,
@@ -93,7 +71,7 @@ class ReviewStore:
                 detail["items"] = dict(sorted(items.items()))
             if picks:  # hero videos: which candidate ships
                 detail["picks"] = dict(picks)
-            if not _move(conn, episode_pk, target, detail, source=EpisodeState.GENERATED):
+            if not move_episode(conn, episode_pk, target, detail, source=EpisodeState.GENERATED):
                 recorded = latest_decision(conn, episode_pk)
                 if recorded is not None and recorded.state in DECIDED_STATES:
                     return recorded
@@ -150,80 +128,6 @@ class ReviewStore:
     def _latest_approval(self, episode_pk: int) -> dict[str, Any] | None:
         with tx.read(self.engine) as conn:
             return latest_approval(conn, episode_pk)
-
-    def media(self, episode_pk: int) -> dict[str, tuple[str, str]]:
-        with tx.read(self.engine) as conn:
-            rows = conn.execute(
-                select(_media.c.kind, _media.c.path, _media.c.sha256).where(
-                    _media.c.episode_pk == episode_pk
-                )
-            ).all()
-        return {r.kind: (r.path, r.sha256) for r in rows}
-
-    def record_media(self, episode_pk: int, media: dict[str, tuple[str, str]]) -> bool:
-        """Record final media hashes; True if anything changed (reassembly changes nothing)."""
-        if self.media(episode_pk) == media:
-            return False
-        now = utcnow()
-        with tx.write(self.engine) as conn:  # an upsert: two assemblies at once never collide
-            for kind, (path, sha256) in media.items():
-                statement = tx.insert_for(conn, _media).values(
-                    episode_pk=episode_pk, kind=kind, path=path, sha256=sha256, recorded_at=now
-                )
-                conn.execute(
-                    statement.on_conflict_do_update(
-                        index_elements=["episode_pk", "kind"],
-                        set_={"path": path, "sha256": sha256, "recorded_at": now},
-                    )
-                )
-        return True
-
-
-def move_episode(
-    conn: Connection,
-    episode_pk: int,
-    target: EpisodeState,
-    detail: dict[str, Any],
-    *,
-    source: EpisodeState | None = None,
-) -> bool:
-    """`_move` inside a caller's transaction (a plan recorded with its state change)."""
-    return _move(conn, episode_pk, target, detail, source=source)
-
-
-def _move(
-    conn: Connection,
-    episode_pk: int,
-    target: EpisodeState,
-    detail: dict[str, Any],
-    *,
-    source: EpisodeState | None = None,
-) -> bool:
-    """The one place an episode changes state: one guarded statement, recorded in its history.
-
-    ``UPDATE … WHERE state IN (:allowed sources)`` (or exactly `source`): True if this call
-    moved it; False if it already is in `target` or, with `source`, is no longer there (a
-    concurrent caller won). Any other state is an `InvalidTransition`.
-    """
-    allowed = [source.value] if source is not None else sources_of_episode(target)
-    now = utcnow()
-    moved = conn.execute(
-        update(_episodes)
-        .where(_episodes.c.id == episode_pk, _episodes.c.state.in_(allowed))
-        .values(state=target, updated_at=now)
-    ).rowcount
-    if not moved:
-        current = conn.execute(
-            select(_episodes.c.state).where(_episodes.c.id == episode_pk)
-        ).scalar_one()
-        if current == target or source is not None:
-            return False
-        check_episode_transition(current, target)  # raises: not allowed from here
-        return False
-    conn.execute(
-        insert(_events).values(episode_pk=episode_pk, kind=target.value, at=now, detail=detail)
-    )
-    return True
 
 
 def approved_picks(detail: dict[str, Any] | None) -> dict[str, int]:

@@ -1,0 +1,420 @@
+"""The spend ledger: each paid call's submission and its cost, and what was spent.
+
+A submission moves ``intent`` (committed before the call, in the claim's transaction: see
+`storage.claims`) -> ``accepted`` (the provider's job recorded) -> ``succeeded`` with its cost
+entry, or ``failed``; ``unknown`` when the call may or may not have been accepted (never
+resubmitted). A write made for the holder of a claim is guarded by its ownership and answers
+False when another holder took the item over; facts about a job the provider reports
+(accepted, failed) are recorded whoever learns of them.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, Engine, Table, delete, exists, func, or_, select, update
+from sqlalchemy.exc import IntegrityError
+
+from core.runs import Claim, Item, Submission
+from core.states import OPEN_SUBMISSION_STATES, ItemState, SubmissionState
+from storage import dbapi, installation, tx
+from storage.base import utcnow
+from storage.dbapi import DriverSQL
+from storage.models import CostEntryRow, ItemRow, RunItemRow, SubmissionRow
+from storage.tx import idempotent, retry_outages
+
+_items: Table = ItemRow.__table__  # type: ignore[assignment]
+_subs: Table = SubmissionRow.__table__  # type: ignore[assignment]
+_costs: Table = CostEntryRow.__table__  # type: ignore[assignment]
+_members: Table = RunItemRow.__table__  # type: ignore[assignment]
+
+_OPEN = [s.value for s in OPEN_SUBMISSION_STATES]
+
+_UNSETTLED = [SubmissionState.INTENT.value, SubmissionState.UNKNOWN.value]
+
+# The paid path's statements, hand-written and run on the bare driver (storage/dbapi.py):
+# through SQLAlchemy Core each cost about ten times the driver's own time (bench/ledger.py).
+_UNSETTLED_SQL = dbapi.states_sql(_UNSETTLED)
+
+# The client reference is this installation's id, the item's key and the attempt
+# (storage.installation), built from the database's own row in the same statement.
+_INSERT_INTENT = DriverSQL(
+    "INSERT INTO submissions (item_pk, run_id, attempt, client_reference, provider_profile, "
+    "state, forced, created_at) VALUES (:b_item, :b_run, :b_attempt, "
+    f"{installation.REFERENCE_SQL}, :b_profile, 'intent', :b_forced, :b_now) "
+    "RETURNING id, client_reference"
+)
+
+
+_ACCEPT = DriverSQL(
+    "UPDATE submissions SET state = 'accepted', remote_ref = :b_remote, error_text = NULL, "
+    f"accepted_at = :b_now WHERE id = :b_sub AND {_UNSETTLED_SQL}"
+)
+
+
+_COMPLETE_ITEM = DriverSQL(
+    "UPDATE items SET state = 'completed', error_text = NULL, output_path = :b_path, "
+    "output_sha256 = :b_sha, lease_expires_at = NULL, finished_at = :b_now "
+    "WHERE id = :b_item AND claim_owner = :b_owner AND state = 'running'"
+)
+
+
+_SUCCEED_SUB = DriverSQL(
+    "UPDATE submissions SET state = 'succeeded', finished_at = :b_now "
+    "WHERE id = :b_sub AND state = 'accepted'"
+)
+
+
+_INSERT_COST = DriverSQL(
+    "INSERT INTO cost_entries (episode_pk, submission_pk, amount_minor, currency, recorded_at) "
+    "VALUES (:b_episode, :b_sub, :b_amount, :b_currency, :b_now)"
+)
+
+
+def held(conn: Connection, claim: Claim) -> bool:
+    """Whether `claim.owner` still holds the item, its row locked until the transaction ends
+    (a takeover waits for this transaction, or this one sees the takeover)."""
+    return (
+        conn.execute(
+            select(_items.c.id)
+            .where(_items.c.id == claim.item.pk, _items.c.claim_owner == claim.owner)
+            .with_for_update(key_share=True)
+        ).first()
+        is not None
+    )
+
+
+class _Lost(Exception):
+    """Rolls a guarded transaction back: the claim or the submission moved meanwhile."""
+
+
+@retry_outages
+class LedgerStore:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    @idempotent
+    def accept(self, submission_pk: int, remote_ref: str) -> bool:
+        """Record the provider's job for an intent (or a reconciled unknown).
+
+        Never guarded by the claim: a job that exists is recorded whoever learns of it.
+        False when the remote reference already belongs to another submission (a lookup
+        that answered with another item's job) or the submission has another outcome.
+        """
+        try:
+            with tx.write(self.engine) as conn:
+                moved = dbapi.rowcount(
+                    conn,
+                    _ACCEPT,
+                    {"b_sub": submission_pk, "b_remote": remote_ref, "b_now": utcnow()},
+                )
+                if moved:
+                    return True
+                current = conn.execute(
+                    select(_subs.c.state, _subs.c.remote_ref).where(_subs.c.id == submission_pk)
+                ).first()
+                return current is not None and bool(
+                    current.state == SubmissionState.ACCEPTED and current.remote_ref == remote_ref
+                )
+        except IntegrityError:
+            return False
+
+    @idempotent
+    def mark_unknown(self, submission_pk: int, reason: str) -> None:
+        with tx.write(self.engine) as conn:
+            conn.execute(
+                update(_subs)
+                .where(_subs.c.id == submission_pk, _subs.c.state.in_(_UNSETTLED))
+                .values(state=SubmissionState.UNKNOWN, error_text=reason[:2000])
+            )
+
+    def refuse(self, claim: Claim, submission_pk: int, reason: str) -> bool:
+        """The holder's call provably created nothing (the provider refused it), or an operator
+        abandons the holder's unknown (``--force-resubmit``): the submission is closed failed.
+
+        Only while `claim.owner` holds the item and the submission is unsettled (intent or
+        unknown). A holder frozen past its lease whose item was taken over must not close a
+        submission the new holder resent and the provider accepted: the next run would pay
+        again. False (nothing written) otherwise; the new holder settles it.
+        """
+        now = utcnow()
+        with tx.write(self.engine) as conn:
+            if not held(conn, claim):
+                return False
+            moved = conn.execute(
+                update(_subs)
+                .where(_subs.c.id == submission_pk, _subs.c.state.in_(_UNSETTLED))
+                .values(state=SubmissionState.FAILED, error_text=reason[:2000], finished_at=now)
+            ).rowcount
+            return bool(moved)
+
+    def close_failed(
+        self,
+        submission_pk: int,
+        reason: str,
+        *,
+        episode_pk: int | None = None,
+        cost_minor: int = 0,
+        currency: str = "USD",
+    ) -> bool:
+        """The provider reports the accepted job failed (a fact whoever holds the item).
+
+        A failed job the provider billed (`cost_minor` > 0) gets its cost entry in the same
+        transaction: the ledger shows what the provider charged.
+        """
+        now = utcnow()
+        with tx.write(self.engine) as conn:
+            moved = conn.execute(
+                update(_subs)
+                .where(_subs.c.id == submission_pk, _subs.c.state.in_(_OPEN))
+                .values(state=SubmissionState.FAILED, error_text=reason[:2000], finished_at=now)
+            ).rowcount
+            if moved and cost_minor > 0 and episode_pk is not None:
+                _record_cost(conn, episode_pk, submission_pk, cost_minor, currency, now)
+            return bool(moved)
+
+    @idempotent
+    def complete(
+        self,
+        claim: Claim,
+        submission_pk: int,
+        episode_pk: int,
+        output_path: str,
+        sha256: str,
+        cost_minor: int,
+        currency: str,
+    ) -> bool:
+        """Outcome, cost and item completion in one guarded transaction.
+
+        False (and nothing written) when the claim was taken over or the submission already
+        has an outcome: the new holder finishes the item, and the cost is counted once.
+        True also when exactly this completion is already committed (the same holder, image
+        and submission): a retry after a COMMIT whose reply was lost answers what happened.
+        """
+        now = utcnow()
+        try:
+            with tx.write(self.engine) as conn:
+                item_moved = dbapi.rowcount(
+                    conn,
+                    _COMPLETE_ITEM,
+                    {
+                        "b_item": claim.item.pk,
+                        "b_owner": claim.owner,
+                        "b_path": output_path,
+                        "b_sha": sha256,
+                        "b_now": now,
+                    },
+                )
+                sub_moved = dbapi.rowcount(
+                    conn, _SUCCEED_SUB, {"b_sub": submission_pk, "b_now": now}
+                )
+                if not (item_moved and sub_moved):
+                    raise _Lost()
+                _record_cost(conn, episode_pk, submission_pk, cost_minor, currency, now)
+        except _Lost:
+            return self._completed_by(claim, submission_pk, sha256)
+        return True
+
+    def _completed_by(self, claim: Claim, submission_pk: int, sha256: str) -> bool:
+        """This holder's completion of the item with this image and submission is committed
+        (with its cost entry)."""
+        with tx.read(self.engine) as conn:
+            return (
+                conn.execute(
+                    select(_items.c.id).where(
+                        _items.c.id == claim.item.pk,
+                        _items.c.state == ItemState.COMPLETED,
+                        _items.c.claim_owner == claim.owner,
+                        _items.c.output_sha256 == sha256,
+                        exists().where(
+                            _subs.c.id == submission_pk,
+                            _subs.c.item_pk == claim.item.pk,
+                            _subs.c.state == SubmissionState.SUCCEEDED,
+                        ),
+                        exists().where(_costs.c.submission_pk == submission_pk),
+                    )
+                ).first()
+                is not None
+            )
+
+    def withdraw(self, claim: Claim, submission: Submission) -> bool:
+        """An intent whose call provably never left the machine (stopped before sending).
+
+        The intent is removed and its attempt given back, so a later run submits the item
+        normally instead of treating it as an unknown outcome. False (nothing removed) if the
+        item is no longer held by `claim.owner`: another holder took it over and may have
+        sent this very intent.
+        """
+        with tx.write(self.engine) as conn:
+            return withdraw_in(conn, claim, submission)
+
+    def episode_spend(self, episode_pk: int) -> tuple[int, int, str]:
+        """(paid submissions, cost in minor units, currency) of the episode over every run:
+        what the ledger says the provider billed, not what the last run did."""
+        with tx.read(self.engine) as conn:
+            paid = conn.execute(
+                select(func.count())
+                .select_from(_subs)
+                .join(_items, _items.c.id == _subs.c.item_pk)
+                .where(_items.c.episode_pk == episode_pk)
+            ).scalar_one()
+            cost = conn.execute(
+                select(
+                    func.coalesce(func.sum(_costs.c.amount_minor), 0), func.max(_costs.c.currency)
+                ).where(_costs.c.episode_pk == episode_pk)
+            ).one()
+        return int(paid), int(cost[0]), cost[1] or "USD"
+
+    def episode_open_jobs(self, episode_pk: int) -> list[tuple[int, str]]:
+        """The episode's jobs the provider accepted and nobody collected yet (still running,
+        or cancelled, at the provider): (submission pk, provider profile), oldest first."""
+        with tx.read(self.engine) as conn:
+            rows = conn.execute(
+                select(_subs.c.id, _subs.c.provider_profile)
+                .join(_items, _items.c.id == _subs.c.item_pk)
+                .where(
+                    _items.c.episode_pk == episode_pk,
+                    _subs.c.state == SubmissionState.ACCEPTED,
+                    _subs.c.remote_ref.is_not(None),
+                )
+                .order_by(_subs.c.id)
+            ).all()
+        return [(int(r.id), str(r.provider_profile)) for r in rows]
+
+    def episode_cost(self, episode_pk: int) -> int:
+        with tx.read(self.engine) as conn:
+            return int(
+                conn.execute(
+                    select(func.coalesce(func.sum(_costs.c.amount_minor), 0)).where(
+                        _costs.c.episode_pk == episode_pk
+                    )
+                ).scalar_one()
+            )
+
+    def accepted_jobs(self, run_id: str) -> list[tuple[int, str, str]]:
+        """The jobs the provider accepted for the run's items and nobody collected yet, made
+        by this run or by another (a job a cancelled run kept for this one): (submission pk,
+        remote reference, provider profile), oldest first."""
+        members = select(_members.c.item_pk).where(_members.c.run_id == run_id)
+        with tx.read(self.engine) as conn:
+            rows = conn.execute(
+                select(_subs.c.id, _subs.c.remote_ref, _subs.c.provider_profile)
+                .where(
+                    or_(_subs.c.run_id == run_id, _subs.c.item_pk.in_(members)),
+                    _subs.c.state == SubmissionState.ACCEPTED,
+                    _subs.c.remote_ref.is_not(None),
+                )
+                .order_by(_subs.c.id)
+            ).all()
+        return [(int(r.id), str(r.remote_ref), str(r.provider_profile)) for r in rows]
+
+
+def withdraw_in(conn: Connection, claim: Claim, submission: Submission) -> bool:
+    """`LedgerStore.withdraw` in the caller's transaction: True if the intent was removed."""
+    # Only the item's current holder withdraws: a holder frozen past its lease, whose
+    # item was taken over meanwhile, must not delete an intent the new holder may have
+    # sent (its reconcile resends the same create). The item row is locked first, so a
+    # takeover waits for this transaction or this one sees the takeover.
+    if not held(conn, claim):
+        return False
+    removed = conn.execute(
+        delete(_subs).where(
+            _subs.c.id == submission.pk,
+            _subs.c.state == SubmissionState.INTENT,
+            ~exists().where(_costs.c.submission_pk == submission.pk),
+        )
+    ).rowcount
+    if removed:
+        conn.execute(
+            update(_items)
+            .where(
+                _items.c.id == claim.item.pk,
+                _items.c.claim_owner == claim.owner,
+                _items.c.attempts == submission.attempt,
+            )
+            .values(attempts=_items.c.attempts - 1)
+        )
+    return bool(removed)
+
+
+def insert_intent(
+    conn: Connection,
+    item: Item,
+    run_id: str,
+    profile: str,
+    attempt: int,
+    now: datetime,
+    *,
+    forced: bool,
+) -> Submission:
+    """The intent of paid call number `attempt` (already counted on the item), under this
+    installation's reference ``{installation id}-{item key}-{attempt}``."""
+    found = dbapi.fetch_one(
+        conn,
+        _INSERT_INTENT,
+        {
+            "b_item": item.pk,
+            "b_run": run_id,
+            "b_attempt": attempt,
+            "b_ref": f"{item.idempotency_key}-{attempt}",
+            "b_profile": profile,
+            "b_forced": forced,
+            "b_now": now,
+        },
+    )
+    assert found is not None  # an INSERT ... RETURNING answers its row
+    pk, client_reference = found
+    return Submission(pk, item.pk, attempt, client_reference, SubmissionState.INTENT, None)
+
+
+def submission_of(row: Any) -> Submission:
+    return Submission(
+        row.id, row.item_pk, row.attempt, row.client_reference, row.state, row.remote_ref
+    )
+
+
+def _record_cost(
+    conn: Connection,
+    episode_pk: int,
+    submission_pk: int,
+    amount_minor: int,
+    currency: str,
+    now: datetime,
+) -> None:
+    """The ledger's cost entry of a submission (minor units), in the caller's transaction."""
+    dbapi.rowcount(
+        conn,
+        _INSERT_COST,
+        {
+            "b_episode": episode_pk,
+            "b_sub": submission_pk,
+            "b_amount": amount_minor,
+            "b_currency": currency,
+            "b_now": now,
+        },
+    )
+
+
+def completed_outputs(engine: Engine, episode_pk: int) -> list[dict[str, Any]]:
+    """Completed items of an episode with the remote ref and cost of their paid call."""
+    with tx.read(engine) as conn:
+        rows = conn.execute(
+            select(
+                _items.c.idempotency_key,
+                _items.c.video_id,
+                _items.c.part,
+                _items.c.candidate,
+                _items.c.position,
+                _items.c.output_path,
+                _items.c.output_sha256,
+                _subs.c.remote_ref,
+                _costs.c.amount_minor,
+                _costs.c.currency,
+            )
+            .join(_subs, (_subs.c.item_pk == _items.c.id) & (_subs.c.state == "succeeded"))
+            .join(_costs, _costs.c.submission_pk == _subs.c.id)
+            .where(_items.c.episode_pk == episode_pk, _items.c.state == ItemState.COMPLETED)
+            .order_by(_items.c.position, _items.c.part, _items.c.candidate)
+        ).all()
+    return [dict(row._mapping) for row in rows]
