@@ -75,10 +75,10 @@ class NotYet(Exception):
 
 
 class JobsApiClient:
-    """What every asynchronous jobs API adapter shares: an API client that carries the
-    credential (to the provider's origin only, never following redirects), a second client
-    without it for outputs, the collect loop (`_collect_once` per poll, tenacity between
-    polls), capped downloads and same-origin pagination. Subclasses speak one API."""
+    """The shared part of a jobs API adapter (the module docstring states its rules): the
+    API client with the credential, the download client without it, the collect loop,
+    capped downloads and same-origin pagination. Subclasses speak one API: they give
+    ``KIND``, ``_capabilities``, ``submit``, ``lookup`` and ``_collect_once``."""
 
     AUTH_SCHEME = "Bearer"  # the Authorization header's scheme
     DEFAULT_BASE_URL: str | None = None

@@ -1,4 +1,4 @@
-"""Malformed provider replies (issue 12): the HTTP provider against a real local server
+"""Malformed provider replies: the HTTP provider against a real local server
 (`tests.http_server`) that answers create, poll, lookup and download with fuzzed statuses and
 bodies: wrong types, missing fields, NaN/negative/huge costs, non-JSON, huge or deeply nested
 bodies, unknown statuses, remote references with control characters or 10 KB long.
