@@ -66,14 +66,15 @@ def check(profile: ProfileArg, as_json: JsonOption = False) -> None:
     from pipeline.provider_check import capability_row, check_profile
     from providers.profiles import get_profile, load_profiles
 
-    chosen = get_profile(load_profiles(context.settings().providers_path), profile)
+    settings = context.settings()
+    chosen = get_profile(load_profiles(settings.providers_path), profile)
     row = capability_row(chosen).to_dict()
     if chosen.credential_secret_block:  # read from the Prefect API configured here
         from tasks.generate import PrefectSecretCredentials
 
-        result = check_profile(chosen, PrefectSecretCredentials())
+        result = check_profile(chosen, PrefectSecretCredentials(), settings.home_path)
     else:
-        result = check_profile(chosen, EnvironmentCredentials())
+        result = check_profile(chosen, EnvironmentCredentials(), settings.home_path)
     if as_json:
         emit_json({**row, "check": {"ok": result.ok, "message": result.message}})
     else:

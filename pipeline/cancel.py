@@ -21,9 +21,9 @@ from sqlalchemy import Engine
 from core.errors import EpisodicError, InvalidTransition
 from core.settings import Settings
 from core.states import RunState
-from pipeline.gate import CredentialSource, build_provider, open_gate
-from providers.base import ProviderError
-from providers.profiles import get_profile, load_profiles
+from pipeline.gate import CredentialSource, GatePass, build_provider, open_gate
+from providers.base import CancelsJobs, Provider, ProviderError
+from providers.profiles import Profile, get_profile, load_profiles
 from storage.cancels import CancelStore
 from storage.episodes import EpisodeRepository
 from storage.ledger import LedgerStore
@@ -93,7 +93,7 @@ def cancel_run(
     gate = open_gate(engine, run.pipeline, run.episode_id, "cancel")
     profiles = load_profiles(settings.providers_path)
     answers: list[JobCancel] = []
-    providers: dict[str, Any] = {}
+    providers: dict[str, Provider | str] = {}  # a client, or why it could not be built
     for submission, remote_ref, profile_id in jobs:
         # Decided right before each job's call, and recorded with the decision under the
         # episode's membership lock: a run admitted while earlier jobs were being cancelled
@@ -114,11 +114,11 @@ def cancel_run(
 
 
 def _ask(
-    gate: Any,
-    profiles: dict[str, Any],
+    gate: GatePass,
+    profiles: dict[str, Profile],
     profile_id: str,
     remote_ref: str,
-    providers: dict[str, Any],
+    providers: dict[str, Provider | str],
     settings: Settings,
     credentials: CredentialSource,
 ) -> str:
@@ -131,11 +131,10 @@ def _ask(
     provider = providers[profile_id]
     if isinstance(provider, str):
         return provider
-    cancel = getattr(provider, "cancel", None)
-    if not callable(cancel):
+    if not isinstance(provider, CancelsJobs):
         return "not asked: the provider has no cancel"
     try:
-        return str(cancel(remote_ref))
+        return str(provider.cancel(remote_ref))
     except ProviderError as exc:
         return f"unknown: {exc}"[:200]
 

@@ -47,6 +47,7 @@ from pipeline.gate import GatePass
 from pipeline.runs import RunOptions, RunOutcome, classify, write_atomically
 from providers.base import (
     CollectionPending,
+    DescribesJobs,
     ImageRequest,
     NotCreated,
     Provider,
@@ -841,10 +842,9 @@ class RunEngine:
                 "again; only after checking the provider yourself: `episodic runs resume "
                 f"{run} --force-resubmit`"
             )
-        describe = getattr(self.provider, "how_to_find", None)  # jobs without our reference
-        where = (
-            describe(self._request(claim, submission))
-            if callable(describe)
+        where = (  # a provider whose jobs carry no reference of ours says where to look
+            self.provider.how_to_find(self._request(claim, submission))
+            if isinstance(self.provider, DescribesJobs)
             else f"client reference {submission.client_reference}"
         )
         return (

@@ -1,8 +1,10 @@
-"""The execution gate (DESIGN 4): no credential is read and no provider client is built for
-an episode that does not exist.
+"""The execution gate (DESIGN 4): no paid command reads a credential or builds a provider
+client for an episode that does not exist.
 
 The order is structural: `build_provider` accepts only a `GatePass`, and only `open_gate`
-can make one (after parsing the id and loading the episode).
+can make one (after parsing the id and loading the episode). The one other caller of
+`providers.registry.build_client` is ``episodic providers check``, which builds a client for
+a free call and never calls what spends (`pipeline.provider_check`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from core.errors import ProviderConfigError
 from core.ids import EpisodeId
 from providers.base import Provider
 from providers.profiles import Profile
+from providers.registry import build_client
 from storage.episodes import EpisodeRepository
 
 _GATE_TOKEN = object()
@@ -78,34 +81,14 @@ def check_credential(profile: Profile, value: str, source: str) -> str:
 def build_provider(
     gate: GatePass, profile: Profile, credentials: CredentialSource, state_dir: Path
 ) -> Provider:
-    """The only place a provider client is built or a credential read."""
+    """The client of a paid command: the credential is read, and the client built (by
+    `providers.registry.build_client`, the one place any client is built), only for the
+    `GatePass` of an episode that exists. Raises `ProviderConfigError` (no credential, a
+    profile the adapter cannot use) and `TypeError` without a real `GatePass`."""
     if not isinstance(gate, GatePass) or gate._token is not _GATE_TOKEN:
         raise TypeError("build_provider needs the GatePass of a successful open_gate()")
     credential = credentials.read(profile) if profile.needs_credential else None
-    if profile.kind == "fake":
-        from providers.fake import FakeProvider
-
-        return FakeProvider(
-            profile_id=profile.id,
-            state_dir=state_dir / "fake-provider",
-            cost_per_image_minor=profile.cost_per_image_minor,
-            currency=profile.currency,
-            max_concurrency=profile.max_concurrency,
-            delay_ms=profile.delay_ms,
-            credential=credential,
-        )
-    if credential is None:
-        raise ProviderConfigError(f"{profile.kind} profile {profile.id!r} needs a credential")
-    if profile.kind == "replicate":
-        from providers.replicate import ReplicateProvider
-
-        return ReplicateProvider(profile=profile, token=credential)
-    if profile.kind == "fal":
-        from providers.fal import FalProvider
-
-        return FalProvider(profile=profile, token=credential)
-    from providers.http import HttpProvider
-
-    if profile.base_url is None:
+    if profile.kind == "http" and credential is not None and profile.base_url is None:
+        # a paid command's own words (`providers check` says the adapter's "needs base_url")
         raise ProviderConfigError(f"http profile {profile.id!r} needs base_url and a credential")
-    return HttpProvider(profile=profile, token=credential)
+    return build_client(profile, credential, state_dir)

@@ -9,12 +9,14 @@ what happens on an ambiguous reply (a create whose acceptance is unknown).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from core.errors import ProviderConfigError
 from pipeline.gate import CredentialSource
-from providers.base import CannotCheck, ProviderError
+from providers.base import CannotCheck, ChecksCredential, ProviderError
 from providers.profiles import Profile
+from providers.registry import build_client
 
 _AMBIGUOUS_RESEND = "sent again with the same key: the provider returns the one job"
 _AMBIGUOUS_LOOKUP = "looked up; until found, never sent again"
@@ -108,16 +110,20 @@ class CheckResult:
     message: str
 
 
-def check_profile(profile: Profile, credentials: CredentialSource) -> CheckResult:
-    """Verify the profile's credential without spending. Never submits anything.
+def check_profile(profile: Profile, credentials: CredentialSource, state_dir: Path) -> CheckResult:
+    """Verify the profile's credential without spending: the adapter's free call
+    (`ChecksCredential`), never a submit. A check is not a paid command, so it needs no
+    episode's gate. `state_dir`: the installation's home (see `providers.registry`).
     Raises `ProviderConfigError` (no credential, malformed)."""
     if profile.kind == "fake":
         return CheckResult(True, "the fake provider is local: nothing to check")
     token = credentials.read(profile) if profile.needs_credential else None
     if token is None:
         raise ProviderConfigError(f"profile {profile.id!r} names no credential")
-    client = _client(profile, token)
+    client = build_client(profile, token, state_dir)
     try:
+        if not isinstance(client, ChecksCredential):
+            raise CannotCheck(f"the {profile.kind} adapter has no free call that verifies it")
         return CheckResult(True, client.check())
     except CannotCheck as exc:
         return CheckResult(None, f"cannot check without spending: {exc}")
@@ -127,19 +133,3 @@ def check_profile(profile: Profile, credentials: CredentialSource) -> CheckResul
         return CheckResult(False, f"no answer: {exc}")
     finally:
         client.close()
-
-
-def _client(profile: Profile, token: str) -> Any:
-    """The adapter, built for a check only: its methods that spend are never called here
-    (a check is not a paid command, so it needs no episode's gate)."""
-    if profile.kind == "replicate":
-        from providers.replicate import ReplicateProvider
-
-        return ReplicateProvider(profile=profile, token=token)
-    if profile.kind == "fal":
-        from providers.fal import FalProvider
-
-        return FalProvider(profile=profile, token=token)
-    from providers.http import HttpProvider
-
-    return HttpProvider(profile=profile, token=token)

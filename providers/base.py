@@ -20,12 +20,21 @@ Errors are classified by what they *prove* about the provider's side (DESIGN 5):
 `RemoteJobFailed`, `CollectionPending` and `Stopped`; `lookup` returns a remote reference only
 when exactly one job carries our client reference (verified on the provider's reply, never
 assumed from a filter) and raises `UnknownOutcome` when the answer is ambiguous.
+
+What only some providers can do is a protocol of its own, declared by the adapter's class
+(``class ReplicateProvider(JobsApiClient, CancelsJobs, ...)``: mypy checks the signatures)
+and asked by ``isinstance``: `CancelsJobs`, `DescribesJobs`, `ChecksCredential`. They are
+``runtime_checkable`` protocols rather than flags because the ability *is* the method: a
+flag in `Capabilities` would be a second statement of it that could disagree with the
+class, while ``isinstance`` narrows the type so the call that follows is type-checked.
+(`Capabilities` keeps what is a promise about the provider's side, not a method of ours:
+idempotent creates, lookups, concurrency, price.) `providers.registry` builds the adapters.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 
 class ProviderError(Exception):
@@ -121,6 +130,36 @@ class Provider(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class CancelsJobs(Protocol):
+    """A provider that can be asked to stop a job it accepted."""
+
+    def cancel(self, remote_ref: str) -> str:
+        """Ask the provider to cancel the job; its answer (the status it reports after the
+        call, e.g. ``canceled``, ``CANCELLATION_REQUESTED``, ``ALREADY_COMPLETED``). Raises
+        `UnknownOutcome` when the answer is not known."""
+        ...
+
+
+@runtime_checkable
+class DescribesJobs(Protocol):
+    """A provider whose jobs carry nothing of ours: it says where an operator finds the job
+    of a create whose reply was lost (a model's job list, by the item's prompt and seed)."""
+
+    def how_to_find(self, request: ImageRequest) -> str: ...
+
+
+@runtime_checkable
+class ChecksCredential(Protocol):
+    """A provider whose credential can be verified (or said not to be verifiable) without
+    spending: ``episodic providers check``."""
+
+    def check(self) -> str:
+        """What the provider said of the credential. Raises `CannotCheck` (no free call),
+        `ProviderConfigError` (the credential was refused), `ProviderError` (no answer)."""
+        ...
 
 
 class StopCheck(Protocol):

@@ -47,6 +47,7 @@ from typing import Any
 
 from core.errors import ProviderConfigError
 from providers.base import (
+    CancelsJobs,
     Capabilities,
     CollectionPending,
     ImageRequest,
@@ -101,7 +102,7 @@ def _env_delay_ms() -> int:
     return int(raw)
 
 
-class FakeProvider:
+class FakeProvider(CancelsJobs):
     def __init__(
         self,
         *,

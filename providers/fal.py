@@ -31,14 +31,17 @@ import re
 import httpx
 
 from providers.base import (
+    CancelsJobs,
     CannotCheck,
     Capabilities,
+    ChecksCredential,
+    DescribesJobs,
     ImageRequest,
     ImageResult,
     RemoteJobFailed,
     UnknownOutcome,
 )
-from providers.http import JobsApiClient, _json, _NotYet
+from providers.jobs_api import JobsApiClient, NotYet, read_json
 from providers.profiles import Profile
 from providers.replicate import model_input
 
@@ -48,7 +51,7 @@ _STATUSES = {"IN_QUEUE", "IN_PROGRESS", "COMPLETED"}
 _CANCEL = {"OK", "CANCELLATION_REQUESTED", "ALREADY_COMPLETED", "NOT_FOUND"}
 
 
-class FalProvider(JobsApiClient):
+class FalProvider(JobsApiClient, CancelsJobs, DescribesJobs, ChecksCredential):
     KIND = "fal"
     AUTH_SCHEME = "Key"
     DEFAULT_BASE_URL = QUEUE
@@ -78,21 +81,21 @@ class FalProvider(JobsApiClient):
         state = status.get("status")
         if state != "COMPLETED":
             label = state if isinstance(state, str) and state in _STATUSES else "?"
-            raise _NotYet(f"status {label}", failed=False)
+            raise NotYet(f"status {label}", failed=False)
         if status.get("error") or status.get("error_type"):
             raise RemoteJobFailed("request failed", self.profile.cost_per_image_minor)
         try:
             response = self._api.get(base)
         except httpx.HTTPError as exc:
-            raise _NotYet(f"result: {type(exc).__name__}") from None
+            raise NotYet(f"result: {type(exc).__name__}") from None
         if response.status_code == 422 and self._has_detail(response):  # the model refused
             raise RemoteJobFailed("request failed: HTTP 422", self.profile.cost_per_image_minor)
         if not response.is_success:
-            raise _NotYet(f"result: HTTP {response.status_code}")
+            raise NotYet(f"result: HTTP {response.status_code}")
         try:
-            result = _json(response)
+            result = read_json(response)
         except ValueError:
-            raise _NotYet("result: reply is not JSON") from None
+            raise NotYet("result: reply is not JSON") from None
         images = result.get("images") if isinstance(result, dict) else None
         first = images[0] if isinstance(images, list) and images else None
         url = first.get("url") if isinstance(first, dict) else None
@@ -101,7 +104,7 @@ class FalProvider(JobsApiClient):
     @staticmethod
     def _has_detail(response: httpx.Response) -> bool:
         try:
-            body = _json(response)
+            body = read_json(response)
         except ValueError:
             return False
         return isinstance(body, dict) and "detail" in body
@@ -123,7 +126,7 @@ class FalProvider(JobsApiClient):
             raise UnknownOutcome("cancel: malformed request id")
         try:
             response = self._api.put(f"/{self.app}/requests/{remote_ref}/cancel")
-            status = _json(response).get("status") if response.status_code < 500 else None
+            status = read_json(response).get("status") if response.status_code < 500 else None
         except (httpx.HTTPError, ValueError, AttributeError) as exc:
             raise UnknownOutcome(f"cancel: {type(exc).__name__}") from None
         if status not in _CANCEL:

@@ -38,18 +38,16 @@ from typing import Any
 import httpx
 
 from providers.base import (
+    CancelsJobs,
     Capabilities,
+    ChecksCredential,
+    DescribesJobs,
     ImageRequest,
     ImageResult,
     RemoteJobFailed,
     UnknownOutcome,
 )
-from providers.http import (
-    _STATUS,
-    JobsApiClient,
-    _json,
-    _NotYet,
-)
+from providers.jobs_api import STATUS_WORD, JobsApiClient, NotYet, read_json, shown_status
 from providers.profiles import Profile
 
 API = "https://api.replicate.com/v1"
@@ -69,7 +67,7 @@ def model_input(profile: Profile, request: ImageRequest) -> dict[str, Any]:
     return values
 
 
-class ReplicateProvider(JobsApiClient):
+class ReplicateProvider(JobsApiClient, CancelsJobs, DescribesJobs, ChecksCredential):
     KIND = "replicate"
     AUTH_SCHEME = "Bearer"
     DEFAULT_BASE_URL = API
@@ -107,8 +105,7 @@ class ReplicateProvider(JobsApiClient):
                 cancelled=status == "canceled",
             )
         if status != "succeeded":
-            label = status if isinstance(status, str) and _STATUS.fullmatch(status) else "?"
-            raise _NotYet(f"status {label}", failed=False)
+            raise NotYet(f"status {shown_status(status)}", failed=False)
         output = prediction.get("output")
         url = output[0] if isinstance(output, list) and output else output
         return self._fetch_output(url, self.profile.cost_per_image_minor)
@@ -164,10 +161,10 @@ class ReplicateProvider(JobsApiClient):
             raise UnknownOutcome("cancel: malformed prediction id")
         try:
             response = self._api.post(f"/predictions/{remote_ref}/cancel")
-            status = _json(response).get("status") if response.is_success else None
+            status = read_json(response).get("status") if response.is_success else None
         except (httpx.HTTPError, ValueError, AttributeError) as exc:
             raise UnknownOutcome(f"cancel: {type(exc).__name__}") from None
-        if not isinstance(status, str) or not _STATUS.fullmatch(status):
+        if not isinstance(status, str) or not STATUS_WORD.fullmatch(status):
             raise UnknownOutcome(f"cancel: HTTP {response.status_code}")
         return status
 
@@ -176,7 +173,7 @@ class ReplicateProvider(JobsApiClient):
         Raises `ProviderConfigError` (refused token) or `UnknownOutcome` (no answer)."""
         response = self._verify("/account")
         try:
-            username = _json(response).get("username") if response.is_success else None
+            username = read_json(response).get("username") if response.is_success else None
         except (ValueError, AttributeError):
             username = None
         if not isinstance(username, str):

@@ -21,12 +21,13 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from reliability.scenarios import ONLY_ON, SCENARIOS, TRIALS, Backend, Result
+from reliability.harness import Backend, Result
+from reliability.scenarios import ONLY_ON, SCENARIOS, TRIALS
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _row(result: Result) -> str:
+def table_row(result: Result) -> str:
     faults = ", ".join(f"{name} {n}" for name, n in sorted(result.faults.items())) or "-"
     money = (
         f"{result.paid_jobs} / {result.logical_items}" if result.logical_items is not None else "-"
@@ -41,7 +42,7 @@ def _row(result: Result) -> str:
     )
 
 
-def _keep_forensics(tmp: Path, kept: Path, results: list[Result]) -> None:
+def keep_forensics(tmp: Path, kept: Path, results: list[Result]) -> None:
     """Copy every failed trial's forensics (its stderr, threads' stacks, ledger rows) out of
     the run's temporary folder before it goes, and point the report's problems at the copies."""
     found = sorted(tmp.rglob("forensics*.txt"))
@@ -81,7 +82,7 @@ def report(results: list[Result], command: str, seed: int) -> str:
         "episodes kept / allocations reported | stuck rows | data lost | result | time | "
         "rerun alone |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
-        *(_row(r) for r in results),
+        *(table_row(r) for r in results),
         "",
         "## What each scenario does",
         "",
@@ -173,7 +174,7 @@ def main() -> int:
                     print(f"    {verdict} ({result.seconds:.0f} s) {result.notes}", flush=True)
             finally:
                 backend.close()
-        _keep_forensics(Path(tmp), kept, results)
+        keep_forensics(Path(tmp), kept, results)
     command = "python -m reliability " + " ".join(sys.argv[1:])
     text = report(results, command.strip(), seed)
     if target is not None:

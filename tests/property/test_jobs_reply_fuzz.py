@@ -28,7 +28,7 @@ from providers.base import (
     UnknownOutcome,
 )
 from providers.fal import FalProvider
-from providers.http import _JOB_ID
+from providers.jobs_api import JOB_ID
 from providers.profiles import Profile
 from providers.replicate import ReplicateProvider
 from tests.jobs_servers import TOKEN, FalServer, ReplicateServer
@@ -128,7 +128,7 @@ def test_a_create_reply_is_classified_by_what_it_proves(
         assert isinstance(exc, RateLimited if code == 429 else PermanentProviderError)
         assert "\n" not in str(exc) and len(str(exc)) < 200
         return
-    assert 200 <= code < 300 and _JOB_ID.fullmatch(remote_ref), (code, remote_ref)
+    assert 200 <= code < 300 and JOB_ID.fullmatch(remote_ref), (code, remote_ref)
 
 
 @FUZZ
@@ -199,4 +199,4 @@ def test_a_replicate_list_reply_is_none_one_usable_id_or_unknown(
         found = client.lookup(request().client_reference, request())
     except UnknownOutcome:
         return
-    assert found is None or _JOB_ID.fullmatch(found)
+    assert found is None or JOB_ID.fullmatch(found)

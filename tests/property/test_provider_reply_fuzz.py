@@ -1,4 +1,4 @@
-"""Malformed provider replies (issue 12): the HTTP provider against a real local server
+"""Malformed provider replies: the HTTP provider against a real local server
 (`tests.http_server`) that answers create, poll, lookup and download with fuzzed statuses and
 bodies: wrong types, missing fields, NaN/negative/huge costs, non-JSON, huge or deeply nested
 bodies, unknown statuses, remote references with control characters or 10 KB long.
@@ -21,7 +21,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-import providers.http as http_module
+import providers.jobs_api as jobs_api
 from core.money import MAX_IMAGE_COST_MINOR
 from providers.base import (
     CollectionPending,
@@ -41,7 +41,7 @@ from tests.property import fuzz_settings
 FUZZ = fuzz_settings(45)
 PRICE = 5
 REF = "ref-0001"
-_USABLE_ID = http_module._JOB_ID
+_USABLE_ID = jobs_api.JOB_ID
 
 
 def _nested(depth: int) -> Any:
@@ -275,7 +275,7 @@ def test_a_download_reply_is_pending_or_an_image_with_a_cost_in_range(
     body: Any,
     cost: Any,
 ) -> None:
-    monkeypatch.setattr(http_module, "MAX_IMAGE_BYTES", 1_000_000)
+    monkeypatch.setattr(jobs_api, "MAX_IMAGE_BYTES", 1_000_000)
     server.reply = None
     client = provider()
     remote_ref = client.submit(request())

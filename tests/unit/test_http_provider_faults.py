@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-import providers.http as http_module
+import providers.jobs_api as jobs_api
 from core.errors import ProviderConfigError
 from providers.base import (
     CollectionPending,
@@ -262,7 +262,7 @@ def test_collect_stops_between_waits_when_asked(connect: Callable[..., HttpProvi
 def test_an_output_over_the_size_cap_is_refused_as_pending(
     connect: Callable[..., HttpProvider], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(http_module, "MAX_IMAGE_BYTES", 16)
+    monkeypatch.setattr(jobs_api, "MAX_IMAGE_BYTES", 16)
     with PredictionsServer() as server:
         provider = connect(server)
         remote_ref = provider.submit(image_request())
@@ -294,7 +294,7 @@ def test_lookup_follows_same_origin_pages(
         assert provider.lookup("ref-0") == oldest  # the last of four pages
         lists = [s for s in server.requests if s.path.startswith("/v1/predictions?")]
         assert len(lists) == 4
-        monkeypatch.setattr(http_module, "MAX_LOOKUP_PAGES", 2)
+        monkeypatch.setattr(jobs_api, "MAX_LOOKUP_PAGES", 2)
         with pytest.raises(UnknownOutcome, match="more than 2 pages"):
             provider.lookup("ref-0")
 

@@ -9,17 +9,18 @@ import subprocess
 import sys
 from pathlib import Path
 
-from reliability.__main__ import _keep_forensics, _row
-from reliability.scenarios import Result, _sha256, _signal_some
+from reliability.__main__ import keep_forensics, table_row
+from reliability.harness import Result, signal_some
+from reliability.oracle import sha256_of
 
 
 def test_a_signal_that_reached_no_live_process_is_not_counted_as_a_fault() -> None:
     done = subprocess.Popen([sys.executable, "-c", "pass"])
     done.wait()
-    assert _signal_some([done], random.Random(1)) == ("none (the processes had finished)", {})
+    assert signal_some([done], random.Random(1)) == ("none (the processes had finished)", {})
     alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
-        fault, signalled = _signal_some([alive], random.Random(1))
+        fault, signalled = signal_some([alive], random.Random(1))
         assert fault.endswith("x1 of 1") and fault.split()[0].startswith("SIG")
         assert list(signalled) == [0]  # the survivors' exits are checked by index
         assert alive.wait(10) != 0  # it did get the signal
@@ -30,22 +31,22 @@ def test_a_signal_that_reached_no_live_process_is_not_counted_as_a_fault() -> No
 def test_an_image_missing_or_changed_is_seen(tmp_path: Path) -> None:
     image = tmp_path / "a.png"
     image.write_bytes(b"png")
-    recorded = _sha256(str(image))
+    recorded = sha256_of(str(image))
     assert recorded is not None
     image.write_bytes(b"other")
-    assert _sha256(str(image)) != recorded
+    assert sha256_of(str(image)) != recorded
     image.unlink()
-    assert _sha256(str(image)) is None
+    assert sha256_of(str(image)) is None
 
 
 def test_any_problem_stuck_row_or_lost_datum_is_a_fault() -> None:
     assert Result("s", "sqlite").passed
-    assert "| - |" in _row(Result("s", "sqlite"))  # stuck rows not measured: shown as such
+    assert "| - |" in table_row(Result("s", "sqlite"))  # stuck rows not measured: shown as such
     assert not Result("s", "sqlite", stuck=1).passed
     assert not Result("s", "sqlite", lost=1).passed
     failed = Result("s", "sqlite")
     failed.problem("trial 3: exit 1")
-    assert not failed.passed and "**FAULT**" in _row(failed)
+    assert not failed.passed and "**FAULT**" in table_row(failed)
 
 
 def test_the_rerun_command_repeats_the_same_choices() -> None:
@@ -60,6 +61,6 @@ def test_a_failed_trials_forensics_outlive_the_runs_temporary_folder(tmp_path: P
     result = Result("flow-crash", "sqlite")
     result.problem(f"trial 3: hung (see {run / 'flow' / 'home3' / 'forensics.txt'})")
     kept = tmp_path / "kept"
-    _keep_forensics(run, kept, [result])
+    keep_forensics(run, kept, [result])
     assert (kept / "flow" / "home3" / "forensics.txt").read_text() == "stacks"
     assert str(kept) in result.problems[0] and str(run) + "/" not in result.problems[0]
