@@ -83,7 +83,7 @@ MONDAY = datetime(2026, 8, 3, tzinfo=UTC)  # 2026-W32
 DATA_JPEG = "data:image/jpeg;base64,"
 REVIEWER = "Rita Reviewer"
 NOTE = "too dark for the opening, re-plan v02"
-WAIT_S = 90.0
+WAIT_S = 180.0  # a bound, not a pause: every wait ends when its condition holds
 #: The resume form: prefect-design's modal card (v1) or a dialog (v2) titled Resume Flow Run.
 FORM_XPATH = (
     "//*[contains(@class,'p-modal__card') or @role='dialog']"
@@ -316,7 +316,7 @@ def check_the_form(driver: Any, ui: Ui, form: Any, images: int, labels: list[str
         return found if len(found) >= images else None
 
     try:
-        found = wait_for(f"{images} data:image/jpeg thumbnails", thumbnails, 30)
+        found = wait_for(f"{images} data:image/jpeg thumbnails", thumbnails)
     except CheckFailed:
         srcs = driver.execute_script(
             "return [...arguments[0].querySelectorAll('img')].map(i => "
@@ -334,7 +334,7 @@ def check_the_form(driver: Any, ui: Ui, form: Any, images: int, labels: list[str
         return now if all(i["complete"] and i["natural_width"] > 0 for i in now) else None
 
     try:
-        found = wait_for("the thumbnails to decode", decoded, 20)
+        found = wait_for("the thumbnails to decode", decoded)
     except CheckFailed:
         broken = [i["alt"] for i in found if not i["natural_width"]]
         raise CheckFailed(f"{ui.name}: thumbnails the browser did not decode: {broken}") from None
