@@ -54,11 +54,11 @@ bench: bootstrap  ## benchmarks (never part of the tests)
 
 # Not part of `make test`. Installs Debian's chromium and chromium-driver (apt, as root) when
 # missing and the `ui` dependency group (selenium) into .venv, then checks the approval form
-# in the real Prefect UI; screenshot: .episodic/ui-check/resume-form.png.
+# in the real Prefect UI (the images; a rejection, then Retry); screenshots: .episodic/ui-check.
 reliability: bootstrap  ## the fault suite (long: ~17 min); writes docs/reliability.md
 	$(BIN)/python -m reliability
 
-ui-check: bootstrap  ## the approval form in a real browser: the reviewer sees the images
+ui-check: bootstrap  ## the approval form in a real browser: the images, a rejection that stands a Retry
 	@test -x /usr/bin/chromium -a -x /usr/bin/chromedriver || \
 	  { DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; }

@@ -71,6 +71,12 @@ def scheduling_deployments(pipeline: str, default_pipeline: str) -> list[str]:
     """The deployments of the weekly flow (``flow/deployment``) whose active schedules feed
     ``pipeline``: its ``pipeline`` parameter, else the EPISODIC_PIPELINE of its job
     variables, else ``default_pipeline`` (this process's, the best guess for a worker's)."""
+    return schedulers_by_pipeline(default_pipeline).get(pipeline, [])
+
+
+def schedulers_by_pipeline(default_pipeline: str) -> dict[str, list[str]]:
+    """Every pipeline some active schedule of a weekly-flow deployment feeds, with those
+    deployments (``flow/deployment``, sorted); as `scheduling_deployments`."""
     from prefect.client.schemas.filters import FlowFilter, FlowFilterName
 
     flow_name = weekly_spec().flow_name
@@ -78,7 +84,7 @@ def scheduling_deployments(pipeline: str, default_pipeline: str) -> list[str]:
         deployments = client.read_deployments(
             flow_filter=FlowFilter(name=FlowFilterName(any_=[flow_name]))
         )
-    names = []
+    fed_by: dict[str, list[str]] = {}
     for deployment in deployments:
         if deployment.paused or not any(s.active for s in deployment.schedules):
             continue
@@ -88,9 +94,8 @@ def scheduling_deployments(pipeline: str, default_pipeline: str) -> list[str]:
             or (env.get("EPISODIC_PIPELINE") if isinstance(env, dict) else None)
             or default_pipeline
         )
-        if fed == pipeline:
-            names.append(f"{flow_name}/{deployment.name}")
-    return sorted(names)
+        fed_by.setdefault(str(fed), []).append(f"{flow_name}/{deployment.name}")
+    return {pipeline: sorted(names) for pipeline, names in fed_by.items()}
 
 
 def multiple_schedulers_warning(pipeline: str, deployments: list[str]) -> str:

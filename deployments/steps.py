@@ -7,7 +7,9 @@ machine is baked into the deployment.
 
 from __future__ import annotations
 
+import atexit
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,20 +21,84 @@ def setup(pipeline: str | None = None, work_pool: str | None = None) -> dict[str
     schedules use the pipeline's recorded timezone). Raises what `prefect_setup` raises,
     which stops `prefect deploy` with a non-zero exit. Its warnings (two deployments of the
     weekly flow scheduling the pipeline) go to standard error, in `prefect deploy`'s output.
-    """
-    import sys
 
+    Prefect runs a deployment's build steps before it registers that deployment and tells a
+    step nothing about it (its inputs are templated from earlier steps' outputs, blocks,
+    variables and the environment only), so the deploy that creates a second deployment
+    scheduling a pipeline is not seen here: when the deploying process exits, after Prefect
+    registered what it deployed, the step looks again and warns of every deployment this
+    deploy added to a pipeline that now has more than one ("this deploy adds a second
+    deployment scheduling pipeline P (FLOW/DEPLOYMENT): ...").
+    """
     import tasks  # noqa: F401  (Prefect defaults before anything else)
-    from deployments.setup import prefect_setup
+    from core.settings import load_settings
+    from deployments.setup import prefect_setup, schedulers_by_pipeline
 
     result = prefect_setup(pipeline, mode="deploy", work_pool=work_pool)
     for warning in result["warnings"]:
-        print(f"episodic: warning: {warning}", file=sys.stderr, flush=True)
+        _warn(warning)
+    global _watching
+    if not _watching:  # `prefect deploy --all` runs the step once per deployment
+        _watching = True
+        default_pipeline = load_settings().pipeline
+        atexit.register(_warn_of_added_schedulers, schedulers_by_pipeline(default_pipeline),
+                        default_pipeline)  # fmt: skip
     return {
         "timezone": result["timezone"],
         "version": result["version"],
         "pipeline": result["pipeline"],
     }
+
+
+_watching = False
+
+
+def _warn(warning: str) -> None:
+    print(f"episodic: warning: {warning}", file=sys.stderr, flush=True)
+
+
+def _warn_of_added_schedulers(before: dict[str, list[str]], default_pipeline: str) -> None:
+    """At the deploying process's exit: warn of the deployments it added to a pipeline's
+    schedulers, once the pipeline has more than one. Never raises (the deploy is done)."""
+    try:
+        from deployments.setup import schedulers_by_pipeline
+
+        after = schedulers_by_pipeline(default_pipeline)
+    except Exception as exc:  # the server went away, ...: say so, the deploy's result stands
+        _warn(
+            "could not check which deployments of the weekly flow schedule each pipeline "
+            f"after this deploy ({type(exc).__name__}); run `episodic prefect setup`"
+        )
+        return
+    for warning in added_scheduler_warnings(before, after):
+        _warn(warning)
+
+
+def added_scheduler_warnings(
+    before: dict[str, list[str]], after: dict[str, list[str]]
+) -> list[str]:
+    """One warning per pipeline that ``after`` (`schedulers_by_pipeline` once a deploy is
+    done) has more than one scheduler of, some of them not in ``before`` (added by it)."""
+    from deployments.setup import multiple_schedulers_warning
+
+    warnings = []
+    for pipeline, schedulers in sorted(after.items()):
+        added = [name for name in schedulers if name not in before.get(pipeline, [])]
+        if len(schedulers) < 2 or not added:
+            continue
+        if len(added) == 1:
+            nth = _ORDINALS.get(len(schedulers), f"{len(schedulers)}th")
+            what = f"a {nth} deployment"
+        else:
+            what = f"{len(added)} deployments"
+        warnings.append(
+            f"this deploy adds {what} scheduling pipeline {pipeline} ({', '.join(added)}): "
+            + multiple_schedulers_warning(pipeline, schedulers)
+        )
+    return warnings
+
+
+_ORDINALS = {2: "second", 3: "third", 4: "fourth", 5: "fifth"}
 
 
 def project_directory() -> dict[str, str]:

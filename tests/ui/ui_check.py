@@ -1,4 +1,6 @@
-"""Does a person approving an episode in the real Prefect UI see the images? (``make ui-check``)
+"""The approval form in the real Prefect UI: images, rejection, Retry (``make ui-check``).
+
+Does a person approving an episode see the images, and does a rejection stand a Retry?
 
     python -m tests.ui.ui_check
 
@@ -18,8 +20,20 @@
    ``/v2/runs/flow-run/ID``, Resume in the "⋮" menu); both are checked;
 4. saves screenshots of both forms, ``.episodic/ui-check/resume-form.png`` (v1) and
    ``resume-form-v2.png``, with ``report-v1.json``/``report-v2.json`` (thumbnails, console
-   errors, requests the page tried to send off the machine) beside them, and prints one
-   summary line.
+   errors, requests the page tried to send off the machine) beside them;
+5. rejects: fills the v1 form (decision reject, a reviewer, a note), submits, runs the
+   resumed run as a worker would and checks it ends ``Completed`` named "Rejected" with a
+   message naming the reviewer and the note, read back from the API and shown on both UIs'
+   run pages (state badge and Prefect's "Finished in state Rejected(...)" log line);
+   screenshots ``rejected-run.png`` and ``rejected-run-v2.png``;
+6. retries: clicks Retry on the rejected run's v1 page and Retry in its confirmation, runs the
+   retried run and checks it ends Rejected again ("the rejection stands", who and why) with
+   no new form (no Paused/Suspended state, no form keyset after the Retry), the episode still
+   ``rejected`` in our database and no new provider job (the fake provider's job files and
+   its log of create calls); screenshot ``retried-run.png``, ``report-reject-retry.json``;
+   and prints one summary line.
+
+Every wait is for a condition (the page, the API, the database), never a fixed sleep.
 
 On failure it prints one line with the reason, keeps the work folder (server log,
 chromedriver log) and exits 1; the screenshot and the page's HTML of the failing UI are in
@@ -56,6 +70,9 @@ from tests.e2e.stack import PrefectServer
 REPO = Path(__file__).resolve().parents[2]
 OUT_DIR = REPO / ".episodic" / "ui-check"
 SCREENSHOT = OUT_DIR / "resume-form.png"
+REJECTED_SHOT = OUT_DIR / "rejected-run.png"
+REJECTED_SHOT_V2 = OUT_DIR / "rejected-run-v2.png"
+RETRIED_SHOT = OUT_DIR / "retried-run.png"
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
 TITLES = ["first light", "second wind", "third act"]
@@ -64,7 +81,9 @@ IMAGES = 2 + 3
 PICK_FIELD = "v03: the candidate that ships"
 MONDAY = datetime(2026, 8, 3, tzinfo=UTC)  # 2026-W32
 DATA_JPEG = "data:image/jpeg;base64,"
-WAIT_S = 90.0
+REVIEWER = "Rita Reviewer"
+NOTE = "too dark for the opening, re-plan v02"
+WAIT_S = 180.0  # a bound, not a pause: every wait ends when its condition holds
 #: The resume form: prefect-design's modal card (v1) or a dialog (v2) titled Resume Flow Run.
 FORM_XPATH = (
     "//*[contains(@class,'p-modal__card') or @role='dialog']"
@@ -129,6 +148,8 @@ def point_this_process_at(server: PrefectServer, home: Path) -> None:
     os.environ.update(server.client_vars())  # PREFECT_API_URL, client PREFECT_HOME, marker
     os.environ["EPISODIC_HOME"] = str(home)
     os.environ["EPISODIC_TIMEZONE"] = "UTC"
+    # the fake provider's own record of every create call that reached it
+    os.environ["EPISODIC_FAKE_PROVIDER_LOG"] = str(home / "provider.jsonl")
     import tasks  # noqa: F401  (the project's Prefect defaults first)
 
     importlib.import_module("prefect.main")  # then Prefect, which configures its logging
@@ -295,7 +316,7 @@ def check_the_form(driver: Any, ui: Ui, form: Any, images: int, labels: list[str
         return found if len(found) >= images else None
 
     try:
-        found = wait_for(f"{images} data:image/jpeg thumbnails", thumbnails, 30)
+        found = wait_for(f"{images} data:image/jpeg thumbnails", thumbnails)
     except CheckFailed:
         srcs = driver.execute_script(
             "return [...arguments[0].querySelectorAll('img')].map(i => "
@@ -313,7 +334,7 @@ def check_the_form(driver: Any, ui: Ui, form: Any, images: int, labels: list[str
         return now if all(i["complete"] and i["natural_width"] > 0 for i in now) else None
 
     try:
-        found = wait_for("the thumbnails to decode", decoded, 20)
+        found = wait_for("the thumbnails to decode", decoded)
     except CheckFailed:
         broken = [i["alt"] for i in found if not i["natural_width"]]
         raise CheckFailed(f"{ui.name}: thumbnails the browser did not decode: {broken}") from None
@@ -379,6 +400,251 @@ def check_ui(
         (OUT_DIR / f"report-{ui.name}.json").write_text(json.dumps(report, indent=2) + "\n")
 
 
+# --------------------------------------------------------------------------------------------
+# the rejection, and a Retry of the rejected run
+# --------------------------------------------------------------------------------------------
+
+
+def _field(form: Any, label: str, control: str) -> Any:
+    """The input (``control``: textarea, select, input) of the form's field labelled ``label``
+    (a ``(Optional)`` suffix allowed)."""
+    from selenium.webdriver.common.by import By
+
+    xpath = (
+        ".//*[contains(concat(' ', normalize-space(@class), ' '), ' schema-form-property ')]"
+        f"[.//*[contains(@class, 'schema-form-property__label')][normalize-space(.)='{label}'"
+        f" or normalize-space(.)='{label} (Optional)']]//{control}"
+    )
+    for element in form.find_elements(By.XPATH, xpath):
+        if element.is_displayed():
+            return element
+    return None
+
+
+def flow_run(flow_run_id: str) -> Any:
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return client.read_flow_run(flow_run_id)  # type: ignore[arg-type]
+
+
+def state_of(flow_run_id: str) -> Any:
+    state = flow_run(flow_run_id).state
+    if state is None:
+        raise CheckFailed(f"flow run {flow_run_id} has no state")
+    return state
+
+
+def states_of(flow_run_id: str) -> list[Any]:
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        states = client.read_flow_run_states(flow_run_id)  # type: ignore[arg-type]
+    return sorted(states, key=lambda s: s.timestamp)
+
+
+def type_into(form: Any, label: str, control: str, value: str) -> None:
+    element = wait_for(f"v1: the {label} field", lambda: _field(form, label, control))
+    element.clear()
+    element.send_keys(value)
+    wait_for(
+        f"v1: the {label} field to hold what was typed",
+        lambda: element.get_attribute("value") == value,
+    )
+
+
+def reject_in_the_form(driver: Any, server: PrefectServer, flow_run_id: str) -> None:
+    """v1: Resume, fill the form to reject with a reviewer and a note, Submit; returns once
+    the server took the answer (the run left its suspended state)."""
+    from selenium.webdriver.support.ui import Select
+
+    driver.get(server.ui_url + UIS[0].path.format(id=flow_run_id))
+    form = open_the_form(driver, UIS[0])
+    select = wait_for("v1: the decision field's select", lambda: _field(form, "Decision", "select"))
+    Select(select).select_by_value("reject")
+    wait_for("v1: the decision to read reject", lambda: select.get_attribute("value") == "reject")
+    for label, control, value in (
+        ("Reviewer", "textarea", REVIEWER),
+        ("Note", "textarea", NOTE),
+        (PICK_FIELD, "input", "1"),  # required by the form; ignored when rejecting
+    ):
+        type_into(form, label, control, value)
+    wait_for(
+        "v1: the form's Submit button",
+        lambda: displayed(driver, FORM_XPATH + "//button[normalize-space(.)='Submit']"),
+    ).click()
+
+    def answered() -> bool:
+        return not state_of(flow_run_id).is_paused()
+
+    try:
+        wait_for("the server to take the form's answer (the run no longer Suspended)", answered)
+    except CheckFailed:
+        toasts = driver.execute_script(
+            "return [...document.querySelectorAll('.p-toast')].map(t => t.innerText)"
+        )
+        raise CheckFailed(f"the rejection was not taken; the UI said: {toasts}") from None
+
+
+def executed(flow_run_id: str) -> Any:
+    """Run the flow run in this process, as a worker would, and send its logs."""
+    from flows import local
+    from flows.weekly import weekly_episode
+
+    state = local.execute(weekly_episode, flow_run_id)  # type: ignore[arg-type]
+    flush_prefect()
+    return state
+
+
+def rejected_as_answered(state: Any, what: str) -> None:
+    """A Completed state named Rejected whose message names the reviewer and the note."""
+    message = state.message or ""
+    if not (state.is_completed() and state.name == "Rejected"):
+        raise CheckFailed(f"{what} ended {state.type.value} {state.name!r}, not Rejected")
+    if REVIEWER not in message or NOTE not in message:
+        raise CheckFailed(f"{what}: its state's message does not say who and why: {message!r}")
+
+
+def page_shows_rejected(
+    driver: Any, server: PrefectServer, ui: Ui, flow_run_id: str, also: str = ""
+) -> None:
+    """The run page's state badge says Rejected and the page (its logs: Prefect's "Finished in
+    state Rejected('…')") shows who and why, and ``also`` (the retried run's own words)."""
+
+    def badge() -> Any:
+        return displayed(
+            driver,
+            "//*[contains(@class,'state-badge') or self::span][normalize-space(.)='Rejected']",
+        )
+
+    def words() -> bool:
+        text = driver.find_element("tag name", "body").text
+        return REVIEWER in text and NOTE in text and also in text
+
+    driver.get(server.ui_url + ui.path.format(id=flow_run_id))
+    wait_for(f"{ui.name}: the run page's state badge 'Rejected'", badge)
+    wait_for(
+        f"{ui.name}: the run page to show who rejected and why ({REVIEWER}: {NOTE}) {also}", words
+    )
+
+
+def click_retry(driver: Any, server: PrefectServer, flow_run_id: str) -> None:
+    """v1: the header's Retry, then Retry in its confirmation ("Retry NAME?"); returns once
+    the server holds the run Scheduled again (AwaitingRetry)."""
+    driver.get(server.ui_url + UIS[0].path.format(id=flow_run_id))
+    wait_for(
+        "v1: the Retry button on the rejected run's page",
+        lambda: displayed(driver, "//button[normalize-space(.)='Retry']"),
+    ).click()
+    wait_for(
+        "v1: Retry in the 'Retry …?' confirmation",
+        lambda: displayed(
+            driver,
+            "//*[contains(@class,'p-modal__card')][.//*[starts-with(normalize-space(.),'Retry ')]]"
+            "//button[normalize-space(.)='Retry']",
+        ),
+    ).click()
+
+    def scheduled_again() -> bool:
+        state = state_of(flow_run_id)
+        return bool(state.is_scheduled() and state.name == "AwaitingRetry")
+
+    wait_for("the server to hold the run for its retry (Scheduled, AwaitingRetry)", scheduled_again)
+
+
+def provider_jobs(home: Path) -> tuple[int, int]:
+    """(job files the fake provider keeps, create calls its log recorded)."""
+    files = len(list(home.rglob("fake-provider/*.json")))
+    log = home / "provider.jsonl"
+    lines = log.read_text().splitlines() if log.exists() else []
+    calls = sum(1 for line in lines if line and json.loads(line).get("event") == "submit")
+    return files, calls
+
+
+def episode_state() -> str:
+    from core.settings import load_settings
+    from storage.engine import make_engine
+    from storage.episodes import EpisodeRepository
+
+    engine = make_engine(load_settings().url)
+    try:
+        episodes = EpisodeRepository(engine).list("weekly")
+    finally:
+        engine.dispose()
+    if len(episodes) != 1:
+        raise CheckFailed(f"{len(episodes)} episodes in the database, one expected")
+    return str(episodes[0].state)
+
+
+def shoot(driver: Any, path: Path) -> None:
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(Exception):
+        driver.save_screenshot(str(path))
+
+
+def reject_then_retry(
+    driver: Any, server: PrefectServer, flow_run_id: str, home: Path, images: int
+) -> dict[str, Any]:
+    """The rejection through the v1 form, then the UI's Retry of the rejected run: it ends
+    Rejected again, saying who and why, with no new form, no new provider job."""
+    report: dict[str, Any] = {}
+    shot = REJECTED_SHOT
+    try:
+        reject_in_the_form(driver, server, flow_run_id)
+        rejected_as_answered(executed(flow_run_id), "the answered run")
+        rejected_as_answered(state_of(flow_run_id), "the answered run (read back from the API)")
+        page_shows_rejected(driver, server, UIS[0], flow_run_id)
+        shoot(driver, REJECTED_SHOT)
+        shot = REJECTED_SHOT_V2
+        page_shows_rejected(driver, server, UIS[1], flow_run_id)
+        shoot(driver, REJECTED_SHOT_V2)
+        if (state := episode_state()) != "rejected":
+            raise CheckFailed(f"the rejected run's episode is {state!r} in the database")
+        jobs_before = provider_jobs(home)
+        if jobs_before != (images, images):
+            raise CheckFailed(f"provider jobs (files, calls) {jobs_before}, {images} expected")
+
+        shot = RETRIED_SHOT
+        click_retry(driver, server, flow_run_id)
+        retried_at = state_of(flow_run_id).timestamp
+        again = executed(flow_run_id)
+        if again.is_paused():
+            raise CheckFailed("the retried rejected run suspended at a new approval form")
+        rejected_as_answered(again, "the retried run")
+        if "the rejection stands" not in (again.message or ""):
+            raise CheckFailed(f"the retried run does not say the rejection stands: {again.message}")
+        rejected_as_answered(state_of(flow_run_id), "the retried run (read back from the API)")
+        forms = [
+            s.name
+            for s in states_of(flow_run_id)
+            if s.timestamp >= retried_at and (s.is_paused() or s.state_details.run_input_keyset)
+        ]
+        if forms:
+            raise CheckFailed(f"the retried run went through {forms}: a new form")
+        if (state := episode_state()) != "rejected":
+            raise CheckFailed(f"after the Retry the episode is {state!r} in the database")
+        if (jobs_after := provider_jobs(home)) != jobs_before:
+            raise CheckFailed(
+                f"the Retry reached the provider: jobs (files, calls) {jobs_before} -> {jobs_after}"
+            )
+        page_shows_rejected(driver, server, UIS[0], flow_run_id, also="the rejection stands")
+        shoot(driver, RETRIED_SHOT)
+        report.update(
+            message=again.message,
+            provider_jobs=jobs_after[0],
+            screenshots=[
+                str(p.relative_to(REPO)) for p in (REJECTED_SHOT, REJECTED_SHOT_V2, RETRIED_SHOT)
+            ],
+        )
+        return report
+    finally:
+        shoot(driver, shot)
+        with contextlib.suppress(Exception):
+            (OUT_DIR / f"page-{shot.stem}.html").write_text(driver.page_source)
+        report["console_errors"], report["off_machine_requests"] = browser_logs(driver)
+        (OUT_DIR / "report-reject-retry.json").write_text(json.dumps(report, indent=2) + "\n")
+
+
 def describe(report: dict[str, Any], images: int) -> str:
     thumbs = report["thumbnails"]
     loaded = sum(1 for i in thumbs if i["natural_width"] > 0)
@@ -430,9 +696,14 @@ def main() -> int:
         say(f"flow run {flow_run_id} suspended at its approval form ({images} images)")
         with chromium(work) as driver:
             reports = [check_ui(driver, server, ui, flow_run_id, images, labels) for ui in UIS]
+            say("both forms show the images; rejecting in the v1 form, then Retry")
+            rejection = reject_then_retry(driver, server, flow_run_id, work / "home", images)
         print(
             f"ui-check: OK: the approval form of flow run {flow_run_id} shows the images; "
             + "; ".join(describe(r, images) for r in reports)
+            + f"; rejected in the v1 form, Retry ended Rejected again ({rejection['message']}),"
+            f" no new form, episode rejected, still {rejection['provider_jobs']} provider jobs,"
+            f" screenshots {', '.join(rejection['screenshots'])}"
             + f"; {time.monotonic() - began:.1f}s",
             flush=True,
         )

@@ -69,3 +69,27 @@ def test_the_pull_step_moves_into_the_project_folder(
         project_directory()
     (tmp_path / "flows").mkdir()
     assert project_directory() == {"directory": str(tmp_path)}
+
+
+def test_the_deploy_that_adds_a_scheduler_of_a_pipeline_is_named() -> None:
+    """What the build step says when `prefect deploy` exits (it cannot see the deployment
+    before Prefect registers it): only pipelines the deploy gave a further scheduler."""
+    from deployments.steps import added_scheduler_warnings
+
+    weekly, copy, third = (f"weekly-episode/{n}" for n in ("weekly", "weekly-copy", "w3"))
+    before = {"weekly": [weekly], "other": ["weekly-episode/other"]}
+    assert added_scheduler_warnings(before, before) == []
+    assert added_scheduler_warnings({}, {"weekly": [weekly]}) == []  # the first one
+    (warning,) = added_scheduler_warnings(before, {**before, "weekly": [weekly, copy]})
+    assert warning.startswith(
+        f"this deploy adds a second deployment scheduling pipeline weekly ({copy}): "
+        f"pipeline weekly is scheduled by 2 deployments of the weekly flow ({weekly}, {copy})"
+    )
+    (warning,) = added_scheduler_warnings({}, {"weekly": [weekly, copy]})  # `--all`, both new
+    assert warning.startswith("this deploy adds 2 deployments scheduling pipeline weekly")
+    both = {"weekly": [weekly, copy]}
+    (warning,) = added_scheduler_warnings(both, {"weekly": [weekly, copy, third]})
+    assert warning.startswith(
+        f"this deploy adds a third deployment scheduling pipeline weekly ({third})"
+    )
+    assert added_scheduler_warnings(both, both) == []  # a redeploy: setup's own warning says it
