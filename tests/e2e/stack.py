@@ -755,23 +755,25 @@ def create_process_pool(
 
 _DEPLOY_SCRIPT = r"""
 import json, sys
-spec = json.loads(sys.argv[1])
+specs = json.loads(sys.argv[1])
 from prefect import flow
 from prefect.schedules import Cron, Interval
-schedules = []
-if spec.get("cron"):
-    schedules.append(Cron(spec["cron"], timezone=spec.get("timezone")))
-if spec.get("interval") is not None:
-    schedules.append(Interval(spec["interval"], timezone=spec.get("timezone")))
-f = flow.from_source(source=spec["source"], entrypoint=spec["entrypoint"])
-kwargs = {k: spec[k] for k in ("parameters", "job_variables", "tags", "paused",
-                                "work_queue_name", "concurrency_limit") if spec.get(k) is not None}
-if schedules:
-    kwargs["schedules"] = schedules
-deployment_id = f.deploy(name=spec["name"], work_pool_name=spec["work_pool_name"],
-                         build=False, push=False, print_next_steps=False,
-                         ignore_warnings=True, **kwargs)
-print("E2E_DEPLOYMENT_ID=" + str(deployment_id), flush=True)
+for spec in specs:
+    schedules = []
+    if spec.get("cron"):
+        schedules.append(Cron(spec["cron"], timezone=spec.get("timezone")))
+    if spec.get("interval") is not None:
+        schedules.append(Interval(spec["interval"], timezone=spec.get("timezone")))
+    f = flow.from_source(source=spec["source"], entrypoint=spec["entrypoint"])
+    kwargs = {k: spec[k] for k in ("parameters", "job_variables", "tags", "paused",
+                                    "work_queue_name", "concurrency_limit")
+              if spec.get(k) is not None}
+    if schedules:
+        kwargs["schedules"] = schedules
+    deployment_id = f.deploy(name=spec["name"], work_pool_name=spec["work_pool_name"],
+                             build=False, push=False, print_next_steps=False,
+                             ignore_warnings=True, **kwargs)
+    print("E2E_DEPLOYMENT_ID=" + str(deployment_id), flush=True)
 """
 
 
@@ -812,18 +814,46 @@ def deploy_flow(
         "work_queue_name": work_queue_name,
         "concurrency_limit": concurrency_limit,
     }
+    (deployment_id,) = deploy_flows(env, [spec], cwd=cwd or source, timeout=timeout)
+    return deployment_id
+
+
+def deploy_flows(
+    env: PrefectServer | Mapping[str, str],
+    specs: Sequence[Mapping[str, Any]],
+    *,
+    cwd: Path | str,
+    timeout: float = 180.0,
+) -> list[str]:
+    """Several `deploy_flow`s in one subprocess (Prefect and the flows imported once, not
+    once per deployment); each spec holds `deploy_flow`'s keyword arguments (``source``,
+    ``entrypoint``, ``name``, ``work_pool_name`` required). Returns the deployment ids in
+    the order of ``specs``."""
+    optional = ("parameters", "job_variables", "cron", "interval", "timezone", "paused",
+                "tags", "work_queue_name", "concurrency_limit")  # fmt: skip
+    full = [
+        {**{k: spec.get(k) for k in optional}, **spec, "source": str(spec["source"])}
+        for spec in specs
+    ]
     result = run_cli(
-        ["-c", _DEPLOY_SCRIPT, json.dumps(spec)],
+        ["-c", _DEPLOY_SCRIPT, json.dumps(full)],
         env,
-        cwd or source,
+        cwd,
         program=[sys.executable],
         timeout=timeout,
         check=True,
     )
-    for line in result.stdout.splitlines():
-        if line.startswith("E2E_DEPLOYMENT_ID="):
-            return line.split("=", 1)[1].strip()
-    raise StackError(f"deploy printed no deployment id:\n{result.stdout}\n{result.stderr}")
+    ids = [
+        line.split("=", 1)[1].strip()
+        for line in result.stdout.splitlines()
+        if line.startswith("E2E_DEPLOYMENT_ID=")
+    ]
+    if len(ids) != len(full):
+        raise StackError(
+            f"deploy printed {len(ids)} deployment ids for {len(full)} deployments:\n"
+            f"{result.stdout}\n{result.stderr}"
+        )
+    return ids
 
 
 def read_deployment(

@@ -36,7 +36,7 @@ from tests.e2e.stack import (
     api_request,
     create_flow_run,
     create_process_pool,
-    deploy_flow,
+    deploy_flows,
     pids_with_env,
     read_flow_run,
     run_cli,
@@ -68,20 +68,25 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     try:
         with PrefectServer(root / "stack") as server:
             create_process_pool(server, POOL)
-            deployments = {
-                flow: deploy_flow(
-                    server.env(episodic),
-                    source=PROJECT,
-                    entrypoint=entrypoint,
-                    name=flow,
-                    work_pool_name=POOL,
-                )
-                for flow, entrypoint in [
-                    ("weekly", "flows/weekly.py:weekly_episode"),
-                    ("generate", "flows/generate.py:generate_episode"),
-                    ("sweep", "flows/maintenance.py:cancel_stale"),
-                ]
-            }
+            flows = [
+                ("weekly", "flows/weekly.py:weekly_episode"),
+                ("generate", "flows/generate.py:generate_episode"),
+                ("sweep", "flows/maintenance.py:cancel_stale"),
+            ]
+            ids = deploy_flows(  # one process: Prefect and the project imported once
+                server.env(episodic),
+                [
+                    {
+                        "source": PROJECT,
+                        "entrypoint": entrypoint,
+                        "name": flow,
+                        "work_pool_name": POOL,
+                    }
+                    for flow, entrypoint in flows
+                ],
+                cwd=PROJECT,
+            )
+            deployments = {flow: id_ for (flow, _), id_ in zip(flows, ids, strict=True)}
             with Worker(server, POOL, cwd=root, extra_env=episodic) as worker:
                 yield {
                     "server": server,
