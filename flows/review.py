@@ -18,7 +18,7 @@ from prefect.logging import get_run_logger
 from prefect.states import Completed
 from pydantic import Field
 
-from core.errors import CommandNotAllowed, InvalidInput
+from core.errors import CommandNotAllowed, ImagesChangedSinceShown, InvalidInput
 from core.settings import load_settings
 from flows.approval_form import (
     ApprovalInput,
@@ -109,7 +109,7 @@ def approval_step(
                 picks=picks_of(answer, outputs),
             )
         except (InvalidInput, CommandNotAllowed) as exc:
-            if isinstance(exc, CommandNotAllowed) and "changed since" not in str(exc):
+            if isinstance(exc, CommandNotAllowed) and not isinstance(exc, ImagesChangedSinceShown):
                 if approval.state() in DECIDED:  # decided elsewhere meanwhile: follow that
                     return _follow_record(approval, str(exc))
                 raise

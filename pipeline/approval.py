@@ -18,7 +18,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from core.errors import CommandNotAllowed, ImageNotAsPaid, InvalidInput
+from core.errors import CommandNotAllowed, ImageNotAsPaid, ImagesChangedSinceShown, InvalidInput
 from core.hints import hint
 from core.ids import EpisodeId
 from core.playlist import check_picks, check_text, item_label
@@ -68,7 +68,8 @@ def decide(
 
     `expected_digest` (`approval_digest` of the images the reviewer was shown, e.g. by the
     Prefect form) binds the decision to them: if the plan or its images changed since, the
-    decision is refused (`CommandNotAllowed`) and nothing is recorded.
+    decision is refused (`ImagesChangedSinceShown`, a `CommandNotAllowed`) and nothing is
+    recorded.
     `picks` (video id -> candidate, 1-based): an approval of a plan with hero runs names
     the candidate that ships for every hero video; a missing pick, one outside the video's
     candidates or one for a video without candidates is `InvalidInput` (exit 2), and nothing
@@ -117,7 +118,7 @@ def decide(
         outputs = planned_outputs(engine, gate)
         shown = {o["idempotency_key"]: o["output_sha256"] for o in outputs}
         if expected_digest is not None and approval_digest(shown) != expected_digest:
-            raise CommandNotAllowed(
+            raise ImagesChangedSinceShown(
                 f"episode {gate.episode_id}: its images changed since they were shown for "
                 "review; nothing was recorded: review them again"
             )
