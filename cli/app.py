@@ -7,13 +7,8 @@ one line on stderr and exits with its code (DESIGN 10); set EPISODIC_DEBUG=1 for
 
 from __future__ import annotations
 
-import atexit
 import os
-import signal
 import sys
-import threading
-from collections.abc import Callable
-from contextlib import suppress
 
 import click
 import typer
@@ -36,6 +31,7 @@ from cli import (
     serve,
 )
 from cli.output import error
+from cli.signals import interrupts
 
 app = typer.Typer(
     name="episodic",
@@ -68,95 +64,17 @@ app.add_typer(prefect_setup.app, name="prefect")
 
 
 def main(argv: list[str] | None = None) -> None:
-    _terminate_like_interrupt()
+    interrupts.install()
     code: int | None = None
     try:
         code = run(argv)
-        _finished(code)
+        interrupts.finish(code)
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM outside run's own handling (its first
         if code is None:  # import): the same line
             sys.stderr.write("error: interrupted\n")
             code = 130  # ExitCode.INTERRUPTED, which may be what was being imported
-        _finished(code)
+        interrupts.finish(code)
     sys.exit(code)
-
-
-def interrupt_answered() -> bool:
-    """Whether an interrupt reached the command's own handling (which says how the command
-    ended, or was cut short by a second signal): the console script then adds no line."""
-    return _signalled.is_set()
-
-
-def _finished(code: int) -> None:
-    """The command is over and `code` is its answer: a signal from here on (while the
-    interpreter joins threads and runs exit handlers) ends the process with that answer at
-    once, instead of a KeyboardInterrupt traceback from `threading._shutdown`."""
-
-    def now(signum: int, frame: object) -> None:
-        with suppress(Exception):
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(code)
-
-    def quiet_from_here() -> None:  # the interpreter's finalization resets Python-level
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # handlers to the default (death by
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the signal); ignored ones stay
-
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, now)
-        signal.signal(signal.SIGINT, now)
-        atexit.register(quiet_from_here)  # after the threads are joined, first of the hooks
-
-
-# Set by the first SIGINT or SIGTERM: whatever the interrupt turned into on its way out (a
-# library that wraps the KeyboardInterrupt raised inside it, as pydantic's schema builder
-# does at start-up), the command ends as interrupted, exit 130.
-_signalled = threading.Event()
-# Called by the first SIGINT or SIGTERM before the KeyboardInterrupt is raised: a raise can
-# be swallowed (inside a weakref callback or a `__del__`, Python prints "Exception ignored"
-# and goes on), so what must stop (a generation run's engine) is also told directly.
-_on_signal: list[Callable[[], None]] = []
-
-
-_reported = threading.Event()  # the command said how it ended (a run's outcome) itself
-
-
-def mark_reported() -> None:
-    """The command has printed its own answer (a generation run's outcome, interrupted
-    included): an interrupt needs no further line."""
-    _reported.set()
-
-
-def on_signal(callback: Callable[[], None]) -> None:
-    """Call `callback` (from the signal handler: it must only set flags) on an interrupt."""
-    _on_signal.append(callback)
-
-
-def _tell_listeners() -> None:
-    _signalled.set()
-    for callback in list(_on_signal):
-        with suppress(Exception):
-            callback()
-
-
-def _terminate_like_interrupt() -> None:
-    """SIGTERM (systemd, `docker stop`, a CI timeout) stops the command as Ctrl-C does: a
-    generation run releases its claims and pauses (exit 130), resumable at once. Further
-    SIGTERMs while it winds down are ignored, so the pause is recorded."""
-
-    def on_terminate(signum: int, frame: object) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        _tell_listeners()
-        raise KeyboardInterrupt
-
-    def on_interrupt(signum: int, frame: object) -> None:
-        _tell_listeners()
-        raise KeyboardInterrupt
-
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, on_terminate)
-        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-            signal.signal(signal.SIGINT, on_interrupt)
 
 
 def run(argv: list[str] | None = None) -> int:
@@ -164,8 +82,7 @@ def run(argv: list[str] | None = None) -> int:
     from core.exit_codes import ExitCode
 
     args = sys.argv[1:] if argv is None else argv
-    _on_signal.clear()  # listeners belong to one command (tests run many in one process)
-    _reported.clear()
+    interrupts.begin_command()
     for arg in args:  # a process can never receive one (execve); a caller in Python can
         if "\x00" in arg:
             error("an argument contains a NUL byte; nothing was done")
@@ -184,11 +101,16 @@ def run(argv: list[str] | None = None) -> int:
         error("interrupted")
         return ExitCode.INTERRUPTED
     except Exception as exc:
-        if _signalled.is_set() and not _is_answer(exc):  # the interrupt, wrapped on its way
+        # the interrupt, wrapped on its way out
+        if interrupts.signalled.is_set() and not _is_answer(exc):
             error(f"interrupted (stopped in {type(exc).__name__})")
             return ExitCode.INTERRUPTED
         return _report(exc)
-    if result == ExitCode.INTERRUPTED and _signalled.is_set() and not _reported.is_set():
+    if (
+        result == ExitCode.INTERRUPTED
+        and interrupts.signalled.is_set()
+        and not interrupts.reported.is_set()
+    ):
         error("interrupted")  # Typer answers an interrupt inside a command with a bare 130
     return result if isinstance(result, int) else ExitCode.OK
 

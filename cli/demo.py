@@ -88,8 +88,9 @@ def demo(
 def _paid_story(episodes: list[str], pipeline: str) -> dict[str, Any]:
     from core.money import format_minor
     from flows.generate import generate_episode
+    from pipeline.approval import decide
+    from pipeline.assembly import assemble
     from pipeline.check import check_episodes
-    from pipeline.review import assemble, decide
     from storage.episodes import EpisodeRepository
     from storage.ledger import LedgerStore
     from storage.runs import RunStore

@@ -81,10 +81,11 @@ def main() -> None:
 
 
 def _command_answered() -> bool:
-    """Whether an interrupt reached `cli.app`'s own handling (`cli.app` may be missing, or
-    half imported when the interrupt cut its import short)."""
-    answered = getattr(sys.modules.get("cli.app"), "interrupt_answered", None)
-    return answered is not None and bool(answered())
+    """Whether an interrupt reached the command's own handling (`cli.signals`, which
+    `cli.app` imports, may be missing, or half imported when the interrupt cut its import
+    short)."""
+    interrupts = getattr(sys.modules.get("cli.signals"), "interrupts", None)
+    return interrupts is not None and bool(interrupts.answered())
 
 
 def _as_module() -> None:

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
@@ -19,11 +17,7 @@ from cli.options import (
     StrictInt,
 )
 from cli.output import emit_json
-
-if TYPE_CHECKING:
-    from pipeline.engine import RunEngine
-    from pipeline.generation import OnStart
-    from pipeline.runs import RunOutcome
+from cli.run_output import report_outcome, run_progress
 
 EpisodeArg = Annotated[str, typer.Argument(help="Episode id, e.g. 2026-W32-0 (must exist).")]
 
@@ -160,7 +154,7 @@ def generate(
         check_budget(report, options)
         _print_plan(report.to_dict(), as_json)
         return
-    with _progress(as_json) as on_start:
+    with run_progress(as_json) as on_start:
         outcome = generate_run(
             engine,
             settings,
@@ -174,7 +168,7 @@ def generate(
             on_start=on_start,
             hero_candidates=hero_candidates,
         )
-    _report(outcome, as_json)
+    report_outcome(outcome, as_json)
 
 
 def retry(
@@ -191,7 +185,7 @@ def retry(
     from pipeline.gate import EnvironmentCredentials
     from pipeline.generation import retry as retry_run
 
-    with _progress(as_json) as on_start:
+    with run_progress(as_json) as on_start:
         outcome = retry_run(
             context.engine(),
             context.settings(),
@@ -201,7 +195,7 @@ def retry(
             force_resubmit=force_resubmit,
             on_start=on_start,
         )
-    _report(outcome, as_json)
+    report_outcome(outcome, as_json)
 
 
 def resume_run(
@@ -219,7 +213,7 @@ def resume_run(
     from pipeline.generation import resume
 
     run_id = parse_run_id(run_id)
-    with _progress(as_json) as on_start:
+    with run_progress(as_json) as on_start:
         outcome = resume(
             context.engine(),
             context.settings(),
@@ -230,72 +224,7 @@ def resume_run(
             episode_id=episode_id,
             pipeline=pipeline,
         )
-    _report(outcome, as_json)
-
-
-@contextmanager
-def _progress(as_json: bool) -> Iterator[OnStart]:
-    """A progress bar over the run's items, shown once the run is known (a refused request
-    prints nothing but its one-line error)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    shown: list[Progress] = []
-
-    def on_start(engine: RunEngine, run_id: str) -> None:
-        from cli.app import on_signal
-
-        def interrupted() -> None:  # also when the KeyboardInterrupt itself is swallowed
-            engine.interrupted.set()
-            engine.stop.set()
-
-        on_signal(interrupted)
-        if as_json:
-            return
-        progress = Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            transient=True,
-        )
-        progress.start()
-        shown.append(progress)
-        working = f"generating {engine.gate.episode_id}"
-        task = progress.add_task(working, total=len(engine.store.run_items(run_id)))
-        engine.on_progress = lambda item, result: progress.advance(task)
-        engine.on_wait = lambda text: progress.update(task, description=text or working)
-
-    try:
-        yield on_start
-    finally:
-        for progress in shown:
-            progress.stop()
-
-
-def _report(outcome: RunOutcome, as_json: bool) -> None:
-    from cli.app import mark_reported
-    from core.money import format_minor
-
-    mark_reported()
-    if as_json:
-        emit_json(outcome.to_dict())
-    else:
-        counts = outcome.counts
-        joined = (
-            " (deduplicated: joined the run already working on this request; the figures "
-            "below are that run's totals, not this process's)"
-            if outcome.deduplicated
-            else ""
-        )
-        typer.echo(
-            # The run's figures, whichever process paid (a resume of a run a killed process
-            # started shows that process's submissions too: "new" misled a fresh tester).
-            f"{outcome.message}{joined}\n  completed {counts.completed}, skipped "
-            f"{outcome.skipped}, failed {counts.failed}; the run's paid submissions "
-            f"{counts.paid_submissions}, cost {format_minor(counts.cost_minor, counts.currency)}"
-            " (every process's that worked on it)"
-        )
-    raise typer.Exit(int(outcome.exit_code))
+    report_outcome(outcome, as_json)
 
 
 def _print_plan(report: dict[str, object], as_json: bool) -> None:

@@ -35,7 +35,7 @@ def approve(
     """Approve (or --reject) a generated episode's images. Recorded with who and when.
     A plan with hero runs is approved with the candidate that ships for each hero video."""
     from core.playlist import parse_picks
-    from pipeline.review import decide
+    from pipeline.approval import decide
 
     picks = parse_picks(pick) if pick is not None else None
     result = decide(
@@ -67,7 +67,7 @@ def assemble(
     as_json: JsonOption = False,
 ) -> None:
     """Assemble an approved episode (cover, manifest); rerunning it changes nothing."""
-    from pipeline.review import assemble as run_assembly
+    from pipeline.assembly import assemble as run_assembly
 
     result = run_assembly(
         context.engine(), context.settings(), context.pipeline_name(pipeline), episode_id
@@ -92,7 +92,7 @@ def reopen(
     """Undo a decision, recorded: unfreeze an approved or assembled episode's plan (the
     approval is reset), or send a rejected episode back for review as it is. History keeps
     the earlier plan and decision. Then (plan,) generate and decide it again."""
-    from pipeline.review import reopen as run_reopen
+    from pipeline.approval import reopen as run_reopen
 
     result = run_reopen(
         context.engine(), context.pipeline_name(pipeline), episode_id, by=by, reason=reason

@@ -84,6 +84,11 @@ class CommandNotAllowed(InvalidInput):
     pass
 
 
+class ImagesChangedSinceShown(CommandNotAllowed):
+    """A decision bound to the images a reviewer was shown (their digest) found the plan or
+    an image changed since: nothing was recorded, and the reviewer is asked again."""
+
+
 class ImageNotAsPaid(CommandNotAllowed):
     """An image file is missing or its bytes differ from the sha256 the ledger recorded when
     it was paid for: nothing is approved or assembled from it (exit 2, nothing written)."""

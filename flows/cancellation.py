@@ -14,7 +14,7 @@ provider did not answer). An in-process generate subflow of a cancelled weekly r
 finalized by its own engine, which runs its `on_cancellation` hook in the flow-run process.
 
 Both settle with `pipeline.cancel.settle_cancelled` (the runs the flow run worked on, found
-by the links `link_flow_run` records: `storage.flow_runs`), which asks the provider once per
+by the links `link_flow_run` records: `pipeline.flow_links`), which asks the provider once per
 job that still runs, keeps a job another live run collects, records each answer; the run's
 log says what was cancelled, what still bills and the one command that settles it, and the
 episode's `-cost` card on the run counts accepted jobs as committed spend.
@@ -26,7 +26,7 @@ nothing: the paused run's accepted jobs keep running, and a later run collects t
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -39,13 +39,11 @@ from core.settings import Settings, load_settings
 from flows.artifacts import publish_spend
 from flows.maintenance import stdlib_utc
 from pipeline.cancel import Settlement, settle_cancelled
-from storage.base import utcnow
-from storage.flow_runs import FlowRunLinks
+from pipeline.flow_links import LINK_MARGIN, flow_run_chains, link_flow_runs, runs_linked_to
 from storage.registry import engine_for
 from tasks.generate import PrefectSecretCredentials
 
 _CHAIN_MAX = 8  # flow runs above this one: a subflow's parents, and theirs
-_LINK_MARGIN = timedelta(minutes=5)  # clock skew between Prefect's server and the database
 _SHARED_LOOKBACK = timedelta(days=7)  # links of other flow runs of a run: as old as a run lives
 
 
@@ -74,7 +72,7 @@ def link_flow_run(engine: Engine, run_id: str) -> list[str]:
     try:
         chain = flow_run_chain()
         if chain:
-            FlowRunLinks(engine).record(run_id, chain)
+            link_flow_runs(engine, run_id, chain)
         return chain
     except Exception as exc:
         logging.getLogger(__name__).warning("run %s: flow run not linked: %s", run_id, exc)
@@ -103,7 +101,7 @@ def shared_with_live(
     mine = set(chain)
     shared: dict[str, list[str]] = {}
     with get_client(sync_client=True) as client:
-        for run_id, chains in FlowRunLinks(engine).chains_of(run_ids, since).items():
+        for run_id, chains in flow_run_chains(engine, run_ids, since).items():
             for worker in dict.fromkeys(c[0] for c in chains if not mine & set(c)):
                 try:
                     state = client.read_flow_run(UUID(worker)).state
@@ -145,7 +143,7 @@ def settle_in_flow(engine: Engine, settings: Settings, run_id: str, chain: list[
     try:
         if not cancel_requested(chain):
             return
-        since = utcnow() - _SHARED_LOOKBACK
+        since = datetime.now(UTC) - _SHARED_LOOKBACK
         settlement = _settle(engine, settings, [run_id], chain, since, logger)
         if settlement is None:
             return
@@ -165,19 +163,24 @@ def settle_hook(flow: Any, flow_run: Any, state: Any) -> None:
     try:
         settings = load_settings()
         engine = engine_for(settings)
-        since = stdlib_utc(flow_run.created) - _LINK_MARGIN
-        lives = FlowRunLinks(engine).runs_of([str(flow_run.id)], since).get(str(flow_run.id), [])
-        run_ids = [life.run_id for life in lives]
-        if not lives:
+        since = stdlib_utc(flow_run.created) - LINK_MARGIN
+        linked = runs_linked_to(engine, str(flow_run.id), since)
+        run_ids = [run_id for run_id, _, _ in linked]
+        if not linked:
             logger.info("cancelled before it started a paid run: nothing to settle at the provider")
             return
         settlement = _settle(
-            engine, settings, run_ids, [str(flow_run.id)], utcnow() - _SHARED_LOOKBACK, logger
+            engine,
+            settings,
+            run_ids,
+            [str(flow_run.id)],
+            datetime.now(UTC) - _SHARED_LOOKBACK,
+            logger,
         )
         if settlement is None:
             return
         _say(logger, settlement)
-        for pipeline, episode_id in dict.fromkeys((e.pipeline, e.episode_id) for e in lives):
+        for pipeline, episode_id in dict.fromkeys((p, e) for _, p, e in linked):
             publish_spend(engine, pipeline, episode_id, flow_run_id=flow_run.id)
     except Exception as exc:
         logger.warning(_unsettled(exc, run_ids))

@@ -38,8 +38,8 @@ from sqlalchemy import Engine
 from core.dedup import RunRequest, check_dedup_options, parse_idempotency_key
 from core.errors import IdempotencyKeyReused, InvalidInput, ProviderConfigError
 from core.settings import Settings
+from pipeline.dispatch import one_dispatcher
 from pipeline.gate import open_gate
-from storage.lock import keyed_transaction
 
 # command → (flow name, deployment name): `deployments.spec` (serve and prefect.yaml).
 DEPLOYMENTS = {
@@ -126,7 +126,7 @@ def dispatch(
     fp_tag = fingerprint_tag(request.fingerprint)
     req_tag = request_tag(request.request_sha256)
     since = datetime.now(UTC) - timedelta(seconds=settings.dedup_window_s)
-    with keyed_transaction(engine, f"dispatch:{request.fingerprint}"):
+    with one_dispatcher(engine, request.fingerprint):
         with get_client(sync_client=True) as client:
             found = _existing(client, full_name, request, fp_tag, req_tag, since, settings)
             if isinstance(found, FlowRun):

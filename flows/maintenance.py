@@ -8,7 +8,7 @@ The database buckets are `pipeline.sweep`; this adds the ones only Prefect can s
 - ``crashed_flow_runs``: this project's flow runs left Running by a dead process (after
   ``kill -9`` the worker marks the top-level run Crashed, but an in-process generate
   subflow and the item task runs stay Running for good), finalized as Crashed. A flow run
-  is dead when a run of the ledger it worked on (`storage.flow_runs`) lost its lease and no
+  is dead when a run of the ledger it worked on (`pipeline.flow_links`) lost its lease and no
   process holds any of them; its message says what was left at the provider and the command
   that finishes it. Then every task run still Running inside a flow run that ended
   (Crashed, Cancelled, Failed) is Crashed too: a task run never outlives its flow run.
@@ -48,9 +48,9 @@ from sqlalchemy import Engine
 
 from core.settings import load_settings
 from flows.params import Flag
+from pipeline.flow_links import crashed_messages, orphan_message, orphan_messages
 from pipeline.runs import dedup_policy
 from pipeline.sweep import BUCKET_MEANING, sweep
-from storage.flow_runs import FlowRunLinks, RunLife, dead
 from storage.registry import engine_for
 
 PROJECT_FLOWS = (
@@ -69,7 +69,6 @@ GHOST_MEANING = (
     "Running → Crashed: flow runs (lease expired) and task runs left Running by a dead process"
 )
 _ENDED = [StateType.CRASHED, StateType.CANCELLED, StateType.FAILED]
-_LINK_MARGIN = timedelta(minutes=5)
 _PAGE = 200
 
 
@@ -118,7 +117,6 @@ def crash_ghost_runs(
     as Crashed, then the task runs left Running in ended flow runs. Returns
     ``flow-run:{id}`` and ``task-run:{id}`` entries for what this call moved."""
     ours = FlowFilter(name=FlowFilterName(any_=list(PROJECT_FLOWS)))
-    links = FlowRunLinks(engine, fallback_lease_s)
     done: list[str] = []
     with get_client(sync_client=True) as client:
         running = _all(
@@ -132,11 +130,11 @@ def crash_ghost_runs(
                 offset=offset,
             )
         )
-        lives = _lives(links, running)
+        crashed = crashed_messages(engine, fallback_lease_s, _started(running))
         for run in running:
-            if not dead(lives.get(str(run.id), [])):
+            message = crashed.get(str(run.id))
+            if message is None:
                 continue
-            message = ghost_message(lives[str(run.id)])
             if dry_run or _propose(client, run.id, Crashed(message=message)):
                 done.append(f"flow-run:{run.id}")
         orphans = _all(
@@ -154,47 +152,17 @@ def crash_ghost_runs(
         )
         parents = {str(t.flow_run_id) for t in orphans if t.flow_run_id is not None}
         ended = {str(r.id): r for r in _read_flow_runs(client, parents)}
-        owner_lives = _lives(links, list(ended.values()))
+        owned = orphan_messages(engine, fallback_lease_s, _started(list(ended.values())))
         for task_run in orphans:
-            message = orphan_message(owner_lives.get(str(task_run.flow_run_id), []))
+            message = owned.get(str(task_run.flow_run_id)) or orphan_message([])
             if dry_run or _propose_task(client, task_run.id, Crashed(message=message)):
                 done.append(f"task-run:{task_run.id}")
     return done
 
 
-def ghost_message(lives: list[RunLife]) -> str:
-    """A dead flow run's Crashed message: what it left at the provider, how to finish."""
-    lost = next(life for life in lives if life.lost)
-    expiry = f" at {lost.lease_expires_at:%Y-%m-%d %H:%M:%S} UTC" if lost.lease_expires_at else ""
-    jobs = sum(life.accepted_jobs for life in lives)
-    unfinished = sum(life.unfinished for life in lives)
-    return (
-        f"crashed: the process of this flow run stopped (run {lost.run_id} of episode "
-        f"{lost.episode_id} lost its lease{expiry}; no process renews it); left at the "
-        f"provider: {jobs} accepted jobs not collected yet (a resume collects them, never "
-        f"buys them again), {unfinished} items unfinished; finish with: episodic runs resume "
-        f"{lost.run_id} (or Retry the weekly run); finalized by the episodic sweep"
-    )[:1900]
-
-
-def orphan_message(lives: list[RunLife]) -> str:
-    """The Crashed message of a task run left Running in a flow run that ended."""
-    text = "crashed: its flow run ended while this task run was Running (its process stopped)"
-    if lives:
-        run = lives[-1]
-        text += (
-            f"; the item belongs to run {run.run_id} of episode {run.episode_id} "
-            f"({run.accepted_jobs} accepted jobs at the provider); finish with: episodic runs "
-            f"resume {run.run_id}"
-        )
-    return text + "; finalized by the episodic sweep"
-
-
-def _lives(links: FlowRunLinks, runs: list[FlowRun]) -> dict[str, list[RunLife]]:
-    if not runs:
-        return {}
-    starts = [stdlib_utc(r.start_time or r.created) for r in runs]
-    return links.runs_of([str(r.id) for r in runs], min(starts) - _LINK_MARGIN)
+def _started(runs: list[FlowRun]) -> dict[str, datetime]:
+    """Flow run id -> when it started (its creation when it never did)."""
+    return {str(r.id): stdlib_utc(r.start_time or r.created) for r in runs}
 
 
 def stdlib_utc(moment: datetime | None) -> datetime:

@@ -24,11 +24,10 @@ from prefect.client.orchestration import get_client
 from prefect.exceptions import ObjectNotFound
 
 from core.errors import InvalidInput
-from core.ids import EpisodeId
 from core.keys import slot_key
 from core.settings import Settings
 from flows.weekly import FLOW_NAME, weekly_episode
-from storage.episodes import EpisodeRepository
+from pipeline.gate import open_gate
 from storage.registry import engine_for
 
 
@@ -75,7 +74,7 @@ def replay_here(
         wait_for_approval=False,
     )
     episode_id = str(returned)
-    episode = EpisodeRepository(engine_for(settings)).get(pipeline, EpisodeId.parse(episode_id))
+    episode = open_gate(engine_for(settings), pipeline, episode_id, "replay").episode
     return Replayed(pipeline, moment.isoformat(), key, episode_id, episode.state)
 
 

@@ -1,243 +1,55 @@
-"""Approval and assembly from Prefect.
+"""Approval and assembly from Prefect: the `approve-episode` and `assemble-episode` flows.
 
 `approval_step` waits for a person inside a deployment's top-level flow run: it suspends the
-run (no worker is held) with a typed input form that shows the episode's images themselves
-(inline thumbnails), their cost, and any reason the previous answer was refused. Resuming
-from the UI starts the run again from the top, where allocation and generation are
-idempotent (no paid call), and the suspend returns the submitted input.
-
-Bad input never sticks. The form's schema (required decision and reviewer, lengths) is
-checked by the Prefect server before the run resumes; what only we can check (control
-characters, a rejection without a note, images changed since they were shown) re-suspends the
-run under the next pause key with the reason at the top of the form. Each answer has its own
-key, so a retried run replays the refused answers and waits at the first unanswered form
-instead of failing on the same stored input forever.
+run (no worker is held) with the typed form of `flows.approval_form`, which shows the
+episode's images themselves (inline thumbnails), their cost, and any reason the previous
+answer was refused; `flows.approval_wait` keeps one waiting run per episode and reads the
+answers a run was resumed with. A refused answer re-suspends the run under the next pause
+key with the reason at the top of the form.
 """
 
 from __future__ import annotations
 
-import hashlib
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from prefect import flow
-from prefect.client.orchestration import get_client
-from prefect.client.schemas.filters import (
-    FlowRunFilter,
-    FlowRunFilterState,
-    FlowRunFilterStateType,
-    FlowRunFilterTags,
-)
-from prefect.client.schemas.objects import State, StateType
-from prefect.context import FlowRunContext
-from prefect.flow_runs import suspend_flow_run
-from prefect.input import RunInput, keyset_from_base_key
+from prefect.client.schemas.objects import State
 from prefect.logging import get_run_logger
 from prefect.states import Completed
-from pydantic import ConfigDict, Field, ValidationError, create_model
+from pydantic import Field
 
-from core.errors import CommandNotAllowed, InvalidInput
-from core.ids import EpisodeId
-from core.money import format_minor
-from core.playlist import item_label
+from core.errors import CommandNotAllowed, ImagesChangedSinceShown, InvalidInput
 from core.settings import load_settings
-from flows.artifacts import md_text, publish_assembly, publish_decision, publish_spend
-from flows.params import EpisodeIdParam, PipelineParam, episode_run_name
-from pipeline.review import (
-    approval_digest,
-    assemble,
-    decide,
-    decision_stands_hint,
-    hero_outputs,
-    review_set,
+from flows.approval_form import (
+    ApprovalInput,
+    approval_form_description,
+    approval_input_for,
+    form_digest,
+    picks_of,
 )
-from pipeline.thumbnails import thumbnail_data_uri
-from storage.approvals import ApprovalStore
-from storage.episodes import EpisodeRepository
-from storage.ledger import LedgerStore
-from storage.lock import keyed_transaction
+from flows.approval_wait import (
+    ask,
+    claim_approval_wait,
+    fired_pause_keys,
+    outdated_answer,
+    unread_answer_refusal,
+    waited_here,
+)
+from flows.artifacts import publish_assembly, publish_decision, publish_spend
+from flows.params import EpisodeIdParam, PipelineParam, episode_run_name
+from pipeline.approval import (
+    ApprovalContext,
+    approval_context,
+    approval_digest,
+    decision_stands_hint,
+    waiting_state,
+)
+from pipeline.assembly import assemble
 from storage.registry import engine_for
 
 DAY_S = 24 * 3600
 MAX_ANSWERS = 50  # refused answers per form before the run gives up (a bot, not a person)
-MAX_PREVIEWS = 60  # thumbnails inlined in one form; the rest are listed by name
-
-
-# JSON Schema rules the Prefect server checks before a run resumes, so a bad answer is
-# refused at once, the run still waiting, instead of after the run came back from a worker
-# (tens of seconds later) to suspend again. The server words a failure with jsonschema's
-# message and has no custom messages: a value matching `pattern` must then equal a `const`
-# that says what is wanted, read as "Validation failed for field 'reviewer'. Failure reason:
-# 'a name, not only spaces ...' was expected" (a bare `pattern` read "' ' does not match
-# '\\S'"). Prefect's UI leaves `if`/`then` out of the form it renders; `decide` checks the
-# same rules again after the resume.
-_CONTROLS = r"\u0000-\u0008\u000b\u000c\u000e-\u001f\u007f-\u009f\u202a-\u202e\u2066-\u2069"
-REVIEWER_WANTED = "a name, not only spaces, without control characters"
-NOTE_WANTED = "a note saying why (a rejection needs one)"
-NOTE_CONTROL_WANTED = "a note without control characters"
-
-
-def refuse_matching(pattern: str, wanted: str) -> dict[str, Any]:
-    """A schema fragment: a string matching `pattern` is refused, the message naming
-    `wanted`."""
-    return {"if": {"type": "string", "pattern": pattern}, "then": {"const": wanted}}
-
-
-def _rejection_needs_a_note(schema: dict[str, Any]) -> None:
-    schema["if"] = {"properties": {"decision": {"const": "reject"}}, "required": ["decision"]}
-    schema["then"] = {
-        "properties": {"note": refuse_matching(r"^\s*$", NOTE_WANTED)},
-        "required": ["note"],
-    }
-
-
-class ApprovalInput(RunInput):
-    """The approval form. The Prefect server validates an answer against this schema before
-    the run resumes: decision and reviewer are required, the reviewer is a name (not blank,
-    no control characters), a rejection has a note."""
-
-    model_config = ConfigDict(json_schema_extra=_rejection_needs_a_note)
-
-    decision: Literal["approve", "reject"] = Field(
-        description="approve: exactly the images above ship. reject: the episode goes back "
-        "for re-planning (a note is required)."
-    )
-    reviewer: str = Field(
-        min_length=1,
-        max_length=100,
-        description="Your name, recorded with the decision.",
-        json_schema_extra=refuse_matching(rf"^\s*$|[{_CONTROLS}\t\n\r]", REVIEWER_WANTED),
-    )
-    note: str = Field(
-        default="",
-        max_length=2000,
-        description="Why (required when rejecting).",
-        json_schema_extra=refuse_matching(f"[{_CONTROLS}]", NOTE_CONTROL_WANTED),
-    )
-
-
-def approval_input_for(outputs: list[dict[str, Any]]) -> type[ApprovalInput]:
-    """The form for these images: `ApprovalInput`, plus, for each hero video (in plan order),
-    a required field `pick_N` (N = 1, 2, ... over the hero videos) holding the candidate
-    that ships, an integer within the video's candidates. The server checks presence and
-    range before the run resumes; `picks_of` maps the answer back to video ids."""
-    heroes = hero_outputs(outputs)
-    if not heroes:
-        return ApprovalInput
-    fields: dict[str, Any] = {
-        f"pick_{n}": (
-            int,
-            Field(
-                ge=1,
-                le=len(candidates),
-                title=f"{video}: the candidate that ships",
-                description=f"1 to {len(candidates)}: the candidate of {video} shown above "
-                "that ships if you approve (ignored when rejecting).",
-            ),
-        )
-        for n, (video, candidates) in enumerate(heroes.items(), start=1)
-    }
-    model: type[ApprovalInput] = create_model("HeroApprovalInput", __base__=ApprovalInput, **fields)
-    return model
-
-
-def form_digest(shown: dict[str, str], outputs: list[dict[str, Any]]) -> str:
-    """What a form is about: `approval_digest` of its images, and, with hero videos, which
-    video each pick field names (sha256 hex). Equal digests: an answer means the same."""
-    digest = approval_digest(shown)
-    heroes = list(hero_outputs(outputs))
-    if not heroes:
-        return digest  # the key of forms without picks is unchanged
-    return hashlib.sha256(f"{digest}|picks:{','.join(heroes)}".encode()).hexdigest()
-
-
-def picks_of(answer: ApprovalInput, outputs: list[dict[str, Any]]) -> dict[str, int] | None:
-    """The answer's picks as video id -> candidate (None: the form had no hero videos, or
-    the answer is a rejection)."""
-    heroes = hero_outputs(outputs)
-    if not heroes or answer.decision != "approve":
-        return None
-    values = answer.model_dump()
-    return {
-        video: int(values[f"pick_{n}"])
-        for n, video in enumerate(heroes, start=1)
-        if isinstance(values.get(f"pick_{n}"), int)
-    }
-
-
-def approval_tag(engine: Any, pipeline: str, episode_id: str) -> str:
-    """Tag of the flow run that waits for an episode's decision (one per episode). It names
-    the episode's row in this database (key and creation time), so two databases that share
-    a Prefect server (staging and production) never see each other's waiting runs."""
-    episode, pk = EpisodeRepository(engine).locate(pipeline, EpisodeId.parse(episode_id))
-    row = hashlib.sha256(f"{pk}@{episode.created_at.isoformat()}".encode()).hexdigest()[:12]
-    return f"episodic-approval:{pipeline}/{episode_id}/{row}"
-
-
-def approval_form_description(
-    episode_id: str,
-    pipeline: str,
-    outputs: list[dict[str, Any]] | None = None,
-    refused: str | None = None,
-) -> str:
-    """The form's Markdown: exactly the images the decision is about (the current plan's),
-    as inline previews with their cost, and the reason the last answer was refused."""
-    engine = engine_for(load_settings())
-    episodes = EpisodeRepository(engine)
-    ledger = LedgerStore(engine)
-    pk = episodes.episode_pk(pipeline, episode_id)
-    outputs = review_set(engine, pipeline, episode_id) if outputs is None else outputs
-    paid, cost_minor, currency = ledger.episode_spend(pk)
-    lines = []
-    if refused:
-        lines += [f"> **Your last answer was not recorded:** {md_text(refused)}", ""]
-    earlier = ApprovalStore(engine).latest_decision(pk)
-    if earlier is not None and earlier.decision == "rejected":  # re-planned or reopened since
-        lines += [
-            f"> **Rejected before:** {md_text(earlier.describe())}. The episode was "
-            "re-planned or reopened since; below are the images of its current plan.",
-            "",
-        ]
-    heroes = hero_outputs(outputs)
-    parts = [o for o in outputs if o.get("candidate") is None]
-    lines += [
-        f"## Approve episode {episode_id}",
-        "",
-        f"{len(outputs)} images; the episode cost {format_minor(cost_minor, currency)} "
-        f"in {paid} paid calls.",
-    ]
-    if heroes:
-        lines += [
-            "",
-            f"{len(heroes)} hero video{'s' if len(heroes) > 1 else ''}: "
-            f"{'each' if len(heroes) > 1 else 'it'} ships the one candidate you pick below "
-            "(the fields *the candidate that ships*).",
-        ]
-    shown = 0
-
-    def table(rows: list[dict[str, Any]], first: str) -> None:
-        nonlocal shown
-        lines.extend(["", f"| {first} | preview | cost | sha256 |", "|---|---|---|---|"])
-        for o in rows:
-            label = item_label(o["video_id"], o["part"], o.get("candidate"))
-            uri = thumbnail_data_uri(_path(o)) if shown < MAX_PREVIEWS else None
-            shown += 1
-            preview = f"![{label}]({uri})" if uri else f"`{_path(o).name}`"
-            cost = format_minor(int(o["amount_minor"]), o["currency"])
-            name = label if o.get("candidate") is None else f"candidate {o['candidate']}"
-            lines.append(f"| {name} | {preview} | {cost} | `{o['output_sha256'][:12]}` |")
-
-    if parts:
-        table(parts, "image")
-    for video, candidates in heroes.items():
-        lines += ["", f"### {video}: pick one of {len(candidates)} candidates"]
-        table(candidates, "candidate")
-    return "\n".join(lines)
-
-
-def _path(output: dict[str, Any]) -> Any:
-    from pathlib import Path
-
-    return Path(output["output_path"])
+DECIDED = ("approved", "rejected", "assembled")
 
 
 def approval_step(
@@ -262,49 +74,44 @@ def approval_step(
     new form instead of applying the old answer to images nobody saw.
     """
     engine = engine_for(load_settings())
-    state = _check_waiting(engine, episode_id, pipeline)
-    review = ApprovalStore(engine)
-    episodes = EpisodeRepository(engine)
-    pk = episodes.episode_pk(pipeline, episode_id)
-    tag = approval_tag(engine, pipeline, episode_id)
-    fired = _fired_pause_keys()
+    state = waiting_state(engine, pipeline, episode_id)
+    approval = approval_context(engine, pipeline, episode_id)
+    tag = approval.wait_tag()
+    fired = fired_pause_keys()
     if state != "generated":
-        overruled = (
-            _unread_answer_refusal(episode_id, pipeline, fired) if _waited_here(tag) else None
-        )
-        return _follow_record(review, pk, episode_id, overruled)
-    outputs = review_set(engine, pipeline, episode_id)
+        overruled = unread_answer_refusal(approval, fired) if waited_here(tag) else None
+        return _follow_record(approval, overruled)
+    outputs = approval.review_set()
     shown = {o["idempotency_key"]: o["output_sha256"] for o in outputs}
-    if not _claim_approval_wait(engine, pipeline, episode_id):
+    if not claim_approval_wait(approval):
         return None, None
     # The form's key carries the images' digest and which hero video each pick field names
     # (fields are numbered in plan order): a re-plan that reorders the hero videos keeps
     # every image, but an answer given to the old form would ship one video's pick for
-    # another, so it gets a new form (found by the fresh tester of issue 14).
+    # another, so it gets a new form.
     digest = form_digest(shown, outputs)
-    refused = _outdated_answer(episode_id, digest, fired)
+    refused = outdated_answer(episode_id, digest, fired)
     form_type = approval_input_for(outputs)
     for attempt in range(MAX_ANSWERS):
         form = form_type.with_initial_data(
-            description=approval_form_description(episode_id, pipeline, outputs, refused)
+            description=approval_form_description(approval, outputs, refused)
         )
-        answer = _ask(
+        answer = ask(
             form, f"approval-{episode_id.lower()}-{digest[:16]}-{attempt}", timeout_s, fired
         )
         if answer is None:  # this form was shown but never answered (it timed out, or the
             continue  # run was retried while waiting): ask again under the next key
         try:
             recorded = record_decision(
-                episode_id,
-                pipeline,
+                approval,
                 answer,
                 expected_digest=approval_digest(shown),
                 picks=picks_of(answer, outputs),
             )
         except (InvalidInput, CommandNotAllowed) as exc:
-            if isinstance(exc, CommandNotAllowed) and "changed since" not in str(exc):
-                if episodes.state(pk) in DECIDED:  # decided elsewhere meanwhile: follow that
-                    return _follow_record(review, pk, episode_id, str(exc))
+            if isinstance(exc, CommandNotAllowed) and not isinstance(exc, ImagesChangedSinceShown):
+                if approval.state() in DECIDED:  # decided elsewhere meanwhile: follow that
+                    return _follow_record(approval, str(exc))
                 raise
             refused = str(exc)
             get_run_logger().warning("answer %d refused: %s", attempt + 1, refused)
@@ -313,89 +120,14 @@ def approval_step(
     raise InvalidInput(f"episode {episode_id}: {MAX_ANSWERS} answers refused; last: {refused}")
 
 
-DECIDED = ("approved", "rejected", "assembled")
-SUSPENDED_KEYSET = "suspended-"  # Prefect's keyset prefix of a `suspend_flow_run` input
-
-
-def _fired_pause_keys() -> frozenset[str]:
-    """The pause keys that already suspended this attempt of the flow run (Prefect resets
-    them when the run is retried): a suspend under one of these would not suspend again but
-    return the answer it was resumed with."""
-    context = FlowRunContext.get()
-    if context is None or context.flow_run is None:
-        return frozenset()
-    with get_client(sync_client=True) as client:
-        run = client.read_flow_run(context.flow_run.id)
-    return frozenset(run.empirical_policy.pause_keys or ())
-
-
-def _ask(
-    form: type[ApprovalInput], key: str, timeout_s: int, fired: frozenset[str]
-) -> ApprovalInput | None:
-    """The answer to the form under `key`: the one this run was resumed with if that pause
-    already fired (read without calling `suspend_flow_run`, which would log "Suspending flow
-    run" on every resume although nothing suspends), else suspend for it (the run exits
-    here). None: the form was shown but never answered."""
-    try:
-        if key in fired:
-            loaded = form.load(keyset_from_base_key(f"{SUSPENDED_KEYSET}{key}"))
-            assert isinstance(loaded, ApprovalInput)  # a sync call: not a coroutine
-            return loaded
-        answer: ApprovalInput = suspend_flow_run(wait_for_input=form, timeout=timeout_s, key=key)
-        return answer
-    except ValidationError:
-        return None
-
-
-def _unread_answer_refusal(episode_id: str, pipeline: str, fired: frozenset[str]) -> str | None:
-    """This run was resumed with an answer, but the episode was decided before the run
-    came back to record it (another decision won): why that answer is not recorded (None:
-    it is the decision on record, or there is no such answer). `decide` compares it."""
-    prefix = f"approval-{episode_id.lower()}-"
-    keys = sorted(
-        (k for k in fired if k.startswith(prefix) and k.rsplit("-", 1)[-1].isdigit()),
-        key=lambda k: int(k.rsplit("-", 1)[-1]),
-    )
-    if not keys:
-        return None
-    engine = engine_for(load_settings())
-    try:
-        outputs = review_set(engine, pipeline, episode_id)
-    except CommandNotAllowed:  # no plan, images not complete or not as paid for
-        outputs = []
-    answer = _ask(approval_input_for(outputs), keys[-1], 60, fired)
-    if answer is None:
-        return None
-    try:
-        decide(
-            engine,
-            pipeline,
-            episode_id,
-            approve=answer.decision == "approve",
-            by=answer.reviewer,
-            note=answer.note or None,
-            labels=("reviewer", "note"),
-            picks=picks_of(answer, outputs),
-            picks_label="the candidate that ships",
-        )
-    except (InvalidInput, CommandNotAllowed) as exc:
-        return str(exc)
-    return None  # the same decision: nothing to say
-
-
-def _waited_here(tag: str) -> bool:
-    """This flow run is the one that showed the episode's form (it carries the tag)."""
-    context = FlowRunContext.get()
-    return bool(context and context.flow_run and tag in (context.flow_run.tags or []))
-
-
 def _follow_record(
-    review: ApprovalStore, pk: int, episode_id: str, overruled: str | None = None
+    approval: ApprovalContext, overruled: str | None = None
 ) -> tuple[ApprovalInput, dict[str, Any]]:
     """The decision on record, as the form's answer (who decided, when, why), logged with
     what to do about it; `overruled`: why this run's own answer was not recorded."""
-    decided = review.latest_decision(pk)
-    state = EpisodeRepository(review.engine).state(pk)
+    episode_id = approval.episode_id
+    decided = approval.latest_decision()
+    state = approval.state()
     described = decided.describe() if decided else state
     logger = get_run_logger()
     if overruled:
@@ -418,82 +150,16 @@ def _follow_record(
     return answer, {"followed": described, "overruled": overruled}
 
 
-def _outdated_answer(episode_id: str, digest: str, fired: frozenset[str]) -> str | None:
-    """The reason to show when this run was resumed with an answer to a form for other
-    images (the plan or an image changed while the form waited): that answer is not applied.
-    Only this attempt's answers count (`fired`): an answer from before a UI Retry was
-    applied or refused in its own attempt."""
-    prefix = f"approval-{episode_id.lower()}-"
-    stale = [k for k in fired if k.startswith(prefix) and f"-{digest[:16]}-" not in k]
-    if not stale:
-        return None
-    return (
-        "an answer was given to a form whose images have changed since (the episode was "
-        "re-planned or regenerated while the form waited); it was not applied: review the "
-        "images below"
-    )
-
-
-def _check_waiting(engine: Any, episode_id: str, pipeline: str) -> str:
-    state = EpisodeRepository(engine).get(pipeline, EpisodeId.parse(episode_id)).state
-    if state not in ("generated", "approved", "rejected", "assembled"):
-        raise CommandNotAllowed(
-            f"episode {episode_id} is {state}: only a generated episode waits for approval"
-        )
-    return str(state)
-
-
-def _claim_approval_wait(engine: Any, pipeline: str, episode_id: str) -> bool:
-    """Make this flow run the one that waits for the episode's decision, unless another
-    paused run already is (then False). Serialized per episode through the database, so two
-    runs reaching approval together show one form between them."""
-    context = FlowRunContext.get()
-    if context is None or context.flow_run is None:
-        return True
-    me = context.flow_run
-    tag = approval_tag(engine, pipeline, episode_id)
-    if tag in (me.tags or []):  # resumed: this run is the one that waits
-        return True
-    with (
-        keyed_transaction(engine, f"approval-wait:{pipeline}:{episode_id}"),
-        get_client(sync_client=True) as client,
-    ):
-        waiting = client.read_flow_runs(
-            flow_run_filter=FlowRunFilter(
-                tags=FlowRunFilterTags(all_=[tag]),
-                state=FlowRunFilterState(
-                    type=FlowRunFilterStateType(any_=[StateType.PAUSED, StateType.RUNNING])
-                ),
-            ),
-            limit=5,
-        )
-        others = [run for run in waiting if run.id != me.id]
-        if others:
-            get_run_logger().info(
-                "episode %s already waits for a decision in flow run %s: joined it",
-                episode_id,
-                others[0].name,
-            )
-            return False
-        client.update_flow_run(me.id, tags=[*(me.tags or []), tag])
-    return True
-
-
 def record_decision(
-    episode_id: str,
-    pipeline: str,
+    approval: ApprovalContext,
     answer: ApprovalInput,
     expected_digest: str | None = None,
     picks: dict[str, int] | None = None,
 ) -> dict[str, Any]:
-    """Record the form's answer (`pipeline.review.decide` with the form's field names) and
+    """Record the form's answer (`pipeline.approval.decide` with the form's field names) and
     publish the decision artifact. `picks`: hero video id -> candidate that ships.
     Raises `InvalidInput` / `CommandNotAllowed` unrecorded."""
-    engine = engine_for(load_settings())
-    recorded = decide(
-        engine,
-        pipeline,
-        episode_id,
+    recorded = approval.decide(
         approve=answer.decision == "approve",
         by=answer.reviewer,
         note=answer.note or None,
@@ -509,8 +175,9 @@ def record_decision(
     }
     if recorded.get("picks"):
         decision["picks"] = recorded["picks"]
-    publish_decision(engine, pipeline, episode_id, decision)
-    publish_spend(engine, pipeline, episode_id)  # the cost table shows the decided state
+    publish_decision(approval.engine, approval.pipeline, approval.episode_id, decision)
+    # the cost table shows the decided state
+    publish_spend(approval.engine, approval.pipeline, approval.episode_id)
     return recorded
 
 

@@ -1,7 +1,15 @@
 """`episodic check`: a read-only audit of episodes, their files and the ledger (DESIGN 7).
 
 It opens the database read-only (SQLite ``mode=ro``, Postgres read-only transactions) and
-only reads files; each problem is one finding. Clean: exit 0; findings: exit 1.
+only reads files; each problem is one finding. Clean: exit 0; findings: exit 1. The rows come
+as plain records of one snapshot per episode (`storage.audit`).
+
+The rules it audits (a completed item has exactly one succeeded submission, an item held by
+a live claim, an accepted job left uncollected, which cancel answers leave nothing to
+collect, ...) are encoded here again, on purpose, and not imported from the code that keeps
+them: an auditor that shares a predicate with the code it audits is blind to a bug in it.
+The one exception is a run's liveness, read with the choke point's own SQL predicate
+(`RunRecord.active`), so that `check` and the dedup agree on which run may still finish.
 """
 
 from __future__ import annotations
@@ -9,13 +17,12 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, Engine, select
+from sqlalchemy import Engine
 
 from core.errors import EpisodicError, InvalidInput
 from core.ids import EpisodeId
@@ -23,20 +30,19 @@ from core.keys import SlotKey
 from core.playlist import PlannedItem, check_picks, hero_candidates, item_label
 from core.states import FROZEN_PLAN_STATES, EpisodeState
 from pipeline.playlists import planned_items
-from storage.admission import DedupPolicy, active_run
+from storage.admission import DedupPolicy
 from storage.allocator import SLOT_EVENTS, asked_by
-from storage.approvals import approved_picks, latest_approval
-from storage.base import utcnow
-from storage.models import (
-    CostEntryRow,
-    EpisodeEventRow,
-    EpisodeMediaRow,
-    EpisodeRow,
-    ItemRow,
-    RunRow,
-    SubmissionRow,
+from storage.approvals import approved_picks
+from storage.audit import (
+    EpisodeRecord,
+    ItemRecord,
+    MediaRecord,
+    RunRecord,
+    SlotEpisode,
+    list_episodes,
+    snapshot,
 )
-from storage.plans import newest_plan
+from storage.base import utcnow
 
 NEEDS_ALL_IMAGES = {EpisodeState.GENERATED, EpisodeState.APPROVED, EpisodeState.ASSEMBLED}
 
@@ -66,11 +72,8 @@ def check_episodes(
     """Every finding for the pipeline's episodes (or one). `policy` gives the pending TTL
     and fallback lease by which stuck runs are judged (default: the built-in defaults)."""
     policy = policy or DedupPolicy()
-    with engine.connect() as conn:
-        query = select(EpisodeRow).where(EpisodeRow.pipeline == pipeline)
-        if episode_id is not None:
-            query = query.where(EpisodeRow.episode_id == str(EpisodeId.parse(episode_id)))
-        episodes = conn.execute(query.order_by(EpisodeRow.week_id, EpisodeRow.sequence)).all()
+    wanted = None if episode_id is None else str(EpisodeId.parse(episode_id))
+    episodes = list_episodes(engine, pipeline, wanted)
     if episode_id is not None and not episodes:
         from core.errors import EpisodeNotFound
 
@@ -90,22 +93,13 @@ def schedule_warnings(
     the database alone: the deployments the allocation recorded (`storage.allocator`) and
     those old-format keys name. With `episode_id`, the slots of that episode only."""
     wanted = None if episode_id is None else str(EpisodeId.parse(episode_id))
-    with _snapshot(engine) as conn:
-        episodes = conn.execute(
-            select(EpisodeRow.id, EpisodeRow.episode_id, EpisodeRow.allocation_key)
-            .where(EpisodeRow.pipeline == pipeline)
-            .order_by(EpisodeRow.week_id, EpisodeRow.sequence)
-        ).all()
-        slots: dict[str, list[Any]] = {}
-        for row in episodes:
+    with snapshot(engine) as reader:
+        slots: dict[str, list[SlotEpisode]] = {}
+        for row in reader.slot_episodes(pipeline):
             if (named := SlotKey.parse(row.allocation_key)) is not None:
                 slots.setdefault(named.slot, []).append(row)
         pks = [row.id for rows in slots.values() for row in rows]
-        events = conn.execute(  # every slot event of the pipeline, one statement
-            select(EpisodeEventRow.episode_pk, EpisodeEventRow.detail).where(
-                EpisodeEventRow.episode_pk.in_(pks), EpisodeEventRow.kind.in_(SLOT_EVENTS)
-            )
-        ).all()
+        events = reader.slot_events(pks, SLOT_EVENTS)  # every slot event of the pipeline
     asked: dict[int, list[dict[str, Any]]] = {}
     for pk, detail in events:
         asked.setdefault(pk, []).append(detail)
@@ -137,20 +131,7 @@ def schedule_warnings(
     return out
 
 
-@contextmanager
-def _snapshot(engine: Engine) -> Iterator[Connection]:
-    """One read transaction whose statements all see the same moment: a run working while
-    `check` reads must not look like a broken ledger (an item read before its completion and
-    its submission after). PostgreSQL: REPEATABLE READ (a snapshot at the first statement);
-    SQLite: one transaction (WAL readers keep their snapshot until it ends)."""
-    conn = engine.connect()
-    if engine.dialect.name == "postgresql":
-        conn = conn.execution_options(isolation_level="REPEATABLE READ")
-    with conn, conn.begin():
-        yield conn
-
-
-def _check_one(engine: Engine, episode: Any, policy: DedupPolicy) -> list[Finding]:
+def _check_one(engine: Engine, episode: EpisodeRecord, policy: DedupPolicy) -> list[Finding]:
     eid = episode.episode_id
     out: list[Finding] = []
 
@@ -166,57 +147,19 @@ def _check_one(engine: Engine, episode: Any, policy: DedupPolicy) -> list[Findin
             )
     except EpisodicError as exc:
         add("identity", str(exc))
-    with _snapshot(engine) as conn:
-        # The episode, its plan and its approval are read again in the snapshot: the row
-        # `check_episodes` listed is from an earlier moment, and an episode listed as
-        # allocated whose run then completed, marked it generated and ended looked like a
-        # crash before it was marked (all images completed, no live run).
-        episode = conn.execute(select(EpisodeRow).where(EpisodeRow.id == episode.id)).one()
-        items = conn.execute(select(ItemRow).where(ItemRow.episode_pk == episode.id)).all()
-        subs = conn.execute(
-            select(SubmissionRow)
-            .join(ItemRow, ItemRow.id == SubmissionRow.item_pk)
-            .where(ItemRow.episode_pk == episode.id)
-        ).all()
-        costs = conn.execute(
-            select(CostEntryRow).where(CostEntryRow.episode_pk == episode.id)
-        ).all()
-        media = conn.execute(
-            select(EpisodeMediaRow).where(EpisodeMediaRow.episode_pk == episode.id)
-        ).all()
-        runs = conn.execute(  # the liveness rule of the choke point and the sweep, in SQL
-            select(RunRow, active_run(utcnow(), policy).label("active")).where(
-                RunRow.episode_pk == episode.id, RunRow.state.in_(["pending", "running"])
-            )
-        ).all()
-        migrated = conn.execute(
-            select(EpisodeEventRow.id).where(
-                EpisodeEventRow.episode_pk == episode.id, EpisodeEventRow.kind == "migrated"
-            )
-        ).first()
-        latest_event = conn.execute(
-            select(EpisodeEventRow.detail)
-            .where(
-                EpisodeEventRow.episode_pk == episode.id,
-                EpisodeEventRow.kind != "slot_requested",  # who asked, not what happened
-            )
-            .order_by(EpisodeEventRow.id.desc())
-            .limit(1)
-        ).scalar()
-        recorded = newest_plan(conn, episode.id)
-        approval = latest_approval(conn, episode.id)
-        cancel_answers = {  # the provider's latest answer to a cancel, per submission
-            d["submission"]: str(d.get("answer", "")).strip().lower()
-            for d in conn.execute(
-                select(EpisodeEventRow.detail)
-                .where(
-                    EpisodeEventRow.episode_pk == episode.id,
-                    EpisodeEventRow.kind == "provider_cancel",
-                )
-                .order_by(EpisodeEventRow.id)
-            ).scalars()
-            if isinstance(d, dict) and "submission" in d
-        }
+    # The episode, its plan and its approval are read again in the snapshot: the row
+    # `check_episodes` listed is from an earlier moment, and an episode listed as allocated
+    # whose run then completed, marked it generated and ended looked like a crash before it
+    # was marked (all images completed, no live run).
+    with snapshot(engine) as reader:
+        seen = reader.episode(episode.id, policy)
+    episode, items, subs, costs = seen.episode, seen.items, seen.submissions, seen.costs
+    runs, latest_event, recorded, approval = seen.runs, seen.latest_event, seen.plan, seen.approval
+    cancel_answers = {  # the provider's latest answer to a cancel, per submission
+        d["submission"]: str(d.get("answer", "")).strip().lower()
+        for d in seen.cancel_notes
+        if isinstance(d, dict) and "submission" in d
+    }
     reopened = isinstance(latest_event, dict) and "reopened_by" in latest_event
     succeeded = Counter(s.item_pk for s in subs if s.state == "succeeded")
     cost_by_sub = Counter(c.submission_pk for c in costs)
@@ -289,8 +232,8 @@ def _check_one(engine: Engine, episode: Any, policy: DedupPolicy) -> list[Findin
             None if recorded is None else recorded[1:],
             approval,
             items,
-            media,
-            migrated=migrated is not None,
+            seen.media,
+            migrated=seen.migrated,
             # A live run marks the episode when it ends; a reopened one waits for a new plan.
             unmarked_is_expected=reopened or any(run.active for run in runs),
         )
@@ -299,7 +242,9 @@ def _check_one(engine: Engine, episode: Any, policy: DedupPolicy) -> list[Findin
     return out
 
 
-def _check_liveness(add: Any, runs: Sequence[Any], items: Sequence[Any], now: Any) -> None:
+def _check_liveness(
+    add: Any, runs: Sequence[RunRecord], items: Sequence[ItemRecord], now: Any
+) -> None:
     """Runs and items that claim to be working but that no live process holds."""
     for run in runs:
         if run.active:
@@ -327,7 +272,7 @@ def _check_liveness(add: Any, runs: Sequence[Any], items: Sequence[Any], now: An
             )
 
 
-def _lapsed(run: Any) -> str:
+def _lapsed(run: RunRecord) -> str:
     """When a dead running run's lease ran out and when a process last renewed it, as
     recorded: the renewal (``heartbeat_at``, written with every lease) is not the expiry
     (a lease later), and a run with no lease recorded is judged by its last sign of life."""
@@ -342,11 +287,11 @@ def _lapsed(run: Any) -> str:
 
 def _check_states(
     add: Any,
-    episode: Any,
+    episode: EpisodeRecord,
     recorded: tuple[dict[str, Any], list[str]] | None,
     approval: dict[str, Any] | None,
-    items: Sequence[Any],
-    media: Sequence[Any],
+    items: Sequence[ItemRecord],
+    media: Sequence[MediaRecord],
     *,
     migrated: bool,
     unmarked_is_expected: bool,
@@ -407,7 +352,7 @@ def _check_states(
 def _check_manifest(
     add: Any,
     document: dict[str, Any],
-    items: Sequence[Any],
+    items: Sequence[ItemRecord],
     heroes: dict[str, list[PlannedItem]] | None,
     picks: dict[str, int],
 ) -> None:
@@ -449,7 +394,7 @@ def _check_manifest(
 
 
 def _planned(
-    recorded: tuple[dict[str, Any], list[str]] | None, episode: Any
+    recorded: tuple[dict[str, Any], list[str]] | None, episode: EpisodeRecord
 ) -> list[PlannedItem] | None:
     """The items of the episode's newest recorded plan, (playlist, reference hashes) as
     recorded (None: no plan recorded)."""
@@ -461,7 +406,7 @@ def _planned(
         raise _PlanUnreadable(str(exc)) from None
 
 
-def _label(item: Any) -> str:
+def _label(item: ItemRecord) -> str:
     return item_label(item.video_id, item.part, item.candidate)
 
 

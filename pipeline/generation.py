@@ -410,7 +410,7 @@ def _with_decision(engine: Engine, gate: GatePass, outcome: RunOutcome) -> RunOu
     """A generate that had nothing to do on a rejected episode says that the rejection
     stands (who, when, why) and how to undo it, instead of leaving the reader to think the
     episode now waits for a decision."""
-    from pipeline.review import rejection_note
+    from pipeline.approval import rejection_note
 
     note = rejection_note(engine, gate.episode_pk, gate.episode_id)
     return outcome if note is None else replace(outcome, message=f"{outcome.message}; {note}")

@@ -28,7 +28,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from sqlalchemy import Engine, insert, select
+from sqlalchemy import Engine
 
 from core.documents import DocumentError, parse_json, read_text
 from core.errors import InvalidInput
@@ -44,17 +44,15 @@ from core.playlist import (
 from core.settings import Settings
 from core.states import EpisodeState
 from pipeline.allocation import allocate
-from storage import installation, tx
-from storage.episodes import EpisodeRepository, move_episode
-from storage.models import (
-    ApprovalRow,
-    CostEntryRow,
-    EpisodeEventRow,
-    EpisodeMediaRow,
-    EpisodeRow,
-    ItemRow,
-    RunRow,
-    SubmissionRow,
+from storage.episodes import EpisodeRepository
+from storage.legacy import (
+    ImportedDecision,
+    ImportedEpisode,
+    ImportedImage,
+    imported_episode,
+    known_remote_ref,
+    record_import,
+    top_sequence,
 )
 
 TOOL_VERSION = "episodic-migrate-legacy/1"
@@ -207,11 +205,12 @@ def migrate(
     """Dry run (default) or apply; returns one line of plan/result per legacy week."""
     episodes = read_layout(root)
     _refuse_known_jobs(
-        engine, [e for e in episodes if _existing(engine, pipeline, e.allocation_key) is None]
+        engine,
+        [e for e in episodes if imported_episode(engine, pipeline, e.allocation_key) is None],
     )
     report = []
     for legacy in episodes:
-        existing = _existing(engine, pipeline, legacy.allocation_key)
+        existing = imported_episode(engine, pipeline, legacy.allocation_key)
         cost = sum(i.cost_minor for i in legacy.state.images)
         line = {
             "legacy_id": legacy.legacy_id,
@@ -243,16 +242,7 @@ def _refuse_known_jobs(engine: Engine, pending: list[LegacyEpisode]) -> None:
     anything is written."""
     refs = sorted({image.remote_ref for e in pending for image in e.state.images})
     for start in range(0, len(refs), 500):
-        chunk = refs[start : start + 500]
-        with tx.read(engine) as conn:
-            known = conn.execute(
-                select(SubmissionRow.remote_ref)
-                .where(
-                    SubmissionRow.provider_profile == LEGACY_PROFILE,
-                    SubmissionRow.remote_ref.in_(chunk),
-                )
-                .limit(1)
-            ).scalar()
+        known = known_remote_ref(engine, LEGACY_PROFILE, refs[start : start + 500])
         if known is not None:
             raise InvalidInput(
                 f"remote reference {known!r} is already recorded by an imported episode: "
@@ -260,44 +250,24 @@ def _refuse_known_jobs(engine: Engine, pending: list[LegacyEpisode]) -> None:
             )
 
 
-def _existing(engine: Engine, pipeline: str, key: str) -> str | None:
-    """The episode a previous apply imported (its `migrated` event commits with the data)."""
-    with tx.read(engine) as conn:
-        return conn.execute(
-            select(EpisodeRow.episode_id)
-            .join(EpisodeEventRow, EpisodeEventRow.episode_pk == EpisodeRow.id)
-            .where(
-                EpisodeRow.pipeline == pipeline,
-                EpisodeRow.allocation_key == key,
-                EpisodeEventRow.kind == "migrated",
-            )
-        ).scalar()
-
-
 def _next_id(engine: Engine, pipeline: str, week: str) -> str:
-    from sqlalchemy import func
-
-    with tx.read(engine) as conn:
-        top = conn.execute(
-            select(func.max(EpisodeRow.sequence)).where(
-                EpisodeRow.pipeline == pipeline, EpisodeRow.week_id == week
-            )
-        ).scalar()
+    top = top_sequence(engine, pipeline, week)
     return f"{week}-{0 if top is None else top + 1}"
 
 
 def _import(engine: Engine, settings: Settings, pipeline: str, legacy: LegacyEpisode) -> str:
     allocation = allocate(engine, pipeline, WeekId.parse(legacy.legacy_id), legacy.allocation_key)
     episode_id = str(allocation.episode.episode_id)
-    episodes = EpisodeRepository(engine)
-    pk = episodes.episode_pk(pipeline, episode_id)
+    pk = EpisodeRepository(engine).episode_pk(pipeline, episode_id)
     out = settings.episode_folder(pipeline, episode_id)
     state = legacy.state
-    items = [
-        PlannedItem(
+    now = datetime.now(UTC)
+    images = []
+    for n, image in enumerate(state.images, start=1):
+        planned = PlannedItem(
             n,
-            i.video_id,
-            i.part,
+            image.video_id,
+            image.part,
             f"(legacy {legacy.legacy_id})",
             0,
             hashlib.sha256(
@@ -305,126 +275,61 @@ def _import(engine: Engine, settings: Settings, pipeline: str, legacy: LegacyEpi
                     {
                         "legacy": legacy.legacy_id,
                         "pipeline": pipeline,
-                        "video": i.video_id,
-                        "part": i.part,
+                        "video": image.video_id,
+                        "part": image.part,
                     }
                 ).encode()
             ).hexdigest()[:32],
         )
-        for n, i in enumerate(state.images, start=1)
-    ]
-    run_id = str(uuid.uuid4())
-    now = datetime.now(UTC)
-    # Everything below commits in one transaction: a crash leaves nothing half-imported, and
-    # the next apply (which finds the same allocated episode) imports it whole.
-    with tx.write(engine) as conn:
-        # never sent (the legacy system made these jobs): the reference is recorded in this
-        # installation's form, so the column holds one kind of reference
-        scope = installation.read(conn)
-        conn.execute(
-            insert(RunRow).values(
-                id=run_id,
-                episode_pk=pk,
-                command="migrate",
-                state="completed",
-                params={"source": str(legacy.folder)},
-                created_at=now,
-                started_at=now,
-                finished_at=state.completed_at or now,
+        copy = out / "images" / f"{image.video_id}.p{image.part}{Path(image.file).suffix}"
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(legacy.folder / image.file, copy)
+        images.append(
+            ImportedImage(
+                planned,
+                str(copy),
+                image.sha256,
+                image.remote_ref,
+                image.cost_minor,
+                image.currency,
+                image.completed_at,
             )
         )
-        for planned, image in zip(items, state.images, strict=True):
-            copy = out / "images" / f"{image.video_id}.p{image.part}{Path(image.file).suffix}"
-            copy.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(legacy.folder / image.file, copy)
-            item_pk = conn.execute(
-                insert(ItemRow)
-                .values(
-                    episode_pk=pk,
-                    run_id=run_id,
-                    idempotency_key=planned.idempotency_key,
-                    position=planned.index,
-                    video_id=planned.video_id,
-                    part=planned.part,
-                    prompt=planned.prompt,
-                    seed=0,
-                    state="completed",
-                    attempts=1,
-                    output_path=str(copy),
-                    output_sha256=image.sha256,
-                    force_resubmit=False,
-                    created_at=now,
-                    started_at=image.completed_at,
-                    finished_at=image.completed_at,
-                )
-                .returning(ItemRow.id)
-            ).scalar_one()
-            sub_pk = conn.execute(
-                insert(SubmissionRow)
-                .values(
-                    item_pk=item_pk,
-                    run_id=run_id,
-                    attempt=1,
-                    client_reference=installation.reference(scope, planned.idempotency_key, 1),
-                    provider_profile=LEGACY_PROFILE,
-                    state="succeeded",
-                    remote_ref=image.remote_ref,
-                    forced=False,
-                    created_at=image.completed_at,
-                    accepted_at=image.completed_at,
-                    finished_at=image.completed_at,
-                )
-                .returning(SubmissionRow.id)
-            ).scalar_one()
-            conn.execute(
-                insert(CostEntryRow).values(
-                    episode_pk=pk,
-                    submission_pk=sub_pk,
-                    amount_minor=image.cost_minor,
-                    currency=image.currency,
-                    recorded_at=image.completed_at,
-                )
-            )
-        for kind, media in state.media.items():
-            copy = out / Path(media.file).name
-            copy.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(legacy.folder / media.file, copy)
-            conn.execute(
-                insert(EpisodeMediaRow).values(
-                    episode_pk=pk, kind=kind, path=str(copy), sha256=media.sha256, recorded_at=now
-                )
-            )
-        conn.execute(
-            insert(EpisodeEventRow).values(
-                episode_pk=pk,
-                kind="migrated",
-                at=now,
-                detail={
-                    "source_path": str(legacy.folder),
-                    "legacy_id": legacy.legacy_id,
-                    "migrated_at": now.isoformat(),
-                    "tool_version": TOOL_VERSION,
-                    "legacy_completed_at": state.completed_at.isoformat()
-                    if state.completed_at
-                    else None,
-                },
-            )
+    media: list[tuple[str, str, str]] = []
+    for kind, file in state.media.items():
+        copy = out / Path(file.file).name
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(legacy.folder / file.file, copy)
+        media.append((kind, str(copy), file.sha256))
+    decision = None
+    if state.approval.state != "pending":
+        decision = ImportedDecision(
+            EpisodeState.APPROVED if state.approval.state == "approved" else EpisodeState.REJECTED,
+            state.approval.by or "legacy",
+            state.approval.note,
+            state.approval.at or now,
         )
-        move_episode(conn, pk, EpisodeState.GENERATED, {"migrated": True})
-        if state.approval.state != "pending":
-            approved = state.approval.state == "approved"
-            target = EpisodeState.APPROVED if approved else EpisodeState.REJECTED
-            by = state.approval.by or "legacy"
-            move_episode(
-                conn, pk, target, {"by": by, "note": state.approval.note, "migrated": True}
-            )
-            conn.execute(
-                insert(ApprovalRow).values(
-                    episode_pk=pk,
-                    decision=target.value,
-                    decided_by=by,
-                    note=state.approval.note,
-                    decided_at=state.approval.at or now,
-                )
-            )
+    record_import(  # the files are copied first: the records name copies that exist
+        engine,
+        ImportedEpisode(
+            episode_pk=pk,
+            run_id=str(uuid.uuid4()),
+            source=str(legacy.folder),
+            started_at=now,
+            finished_at=state.completed_at or now,
+            images=images,
+            media=media,
+            migrated={
+                "source_path": str(legacy.folder),
+                "legacy_id": legacy.legacy_id,
+                "migrated_at": now.isoformat(),
+                "tool_version": TOOL_VERSION,
+                "legacy_completed_at": state.completed_at.isoformat()
+                if state.completed_at
+                else None,
+            },
+            decision=decision,
+        ),
+        LEGACY_PROFILE,
+    )
     return episode_id

@@ -247,10 +247,10 @@ def test_an_interrupt_between_the_console_script_and_the_commands_handling_is_on
     the signal at that line). The console script answers it: one line and exit 130, or no
     line when the command's own handling had already begun to answer."""
     code = (
-        "import cli.entry, cli.app\n"
+        "import cli.entry, cli.app, cli.signals\n"
         "def main(argv=None):\n"
         f"    if {answered}:\n"
-        "        cli.app._tell_listeners()  # the command's own handling took the first one\n"
+        "        cli.signals.interrupts.tell_listeners()  # the command's own handling took it\n"
         "    raise KeyboardInterrupt\n"
         "cli.app.main = main\n"
         "cli.entry.main()\n"

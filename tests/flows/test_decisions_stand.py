@@ -22,8 +22,8 @@ from prefect.states import Scheduled
 
 from flows import local
 from flows.weekly import weekly_episode
+from pipeline.approval import decide
 from pipeline.generation import record_plan
-from pipeline.review import decide
 from storage.engine import make_engine
 from tests.flows.test_prefect_path import MONDAY, _deploy, _episode_state, _form, _resume
 from tests.generation import submissions_per_item, write_playlist

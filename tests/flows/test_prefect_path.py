@@ -326,7 +326,7 @@ def test_a_run_of_an_already_decided_episode_follows_the_decision_without_a_form
 ) -> None:
     """Decided on the command line while the form waited: a duplicate run of the episode
     shows no empty form; it follows the decision (approve: assembles) and ends green."""
-    from pipeline.review import decide
+    from pipeline.approval import decide
 
     engine = make_engine(harness)
     decide(engine, "weekly", "2026-W32-0", approve=True, by="cli", note=None)
@@ -350,7 +350,7 @@ def test_a_conflicting_answer_after_a_decision_elsewhere_follows_the_decision(
 ) -> None:
     """The form waits; someone approves on the command line; the form is then answered
     "reject": the run follows the recorded approval (assembles) instead of sticking."""
-    from pipeline.review import decide
+    from pipeline.approval import decide
     from storage.approvals import ApprovalStore
 
     engine = make_engine(harness)

@@ -19,7 +19,7 @@ def pick_worker(
     """Per trial: decide one generated episode (`decision` "approve" with `picks`, or
     "reject") at the same moment as another process; answers (episode, outcome, message)."""
     from core.errors import CommandNotAllowed
-    from pipeline.review import decide
+    from pipeline.approval import decide
     from storage.engine import make_engine
 
     engine = make_engine(url)

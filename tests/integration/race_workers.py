@@ -130,7 +130,7 @@ def decide_worker(
 ) -> None:
     """Per trial: approve (or reject) one generated episode at the same moment as another."""
     from core.errors import CommandNotAllowed
-    from pipeline.review import decide
+    from pipeline.approval import decide
 
     engine = _engine(url)
     out: list[Any] = []

@@ -28,7 +28,8 @@ from core.errors import CommandNotAllowed
 from core.ids import WeekId
 from core.settings import load_settings
 from pipeline.allocation import allocate
-from pipeline.review import assemble, decide, reopen
+from pipeline.approval import decide, reopen
+from pipeline.assembly import assemble
 from storage.approvals import ApprovalStore
 from storage.engine import make_engine
 from storage.episodes import EpisodeRepository

@@ -11,8 +11,9 @@ from sqlalchemy import Engine, delete, select, text
 from sqlalchemy.engine import make_url
 
 from core.settings import load_settings
+from pipeline.approval import decide
+from pipeline.assembly import assemble
 from pipeline.check import check_episodes
-from pipeline.review import assemble, decide
 from storage.admission import DedupPolicy
 from storage.engine import make_engine
 from storage.models import CostEntryRow, EpisodeRow, ItemRow
@@ -104,7 +105,7 @@ def test_a_reopened_episode_is_not_reported_as_a_crash(engine: Engine, assembled
     """After `reopen` the episode is allocated with every image of its plan completed: it
     waits for a new plan, and `check` called that a crash and advised marking it generated
     (found by a fresh tester)."""
-    from pipeline.review import reopen
+    from pipeline.approval import reopen
 
     reopen(engine, "weekly", assembled.episode_id, by="ann", reason="new cover")
     assert check_episodes(engine, "weekly") == []

@@ -12,8 +12,9 @@ from sqlalchemy import Engine, func, select
 
 from core.errors import CommandNotAllowed
 from core.settings import load_settings
+from pipeline.approval import decide, reopen
+from pipeline.assembly import assemble
 from pipeline.check import check_episodes
-from pipeline.review import assemble, decide, reopen
 from storage.models import EpisodePlanRow, EpisodeRow
 from tests.generation import Episode, jobs_per_key, new_episode, write_playlist
 
@@ -139,7 +140,7 @@ def test_reopen_is_refused_unless_decided(engine: Engine, tmp_path: Path) -> Non
 def test_a_decision_is_bound_to_the_images_that_were_shown(engine: Engine, tmp_path: Path) -> None:
     """Shown A, then someone re-plans and regenerates while the reviewer looks: approving
     with the digest of what was shown is refused; nothing is recorded."""
-    from pipeline.review import approval_digest, review_set
+    from pipeline.approval import approval_digest, review_set
 
     episode = new_episode(engine)
     _plan(episode, tmp_path, "a", ["one", "two"])

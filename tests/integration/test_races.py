@@ -597,14 +597,15 @@ def test_an_interrupt_whose_keyboardinterrupt_was_swallowed_still_stops_the_payi
     stops before its next paid call, is paused, and the command says so (exit 130). Here
     the handler's telling happens without the raise, as when it is swallowed."""
     import cli.app as cli_app
+    from cli.signals import interrupts
     from providers.fake import FakeProvider
 
     monkeypatch.setenv("EPISODIC_FAKE_PROVIDER_LOG", str(tmp_path / "provider.jsonl"))
     real_submit = FakeProvider.submit
 
     def signalled_at_the_first_call(self: FakeProvider, request: Any) -> str:
-        if not cli_app._signalled.is_set():
-            cli_app._tell_listeners()  # the handler ran; its KeyboardInterrupt was lost
+        if not interrupts.signalled.is_set():
+            interrupts.tell_listeners()  # the handler ran; its KeyboardInterrupt was lost
         return real_submit(self, request)
 
     monkeypatch.setattr(FakeProvider, "submit", signalled_at_the_first_call)
@@ -613,7 +614,7 @@ def test_an_interrupt_whose_keyboardinterrupt_was_swallowed_still_stops_the_payi
     try:
         code = cli_app.run(["generate", episode.episode_id, "--concurrency", "1", "--json"])
     finally:
-        cli_app._signalled.clear()
+        interrupts.signalled.clear()
     assert code == 130
     (run,) = RunStore(engine).list_runs("weekly", episode.episode_id)
     assert run.state == RunState.PAUSED

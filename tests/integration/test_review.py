@@ -10,7 +10,8 @@ from sqlalchemy import Engine, func, select
 
 from core.errors import CommandNotAllowed, ImageNotAsPaid, InvalidInput
 from core.settings import load_settings
-from pipeline.review import assemble, decide
+from pipeline.approval import decide
+from pipeline.assembly import assemble
 from storage.models import (
     ApprovalRow,
     CostEntryRow,
@@ -84,7 +85,7 @@ def test_approval_is_recorded_once_with_who(generated: Episode) -> None:
 def test_a_rejection_stands_through_a_generate_until_a_reopen(generated: Episode) -> None:
     """Issue 28: a generate with nothing to do moved a rejected episode back to `generated`,
     and the rejected images could then be approved without any re-plan."""
-    from pipeline.review import reopen
+    from pipeline.approval import reopen
     from storage.episodes import EpisodeRepository
 
     engine, episode_id = generated.engine, generated.episode_id

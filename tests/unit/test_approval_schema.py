@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from prefect.utilities.schema_tools.validation import ValidationError, validate
 
-from flows.review import ApprovalInput, approval_input_for
+from flows.approval_form import ApprovalInput, approval_input_for
 
 OK = [
     {"decision": "approve", "reviewer": "ann"},
@@ -72,7 +72,7 @@ def test_the_hero_form_keeps_the_rules() -> None:
 def test_answers_the_schema_passes_are_still_checked_by_decide() -> None:
     """The server's rules are a first line: `decide` refuses the same after the resume."""
     from core.errors import InvalidInput
-    from pipeline.review import validate_person
+    from pipeline.approval import validate_person
 
     with pytest.raises(InvalidInput):
         validate_person("ann\u200b", "reviewer")  # not printable, yet no control character

@@ -1,36 +1,35 @@
-"""Approval and assembly of a generated episode (DESIGN 7).
+"""Deciding a generated episode (DESIGN 7): who decided what, and when.
 
-Approval records who decided what, and when. Assembly composes the cover from the approved
-images and writes a manifest; it is deterministic (same approved inputs, same bytes), records
-the hashes, and rerunning it changes nothing.
+A decision is bound to the images it is about (the current plan's completed images, each
+file checked against the sha256 the ledger paid for), and it stands: the other decision is
+refused until the plan changes or the episode is reopened, with who decided, when and why.
+`approval_context` gives a Prefect flow what deciding needs without a store of its own.
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
 import json
-import math
-import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine
 
-from core.errors import CommandNotAllowed, ImageNotAsPaid, InvalidInput
+from core.errors import CommandNotAllowed, ImageNotAsPaid, ImagesChangedSinceShown, InvalidInput
 from core.hints import hint
+from core.ids import EpisodeId
 from core.playlist import check_picks, check_text, item_label
-from core.settings import Settings
 from core.states import DECIDED_STATES, REOPENABLE_STATES, EpisodeState
 from pipeline.gate import GatePass, open_gate
 from pipeline.playlists import planned_items
-from pipeline.runs import write_atomically
 from storage.approvals import ApprovalStore, RecordedDecision
 from storage.episodes import EpisodeRepository
-from storage.ledger import completed_outputs
+from storage.ledger import LedgerStore, completed_outputs
+from storage.lock import keyed_transaction
 from storage.plans import PlanStore
-
-THUMB = 128
 
 
 def validate_person(name: str, what: str = "--by") -> str:
@@ -49,7 +48,7 @@ def approval_digest(items: dict[str, str]) -> str:
 def review_set(engine: Engine, pipeline: str, episode_id: str) -> list[dict[str, Any]]:
     """The images a decision is about: the current plan's completed images, in plan order,
     each file checked against its recorded sha256 (what the approval form shows)."""
-    return _planned_outputs(engine, open_gate(engine, pipeline, episode_id, "approve"))
+    return planned_outputs(engine, open_gate(engine, pipeline, episode_id, "approve"))
 
 
 def decide(
@@ -69,7 +68,8 @@ def decide(
 
     `expected_digest` (`approval_digest` of the images the reviewer was shown, e.g. by the
     Prefect form) binds the decision to them: if the plan or its images changed since, the
-    decision is refused (`CommandNotAllowed`) and nothing is recorded.
+    decision is refused (`ImagesChangedSinceShown`, a `CommandNotAllowed`) and nothing is
+    recorded.
     `picks` (video id -> candidate, 1-based): an approval of a plan with hero runs names
     the candidate that ships for every hero video; a missing pick, one outside the video's
     candidates or one for a video without candidates is `InvalidInput` (exit 2), and nothing
@@ -115,10 +115,10 @@ def decide(
     approved_items: dict[str, str] | None = None
     chosen: dict[str, int] | None = None
     if approve or expected_digest is not None:  # checked on disk now: exactly this ships
-        outputs = _planned_outputs(engine, gate)
+        outputs = planned_outputs(engine, gate)
         shown = {o["idempotency_key"]: o["output_sha256"] for o in outputs}
         if expected_digest is not None and approval_digest(shown) != expected_digest:
-            raise CommandNotAllowed(
+            raise ImagesChangedSinceShown(
                 f"episode {gate.episode_id}: its images changed since they were shown for "
                 "review; nothing was recorded: review them again"
             )
@@ -200,72 +200,6 @@ def _picks_text(picks: dict[str, int]) -> str:
     return ",".join(f"{video}={pick}" for video, pick in picks.items())
 
 
-def assemble(engine: Engine, settings: Settings, pipeline: str, episode_id: str) -> dict[str, Any]:
-    """Compose the cover and the manifest of an approved episode; record their hashes."""
-    gate = open_gate(engine, pipeline, episode_id, "assemble")
-    review = ApprovalStore(engine)
-    episodes = EpisodeRepository(engine)
-    state = episodes.state(gate.episode_pk)
-    if state not in (EpisodeState.APPROVED, EpisodeState.ASSEMBLED):
-        raise CommandNotAllowed(
-            f"episode {gate.episode_id} is {state}: only an approved episode is assembled"
-        )
-    outputs = _planned_outputs(engine, gate)
-    approved = review.approved_items(gate.episode_pk)
-    shipping = {o["idempotency_key"]: o["output_sha256"] for o in outputs}
-    if approved is not None and shipping != approved:
-        raise CommandNotAllowed(
-            f"episode {gate.episode_id}: its images are not the ones that were approved "
-            f"({len(set(shipping.items()) ^ set(approved.items()))} differ); nothing was "
-            "assembled: "
-            + hint(
-                f"`episodic reopen {gate.episode_id}` and review it again",
-                "reopen it (`episodic reopen`) and run the approve deployment again",
-            )
-        )
-    heroes = hero_outputs(outputs)
-    picks = review.approved_picks(gate.episode_pk)
-    if heroes:
-        try:
-            check_picks(picks, heroes, "the approval's picks")
-        except InvalidInput as exc:
-            raise CommandNotAllowed(
-                f"episode {gate.episode_id}: {exc}; nothing was assembled: "
-                + hint(
-                    f"`episodic reopen {gate.episode_id}` and approve it again with --pick",
-                    "reopen it (`episodic reopen`) and approve it again with a pick",
-                )
-            ) from None
-    shipped = [o for o in outputs if o.get("candidate") in (None, picks.get(o["video_id"]))]
-    folder = settings.episode_folder(gate.pipeline, gate.episode_id)
-    cover = _cover([Path(o["output_path"]) for o in shipped])
-    cover_sha = write_atomically(folder / "cover.png", cover)
-    manifest = _manifest(gate.episode_id, shipped, folder, cover_sha, heroes, picks)
-    manifest_sha = write_atomically(folder / "manifest.json", manifest)
-    media = {
-        "cover": (str(folder / "cover.png"), cover_sha),
-        "manifest": (str(folder / "manifest.json"), manifest_sha),
-    }
-    changed = episodes.record_media(gate.episode_pk, media)
-    if state == EpisodeState.APPROVED:
-        episodes.transition(
-            gate.episode_pk,
-            EpisodeState.ASSEMBLED,
-            {"cover_sha256": cover_sha, "manifest_sha256": manifest_sha},
-        )
-    return {
-        "episode_id": gate.episode_id,
-        "state": EpisodeState.ASSEMBLED.value,
-        "changed": changed or state == EpisodeState.APPROVED,
-        "cover": media["cover"][0],
-        "cover_sha256": cover_sha,
-        "manifest": media["manifest"][0],
-        "manifest_sha256": manifest_sha,
-        "images": len(shipped),
-        **({"picks": picks} if heroes else {}),
-    }
-
-
 def reopen(
     engine: Engine, pipeline: str, episode_id: str, *, by: str, reason: str
 ) -> dict[str, Any]:
@@ -294,7 +228,7 @@ def reopen(
     return {"episode_id": gate.episode_id, "state": "allocated", "changed": moved, "from": state}
 
 
-def _planned_outputs(engine: Engine, gate: GatePass) -> list[dict[str, Any]]:
+def planned_outputs(engine: Engine, gate: GatePass) -> list[dict[str, Any]]:
     """The current plan's completed images, each file checked against its recorded sha256."""
     recorded = PlanStore(engine).latest_plan(gate.episode_pk)
     if recorded is None:
@@ -342,74 +276,69 @@ def image_not_as_paid(episode_id: str, label: str, path: Path, what: str) -> Ima
     )
 
 
-def _cover(paths: list[Path]) -> bytes:
-    """A grid of thumbnails in playlist order: same inputs, same PNG bytes."""
-    from PIL import Image
-
-    columns = math.ceil(math.sqrt(len(paths)))
-    rows = math.ceil(len(paths) / columns)
-    sheet = Image.new("RGB", (columns * THUMB, rows * THUMB), (16, 16, 16))
-    for n, path in enumerate(paths):
-        with Image.open(path) as image:
-            thumb = image.convert("RGB").resize((THUMB, THUMB), Image.Resampling.NEAREST)
-        sheet.paste(thumb, ((n % columns) * THUMB, (n // columns) * THUMB))
-    out = io.BytesIO()
-    sheet.save(out, format="PNG", optimize=False)
-    return out.getvalue()
+def waiting_state(engine: Engine, pipeline: str, episode_id: str) -> str:
+    """The episode's state, refused (`CommandNotAllowed`) unless it waits for a decision
+    or has one (generated, approved, rejected, assembled)."""
+    state = EpisodeRepository(engine).get(pipeline, EpisodeId.parse(episode_id)).state
+    if state not in ("generated", "approved", "rejected", "assembled"):
+        raise CommandNotAllowed(
+            f"episode {episode_id} is {state}: only a generated episode waits for approval"
+        )
+    return str(state)
 
 
-def _manifest(
-    episode_id: str,
-    shipped: list[dict[str, Any]],
-    folder: Path,
-    cover_sha: str,
-    heroes: dict[str, list[dict[str, Any]]],
-    picks: dict[str, int],
-) -> bytes:
-    """Canonical JSON, paths relative to the episode folder, no timestamps: deterministic.
+@dataclass(frozen=True, slots=True)
+class ApprovalContext:
+    """What a flow that waits for a decision reads and records, without a store of its own.
+    Each method reads (or decides) when it is called: nothing is cached, since the episode
+    may be decided elsewhere while the flow waits."""
 
-    `items`: the images that ship (a hero video's picked candidate among them). With hero
-    runs, `heroes` records each hero video's pick and every candidate's key, sha256 and
-    cost, and `total_cost_minor` counts every paid candidate, picked or not."""
-    items = []
-    for o in shipped:
-        item = {
-            "item_id": item_label(o["video_id"], o["part"], o.get("candidate")),
-            "idempotency_key": o["idempotency_key"],
-            # relative to the episode folder (images of an older layout may sit elsewhere)
-            "path": os.path.relpath(o["output_path"], folder),
-            "sha256": o["output_sha256"],
-            "remote_ref": o["remote_ref"],
-            "cost_minor": o["amount_minor"],
-            "currency": o["currency"],
-        }
-        if o.get("candidate") is not None:
-            item["candidate"] = o["candidate"]
-        items.append(item)
-    unpicked = [c for video, cs in heroes.items() for c in cs if c["candidate"] != picks.get(video)]
-    document: dict[str, Any] = {
-        "episode_id": episode_id,
-        "cover": {"path": "cover.png", "sha256": cover_sha},
-        "items": items,
-        "total_cost_minor": sum(o["amount_minor"] for o in [*shipped, *unpicked]),
-        "currency": shipped[0]["currency"],
-    }
-    if heroes:
-        document["heroes"] = [
-            {
-                "video_id": video,
-                "picked": picks[video],
-                "candidates": [
-                    {
-                        "candidate": c["candidate"],
-                        "idempotency_key": c["idempotency_key"],
-                        "sha256": c["output_sha256"],
-                        "remote_ref": c["remote_ref"],
-                        "cost_minor": c["amount_minor"],
-                    }
-                    for c in candidates
-                ],
-            }
-            for video, candidates in heroes.items()
-        ]
-    return (json.dumps(document, indent=2, sort_keys=True) + "\n").encode()
+    engine: Engine
+    pipeline: str
+    episode_id: str
+    episode_pk: int
+
+    def state(self) -> str:
+        """The episode's state now."""
+        return str(EpisodeRepository(self.engine).state(self.episode_pk))
+
+    def latest_decision(self) -> RecordedDecision | None:
+        """The decision on record (None: never decided)."""
+        return ApprovalStore(self.engine).latest_decision(self.episode_pk)
+
+    def spend(self) -> tuple[int, int, str]:
+        """(paid submissions, cost in minor units, currency) of the episode over every run."""
+        return LedgerStore(self.engine).episode_spend(self.episode_pk)
+
+    def review_set(self) -> list[dict[str, Any]]:
+        """`review_set` of this episode: the images a decision is about."""
+        return review_set(self.engine, self.pipeline, self.episode_id)
+
+    def decide(self, **decision: Any) -> dict[str, Any]:
+        """`decide` on this episode (same keywords, answers and errors)."""
+        return decide(self.engine, self.pipeline, self.episode_id, **decision)
+
+    def wait_tag(self) -> str:
+        """Tag of the flow run that waits for this episode's decision (one per episode). It
+        names the episode's row in this database (key and creation time), so two databases
+        that share a Prefect server (staging and production) never see each other's
+        waiting runs."""
+        episode, pk = EpisodeRepository(self.engine).locate(
+            self.pipeline, EpisodeId.parse(self.episode_id)
+        )
+        row = hashlib.sha256(f"{pk}@{episode.created_at.isoformat()}".encode()).hexdigest()[:12]
+        return f"episodic-approval:{self.pipeline}/{self.episode_id}/{row}"
+
+    @contextmanager
+    def one_waiter(self) -> Iterator[None]:
+        """Serialize, across processes, the flow runs choosing which of them waits for this
+        episode's decision (a write transaction on the key ``approval-wait:P:E``)."""
+        with keyed_transaction(self.engine, f"approval-wait:{self.pipeline}:{self.episode_id}"):
+            yield
+
+
+def approval_context(engine: Engine, pipeline: str, episode_id: str) -> ApprovalContext:
+    """The context of `episode_id` (its row key read once)."""
+    return ApprovalContext(
+        engine, pipeline, episode_id, EpisodeRepository(engine).episode_pk(pipeline, episode_id)
+    )

@@ -1,0 +1,187 @@
+"""The approval form: the typed input a waiting flow run suspends with, and its Markdown.
+
+Bad input never sticks. The form's schema (required decision and reviewer, lengths) is
+checked by the Prefect server before the run resumes; what only we can check (control
+characters, a rejection without a note, images changed since they were shown) is checked
+by `decide` after the resume, and the reason is shown at the top of the next form.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any, Literal
+
+from prefect.input import RunInput
+from pydantic import ConfigDict, Field, create_model
+
+from core.money import format_minor
+from core.playlist import item_label
+from flows.artifacts import md_text
+from pipeline.approval import ApprovalContext, approval_digest, hero_outputs
+from pipeline.thumbnails import thumbnail_data_uri
+
+MAX_PREVIEWS = 60  # thumbnails inlined in one form; the rest are listed by name
+
+
+# JSON Schema rules the Prefect server checks before a run resumes, so a bad answer is
+# refused at once, the run still waiting, instead of after the run came back from a worker
+# (tens of seconds later) to suspend again. The server words a failure with jsonschema's
+# message and has no custom messages: a value matching `pattern` must then equal a `const`
+# that says what is wanted, read as "Validation failed for field 'reviewer'. Failure reason:
+# 'a name, not only spaces ...' was expected" (a bare `pattern` read "' ' does not match
+# '\\S'"). Prefect's UI leaves `if`/`then` out of the form it renders; `decide` checks the
+# same rules again after the resume.
+_CONTROLS = r"\u0000-\u0008\u000b\u000c\u000e-\u001f\u007f-\u009f\u202a-\u202e\u2066-\u2069"
+REVIEWER_WANTED = "a name, not only spaces, without control characters"
+NOTE_WANTED = "a note saying why (a rejection needs one)"
+NOTE_CONTROL_WANTED = "a note without control characters"
+
+
+def refuse_matching(pattern: str, wanted: str) -> dict[str, Any]:
+    """A schema fragment: a string matching `pattern` is refused, the message naming
+    `wanted`."""
+    return {"if": {"type": "string", "pattern": pattern}, "then": {"const": wanted}}
+
+
+def _rejection_needs_a_note(schema: dict[str, Any]) -> None:
+    schema["if"] = {"properties": {"decision": {"const": "reject"}}, "required": ["decision"]}
+    schema["then"] = {
+        "properties": {"note": refuse_matching(r"^\s*$", NOTE_WANTED)},
+        "required": ["note"],
+    }
+
+
+class ApprovalInput(RunInput):
+    """The approval form. The Prefect server validates an answer against this schema before
+    the run resumes: decision and reviewer are required, the reviewer is a name (not blank,
+    no control characters), a rejection has a note."""
+
+    model_config = ConfigDict(json_schema_extra=_rejection_needs_a_note)
+
+    decision: Literal["approve", "reject"] = Field(
+        description="approve: exactly the images above ship. reject: the episode goes back "
+        "for re-planning (a note is required)."
+    )
+    reviewer: str = Field(
+        min_length=1,
+        max_length=100,
+        description="Your name, recorded with the decision.",
+        json_schema_extra=refuse_matching(rf"^\s*$|[{_CONTROLS}\t\n\r]", REVIEWER_WANTED),
+    )
+    note: str = Field(
+        default="",
+        max_length=2000,
+        description="Why (required when rejecting).",
+        json_schema_extra=refuse_matching(f"[{_CONTROLS}]", NOTE_CONTROL_WANTED),
+    )
+
+
+def approval_input_for(outputs: list[dict[str, Any]]) -> type[ApprovalInput]:
+    """The form for these images: `ApprovalInput`, plus, for each hero video (in plan order),
+    a required field `pick_N` (N = 1, 2, ... over the hero videos) holding the candidate
+    that ships, an integer within the video's candidates. The server checks presence and
+    range before the run resumes; `picks_of` maps the answer back to video ids."""
+    heroes = hero_outputs(outputs)
+    if not heroes:
+        return ApprovalInput
+    fields: dict[str, Any] = {
+        f"pick_{n}": (
+            int,
+            Field(
+                ge=1,
+                le=len(candidates),
+                title=f"{video}: the candidate that ships",
+                description=f"1 to {len(candidates)}: the candidate of {video} shown above "
+                "that ships if you approve (ignored when rejecting).",
+            ),
+        )
+        for n, (video, candidates) in enumerate(heroes.items(), start=1)
+    }
+    model: type[ApprovalInput] = create_model("HeroApprovalInput", __base__=ApprovalInput, **fields)
+    return model
+
+
+def form_digest(shown: dict[str, str], outputs: list[dict[str, Any]]) -> str:
+    """What a form is about: `approval_digest` of its images, and, with hero videos, which
+    video each pick field names (sha256 hex). Equal digests: an answer means the same."""
+    digest = approval_digest(shown)
+    heroes = list(hero_outputs(outputs))
+    if not heroes:
+        return digest  # the key of forms without picks is unchanged
+    return hashlib.sha256(f"{digest}|picks:{','.join(heroes)}".encode()).hexdigest()
+
+
+def picks_of(answer: ApprovalInput, outputs: list[dict[str, Any]]) -> dict[str, int] | None:
+    """The answer's picks as video id -> candidate (None: the form had no hero videos, or
+    the answer is a rejection)."""
+    heroes = hero_outputs(outputs)
+    if not heroes or answer.decision != "approve":
+        return None
+    values = answer.model_dump()
+    return {
+        video: int(values[f"pick_{n}"])
+        for n, video in enumerate(heroes, start=1)
+        if isinstance(values.get(f"pick_{n}"), int)
+    }
+
+
+def approval_form_description(
+    context: ApprovalContext,
+    outputs: list[dict[str, Any]] | None = None,
+    refused: str | None = None,
+) -> str:
+    """The form's Markdown: exactly the images the decision is about (the current plan's),
+    as inline previews with their cost, and the reason the last answer was refused."""
+    episode_id = context.episode_id
+    outputs = context.review_set() if outputs is None else outputs
+    paid, cost_minor, currency = context.spend()
+    lines = []
+    if refused:
+        lines += [f"> **Your last answer was not recorded:** {md_text(refused)}", ""]
+    earlier = context.latest_decision()
+    if earlier is not None and earlier.decision == "rejected":  # re-planned or reopened since
+        lines += [
+            f"> **Rejected before:** {md_text(earlier.describe())}. The episode was "
+            "re-planned or reopened since; below are the images of its current plan.",
+            "",
+        ]
+    heroes = hero_outputs(outputs)
+    parts = [o for o in outputs if o.get("candidate") is None]
+    lines += [
+        f"## Approve episode {episode_id}",
+        "",
+        f"{len(outputs)} images; the episode cost {format_minor(cost_minor, currency)} "
+        f"in {paid} paid calls.",
+    ]
+    if heroes:
+        lines += [
+            "",
+            f"{len(heroes)} hero video{'s' if len(heroes) > 1 else ''}: "
+            f"{'each' if len(heroes) > 1 else 'it'} ships the one candidate you pick below "
+            "(the fields *the candidate that ships*).",
+        ]
+    shown = 0
+
+    def table(rows: list[dict[str, Any]], first: str) -> None:
+        nonlocal shown
+        lines.extend(["", f"| {first} | preview | cost | sha256 |", "|---|---|---|---|"])
+        for o in rows:
+            label = item_label(o["video_id"], o["part"], o.get("candidate"))
+            uri = thumbnail_data_uri(_path(o)) if shown < MAX_PREVIEWS else None
+            shown += 1
+            preview = f"![{label}]({uri})" if uri else f"`{_path(o).name}`"
+            cost = format_minor(int(o["amount_minor"]), o["currency"])
+            name = label if o.get("candidate") is None else f"candidate {o['candidate']}"
+            lines.append(f"| {name} | {preview} | {cost} | `{o['output_sha256'][:12]}` |")
+
+    if parts:
+        table(parts, "image")
+    for video, candidates in heroes.items():
+        lines += ["", f"### {video}: pick one of {len(candidates)} candidates"]
+        table(candidates, "candidate")
+    return "\n".join(lines)
+
+
+def _path(output: dict[str, Any]) -> Path:
+    return Path(output["output_path"])
