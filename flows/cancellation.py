@@ -42,7 +42,7 @@ from pipeline.cancel import Settlement, settle_cancelled
 from storage.base import utcnow
 from storage.flow_runs import FlowRunLinks
 from storage.registry import engine_for
-from tasks.generate import PrefectSecretCredentials
+from tasks.credentials import PrefectSecretCredentials
 
 _CHAIN_MAX = 8  # flow runs above this one: a subflow's parents, and theirs
 _LINK_MARGIN = timedelta(minutes=5)  # clock skew between Prefect's server and the database

@@ -48,7 +48,7 @@ from sqlalchemy import Engine
 
 from core.settings import load_settings
 from flows.params import Flag
-from pipeline.runs import dedup_policy
+from pipeline.admission import dedup_policy
 from pipeline.sweep import BUCKET_MEANING, sweep
 from storage.flow_runs import FlowRunLinks, RunLife, dead
 from storage.registry import engine_for

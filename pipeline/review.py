@@ -23,8 +23,8 @@ from core.playlist import check_picks, check_text, item_label
 from core.settings import Settings
 from core.states import DECIDED_STATES, REOPENABLE_STATES, EpisodeState
 from pipeline.gate import GatePass, open_gate
+from pipeline.media import write_atomically
 from pipeline.playlists import planned_items
-from pipeline.runs import write_atomically
 from storage.approvals import ApprovalStore, RecordedDecision
 from storage.episodes import EpisodeRepository
 from storage.ledger import completed_outputs

@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy import Engine
 
 from core.settings import Settings
-from pipeline.runs import dedup_policy
+from pipeline.admission import dedup_policy
 from storage.sweep import BUCKETS, Sweeper, SweepReport
 
 __all__ = ["BUCKETS", "BUCKET_MEANING", "SweepReport", "sweep"]

@@ -82,7 +82,7 @@ def test_a_finished_item_is_a_cache_hit_without_the_database_or_provider(
     @flow
     def recreated() -> object:  # a re-created flow run asking for the same item again
         from core.settings import load_settings
-        from tasks.generate import result_storage
+        from tasks.results import result_storage
 
         key, ledger_ref = _only_item(harness)
         item = generate_item.with_options(result_storage=result_storage(load_settings()))
@@ -105,7 +105,7 @@ def test_a_copied_database_given_its_own_installation_id_never_reads_the_origina
     from core.settings import load_settings
     from storage.engine import make_engine
     from storage.installation import renew
-    from tasks.generate import result_storage
+    from tasks.results import result_storage
 
     plan(harness, episode, tmp_path / "p", ["a"])
     generate_episode(episode_id=episode)
@@ -380,7 +380,7 @@ def test_an_item_task_that_fails_before_its_work_leaves_no_intent_behind(
     from storage.models import SubmissionRow
 
     plan(harness, episode, tmp_path / "p", ["a", "b"])
-    real = item_tasks.item_engine
+    real = item_tasks.item_runner
     failed: list[str] = []
 
     def broken_worker(
@@ -389,7 +389,7 @@ def test_an_item_task_that_fails_before_its_work_leaves_no_intent_behind(
         failed.append(episode_id)  # every item task on this worker, and each taken back
         raise ProviderConfigError("this worker has no credential")
 
-    monkeypatch.setattr(item_tasks, "item_engine", broken_worker)
+    monkeypatch.setattr(item_tasks, "item_runner", broken_worker)
     first = generate_episode(episode_id=episode, concurrency=1, return_state=True)
     assert len(failed) == 4 and not first.is_completed()  # 2 items, each taken back once
     engine = make_engine(harness)
@@ -397,7 +397,7 @@ def test_an_item_task_that_fails_before_its_work_leaves_no_intent_behind(
         states = list(conn.execute(select(SubmissionRow.state)).scalars())
     engine.dispose()
     assert states == [], states  # the unsent intents are gone, nothing is unknown
-    monkeypatch.setattr(item_tasks, "item_engine", real)
+    monkeypatch.setattr(item_tasks, "item_runner", real)
     again = generate_episode(episode_id=episode)
     assert again["state"] == "completed"
     assert submissions_per_item() == {"v01.p1": 1, "v02.p1": 1}
@@ -410,7 +410,7 @@ def test_a_worker_rebuilds_its_engine_when_the_episode_moves_to_another_profile(
     # A long-lived worker (a Dask process) caches each episode's engine. A claim made under
     # another provider profile (the episode was re-planned) gets an engine for the current
     # plan; a claim made under the profile the plan no longer uses is refused before it loads.
-    from tasks.generate import ItemNotCompleted, item_engine
+    from tasks.process import ItemNotCompleted, item_runner
 
     profiles = tmp_path / "providers.yaml"
     profiles.write_text(
@@ -421,13 +421,13 @@ def test_a_worker_rebuilds_its_engine_when_the_episode_moves_to_another_profile(
     monkeypatch.setenv("EPISODIC_PROVIDERS_FILE", str(profiles))
     engine = create_engine(harness)
     record_plan(engine, "weekly", episode, write_playlist(tmp_path / "a", ["x"], profile="fake-a"))
-    assert item_engine("weekly", episode, "fake-a").profile.id == "fake-a"
+    assert item_runner("weekly", episode, "fake-a").profile.id == "fake-a"
     record_plan(engine, "weekly", episode, write_playlist(tmp_path / "b", ["x"], profile="fake-b"))
     engine.dispose()
-    assert item_engine("weekly", episode, "fake-b").profile.id == "fake-b"
-    assert item_engine("weekly", episode, "fake-b") is item_engine("weekly", episode, "fake-b")
+    assert item_runner("weekly", episode, "fake-b").profile.id == "fake-b"
+    assert item_runner("weekly", episode, "fake-b") is item_runner("weekly", episode, "fake-b")
     with pytest.raises(ItemNotCompleted, match="now uses 'fake-b'"):
-        item_engine("weekly", episode, "fake-a")
+        item_runner("weekly", episode, "fake-a")
 
 
 def test_the_flow_grows_hero_candidates_and_pays_only_the_new_ones(
