@@ -12,11 +12,18 @@ from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 from sqlalchemy import create_engine, select
 
 from core.ids import WeekId
+from core.runs import Claim
 from flows.generate import generate_episode
 from pipeline.allocation import allocate
 from pipeline.generation import record_plan
 from tasks.generate import generate_item
-from tests.generation import jobs_per_key, provider_log, submissions_per_item, write_playlist
+from tests.generation import (
+    Episode,
+    jobs_per_key,
+    provider_log,
+    submissions_per_item,
+    write_playlist,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -630,3 +637,68 @@ def test_a_result_storage_block_that_does_not_load_fails_the_run_in_one_line_bef
         message
     ), message
     assert [e for e in provider_log() if e["event"] == "job_created"] == []
+
+
+@pytest.mark.parametrize("prefect_path", [False, True], ids=["python-api", "flow"])
+def test_buying_a_cancelled_job_anew_keeps_to_the_per_run_cap_on_both_paths(
+    harness: str, episode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, prefect_path: bool
+) -> None:
+    """Run A's accepted job, kept at A's cancel for run B, is cancelled at the provider by a
+    second cancel of A once B has failed (no live run includes it). Generating again would
+    buy the item anew, but one more image is above the per-run cap (EPISODIC_MAX_RUN_COST,
+    no --max-cost or --max-images given): the item fails and nothing is bought, through the
+    Python API and through the flow alike. (The flow built its options apart and its item
+    tasks ran without the cap: they bought the item again.) Counted at the fake provider."""
+    from core.planning import RunOptions
+    from core.settings import load_settings
+    from core.states import RunState
+    from pipeline.cancel import cancel_run
+    from pipeline.gate import EnvironmentCredentials
+    from pipeline.generation import generate
+    from pipeline.runner import new_owner
+    from providers.base import ImageRequest
+    from providers.fake import FakeProvider
+    from storage.claims import ClaimStore
+    from storage.engine import make_engine
+    from storage.models import ItemRow
+    from storage.runs import RunStore
+    from tests.generation import new_run
+
+    engine = make_engine(harness)
+    plan(harness, episode, tmp_path / "p", ["only [[DELAY_MS:4000]]"])
+    live = Episode(engine, episode)
+    store = RunStore(engine)
+    run_a = new_run(live)
+    store.transition_run(run_a, RunState.RUNNING)
+    with engine.connect() as conn:
+        (pk,) = conn.execute(select(ItemRow.id)).scalars()
+    claims = ClaimStore(engine)
+    claim = claims.claim(pk, run_a, new_owner(), lease_s=30, max_attempts=3, profile="fake")
+    assert isinstance(claim, Claim) and claim.submission is not None
+    provider = FakeProvider(
+        profile_id="fake", state_dir=load_settings().home_path / "fake-provider"
+    )
+    item = claim.item
+    remote = provider.submit(
+        ImageRequest(claim.submission.client_reference, "e", item.item_id, item.prompt, item.seed)
+    )
+    assert claims.accept(claim.submission.pk, remote)
+    claims.release(claim, "interrupted")  # A's process stopped; its job stays accepted
+    run_b = new_run(live)  # B: another live run includes the item
+    _state, kept = cancel_run(engine, load_settings(), run_a, EnvironmentCredentials())
+    assert [j.kept_for for j in kept] == [run_b]
+    store.transition_run(run_b, RunState.RUNNING, lease_s=30)
+    store.transition_run(run_b, RunState.FAILED, "holder died (swept)")
+    _state, again = cancel_run(engine, load_settings(), run_a, EnvironmentCredentials())
+    assert [(j.remote_ref, j.answer) for j in again] == [(remote, "canceled")]
+    monkeypatch.setenv("EPISODIC_MAX_RUN_COST", "0.01")  # one image costs 0.04
+    if prefect_path:
+        state = generate_episode(episode_id=episode, return_state=True)
+        assert state.is_failed(), state.message
+    else:
+        outcome = generate(
+            engine, load_settings(), "weekly", episode, RunOptions(), EnvironmentCredentials()
+        )
+        assert outcome.counts.failed == 1, outcome.message
+    engine.dispose()
+    assert list(jobs_per_key().values()) == [1]  # nothing bought anew

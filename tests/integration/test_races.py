@@ -57,7 +57,7 @@ def _running_run(episode: Episode) -> str:
 
 
 def _runner(episode: Episode) -> Any:
-    """The engine a `generate` of the episode would use, built in this process."""
+    """The runner a `generate` of the episode would use, built in this process."""
     from pipeline.gate import EnvironmentCredentials
     from pipeline.generation import build_runner, prepare
 
