@@ -161,7 +161,8 @@ class PaidCall:
         if claim.action == ClaimAction.SUBMIT and claim.submission is not None:
             self.ledger.withdraw(claim, claim.submission)
 
-    def _request(self, claim: Claim, submission: Submission) -> ImageRequest:
+    def request(self, claim: Claim, submission: Submission) -> ImageRequest:
+        """What the provider is asked for `submission` of `claim`'s item."""
         item = claim.item
         return ImageRequest(
             submission.client_reference,
@@ -174,7 +175,7 @@ class PaidCall:
 
     def _send(self, claim: Claim, submission: Submission) -> tuple[int, str] | None:
         """The paid call of an intent. None: acceptance unknown (item released, explained)."""
-        request = self._request(claim, submission)
+        request = self.request(claim, submission)
         if not self.holds(claim):  # cancelled, paused or taken over: no call
             self.ledger.withdraw(claim, submission)
             raise Stopped()
@@ -205,7 +206,7 @@ class PaidCall:
         """An intent or unknown from before: ask the provider; resubmit only when forced."""
         submission = claim.submission
         assert submission is not None
-        found = self._resolve(claim, submission, self._request(claim, submission))
+        found = self._resolve(claim, submission, self.request(claim, submission))
         if found is not None:
             return submission.pk, found
         if not options.force_resubmit:
@@ -265,7 +266,7 @@ class PaidCall:
             )
         describe = getattr(self.provider, "how_to_find", None)  # jobs without our reference
         where = (
-            describe(self._request(claim, submission))
+            describe(self.request(claim, submission))
             if callable(describe)
             else f"client reference {submission.client_reference}"
         )

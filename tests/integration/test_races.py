@@ -537,7 +537,7 @@ def test_an_item_another_process_left_unsettled_when_interrupted_is_settled_here
 
     def sends_then_is_interrupted_while_looking() -> None:
         time.sleep(0.8)
-        other.provider.submit(other._request(held, held.submission))  # type: ignore[arg-type,union-attr]
+        other.provider.submit(other.paid.request(held, held.submission))  # type: ignore[arg-type,union-attr]
         ledger.mark_unknown(held.submission.pk, "reply lost")  # type: ignore[union-attr]
         leases.release(held, "acceptance unknown (reply lost); not resubmitted")  # type: ignore[arg-type]
 
