@@ -209,6 +209,10 @@ class _Share:
 
 @dataclass
 class Runner:
+    """One process's part in runs of one episode: `execute` works a run's items with
+    `executor` until they are done, failed or the run is stopped, then concludes it; each
+    claimed item goes through `paid` (`PaidCall`), the one place the provider is called."""
+
     store: RunStore
     claims: ClaimStore
     leases: LeaseStore
