@@ -660,6 +660,8 @@ def test_buying_a_cancelled_job_anew_keeps_to_the_per_run_cap_on_both_paths(
     from providers.fake import FakeProvider
     from storage.claims import ClaimStore
     from storage.engine import make_engine
+    from storage.leases import LeaseStore
+    from storage.ledger import LedgerStore
     from storage.models import ItemRow
     from storage.runs import RunStore
     from tests.generation import new_run
@@ -682,8 +684,8 @@ def test_buying_a_cancelled_job_anew_keeps_to_the_per_run_cap_on_both_paths(
     remote = provider.submit(
         ImageRequest(claim.submission.client_reference, "e", item.item_id, item.prompt, item.seed)
     )
-    assert claims.accept(claim.submission.pk, remote)
-    claims.release(claim, "interrupted")  # A's process stopped; its job stays accepted
+    assert LedgerStore(engine).accept(claim.submission.pk, remote)
+    LeaseStore(engine).release(claim, "interrupted")  # A's process stopped; its job stays accepted
     run_b = new_run(live)  # B: another live run includes the item
     _state, kept = cancel_run(engine, load_settings(), run_a, EnvironmentCredentials())
     assert [j.kept_for for j in kept] == [run_b]
