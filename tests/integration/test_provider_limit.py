@@ -216,8 +216,8 @@ def test_a_run_waiting_for_a_provider_slot_says_so(
     assert isinstance(held, Claim)
     said: list[str | None] = []
 
-    def on_start(build_runner: object, _run_id: str) -> None:
-        build_runner.on_wait = said.append  # type: ignore[attr-defined]
+    def on_start(runner: object, _run_id: str) -> None:
+        runner.on_wait = said.append  # type: ignore[attr-defined]
 
     threading.Timer(1.0, LeaseStore(engine).release_unstarted, (held, "given up")).start()
     outcome = generate(
