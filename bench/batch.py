@@ -329,9 +329,10 @@ def bench_planning(tmp: Path, backends: dict[str, Any]) -> None:
     print("\n(c) planning a resume of 100,000 items, 99% complete (target < 1 s)")
     from sqlalchemy import update
 
+    from core.planning import RunOptions
     from core.playlist import PlannedItem
+    from pipeline.admission import plan
     from pipeline.gate import open_gate
-    from pipeline.runs import RunOptions, plan
     from providers.profiles import BUILTIN
     from storage.admission import AdmissionStore
     from storage.engine import make_engine

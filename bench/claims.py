@@ -64,7 +64,7 @@ def _claim_worker(
     from sqlalchemy import text
 
     from core.runs import Claim
-    from pipeline.engine import new_owner
+    from pipeline.runner import new_owner
     from storage.claims import ClaimStore
     from storage.engine import make_engine
     from storage.ledger import LedgerStore

@@ -3,7 +3,7 @@
 A paid item needs a few committed transactions by design: the claim with the intent of the
 call, the acceptance (remote reference), the outcome with its cost. (The check that the claim
 still holds right before the call is the claim's own transaction when the call follows it at
-once, as here; see `RunEngine._holds`.) The floor is raw SQL through the bare driver (sqlite3,
+once, as here; see `Runner._holds`.) The floor is raw SQL through the bare driver (sqlite3,
 psycopg, same pragmas) issuing the same commits per item on the project's own tables and
 indexes: the same reads (the run, the item, the provider's slots), UPDATEs and INSERTs, not
 single-row inserts; around them, the same work that is not bookkeeping, done inline (the
@@ -60,10 +60,10 @@ def _episode(url: str, home: Path, items: int, key: str) -> tuple[str, int]:
 
 def engine_rate(url: str, home: Path, items: int, concurrency: int, tag: str = "") -> float:
     """Items per second through the engine (zero-latency fake provider)."""
+    from core.planning import RunOptions
     from core.settings import load_settings
     from pipeline.gate import EnvironmentCredentials
     from pipeline.generation import generate
-    from pipeline.runs import RunOptions
     from storage.engine import make_engine
 
     episode, _ = _episode(url, home, items, f"engine-c{concurrency}{tag}")
@@ -126,7 +126,7 @@ def floor_rate(url: str, home: Path, items: int, concurrency: int, tag: str = ""
     queue = list(item_pks)
     guard = threading.Lock()
 
-    from pipeline.runs import write_atomically
+    from pipeline.media import write_atomically
     from providers.base import ImageRequest
     from providers.fake import FakeProvider
 

@@ -24,8 +24,8 @@ def check(
     Warnings (a slot that several deployments asked for) are listed but do not change the
     exit code: the slot was still one episode, paid once."""
     from core.errors import InvalidInput
+    from pipeline.admission import dedup_policy
     from pipeline.check import check_episodes, schedule_warnings
-    from pipeline.runs import dedup_policy
 
     if (episode_id is None) == (not check_all):
         raise InvalidInput("give an EPISODE_ID or --all")

@@ -103,13 +103,12 @@ def generate(
     An identical request while a run of it is active joins that run (deduplicated).
     """
     from core.dedup import check_dedup_options
-    from core.money import parse_amount
-    from core.playlist import parse_selection
+    from core.planning import check_budget
+    from pipeline.admission import options_from_request
+    from pipeline.admission import plan as make_plan
     from pipeline.gate import EnvironmentCredentials
     from pipeline.generation import generate as generate_run
     from pipeline.generation import prepare
-    from pipeline.runs import RunOptions, check_budget
-    from pipeline.runs import plan as make_plan
     from storage.plans import PlanStore
 
     check_dedup_options(idempotency_key, batch_id, allow_duplicate)
@@ -135,17 +134,16 @@ def generate(
     prepared = prepare(
         engine, settings, name, episode_id, "generate", hero_candidates=hero_candidates
     )
-    videos = max(item.index for item in prepared.items)
-    options = RunOptions(
-        only=parse_selection(only, videos) if only else None,
+    options = options_from_request(
+        settings,
+        prepared.items,
+        only=only,
         concurrency=concurrency,
         max_retries=max_retries,
         max_images=max_images,
-        max_cost_minor=parse_amount(max_cost) if max_cost is not None else None,
-        lease_s=settings.lease_s,
+        max_cost=max_cost,
         force_resubmit=force_resubmit,
-        collect_timeout_s=float(collect_timeout),
-        cap_minor=settings.max_run_cost_minor,
+        collect_timeout_s=collect_timeout,
     )
     if show_plan:
         report = make_plan(

@@ -60,7 +60,7 @@ def sweep(
             cancel_stuck_flow_runs,
             crash_ghost_runs,
         )
-        from pipeline.runs import dedup_policy
+        from pipeline.admission import dedup_policy
 
         buckets[PREFECT_BUCKET] = list(
             cancel_stuck_flow_runs(settings.pending_ttl_s, dry_run=dry_run)

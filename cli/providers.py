@@ -70,7 +70,7 @@ def check(profile: ProfileArg, as_json: JsonOption = False) -> None:
     chosen = get_profile(load_profiles(settings.providers_path), profile)
     row = capability_row(chosen).to_dict()
     if chosen.credential_secret_block:  # read from the Prefect API configured here
-        from tasks.generate import PrefectSecretCredentials
+        from tasks.credentials import PrefectSecretCredentials
 
         result = check_profile(chosen, PrefectSecretCredentials(), settings.home_path)
     else:

@@ -17,9 +17,9 @@ from cli.output import emit_json
 from cli.signals import interrupts
 
 if TYPE_CHECKING:
-    from pipeline.engine import RunEngine
     from pipeline.generation import OnStart
-    from pipeline.runs import RunOutcome
+    from pipeline.outcomes import RunOutcome
+    from pipeline.runner import Runner
 
 
 @contextmanager
@@ -30,7 +30,7 @@ def run_progress(as_json: bool) -> Iterator[OnStart]:
 
     shown: list[Progress] = []
 
-    def on_start(engine: RunEngine, run_id: str) -> None:
+    def on_start(engine: Runner, run_id: str) -> None:
         def interrupted() -> None:  # also when the KeyboardInterrupt itself is swallowed
             engine.interrupted.set()
             engine.stop.set()

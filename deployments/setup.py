@@ -23,7 +23,7 @@ from deployments.spec import WORK_POOL, deployment_specs, project_version, weekl
 from pipeline.pipelines import pipeline_config
 from providers.profiles import load_profiles
 from storage.registry import engine_for
-from tasks.generate import check_result_storage
+from tasks.results import check_result_storage
 
 Mode = Literal["serve", "deploy"]
 

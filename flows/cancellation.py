@@ -41,7 +41,7 @@ from flows.maintenance import stdlib_utc
 from pipeline.cancel import Settlement, settle_cancelled
 from pipeline.flow_links import LINK_MARGIN, flow_run_chains, link_flow_runs, runs_linked_to
 from storage.registry import engine_for
-from tasks.generate import PrefectSecretCredentials
+from tasks.credentials import PrefectSecretCredentials
 
 _CHAIN_MAX = 8  # flow runs above this one: a subflow's parents, and theirs
 _SHARED_LOOKBACK = timedelta(days=7)  # links of other flow runs of a run: as old as a run lives

@@ -1,9 +1,9 @@
 """`generate_episode`: a paid generation run from Prefect (deployment, UI, or a parent flow).
 
-The same engine as `episodic generate`; each item runs as a cached `generate_item` task.
+The same runner as `episodic generate`; each item runs as a cached `generate_item` task.
 Cancelling the flow run (or the weekly run it runs in) stops buying and settles what was
 bought (`flows.cancellation`): Prefect delivers the cancel as SIGTERM, raised in the flow as
-a termination signal; the engine pauses the run (in-flight items end "interrupted", their
+a termination signal; the runner pauses the run (in-flight items end "interrupted", their
 task runs Cancelled), then the run is cancelled and its accepted, uncollected jobs are
 cancelled at the provider where its API allows, each answer recorded; the `on_cancellation`
 hook settles again after the process is gone. A SIGTERM that is not a cancel only pauses the
@@ -26,17 +26,17 @@ from pydantic import Field
 from core.errors import EpisodicError
 from core.exit_codes import ExitCode
 from core.hints import surface
-from core.money import parse_amount
-from core.playlist import parse_selection
 from core.settings import load_settings
 from flows.artifacts import EpisodeProgress, publish_spend
 from flows.cancellation import link_flow_run, settle_hook, settle_in_flow
 from flows.params import EpisodeIdParam, Flag, KeyParam, PipelineParam, episode_run_name
-from pipeline.engine import RunEngine
+from pipeline.admission import options_from_request
 from pipeline.generation import generate, prepare
-from pipeline.runs import RunOptions
+from pipeline.runner import Runner
 from storage.registry import engine_for
-from tasks.generate import PrefectSecretCredentials, prefect_executor, result_storage
+from tasks.credentials import PrefectSecretCredentials
+from tasks.executor import prefect_executor
+from tasks.results import result_storage
 from tasks.runners import configured_task_runner
 
 
@@ -122,21 +122,21 @@ def _generate(
     db = engine_for(settings)
     name = pipeline or settings.pipeline
     prepared = prepare(db, settings, name, episode_id, "generate", hero_candidates=hero_candidates)
-    videos = max(item.index for item in prepared.items)
-    options = RunOptions(
-        only=parse_selection(only, videos) if only else None,
+    options = options_from_request(
+        settings,
+        prepared.items,
+        only=only,
         concurrency=concurrency,
         max_retries=max_retries,
         max_images=max_images,
-        max_cost_minor=parse_amount(max_cost) if max_cost is not None else None,
-        lease_s=settings.lease_s,
+        max_cost=max_cost,
     )
     storage = result_storage(settings)
 
     publishers: list[EpisodeProgress] = []
     started: list[tuple[str, list[str]]] = []  # (run id, flow run chain) of this flow run
 
-    def on_start(engine: RunEngine, run_id: str) -> None:
+    def on_start(runner: Runner, run_id: str) -> None:
         started.append((run_id, link_flow_run(db, run_id)))
         progress = EpisodeProgress(db, name, episode_id)
         publishers.append(progress)
@@ -145,8 +145,8 @@ def _generate(
             if result == "completed":
                 progress.completed_one()
 
-        engine.on_progress = on_progress
-        engine.on_wait = lambda text: logger.info(text) if text else None
+        runner.on_progress = on_progress
+        runner.on_wait = lambda text: logger.info(text) if text else None
 
     report: dict[str, Any] | None = None
     try:

@@ -48,8 +48,8 @@ from sqlalchemy import Engine
 
 from core.settings import load_settings
 from flows.params import Flag
+from pipeline.admission import dedup_policy
 from pipeline.flow_links import crashed_messages, orphan_message, orphan_messages
-from pipeline.runs import dedup_policy
 from pipeline.sweep import BUCKET_MEANING, sweep
 from storage.registry import engine_for
 

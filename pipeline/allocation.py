@@ -9,9 +9,6 @@ from __future__ import annotations
 from datetime import datetime
 from zoneinfo import ZoneInfo
 
-from filelock import Timeout as FileLockTimeout
-from sqlalchemy import Engine
-from sqlalchemy.exc import DBAPIError, OperationalError
 from tenacity import (
     retry,
     retry_if_exception,
@@ -22,12 +19,7 @@ from tenacity import (
 from core.episodes import Allocation
 from core.ids import WeekId
 from storage.allocator import Allocator
-
-
-def is_transient_db_error(exc: BaseException) -> bool:
-    if isinstance(exc, FileLockTimeout | OperationalError):
-        return True
-    return isinstance(exc, DBAPIError) and exc.connection_invalidated
+from storage.tx import Database, is_transient
 
 
 def resolve_week(week: str | None, at: datetime | None, tz: ZoneInfo) -> WeekId:
@@ -40,13 +32,13 @@ def resolve_week(week: str | None, at: datetime | None, tz: ZoneInfo) -> WeekId:
 
 
 @retry(
-    retry=retry_if_exception(is_transient_db_error),
+    retry=retry_if_exception(is_transient),
     stop=stop_after_attempt(4),
     wait=wait_exponential_jitter(multiplier=0.2, max=3.0),
     reraise=True,
 )
 def allocate(
-    engine: Engine,
+    engine: Database,
     pipeline: str,
     week: WeekId,
     allocation_key: str,

@@ -23,7 +23,7 @@ from core.settings import Settings
 from core.states import EpisodeState
 from pipeline.approval import hero_outputs, planned_outputs
 from pipeline.gate import open_gate
-from pipeline.runs import write_atomically
+from pipeline.media import write_atomically
 from storage.approvals import ApprovalStore
 from storage.episodes import EpisodeRepository
 

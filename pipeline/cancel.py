@@ -16,8 +16,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine
-
 from core.errors import EpisodicError, InvalidTransition
 from core.settings import Settings
 from core.states import RunState
@@ -28,6 +26,7 @@ from storage.cancels import CancelStore
 from storage.episodes import EpisodeRepository
 from storage.ledger import LedgerStore
 from storage.runs import RunStore
+from storage.tx import Database
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +58,7 @@ class JobCancel:
 
 
 def cancel_run(
-    engine: Engine,
+    engine: Database,
     settings: Settings,
     run_id: str,
     credentials: CredentialSource,
@@ -245,7 +244,7 @@ class Settlement:
 
 
 def settle_cancelled(
-    engine: Engine, settings: Settings, run_ids: list[str], credentials: CredentialSource
+    engine: Database, settings: Settings, run_ids: list[str], credentials: CredentialSource
 ) -> Settlement:
     """Cancel each of `run_ids` (the runs a cancelled flow run worked on) as `cancel_run`
     does, asking the provider only for the jobs no earlier cancel saw stop: a flow's own

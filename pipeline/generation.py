@@ -8,16 +8,23 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from sqlalchemy import Engine
-
 from core.errors import CommandNotAllowed, ProviderConfigError, frozen_plan
 from core.hints import hint
 from core.ids import EpisodeId
+from core.planning import RunOptions, check_budget
 from core.playlist import PlannedItem, Playlist, expand
 from core.settings import Settings
 from core.states import FROZEN_PLAN_STATES, RunState
-from pipeline.engine import ItemExecutor, RunEngine, thread_pool_executor
+from pipeline.admission import (
+    admit_run,
+    dedup_policy,
+    plan,
+    prepare_resume,
+    run_request,
+)
+from pipeline.executors import ItemExecutor, thread_pool_executor
 from pipeline.gate import CredentialSource, GatePass, build_provider, open_gate
+from pipeline.outcomes import RunOutcome, nothing_to_do
 from pipeline.playlists import (
     load_playlist,
     parse_playlist,
@@ -25,17 +32,7 @@ from pipeline.playlists import (
     playlist_sha256,
     read_reference_image,
 )
-from pipeline.runs import (
-    RunOptions,
-    RunOutcome,
-    admit_run,
-    check_budget,
-    dedup_policy,
-    nothing_to_do,
-    plan,
-    prepare_resume,
-    run_request,
-)
+from pipeline.runner import Runner, mark_generated
 from providers.profiles import Profile, get_profile, load_profiles
 from storage.admission import AdmissionStore
 from storage.cancels import CancelStore
@@ -45,6 +42,7 @@ from storage.leases import LeaseStore
 from storage.ledger import LedgerStore
 from storage.plans import PlanRecord, PlanStore
 from storage.runs import RunStore
+from storage.tx import Database
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +59,7 @@ class Prepared:
 
 
 def record_plan(
-    engine: Engine, pipeline: str, episode_id: str, playlist_path: Path
+    engine: Database, pipeline: str, episode_id: str, playlist_path: Path
 ) -> dict[str, object]:
     """`episodic plan`: validate the playlist and record it for an existing episode."""
     gate = open_gate(engine, pipeline, episode_id, "plan")
@@ -88,7 +86,7 @@ def record_plan(
 
 
 def recorded_plan_summary(
-    engine: Engine, pipeline: str, episode_id: str
+    engine: Database, pipeline: str, episode_id: str
 ) -> dict[str, object] | None:
     """The recorded plan of an episode, summarised as `record_plan` answers, or None.
 
@@ -113,7 +111,7 @@ def recorded_plan_summary(
 
 
 def prepare(
-    engine: Engine,
+    engine: Database,
     settings: Settings,
     pipeline: str,
     episode_id: str,
@@ -173,15 +171,15 @@ def _replan_record(prepared: Prepared) -> PlanRecord | None:
     )
 
 
-def run_engine(
-    engine: Engine,
+def build_runner(
+    engine: Database,
     settings: Settings,
     prepared: Prepared,
     credentials: CredentialSource,
     executor: ItemExecutor = thread_pool_executor,
     stop: threading.Event | None = None,
-) -> RunEngine:
-    """Build the provider (through the gate) and the engine that runs items with it."""
+) -> Runner:
+    """Build the provider (through the gate) and the runner that works items with it."""
     reference_image = None
     if prepared.reference_image is not None:  # before the credential is read
         found = PlanStore(engine).reference_image(prepared.reference_image)
@@ -193,7 +191,7 @@ def run_engine(
         media_type, content = found
         reference_image = f"data:{media_type};base64,{base64.b64encode(content).decode()}"
     provider = build_provider(prepared.gate, prepared.profile, credentials, settings.home_path)
-    return RunEngine(
+    return Runner(
         store=RunStore(engine),
         claims=ClaimStore(engine),
         leases=LeaseStore(engine),
@@ -214,11 +212,11 @@ def run_engine(
     )
 
 
-OnStart = Callable[[RunEngine, str], None]
+OnStart = Callable[[Runner, str], None]
 
 
 def generate(
-    engine: Engine,
+    engine: Database,
     settings: Settings,
     pipeline: str,
     episode_id: str,
@@ -237,7 +235,7 @@ def generate(
     In this order, so that a refused request writes nothing: the gate (id, episode), the
     recorded plan, the budget guard, the credential (provider built), and only then the
     choke point `admit_run`, which reuses an active run of the same request
-    (``outcome.deduplicated``) or creates one. `on_start(engine, run_id)` is called before
+    (``outcome.deduplicated``) or creates one. `on_start(runner, run_id)` is called before
     the run executes (progress displays). Errors: `InvalidInput` and its kin (exit 2),
     `EpisodeNotFound` (5), `ProviderConfigError` (2), `IdempotencyKeyReused` (2).
     `hero_candidates`: every hero run of the plan at N candidates; the changed plan is
@@ -260,7 +258,7 @@ def generate(
     store = RunStore(engine)
     report = plan(PlanStore(engine), prepared.gate, prepared.items, options, prepared.profile)
     check_budget(report, options)
-    run = run_engine(engine, settings, prepared, credentials, executor)
+    run = build_runner(engine, settings, prepared, credentials, executor)
     admission = admit_run(  # records a --hero-candidates plan once nothing can refuse it
         AdmissionStore(engine),
         prepared.gate,
@@ -293,7 +291,7 @@ def generate(
 
 
 def resume(
-    engine: Engine,
+    engine: Database,
     settings: Settings,
     run_id: str,
     credentials: CredentialSource,
@@ -334,7 +332,7 @@ def resume(
             )
         )
     options = replace(RunOptions.from_params(stored.params), force_resubmit=force_resubmit)
-    run = run_engine(engine, settings, prepared, credentials, executor)
+    run = build_runner(engine, settings, prepared, credentials, executor)
     admission = prepare_resume(store, AdmissionStore(engine), run_id, dedup_policy(settings))
     if on_start is not None:
         on_start(run, run_id)
@@ -342,7 +340,7 @@ def resume(
 
 
 def retry(
-    engine: Engine,
+    engine: Database,
     settings: Settings,
     pipeline: str,
     episode_id: str,
@@ -394,7 +392,6 @@ def _already_completed(store: RunStore, prepared: Prepared, run_id: str) -> RunO
     """A completed run answers at once, and the episode is marked generated if a crash
     came between the run's completion and that step (credential-free)."""
     from core.exit_codes import ExitCode
-    from pipeline.engine import mark_generated
 
     keys = frozenset(item.idempotency_key for item in prepared.items)
     mark_generated(
@@ -406,7 +403,7 @@ def _already_completed(store: RunStore, prepared: Prepared, run_id: str) -> RunO
     return _with_decision(store.engine, prepared.gate, outcome)
 
 
-def _with_decision(engine: Engine, gate: GatePass, outcome: RunOutcome) -> RunOutcome:
+def _with_decision(engine: Database, gate: GatePass, outcome: RunOutcome) -> RunOutcome:
     """A generate that had nothing to do on a rejected episode says that the rejection
     stands (who, when, why) and how to undo it, instead of leaving the reader to think the
     episode now waits for a decision."""

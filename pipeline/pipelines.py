@@ -13,14 +13,13 @@ from __future__ import annotations
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from sqlalchemy import Engine
-
 from core.errors import TimezoneMismatch
 from core.settings import Settings, load_timezone, validate_pipeline
 from storage.pipelines import PipelineConfig, PipelineStore
+from storage.tx import Database
 
 
-def pipeline_config(engine: Engine, settings: Settings, pipeline: str) -> PipelineConfig:
+def pipeline_config(engine: Database, settings: Settings, pipeline: str) -> PipelineConfig:
     """The pipeline's recorded settings (recorded now from this process's on first use).
 
     Raises `TimezoneMismatch` when EPISODIC_TIMEZONE is set and differs from the record.
@@ -32,12 +31,12 @@ def pipeline_config(engine: Engine, settings: Settings, pipeline: str) -> Pipeli
     return config
 
 
-def pipeline_timezone(engine: Engine, settings: Settings, pipeline: str) -> ZoneInfo:
+def pipeline_timezone(engine: Database, settings: Settings, pipeline: str) -> ZoneInfo:
     """The ZoneInfo weeks of `pipeline` are computed in (see `pipeline_config`)."""
     return load_timezone(pipeline_config(engine, settings, pipeline).timezone)
 
 
-def set_timezone(engine: Engine, pipeline: str, timezone: str) -> dict[str, Any]:
+def set_timezone(engine: Database, pipeline: str, timezone: str) -> dict[str, Any]:
     """Change the pipeline's recorded timezone (validated IANA name). Schedules created from
     the old zone must be redeployed (`episodic serve` / `prefect deploy --all`)."""
     name = validate_pipeline(pipeline)
@@ -46,7 +45,7 @@ def set_timezone(engine: Engine, pipeline: str, timezone: str) -> dict[str, Any]
     return {"pipeline": name, "timezone": config.timezone, "previous": old}
 
 
-def list_pipelines(engine: Engine) -> list[dict[str, Any]]:
+def list_pipelines(engine: Database) -> list[dict[str, Any]]:
     return [
         {
             "pipeline": c.name,

@@ -6,8 +6,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import Engine
-
 from core.ids import EpisodeId
 from core.money import format_minor
 from pipeline.cancel import cancelled_answer, stopped
@@ -16,10 +14,11 @@ from storage.cancels import CancelStore
 from storage.episodes import EpisodeRepository
 from storage.ledger import LedgerStore, completed_outputs
 from storage.plans import PlanStore
+from storage.tx import Database
 
 
 def episode_report(
-    engine: Engine,
+    engine: Database,
     pipeline: str,
     episode_id: str,
     prices: Mapping[str, int] | None = None,

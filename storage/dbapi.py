@@ -14,7 +14,7 @@ cursor of the SQLAlchemy connection that `storage.tx` opened:
   replaced;
 - a driver error is raised as SQLAlchemy's `DBAPIError` subclass for it (`IntegrityError`,
   `OperationalError`, ...), with the connection invalidated when the dialect says it was
-  lost, as `Connection.execute` does: callers and `tx.lost_connection` see one kind of error;
+  lost, as `Connection.execute` does: callers and `tx.is_lost_connection` see one kind of error;
 - parameters and results are converted as the schema's types do: datetimes are aware UTC in
   Python, naive UTC text on SQLite (SQLAlchemy's storage format, so comparisons in SQL
   order the same), ``timestamptz`` on PostgreSQL.

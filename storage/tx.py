@@ -21,10 +21,11 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeAlias, TypeVar
 
+from filelock import Timeout as FileLockTimeout
 from sqlalchemy import ColumnElement, Connection, Engine, Table, select
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, OperationalError
 from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential_jitter
 
 from storage import dbapi
@@ -58,12 +59,33 @@ def tracked_commit() -> Iterator[list[bool]]:
         call.wrote = True
 
 
-def lost_connection(exc: BaseException) -> bool:
+Database: TypeAlias = Engine
+"""The handle every store is built on (layers above `storage` name it by this alias)."""
+
+
+def is_lost_connection(exc: BaseException) -> bool:
     """A PostgreSQL connection lost (SQLAlchemy invalidated it) or not made at all (a connect
     error has no statement). SQLite has no connections to lose: its errors never qualify."""
     if not isinstance(exc, DBAPIError) or type(exc.orig).__module__.split(".")[0] != "psycopg":
         return False
     return bool(exc.connection_invalidated) or exc.statement is None
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Database trouble that a later try of the same whole operation may not meet: a lock
+    wait that timed out (SQLite's busy timeout, the file lock of a SQLite writer), any
+    operational error of the driver, or a connection SQLAlchemy invalidated. For callers
+    that retry an operation that is safe to repeat as a whole (an allocation decides in one
+    transaction); a store's own outage retry is narrower (`retry_outage`)."""
+    if isinstance(exc, FileLockTimeout | OperationalError):
+        return True
+    return isinstance(exc, DBAPIError) and exc.connection_invalidated
+
+
+def database_cause(exc: BaseException) -> BaseException | None:
+    """The driver's error a database error wraps (its own message, without SQLAlchemy's
+    statement and background link), or None when `exc` is not a database error."""
+    return exc.orig if isinstance(exc, DBAPIError) else None
 
 
 _Fn = TypeVar("_Fn", bound=Callable[..., Any])
@@ -97,11 +119,11 @@ def retry_outage(fn: _Fn) -> _Fn:
         try:  # the common case costs a context variable, not a tenacity loop
             return _attempt(calls, fn, args, kwargs)
         except DBAPIError as exc:
-            if not lost_connection(exc) or (calls[-1].wrote and not repeatable):
+            if not is_lost_connection(exc) or (calls[-1].wrote and not repeatable):
                 raise
 
         def safe(exc: BaseException) -> bool:
-            return lost_connection(exc) and (repeatable or not calls[-1].wrote)
+            return is_lost_connection(exc) and (repeatable or not calls[-1].wrote)
 
         for attempt in Retrying(
             retry=retry_if_exception(safe),

@@ -16,11 +16,12 @@ from sqlalchemy import Engine
 
 from core.dedup import Admission
 from core.ids import WeekId
+from core.planning import RunOptions
 from core.settings import Settings, load_settings
 from pipeline.allocation import allocate
 from pipeline.gate import EnvironmentCredentials
-from pipeline.generation import generate, prepare, record_plan, run_engine
-from pipeline.runs import RunOptions, RunOutcome
+from pipeline.generation import build_runner, generate, prepare, record_plan
+from pipeline.outcomes import RunOutcome
 from storage.admission import AdmissionStore
 from storage.plans import PlanStore
 from storage.runs import RunStore
@@ -109,7 +110,7 @@ class Episode:
     def resume(self, run_id: str, **overrides: Any) -> RunOutcome:
         from dataclasses import replace
 
-        from pipeline.runs import dedup_policy, prepare_resume
+        from pipeline.admission import dedup_policy, prepare_resume
 
         store = RunStore(self.engine)
         run = store.get_run(run_id)
@@ -118,7 +119,7 @@ class Episode:
         )
         prepared = prepare(self.engine, self.settings, "weekly", self.episode_id, "resume")
         options = replace(RunOptions.from_params(run.params), **overrides)
-        return run_engine(self.engine, self.settings, prepared, EnvironmentCredentials()).execute(
+        return build_runner(self.engine, self.settings, prepared, EnvironmentCredentials()).execute(
             run_id, options, deduplicated=admission.deduplicated
         )
 
@@ -131,7 +132,7 @@ def admit(
 ) -> Admission:
     """The choke point alone (plan, budget, admission; nothing executed), with dedup options
     (idempotency_key, batch_id, allow_duplicate)."""
-    from pipeline.runs import admit_run, dedup_policy, plan, run_request
+    from pipeline.admission import admit_run, dedup_policy, plan, run_request
 
     settings = load_settings()
     prepared = prepare(engine, settings, "weekly", episode_id, "generate")

@@ -119,11 +119,11 @@ def provider_faults(backend: Backend, trials: int, rng: random.Random) -> Result
 
 def _generate_http(engine: Engine, folder: Path | None, trial: int, titles: list[str]) -> Any:
     from core.ids import WeekId
+    from core.planning import RunOptions
     from core.settings import load_settings
     from pipeline.allocation import allocate
     from pipeline.gate import EnvironmentCredentials
     from pipeline.generation import generate, record_plan
-    from pipeline.runs import RunOptions
     from tests.generation import write_playlist
 
     episode_id = str(

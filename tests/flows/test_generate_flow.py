@@ -12,11 +12,18 @@ from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 from sqlalchemy import create_engine, select
 
 from core.ids import WeekId
+from core.runs import Claim
 from flows.generate import generate_episode
 from pipeline.allocation import allocate
 from pipeline.generation import record_plan
 from tasks.generate import generate_item
-from tests.generation import jobs_per_key, provider_log, submissions_per_item, write_playlist
+from tests.generation import (
+    Episode,
+    jobs_per_key,
+    provider_log,
+    submissions_per_item,
+    write_playlist,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -82,7 +89,7 @@ def test_a_finished_item_is_a_cache_hit_without_the_database_or_provider(
     @flow
     def recreated() -> object:  # a re-created flow run asking for the same item again
         from core.settings import load_settings
-        from tasks.generate import result_storage
+        from tasks.results import result_storage
 
         key, ledger_ref = _only_item(harness)
         item = generate_item.with_options(result_storage=result_storage(load_settings()))
@@ -105,7 +112,7 @@ def test_a_copied_database_given_its_own_installation_id_never_reads_the_origina
     from core.settings import load_settings
     from storage.engine import make_engine
     from storage.installation import renew
-    from tasks.generate import result_storage
+    from tasks.results import result_storage
 
     plan(harness, episode, tmp_path / "p", ["a"])
     generate_episode(episode_id=episode)
@@ -380,7 +387,7 @@ def test_an_item_task_that_fails_before_its_work_leaves_no_intent_behind(
     from storage.models import SubmissionRow
 
     plan(harness, episode, tmp_path / "p", ["a", "b"])
-    real = item_tasks.item_engine
+    real = item_tasks.item_runner
     failed: list[str] = []
 
     def broken_worker(
@@ -389,7 +396,7 @@ def test_an_item_task_that_fails_before_its_work_leaves_no_intent_behind(
         failed.append(episode_id)  # every item task on this worker, and each taken back
         raise ProviderConfigError("this worker has no credential")
 
-    monkeypatch.setattr(item_tasks, "item_engine", broken_worker)
+    monkeypatch.setattr(item_tasks, "item_runner", broken_worker)
     first = generate_episode(episode_id=episode, concurrency=1, return_state=True)
     assert len(failed) == 4 and not first.is_completed()  # 2 items, each taken back once
     engine = make_engine(harness)
@@ -397,7 +404,7 @@ def test_an_item_task_that_fails_before_its_work_leaves_no_intent_behind(
         states = list(conn.execute(select(SubmissionRow.state)).scalars())
     engine.dispose()
     assert states == [], states  # the unsent intents are gone, nothing is unknown
-    monkeypatch.setattr(item_tasks, "item_engine", real)
+    monkeypatch.setattr(item_tasks, "item_runner", real)
     again = generate_episode(episode_id=episode)
     assert again["state"] == "completed"
     assert submissions_per_item() == {"v01.p1": 1, "v02.p1": 1}
@@ -410,7 +417,7 @@ def test_a_worker_rebuilds_its_engine_when_the_episode_moves_to_another_profile(
     # A long-lived worker (a Dask process) caches each episode's engine. A claim made under
     # another provider profile (the episode was re-planned) gets an engine for the current
     # plan; a claim made under the profile the plan no longer uses is refused before it loads.
-    from tasks.generate import ItemNotCompleted, item_engine
+    from tasks.process import ItemNotCompleted, item_runner
 
     profiles = tmp_path / "providers.yaml"
     profiles.write_text(
@@ -421,13 +428,13 @@ def test_a_worker_rebuilds_its_engine_when_the_episode_moves_to_another_profile(
     monkeypatch.setenv("EPISODIC_PROVIDERS_FILE", str(profiles))
     engine = create_engine(harness)
     record_plan(engine, "weekly", episode, write_playlist(tmp_path / "a", ["x"], profile="fake-a"))
-    assert item_engine("weekly", episode, "fake-a").profile.id == "fake-a"
+    assert item_runner("weekly", episode, "fake-a").profile.id == "fake-a"
     record_plan(engine, "weekly", episode, write_playlist(tmp_path / "b", ["x"], profile="fake-b"))
     engine.dispose()
-    assert item_engine("weekly", episode, "fake-b").profile.id == "fake-b"
-    assert item_engine("weekly", episode, "fake-b") is item_engine("weekly", episode, "fake-b")
+    assert item_runner("weekly", episode, "fake-b").profile.id == "fake-b"
+    assert item_runner("weekly", episode, "fake-b") is item_runner("weekly", episode, "fake-b")
     with pytest.raises(ItemNotCompleted, match="now uses 'fake-b'"):
-        item_engine("weekly", episode, "fake-a")
+        item_runner("weekly", episode, "fake-a")
 
 
 def test_the_flow_grows_hero_candidates_and_pays_only_the_new_ones(
@@ -630,3 +637,70 @@ def test_a_result_storage_block_that_does_not_load_fails_the_run_in_one_line_bef
         message
     ), message
     assert [e for e in provider_log() if e["event"] == "job_created"] == []
+
+
+@pytest.mark.parametrize("prefect_path", [False, True], ids=["python-api", "flow"])
+def test_buying_a_cancelled_job_anew_keeps_to_the_per_run_cap_on_both_paths(
+    harness: str, episode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, prefect_path: bool
+) -> None:
+    """Run A's accepted job, kept at A's cancel for run B, is cancelled at the provider by a
+    second cancel of A once B has failed (no live run includes it). Generating again would
+    buy the item anew, but one more image is above the per-run cap (EPISODIC_MAX_RUN_COST,
+    no --max-cost or --max-images given): the item fails and nothing is bought, through the
+    Python API and through the flow alike. (The flow built its options apart and its item
+    tasks ran without the cap: they bought the item again.) Counted at the fake provider."""
+    from core.planning import RunOptions
+    from core.settings import load_settings
+    from core.states import RunState
+    from pipeline.cancel import cancel_run
+    from pipeline.gate import EnvironmentCredentials
+    from pipeline.generation import generate
+    from pipeline.runner import new_owner
+    from providers.base import ImageRequest
+    from providers.fake import FakeProvider
+    from storage.claims import ClaimStore
+    from storage.engine import make_engine
+    from storage.leases import LeaseStore
+    from storage.ledger import LedgerStore
+    from storage.models import ItemRow
+    from storage.runs import RunStore
+    from tests.generation import new_run
+
+    engine = make_engine(harness)
+    plan(harness, episode, tmp_path / "p", ["only [[DELAY_MS:4000]]"])
+    live = Episode(engine, episode)
+    store = RunStore(engine)
+    run_a = new_run(live)
+    store.transition_run(run_a, RunState.RUNNING)
+    with engine.connect() as conn:
+        (pk,) = conn.execute(select(ItemRow.id)).scalars()
+    claims = ClaimStore(engine)
+    claim = claims.claim(pk, run_a, new_owner(), lease_s=30, max_attempts=3, profile="fake")
+    assert isinstance(claim, Claim) and claim.submission is not None
+    provider = FakeProvider(
+        profile_id="fake", state_dir=load_settings().home_path / "fake-provider"
+    )
+    item = claim.item
+    remote = provider.submit(
+        ImageRequest(claim.submission.client_reference, "e", item.item_id, item.prompt, item.seed)
+    )
+    assert LedgerStore(engine).accept(claim.submission.pk, remote)
+    LeaseStore(engine).release(claim, "interrupted")  # A's process stopped; its job stays accepted
+    run_b = new_run(live)  # B: another live run includes the item
+    _state, kept = cancel_run(engine, load_settings(), run_a, EnvironmentCredentials())
+    assert [j.kept_for for j in kept] == [run_b]
+    store.transition_run(run_b, RunState.RUNNING, lease_s=30)
+    store.transition_run(run_b, RunState.FAILED, "holder died (swept)")
+    _state, again = cancel_run(engine, load_settings(), run_a, EnvironmentCredentials())
+    assert [(j.remote_ref, j.answer) for j in again] == [(remote, "canceled")]
+    monkeypatch.setenv("EPISODIC_MAX_RUN_COST", "0.01")  # one image costs 0.04
+    if prefect_path:
+        state = generate_episode(episode_id=episode, return_state=True)
+        assert state.is_failed(), state.message
+    else:
+        outcome = generate(
+            engine, load_settings(), "weekly", episode, RunOptions(), EnvironmentCredentials()
+        )
+        assert outcome.counts.failed == 1, outcome.message
+    engine.dispose()
+    assert list(jobs_per_key().values()) == [1]  # nothing bought anew

@@ -21,7 +21,7 @@ def claim_worker(
 ) -> None:
     """Per trial: claim one item of a running run; the winner makes the paid call."""
     from core.runs import Claim
-    from pipeline.engine import new_owner
+    from pipeline.runner import new_owner
     from providers.base import ImageRequest
     from providers.fake import FakeProvider
     from storage.claims import ClaimStore

@@ -15,8 +15,8 @@ import pytest
 from sqlalchemy import Engine, func, select, update
 
 from core.errors import IdempotencyKeyReused, ProviderConfigError
+from core.planning import RunOptions
 from pipeline.check import check_episodes
-from pipeline.runs import RunOptions
 from storage.models import RunRow
 from tests.generation import (
     Episode,
@@ -277,9 +277,9 @@ def test_a_run_left_pending_by_a_crash_is_finished_by_retry_and_resume(
 
 
 def test_an_interrupt_before_the_run_starts_leaves_no_pending_row(episode: Episode) -> None:
+    from core.planning import RunOptions
     from pipeline.gate import EnvironmentCredentials
     from pipeline.generation import generate
-    from pipeline.runs import RunOptions
 
     def interrupted(engine: object, run_id: str) -> None:
         raise KeyboardInterrupt

@@ -20,11 +20,11 @@ from sqlalchemy import Engine, update
 from core.runs import INTERRUPTED, Claim
 from core.settings import load_settings
 from core.states import RunState
+from pipeline.admission import dedup_policy
 from pipeline.cancel import settle_cancelled
 from pipeline.check import check_episodes
 from pipeline.gate import EnvironmentCredentials
 from pipeline.report import episode_report
-from pipeline.runs import dedup_policy
 from pipeline.sweep import sweep
 from providers.base import ImageRequest
 from providers.fake import FakeProvider

@@ -75,7 +75,7 @@ def test_a_driver_error_is_raised_as_sqlalchemys(engine: Engine, tmp_path) -> No
     with pytest.raises(IntegrityError) as caught, tx.write(engine) as conn:
         dbapi.rowcount(conn, duplicate, {"pk": pk})
     assert not caught.value.connection_invalidated
-    assert not tx.lost_connection(caught.value)
+    assert not tx.is_lost_connection(caught.value)
     with tx.read(engine) as conn:  # the pool is fine afterwards
         assert dbapi.scalar(conn, DriverSQL("SELECT count(*) FROM items"), {}) == 1
 
@@ -92,7 +92,7 @@ def test_a_lost_connection_is_invalidated_and_seen_as_lost(engine: Engine, tmp_p
     with pytest.raises(DBAPIError) as caught, tx.read(engine) as conn:
         dbapi.scalar(conn, DriverSQL("SELECT count(*) FROM items"), {})
     assert caught.value.connection_invalidated
-    assert tx.lost_connection(caught.value)  # what the stores' outage retries look for
+    assert tx.is_lost_connection(caught.value)  # what the stores' outage retries look for
     with pytest.raises(RunNotFound):  # answered: the pool made a new connection
         RunStore(engine).run_state("no-such-run")
 
@@ -119,6 +119,6 @@ def test_a_lost_connection_makes_the_pool_replace_every_older_one(engine: Engine
                 dbapi.scalar(conn, DriverSQL("SELECT count(*) FROM items"), {})
             outcomes.append("ok")
         except DBAPIError as exc:
-            assert tx.lost_connection(exc)
+            assert tx.is_lost_connection(exc)
             outcomes.append("lost")
     assert outcomes == ["lost", "ok", "ok", "ok"]

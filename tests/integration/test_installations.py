@@ -279,7 +279,7 @@ def test_an_open_submission_from_before_the_upgrade_is_settled_by_the_reference_
     from core.runs import Refusal
     from core.settings import load_settings
     from core.states import RunState
-    from pipeline.engine import new_owner
+    from pipeline.runner import new_owner
     from providers.base import ImageRequest
     from providers.fake import FakeProvider
     from storage.claims import ClaimStore

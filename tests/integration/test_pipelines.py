@@ -9,12 +9,12 @@ import pytest
 from sqlalchemy import Engine, select, text
 
 from core.ids import WeekId
+from core.planning import RunOptions
 from core.settings import load_settings
 from pipeline.allocation import allocate
 from pipeline.check import check_episodes
 from pipeline.gate import EnvironmentCredentials
 from pipeline.generation import generate, record_plan
-from pipeline.runs import RunOptions
 from storage.models import ItemRow
 from tests.generation import jobs_per_key, write_playlist
 

@@ -189,12 +189,12 @@ def test_a_run_waiting_for_a_provider_slot_says_so(
     frees. It stood still without a word before (found by a fresh tester)."""
     import threading
 
+    from core.planning import RunOptions
     from core.runs import Claim
     from core.settings import load_settings
     from core.states import RunState
     from pipeline.gate import EnvironmentCredentials
     from pipeline.generation import generate
-    from pipeline.runs import RunOptions
     from storage.claims import ClaimStore
     from storage.leases import LeaseStore
     from storage.runs import RunStore
@@ -216,8 +216,8 @@ def test_a_run_waiting_for_a_provider_slot_says_so(
     assert isinstance(held, Claim)
     said: list[str | None] = []
 
-    def on_start(run_engine: object, _run_id: str) -> None:
-        run_engine.on_wait = said.append  # type: ignore[attr-defined]
+    def on_start(runner: object, _run_id: str) -> None:
+        runner.on_wait = said.append  # type: ignore[attr-defined]
 
     threading.Timer(1.0, LeaseStore(engine).release_unstarted, (held, "given up")).start()
     outcome = generate(

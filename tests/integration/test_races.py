@@ -56,13 +56,13 @@ def _running_run(episode: Episode) -> str:
     return run_id
 
 
-def _run_engine(episode: Episode) -> Any:
-    """The engine a `generate` of the episode would use, built in this process."""
+def _runner(episode: Episode) -> Any:
+    """The runner a `generate` of the episode would use, built in this process."""
     from pipeline.gate import EnvironmentCredentials
-    from pipeline.generation import prepare, run_engine
+    from pipeline.generation import build_runner, prepare
 
     settings = load_settings()
-    return run_engine(
+    return build_runner(
         episode.engine,
         settings,
         prepare(episode.engine, settings, "weekly", episode.episode_id, "generate"),
@@ -336,7 +336,7 @@ def test_a_process_stopped_by_another_does_not_pause_a_run_resumed_elsewhere(
     episode = new_episode(engine)
     episode.plan(write_playlist(tmp_path / "p", ["a"]))
     run_id = _running_run(episode)
-    run = _run_engine(episode)
+    run = _runner(episode)
     outcome = run._stopped(run_id, "stale-owner", 0, (), interrupted=False)
     assert RunStore(engine).run_state(run_id) == "running"
     assert outcome.exit_code == 130 and "goes on in another process" in outcome.message
@@ -352,14 +352,14 @@ def test_a_run_is_not_concluded_while_another_process_holds_one_of_its_items(
     # instead of being concluded under the other process's feet.
     import threading
 
-    from pipeline.runs import RunOptions
+    from core.planning import RunOptions
     from storage.claims import ClaimStore
     from storage.leases import LeaseStore
 
     episode = new_episode(engine)
     episode.plan(write_playlist(tmp_path / "p", ["fine", "doomed [[FAIL_PERMANENT]]"]))
     run_id = _running_run(episode)
-    run = _run_engine(episode)
+    run = _runner(episode)
     claims = ClaimStore(engine)
     leases = LeaseStore(engine)
     released_at: list[float] = []
@@ -401,7 +401,7 @@ def _two_holders(engine: Engine, tmp_path: Path) -> tuple[Episode, str, Any, Any
     episode.plan(write_playlist(tmp_path / "pl", ["one"]))
     run_id = _running_run(episode)
     (item,) = RunStore(engine).run_items(run_id)
-    return episode, run_id, item, _run_engine(episode), _run_engine(episode)
+    return episode, run_id, item, _runner(episode), _runner(episode)
 
 
 def test_a_holder_woken_after_a_takeover_never_withdraws_the_intent_the_new_holder_sent(
@@ -413,7 +413,7 @@ def test_a_holder_woken_after_a_takeover_never_withdraws_the_intent_the_new_hold
     deleted the row of a job that exists: the next run paid a second job (found by a fresh
     tester). A withdraw is now only the holder's; B records the job, and nothing is paid twice.
     Counted in the fake provider's own log."""
-    from pipeline.runs import RunOptions
+    from core.planning import RunOptions
     from storage.claims import ClaimStore
 
     episode, run_id, item, a, b = _two_holders(engine, tmp_path)
@@ -449,7 +449,7 @@ def test_a_holder_refused_after_a_takeover_never_fails_the_job_the_new_holder_se
     refusal. A closed the submission failed, accepted or not, so the next run paid a second
     job. A refusal (and an operator's abandon) now closes only the holder's own unsettled
     submission; the next run collects B's job. Counted in the fake provider's own log."""
-    from pipeline.runs import RunOptions
+    from core.planning import RunOptions
     from providers.base import CollectionPending, PermanentProviderError
     from storage.claims import ClaimStore
 
@@ -491,16 +491,16 @@ def test_a_run_paused_by_another_process_after_this_one_finished_its_items_compl
     this one finished the last item. This one then concluded "interrupted and paused" (exit
     130) though it got no signal and every item was done (found by the fault suite's new
     exit check). Now the process that finished the work completes the run."""
-    from pipeline.engine import RunEngine
+    from pipeline.runner import Runner
 
     monkeypatch.setenv("EPISODIC_FAKE_PROVIDER_LOG", str(tmp_path / "provider.jsonl"))
-    real_finish = RunEngine.finish
+    real_finish = Runner.finish
 
-    def paused_elsewhere_first(self: RunEngine, run_id: str, *args: Any, **kwargs: Any) -> Any:
+    def paused_elsewhere_first(self: Runner, run_id: str, *args: Any, **kwargs: Any) -> Any:
         RunStore(self.store.engine).transition_run(run_id, RunState.PAUSED, "interrupted")
         return real_finish(self, run_id, *args, **kwargs)
 
-    monkeypatch.setattr(RunEngine, "finish", paused_elsewhere_first)
+    monkeypatch.setattr(Runner, "finish", paused_elsewhere_first)
     episode = new_episode(engine)
     episode.plan(write_playlist(tmp_path / "pl", ["one", "two"]))
     outcome = episode.generate(concurrency=2)
@@ -519,7 +519,7 @@ def test_an_item_another_process_left_unsettled_when_interrupted_is_settled_here
     suite; this case already held). The provider's own log shows one job per item."""
     import threading
 
-    from pipeline.runs import RunOptions
+    from core.planning import RunOptions
     from storage.claims import ClaimStore
     from storage.leases import LeaseStore
     from storage.ledger import LedgerStore
@@ -527,7 +527,7 @@ def test_an_item_another_process_left_unsettled_when_interrupted_is_settled_here
     episode = new_episode(engine)
     episode.plan(write_playlist(tmp_path / "pl", ["one", "two"]))
     run_id = _running_run(episode)
-    here, other = _run_engine(episode), _run_engine(episode)
+    here, other = _runner(episode), _runner(episode)
     claims = ClaimStore(engine)
     ledger = LedgerStore(engine)
     leases = LeaseStore(engine)
@@ -537,7 +537,7 @@ def test_an_item_another_process_left_unsettled_when_interrupted_is_settled_here
 
     def sends_then_is_interrupted_while_looking() -> None:
         time.sleep(0.8)
-        other.provider.submit(other._request(held, held.submission))  # type: ignore[arg-type,union-attr]
+        other.provider.submit(other.paid.request(held, held.submission))  # type: ignore[arg-type,union-attr]
         ledger.mark_unknown(held.submission.pk, "reply lost")  # type: ignore[union-attr]
         leases.release(held, "acceptance unknown (reply lost); not resubmitted")  # type: ignore[arg-type]
 
@@ -628,7 +628,7 @@ def test_a_dispatchers_claim_of_several_items_is_one_transaction(
     there: 32 in a row for a wave of 32, bench/batch.py)."""
     from sqlalchemy import event
 
-    from pipeline.engine import new_owner
+    from pipeline.runner import new_owner
     from storage.claims import ClaimStore
 
     episode = new_episode(engine)
@@ -664,7 +664,7 @@ def test_batched_claims_never_deadlock_with_each_other_or_a_heartbeat(
     heartbeat renews them, released together: every statement that locks several items
     takes them in one order, so none is aborted as a deadlock (Postgres READ COMMITTED;
     SQLite's writer lock serializes them anyway)."""
-    from pipeline.engine import new_owner
+    from pipeline.runner import new_owner
     from storage.claims import ClaimStore
 
     episode = new_episode(engine)
@@ -708,7 +708,7 @@ def test_a_batch_claim_of_a_replanned_run_never_deadlocks_with_its_cancel(
 
     from sqlalchemy import text
 
-    from pipeline.engine import new_owner
+    from pipeline.runner import new_owner
     from storage.claims import ClaimStore
     from storage.models import EpisodePlanRow, RunRow
 
@@ -776,7 +776,7 @@ def _jobs_left_accepted(
 ) -> tuple[Episode, str, list[str]]:
     """Run A's accepted jobs, one per item of a playlist of `titles`, their holder gone (the
     jobs stay accepted): (episode, A, the jobs in item order)."""
-    from pipeline.engine import new_owner
+    from pipeline.runner import new_owner
     from providers.base import ImageRequest
     from providers.fake import FakeProvider
     from storage.claims import ClaimStore
@@ -1081,7 +1081,7 @@ def test_a_cancel_never_cancels_the_items_of_a_run_created_while_it_decided(
 
     from sqlalchemy import text
 
-    from pipeline.runs import dedup_policy
+    from pipeline.admission import dedup_policy
     from storage.models import RunRow
     from storage.sweep import Sweeper
 
@@ -1144,7 +1144,7 @@ def test_a_run_that_changes_the_plan_never_deadlocks_with_a_run_being_created(
     from sqlalchemy import text
 
     from core.dedup import RunRequest
-    from pipeline.runs import dedup_policy
+    from pipeline.admission import dedup_policy
     from storage.admission import AdmissionStore
     from storage.models import EpisodeRow
     from storage.plans import PlanRecord, PlanStore
@@ -1205,7 +1205,7 @@ def test_run_creation_never_deadlocks_with_a_heartbeat_renewing_the_same_items(
     half a minute (found by the fresh tester). Rows locked to update non-key columns are
     locked FOR NO KEY UPDATE now, which foreign-key checks never wait for, and memberships
     are inserted in id order."""
-    from pipeline.engine import new_owner
+    from pipeline.runner import new_owner
     from storage.claims import ClaimStore
 
     episode = new_episode(engine)

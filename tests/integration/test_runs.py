@@ -247,10 +247,10 @@ def test_generate_needs_a_plan_and_an_existing_episode(engine: Engine, database_
 
 def test_a_stop_before_the_call_withdraws_the_intent(episode: Episode, tmp_path: Path) -> None:
     """Claimed, intended, then stopped before sending: no unknown is left behind."""
+    from core.planning import RunOptions
     from pipeline.check import check_episodes
     from pipeline.gate import EnvironmentCredentials
-    from pipeline.generation import prepare, run_engine
-    from pipeline.runs import RunOptions
+    from pipeline.generation import build_runner, prepare
     from tests.generation import new_run
 
     episode.plan(write_playlist(tmp_path / "p", ["a", "b", "c"]))
@@ -263,7 +263,7 @@ def test_a_stop_before_the_call_withdraws_the_intent(episode: Episode, tmp_path:
     prepared = prepare(episode.engine, episode.settings, "weekly", episode.episode_id, "generate")
     options = RunOptions()
     run_id = new_run(episode, options)
-    engine = run_engine(
+    engine = build_runner(
         episode.engine,
         episode.settings,
         prepared,

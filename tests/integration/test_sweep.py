@@ -15,8 +15,8 @@ from sqlalchemy import Engine, select, update
 from core.runs import Claim
 from core.settings import load_settings
 from core.states import RunState
+from pipeline.admission import dedup_policy
 from pipeline.check import check_episodes
-from pipeline.runs import dedup_policy
 from pipeline.sweep import sweep
 from storage.base import utcnow
 from storage.claims import ClaimStore

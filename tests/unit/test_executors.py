@@ -6,7 +6,7 @@ import threading
 from typing import Any
 
 from core.runs import Item
-from pipeline.engine import THROTTLE_POLL_S, thread_pool_executor
+from pipeline.executors import THROTTLE_POLL_S, thread_pool_executor
 
 
 class _AlwaysThrottled:
@@ -52,7 +52,7 @@ def test_a_claim_handed_to_an_in_process_task_is_freed_as_unstarted_only_if_neve
     freed before its task took it keeps its token (its intent is withdrawn), and the late
     task then finds nothing to take."""
     from core.runs import Claim, Submission
-    from tasks.generate import _local_flows, _LocalFlow, handed_claim
+    from tasks.process import PROCESS, LocalFlow, handed_claim
 
     item = Item(1, "k1", 1, "v1", 1, "p", 1, "running", 1, None)
 
@@ -61,8 +61,8 @@ def test_a_claim_handed_to_an_in_process_task_is_freed_as_unstarted_only_if_neve
             item, "run", "flow", "submit", Submission(9, 1, 1, "k1-1", "intent", None), token
         )
 
-    local = _LocalFlow(engine=None)  # type: ignore[arg-type]
-    _local_flows["flow"] = local
+    local = LocalFlow(runner=None)  # type: ignore[arg-type]
+    PROCESS.local_flows["flow"] = local
     try:
         local.handed[1] = claim("t1")
         assert handed_claim("flow", 1, "wrong token") is None
@@ -77,7 +77,7 @@ def test_a_claim_handed_to_an_in_process_task_is_freed_as_unstarted_only_if_neve
         assert handed_claim("flow", 1, "t2") is None  # the late task takes nothing
         assert handed_claim("another flow", 1, "t2") is None
     finally:
-        _local_flows.pop("flow", None)
+        PROCESS.local_flows.pop("flow", None)
 
 
 def test_a_throttled_executor_says_it_waits_for_a_provider_slot() -> None:

@@ -1,0 +1,152 @@
+"""What a paid generation run is asked to do (DESIGN 5): its options, how each item is
+classified before the run, and the one budget rule (a plan's guard and a re-buy obey it).
+
+Plain data and rules; the admission (`pipeline.admission`) and the run (`pipeline.runner`)
+use them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, Literal
+
+from core.errors import BudgetExceeded
+from core.money import format_minor
+from core.runs import ItemSnapshot, PlanReport
+from core.states import ItemState, SubmissionState
+
+DEFAULT_LEASE_S = 30.0
+DEFAULT_COLLECT_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True, slots=True)
+class RunOptions:
+    only: frozenset[int] | None = None
+    concurrency: int = 4
+    max_retries: int = 2
+    max_images: int | None = None
+    max_cost_minor: int | None = None
+    lease_s: float = DEFAULT_LEASE_S  # a claim lives this long without a heartbeat
+    force_resubmit: bool = False
+    # how long an accepted job is collected (polled, downloaded) before the item is left
+    # for the next run to collect, at no cost
+    collect_timeout_s: float = DEFAULT_COLLECT_TIMEOUT_S
+    # EPISODIC_MAX_RUN_COST in minor units: applies when neither max_images nor max_cost is
+    # given (a 100,000-image playlist never starts by default)
+    cap_minor: int | None = None
+
+    @property
+    def max_attempts(self) -> int:
+        """Paid calls an item may get, counted across runs (the first one and its retries)."""
+        return self.max_retries + 1
+
+    def params(self) -> dict[str, Any]:
+        """The options as a run records them (the cap is the installation's, not the run's)."""
+        return {
+            "only": sorted(self.only) if self.only is not None else None,
+            "concurrency": self.concurrency,
+            "max_retries": self.max_retries,
+            "max_images": self.max_images,
+            "max_cost_minor": self.max_cost_minor,
+            "lease_s": self.lease_s,
+            "force_resubmit": self.force_resubmit,
+            "collect_timeout_s": self.collect_timeout_s,
+        }
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any], cap_minor: int | None = None) -> RunOptions:
+        """The options `params` recorded; `cap_minor`: the per-run cap that applies now."""
+        only = params.get("only")
+        return cls(
+            only=frozenset(only) if only is not None else None,
+            concurrency=params["concurrency"],
+            max_retries=params["max_retries"],
+            max_images=params.get("max_images"),
+            max_cost_minor=params.get("max_cost_minor"),
+            lease_s=float(params.get("lease_s", DEFAULT_LEASE_S)),
+            force_resubmit=params.get("force_resubmit", False),
+            collect_timeout_s=float(params.get("collect_timeout_s", DEFAULT_COLLECT_TIMEOUT_S)),
+            cap_minor=cap_minor,
+        )
+
+
+class Classification(StrEnum):
+    """What a run would do with one item (`classify`)."""
+
+    NEW = "new"
+    SKIP = "skip"
+    BUSY = "busy"
+    COLLECT = "collect"
+    RECONCILE = "reconcile"
+    RETRY = "retry"
+    EXHAUSTED = "exhausted"
+
+
+PAID = frozenset({Classification.NEW, Classification.RETRY})
+"""The classifications that cost a paid call."""
+
+
+def classify(snapshot: ItemSnapshot | None, options: RunOptions, now: datetime) -> Classification:
+    """The planning rules of DESIGN 5, for one item (None: not in the database yet).
+
+    Advisory: what a run *would* do. The claim (`storage.claims`) decides atomically.
+    """
+    if snapshot is None:
+        return Classification.NEW
+    if snapshot.state == ItemState.COMPLETED:
+        return Classification.SKIP
+    if snapshot.held(now):  # a live claim: its holder finishes it
+        return Classification.BUSY
+    # pending, cancelled, failed, or running under an expired claim (its holder died)
+    if snapshot.open_submission == SubmissionState.ACCEPTED:
+        return Classification.COLLECT
+    if snapshot.open_submission in (SubmissionState.INTENT, SubmissionState.UNKNOWN):
+        return Classification.RECONCILE
+    if snapshot.attempts >= options.max_attempts:
+        return Classification.EXHAUSTED
+    return Classification.NEW if snapshot.attempts == 0 else Classification.RETRY
+
+
+Limit = Literal["cap", "max_images", "max_cost"]
+
+
+def budget_breach(calls: int, cost_minor: int, options: RunOptions) -> Limit | None:
+    """The budget rule: the limit that `calls` paid calls costing `cost_minor` (minor
+    units) break, or None. --max-images and --max-cost when either is given; else the
+    per-run cap (EPISODIC_MAX_RUN_COST, `options.cap_minor`), if any."""
+    if options.max_images is None and options.max_cost_minor is None:
+        cap = options.cap_minor
+        return "cap" if cap is not None and cost_minor > cap else None
+    if options.max_images is not None and calls > options.max_images:
+        return "max_images"
+    if options.max_cost_minor is not None and cost_minor > options.max_cost_minor:
+        return "max_cost"
+    return None
+
+
+def check_budget(report: PlanReport, options: RunOptions) -> None:
+    """Refuse (`BudgetExceeded`, exit 2, nothing written) a plan above --max-images,
+    --max-cost, or, when neither is given, the configured per-run cap."""
+    breach = budget_breach(report.new_calls, report.estimated_cost_minor, options)
+    if breach == "cap":
+        cap = options.cap_minor
+        assert cap is not None
+        raise BudgetExceeded(
+            f"plan: {report.new_calls} new paid calls, estimated "
+            f"{format_minor(report.estimated_cost_minor, report.currency)}, above the "
+            f"per-run cap EPISODIC_MAX_RUN_COST ({format_minor(cap, report.currency)}); pass "
+            "--max-cost or --max-images to allow it (or raise the cap); nothing was created"
+        )
+    if breach == "max_images":
+        raise BudgetExceeded(
+            f"plan needs {report.new_calls} new paid calls, --max-images allows "
+            f"{options.max_images}; nothing was created"
+        )
+    if breach == "max_cost":
+        assert options.max_cost_minor is not None
+        raise BudgetExceeded(
+            f"plan would cost {report.estimated_cost_minor / 100:.2f} {report.currency}, "
+            f"--max-cost allows {options.max_cost_minor / 100:.2f}; nothing was created"
+        )

@@ -1,0 +1,339 @@
+"""The one place a provider is called: one claimed item, taken as far as it goes, never paid
+for twice (DESIGN 5).
+
+A claim says what its holder does next (`core.records.ClaimAction`):
+
+- **submit**: the claim committed the intent of a paid call. Right before the call the
+  claim is checked (`PaidCall.holds`); then the call is sent. Only what provably created
+  nothing (never sent, 429) is sent again, with backoff, each try after a check. An answer
+  whose acceptance is unknown is *resolved* without a new paid call as far as the
+  provider's promises go (a lookup by our client reference, or the same create again when
+  the provider honours idempotent creates); otherwise the item is released as unknown.
+- **collect**: an accepted job is collected (polled, downloaded), free.
+- **reconcile**: an intent or unknown from before is resolved the same way; resubmitted
+  only on the operator's `--force-resubmit`.
+
+An accepted job is collected until the provider says it failed. A job cancelled at the
+provider by the cancel of another run (one that decided before this run included the item)
+is bought again (`PaidCall.buy_again`) only within the item's attempts and the run's budget.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
+
+from core.hints import hint
+from core.planning import RunOptions, budget_breach
+from core.records import ClaimAction, ItemResult
+from core.runs import INTERRUPTED, Claim, Submission
+from pipeline.gate import GatePass
+from pipeline.media import image_path, write_atomically
+from providers.base import (
+    CollectionPending,
+    DescribesJobs,
+    ImageRequest,
+    NotCreated,
+    Provider,
+    ProviderError,
+    RemoteJobFailed,
+    Stopped,
+    TransientProviderError,
+    UnknownOutcome,
+)
+from providers.profiles import Profile
+from storage.cancels import CancelStore
+from storage.leases import LeaseStore
+from storage.ledger import LedgerStore
+from storage.runs import RunStore
+from storage.tx import database_cause
+
+# A claim proved (ours, live, run running) by its own transaction less than this long ago
+# needs no second check before its paid call (`PaidCall.holds`).
+CLAIM_PROOF_FRESH_S = 0.25
+
+
+def reason(exc: BaseException) -> str:
+    """One line for the ledger and the run (a driver's message, not SQLAlchemy's wrapping
+    with its statement and background link)."""
+    cause = database_cause(exc)
+    text = f"database error: {cause}" if cause is not None else str(exc)
+    line = next((part.strip() for part in text.splitlines() if part.strip()), "")
+    return (line or type(exc).__name__)[:500]
+
+
+@dataclass
+class PaidCall:
+    """The provider calls of one run in this process, and the ledger writes around them."""
+
+    store: RunStore
+    leases: LeaseStore
+    ledger: LedgerStore
+    cancels: CancelStore
+    gate: GatePass
+    provider: Provider
+    profile: Profile
+    output_dir: Path
+    stop: threading.Event
+    reference_image: str | None = None  # the plan's reference image, a data: URI
+
+    def process(self, claim: Claim, options: RunOptions) -> ItemResult:
+        """Take one claimed item as far as it goes; returns what happened. Never pays twice."""
+        if self.stop.is_set():
+            self.withdraw_unsent(claim)
+            self.leases.release(claim, INTERRUPTED)
+            return ItemResult.INTERRUPTED
+        try:
+            if claim.action == ClaimAction.SUBMIT:
+                assert claim.submission is not None
+                found = self._send(claim, claim.submission)
+            elif claim.action == ClaimAction.COLLECT:
+                assert claim.submission is not None and claim.submission.remote_ref
+                found = (claim.submission.pk, claim.submission.remote_ref)
+            else:
+                found = self._reconcile(claim, options)
+            if found is None:
+                return ItemResult.UNKNOWN
+            try:
+                return self._collect(claim, found[0], found[1], options)
+            except RemoteJobFailed as exc:
+                if not self.buy_again(claim, found[0], exc, options):
+                    raise
+            # The job was cancelled on an operator's command, by the cancel of another run
+            # that decided before this run included the item (`CancelStore.ask_provider_cancel`;
+            # its cost is recorded): this run buys the item anew instead of failing it.
+            fresh = self.leases.new_attempt(claim, self.profile.id, forced=False)
+            if fresh is None:  # the run stopped or the claim was lost: spend nothing
+                raise Stopped()
+            found = self._send(claim, fresh)
+            if found is None:
+                return ItemResult.UNKNOWN
+            return self._collect(claim, found[0], found[1], options)
+        except Stopped:
+            self.leases.release(claim, INTERRUPTED)
+            return ItemResult.INTERRUPTED
+        except CollectionPending as exc:
+            self.leases.release(
+                claim,
+                f"accepted job not collected yet ({reason(exc)}); a resume collects it at no cost",
+            )
+            return ItemResult.COLLECT_LATER
+        except RemoteJobFailed as exc:
+            self.leases.release(claim, f"remote job failed: {reason(exc)}")
+            return ItemResult.FAILED
+        except NotCreated as exc:
+            self.leases.release(claim, reason(exc))
+            return ItemResult.FAILED
+        except Exception as exc:  # a bug or an outage must not leave the item "running"
+            self.leases.release(claim, f"error: {reason(exc)}")
+            raise
+
+    def buy_again(
+        self, claim: Claim, submission_pk: int, exc: RemoteJobFailed, options: RunOptions
+    ) -> bool:
+        """Whether the item whose job `exc` ended is bought anew in this run: only when the
+        provider says the job was cancelled, the cancel of another run asked for exactly
+        that (`CancelStore.cancel_asked_elsewhere`: decided before this run included the item),
+        the item has an attempt left (--max-retries) and the run's budget (`budget_breach`)
+        holds one more call with every open item of the run still to buy. Otherwise the
+        item fails, and the operator decides."""
+        if not exc.cancelled:  # failed at the provider, or cancelled by this run's own cancel
+            return False
+        if not self.cancels.cancel_asked_elsewhere(
+            self.gate.episode_pk, submission_pk, claim.run_id
+        ):
+            return False
+        used = claim.item.attempts + (1 if claim.action == ClaimAction.SUBMIT else 0)
+        if used >= options.max_attempts:
+            return False
+        counts = self.store.counts(claim.run_id)
+        still_open = counts.pending + counts.running  # this item among them
+        price = self.provider.capabilities.cost_per_image_minor
+        calls = counts.paid_submissions + still_open
+        return budget_breach(calls, counts.cost_minor + price * still_open, options) is None
+
+    def withdraw_unsent(self, claim: Claim) -> None:
+        """A claim's fresh intent whose call was never made goes away (attempt given back)."""
+        if claim.action == ClaimAction.SUBMIT and claim.submission is not None:
+            self.ledger.withdraw(claim, claim.submission)
+
+    def request(self, claim: Claim, submission: Submission) -> ImageRequest:
+        """What the provider is asked for `submission` of `claim`'s item."""
+        item = claim.item
+        return ImageRequest(
+            submission.client_reference,
+            self.gate.episode_id,
+            item.item_id,
+            item.prompt,
+            item.seed,
+            self.reference_image,
+        )
+
+    def _send(self, claim: Claim, submission: Submission) -> tuple[int, str] | None:
+        """The paid call of an intent. None: acceptance unknown (item released, explained)."""
+        request = self.request(claim, submission)
+        if not self.holds(claim):  # cancelled, paused or taken over: no call
+            self.ledger.withdraw(claim, submission)
+            raise Stopped()
+        try:
+            remote_ref: str = self._retry_not_created(claim, lambda: self.provider.submit(request))
+        except Stopped:  # between tries that provably created nothing: nothing was sent
+            self.ledger.withdraw(claim, submission)
+            raise
+        except UnknownOutcome as exc:
+            self.ledger.mark_unknown(submission.pk, reason(exc))
+            found = self._resolve(claim, submission, request)
+            if found is None:
+                self.leases.release(claim, self._unknown_text(claim, submission, reason(exc)))
+                return None
+            return submission.pk, found
+        except NotCreated as exc:
+            self.ledger.refuse(claim, submission.pk, reason(exc))
+            raise
+        if not self.ledger.accept(submission.pk, remote_ref):
+            self.ledger.mark_unknown(submission.pk, "provider answered with a job already recorded")
+            self.leases.release(
+                claim, "provider answered with a job recorded for another submission"
+            )
+            return None
+        return submission.pk, remote_ref
+
+    def _reconcile(self, claim: Claim, options: RunOptions) -> tuple[int, str] | None:
+        """An intent or unknown from before: ask the provider; resubmit only when forced."""
+        submission = claim.submission
+        assert submission is not None
+        found = self._resolve(claim, submission, self.request(claim, submission))
+        if found is not None:
+            return submission.pk, found
+        if not options.force_resubmit:
+            self.ledger.mark_unknown(submission.pk, "acceptance unknown")
+            self.leases.release(claim, self._unknown_text(claim, submission, "no reply recorded"))
+            return None
+        if not self.ledger.refuse(claim, submission.pk, "abandoned by operator (--force-resubmit)"):
+            raise Stopped()  # taken over (or settled meanwhile): the new holder decides
+        fresh = self.leases.new_attempt(claim, self.profile.id, forced=True)
+        if fresh is None:  # the run stopped or the claim was lost: spend nothing
+            raise Stopped()
+        return self._send(claim, fresh)
+
+    def _resolve(self, claim: Claim, submission: Submission, request: ImageRequest) -> str | None:
+        """Settle an unknown without a new paid call, as far as the provider's promises go.
+
+        An idempotent resend may still be the call that makes the one job (the first create
+        never reached the provider), so it is a paid call: the claim is checked first."""
+        caps = self.provider.capabilities
+        if not (caps.can_lookup or caps.idempotent_create):
+            return None
+        for delay in (0.0, 0.2, 0.5, 1.0):
+            if self.stop.wait(delay):
+                return None
+            try:
+                remote_ref = None
+                if caps.can_lookup:
+                    remote_ref = self.provider.lookup(submission.client_reference, request)
+                if remote_ref is None and caps.idempotent_create:
+                    # the same create, same key: the provider returns the job it made, or
+                    # makes the one job this submission stands for
+                    if not self.leases.still_holds(claim):
+                        return None  # cancelled or taken over: it stays unknown, unsent
+                    remote_ref = self.provider.submit(request)
+            except (UnknownOutcome, TransientProviderError):
+                continue
+            except ProviderError:  # refused or failed: it will not settle this way
+                return None
+            if remote_ref is not None and self.ledger.accept(submission.pk, remote_ref):
+                return remote_ref
+            if remote_ref is not None:  # another submission's job: never ours
+                return None
+        return None
+
+    def _unknown_text(self, claim: Claim, submission: Submission, why: str) -> str:
+        caps = self.provider.capabilities
+        run = claim.run_id
+        if caps.can_lookup or caps.idempotent_create:
+            again = hint(
+                f"`episodic runs resume {run}`",
+                f"running the generate deployment again for {self.gate.episode_id}",
+            )
+            return (
+                f"acceptance unknown ({why}); not resubmitted: {again} asks the provider "
+                "again; only after checking the provider yourself: `episodic runs resume "
+                f"{run} --force-resubmit`"
+            )
+        where = (  # a provider whose jobs carry no reference of ours says where to look
+            self.provider.how_to_find(self.request(claim, submission))
+            if isinstance(self.provider, DescribesJobs)
+            else f"client reference {submission.client_reference}"
+        )
+        return (
+            f"acceptance unknown ({why}); provider profile {self.profile.id!r} can neither "
+            f"look jobs up nor dedupe creates: look for {where} at the provider, then "
+            f"`episodic runs resume {run} --force-resubmit` if it is not there"
+        )
+
+    def _collect(
+        self, claim: Claim, submission_pk: int, remote_ref: str, options: RunOptions
+    ) -> ItemResult:
+        try:
+            result = self.provider.collect(
+                remote_ref, deadline_s=options.collect_timeout_s, should_stop=self.stop.is_set
+            )
+        except RemoteJobFailed as exc:
+            self.ledger.close_failed(
+                submission_pk,
+                f"remote job failed: {reason(exc)}",
+                episode_pk=self.gate.episode_pk,
+                cost_minor=exc.cost_minor,
+                currency=self.provider.capabilities.currency,
+            )
+            raise
+        path = image_path(self.output_dir, claim.item)
+        sha256 = write_atomically(path, result.content)
+        completed = self.ledger.complete(
+            claim,
+            submission_pk,
+            self.gate.episode_pk,
+            str(path),
+            sha256,
+            result.cost_minor,
+            self.provider.capabilities.currency,
+        )
+        return ItemResult.COMPLETED if completed else ItemResult.TAKEN_OVER
+
+    def holds(self, claim: Claim) -> bool:
+        """The check right before a paid call: the claim is ours, live, and its run running.
+
+        The transaction that made or loaded the claim proved exactly that; when it did so
+        less than `CLAIM_PROOF_FRESH_S` ago (the usual case: the call follows the claim at
+        once), that proof is the check and no other transaction is spent on it. A cancel
+        that lands after the proof is seen before the next paid call, as with any check."""
+        verified = claim.verified_at
+        if verified is not None and time.monotonic() - verified < CLAIM_PROOF_FRESH_S:
+            return True
+        return self.leases.still_holds(claim)
+
+    def _retry_not_created(self, claim: Claim, call: Callable[[], str]) -> str:
+        """Send again only what provably created nothing (never sent, 429), with backoff;
+        every try after a backoff checks the claim again first (a cancel or a lost lease
+        during the wait stops it: `Stopped`)."""
+        tries = 0
+
+        def attempt() -> str:
+            nonlocal tries
+            tries += 1
+            if self.stop.is_set() or (tries > 1 and not self.leases.still_holds(claim)):
+                raise Stopped()
+            return call()
+
+        retrying = Retrying(
+            retry=retry_if_exception_type(TransientProviderError),
+            stop=stop_after_attempt(4),
+            wait=wait_exponential_jitter(multiplier=0.05, max=2.0),
+            reraise=True,
+        )
+        return retrying(attempt)

@@ -1,0 +1,433 @@
+"""One process's part in a run (DESIGN 5): claim the run's items, work them, then conclude
+the run. No Prefect.
+
+The CLI and the Prefect flow share the `Runner`; they differ only in the `ItemExecutor` that
+runs the per-item work (`pipeline.executors.thread_pool_executor`, or cached Prefect tasks in
+`tasks.executor`).
+
+How a run spends money exactly once:
+
+- **Claims.** Before any paid call the executor *claims* the item (`storage.claims`): one
+  transaction checks the run is running, takes the item with a lease and commits the intent
+  of the paid call. Several runs, processes or Prefect workers on one episode split its
+  items; an item held by another live claim is *followed* (this run waits for it and reports
+  it completed when its holder finishes), never bought twice.
+- **Leases and heartbeats** (`pipeline.heartbeat`): a cancel or a pause from anywhere stops
+  this process at the next item. A killed holder's lease expires and another run takes over;
+  the intent it left behind is reconciled, never resubmitted.
+- **The paid call** (`pipeline.paid_call`): errors by what they prove (`providers.base`):
+  refused → the item fails (a retry is a new attempt); unknown → the submission is
+  reconciled, never a new paid call; accepted → collected, across runs, until the provider
+  says the job failed.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import uuid
+from collections.abc import Callable, Sequence
+from contextlib import suppress
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from core.errors import CommandNotAllowed, InvalidTransition
+from core.planning import RunOptions
+from core.records import ItemResult, RefusalReason
+from core.runs import INTERRUPTED, Claim, Item, Refusal
+from core.states import RunState
+from pipeline.admission import runnable_items
+from pipeline.executors import ItemExecutor, thread_pool_executor
+from pipeline.gate import GatePass
+from pipeline.heartbeat import Heartbeat
+from pipeline.outcomes import RunOutcome, run_ended
+from pipeline.paid_call import PaidCall, reason
+from providers.base import Provider
+from providers.profiles import Profile
+from storage.base import utcnow
+from storage.cancels import CancelStore
+from storage.claims import ClaimStore
+from storage.episodes import EpisodeRepository
+from storage.leases import LeaseStore
+from storage.ledger import LedgerStore
+from storage.plans import PlanStore
+from storage.runs import RunStore
+from storage.tx import is_lost_connection
+
+
+def new_owner() -> str:
+    """A claim owner: host, process and a random part (readable in `runs show`)."""
+    return f"{socket.gethostname()[:24]}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+
+
+@dataclass
+class _Share:
+    """One process's share of one run: its claims, and the items it found held elsewhere
+    (the `ItemJob` its executor drives)."""
+
+    runner: Runner
+    run_id: str
+    owner: str
+    options: RunOptions
+    no_retry: set[int] = field(default_factory=set)  # items followed after another holder
+    taken_back: set[int] = field(default_factory=set)  # items given up unfinished, taken back
+    _local: threading.local = field(default_factory=threading.local)
+    busy: dict[int, str] = field(default_factory=dict)
+    followed: set[str] = field(default_factory=set)
+    claims: dict[int, Claim] = field(default_factory=dict)
+    guard: threading.Lock = field(default_factory=threading.Lock)
+    _waiting_for_slot: bool = False
+
+    @property
+    def profile_id(self) -> str:
+        return self.runner.profile.id
+
+    @property
+    def throttled(self) -> bool:
+        """This thread's last claim was refused for a provider slot only."""
+        return bool(getattr(self._local, "throttled", False))
+
+    def claim_many(self, items: Sequence[Item]) -> list[Claim | None]:
+        """`claim` for several items in one transaction; refused ones are handled as in
+        `claim` (throttled ones are remembered for `was_throttled`)."""
+        runner = self.runner
+        since = utcnow()
+        try:
+            answers = runner.claims.claim_many(
+                [(item.pk, item.pk not in self.no_retry) for item in items],
+                self.run_id,
+                self.owner,
+                lease_s=self.options.lease_s,
+                max_attempts=self.options.max_attempts,
+                profile=runner.profile.id,
+                provider_limit=runner.profile.max_concurrency,
+                max_job_s=runner.profile.max_job_s,
+            )
+        except Exception as exc:
+            if not is_lost_connection(exc):
+                raise
+            # Its COMMIT may have happened, but nothing it made was received, so nothing was
+            # sent: give it all back (the store retries that through the outage), and the
+            # items are asked for again after a short wait, as throttled ones are. The run
+            # goes on instead of ending on a claim whose outcome is now known.
+            runner.leases.give_back_unreceived(self.owner, [it.pk for it in items], since)
+            self._local.throttled_pks = {item.pk for item in items}
+            self._local.throttled = True
+            return [None for _ in items]
+        self._local.throttled_pks = set()
+        out: list[Claim | None] = []
+        reopen = False
+        for item, got in zip(items, answers, strict=True):
+            if isinstance(got, Claim):
+                with self.guard:
+                    self.claims[item.pk] = got
+                    self.busy.pop(item.pk, None)  # found held before, now ours (collected)
+                out.append(got)
+                continue
+            if got.reason in (RefusalReason.THROTTLED, RefusalReason.REOPEN):  # asked again
+                self._local.throttled_pks.add(item.pk)  # after a short wait
+                reopen = reopen or got.reason == RefusalReason.REOPEN
+            else:
+                self._refused(item, got)
+            out.append(None)
+        self._local.throttled = bool(self._local.throttled_pks)
+        if reopen and not runner.stop.is_set():  # this process still has work (and is not
+            runner.reopen(self.run_id, self.options.lease_s)  # stopping): the run goes on
+        return out
+
+    def was_throttled(self, item: Item) -> bool:
+        """The last `claim_many` of this thread refused `item` for a provider slot."""
+        return item.pk in getattr(self._local, "throttled_pks", set())
+
+    def claim(self, item: Item) -> Claim | None:
+        """Claim one item (`claim_many` of one): None when refused, `throttled` says why."""
+        (got,) = self.claim_many([item])
+        return got
+
+    def _refused(self, item: Item, refusal: Refusal) -> None:
+        if refusal.reason == RefusalReason.BUSY:
+            self.busy[item.pk] = refusal.holder_run or "?"
+            if refusal.holder_run and refusal.holder_run != self.run_id:
+                self.followed.add(refusal.holder_run)
+        elif refusal.reason == RefusalReason.STOPPED:
+            self.runner.stop.set()
+        elif refusal.reason == RefusalReason.THROTTLED:
+            pass  # the executor keeps the item and asks again
+        else:  # done, exhausted, failed: nothing for this process to do
+            done = refusal.reason == RefusalReason.DONE
+            self.runner.on_progress(item, ItemResult.COMPLETED if done else ItemResult.SKIPPED)
+
+    def take(self, item_pk: int) -> Claim:
+        """The claim made for `item_pk` (executors that run items elsewhere look it up)."""
+        with self.guard:
+            return self.claims.pop(item_pk)
+
+    def run(self, claim: Claim) -> ItemResult:
+        with self.guard:
+            self.claims.pop(claim.item.pk, None)
+        return self.runner.process(claim, self.options)
+
+    def abandon(self, claim: Claim, reason: str = INTERRUPTED) -> None:
+        """Give up a claim whose work never started: the intent was never sent."""
+        with self.guard:
+            self.claims.pop(claim.item.pk, None)
+        self.runner.paid.withdraw_unsent(claim)
+        self.runner.leases.release(claim, reason)
+
+    def release(self, claim: Claim) -> None:
+        """Free a claim whose worker ended without finishing (a lost Dask worker, a crashed
+        task): the item becomes failed and resumable. A task that never loaded its claim
+        sent nothing, and its intent is withdrawn; an intent it may have sent stays open
+        and is reconciled by the next claim, never resubmitted (`release_unstarted`)."""
+        self.runner.leases.release_unstarted(claim, INTERRUPTED)
+
+    def collectible(self) -> list[Item]:
+        """The run's items whose jobs hold provider slots and that it may collect now
+        (`RunStore.collectible`)."""
+        return self.runner.store.collectible(self.run_id, self.profile_id)
+
+    def waiting(self, for_slot: bool) -> None:
+        """Tell the runner's `on_wait` once each time this share starts or stops waiting for
+        a provider slot (a run whose every slot is taken elsewhere shows why it stands still)."""
+        if for_slot == self._waiting_for_slot:
+            return
+        self._waiting_for_slot = for_slot
+        self.runner.on_wait(
+            f"waiting for a provider slot (profile {self.profile_id}: every slot in use)"
+            if for_slot
+            else None
+        )
+
+    def abandon_untaken(self) -> None:
+        """Claims made but never run (a cancelled future, a task that never started)."""
+        with self.guard:
+            left = list(self.claims.values())
+        for claim in left:
+            self.abandon(claim)
+
+
+@dataclass
+class Runner:
+    """One process's part in runs of one episode: `execute` works a run's items with
+    `executor` until they are done, failed or the run is stopped, then concludes it; each
+    claimed item goes through `paid` (`PaidCall`), the one place the provider is called."""
+
+    store: RunStore
+    claims: ClaimStore
+    leases: LeaseStore
+    ledger: LedgerStore
+    plans: PlanStore
+    cancels: CancelStore
+    episodes: EpisodeRepository
+    gate: GatePass
+    provider: Provider
+    profile: Profile
+    output_dir: Path
+    executor: ItemExecutor = thread_pool_executor
+    stop: threading.Event = field(default_factory=threading.Event)
+    # Set with `stop` by this process's own interrupt (Ctrl-C, SIGTERM) when the caller can
+    # tell it apart from a stop from elsewhere: the run is paused, as when the interrupt is
+    # raised here as KeyboardInterrupt (which a library may swallow on its way).
+    interrupted: threading.Event = field(default_factory=threading.Event)
+    on_progress: Callable[[Item, ItemResult], None] = lambda item, result: None
+    # Called with a line when the run starts waiting for a provider slot, None when it goes on.
+    on_wait: Callable[[str | None], None] = lambda text: None
+    planned_keys: frozenset[str] = frozenset()
+    plan_id: int | None = None  # the recorded plan `planned_keys` come from
+    reference_image: str | None = None  # the plan's reference image, a data: URI
+    follow_poll_s: float = 0.5
+    paid: PaidCall = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.paid = PaidCall(
+            self.store,
+            self.leases,
+            self.ledger,
+            self.cancels,
+            self.gate,
+            self.provider,
+            self.profile,
+            self.output_dir,
+            self.stop,
+            self.reference_image,
+        )
+
+    def process(self, claim: Claim, options: RunOptions) -> ItemResult:
+        """Take one claimed item as far as it goes (`PaidCall.process`). Never pays twice."""
+        return self.paid.process(claim, options)
+
+    def execute(
+        self, run_id: str, options: RunOptions, skipped: int = 0, *, deduplicated: bool = False
+    ) -> RunOutcome:
+        """Run (or join) `run_id` until its items are done, failed, or it is stopped.
+
+        `deduplicated` only labels the outcome (the caller's request joined an existing run).
+        """
+        items = runnable_items(self.store, self.plans, self.gate.episode_pk, run_id, options)
+        job = _Share(self, run_id, new_owner(), options)
+        ended = self._start(run_id, job.owner, options.lease_s)
+        if ended is not None:  # the run we joined finished meanwhile: its outcome is ours
+            return replace(self._outcome(run_id, ended, skipped, ()), deduplicated=deduplicated)
+        heartbeat = Heartbeat(self, job.owner, run_id, options.lease_s, self.stop)
+        heartbeat.start()
+        interrupted = False
+        concurrency = max(1, min(options.concurrency, self.provider.capabilities.max_concurrency))
+        try:
+            while items:
+                job.busy.clear()
+                self.executor(items, job, concurrency, self.stop, self.on_progress)
+                if self.stop.is_set():
+                    break
+                if not job.busy:
+                    # Items another process claimed after this one listed them: the run is
+                    # not over while they run, so they are followed (and taken over if their
+                    # holder dies): this process never concludes the run under another's feet.
+                    items = self.store.held_elsewhere(run_id, job.owner)
+                    if not items:  # what a process of this run (this one too) gave up
+                        items = [  # unfinished: this one finishes it, once each
+                            it
+                            for it in self.store.unfinished(run_id)
+                            if it.pk not in job.taken_back
+                        ]
+                        if not items:
+                            break
+                        job.taken_back.update(it.pk for it in items)
+                        job.no_retry.difference_update(job.taken_back)
+                        continue
+                    self.stop.wait(self.follow_poll_s)
+                    continue
+                # Follow items held by other live claims: finished, taken over, or given up.
+                job.no_retry.update(job.busy)
+                waiting = set(job.busy)
+                items = [it for it in items if it.pk in waiting]
+                self.stop.wait(self.follow_poll_s)
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM of this process: it pauses the run
+            interrupted = True
+            self.stop.set()
+        except Exception as exc:
+            self.stop.set()
+            self.leases.release_all(job.owner, f"error: {reason(exc)}")
+            self._move(run_id, RunState.FAILED, f"error: {reason(exc)}")
+            raise
+        except BaseException:  # a termination signal (a cancelled flow run gets SIGTERM)
+            self.stop.set()
+            self._pause(run_id, job.owner)
+            raise
+        finally:
+            job.abandon_untaken()
+            heartbeat.done.set()
+        followed = tuple(sorted(job.followed))
+        if self.stop.is_set():
+            interrupted = interrupted or self.interrupted.is_set()
+            outcome = self._stopped(run_id, job.owner, skipped, followed, interrupted)
+        else:
+            outcome = self.finish(run_id, skipped, followed)
+        return replace(outcome, deduplicated=deduplicated)
+
+    def finish(self, run_id: str, skipped: int, followed: tuple[str, ...] = ()) -> RunOutcome:
+        """Conclude the run from its items as they stand. A run another process concluded
+        as failed, or paused by its interrupt, while this one finished the rest is concluded
+        here (failed or paused → running → completed or failed: the last process to finish
+        decides)."""
+        counts = self.store.counts(run_id)
+        done = counts.failed == 0 and counts.pending == 0 and counts.running == 0
+        if done:
+            # Marked while the run is still live: `check` never sees an episode whose images
+            # are all completed, no run working on it, and not yet marked (a crash's sign).
+            self.mark_generated(run_id)
+        current = self.store.run_state(run_id)
+        if current == RunState.PAUSED or (done and current == RunState.FAILED):
+            self._move(run_id, RunState.RUNNING)
+        if done:
+            state = self._move(run_id, RunState.COMPLETED)
+        else:
+            state = self._move(run_id, RunState.FAILED, f"{counts.failed} items failed")
+        return self._outcome(run_id, state, skipped, followed)
+
+    def reopen(self, run_id: str, lease_s: float) -> RunState:
+        """Move a failed run back to running for this process, which still has work on it
+        (another process concluded it, or the sweep reaped it while this one was frozen);
+        returns the state it is in now. Claims stay guarded: nothing is paid twice."""
+        with suppress(InvalidTransition):
+            self.store.transition_run(run_id, RunState.RUNNING, lease_s=lease_s)
+        return RunState(self.store.run_state(run_id))
+
+    def _start(self, run_id: str, owner: str, lease_s: float) -> RunState | None:
+        """Start the run, or join it and renew its lease at once (a run whose process died
+        is taken over before a sweep can reap it; one the sweep just reaped is restarted).
+
+        Returns None when this process may work on the run, or the terminal state
+        (completed, cancelled) it reached before this process could join it.
+        """
+        for _ in range(3):
+            try:
+                if self.store.transition_run(run_id, RunState.RUNNING, lease_s=lease_s):
+                    return None
+            except InvalidTransition as exc:
+                state = RunState(self.store.run_state(run_id))
+                if state in (RunState.COMPLETED, RunState.CANCELLED):
+                    return state
+                raise CommandNotAllowed(str(exc)) from None
+            if self.leases.renew(owner, run_id, lease_s) == RunState.RUNNING:
+                return None
+        raise CommandNotAllowed(f"run {run_id} keeps changing state; try again")
+
+    def _move(self, run_id: str, target: RunState, error_text: str | None = None) -> RunState:
+        """Move the run if it still can; the state it ends in (a concurrent move may win)."""
+        with suppress(InvalidTransition):
+            self.store.transition_run(run_id, target, error_text)
+        return RunState(self.store.run_state(run_id))
+
+    def _pause(self, run_id: str, owner: str) -> None:
+        self.leases.release_all(owner, INTERRUPTED)
+        self._move(run_id, RunState.PAUSED, INTERRUPTED)
+
+    def _stopped(
+        self,
+        run_id: str,
+        owner: str,
+        skipped: int,
+        followed: tuple[str, ...],
+        interrupted: bool = True,
+    ) -> RunOutcome:
+        """Stopped by an interrupt of this process (it pauses the run), or by a cancel,
+        pause or finish of the run from elsewhere (the run is left as it is: a run another
+        process resumed meanwhile goes on there)."""
+        self.leases.release_all(owner, INTERRUPTED)
+        state = RunState(self.store.run_state(run_id))
+        if state == RunState.RUNNING and interrupted:
+            state = self._move(run_id, RunState.PAUSED, INTERRUPTED)
+        return self._outcome(run_id, state, skipped, followed)
+
+    def mark_generated(self, run_id: str | None) -> None:
+        """The episode is generated once every image of its current plan is completed."""
+        mark_generated(self.episodes, self.gate.episode_pk, self.planned_keys, run_id, self.plan_id)
+
+    def _outcome(
+        self, run_id: str, state: RunState, skipped: int, followed: tuple[str, ...]
+    ) -> RunOutcome:
+        counts = self.store.counts(run_id)
+        if state == RunState.COMPLETED:
+            self.mark_generated(run_id)
+        return run_ended(self.store, self.gate, run_id, state, counts, skipped, followed)
+
+
+def mark_generated(
+    episodes: EpisodeRepository,
+    episode_pk: int,
+    planned_keys: frozenset[str],
+    run_id: str | None,
+    plan_id: int | None = None,
+) -> bool:
+    """Move the episode to ``generated`` once every image of its current plan is completed
+    (from allocated only: a decided episode stays decided). `plan_id`: the recorded plan the
+    keys come from; if a newer plan was recorded meanwhile, nothing moves (its own images
+    decide). Idempotent: a recovery command calls it again after a crash between a run's
+    completion and this step. True if every planned image is completed."""
+    return episodes.mark_generated(
+        episode_pk,
+        planned_keys,
+        plan_id,
+        {"run_id": run_id} if run_id else {"reason": "every planned item completed"},
+    )
