@@ -25,7 +25,8 @@ from core.settings import validate_pipeline
 MAX_KEY_LENGTH = 512
 MIN_SLOT_YEAR, MAX_SLOT_YEAR = 1970, 9998  # a slot's ISO week must exist on both sides
 SLOT_PREFIX = "slot:"
-LEGACY_SLOT_PREFIX = "scheduled:"  # scheduled:{flow}/{deployment}:{slot}, before issue 28
+# scheduled:{flow}/{deployment}:{slot}: slots allocated before a slot belonged to its pipeline
+LEGACY_SLOT_PREFIX = "scheduled:"
 _UTC_ISO = r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d{6})?Z"
 # A slot key names a whole second, in exactly one spelling (`utc_iso` of a whole second):
 # `…T08:00:00.000000Z` would be a second key, and so a second episode, for the same slot.

@@ -1,5 +1,5 @@
 """A Prefect cancel settles money: the jobs a cancelled flow run bought are cancelled at the
-provider where its API allows (issue 28).
+provider where its API allows.
 
 How Prefect 3.9.1 delivers a cancel (read in its source: `runner/_cancellation_manager.py`,
 `flow_engine.py`, `runner/_workspace_hook_runner.py`): the UI's Cancel sets the flow run
