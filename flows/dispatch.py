@@ -39,7 +39,7 @@ from core.dedup import RunRequest, check_dedup_options, parse_idempotency_key
 from core.errors import IdempotencyKeyReused, InvalidInput, ProviderConfigError
 from core.settings import Settings
 from pipeline.gate import open_gate
-from storage.lock import keyed_transaction
+from storage.locks import keyed_transaction
 
 # command → (flow name, deployment name): `deployments.spec` (serve and prefect.yaml).
 DEPLOYMENTS = {

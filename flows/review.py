@@ -54,7 +54,7 @@ from pipeline.thumbnails import thumbnail_data_uri
 from storage.approvals import ApprovalStore
 from storage.episodes import EpisodeRepository
 from storage.ledger import LedgerStore
-from storage.lock import keyed_transaction
+from storage.locks import keyed_transaction
 from storage.registry import engine_for
 
 DAY_S = 24 * 3600
