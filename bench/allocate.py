@@ -52,7 +52,7 @@ def _ours(url: str, keys: list[str], ready: Any, go: Any, out: Any) -> None:
 
 
 def _raw_sqlite_step(conn: Any, lock: Any, key: str) -> None:
-    from storage.lock import LOCK_POLL_INTERVAL_S
+    from storage.locks import LOCK_POLL_INTERVAL_S
 
     with lock.acquire(poll_interval=LOCK_POLL_INTERVAL_S):
         conn.execute("BEGIN IMMEDIATE")
@@ -118,7 +118,7 @@ def _baseline(url: str, keys: list[str], ready: Any, go: Any, out: Any) -> None:
         from filelock import FileLock
 
         from storage.engine import make_engine
-        from storage.lock import pipeline_lock_path
+        from storage.locks import pipeline_lock_path
 
         lock = FileLock(pipeline_lock_path(make_engine(url), "weekly"))
         conn: Any = sqlite3.connect(str(parsed.database), timeout=30, isolation_level=None)

@@ -1,4 +1,11 @@
-"""Run and item states and the transitions between them (DESIGN 5), enforced in one place."""
+"""Every state machine of the ledger: runs, items, submissions and episodes (DESIGN 5).
+
+Each table is what the storage statements do, no more: every statement that moves a state
+carries a label ``# <machine>: <sources> -> <target>`` (`storage.statements`), and a unit test
+checks each label against these tables, and each table move against the labels. A state
+moves only by a guarded statement (``UPDATE … WHERE state IN (:sources)``, rowcount checked);
+the tables decide the sources where a statement takes them from here (`sources_of`).
+"""
 
 from __future__ import annotations
 
@@ -32,6 +39,14 @@ class SubmissionState(StrEnum):
     UNKNOWN = "unknown"  # the call may or may not have been accepted: never resubmitted
 
 
+class EpisodeState(StrEnum):
+    ALLOCATED = "allocated"
+    GENERATED = "generated"  # every planned image completed
+    APPROVED = "approved"
+    REJECTED = "rejected"
+    ASSEMBLED = "assembled"
+
+
 RUN_TRANSITIONS: dict[RunState, frozenset[RunState]] = {
     RunState.PENDING: frozenset({RunState.RUNNING, RunState.CANCELLED}),
     RunState.RUNNING: frozenset(
@@ -43,39 +58,37 @@ RUN_TRANSITIONS: dict[RunState, frozenset[RunState]] = {
     RunState.CANCELLED: frozenset(),
 }
 
+# An item is claimed (-> running) from any state but completed: pending, failed (a retry),
+# cancelled (a run that includes it again claims it; admission restarts it to pending
+# first, a resumed run of its own may claim it as it is) and running, when its holder's
+# lease expired (a takeover) or the holder is the claimer itself. A running item is given up
+# (-> failed, resumable) by its holder or by the sweep once its lease expired. Only a pending
+# item is cancelled (no live run includes it): a running one stays with its holder.
 ITEM_TRANSITIONS: dict[ItemState, frozenset[ItemState]] = {
     ItemState.PENDING: frozenset({ItemState.RUNNING, ItemState.CANCELLED}),
-    ItemState.RUNNING: frozenset({ItemState.COMPLETED, ItemState.FAILED, ItemState.CANCELLED}),
-    ItemState.FAILED: frozenset({ItemState.RUNNING, ItemState.CANCELLED}),
+    ItemState.RUNNING: frozenset({ItemState.RUNNING, ItemState.COMPLETED, ItemState.FAILED}),
+    ItemState.FAILED: frozenset({ItemState.RUNNING}),
     ItemState.COMPLETED: frozenset(),
-    ItemState.CANCELLED: frozenset({ItemState.PENDING}),
+    ItemState.CANCELLED: frozenset({ItemState.PENDING, ItemState.RUNNING}),
 }
 
-ACTIVE_RUN_STATES = frozenset({RunState.PENDING, RunState.RUNNING})
-# A live run may still work on its items: it keeps them (a cancel elsewhere leaves them
-# pending, and a job a cancelled run sent for one of them is kept for it).
-LIVE_RUN_STATES = (RunState.PENDING, RunState.RUNNING, RunState.PAUSED)
-# A submission without an outcome yet: its paid call was or may have been made.
-OPEN_SUBMISSION_STATES = (SubmissionState.INTENT, SubmissionState.ACCEPTED, SubmissionState.UNKNOWN)
-
-
-def check_run_transition(current: str, target: str) -> None:
-    if RunState(target) not in RUN_TRANSITIONS[RunState(current)]:
-        raise InvalidTransition(f"run cannot go from {current} to {target}")
-
-
-def check_item_transition(current: str, target: str) -> None:
-    if ItemState(target) not in ITEM_TRANSITIONS[ItemState(current)]:
-        raise InvalidTransition(f"item cannot go from {current} to {target}")
-
-
-class EpisodeState(StrEnum):
-    ALLOCATED = "allocated"
-    GENERATED = "generated"  # every planned image completed
-    APPROVED = "approved"
-    REJECTED = "rejected"
-    ASSEMBLED = "assembled"
-
+# A submission is created as an intent (before the paid call) and never goes back: an
+# unsettled one (intent, unknown) is accepted when the provider's job is known, marked unknown
+# again when a further look finds nothing (the reason replaced), or closed failed; an accepted
+# one succeeds with its cost or fails. An intent that provably never left the machine is
+# withdrawn: its row deleted and the attempt given back (`DELETABLE_SUBMISSION_STATES`).
+SUBMISSION_TRANSITIONS: dict[SubmissionState, frozenset[SubmissionState]] = {
+    SubmissionState.INTENT: frozenset(
+        {SubmissionState.ACCEPTED, SubmissionState.UNKNOWN, SubmissionState.FAILED}
+    ),
+    SubmissionState.UNKNOWN: frozenset(
+        {SubmissionState.ACCEPTED, SubmissionState.UNKNOWN, SubmissionState.FAILED}
+    ),
+    SubmissionState.ACCEPTED: frozenset({SubmissionState.SUCCEEDED, SubmissionState.FAILED}),
+    SubmissionState.SUCCEEDED: frozenset(),
+    SubmissionState.FAILED: frozenset(),
+}
+DELETABLE_SUBMISSION_STATES = frozenset({SubmissionState.INTENT})
 
 # Back to `allocated`: a changed plan before approval (its images must be generated and
 # reviewed again), or `episodic reopen` (recorded with who and why) after a decision. Nothing
@@ -91,10 +104,51 @@ EPISODE_TRANSITIONS: dict[EpisodeState, frozenset[EpisodeState]] = {
     EpisodeState.APPROVED: frozenset({EpisodeState.ASSEMBLED, EpisodeState.ALLOCATED}),
     EpisodeState.ASSEMBLED: frozenset({EpisodeState.ALLOCATED}),
 }
+
+# The state a new row of each machine is inserted with.
+INITIAL_STATES: dict[str, str] = {
+    "run": RunState.PENDING,
+    "item": ItemState.PENDING,
+    "submission": SubmissionState.INTENT,
+    "episode": EpisodeState.ALLOCATED,
+}
+# Each machine's table by the name its labels use.
+TRANSITIONS: dict[str, dict[str, frozenset[str]]] = {
+    "run": {k.value: frozenset(v) for k, v in RUN_TRANSITIONS.items()},
+    "item": {k.value: frozenset(v) for k, v in ITEM_TRANSITIONS.items()},
+    "submission": {k.value: frozenset(v) for k, v in SUBMISSION_TRANSITIONS.items()},
+    "episode": {k.value: frozenset(v) for k, v in EPISODE_TRANSITIONS.items()},
+}
+
+# ------------------------------------------------------------------ named state groups
+ACTIVE_RUN_STATES = frozenset({RunState.PENDING, RunState.RUNNING})
+# A live run may still work on its items: it keeps them (a cancel elsewhere leaves them
+# pending, and a job a cancelled run sent for one of them is kept for it).
+LIVE_RUN_STATES = (RunState.PENDING, RunState.RUNNING, RunState.PAUSED)
+# A submission without an outcome yet: its paid call was or may have been made.
+OPEN_SUBMISSION_STATES = (SubmissionState.INTENT, SubmissionState.ACCEPTED, SubmissionState.UNKNOWN)
+# Open, and no provider job recorded: what an acceptance, a refusal or an unknown settles.
+UNSETTLED_SUBMISSION_STATES = (SubmissionState.INTENT, SubmissionState.UNKNOWN)
 FROZEN_PLAN_STATES = frozenset({EpisodeState.APPROVED, EpisodeState.ASSEMBLED})
 DECIDED_STATES = frozenset({EpisodeState.APPROVED, EpisodeState.REJECTED, EpisodeState.ASSEMBLED})
 # `episodic reopen` sends these back to `allocated` (recorded with who and why)
 REOPENABLE_STATES = DECIDED_STATES
+
+
+def sources_of(machine: str, target: str) -> list[str]:
+    """The states of `machine` ("run", "item", "submission", "episode") from which `target`
+    may be reached, in the table's order (the ``IN (…)`` list of a guarded statement)."""
+    return [s for s, targets in TRANSITIONS[machine].items() if target in targets]
+
+
+def check_run_transition(current: str, target: str) -> None:
+    if RunState(target) not in RUN_TRANSITIONS[RunState(current)]:
+        raise InvalidTransition(f"run cannot go from {current} to {target}")
+
+
+def check_item_transition(current: str, target: str) -> None:
+    if ItemState(target) not in ITEM_TRANSITIONS[ItemState(current)]:
+        raise InvalidTransition(f"item cannot go from {current} to {target}")
 
 
 def check_episode_transition(current: str, target: str) -> None:

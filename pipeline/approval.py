@@ -28,7 +28,7 @@ from pipeline.playlists import planned_items
 from storage.approvals import ApprovalStore, RecordedDecision
 from storage.episodes import EpisodeRepository
 from storage.ledger import LedgerStore, completed_outputs
-from storage.lock import keyed_transaction
+from storage.locks import keyed_transaction
 from storage.plans import PlanStore
 
 

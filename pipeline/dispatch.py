@@ -8,7 +8,7 @@ from contextlib import contextmanager
 
 from sqlalchemy import Engine
 
-from storage.lock import keyed_transaction
+from storage.locks import keyed_transaction
 
 
 @contextmanager

@@ -21,13 +21,11 @@ from core.dedup import Admission, RunRequest
 from core.errors import CommandNotAllowed, IdempotencyKeyReused, StorageError
 from core.playlist import PlannedItem
 from core.states import LIVE_RUN_STATES, ItemState, RunState
-from storage import tx
+from storage import locks, statements, tx
 from storage.base import utcnow
-from storage.episodes import newest_plan_id
-from storage.lock import keyed_transaction
+from storage.locks import keyed_transaction
 from storage.models import ItemRow, RunItemRow, RunRow
 from storage.plans import PlanRecord, record_plan_in
-from storage.runs import run_alive
 from storage.tx import idempotent, retry_outages
 
 _runs: Table = RunRow.__table__  # type: ignore[assignment]
@@ -54,7 +52,7 @@ def active_run(now: datetime, policy: DedupPolicy) -> ColumnElement[bool]:
             _runs.c.state == RunState.PENDING,
             _runs.c.created_at >= now - timedelta(seconds=policy.pending_ttl_s),
         ),
-        and_(_runs.c.state == RunState.RUNNING, run_alive(now, policy.fallback_lease_s)),
+        and_(_runs.c.state == RunState.RUNNING, statements.run_alive(now, policy.fallback_lease_s)),
     )
 
 
@@ -107,14 +105,14 @@ class AdmissionStore:
         now = utcnow()
         with keyed_transaction(self.engine, f"run:{fingerprint}") as conn:
             # Before the episode's row (a changed plan locks it) and any run's row (a
-            # request's run is reused or taken over): `tx.lock_membership`.
-            tx.lock_membership(conn, [episode_pk])
+            # request's run is reused or taken over): `locks.lock_membership`.
+            locks.lock_membership(conn, [episode_pk])
             mine = conn.execute(select(_runs.c.plan_id).where(_runs.c.id == run_id)).first()
             if create and mine is not None:  # a retry after a lost COMMIT: the run it made
                 return Admission(
                     run_id, created=True, fingerprint=fingerprint, plan_id=mine.plan_id
                 )
-            if plan_id is not None and newest_plan_id(conn, episode_pk) != plan_id:
+            if plan_id is not None and statements.newest_plan_id(conn, episode_pk) != plan_id:
                 raise CommandNotAllowed(
                     "the episode was re-planned while this run was being prepared; "
                     "nothing was spent: run the command again"
@@ -234,7 +232,7 @@ def _insert_run(
     """
     now = utcnow()
     keys = [it.idempotency_key for it in new_items] + list(reuse_keys)
-    tx.lock_membership(conn, [episode_pk])  # before any item row: see tx.lock_membership
+    locks.lock_membership(conn, [episode_pk])  # before any item row: see locks.lock_membership
     conn.execute(
         insert(_runs).values(
             id=run_id,
@@ -262,17 +260,9 @@ def _insert_run(
         raise StorageError(
             f"{len(set(keys)) - len(pks)} planned item keys belong to another episode"
         )
-    if pks:  # in id order, as every statement that locks several items (tx.in_id_order)
+    if pks:  # in id order, as every statement that locks several items (locks.in_id_order)
         conn.execute(insert(_members), [{"run_id": run_id, "item_pk": pk} for pk in sorted(pks)])
-    restarted = and_(
-        _items.c.id.in_(select(_members.c.item_pk).where(_members.c.run_id == run_id)),
-        _items.c.state == ItemState.CANCELLED,
-    )
-    conn.execute(  # a cancelled item included in a new run starts over as pending
-        update(_items)
-        .where(tx.in_id_order(_items, restarted), _items.c.state == ItemState.CANCELLED)
-        .values(state=ItemState.PENDING)
-    )
+    conn.execute(statements.restart_cancelled(run_id))  # cancelled items start over
     return run_id
 
 

@@ -33,7 +33,7 @@ from core.ids import EpisodeId, WeekId
 from core.keys import SlotKey, slot_key, validate_key
 from core.settings import validate_pipeline
 from storage.base import utcnow
-from storage.lock import LOCK_TIMEOUT_S, locked_transaction
+from storage.locks import LOCK_TIMEOUT_S, locked_transaction
 from storage.models import EpisodeEventRow, EpisodeRow
 from storage.tx import retry_outages
 

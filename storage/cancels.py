@@ -33,7 +33,7 @@ class CancelStore:
         kept for it), or None after recording that the cancel is being asked (an episode
         event ``provider_cancel_asked``, committed before the provider's call).
 
-        One transaction under the episode's `tx.lock_membership`, which run creation holds
+        One transaction under the episode's `locks.lock_membership`, which run creation holds
         too: a run admitted over the item either is seen here (the job is kept) or is
         admitted after the record, and then knows, if it finds the job cancelled, that a
         cancel decided before it existed cancelled it (`cancel_asked_elsewhere`): it buys the

@@ -22,9 +22,9 @@ from typing import Any, NamedTuple
 
 from sqlalchemy import Connection, Engine, Table
 
-from core.runs import REPLANNED, Claim, Refusal
-from core.states import OPEN_SUBMISSION_STATES, ItemState, RunState, SubmissionState
-from storage import dbapi, installation, tx
+from core.runs import Claim, Refusal
+from core.states import ItemState, RunState, SubmissionState
+from storage import dbapi, installation, statements, tx
 from storage.base import utcnow
 from storage.dbapi import DriverSQL
 from storage.ledger import insert_intent, submission_of
@@ -35,11 +35,9 @@ from storage.tx import retry_outages
 _runs: Table = RunRow.__table__  # type: ignore[assignment]
 _items: Table = ItemRow.__table__  # type: ignore[assignment]
 
-_OPEN = [s.value for s in OPEN_SUBMISSION_STATES]
-
-# The paid path's statements, hand-written and run on the bare driver (storage/dbapi.py):
-# through SQLAlchemy Core each cost about ten times the driver's own time (bench/ledger.py).
-_OPEN_SQL = dbapi.states_sql(_OPEN)
+# The claim's reads, hand-written and run on the bare driver (storage/dbapi.py): through
+# SQLAlchemy Core each cost about ten times the driver's own time (bench/ledger.py). Its
+# writes are `storage.statements`'.
 
 # The run's state and, for a run admitted for a recorded plan, whether that plan is still
 # the episode's newest (a re-planned episode's older runs pay for nothing more).
@@ -52,12 +50,6 @@ _RUN_STATE = DriverSQL(
 # Postgres only (SQLite's writer lock serializes every writer already).
 _LOCK_ITEMS = DriverSQL(
     "SELECT id FROM items WHERE id = ANY(:b_items) ORDER BY id FOR NO KEY UPDATE"
-)
-
-
-_CANCEL_REPLANNED = DriverSQL(
-    f"UPDATE runs SET state = 'cancelled', error_text = '{REPLANNED}', finished_at = :b_now "
-    "WHERE id = :b_run AND state = 'running'"
 )
 
 
@@ -113,7 +105,7 @@ def _sub_row(found: Sequence[Any] | None) -> _SubRow | None:
 
 _OPEN_SUB = DriverSQL(
     "SELECT id, item_pk, attempt, client_reference, state, remote_ref FROM submissions "
-    f"WHERE item_pk = :b_item AND {_OPEN_SQL} ORDER BY id DESC LIMIT 1"
+    f"WHERE item_pk = :b_item AND {statements.OPEN_SQL} ORDER BY id DESC LIMIT 1"
 )
 
 
@@ -122,25 +114,14 @@ _OPEN_SUB = DriverSQL(
 # runs there whatever became of the claim that sent it: an interrupted or killed holder, a
 # job left for later collection). An item with both counts once.
 _RUNNING_SLOTS = (
-    "SELECT id AS item FROM items WHERE claim_profile = :b_profile AND state = 'running' "
-    "AND lease_expires_at > :b_now AND id != :b_item"
+    "SELECT id AS item FROM items WHERE claim_profile = :b_profile AND "
+    f"{statements.LIVE_CLAIM_SQL} AND id != :b_item"
 )
 _IN_FLIGHT = DriverSQL(f"SELECT count(*) FROM ({_RUNNING_SLOTS}) AS slots")
 _IN_FLIGHT_WITH_JOBS = DriverSQL(
     f"SELECT count(*) FROM ({_RUNNING_SLOTS} UNION SELECT item_pk AS item FROM submissions "
-    f"WHERE provider_profile = :b_profile AND {_OPEN_SQL} AND created_at > :b_since "
+    f"WHERE provider_profile = :b_profile AND {statements.OPEN_SQL} AND created_at > :b_since "
     "AND item_pk != :b_item) AS slots"
-)
-_TAKE = (
-    "UPDATE items SET state = 'running', error_text = NULL, claim_owner = :b_owner, "
-    "claim_run_id = :b_run, claim_profile = :b_profile, claim_token = :b_token, "
-    "lease_expires_at = :b_lease, started_at = :b_now, finished_at = NULL"
-)
-_TAKE_ITEM = DriverSQL(f"{_TAKE} WHERE id = :b_item")
-
-# The same for a new paid call: the attempt is counted in the same statement.
-_TAKE_ITEM_AND_COUNT = DriverSQL(
-    f"{_TAKE}, attempts = attempts + 1 WHERE id = :b_item RETURNING attempts"
 )
 
 
@@ -238,7 +219,7 @@ class ClaimStore:
                 return [stopped] * len(items)
             if len(items) > 1 and conn.dialect.name == "postgresql":
                 # Every row of the batch is locked first, in ascending id order, as every
-                # other statement that locks several items does (`tx.in_id_order`): two
+                # other statement that locks several items does (`locks.in_id_order`): two
                 # transactions taking rows in orders of their own could deadlock (a
                 # heartbeat's renewal over this owner's items, the sweep's expired ones).
                 dbapi.fetch_all(conn, _LOCK_ITEMS, {"b_items": [pk for pk, _ in items]})
@@ -280,7 +261,7 @@ class ClaimStore:
         if run_state != RunState.RUNNING:
             return Refusal("stopped")
         if replanned:  # the episode was re-planned: what this run was for is not wanted
-            dbapi.rowcount(conn, _CANCEL_REPLANNED, {"b_run": run_id, "b_now": utcnow()})
+            dbapi.rowcount(conn, statements.CANCEL_REPLANNED, {"b_run": run_id, "b_now": utcnow()})
             return Refusal("stopped")
         return None
 
@@ -340,10 +321,10 @@ class ClaimStore:
         }
         item = item_from_row(row)
         if sub is not None:
-            dbapi.rowcount(conn, _TAKE_ITEM, params)
+            dbapi.rowcount(conn, statements.TAKE_ITEM, params)
             action = "collect" if sub.state == SubmissionState.ACCEPTED else "reconcile"
             return Claim(item, run_id, owner, action, submission_of(sub), token, checked)
-        attempt = dbapi.scalar(conn, _TAKE_ITEM_AND_COUNT, params)
+        attempt = dbapi.scalar(conn, statements.TAKE_ITEM_AND_COUNT, params)
         submission = insert_intent(conn, item, run_id, profile, attempt, now, forced=False)
         return Claim(item, run_id, owner, "submit", submission, token, checked)
 

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Table, func, insert, select, update
+from sqlalchemy import Connection, Engine, Table, insert, select
 from sqlalchemy.orm import Session
 
 from core.episodes import Episode, EpisodeEvent
 from core.errors import EpisodeNotFound
 from core.ids import EpisodeId, WeekId
-from core.states import EPISODE_TRANSITIONS, EpisodeState, ItemState, check_episode_transition
-from storage import tx
+from core.states import EpisodeState, ItemState, check_episode_transition, sources_of
+from storage import statements, tx
 from storage.base import utcnow
 from storage.models import EpisodeEventRow, EpisodeMediaRow, EpisodePlanRow, EpisodeRow, ItemRow
 from storage.tx import idempotent, retry_outages
@@ -27,10 +27,6 @@ _events: Table = EpisodeEventRow.__table__  # type: ignore[assignment]
 _items: Table = ItemRow.__table__  # type: ignore[assignment]
 _plans: Table = EpisodePlanRow.__table__  # type: ignore[assignment]
 _media: Table = EpisodeMediaRow.__table__  # type: ignore[assignment]
-
-
-def sources_of_episode(target: EpisodeState) -> list[str]:
-    return [s.value for s, targets in EPISODE_TRANSITIONS.items() if target in targets]
 
 
 @retry_outages
@@ -99,7 +95,7 @@ class EpisodeRepository:
             state = conn.execute(
                 select(_episodes.c.state).where(_episodes.c.id == episode_pk).with_for_update()
             ).scalar_one()
-            if plan_id is not None and newest_plan_id(conn, episode_pk) != plan_id:
+            if plan_id is not None and statements.newest_plan_id(conn, episode_pk) != plan_id:
                 return False
             completed = set(
                 conn.execute(
@@ -188,13 +184,9 @@ def _move(
     moved it; False if it already is in `target` or, with `source`, is no longer there (a
     concurrent caller won). Any other state is an `InvalidTransition`.
     """
-    allowed = [source.value] if source is not None else sources_of_episode(target)
+    allowed = [source.value] if source is not None else sources_of("episode", target)
     now = utcnow()
-    moved = conn.execute(
-        update(_episodes)
-        .where(_episodes.c.id == episode_pk, _episodes.c.state.in_(allowed))
-        .values(state=target, updated_at=now)
-    ).rowcount
+    moved = conn.execute(statements.set_episode_state(episode_pk, allowed, target, now)).rowcount
     if not moved:
         current = conn.execute(
             select(_episodes.c.state).where(_episodes.c.id == episode_pk)
@@ -207,11 +199,3 @@ def _move(
         insert(_events).values(episode_pk=episode_pk, kind=target.value, at=now, detail=detail)
     )
     return True
-
-
-def newest_plan_id(conn: Connection, episode_pk: int) -> int | None:
-    """The id of the episode's newest recorded plan (None: none)."""
-    newest = conn.execute(
-        select(func.max(_plans.c.id)).where(_plans.c.episode_pk == episode_pk)
-    ).scalar()
-    return None if newest is None else int(newest)

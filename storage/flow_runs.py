@@ -24,7 +24,7 @@ from typing import Any
 from sqlalchemy import Engine, Table, and_, func, insert, select
 
 from core.states import ItemState, RunState, SubmissionState
-from storage import tx
+from storage import statements, tx
 from storage.base import utcnow
 from storage.models import (
     EpisodeEventRow,
@@ -34,7 +34,6 @@ from storage.models import (
     RunRow,
     SubmissionRow,
 )
-from storage.runs import run_alive
 
 _events: Table = EpisodeEventRow.__table__  # type: ignore[assignment]
 _episodes: Table = EpisodeRow.__table__  # type: ignore[assignment]
@@ -138,7 +137,9 @@ class FlowRunLinks:
         if not run_ids:
             return {}
         now = utcnow()
-        alive = and_(_runs.c.state == RunState.RUNNING, run_alive(now, self.fallback_lease_s))
+        alive = and_(
+            _runs.c.state == RunState.RUNNING, statements.run_alive(now, self.fallback_lease_s)
+        )
         accepted = _per_run(
             conn,
             select(_members.c.run_id, func.count(_subs.c.id))

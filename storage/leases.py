@@ -21,7 +21,6 @@ from sqlalchemy import (
     Table,
     and_,
     bindparam,
-    delete,
     exists,
     select,
     true,
@@ -29,8 +28,8 @@ from sqlalchemy import (
 )
 
 from core.runs import Claim, Item, Submission
-from core.states import ItemState, RunState, SubmissionState
-from storage import dbapi, tx
+from core.states import ItemState, RunState
+from storage import dbapi, locks, statements, tx
 from storage.base import utcnow
 from storage.dbapi import DriverSQL
 from storage.ledger import insert_intent, submission_of, withdraw_in
@@ -54,8 +53,8 @@ _COUNT_ATTEMPT = (
 # The claim is still ours and live, and its run is running (the check before a paid call;
 # locked on Postgres where the caller then writes under it).
 _HOLDS_SQL = (
-    "SELECT id FROM items WHERE id = :b_item AND claim_owner = :b_owner AND state = 'running' "
-    "AND lease_expires_at > :b_now AND EXISTS (SELECT 1 FROM runs WHERE runs.id = :b_run "
+    "SELECT id FROM items WHERE id = :b_item AND claim_owner = :b_owner AND "
+    f"{statements.LIVE_CLAIM_SQL} AND EXISTS (SELECT 1 FROM runs WHERE runs.id = :b_run "
     "AND runs.state = 'running')"
 )
 _HOLDS = DriverSQL(_HOLDS_SQL)
@@ -102,8 +101,7 @@ class LeaseStore:
                     _items.c.id == item_pk,
                     _items.c.claim_owner == owner,
                     _items.c.claim_token == token,
-                    _items.c.state == ItemState.RUNNING,
-                    _items.c.lease_expires_at > now,
+                    statements.held_by_live_claim(now),
                     exists().where(
                         and_(_runs.c.id == run_id, _runs.c.state == RunState.RUNNING.value)
                     ),
@@ -138,18 +136,16 @@ class LeaseStore:
             state = conn.execute(select(_runs.c.state).where(_runs.c.id == run_id)).scalar()
             now = utcnow()
             conn.execute(  # the run's lease: alive while any process working on it renews
-                update(_runs)  # (its row before its items' rows, as everywhere: tx.in_id_order)
+                update(_runs)  # (its row before its items' rows, as everywhere: locks.in_id_order)
                 .where(_runs.c.id == run_id, _runs.c.state == RunState.RUNNING)
                 .values(heartbeat_at=now, lease_expires_at=now + timedelta(seconds=lease_s))
             )
-            renewed = and_(  # only live leases: an expired one may already count as a free
-                _items.c.claim_owner == owner,  # provider slot (or be taken over); it is not
-                _items.c.state == ItemState.RUNNING,  # revived
-                _items.c.lease_expires_at > now,
-            )
+            # Only live leases: an expired one may already count as a free provider slot (or
+            # be taken over); it is not revived.
+            renewed = and_(_items.c.claim_owner == owner, statements.held_by_live_claim(now))
             conn.execute(
                 update(_items)
-                .where(tx.in_id_order(_items, renewed), renewed)
+                .where(locks.in_id_order(_items, renewed), renewed)
                 .values(lease_expires_at=now + timedelta(seconds=lease_s))
             )
         return None if state is None else str(state)
@@ -169,7 +165,7 @@ class LeaseStore:
         been sent. Returns how many intents were withdrawn."""
         withdrawn = 0
         with tx.write(self.engine) as conn:
-            for item_pk in sorted(item_pks):  # ascending, as `tx.in_id_order` locks
+            for item_pk in sorted(item_pks):  # ascending, as `locks.in_id_order` locks
                 row = conn.execute(
                     select(_items.c.id, _items.c.attempts)
                     .where(_items.c.id == item_pk, _items.c.claim_owner == owner)
@@ -178,13 +174,7 @@ class LeaseStore:
                 if row is None:
                     continue
                 removed = conn.execute(
-                    delete(_subs).where(
-                        _subs.c.item_pk == item_pk,
-                        _subs.c.state == SubmissionState.INTENT,
-                        _subs.c.attempt == row.attempts,
-                        _subs.c.created_at >= since,
-                        ~exists().where(_costs.c.submission_pk == _subs.c.id),
-                    )
+                    statements.withdraw_unreceived(item_pk, row.attempts, since)
                 ).rowcount
                 if removed:
                     conn.execute(
@@ -257,16 +247,4 @@ def _intend(conn: Connection, item: Item, run_id: str, profile: str, *, forced: 
 def _give_up_in(conn: Connection, which: ColumnElement[bool], owner: str, error_text: str) -> int:
     """`owner`'s running items among `which` become failed (resumable), in `conn`'s
     transaction; returns how many."""
-    given_up = and_(which, _items.c.claim_owner == owner, _items.c.state == ItemState.RUNNING)
-    return int(
-        conn.execute(
-            update(_items)
-            .where(tx.in_id_order(_items, given_up), given_up)
-            .values(
-                state=ItemState.FAILED,
-                error_text=error_text[:2000],
-                finished_at=utcnow(),
-                lease_expires_at=None,
-            )
-        ).rowcount
-    )
+    return int(conn.execute(statements.give_up_items(which, owner, error_text, utcnow())).rowcount)

@@ -13,12 +13,12 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Table, delete, exists, func, or_, select, update
+from sqlalchemy import Connection, Engine, Table, exists, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
 from core.runs import Claim, Item, Submission
-from core.states import OPEN_SUBMISSION_STATES, ItemState, SubmissionState
-from storage import dbapi, installation, tx
+from core.states import ItemState, SubmissionState
+from storage import dbapi, statements, tx
 from storage.base import utcnow
 from storage.dbapi import DriverSQL
 from storage.models import CostEntryRow, ItemRow, RunItemRow, SubmissionRow
@@ -29,43 +29,8 @@ _subs: Table = SubmissionRow.__table__  # type: ignore[assignment]
 _costs: Table = CostEntryRow.__table__  # type: ignore[assignment]
 _members: Table = RunItemRow.__table__  # type: ignore[assignment]
 
-_OPEN = [s.value for s in OPEN_SUBMISSION_STATES]
-
-_UNSETTLED = [SubmissionState.INTENT.value, SubmissionState.UNKNOWN.value]
-
-# The paid path's statements, hand-written and run on the bare driver (storage/dbapi.py):
-# through SQLAlchemy Core each cost about ten times the driver's own time (bench/ledger.py).
-_UNSETTLED_SQL = dbapi.states_sql(_UNSETTLED)
-
-# The client reference is this installation's id, the item's key and the attempt
-# (storage.installation), built from the database's own row in the same statement.
-_INSERT_INTENT = DriverSQL(
-    "INSERT INTO submissions (item_pk, run_id, attempt, client_reference, provider_profile, "
-    "state, forced, created_at) VALUES (:b_item, :b_run, :b_attempt, "
-    f"{installation.REFERENCE_SQL}, :b_profile, 'intent', :b_forced, :b_now) "
-    "RETURNING id, client_reference"
-)
-
-
-_ACCEPT = DriverSQL(
-    "UPDATE submissions SET state = 'accepted', remote_ref = :b_remote, error_text = NULL, "
-    f"accepted_at = :b_now WHERE id = :b_sub AND {_UNSETTLED_SQL}"
-)
-
-
-_COMPLETE_ITEM = DriverSQL(
-    "UPDATE items SET state = 'completed', error_text = NULL, output_path = :b_path, "
-    "output_sha256 = :b_sha, lease_expires_at = NULL, finished_at = :b_now "
-    "WHERE id = :b_item AND claim_owner = :b_owner AND state = 'running'"
-)
-
-
-_SUCCEED_SUB = DriverSQL(
-    "UPDATE submissions SET state = 'succeeded', finished_at = :b_now "
-    "WHERE id = :b_sub AND state = 'accepted'"
-)
-
-
+# A cost entry is no state move: it stays with the ledger (hand-written, run on the bare
+# driver: storage/dbapi.py).
 _INSERT_COST = DriverSQL(
     "INSERT INTO cost_entries (episode_pk, submission_pk, amount_minor, currency, recorded_at) "
     "VALUES (:b_episode, :b_sub, :b_amount, :b_currency, :b_now)"
@@ -106,7 +71,7 @@ class LedgerStore:
             with tx.write(self.engine) as conn:
                 moved = dbapi.rowcount(
                     conn,
-                    _ACCEPT,
+                    statements.ACCEPT,
                     {"b_sub": submission_pk, "b_remote": remote_ref, "b_now": utcnow()},
                 )
                 if moved:
@@ -123,11 +88,7 @@ class LedgerStore:
     @idempotent
     def mark_unknown(self, submission_pk: int, reason: str) -> None:
         with tx.write(self.engine) as conn:
-            conn.execute(
-                update(_subs)
-                .where(_subs.c.id == submission_pk, _subs.c.state.in_(_UNSETTLED))
-                .values(state=SubmissionState.UNKNOWN, error_text=reason[:2000])
-            )
+            conn.execute(statements.mark_unknown(submission_pk, reason))
 
     def refuse(self, claim: Claim, submission_pk: int, reason: str) -> bool:
         """The holder's call provably created nothing (the provider refused it), or an operator
@@ -142,11 +103,7 @@ class LedgerStore:
         with tx.write(self.engine) as conn:
             if not held(conn, claim):
                 return False
-            moved = conn.execute(
-                update(_subs)
-                .where(_subs.c.id == submission_pk, _subs.c.state.in_(_UNSETTLED))
-                .values(state=SubmissionState.FAILED, error_text=reason[:2000], finished_at=now)
-            ).rowcount
+            moved = conn.execute(statements.refuse(submission_pk, reason, now)).rowcount
             return bool(moved)
 
     def close_failed(
@@ -165,11 +122,7 @@ class LedgerStore:
         """
         now = utcnow()
         with tx.write(self.engine) as conn:
-            moved = conn.execute(
-                update(_subs)
-                .where(_subs.c.id == submission_pk, _subs.c.state.in_(_OPEN))
-                .values(state=SubmissionState.FAILED, error_text=reason[:2000], finished_at=now)
-            ).rowcount
+            moved = conn.execute(statements.close_failed(submission_pk, reason, now)).rowcount
             if moved and cost_minor > 0 and episode_pk is not None:
                 _record_cost(conn, episode_pk, submission_pk, cost_minor, currency, now)
             return bool(moved)
@@ -197,7 +150,7 @@ class LedgerStore:
             with tx.write(self.engine) as conn:
                 item_moved = dbapi.rowcount(
                     conn,
-                    _COMPLETE_ITEM,
+                    statements.COMPLETE_ITEM,
                     {
                         "b_item": claim.item.pk,
                         "b_owner": claim.owner,
@@ -207,7 +160,7 @@ class LedgerStore:
                     },
                 )
                 sub_moved = dbapi.rowcount(
-                    conn, _SUCCEED_SUB, {"b_sub": submission_pk, "b_now": now}
+                    conn, statements.SUCCEED, {"b_sub": submission_pk, "b_now": now}
                 )
                 if not (item_moved and sub_moved):
                     raise _Lost()
@@ -318,13 +271,7 @@ def withdraw_in(conn: Connection, claim: Claim, submission: Submission) -> bool:
     # takeover waits for this transaction or this one sees the takeover.
     if not held(conn, claim):
         return False
-    removed = conn.execute(
-        delete(_subs).where(
-            _subs.c.id == submission.pk,
-            _subs.c.state == SubmissionState.INTENT,
-            ~exists().where(_costs.c.submission_pk == submission.pk),
-        )
-    ).rowcount
+    removed = conn.execute(statements.withdraw_intent(submission.pk)).rowcount
     if removed:
         conn.execute(
             update(_items)
@@ -352,7 +299,7 @@ def insert_intent(
     installation's reference ``{installation id}-{item key}-{attempt}``."""
     found = dbapi.fetch_one(
         conn,
-        _INSERT_INTENT,
+        statements.INSERT_INTENT,
         {
             "b_item": item.pk,
             "b_run": run_id,

@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import Engine, insert, select, update
 
 from storage.base import utcnow
-from storage.lock import keyed_transaction
+from storage.locks import keyed_transaction
 from storage.models import PipelineRow
 from storage.tx import retry_outages
 

@@ -14,8 +14,8 @@ from sqlalchemy import Connection, Engine, Table, insert, select
 
 from core.errors import frozen_plan
 from core.runs import ItemSnapshot
-from core.states import FROZEN_PLAN_STATES, OPEN_SUBMISSION_STATES, EpisodeState, ItemState
-from storage import tx
+from core.states import FROZEN_PLAN_STATES, EpisodeState, ItemState
+from storage import statements, tx
 from storage.base import utcnow
 from storage.episodes import move_episode
 from storage.models import EpisodePlanRow, EpisodeRow, ItemRow, ReferenceImageRow, SubmissionRow
@@ -122,7 +122,7 @@ class PlanStore:
                     .where(
                         _items.c.episode_pk == episode_pk,
                         _items.c.state != done,
-                        _subs.c.state.in_([s.value for s in OPEN_SUBMISSION_STATES]),
+                        _subs.c.state.in_(statements.OPEN),
                     )
                 )
             }

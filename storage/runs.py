@@ -22,22 +22,18 @@ from sqlalchemy import (
     and_,
     exists,
     func,
-    or_,
     select,
-    update,
 )
 
 from core.errors import InvalidTransition, RunNotFound
 from core.runs import INTERRUPTED, Item, Run, RunCounts
 from core.states import (
     LIVE_RUN_STATES,
-    OPEN_SUBMISSION_STATES,
-    RUN_TRANSITIONS,
     ItemState,
     RunState,
     SubmissionState,
 )
-from storage import tx
+from storage import locks, statements, tx
 from storage.base import utcnow
 from storage.models import CostEntryRow, EpisodeRow, ItemRow, RunItemRow, RunRow, SubmissionRow
 from storage.tx import idempotent, retry_outages
@@ -48,24 +44,6 @@ _items: Table = ItemRow.__table__  # type: ignore[assignment]
 _members: Table = RunItemRow.__table__  # type: ignore[assignment]
 _subs: Table = SubmissionRow.__table__  # type: ignore[assignment]
 _costs: Table = CostEntryRow.__table__  # type: ignore[assignment]
-
-
-def run_alive(now: datetime, fallback_lease_s: float) -> ColumnElement[bool]:
-    """A running run's lease is live: renewed by a heartbeat, or (no lease recorded) its
-    latest sign of life ``COALESCE(heartbeat_at, started_at, created_at)`` is recent."""
-    return or_(
-        _runs.c.lease_expires_at >= now,
-        and_(
-            _runs.c.lease_expires_at.is_(None),
-            func.coalesce(_runs.c.heartbeat_at, _runs.c.started_at, _runs.c.created_at)
-            >= now - timedelta(seconds=fallback_lease_s),
-        ),
-    )
-
-
-def sources_of(target: RunState) -> list[str]:
-    """The run states from which `target` may be reached (core.states is the one table)."""
-    return [s.value for s, targets in RUN_TRANSITIONS.items() if target in targets]
 
 
 @retry_outages
@@ -142,13 +120,9 @@ class RunStore:
         else:
             values.update(finished_at=now, lease_expires_at=None)
         with tx.write(self.engine) as conn:
-            if target == RunState.CANCELLED:  # before the run's row (tx.lock_membership)
+            if target == RunState.CANCELLED:  # before the run's row (locks.lock_membership)
                 lock_membership_of_runs(conn, [run_id])
-            moved = conn.execute(
-                update(_runs)
-                .where(_runs.c.id == run_id, _runs.c.state.in_(sources_of(target)))
-                .values(**values)
-            ).rowcount
+            moved = conn.execute(statements.move_run(run_id, target, values)).rowcount
             if moved and target == RunState.CANCELLED:
                 cancel_orphaned_items(conn, [run_id], now)
             if moved:
@@ -166,11 +140,7 @@ class RunStore:
         now = utcnow()
         with tx.write(self.engine) as conn:
             lock_membership_of_runs(conn, [run_id])  # before the run's row
-            moved = conn.execute(
-                update(_runs)
-                .where(_runs.c.id == run_id, _runs.c.state == RunState.PENDING)
-                .values(state=RunState.CANCELLED, finished_at=now, error_text=reason)
-            ).rowcount
+            moved = conn.execute(statements.abandon_pending_run(run_id, now, reason)).rowcount
             if moved:
                 cancel_orphaned_items(conn, [run_id], now)
         return bool(moved)
@@ -194,8 +164,7 @@ class RunStore:
         works on them now)."""
         return self._members_where(
             run_id,
-            _items.c.state == ItemState.RUNNING,
-            _items.c.lease_expires_at > utcnow(),
+            statements.held_by_live_claim(utcnow()),
             _items.c.claim_owner != owner,
         )
 
@@ -209,7 +178,7 @@ class RunStore:
         take it on."""
         open_sub = exists().where(
             _subs.c.item_pk == _items.c.id,
-            _subs.c.state.in_([s.value for s in OPEN_SUBMISSION_STATES]),
+            _subs.c.state.in_(statements.OPEN),
         )
         return self._members_where(
             run_id,
@@ -313,17 +282,17 @@ def live_memberships(excluding: Sequence[str] = ()) -> Select[tuple[str, int]]:
 
 
 def lock_membership_of_runs(conn: Connection, run_ids: Sequence[str]) -> None:
-    """`tx.lock_membership` for the episodes of these runs (read without locking a row)."""
+    """`locks.lock_membership` for the episodes of these runs (read without locking a row)."""
     if conn.dialect.name != "postgresql" or not run_ids:
         return
     episodes = select(_runs.c.episode_pk).where(_runs.c.id.in_(list(run_ids))).distinct()
-    tx.lock_membership(conn, conn.execute(episodes).scalars())
+    locks.lock_membership(conn, conn.execute(episodes).scalars())
 
 
 def cancel_orphaned_items(conn: Connection, run_ids: Sequence[str], now: datetime) -> int:
     """Terminalize the unstarted children of cancelled runs: their ``pending`` items that no
     other active run includes become ``cancelled``, decided under the runs' episodes'
-    `tx.lock_membership` (a run being created with one of them is seen). Running items stay
+    `locks.lock_membership` (a run being created with one of them is seen). Running items stay
     with their claim holder (its heartbeat sees the cancel and stops; a dead holder's lease
     expires and the sweep fails the item); submissions are never touched (they are the
     ledger's evidence)."""
@@ -336,13 +305,7 @@ def cancel_orphaned_items(conn: Connection, run_ids: Sequence[str], now: datetim
         _items.c.id.not_in(live_elsewhere),
         _items.c.state == ItemState.PENDING,
     )
-    return int(
-        conn.execute(
-            update(_items)
-            .where(tx.in_id_order(_items, orphaned), _items.c.state == ItemState.PENDING)
-            .values(state=ItemState.CANCELLED, finished_at=now)
-        ).rowcount
-    )
+    return int(conn.execute(statements.cancel_orphaned(orphaned, now)).rowcount)
 
 
 def _run(row: Any) -> Run:

@@ -31,14 +31,11 @@ from sqlalchemy import (
     Engine,
     Table,
     and_,
-    literal,
-    or_,
     select,
-    update,
 )
 
 from core.states import ItemState, RunState
-from storage import tx
+from storage import locks, statements, tx
 from storage.admission import DedupPolicy
 from storage.base import utcnow
 from storage.models import ItemRow, RunItemRow, RunRow
@@ -46,7 +43,6 @@ from storage.runs import (
     cancel_orphaned_items,
     live_memberships,
     lock_membership_of_runs,
-    run_alive,
 )
 from storage.tx import retry_outages
 
@@ -75,13 +71,8 @@ class SweepReport:
 
 
 def _expired_run(now: datetime, policy: DedupPolicy) -> ColumnElement[bool]:
-    return and_(_runs.c.state == RunState.RUNNING, ~run_alive(now, policy.fallback_lease_s))
-
-
-def _expired_item(now: datetime) -> ColumnElement[bool]:
     return and_(
-        _items.c.state == ItemState.RUNNING,
-        or_(_items.c.lease_expires_at < now, _items.c.lease_expires_at.is_(None)),
+        _runs.c.state == RunState.RUNNING, ~statements.run_alive(now, policy.fallback_lease_s)
     )
 
 
@@ -116,7 +107,7 @@ def _orphans_locked(conn: Connection) -> list[int]:
     candidates = _orphans(conn)
     if candidates and conn.dialect.name == "postgresql":
         episodes = sorted({episode for _, episode in candidates})
-        tx.lock_membership(conn, episodes)
+        locks.lock_membership(conn, episodes)
         candidates = _orphans(conn, episodes)
     return [pk for pk, _ in candidates]
 
@@ -135,46 +126,17 @@ class Sweeper:
             report,
             "expired_runs",
             select(_runs.c.id).where(expired).order_by(_runs.c.created_at),
-            lambda ids: (
-                update(_runs)
-                .where(_runs.c.id.in_(ids), expired)
-                .values(
-                    state=RunState.FAILED,
-                    finished_at=now,
-                    lease_expires_at=None,
-                    error_text=literal(
-                        "lease expired: no process renewed it (killed?); resume with "
-                        "`episodic runs resume "
-                    )
-                    + _runs.c.id
-                    + literal("`"),
-                )
-                .returning(_runs.c.id)
-            ),
+            lambda ids: statements.fail_expired_runs(ids, expired, now),
             dry_run,
-            before=lock_membership_of_runs,  # before the runs' rows: tx.lock_membership
+            before=lock_membership_of_runs,  # before the runs' rows: locks.lock_membership
             after=lambda conn, ids: cancel_orphaned_items(conn, ids, now),
         )
-        item_expired = _expired_item(now)
+        item_expired = statements.lease_expired(now)
         self._bucket(
             report,
             "expired_items",
             select(_items.c.id).where(item_expired).order_by(_items.c.id),
-            lambda ids: (
-                update(_items)
-                .where(
-                    tx.in_id_order(_items, and_(_items.c.id.in_(ids), item_expired)), item_expired
-                )
-                .values(
-                    state=ItemState.FAILED,
-                    claim_owner=None,
-                    lease_expires_at=None,
-                    finished_at=now,
-                    error_text="lease expired: its worker stopped renewing the claim; "
-                    "a resume continues it (an accepted job is collected, never bought again)",
-                )
-                .returning(_items.c.id)
-            ),
+            lambda ids: statements.fail_expired_items(ids, item_expired, now),
             dry_run,
         )
         stale = _stale_pending(now, policy)
@@ -182,17 +144,7 @@ class Sweeper:
             report,
             "stale_pending_runs",
             select(_runs.c.id).where(stale).order_by(_runs.c.created_at),
-            lambda ids: (
-                update(_runs)
-                .where(_runs.c.id.in_(ids), stale)
-                .values(
-                    state=RunState.CANCELLED,
-                    finished_at=now,
-                    error_text=f"never started within {policy.pending_ttl_s:g} s: "
-                    "cancelled by the sweep",
-                )
-                .returning(_runs.c.id)
-            ),
+            lambda ids: statements.cancel_stale_pending(ids, stale, now, policy.pending_ttl_s),
             dry_run,
         )
         with tx.write(self.engine) if not dry_run else tx.read(self.engine) as conn:
@@ -202,16 +154,9 @@ class Sweeper:
                     int(pk)
                     for chunk in _chunks(orphans)
                     for pk in conn.execute(
-                        update(_items)
-                        .where(
-                            tx.in_id_order(
-                                _items,
-                                and_(_items.c.id.in_(chunk), _items.c.state == ItemState.PENDING),
-                            ),
-                            _items.c.state == ItemState.PENDING,
-                        )
-                        .values(state=ItemState.CANCELLED, finished_at=now)
-                        .returning(_items.c.id)
+                        statements.cancel_orphaned(
+                            and_(_items.c.id.in_(chunk), _items.c.state == ItemState.PENDING), now
+                        ).returning(_items.c.id)
                     ).scalars()
                 ]
         report.moved["orphaned_items"] = orphans

@@ -17,14 +17,14 @@ from __future__ import annotations
 import functools
 import hashlib
 import inspect
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, TypeAlias, TypeVar
 
 from filelock import Timeout as FileLockTimeout
-from sqlalchemy import ColumnElement, Connection, Engine, Table, select
+from sqlalchemy import Connection, Engine, Table
 from sqlalchemy.exc import DBAPIError, OperationalError
 from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential_jitter
 
@@ -194,50 +194,6 @@ def write(engine: Engine, lock: str | None = None) -> Iterator[Connection]:
 def read(engine: Engine) -> Iterator[Connection]:
     with engine.connect() as conn, conn.begin():
         yield conn
-
-
-def lock_membership(conn: Connection, episode_pks: Iterable[int]) -> None:
-    """Serialize this transaction with every other one that changes, or decides from, which
-    runs include the items of these episodes: admitting a run (its memberships, restarting
-    cancelled items, a changed plan) and cancelling the items no live run includes (a run's
-    cancel, abandoning a pending run, the sweep). Taken first: before the fingerprint's
-    lock only, before any run, episode or item row, for several episodes in ascending pk.
-
-    Postgres: one ``pg_advisory_xact_lock`` per episode (re-entrant within a transaction).
-    Without it, under READ COMMITTED, a cancel that read "no live run includes this item"
-    before a new run committed then cancelled that run's items; and two creations
-    restarting the same cancelled items deadlocked (inserting a membership takes a share
-    lock on the item, which the other transaction then needs to update). Taken after a
-    row, it would deadlock with a transaction that holds it and waits for that row (a
-    changed plan locks the episode's row; a new run's foreign key needs a share lock on
-    it). SQLite: its writer lock already serializes them.
-    """
-    if conn.dialect.name != "postgresql":
-        return
-    for pk in sorted(set(episode_pks)):
-        advisory_xact_lock(conn, f"membership:{pk}")
-
-
-def in_id_order(table: Table, which: ColumnElement[bool]) -> ColumnElement[bool]:
-    """`which` for an UPDATE of several rows of `table`, with those rows locked first in
-    ascending ``id`` order (``id IN (SELECT id … ORDER BY id FOR NO KEY UPDATE)`` on Postgres:
-    the lock an UPDATE of non-key columns takes, which leaves foreign-key checks of rows
-    referring to them free; SQLite renders none: its writer lock serializes every writer).
-
-    An UPDATE locks the rows it changes in the order it happens to scan them, so two
-    transactions changing overlapping rows could each hold one the other waits for: a
-    deadlock, one of them aborted after a second. Every statement that locks several item
-    rows takes them in this one order (a dispatcher's claim of several items, a heartbeat's
-    renewal, giving up an owner's items, the sweep), and a transaction that locks a run's
-    row does so before it locks any item row (a cancel and the sweep cancel the run, then
-    its items; a claim decides the run before it locks items; a renewal extends the run's
-    lease first), so none of these waits for another in a cycle. Creating a run (whose
-    membership inserts take share locks on its items before it updates them) and the
-    cancels that decide from membership also hold `lock_membership` first.
-    """
-    return table.c.id.in_(
-        select(table.c.id).where(which).order_by(table.c.id).with_for_update(key_share=True)
-    )
 
 
 def insert_for(conn: Connection, table: Table) -> Any:

@@ -103,7 +103,7 @@ def test_a_lost_connection_makes_the_pool_replace_every_older_one(engine: Engine
     its connection lost, the others are replaced at checkout instead of each failing in turn
     (as SQLAlchemy's own execution does; found by a fresh tester: five stale pooled
     connections failed one after the other on the advisory lock of a locked write)."""
-    from storage.lock import keyed_transaction
+    from storage.locks import keyed_transaction
 
     _an_item(engine, tmp_path)
     held = [engine.connect() for _ in range(5)]  # five connections in the pool

@@ -1,0 +1,378 @@
+"""Every statement that moves a state, named, each labelled with the transition it makes.
+
+A label is the comment line right above a statement::
+
+    # <machine>: <source>, <source> -> <target>
+
+with `machine` one of run, item, submission, episode; ``(new)`` as the source of an insert;
+``(deleted)`` as the target of a delete; ``*`` for a statement whose sources are taken from
+`core.states` for its target (`sources_of`); and a qualifier in parentheses after a state
+(``running(expired)``) that the guard adds. `tests/unit/test_statements.py` parses every
+label here and checks each move against `core.states`, and each move of its tables against
+the labels: the tables are what these statements do.
+
+Each statement is guarded: its ``WHERE`` repeats the source states (and the claim, lease or
+run it depends on), and the caller checks the rowcount, since reading a state in Python and
+then writing it is a race under Postgres READ COMMITTED. The paid path's statements are
+hand-written and run on the bare driver (`storage.dbapi`: through SQLAlchemy Core each cost
+about ten times the driver's own time, bench/ledger.py); the others are SQLAlchemy Core,
+built per call with the values they set. The rooms run them in their transactions, under
+the lock order of `storage.locks`.
+
+`pipeline/check.py` and the reliability oracle keep their own encodings of these rules on
+purpose: an auditor that shares a predicate with the code it audits is blind to a bug in it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Delete,
+    Table,
+    Update,
+    and_,
+    delete,
+    exists,
+    func,
+    literal,
+    or_,
+    select,
+    update,
+)
+
+from core.runs import REPLANNED
+from core.states import (
+    OPEN_SUBMISSION_STATES,
+    UNSETTLED_SUBMISSION_STATES,
+    EpisodeState,
+    ItemState,
+    RunState,
+    SubmissionState,
+    sources_of,
+)
+from storage import installation
+from storage.dbapi import DriverSQL, states_sql
+from storage.locks import in_id_order
+from storage.models import (
+    CostEntryRow,
+    EpisodePlanRow,
+    EpisodeRow,
+    ItemRow,
+    RunItemRow,
+    RunRow,
+    SubmissionRow,
+)
+
+_episodes: Table = EpisodeRow.__table__  # type: ignore[assignment]
+_plans: Table = EpisodePlanRow.__table__  # type: ignore[assignment]
+_runs: Table = RunRow.__table__  # type: ignore[assignment]
+_items: Table = ItemRow.__table__  # type: ignore[assignment]
+_members: Table = RunItemRow.__table__  # type: ignore[assignment]
+_subs: Table = SubmissionRow.__table__  # type: ignore[assignment]
+_costs: Table = CostEntryRow.__table__  # type: ignore[assignment]
+
+OPEN = [s.value for s in OPEN_SUBMISSION_STATES]
+UNSETTLED = [s.value for s in UNSETTLED_SUBMISSION_STATES]
+OPEN_SQL = states_sql(OPEN)
+UNSETTLED_SQL = states_sql(UNSETTLED)
+
+# ------------------------------------------------------------------ shared predicates
+# Each rule once; the rooms compose them into their statements (the SQL they render is the
+# text the rooms wrote before, so the statements' text does not change).
+
+# The claim's liveness in hand-written SQL (`ClaimStore.claim`'s slot count, the proof before
+# a paid call): the item runs under a lease that is live at ``:b_now``.
+LIVE_CLAIM_SQL = "state = 'running' AND lease_expires_at > :b_now"
+
+
+def held_by_live_claim(now: datetime) -> ColumnElement[bool]:
+    """An item running under a claim whose lease is live at `now` (its holder renews it)."""
+    return and_(_items.c.state == ItemState.RUNNING, _items.c.lease_expires_at > now)
+
+
+def lease_expired(now: datetime) -> ColumnElement[bool]:
+    """A running item whose claim lease ran out at `now` (or none was recorded): its holder
+    stopped renewing it, and the item may be taken over or reaped."""
+    return and_(
+        _items.c.state == ItemState.RUNNING,
+        or_(_items.c.lease_expires_at < now, _items.c.lease_expires_at.is_(None)),
+    )
+
+
+def run_alive(now: datetime, fallback_lease_s: float) -> ColumnElement[bool]:
+    """A running run's lease is live: renewed by a heartbeat, or (no lease recorded) its
+    latest sign of life ``COALESCE(heartbeat_at, started_at, created_at)`` is recent."""
+    return or_(
+        _runs.c.lease_expires_at >= now,
+        and_(
+            _runs.c.lease_expires_at.is_(None),
+            func.coalesce(_runs.c.heartbeat_at, _runs.c.started_at, _runs.c.created_at)
+            >= now - timedelta(seconds=fallback_lease_s),
+        ),
+    )
+
+
+def newest_plan_id(conn: Connection, episode_pk: int) -> int | None:
+    """The id of the episode's newest recorded plan (None: none)."""
+    newest = conn.execute(
+        select(func.max(_plans.c.id)).where(_plans.c.episode_pk == episode_pk)
+    ).scalar()
+    return None if newest is None else int(newest)
+
+
+# ------------------------------------------------------------------ runs
+
+
+# run: * -> *
+def move_run(run_id: str, target: RunState, values: dict[str, Any]) -> Update:
+    """The run moves to `target` from any state `core.states` allows (`RunStore.transition_run`)."""
+    return (
+        update(_runs)
+        .where(_runs.c.id == run_id, _runs.c.state.in_(sources_of("run", target)))
+        .values(**values)
+    )
+
+
+# run: pending -> cancelled
+def abandon_pending_run(run_id: str, now: datetime, reason: str) -> Update:
+    """A run that never started is cancelled (its creator was interrupted)."""
+    return (
+        update(_runs)
+        .where(_runs.c.id == run_id, _runs.c.state == RunState.PENDING)
+        .values(state=RunState.CANCELLED, finished_at=now, error_text=reason)
+    )
+
+
+# run: running -> cancelled
+CANCEL_REPLANNED = DriverSQL(
+    f"UPDATE runs SET state = 'cancelled', error_text = '{REPLANNED}', finished_at = :b_now "
+    "WHERE id = :b_run AND state = 'running'"
+)
+"""A running run of a re-planned episode is cancelled by the claim that finds it so."""
+
+# ------------------------------------------------------------------ items
+
+
+# item: pending -> cancelled
+def cancel_orphaned(orphaned: ColumnElement[bool], now: datetime) -> Update:
+    """The pending items among `orphaned` (no live run includes them) are cancelled, locked
+    in id order."""
+    return (
+        update(_items)
+        .where(in_id_order(_items, orphaned), _items.c.state == ItemState.PENDING)
+        .values(state=ItemState.CANCELLED, finished_at=now)
+    )
+
+
+# item: cancelled -> pending
+def restart_cancelled(run_id: str) -> Update:
+    """A cancelled item a new run includes starts over as pending."""
+    restarted = and_(
+        _items.c.id.in_(select(_members.c.item_pk).where(_members.c.run_id == run_id)),
+        _items.c.state == ItemState.CANCELLED,
+    )
+    return (
+        update(_items)
+        .where(in_id_order(_items, restarted), _items.c.state == ItemState.CANCELLED)
+        .values(state=ItemState.PENDING)
+    )
+
+
+_TAKE = (
+    "UPDATE items SET state = 'running', error_text = NULL, claim_owner = :b_owner, "
+    "claim_run_id = :b_run, claim_profile = :b_profile, claim_token = :b_token, "
+    "lease_expires_at = :b_lease, started_at = :b_now, finished_at = NULL"
+)
+# The claim decides, the item row locked, that it may take the item: not completed, and not
+# held by another owner's live lease (`ClaimStore.claim`).
+# item: pending, failed, cancelled, running(expired or its own) -> running
+TAKE_ITEM = DriverSQL(f"{_TAKE} WHERE id = :b_item")
+# The same for a new paid call: the attempt is counted in the same statement.
+# item: pending, failed, cancelled, running(expired or its own) -> running
+TAKE_ITEM_AND_COUNT = DriverSQL(
+    f"{_TAKE}, attempts = attempts + 1 WHERE id = :b_item RETURNING attempts"
+)
+
+# item: running -> completed
+COMPLETE_ITEM = DriverSQL(
+    "UPDATE items SET state = 'completed', error_text = NULL, output_path = :b_path, "
+    "output_sha256 = :b_sha, lease_expires_at = NULL, finished_at = :b_now "
+    "WHERE id = :b_item AND claim_owner = :b_owner AND state = 'running'"
+)
+
+
+# item: running -> failed
+def give_up_items(which: ColumnElement[bool], owner: str, error_text: str, now: datetime) -> Update:
+    """`owner`'s running items among `which` become failed (resumable), locked in id order."""
+    given_up = and_(which, _items.c.claim_owner == owner, _items.c.state == ItemState.RUNNING)
+    return (
+        update(_items)
+        .where(in_id_order(_items, given_up), given_up)
+        .values(
+            state=ItemState.FAILED,
+            error_text=error_text[:2000],
+            finished_at=now,
+            lease_expires_at=None,
+        )
+    )
+
+
+# ------------------------------------------------------------------ submissions
+
+# The client reference is this installation's id, the item's key and the attempt
+# (storage.installation), built from the database's own row in the same statement.
+# submission: (new) -> intent
+INSERT_INTENT = DriverSQL(
+    "INSERT INTO submissions (item_pk, run_id, attempt, client_reference, provider_profile, "
+    "state, forced, created_at) VALUES (:b_item, :b_run, :b_attempt, "
+    f"{installation.REFERENCE_SQL}, :b_profile, 'intent', :b_forced, :b_now) "
+    "RETURNING id, client_reference"
+)
+
+# submission: intent, unknown -> accepted
+ACCEPT = DriverSQL(
+    "UPDATE submissions SET state = 'accepted', remote_ref = :b_remote, error_text = NULL, "
+    f"accepted_at = :b_now WHERE id = :b_sub AND {UNSETTLED_SQL}"
+)
+
+# submission: accepted -> succeeded
+SUCCEED = DriverSQL(
+    "UPDATE submissions SET state = 'succeeded', finished_at = :b_now "
+    "WHERE id = :b_sub AND state = 'accepted'"
+)
+
+
+# submission: intent, unknown -> unknown
+def mark_unknown(submission_pk: int, reason: str) -> Update:
+    """The call's outcome is not known (a reply lost, a lookup that found nothing)."""
+    return (
+        update(_subs)
+        .where(_subs.c.id == submission_pk, _subs.c.state.in_(UNSETTLED))
+        .values(state=SubmissionState.UNKNOWN, error_text=reason[:2000])
+    )
+
+
+# submission: intent, unknown -> failed
+def refuse(submission_pk: int, reason: str, now: datetime) -> Update:
+    """The call provably created nothing (the provider refused it, or an operator abandons an
+    unknown)."""
+    return (
+        update(_subs)
+        .where(_subs.c.id == submission_pk, _subs.c.state.in_(UNSETTLED))
+        .values(state=SubmissionState.FAILED, error_text=reason[:2000], finished_at=now)
+    )
+
+
+# submission: intent, accepted, unknown -> failed
+def close_failed(submission_pk: int, reason: str, now: datetime) -> Update:
+    """The provider reports the job failed."""
+    return (
+        update(_subs)
+        .where(_subs.c.id == submission_pk, _subs.c.state.in_(OPEN))
+        .values(state=SubmissionState.FAILED, error_text=reason[:2000], finished_at=now)
+    )
+
+
+# submission: intent -> (deleted)
+def withdraw_intent(submission_pk: int) -> Delete:
+    """An intent whose call provably never left the machine, and that has no cost."""
+    return delete(_subs).where(
+        _subs.c.id == submission_pk,
+        _subs.c.state == SubmissionState.INTENT,
+        ~exists().where(_costs.c.submission_pk == submission_pk),
+    )
+
+
+# submission: intent -> (deleted)
+def withdraw_unreceived(item_pk: int, attempt: int, since: datetime) -> Delete:
+    """The item's intent of paid call `attempt`, made at `since` or later (a claim whose reply
+    was lost), that has no cost."""
+    return delete(_subs).where(
+        _subs.c.item_pk == item_pk,
+        _subs.c.state == SubmissionState.INTENT,
+        _subs.c.attempt == attempt,
+        _subs.c.created_at >= since,
+        ~exists().where(_costs.c.submission_pk == _subs.c.id),
+    )
+
+
+# ------------------------------------------------------------------ episodes
+
+
+# episode: * -> *
+def set_episode_state(
+    episode_pk: int, allowed: Sequence[str], target: EpisodeState, now: datetime
+) -> Update:
+    """The episode moves to `target` from one of `allowed` (`sources_of` for it, or the one
+    source a caller names)."""
+    return (
+        update(_episodes)
+        .where(_episodes.c.id == episode_pk, _episodes.c.state.in_(allowed))
+        .values(state=target, updated_at=now)
+    )
+
+
+# ------------------------------------------------------------------ the sweep's buckets
+# Each repeats its selection condition (`expired`, `stale`), so two sweeps at once, or a sweep
+# racing a worker that just renewed its lease, never move a row twice or move a live one.
+
+
+# run: running(expired) -> failed
+def fail_expired_runs(ids: Sequence[Any], expired: ColumnElement[bool], now: datetime) -> Update:
+    """Running runs whose lease expired (no process renews it) fail, resumable."""
+    return (
+        update(_runs)
+        .where(_runs.c.id.in_(ids), expired)
+        .values(
+            state=RunState.FAILED,
+            finished_at=now,
+            lease_expires_at=None,
+            error_text=literal(
+                "lease expired: no process renewed it (killed?); resume with `episodic runs resume "
+            )
+            + _runs.c.id
+            + literal("`"),
+        )
+        .returning(_runs.c.id)
+    )
+
+
+# item: running(expired) -> failed
+def fail_expired_items(ids: Sequence[Any], expired: ColumnElement[bool], now: datetime) -> Update:
+    """Running items whose claim lease expired fail (claim cleared; an open submission stays
+    as it is: an accepted job keeps its reference and a resume collects it)."""
+    return (
+        update(_items)
+        .where(in_id_order(_items, and_(_items.c.id.in_(ids), expired)), expired)
+        .values(
+            state=ItemState.FAILED,
+            claim_owner=None,
+            lease_expires_at=None,
+            finished_at=now,
+            error_text="lease expired: its worker stopped renewing the claim; "
+            "a resume continues it (an accepted job is collected, never bought again)",
+        )
+        .returning(_items.c.id)
+    )
+
+
+# run: pending(stale) -> cancelled
+def cancel_stale_pending(
+    ids: Sequence[Any], stale: ColumnElement[bool], now: datetime, pending_ttl_s: float
+) -> Update:
+    """Pending runs older than the pending TTL (never started) are cancelled."""
+    return (
+        update(_runs)
+        .where(_runs.c.id.in_(ids), stale)
+        .values(
+            state=RunState.CANCELLED,
+            finished_at=now,
+            error_text=f"never started within {pending_ttl_s:g} s: cancelled by the sweep",
+        )
+        .returning(_runs.c.id)
+    )
