@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import json
 import sys
 from collections.abc import Iterator
@@ -54,6 +55,8 @@ class Import:
     alias: str
     line: int
     in_function: bool
+    type_only: bool = False  # under ``if TYPE_CHECKING:``: never runs, closes no cycle
+    package_read: bool = False  # the package edge of ``from pkg import mod``
 
 
 @dataclass(frozen=True)
@@ -81,15 +84,47 @@ def product_modules(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> 
     return found
 
 
-def _parse(path: Path) -> ast.Module:
+@functools.cache
+def parse(path: Path) -> ast.Module:
+    """`path`'s syntax tree, parsed once per process (the rules read each module often)."""
     return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
 
 
-def _walk(node: ast.AST, in_function: bool = False) -> Iterator[tuple[ast.AST, bool]]:
+def _is_type_checking(node: ast.AST) -> bool:
+    if not isinstance(node, ast.If):
+        return False
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _walk(
+    node: ast.AST, in_function: bool = False, type_only: bool = False
+) -> Iterator[tuple[ast.AST, bool, bool]]:
+    """Every node below `node`, with whether it is in a function and type-checking only."""
     for child in ast.iter_child_nodes(node):
-        inner = in_function or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef)
-        yield child, in_function
-        yield from _walk(child, inner)
+        yield child, in_function, type_only
+        if _is_type_checking(child):
+            assert isinstance(child, ast.If)
+            for inner in child.body:
+                yield inner, in_function, True
+                yield from _walk(inner, in_function, True)
+            for inner in child.orelse:
+                yield inner, in_function, type_only
+                yield from _walk(inner, in_function, type_only)
+            continue
+        function = isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef)
+        yield from _walk(child, in_function or function, type_only)
+
+
+def _from_parent(module: str, is_package: bool, node: ast.ImportFrom) -> str:
+    """The module a ``from ... import`` statement imports from, relative forms resolved."""
+    if not node.level:
+        return node.module or ""
+    base = module.split(".") if is_package else module.split(".")[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join([*base, *([node.module] if node.module else [])])
 
 
 def imports_of(module: str, path: Path, known: set[str] | dict[str, Path]) -> list[Import]:
@@ -99,24 +134,37 @@ def imports_of(module: str, path: Path, known: set[str] | dict[str, Path]) -> li
     """
     is_package = path.name == "__init__.py"
     found: list[Import] = []
-    for node, in_function in _walk(_parse(path)):
+    for node, in_function, type_only in _walk(parse(path)):
+        if not isinstance(node, ast.Import | ast.ImportFrom):
+            continue
+
+        def add(target: str, name: str | None, alias: str, *, package_read: bool = False) -> None:
+            found.append(
+                Import(
+                    module,
+                    target,
+                    name,
+                    alias,
+                    node.lineno,
+                    in_function,
+                    type_only,
+                    package_read,
+                )
+            )
+
         if isinstance(node, ast.Import):
             for alias in node.names:
-                bound = alias.asname or alias.name.split(".")[0]
-                found.append(Import(module, alias.name, None, bound, node.lineno, in_function))
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = module.split(".") if is_package else module.split(".")[:-1]
-                base = base[: len(base) - (node.level - 1)]
-                parent = ".".join([*base, *([node.module] if node.module else [])])
+                add(alias.name, None, alias.asname or alias.name.split(".")[0])
+            continue
+        parent = _from_parent(module, is_package, node)
+        for alias in node.names:
+            bound = alias.asname or alias.name
+            sub = f"{parent}.{alias.name}"
+            if sub in known:  # the package is read too: a package-init cycle shows
+                add(sub, None, bound)
+                add(parent, alias.name, bound, package_read=True)
             else:
-                parent = node.module or ""
-            for alias in node.names:
-                bound = alias.asname or alias.name
-                sub = f"{parent}.{alias.name}"
-                if sub in known:  # the package is read too: a package-init cycle shows
-                    found.append(Import(module, sub, None, bound, node.lineno, in_function))
-                found.append(Import(module, parent, alias.name, bound, node.lineno, in_function))
+                add(parent, alias.name, bound)
     return found
 
 
@@ -125,7 +173,7 @@ def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {name: set() for name in modules}
     for name, path in modules.items():
         for imp in imports_of(name, path, modules):
-            if imp.target in modules and imp.target != name:
+            if imp.target in modules and imp.target != name and not imp.type_only:
                 graph[name].add(imp.target)
     return graph
 
@@ -215,7 +263,7 @@ def functions_of(module: str, path: Path) -> list[Function]:
             else:
                 visit(child, prefix)
 
-    visit(_parse(path), "")
+    visit(parse(path), "")
     return found
 
 
