@@ -39,9 +39,11 @@ A statement belongs to the test running when it was issued; set-up of a fixture 
 a function (a template database) belongs to ``<fixture NAME>``, so which test of a worker
 happens to come first does not move statements between tests.
 
-Normalised (`normalise`): whitespace collapsed; an expanded ``IN (...)`` list and repeated
-``VALUES`` rows become one marker; uuids, uuid-hex suffixes of names (test databases) and
-temporary paths become markers. Literal state names stay, they are what the proof is about.
+Normalised (`normalise`): whitespace collapsed; an expanded ``IN (...)`` list and parameter
+``VALUES`` rows (any batch size) become one marker; uuids, uuid-hex suffixes of names (test
+databases) and temporary paths become markers; a ``CREATE TABLE``'s constraints are sorted
+(SQLAlchemy emits them in hash-seed order). Literal state names stay: they are what the
+proof is about.
 
 Files: one ``<xdist worker>.json`` per test process (``{test: {backend: [statement]}}``),
 one ``child-<pid>.jsonl`` per child process (one line per first sighting).
@@ -90,9 +92,37 @@ def _rows(match: re.Match[str]) -> str:
     return "VALUES <rows>" if _HAS_PLACEHOLDER.search(match.group(0)) else match.group(0)
 
 
+_CREATE_TABLE = re.compile(r"^(CREATE TABLE \S+ \( )(.*)( \))$", re.S)
+_TABLE_CONSTRAINT = re.compile(r"^(CONSTRAINT|PRIMARY KEY|FOREIGN KEY|UNIQUE|CHECK)\b")
+
+
+def _split_top_level(text: str) -> list[str]:
+    parts, depth, start = [], 0, 0
+    for at, char in enumerate(text):
+        depth += (char == "(") - (char == ")")
+        if char == "," and depth == 0:
+            parts.append(text[start:at].strip())
+            start = at + 1
+    parts.append(text[start:].strip())
+    return parts
+
+
+def _constraints_sorted(text: str) -> str:
+    """A ``CREATE TABLE`` with its table constraints in a stable order: SQLAlchemy emits them
+    in a set's order, which moves with the process's hash seed (Alembic's SQLite batch
+    migrations showed it). The columns keep their order."""
+    match = _CREATE_TABLE.match(text)
+    if match is None:
+        return text
+    elements = _split_top_level(match.group(2))
+    columns = [e for e in elements if not _TABLE_CONSTRAINT.match(e)]
+    constraints = sorted(e for e in elements if _TABLE_CONSTRAINT.match(e))
+    return f"{match.group(1)}{', '.join(columns + constraints)}{match.group(3)}"
+
+
 def normalise(sql: str) -> str:
     """`sql` with what varies between identical runs replaced by markers (see the module)."""
-    text = " ".join(sql.split())
+    text = _constraints_sorted(" ".join(sql.split()))
     text = _IN_LIST.sub("IN (<list>)", text)
     text = _VALUES_ROWS.sub(_rows, text)
     text = _UUID.sub("<uuid>", text)
@@ -312,19 +342,22 @@ def pytest_configure(config: Any) -> None:
 
 
 def load(directory: Path) -> Log:
-    """A recording: the union of its processes' files."""
+    """A recording: the union of its processes' files, normalised again (so a recording
+    made by an older `normalise` compares under this one)."""
     log: Log = {}
     if not directory.is_dir():
         raise SystemExit(f"sqllog: no recording at {directory}")
     for path in sorted(directory.glob("*.json")):
         for test, by in json.loads(path.read_text()).items():
             for backend, stmts in by.items():
-                log.setdefault(test, {}).setdefault(backend, set()).update(stmts)
+                log.setdefault(test, {}).setdefault(backend, set()).update(map(normalise, stmts))
     for path in sorted(directory.glob("child-*.jsonl")):
         for raw in path.read_text().splitlines():
             if raw.strip():
                 line = json.loads(raw)
-                log.setdefault(line["test"], {}).setdefault(line["backend"], set()).add(line["sql"])
+                log.setdefault(line["test"], {}).setdefault(line["backend"], set()).add(
+                    normalise(line["sql"])
+                )
     return log
 
 

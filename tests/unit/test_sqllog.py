@@ -94,3 +94,12 @@ def test_a_test_missing_after_is_a_diff(tmp_path: Path) -> None:
     before = _recording(tmp_path / "before", BASE)
     after = _recording(tmp_path / "after", {"t.py::a[sqlite]": BASE["t.py::a[sqlite]"]})
     assert sqllog.main(["compare", str(before), str(after)]) == 1
+
+
+def test_a_create_tables_constraints_compare_in_any_order() -> None:
+    fk, pk = "CONSTRAINT fk_b FOREIGN KEY(b) REFERENCES u (id)", "CONSTRAINT pk_t PRIMARY KEY (a)"
+    one = f"CREATE TABLE t ( a INT, b INT, {fk}, {pk} )"
+    two = f"CREATE TABLE t ( a INT, b INT, {pk}, {fk} )"
+    assert sqllog.normalise(one) == sqllog.normalise(two)
+    swapped = f"CREATE TABLE t ( b INT, a INT, {pk}, {fk} )"
+    assert sqllog.normalise(swapped) != sqllog.normalise(one)  # the columns keep their order
