@@ -68,7 +68,7 @@ from typing import Any
 
 ENV = "EPISODIC_SQL_LOG"
 CHILD_ENV = "SQLLOG_CHILD_DIR"
-BARE_DRIVER_MODULE = "storage.hot"
+BARE_DRIVER_MODULE = "storage.dbapi"  # storage.hot on 7b46ebf (its copy there says so)
 BARE_DRIVER_FUNCTIONS = ("fetch_one", "fetch_all", "rowcount")
 SITE_DIR = Path(__file__).with_name("sqllog_site")
 OUTSIDE = "<session>"
@@ -185,7 +185,7 @@ def _on_cursor_execute(
 
 
 def _bare_driver_sql(conn: Any, statement: Any) -> str:
-    """The text the bare-driver path sends for `statement` (a `storage.hot.Hot`)."""
+    """The text the bare-driver path sends for `statement` (a `storage.dbapi.DriverSQL`)."""
     if conn.dialect.name == "sqlite":
         return str(getattr(statement, "sqlite", statement))
     return str(getattr(statement, "pg", statement))
