@@ -7,14 +7,26 @@ import threading
 from sqlalchemy import Engine
 
 from core.settings import Settings
+from storage.engine import make_engine
+from storage.schema import ensure_schema
 
 _engines: dict[tuple[str, bool], Engine] = {}
 _guard = threading.Lock()
 
 
-def engine_for(settings: Settings, *, read_only: bool = False) -> Engine:
-    from storage import open_engine
+def open_engine(settings: Settings, *, read_only: bool = False) -> Engine:
+    """A new engine for ``settings``, its schema at head.
 
+    The embedded default (SQLite) is migrated automatically; a server database must be
+    upgraded explicitly with `episodic db upgrade` (its schema is an operator's decision).
+    """
+    engine = make_engine(settings.url, read_only=read_only)
+    ensure_schema(engine, auto_upgrade=engine.dialect.name == "sqlite" and not read_only)
+    return engine
+
+
+def engine_for(settings: Settings, *, read_only: bool = False) -> Engine:
+    """The process's one engine for ``settings`` (and `read_only`), opened on first use."""
     key = (settings.url, read_only)
     with _guard:
         engine = _engines.get(key)

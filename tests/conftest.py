@@ -20,7 +20,13 @@ from sqlalchemy import Engine  # noqa: E402
 
 from storage.engine import make_engine  # noqa: E402
 from storage.registry import dispose_all  # noqa: E402
+from tests import sqllog  # noqa: E402
 from tests.databases import PostgresDatabases, SqliteDatabases, require_postgres  # noqa: E402
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    sqllog.pytest_configure(config)  # the SQL log, inert unless EPISODIC_SQL_LOG is set
+
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 

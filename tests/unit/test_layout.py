@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from bench import house
+
 ROOT = Path(__file__).resolve().parents[2]
 RANK = {
     "core": 0,
@@ -68,3 +70,166 @@ def test_the_rules_see_a_violation() -> None:
     """The reader is not vacuous: it finds this module's own imports."""
     mine = imported_packages("tests/unit")["tests/unit/test_layout.py"]
     assert {"ast", "pytest", "pathlib"} <= mine
+
+
+# ---------------------------------------------------------------------------- the house (issue 29)
+#
+# The rules below read the module graph of bench/house.py (function-level imports count).
+# Each has a KNOWN set: the debt of the tree these rules were written on, paid off module by
+# module. A rule fails on any violation not in KNOWN, and its companion fails on a KNOWN
+# entry that is no longer a violation (remove it: the list only shrinks).
+
+MAX_MODULE_LINES = house.TOO_LONG_MODULE
+ENGINE_FACTORY = "storage.registry"  # what flows may use of storage: the engine per URL
+
+
+def _graph_imports(root: Path = ROOT) -> list[house.Import]:
+    modules = house.product_modules(root)
+    return [
+        imp
+        for name, path in modules.items()
+        for imp in house.imports_of(name, path, modules)
+        if not imp.package_read
+    ]
+
+
+def cyclic_modules(root: Path = ROOT) -> set[str]:
+    """Modules in an import cycle (a strongly connected component of more than one)."""
+    graph = house.import_graph(house.product_modules(root))
+    return {module for component in house.cycles(graph) for module in component}
+
+
+def _in(module: str, package: str) -> bool:
+    return module == package or module.startswith(f"{package}.")
+
+
+def flows_reaching_into_storage(root: Path = ROOT) -> set[tuple[str, str]]:
+    """``(flows module, storage module)`` for every storage import but the engine factory."""
+    return {
+        (imp.source, imp.target)
+        for imp in _graph_imports(root)
+        if _in(imp.source, "flows") and _in(imp.target, "storage") and imp.target != ENGINE_FACTORY
+    }
+
+
+def pipeline_using_the_database(root: Path = ROOT) -> set[tuple[str, str]]:
+    """``(pipeline module, storage.models | sqlalchemy)`` for each such import."""
+    found: set[tuple[str, str]] = set()
+    for imp in _graph_imports(root):
+        if not _in(imp.source, "pipeline"):
+            continue
+        if _in(imp.target, "sqlalchemy"):
+            found.add((imp.source, "sqlalchemy"))
+        elif _in(imp.target, "storage.models"):
+            found.add((imp.source, "storage.models"))
+    return found
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def private_imports(root: Path = ROOT) -> set[tuple[str, str]]:
+    """``(module, other.module._name)``: a private name of another product module, imported
+    (``from m import _x``, a private module) or reached through an imported module
+    (``m._x``)."""
+    modules = house.product_modules(root)
+    found: set[tuple[str, str]] = set()
+    for name, path in modules.items():
+        bound: dict[str, str] = {}
+        for imp in house.imports_of(name, path, modules):
+            if imp.package_read or imp.target not in modules or imp.target == name:
+                continue
+            if imp.name is not None and _private(imp.name):
+                found.add((name, f"{imp.target}.{imp.name}"))
+            elif _private(imp.target.rsplit(".", 1)[-1]) and not _in(
+                name, imp.target.rsplit(".", 1)[0]
+            ):  # a private module, from outside its package
+                found.add((name, imp.target))
+            if imp.name is None:
+                top = imp.target.split(".")[0]
+                bound[imp.alias] = imp.target if imp.alias != top else top
+        bound = {alias: target for alias, target in bound.items() if target in modules}
+        for node in ast.walk(house.parse(path)):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in bound
+                and _private(node.attr)
+            ):
+                found.add((name, f"{bound[node.value.id]}.{node.attr}"))
+    return found
+
+
+def long_modules(root: Path = ROOT) -> set[str]:
+    modules = house.product_modules(root)
+    return {name for name, path in modules.items() if house.line_count(path) > MAX_MODULE_LINES}
+
+
+# The debt on main after issue 29's rooms landed. What is left: `pipeline` modules that take
+# an engine handle import its type (``from sqlalchemy import Engine``).
+KNOWN_CYCLIC: set[str] = set()
+KNOWN_FLOWS_IN_STORAGE: set[tuple[str, str]] = set()
+KNOWN_PIPELINE_DATABASE = {
+    ("pipeline.approval", "sqlalchemy"),
+    ("pipeline.assembly", "sqlalchemy"),
+    ("pipeline.check", "sqlalchemy"),
+    ("pipeline.dispatch", "sqlalchemy"),
+    ("pipeline.flow_links", "sqlalchemy"),
+    ("pipeline.gate", "sqlalchemy"),
+    ("pipeline.legacy", "sqlalchemy"),
+}
+KNOWN_PRIVATE_IMPORTS: set[tuple[str, str]] = set()
+KNOWN_LONG_MODULES: set[str] = set()
+
+HOUSE_RULES = {
+    "import cycle": (cyclic_modules, KNOWN_CYCLIC),
+    "flows beyond the engine factory": (flows_reaching_into_storage, KNOWN_FLOWS_IN_STORAGE),
+    "pipeline on storage.models or sqlalchemy": (
+        pipeline_using_the_database,
+        KNOWN_PIPELINE_DATABASE,
+    ),
+    "another module's private name": (private_imports, KNOWN_PRIVATE_IMPORTS),
+    f"module over {MAX_MODULE_LINES} lines": (long_modules, KNOWN_LONG_MODULES),
+}
+
+
+@pytest.mark.parametrize("rule", sorted(HOUSE_RULES))
+def test_no_new_violation_of_the_house_rules(rule: str) -> None:
+    find, known = HOUSE_RULES[rule]
+    assert sorted(find() - known) == []  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("rule", sorted(HOUSE_RULES))
+def test_every_known_violation_is_still_one(rule: str) -> None:
+    """A paid-off entry leaves its KNOWN set, so the debt can only shrink."""
+    find, known = HOUSE_RULES[rule]
+    assert sorted(known - find()) == []  # type: ignore[operator]
+
+
+def test_the_house_rules_see_a_violation(tmp_path: Path) -> None:
+    """Each reader finds its violation in a small tree: a function-level import cycle
+    through a package ``__init__``, flows using a store, pipeline using SQLAlchemy, a
+    private name imported and one reached through a module, a long module."""
+    files = {
+        "storage/__init__.py": "from storage.engine import make\n",
+        "storage/engine.py": "def make():\n    from storage import tx\n",
+        "storage/tx.py": "",
+        "storage/registry.py": "def engine_for(): ...\n",
+        "storage/runs.py": "def _hidden(): ...\n",
+        "flows/review.py": "from storage.registry import engine_for\nfrom storage import runs\n",
+        "pipeline/check.py": "import sqlalchemy.orm\nfrom storage.runs import _hidden\n",
+        "pipeline/legacy.py": "from ..storage import runs\nruns._hidden()\n",
+        "cli/app.py": "x = 1\n" * (MAX_MODULE_LINES + 1),
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert cyclic_modules(tmp_path) == {"storage", "storage.engine"}
+    assert flows_reaching_into_storage(tmp_path) == {("flows.review", "storage.runs")}
+    assert pipeline_using_the_database(tmp_path) == {("pipeline.check", "sqlalchemy")}
+    assert private_imports(tmp_path) == {
+        ("pipeline.check", "storage.runs._hidden"),
+        ("pipeline.legacy", "storage.runs._hidden"),
+    }
+    assert long_modules(tmp_path) == {"cli.app"}
