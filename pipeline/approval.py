@@ -16,8 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine
-
 from core.errors import CommandNotAllowed, ImageNotAsPaid, ImagesChangedSinceShown, InvalidInput
 from core.hints import hint
 from core.ids import EpisodeId
@@ -30,6 +28,7 @@ from storage.episodes import EpisodeRepository
 from storage.ledger import LedgerStore, completed_outputs
 from storage.locks import keyed_transaction
 from storage.plans import PlanStore
+from storage.tx import Database
 
 
 def validate_person(name: str, what: str = "--by") -> str:
@@ -45,14 +44,14 @@ def approval_digest(items: dict[str, str]) -> str:
     return hashlib.sha256(json.dumps(items, sort_keys=True).encode()).hexdigest()
 
 
-def review_set(engine: Engine, pipeline: str, episode_id: str) -> list[dict[str, Any]]:
+def review_set(engine: Database, pipeline: str, episode_id: str) -> list[dict[str, Any]]:
     """The images a decision is about: the current plan's completed images, in plan order,
     each file checked against its recorded sha256 (what the approval form shows)."""
     return planned_outputs(engine, open_gate(engine, pipeline, episode_id, "approve"))
 
 
 def decide(
-    engine: Engine,
+    engine: Database,
     pipeline: str,
     episode_id: str,
     *,
@@ -175,7 +174,7 @@ def decision_stands_hint(episode_id: str, state: str) -> str:
     )
 
 
-def rejection_note(engine: Engine, episode_pk: int, episode_id: str) -> str | None:
+def rejection_note(engine: Database, episode_pk: int, episode_id: str) -> str | None:
     """For a rejected episode, the clause a command that changed nothing adds to its answer
     (`E stays rejected (by bob at …: too dark): …`); None for any other state."""
     decided = ApprovalStore(engine).latest_decision(episode_pk)
@@ -201,7 +200,7 @@ def _picks_text(picks: dict[str, int]) -> str:
 
 
 def reopen(
-    engine: Engine, pipeline: str, episode_id: str, *, by: str, reason: str
+    engine: Database, pipeline: str, episode_id: str, *, by: str, reason: str
 ) -> dict[str, Any]:
     """Undo a decision, recording who and why: an approved or assembled episode's plan is
     unfrozen and its approval reset; a rejected episode's images may be reviewed again as
@@ -228,7 +227,7 @@ def reopen(
     return {"episode_id": gate.episode_id, "state": "allocated", "changed": moved, "from": state}
 
 
-def planned_outputs(engine: Engine, gate: GatePass) -> list[dict[str, Any]]:
+def planned_outputs(engine: Database, gate: GatePass) -> list[dict[str, Any]]:
     """The current plan's completed images, each file checked against its recorded sha256."""
     recorded = PlanStore(engine).latest_plan(gate.episode_pk)
     if recorded is None:
@@ -276,7 +275,7 @@ def image_not_as_paid(episode_id: str, label: str, path: Path, what: str) -> Ima
     )
 
 
-def waiting_state(engine: Engine, pipeline: str, episode_id: str) -> str:
+def waiting_state(engine: Database, pipeline: str, episode_id: str) -> str:
     """The episode's state, refused (`CommandNotAllowed`) unless it waits for a decision
     or has one (generated, approved, rejected, assembled)."""
     state = EpisodeRepository(engine).get(pipeline, EpisodeId.parse(episode_id)).state
@@ -293,7 +292,7 @@ class ApprovalContext:
     Each method reads (or decides) when it is called: nothing is cached, since the episode
     may be decided elsewhere while the flow waits."""
 
-    engine: Engine
+    engine: Database
     pipeline: str
     episode_id: str
     episode_pk: int
@@ -337,7 +336,7 @@ class ApprovalContext:
             yield
 
 
-def approval_context(engine: Engine, pipeline: str, episode_id: str) -> ApprovalContext:
+def approval_context(engine: Database, pipeline: str, episode_id: str) -> ApprovalContext:
     """The context of `episode_id` (its row key read once)."""
     return ApprovalContext(
         engine, pipeline, episode_id, EpisodeRepository(engine).episode_pk(pipeline, episode_id)

@@ -14,8 +14,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine
-
 from core.errors import CommandNotAllowed, InvalidInput
 from core.hints import hint
 from core.playlist import check_picks, item_label
@@ -26,11 +24,14 @@ from pipeline.gate import open_gate
 from pipeline.media import write_atomically
 from storage.approvals import ApprovalStore
 from storage.episodes import EpisodeRepository
+from storage.tx import Database
 
 THUMB = 128
 
 
-def assemble(engine: Engine, settings: Settings, pipeline: str, episode_id: str) -> dict[str, Any]:
+def assemble(
+    engine: Database, settings: Settings, pipeline: str, episode_id: str
+) -> dict[str, Any]:
     """Compose the cover and the manifest of an approved episode; record their hashes."""
     gate = open_gate(engine, pipeline, episode_id, "assemble")
     review = ApprovalStore(engine)

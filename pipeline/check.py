@@ -22,8 +22,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine
-
 from core.errors import EpisodicError, InvalidInput
 from core.ids import EpisodeId
 from core.keys import SlotKey
@@ -43,6 +41,7 @@ from storage.audit import (
     snapshot,
 )
 from storage.base import utcnow
+from storage.tx import Database
 
 NEEDS_ALL_IMAGES = {EpisodeState.GENERATED, EpisodeState.APPROVED, EpisodeState.ASSEMBLED}
 
@@ -64,7 +63,7 @@ _STOPPED_BY_CANCEL = frozenset({"canceled", "cancelled", "cancellation_requested
 
 
 def check_episodes(
-    engine: Engine,
+    engine: Database,
     pipeline: str,
     episode_id: str | None = None,
     policy: DedupPolicy | None = None,
@@ -85,7 +84,7 @@ def check_episodes(
 
 
 def schedule_warnings(
-    engine: Engine, pipeline: str, episode_id: str | None = None
+    engine: Database, pipeline: str, episode_id: str | None = None
 ) -> list[Finding]:
     """Slots of the pipeline that more than one deployment asked for: two deployments of
     the weekly flow schedule one pipeline (a copy, a renamed one left behind). Each slot is
@@ -131,7 +130,7 @@ def schedule_warnings(
     return out
 
 
-def _check_one(engine: Engine, episode: EpisodeRecord, policy: DedupPolicy) -> list[Finding]:
+def _check_one(engine: Database, episode: EpisodeRecord, policy: DedupPolicy) -> list[Finding]:
     eid = episode.episode_id
     out: list[Finding] = []
 

@@ -14,8 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from sqlalchemy import Engine
-
 from core.episodes import Episode
 from core.errors import ProviderConfigError
 from core.ids import EpisodeId
@@ -23,6 +21,7 @@ from providers.base import Provider
 from providers.profiles import Profile
 from providers.registry import build_client
 from storage.episodes import EpisodeRepository
+from storage.tx import Database
 
 _GATE_TOKEN = object()
 PAID_COMMANDS = frozenset({"generate", "retry", "resume"})
@@ -43,7 +42,7 @@ class GatePass:
         return str(self.episode.episode_id)
 
 
-def open_gate(engine: Engine, pipeline: str, episode_id: str, command: str) -> GatePass:
+def open_gate(engine: Database, pipeline: str, episode_id: str, command: str) -> GatePass:
     """Parse the id (exit 2), load the episode (exit 5), check the command is allowed."""
     parsed = EpisodeId.parse(episode_id)
     episode, pk = EpisodeRepository(engine).locate(pipeline, parsed)

@@ -28,7 +28,6 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from sqlalchemy import Engine
 
 from core.documents import DocumentError, parse_json, read_text
 from core.errors import InvalidInput
@@ -54,6 +53,7 @@ from storage.legacy import (
     record_import,
     top_sequence,
 )
+from storage.tx import Database
 
 TOOL_VERSION = "episodic-migrate-legacy/1"
 _ID = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
@@ -200,7 +200,7 @@ def _verify(folder: Path, name: str, sha256: str, where: str) -> None:
 
 
 def migrate(
-    engine: Engine, settings: Settings, pipeline: str, root: Path, *, apply: bool
+    engine: Database, settings: Settings, pipeline: str, root: Path, *, apply: bool
 ) -> list[dict[str, Any]]:
     """Dry run (default) or apply; returns one line of plan/result per legacy week."""
     episodes = read_layout(root)
@@ -236,7 +236,7 @@ def migrate(
     return report
 
 
-def _refuse_known_jobs(engine: Engine, pending: list[LegacyEpisode]) -> None:
+def _refuse_known_jobs(engine: Database, pending: list[LegacyEpisode]) -> None:
     """A remote reference some earlier import recorded (from another folder tree) is the same
     provider job: importing it again would record one paid image twice. Refused before
     anything is written."""
@@ -250,12 +250,12 @@ def _refuse_known_jobs(engine: Engine, pending: list[LegacyEpisode]) -> None:
             )
 
 
-def _next_id(engine: Engine, pipeline: str, week: str) -> str:
+def _next_id(engine: Database, pipeline: str, week: str) -> str:
     top = top_sequence(engine, pipeline, week)
     return f"{week}-{0 if top is None else top + 1}"
 
 
-def _import(engine: Engine, settings: Settings, pipeline: str, legacy: LegacyEpisode) -> str:
+def _import(engine: Database, settings: Settings, pipeline: str, legacy: LegacyEpisode) -> str:
     allocation = allocate(engine, pipeline, WeekId.parse(legacy.legacy_id), legacy.allocation_key)
     episode_id = str(allocation.episode.episode_id)
     pk = EpisodeRepository(engine).episode_pk(pipeline, episode_id)

@@ -72,12 +72,11 @@ def test_the_rules_see_a_violation() -> None:
     assert {"ast", "pytest", "pathlib"} <= mine
 
 
-# ---------------------------------------------------------------------------- the house (issue 29)
+# ---------------------------------------------------------------------------- the house
 #
 # The rules below read the module graph of bench/house.py (function-level imports count).
-# Each has a KNOWN set: the debt of the tree these rules were written on, paid off module by
-# module. A rule fails on any violation not in KNOWN, and its companion fails on a KNOWN
-# entry that is no longer a violation (remove it: the list only shrinks).
+# Each rule holds with no exception; `test_the_house_rules_see_a_violation` proves each
+# reader finds its violation in a small tree.
 
 MAX_MODULE_LINES = house.TOO_LONG_MODULE
 ENGINE_FACTORY = "storage.registry"  # what flows may use of storage: the engine per URL
@@ -166,45 +165,18 @@ def long_modules(root: Path = ROOT) -> set[str]:
     return {name for name, path in modules.items() if house.line_count(path) > MAX_MODULE_LINES}
 
 
-# The debt on main after issue 29's rooms landed. What is left: `pipeline` modules that take
-# an engine handle import its type (``from sqlalchemy import Engine``).
-KNOWN_CYCLIC: set[str] = set()
-KNOWN_FLOWS_IN_STORAGE: set[tuple[str, str]] = set()
-KNOWN_PIPELINE_DATABASE = {
-    ("pipeline.approval", "sqlalchemy"),
-    ("pipeline.assembly", "sqlalchemy"),
-    ("pipeline.check", "sqlalchemy"),
-    ("pipeline.dispatch", "sqlalchemy"),
-    ("pipeline.flow_links", "sqlalchemy"),
-    ("pipeline.gate", "sqlalchemy"),
-    ("pipeline.legacy", "sqlalchemy"),
-}
-KNOWN_PRIVATE_IMPORTS: set[tuple[str, str]] = set()
-KNOWN_LONG_MODULES: set[str] = set()
-
 HOUSE_RULES = {
-    "import cycle": (cyclic_modules, KNOWN_CYCLIC),
-    "flows beyond the engine factory": (flows_reaching_into_storage, KNOWN_FLOWS_IN_STORAGE),
-    "pipeline on storage.models or sqlalchemy": (
-        pipeline_using_the_database,
-        KNOWN_PIPELINE_DATABASE,
-    ),
-    "another module's private name": (private_imports, KNOWN_PRIVATE_IMPORTS),
-    f"module over {MAX_MODULE_LINES} lines": (long_modules, KNOWN_LONG_MODULES),
+    "import cycle": cyclic_modules,
+    "flows beyond the engine factory": flows_reaching_into_storage,
+    "pipeline on storage.models or sqlalchemy": pipeline_using_the_database,
+    "another module's private name": private_imports,
+    f"module over {MAX_MODULE_LINES} lines": long_modules,
 }
 
 
 @pytest.mark.parametrize("rule", sorted(HOUSE_RULES))
-def test_no_new_violation_of_the_house_rules(rule: str) -> None:
-    find, known = HOUSE_RULES[rule]
-    assert sorted(find() - known) == []  # type: ignore[operator]
-
-
-@pytest.mark.parametrize("rule", sorted(HOUSE_RULES))
-def test_every_known_violation_is_still_one(rule: str) -> None:
-    """A paid-off entry leaves its KNOWN set, so the debt can only shrink."""
-    find, known = HOUSE_RULES[rule]
-    assert sorted(known - find()) == []  # type: ignore[operator]
+def test_no_violation_of_the_house_rules(rule: str) -> None:
+    assert sorted(HOUSE_RULES[rule]()) == []  # type: ignore[operator]
 
 
 def test_the_house_rules_see_a_violation(tmp_path: Path) -> None:
