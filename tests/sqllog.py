@@ -78,7 +78,10 @@ Log = dict[str, dict[str, set[str]]]  # test -> backend -> normalised statements
 # ---------------------------------------------------------------------------- normalising
 
 _PLACEHOLDER = r"(?:\?|%s|%\(\w+\)s|:\w+|\$\d+)"
-_IN_LIST = re.compile(rf"\bIN \(\s*{_PLACEHOLDER}(?:\s*,\s*{_PLACEHOLDER})*\s*\)", re.I)
+_CAST = r"(?:::\w+)?"  # PostgreSQL's expanded IN lists cast each parameter: %(k_1_1)s::VARCHAR
+_IN_LIST = re.compile(
+    rf"\bIN \(\s*{_PLACEHOLDER}{_CAST}(?:\s*,\s*{_PLACEHOLDER}{_CAST})*\s*\)", re.I
+)
 _ROW = r"\((?:[^()]|\([^()]*\))*\)"
 _VALUES_ROWS = re.compile(rf"\bVALUES\s*{_ROW}(?:\s*,\s*{_ROW})*", re.I)
 _HAS_PLACEHOLDER = re.compile(_PLACEHOLDER)

@@ -16,6 +16,10 @@ from tests import sqllog
         ("SELECT  a\n   FROM t\tWHERE id = ?", "SELECT a FROM t WHERE id = ?"),
         ("DELETE FROM t WHERE id IN (?, ?, ?)", "DELETE FROM t WHERE id IN (<list>)"),
         ("SELECT 1 FROM t WHERE id IN (%(id_1_1)s)", "SELECT 1 FROM t WHERE id IN (<list>)"),
+        (  # PostgreSQL's expanded list casts each parameter
+            "SELECT 1 FROM t WHERE k IN (%(k_1_1)s::VARCHAR, %(k_1_2)s::VARCHAR) AND e = 1",
+            "SELECT 1 FROM t WHERE k IN (<list>) AND e = 1",
+        ),
         (
             "INSERT INTO t (a, b) VALUES (%(a__0)s, %(b__0)s), (%(a__1)s, %(b__1)s) RETURNING t.id",
             "INSERT INTO t (a, b) VALUES <rows> RETURNING t.id",
