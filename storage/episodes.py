@@ -72,7 +72,7 @@ class EpisodeRepository:
     def transition(self, episode_pk: int, target: EpisodeState, detail: dict[str, Any]) -> bool:
         """Move the episode along an allowed transition, with a history event (no-op if there)."""
         with tx.write(self.engine) as conn:
-            return _move(conn, episode_pk, target, detail)
+            return move_episode(conn, episode_pk, target, detail)
 
     @idempotent
     def mark_generated(
@@ -159,18 +159,6 @@ class EpisodeRepository:
 
 
 def move_episode(
-    conn: Connection,
-    episode_pk: int,
-    target: EpisodeState,
-    detail: dict[str, Any],
-    *,
-    source: EpisodeState | None = None,
-) -> bool:
-    """`_move` inside a caller's transaction (a plan recorded with its state change)."""
-    return _move(conn, episode_pk, target, detail, source=source)
-
-
-def _move(
     conn: Connection,
     episode_pk: int,
     target: EpisodeState,

@@ -11,6 +11,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from reliability.harness import (
     EPISODIC,
@@ -40,11 +41,7 @@ def generate_crash(backend: Backend, trials: int, rng: random.Random) -> Result:
     profiles = fake_profiles(root, trials)
     items = 6
     guard = threading.Lock()
-    plans = []
-    for trial in range(trials):
-        seed = rng.randrange(2**32)
-        episode_id, _ = trial_episode(engine, root / f"pl{trial}", trial, items, rng)
-        plans.append((trial, episode_id, seed))
+    plans = _trial_plans(engine, root, trials, items, rng)
 
     def one(trial: int, episode_id: str, seed: int) -> None:
         local = random.Random(seed)
@@ -98,11 +95,7 @@ def flow_crash(backend: Backend, trials: int, rng: random.Random) -> Result:
     profiles = fake_profiles(root, trials)
     items = 6
     guard = threading.Lock()
-    plans = []
-    for trial in range(trials):
-        seed = rng.randrange(2**32)
-        episode_id, _ = trial_episode(engine, root / f"pl{trial}", trial, items, rng)
-        plans.append((trial, episode_id, seed))
+    plans = _trial_plans(engine, root, trials, items, rng)
     server = PrefectServer(tmp_dir=root / "prefect", ui=False).start()
 
     def one(trial: int, episode_id: str, seed: int) -> None:
@@ -142,3 +135,16 @@ def flow_crash(backend: Backend, trials: int, rng: random.Random) -> Result:
     )
     engine.dispose()
     return result
+
+
+def _trial_plans(
+    engine: Any, root: Path, trials: int, items: int, rng: random.Random
+) -> list[tuple[int, str, int]]:
+    """One planned episode of `items` images per trial, with the seed of that trial's
+    kills: ``[(trial, episode_id, seed)]``."""
+    plans = []
+    for trial in range(trials):
+        seed = rng.randrange(2**32)
+        episode_id, _ = trial_episode(engine, root / f"pl{trial}", trial, items, rng)
+        plans.append((trial, episode_id, seed))
+    return plans
