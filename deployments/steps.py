@@ -51,9 +51,14 @@ def setup(pipeline: str | None = None, work_pool: str | None = None) -> dict[str
 
 
 _watching = False
+_said: set[str] = set()  # `prefect deploy --all` runs the step once per deployment
 
 
 def _warn(warning: str) -> None:
+    """A warning on standard error, once per deploying process."""
+    if warning in _said:
+        return
+    _said.add(warning)
     print(f"episodic: warning: {warning}", file=sys.stderr, flush=True)
 
 

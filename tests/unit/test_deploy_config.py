@@ -93,3 +93,17 @@ def test_the_deploy_that_adds_a_scheduler_of_a_pipeline_is_named() -> None:
         f"this deploy adds a third deployment scheduling pipeline weekly ({third})"
     )
     assert added_scheduler_warnings(both, both) == []  # a redeploy: setup's own warning says it
+
+
+def test_a_deploy_of_every_deployment_says_each_warning_once(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`prefect deploy --all` runs the build step once per deployment (six here): each of
+    its warnings is printed once, on standard error."""
+    from deployments import steps
+
+    for _ in range(6):
+        steps._warn("pipeline weekly is scheduled by 2 deployments")
+    out = capsys.readouterr()
+    assert out.out == ""
+    assert out.err.count("episodic: warning: pipeline weekly is scheduled by 2") == 1
