@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from core.playlist import item_label
+from core.records import ClaimAction, RefusalReason
 
 INTERRUPTED = "interrupted"
 """The error of an item its holder gave up when its process was interrupted (Ctrl-C,
@@ -96,15 +97,13 @@ class ItemSnapshot:
 class Claim:
     """The right to work on one item, held by `owner` until `lease` expires (DESIGN 5).
 
-    `action` says what the holder does next: ``submit`` (a new intent was committed with the
-    claim: make the paid call), ``collect`` (an accepted job: fetch its output, free) or
-    ``reconcile`` (acceptance unknown: ask the provider, never a new paid call).
+    `action` says what the holder does next (`ClaimAction`: submit, collect or reconcile).
     """
 
     item: Item
     run_id: str
     owner: str
-    action: str
+    action: ClaimAction
     submission: Submission | None
     token: str | None = None  # one execution of the claim elsewhere (`load_claim`)
     # time.monotonic() when the transaction that made or loaded the claim proved it ours,
@@ -114,15 +113,10 @@ class Claim:
 
 @dataclass(frozen=True, slots=True)
 class Refusal:
-    """Why an item could not be claimed: ``done`` (completed), ``busy`` (another live holder,
-    `holder_run`), ``exhausted`` (out of retries), ``stopped`` (the run was paused, cancelled
-    or completed), ``reopen`` (the run is failed: another process concluded it while this
-    one still works, or the sweep reaped it while this one was frozen; the caller may move
-    it back to running and ask again) or ``throttled`` (the provider profile's limit of
-    items in flight is reached: try later).
-    """
+    """Why an item could not be claimed (`RefusalReason`: each member says what it means);
+    `holder_run` is the run that holds or completed the item, when one does."""
 
-    reason: str
+    reason: RefusalReason
     holder_run: str | None = None
 
 

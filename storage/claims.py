@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 
 from sqlalchemy import Connection, Engine, Table
 
+from core.records import ClaimAction, RefusalReason
 from core.runs import Claim, Refusal
 from core.states import ItemState, RunState, SubmissionState
 from storage import dbapi, installation, statements, tx
@@ -228,7 +229,7 @@ class ClaimStore:
                 if (
                     answers
                     and isinstance(answers[-1], Refusal)
-                    and answers[-1].reason == "throttled"
+                    and answers[-1].reason == RefusalReason.THROTTLED
                 ):
                     answers.append(answers[-1])
                     continue
@@ -257,12 +258,12 @@ class ClaimStore:
         # Concluded by another process, reaped by the sweep while this one was frozen, or
         # paused by another process's interrupt: this one still has work and may reopen it.
         if run_state in (RunState.FAILED, RunState.PAUSED):
-            return Refusal("reopen")
+            return Refusal(RefusalReason.REOPEN)
         if run_state != RunState.RUNNING:
-            return Refusal("stopped")
+            return Refusal(RefusalReason.STOPPED)
         if replanned:  # the episode was re-planned: what this run was for is not wanted
             dbapi.rowcount(conn, statements.CANCEL_REPLANNED, {"b_run": run_id, "b_now": utcnow()})
-            return Refusal("stopped")
+            return Refusal(RefusalReason.STOPPED)
         return None
 
     def _claim_in(
@@ -285,10 +286,10 @@ class ClaimStore:
             raise LookupError(f"item {item_pk} does not exist")
         row = _item_row(found)
         if row.state == ItemState.COMPLETED:
-            return Refusal("done", row.claim_run_id)
+            return Refusal(RefusalReason.DONE, row.claim_run_id)
         live = row.lease_expires_at is not None and row.lease_expires_at > now
         if row.state == ItemState.RUNNING and live and row.claim_owner != owner:
-            return Refusal("busy", row.claim_run_id)
+            return Refusal(RefusalReason.BUSY, row.claim_run_id)
         # Every submission counted an attempt (a withdrawn one gave it back): an item never
         # attempted has none open, and needs no look for one.
         sub = (
@@ -297,9 +298,9 @@ class ClaimStore:
             else None
         )
         if sub is None and row.attempts >= max_attempts:
-            return Refusal("exhausted")
+            return Refusal(RefusalReason.EXHAUSTED)
         if sub is None and not allow_retry and row.state == ItemState.FAILED:
-            return Refusal("failed", row.claim_run_id)
+            return Refusal(RefusalReason.FAILED, row.claim_run_id)
         # An item with a submission open already holds its slot (the count below is of the
         # *other* items): settling it (collect, reconcile) takes no new one, and frees one.
         # Only a new paid call waits for a slot; so a run whose slots are held by its own
@@ -309,7 +310,7 @@ class ClaimStore:
             and slots is not None
             and _in_flight(conn, profile, item_pk, now, slots[1]) >= slots[0]
         ):
-            return Refusal("throttled")
+            return Refusal(RefusalReason.THROTTLED)
         params = {
             "b_item": item_pk,
             "b_owner": owner,
@@ -322,11 +323,15 @@ class ClaimStore:
         item = item_from_row(row)
         if sub is not None:
             dbapi.rowcount(conn, statements.TAKE_ITEM, params)
-            action = "collect" if sub.state == SubmissionState.ACCEPTED else "reconcile"
+            action = (
+                ClaimAction.COLLECT
+                if sub.state == SubmissionState.ACCEPTED
+                else ClaimAction.RECONCILE
+            )
             return Claim(item, run_id, owner, action, submission_of(sub), token, checked)
         attempt = dbapi.scalar(conn, statements.TAKE_ITEM_AND_COUNT, params)
         submission = insert_intent(conn, item, run_id, profile, attempt, now, forced=False)
-        return Claim(item, run_id, owner, "submit", submission, token, checked)
+        return Claim(item, run_id, owner, ClaimAction.SUBMIT, submission, token, checked)
 
 
 def _in_flight(

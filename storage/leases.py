@@ -27,6 +27,7 @@ from sqlalchemy import (
     update,
 )
 
+from core.records import ClaimAction
 from core.runs import Claim, Item, Submission
 from core.states import ItemState, RunState
 from storage import dbapi, locks, statements, tx
@@ -82,7 +83,7 @@ class LeaseStore:
         item_pk: int,
         run_id: str,
         owner: str,
-        action: str,
+        action: ClaimAction,
         submission_pk: int | None,
         token: str,
     ) -> Claim | None:
@@ -215,7 +216,7 @@ class LeaseStore:
                 ).rowcount
             )
             withdrawn = False
-            if unstarted and claim.action == "submit" and claim.submission is not None:
+            if unstarted and claim.action == ClaimAction.SUBMIT and claim.submission is not None:
                 withdrawn = withdraw_in(conn, claim, claim.submission)
             _give_up_in(conn, _items.c.id == claim.item.pk, claim.owner, error_text)
         return withdrawn

@@ -26,7 +26,7 @@ from prefect.context import TaskRunContext
 from prefect.states import Cancelled
 
 from core.planning import RunOptions
-from core.records import ItemResult
+from core.records import ClaimAction, ItemResult
 from core.runs import Item
 from tasks.process import ItemNotCompleted, handed_claim, item_runner, item_worked
 
@@ -75,7 +75,7 @@ def generate_item(work: dict[str, Any], item_id: str, idempotency_key: str, ledg
             work["item_pk"],
             work["run_id"],
             work["owner"],
-            work["action"],
+            ClaimAction(work["action"]),  # the value, as the parameter carries it
             work["submission_pk"],
             work["token"],
         )

@@ -51,6 +51,7 @@ def test_a_claim_handed_to_an_in_process_task_is_freed_as_unstarted_only_if_neve
     intent (the task may be sending it): the claim comes back without its token. A claim
     freed before its task took it keeps its token (its intent is withdrawn), and the late
     task then finds nothing to take."""
+    from core.records import ClaimAction
     from core.runs import Claim, Submission
     from tasks.process import PROCESS, LocalFlow, handed_claim
 
@@ -58,7 +59,12 @@ def test_a_claim_handed_to_an_in_process_task_is_freed_as_unstarted_only_if_neve
 
     def claim(token: str) -> Claim:
         return Claim(
-            item, "run", "flow", "submit", Submission(9, 1, 1, "k1-1", "intent", None), token
+            item,
+            "run",
+            "flow",
+            ClaimAction.SUBMIT,
+            Submission(9, 1, 1, "k1-1", "intent", None),
+            token,
         )
 
     local = LocalFlow(runner=None)  # type: ignore[arg-type]
