@@ -1,13 +1,16 @@
 """The words that cross layers as types: what a claim lets its holder do, why an item was
-not claimed, and how one item's work ended.
+not claimed, how one item's work ended, and an episode's image.
 
-Each is a `StrEnum` whose values are the strings the database, the JSON output and the logs
-always carried, so a member compares, hashes and serialises as that string.
+Each word is a `StrEnum` whose values are the strings the database, the JSON output and the
+logs always carried, so a member compares, hashes and serialises as that string.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import StrEnum
+
+from core.playlist import item_label
 
 
 class ClaimAction(StrEnum):
@@ -44,3 +47,29 @@ class ItemResult(StrEnum):
     # provider slot, so a throttled executor collects it again before it waits for a slot
     COLLECT_LATER = "collect later"
     TAKEN_OVER = "taken over"  # another holder took the item over and completes it
+
+
+@dataclass(frozen=True, slots=True)
+class EpisodeImage:
+    """One completed, paid-for image of an episode: the one place an image's facts live.
+
+    Built by the ledger (`storage.ledger.completed_outputs`: a completed item with its
+    succeeded submission and that call's cost) and read, never rebuilt, by approval, the
+    approval form and assembly; a manifest or a form names the fields it shows itself.
+    """
+
+    idempotency_key: str  # the item's key: the same image in every plan that asks for it
+    video_id: str
+    part: int  # 0 for a hero candidate
+    candidate: int | None  # 1..N for a hero candidate, None for a part of a video
+    position: int  # 1-based position of the video in the playlist it was planned from
+    path: str  # the file as written when it was paid for (absolute)
+    sha256: str  # hex digest of that file, recorded when it was paid for
+    remote_ref: str | None  # the provider's id of the paid call's job
+    cost_minor: int  # what the paid call cost, in minor units of `currency`
+    currency: str
+
+    @property
+    def item_id(self) -> str:
+        """How people see the image's item: `v01.p2`, or `v01.c3` for a hero candidate."""
+        return item_label(self.video_id, self.part, self.candidate)

@@ -16,7 +16,7 @@ from prefect.input import RunInput
 from pydantic import ConfigDict, Field, create_model
 
 from core.money import format_minor
-from core.playlist import item_label
+from core.records import EpisodeImage
 from flows.artifacts import md_text
 from pipeline.approval import ApprovalContext, approval_digest, hero_outputs
 from pipeline.thumbnails import thumbnail_data_uri
@@ -77,7 +77,7 @@ class ApprovalInput(RunInput):
     )
 
 
-def approval_input_for(outputs: list[dict[str, Any]]) -> type[ApprovalInput]:
+def approval_input_for(outputs: list[EpisodeImage]) -> type[ApprovalInput]:
     """The form for these images: `ApprovalInput`, plus, for each hero video (in plan order),
     a required field `pick_N` (N = 1, 2, ... over the hero videos) holding the candidate
     that ships, an integer within the video's candidates. The server checks presence and
@@ -102,7 +102,7 @@ def approval_input_for(outputs: list[dict[str, Any]]) -> type[ApprovalInput]:
     return model
 
 
-def form_digest(shown: dict[str, str], outputs: list[dict[str, Any]]) -> str:
+def form_digest(shown: dict[str, str], outputs: list[EpisodeImage]) -> str:
     """What a form is about: `approval_digest` of its images, and, with hero videos, which
     video each pick field names (sha256 hex). Equal digests: an answer means the same."""
     digest = approval_digest(shown)
@@ -112,7 +112,7 @@ def form_digest(shown: dict[str, str], outputs: list[dict[str, Any]]) -> str:
     return hashlib.sha256(f"{digest}|picks:{','.join(heroes)}".encode()).hexdigest()
 
 
-def picks_of(answer: ApprovalInput, outputs: list[dict[str, Any]]) -> dict[str, int] | None:
+def picks_of(answer: ApprovalInput, outputs: list[EpisodeImage]) -> dict[str, int] | None:
     """The answer's picks as video id -> candidate (None: the form had no hero videos, or
     the answer is a rejection)."""
     heroes = hero_outputs(outputs)
@@ -128,7 +128,7 @@ def picks_of(answer: ApprovalInput, outputs: list[dict[str, Any]]) -> dict[str, 
 
 def approval_form_description(
     context: ApprovalContext,
-    outputs: list[dict[str, Any]] | None = None,
+    outputs: list[EpisodeImage] | None = None,
     refused: str | None = None,
 ) -> str:
     """The form's Markdown: exactly the images the decision is about (the current plan's),
@@ -147,7 +147,7 @@ def approval_form_description(
             "",
         ]
     heroes = hero_outputs(outputs)
-    parts = [o for o in outputs if o.get("candidate") is None]
+    parts = [o for o in outputs if o.candidate is None]
     lines += [
         f"## Approve episode {episode_id}",
         "",
@@ -163,17 +163,18 @@ def approval_form_description(
         ]
     shown = 0
 
-    def table(rows: list[dict[str, Any]], first: str) -> None:
+    def table(rows: list[EpisodeImage], first: str) -> None:
         nonlocal shown
         lines.extend(["", f"| {first} | preview | cost | sha256 |", "|---|---|---|---|"])
         for o in rows:
-            label = item_label(o["video_id"], o["part"], o.get("candidate"))
-            uri = thumbnail_data_uri(_path(o)) if shown < MAX_PREVIEWS else None
+            label = o.item_id
+            path = Path(o.path)
+            uri = thumbnail_data_uri(path) if shown < MAX_PREVIEWS else None
             shown += 1
-            preview = f"![{label}]({uri})" if uri else f"`{_path(o).name}`"
-            cost = format_minor(int(o["amount_minor"]), o["currency"])
-            name = label if o.get("candidate") is None else f"candidate {o['candidate']}"
-            lines.append(f"| {name} | {preview} | {cost} | `{o['output_sha256'][:12]}` |")
+            preview = f"![{label}]({uri})" if uri else f"`{path.name}`"
+            cost = format_minor(o.cost_minor, o.currency)
+            name = label if o.candidate is None else f"candidate {o.candidate}"
+            lines.append(f"| {name} | {preview} | {cost} | `{o.sha256[:12]}` |")
 
     if parts:
         table(parts, "image")
@@ -181,7 +182,3 @@ def approval_form_description(
         lines += ["", f"### {video}: pick one of {len(candidates)} candidates"]
         table(candidates, "candidate")
     return "\n".join(lines)
-
-
-def _path(output: dict[str, Any]) -> Path:
-    return Path(output["output_path"])

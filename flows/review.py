@@ -82,7 +82,7 @@ def approval_step(
         overruled = unread_answer_refusal(approval, fired) if waited_here(tag) else None
         return _follow_record(approval, overruled)
     outputs = approval.review_set()
-    shown = {o["idempotency_key"]: o["output_sha256"] for o in outputs}
+    shown = {o.idempotency_key: o.sha256 for o in outputs}
     if not claim_approval_wait(approval):
         return None, None
     # The form's key carries the images' digest and which hero video each pick field names

@@ -19,7 +19,8 @@ from typing import Any
 from core.errors import CommandNotAllowed, ImageNotAsPaid, ImagesChangedSinceShown, InvalidInput
 from core.hints import hint
 from core.ids import EpisodeId
-from core.playlist import check_picks, check_text, item_label
+from core.playlist import check_picks, check_text
+from core.records import EpisodeImage
 from core.states import DECIDED_STATES, REOPENABLE_STATES, EpisodeState
 from pipeline.gate import GatePass, open_gate
 from pipeline.playlists import planned_items
@@ -44,7 +45,7 @@ def approval_digest(items: dict[str, str]) -> str:
     return hashlib.sha256(json.dumps(items, sort_keys=True).encode()).hexdigest()
 
 
-def review_set(engine: Database, pipeline: str, episode_id: str) -> list[dict[str, Any]]:
+def review_set(engine: Database, pipeline: str, episode_id: str) -> list[EpisodeImage]:
     """The images a decision is about: the current plan's completed images, in plan order,
     each file checked against its recorded sha256 (what the approval form shows)."""
     return planned_outputs(engine, open_gate(engine, pipeline, episode_id, "approve"))
@@ -115,7 +116,7 @@ def decide(
     chosen: dict[str, int] | None = None
     if approve or expected_digest is not None:  # checked on disk now: exactly this ships
         outputs = planned_outputs(engine, gate)
-        shown = {o["idempotency_key"]: o["output_sha256"] for o in outputs}
+        shown = {o.idempotency_key: o.sha256 for o in outputs}
         if expected_digest is not None and approval_digest(shown) != expected_digest:
             raise ImagesChangedSinceShown(
                 f"episode {gate.episode_id}: its images changed since they were shown for "
@@ -185,13 +186,13 @@ def rejection_note(engine: Database, episode_pk: int, episode_id: str) -> str | 
     )
 
 
-def hero_outputs(outputs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """The hero videos among `outputs` (plan order): video id -> its candidates' outputs,
+def hero_outputs(outputs: list[EpisodeImage]) -> dict[str, list[EpisodeImage]]:
+    """The hero videos among `outputs` (plan order): video id -> its candidates' images,
     in candidate order."""
-    heroes: dict[str, list[dict[str, Any]]] = {}
+    heroes: dict[str, list[EpisodeImage]] = {}
     for output in outputs:
-        if output.get("candidate") is not None:
-            heroes.setdefault(output["video_id"], []).append(output)
+        if output.candidate is not None:
+            heroes.setdefault(output.video_id, []).append(output)
     return heroes
 
 
@@ -227,7 +228,7 @@ def reopen(
     return {"episode_id": gate.episode_id, "state": "allocated", "changed": moved, "from": state}
 
 
-def planned_outputs(engine: Database, gate: GatePass) -> list[dict[str, Any]]:
+def planned_outputs(engine: Database, gate: GatePass) -> list[EpisodeImage]:
     """The current plan's completed images, each file checked against its recorded sha256."""
     recorded = PlanStore(engine).latest_plan(gate.episode_pk)
     if recorded is None:
@@ -240,20 +241,19 @@ def planned_outputs(engine: Database, gate: GatePass) -> list[dict[str, Any]]:
     }
     planned = set(order)
     outputs = sorted(
-        (o for o in completed_outputs(engine, gate.episode_pk) if o["idempotency_key"] in planned),
-        key=lambda o: order[o["idempotency_key"]],
+        (o for o in completed_outputs(engine, gate.episode_pk) if o.idempotency_key in planned),
+        key=lambda o: order[o.idempotency_key],
     )
     if len(outputs) != len(planned):
         raise CommandNotAllowed(f"{len(planned) - len(outputs)} planned images are not completed")
     for output in outputs:  # never assemble from files that are not what the ledger paid for
-        path = Path(output["output_path"])
-        label = item_label(output["video_id"], output["part"], output.get("candidate"))
+        path = Path(output.path)
         if not path.is_file():
-            raise image_not_as_paid(gate.episode_id, label, path, "is missing")
-        if hashlib.sha256(path.read_bytes()).hexdigest() != output["output_sha256"]:
+            raise image_not_as_paid(gate.episode_id, output.item_id, path, "is missing")
+        if hashlib.sha256(path.read_bytes()).hexdigest() != output.sha256:
             raise image_not_as_paid(
                 gate.episode_id,
-                label,
+                output.item_id,
                 path,
                 "does not match the sha256 recorded when it was paid for",
             )
@@ -309,7 +309,7 @@ class ApprovalContext:
         """(paid submissions, cost in minor units, currency) of the episode over every run."""
         return LedgerStore(self.engine).episode_spend(self.episode_pk)
 
-    def review_set(self) -> list[dict[str, Any]]:
+    def review_set(self) -> list[EpisodeImage]:
         """`review_set` of this episode: the images a decision is about."""
         return review_set(self.engine, self.pipeline, self.episode_id)
 

@@ -16,7 +16,8 @@ from typing import Any
 
 from core.errors import CommandNotAllowed, InvalidInput
 from core.hints import hint
-from core.playlist import check_picks, item_label
+from core.playlist import check_picks
+from core.records import EpisodeImage
 from core.settings import Settings
 from core.states import EpisodeState
 from pipeline.approval import hero_outputs, planned_outputs
@@ -43,7 +44,7 @@ def assemble(
         )
     outputs = planned_outputs(engine, gate)
     approved = review.approved_items(gate.episode_pk)
-    shipping = {o["idempotency_key"]: o["output_sha256"] for o in outputs}
+    shipping = {o.idempotency_key: o.sha256 for o in outputs}
     if approved is not None and shipping != approved:
         raise CommandNotAllowed(
             f"episode {gate.episode_id}: its images are not the ones that were approved "
@@ -67,9 +68,9 @@ def assemble(
                     "reopen it (`episodic reopen`) and approve it again with a pick",
                 )
             ) from None
-    shipped = [o for o in outputs if o.get("candidate") in (None, picks.get(o["video_id"]))]
+    shipped = [o for o in outputs if o.candidate in (None, picks.get(o.video_id))]
     folder = settings.episode_folder(gate.pipeline, gate.episode_id)
-    cover = _cover([Path(o["output_path"]) for o in shipped])
+    cover = _cover([Path(o.path) for o in shipped])
     cover_sha = write_atomically(folder / "cover.png", cover)
     manifest = _manifest(gate.episode_id, shipped, folder, cover_sha, heroes, picks)
     manifest_sha = write_atomically(folder / "manifest.json", manifest)
@@ -115,10 +116,10 @@ def _cover(paths: list[Path]) -> bytes:
 
 def _manifest(
     episode_id: str,
-    shipped: list[dict[str, Any]],
+    shipped: list[EpisodeImage],
     folder: Path,
     cover_sha: str,
-    heroes: dict[str, list[dict[str, Any]]],
+    heroes: dict[str, list[EpisodeImage]],
     picks: dict[str, int],
 ) -> bytes:
     """Canonical JSON, paths relative to the episode folder, no timestamps: deterministic.
@@ -128,26 +129,26 @@ def _manifest(
     cost, and `total_cost_minor` counts every paid candidate, picked or not."""
     items = []
     for o in shipped:
-        item = {
-            "item_id": item_label(o["video_id"], o["part"], o.get("candidate")),
-            "idempotency_key": o["idempotency_key"],
+        item: dict[str, Any] = {
+            "item_id": o.item_id,
+            "idempotency_key": o.idempotency_key,
             # relative to the episode folder (images of an older layout may sit elsewhere)
-            "path": os.path.relpath(o["output_path"], folder),
-            "sha256": o["output_sha256"],
-            "remote_ref": o["remote_ref"],
-            "cost_minor": o["amount_minor"],
-            "currency": o["currency"],
+            "path": os.path.relpath(o.path, folder),
+            "sha256": o.sha256,
+            "remote_ref": o.remote_ref,
+            "cost_minor": o.cost_minor,
+            "currency": o.currency,
         }
-        if o.get("candidate") is not None:
-            item["candidate"] = o["candidate"]
+        if o.candidate is not None:
+            item["candidate"] = o.candidate
         items.append(item)
-    unpicked = [c for video, cs in heroes.items() for c in cs if c["candidate"] != picks.get(video)]
+    unpicked = [c for video, cs in heroes.items() for c in cs if c.candidate != picks.get(video)]
     document: dict[str, Any] = {
         "episode_id": episode_id,
         "cover": {"path": "cover.png", "sha256": cover_sha},
         "items": items,
-        "total_cost_minor": sum(o["amount_minor"] for o in [*shipped, *unpicked]),
-        "currency": shipped[0]["currency"],
+        "total_cost_minor": sum(o.cost_minor for o in [*shipped, *unpicked]),
+        "currency": shipped[0].currency,
     }
     if heroes:
         document["heroes"] = [
@@ -156,11 +157,11 @@ def _manifest(
                 "picked": picks[video],
                 "candidates": [
                     {
-                        "candidate": c["candidate"],
-                        "idempotency_key": c["idempotency_key"],
-                        "sha256": c["output_sha256"],
-                        "remote_ref": c["remote_ref"],
-                        "cost_minor": c["amount_minor"],
+                        "candidate": c.candidate,
+                        "idempotency_key": c.idempotency_key,
+                        "sha256": c.sha256,
+                        "remote_ref": c.remote_ref,
+                        "cost_minor": c.cost_minor,
                     }
                     for c in candidates
                 ],

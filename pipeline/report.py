@@ -47,7 +47,7 @@ def episode_report(
             item.idempotency_key
             for item in planned_items(recorded[0], recorded[1], episode_id, pipeline)
         }
-    done = sum(1 for o in completed_outputs(engine, pk) if o["idempotency_key"] in planned)
+    done = sum(1 for o in completed_outputs(engine, pk) if o.idempotency_key in planned)
     paid, cost_minor, currency = ledger.episode_spend(pk)
     open_jobs = ledger.episode_open_jobs(pk)
     answers = cancels.provider_cancel_answers(pk) if open_jobs else {}

@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, Table, exists, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
+from core.records import EpisodeImage
 from core.runs import Claim, Item, Submission
 from core.states import ItemState, SubmissionState
 from storage import dbapi, statements, tx
@@ -343,8 +344,9 @@ def _record_cost(
     )
 
 
-def completed_outputs(engine: Engine, episode_pk: int) -> list[dict[str, Any]]:
-    """Completed items of an episode with the remote ref and cost of their paid call."""
+def completed_outputs(engine: Engine, episode_pk: int) -> list[EpisodeImage]:
+    """The episode's completed images, each with the remote ref and cost of its paid call,
+    in playlist order (position, part, candidate)."""
     with tx.read(engine) as conn:
         rows = conn.execute(
             select(
@@ -359,9 +361,26 @@ def completed_outputs(engine: Engine, episode_pk: int) -> list[dict[str, Any]]:
                 _costs.c.amount_minor,
                 _costs.c.currency,
             )
-            .join(_subs, (_subs.c.item_pk == _items.c.id) & (_subs.c.state == "succeeded"))
+            .join(
+                _subs,
+                (_subs.c.item_pk == _items.c.id) & (_subs.c.state == SubmissionState.SUCCEEDED),
+            )
             .join(_costs, _costs.c.submission_pk == _subs.c.id)
             .where(_items.c.episode_pk == episode_pk, _items.c.state == ItemState.COMPLETED)
             .order_by(_items.c.position, _items.c.part, _items.c.candidate)
         ).all()
-    return [dict(row._mapping) for row in rows]
+    return [
+        EpisodeImage(
+            idempotency_key=row.idempotency_key,
+            video_id=row.video_id,
+            part=row.part,
+            candidate=row.candidate,
+            position=row.position,
+            path=row.output_path,
+            sha256=row.output_sha256,
+            remote_ref=row.remote_ref,
+            cost_minor=row.amount_minor,
+            currency=row.currency,
+        )
+        for row in rows
+    ]

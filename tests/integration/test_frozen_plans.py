@@ -146,7 +146,7 @@ def test_a_decision_is_bound_to_the_images_that_were_shown(engine: Engine, tmp_p
     _plan(episode, tmp_path, "a", ["one", "two"])
     assert episode.generate().exit_code == 0
     shown = review_set(engine, "weekly", episode.episode_id)
-    digest = approval_digest({o["idempotency_key"]: o["output_sha256"] for o in shown})
+    digest = approval_digest({o.idempotency_key: o.sha256 for o in shown})
     _plan(episode, tmp_path, "b", ["one", "CHANGED"])
     assert episode.generate().exit_code == 0 and _state(episode) == "generated"
     with pytest.raises(CommandNotAllowed, match="changed since they were shown"):
@@ -161,8 +161,8 @@ def test_a_decision_is_bound_to_the_images_that_were_shown(engine: Engine, tmp_p
         )
     assert _state(episode) == "generated"
     now = review_set(engine, "weekly", episode.episode_id)
-    assert [o["video_id"] for o in now] == ["v01", "v02"]  # the current plan only
-    fresh = approval_digest({o["idempotency_key"]: o["output_sha256"] for o in now})
+    assert [o.video_id for o in now] == ["v01", "v02"]  # the current plan only
+    fresh = approval_digest({o.idempotency_key: o.sha256 for o in now})
     decide(
         engine,
         "weekly",

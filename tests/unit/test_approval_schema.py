@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from prefect.utilities.schema_tools.validation import ValidationError, validate
 
+from core.records import EpisodeImage
 from flows.approval_form import ApprovalInput, approval_input_for
 
 OK = [
@@ -59,7 +60,8 @@ def test_bad_answers_are_refused_before_resuming_in_words(
 
 def test_the_hero_form_keeps_the_rules() -> None:
     outputs = [
-        {"video_id": "v01", "part": 1, "candidate": n, "idempotency_key": f"k{n}"} for n in (1, 2)
+        EpisodeImage(f"k{n}", "v01", 0, n, 1, f"/img/c{n}.png", "0" * 64, f"r{n}", 4, "USD")
+        for n in (1, 2)
     ]
     schema = approval_input_for(outputs).model_json_schema()
     assert _check({"decision": "approve", "reviewer": "ann", "pick_1": 2}, schema) is None
