@@ -85,6 +85,7 @@ def replay(
             "the slot's episode and wait for approval in the UI"
         )
         return
+    from core.states import EpisodeState
     from deployments.spec import DEFAULT_PLAYLIST, WEEKLY_SLOTS
     from flows.replay import replay_here
 
@@ -107,9 +108,9 @@ def replay(
         emit_json(result.to_dict())
         return
     typer.echo(f"slot {result.allocation_key}: episode {result.episode_id}, {result.state}")
-    if result.state == "generated":
+    if result.state == EpisodeState.GENERATED:
         typer.echo(f"next: episodic approve {result.episode_id} --by NAME [--reject --reason R]")
-    elif result.state == "allocated" and chosen is None:
+    elif result.state == EpisodeState.ALLOCATED and chosen is None:
         typer.echo(f"next: episodic replay --slot {slot} --playlist FILE (no plan yet)")
 
 

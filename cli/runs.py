@@ -48,6 +48,7 @@ def show_run(run_id: RunArg, as_json: JsonOption = False) -> None:
     """Show a run, its counts, cost and items."""
     from core.ids import parse_run_id
     from core.money import format_minor
+    from core.states import RunState
     from storage.runs import RunStore
 
     run_id = parse_run_id(run_id)
@@ -81,7 +82,7 @@ def show_run(run_id: RunArg, as_json: JsonOption = False) -> None:
         f"idempotency key {run.idempotency_key}" if run.idempotency_key else "",
         f"batch {run.batch_id}" if run.batch_id else "",
         f"lease until {run.lease_expires_at:%Y-%m-%d %H:%M:%S} UTC"
-        if run.state == "running" and run.lease_expires_at
+        if run.state == RunState.RUNNING and run.lease_expires_at
         else "",
     ]
     if any(extras):
@@ -121,6 +122,7 @@ def cancel(run_id: RunArg, as_json: JsonOption = False) -> None:
     includes: that run collects it. Cancelling a cancelled run asks again."""
     from core.exit_codes import ExitCode
     from core.ids import parse_run_id
+    from core.states import RunState
     from pipeline.cancel import cancel_run
     from pipeline.gate import EnvironmentCredentials
     from storage.runs import RunStore
@@ -132,7 +134,7 @@ def cancel(run_id: RunArg, as_json: JsonOption = False) -> None:
         emit_json({**run, "provider_cancels": [job.to_dict() for job in jobs]})
     else:
         typer.echo(
-            f"run {run_id} cancelled" if state == "cancelled" else f"run {run_id} is {state}"
+            f"run {run_id} cancelled" if state == RunState.CANCELLED else f"run {run_id} is {state}"
         )
         for job in jobs:
             typer.echo(f"  job {job.remote_ref} ({job.profile}): {job.answer}")

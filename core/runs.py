@@ -8,6 +8,7 @@ from typing import Any
 
 from core.playlist import item_label
 from core.records import ClaimAction, RefusalReason
+from core.states import ItemState
 
 INTERRUPTED = "interrupted"
 """The error of an item its holder gave up when its process was interrupted (Ctrl-C,
@@ -87,7 +88,7 @@ class ItemSnapshot:
     def held(self, now: datetime) -> bool:
         """Running under a live claim: its holder is alive and will finish it."""
         return (
-            self.state == "running"
+            self.state == ItemState.RUNNING
             and self.lease_expires_at is not None
             and self.lease_expires_at > now
         )

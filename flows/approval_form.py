@@ -17,6 +17,7 @@ from pydantic import ConfigDict, Field, create_model
 
 from core.money import format_minor
 from core.records import EpisodeImage
+from core.states import EpisodeState
 from flows.artifacts import md_text
 from pipeline.approval import ApprovalContext, approval_digest, hero_outputs
 from pipeline.thumbnails import thumbnail_data_uri
@@ -140,7 +141,7 @@ def approval_form_description(
     if refused:
         lines += [f"> **Your last answer was not recorded:** {md_text(refused)}", ""]
     earlier = context.latest_decision()
-    if earlier is not None and earlier.decision == "rejected":  # re-planned or reopened since
+    if earlier is not None and earlier.decision == EpisodeState.REJECTED:
         lines += [
             f"> **Rejected before:** {md_text(earlier.describe())}. The episode was "
             "re-planned or reopened since; below are the images of its current plan.",

@@ -26,6 +26,7 @@ from pydantic import Field
 from core.errors import EpisodicError
 from core.exit_codes import ExitCode
 from core.hints import surface
+from core.records import ItemResult
 from core.settings import load_settings
 from flows.artifacts import EpisodeProgress, publish_spend
 from flows.cancellation import link_flow_run, settle_hook, settle_in_flow
@@ -141,8 +142,8 @@ def _generate(
         progress = EpisodeProgress(db, name, episode_id)
         publishers.append(progress)
 
-        def on_progress(item: object, result: str) -> None:
-            if result == "completed":
+        def on_progress(item: object, result: ItemResult) -> None:
+            if result == ItemResult.COMPLETED:
                 progress.completed_one()
 
         runner.on_progress = on_progress

@@ -20,6 +20,7 @@ from pydantic import Field
 
 from core.errors import CommandNotAllowed, ImagesChangedSinceShown, InvalidInput
 from core.settings import load_settings
+from core.states import DECIDED_STATES, EpisodeState
 from flows.approval_form import (
     ApprovalInput,
     approval_form_description,
@@ -49,7 +50,6 @@ from storage.registry import engine_for
 
 DAY_S = 24 * 3600
 MAX_ANSWERS = 50  # refused answers per form before the run gives up (a bot, not a person)
-DECIDED = ("approved", "rejected", "assembled")
 
 
 def approval_step(
@@ -78,7 +78,7 @@ def approval_step(
     approval = approval_context(engine, pipeline, episode_id)
     tag = approval.wait_tag()
     fired = fired_pause_keys()
-    if state != "generated":
+    if state != EpisodeState.GENERATED:
         overruled = unread_answer_refusal(approval, fired) if waited_here(tag) else None
         return _follow_record(approval, overruled)
     outputs = approval.review_set()
@@ -110,7 +110,7 @@ def approval_step(
             )
         except (InvalidInput, CommandNotAllowed) as exc:
             if isinstance(exc, CommandNotAllowed) and not isinstance(exc, ImagesChangedSinceShown):
-                if approval.state() in DECIDED:  # decided elsewhere meanwhile: follow that
+                if approval.state() in DECIDED_STATES:  # decided elsewhere meanwhile: follow that
                     return _follow_record(approval, str(exc))
                 raise
             refused = str(exc)
@@ -143,7 +143,7 @@ def _follow_record(
         decision_stands_hint(episode_id, state),
     )
     answer = ApprovalInput.model_construct(
-        decision="reject" if state == "rejected" else "approve",
+        decision="reject" if state == EpisodeState.REJECTED else "approve",
         reviewer=decided.by if decided else "?",
         note=(decided.note or "") if decided else "",
     )

@@ -132,13 +132,12 @@ def decide(
             chosen = check_picks(picks or {}, heroes, picks_label) if heroes else None
     lost_to = review.decide(gate.episode_pk, approve, by, note, items=approved_items, picks=chosen)
     if isinstance(lost_to, RecordedDecision):  # a concurrent decision won the compare-and-set
-        if lost_to.decision == wanted.value and (not approve or lost_to.picks == (chosen or {})):
+        if lost_to.decision == wanted and (not approve or lost_to.picks == (chosen or {})):
             return {"episode_id": gate.episode_id, "state": lost_to.state, "changed": False}
         mine = f"{wanted.value}{' with the picks ' + _picks_text(chosen) if chosen else ''}"
         raise CommandNotAllowed(
             f"episode {gate.episode_id} was just {lost_to.describe()}; this decision "
-            f"({mine}) was not recorded: "
-            + decision_stands_hint(gate.episode_id, EpisodeState(lost_to.state))
+            f"({mine}) was not recorded: " + decision_stands_hint(gate.episode_id, lost_to.state)
         )
     if lost_to is not None:  # moved meanwhile without a decision (re-planned)
         raise CommandNotAllowed(
@@ -279,7 +278,7 @@ def waiting_state(engine: Database, pipeline: str, episode_id: str) -> str:
     """The episode's state, refused (`CommandNotAllowed`) unless it waits for a decision
     or has one (generated, approved, rejected, assembled)."""
     state = EpisodeRepository(engine).get(pipeline, EpisodeId.parse(episode_id)).state
-    if state not in ("generated", "approved", "rejected", "assembled"):
+    if state != EpisodeState.GENERATED and state not in DECIDED_STATES:
         raise CommandNotAllowed(
             f"episode {episode_id} is {state}: only a generated episode waits for approval"
         )

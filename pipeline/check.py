@@ -26,7 +26,14 @@ from core.errors import EpisodicError, InvalidInput
 from core.ids import EpisodeId
 from core.keys import SlotKey
 from core.playlist import PlannedItem, check_picks, hero_candidates, item_label
-from core.states import FROZEN_PLAN_STATES, EpisodeState
+from core.states import (
+    FROZEN_PLAN_STATES,
+    UNSETTLED_SUBMISSION_STATES,
+    EpisodeState,
+    ItemState,
+    RunState,
+    SubmissionState,
+)
 from pipeline.playlists import planned_items
 from storage.admission import DedupPolicy
 from storage.allocator import SLOT_EVENTS, asked_by
@@ -60,6 +67,11 @@ class Finding:
 # statuses, fal's; a job that had finished or failed is still collected, with its cost):
 # `check` keeps its own list, as an auditor, rather than the cancel's.
 _STOPPED_BY_CANCEL = frozenset({"canceled", "cancelled", "cancellation_requested", "not_found"})
+# How many cost entries a submission in each state has (any other state: none).
+_COST_ENTRIES: dict[str, set[int]] = {
+    SubmissionState.SUCCEEDED: {1},
+    SubmissionState.FAILED: {0, 1},
+}
 
 
 def check_episodes(
@@ -160,11 +172,11 @@ def _check_one(engine: Database, episode: EpisodeRecord, policy: DedupPolicy) ->
         if isinstance(d, dict) and "submission" in d
     }
     reopened = isinstance(latest_event, dict) and "reopened_by" in latest_event
-    succeeded = Counter(s.item_pk for s in subs if s.state == "succeeded")
+    succeeded = Counter(s.item_pk for s in subs if s.state == SubmissionState.SUCCEEDED)
     cost_by_sub = Counter(c.submission_pk for c in costs)
     sub_ids = {s.id: s for s in subs}
     for item in items:
-        if item.state == "completed":
+        if item.state == ItemState.COMPLETED:
             _check_file(add, f"image {_label(item)}", item.output_path, item.output_sha256)
             if succeeded[item.id] != 1:
                 add(
@@ -181,18 +193,21 @@ def _check_one(engine: Database, episode: EpisodeRecord, policy: DedupPolicy) ->
     held = {  # items whose live claim holder is still working on them: not a finding yet
         item.id
         for item in items
-        if item.state == "running"
+        if item.state == ItemState.RUNNING
         and item.lease_expires_at is not None
         and item.lease_expires_at > now
     }
     _check_liveness(add, runs, items, now)
     for sub in subs:
-        if sub.state in ("accepted", "succeeded") and not sub.remote_ref:
+        if (
+            sub.state in (SubmissionState.ACCEPTED, SubmissionState.SUCCEEDED)
+            and not sub.remote_ref
+        ):
             add(
                 "remote-refs",
                 f"submission {sub.client_reference} is {sub.state} without a remote task reference",
             )
-        allowed = {"succeeded": {1}, "failed": {0, 1}}.get(sub.state, {0})
+        allowed = _COST_ENTRIES.get(sub.state, {0})
         if cost_by_sub[sub.id] not in allowed:
             add(
                 "ledger",
@@ -201,15 +216,18 @@ def _check_one(engine: Database, episode: EpisodeRecord, policy: DedupPolicy) ->
             )
         if sub.item_pk in held:
             continue
-        if sub.state == "accepted" and cancel_answers.get(sub.id) in _STOPPED_BY_CANCEL:
+        if (
+            sub.state == SubmissionState.ACCEPTED
+            and cancel_answers.get(sub.id) in _STOPPED_BY_CANCEL
+        ):
             continue  # cancelled (or gone) at the provider: nothing to collect, none billing
-        if sub.state == "accepted":
+        if sub.state == SubmissionState.ACCEPTED:
             add(
                 "ledger",
                 f"provider job {sub.remote_ref} ({sub.client_reference}) was accepted but never "
                 "collected: `episodic retry` collects it at no cost",
             )
-        elif sub.state in ("intent", "unknown"):
+        elif sub.state in UNSETTLED_SUBMISSION_STATES:
             add(
                 "ledger",
                 f"submission {sub.client_reference} may have made a provider job that the "
@@ -248,7 +266,7 @@ def _check_liveness(
     for run in runs:
         if run.active:
             continue
-        if run.state == "running":
+        if run.state == RunState.RUNNING:
             add(
                 "liveness",
                 f"run {run.id} is running but {_lapsed(run)}; its process is gone: "
@@ -261,7 +279,7 @@ def _check_liveness(
                 "and never started: `episodic sweep` cancels it",
             )
     for item in items:
-        if item.state == "running" and (
+        if item.state == ItemState.RUNNING and (
             item.lease_expires_at is None or item.lease_expires_at <= now
         ):
             add(
@@ -302,20 +320,20 @@ def _check_states(
     plan = _planned(recorded, episode) if expects_plan else None  # expanded once
     keys = None if plan is None else {it.idempotency_key for it in plan}
     if state in NEEDS_ALL_IMAGES and migrated:  # imported whole: no playlist, all images done
-        if any(i.state != "completed" for i in items):
+        if any(i.state != ItemState.COMPLETED for i in items):
             add("state", f"migrated episode is {state} but not every image is completed")
     elif state in NEEDS_ALL_IMAGES:
         if keys is None:
             add("state", f"episode is {state} but has no plan")
         else:
-            done = {i.idempotency_key for i in items if i.state == "completed"}
+            done = {i.idempotency_key for i in items if i.state == ItemState.COMPLETED}
             if missing := keys - done:
                 add(
                     "state",
                     f"episode is {state} but {len(missing)} planned images are not completed",
                 )
     elif state == EpisodeState.ALLOCATED and items and not unmarked_is_expected and keys:
-        done = {i.idempotency_key for i in items if i.state == "completed"}
+        done = {i.idempotency_key for i in items if i.state == ItemState.COMPLETED}
         if keys <= done:
             add(
                 "state",
@@ -372,7 +390,7 @@ def _check_manifest(
     if set(listed) != set(heroes):
         add("picks", f"manifest lists hero videos {sorted(listed)}, the plan {sorted(heroes)}")
         return
-    output = {i.idempotency_key: i.output_sha256 for i in items if i.state == "completed"}
+    output = {i.idempotency_key: i.output_sha256 for i in items if i.state == ItemState.COMPLETED}
     shipped = {i["idempotency_key"] for i in document["items"]}
     for video, candidates in heroes.items():
         entry = listed[video]

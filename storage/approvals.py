@@ -25,8 +25,8 @@ class RecordedDecision:
     """The latest decision on record: who decided what, when, why, and (an approval of hero
     videos) the picks that ship; `state` is the episode's state when it was read."""
 
-    state: str
-    decision: str  # "approved" or "rejected"
+    state: EpisodeState
+    decision: EpisodeState  # approved or rejected
     by: str
     note: str | None
     at: datetime
@@ -158,7 +158,12 @@ def latest_decision(conn: Connection, episode_pk: int) -> RecordedDecision | Non
     approved = row.decision == EpisodeState.APPROVED
     picks = approved_picks(latest_approval(conn, episode_pk)) if approved else {}
     return RecordedDecision(
-        str(state), str(row.decision), str(row.decided_by), row.note, row.decided_at, picks
+        EpisodeState(state),
+        EpisodeState(row.decision),
+        str(row.decided_by),
+        row.note,
+        row.decided_at,
+        picks,
     )
 
 
@@ -167,7 +172,7 @@ def latest_approval(conn: Connection, episode_pk: int) -> dict[str, Any] | None:
     caller's transaction (a snapshot's reader)."""
     detail = conn.execute(
         select(_events.c.detail)
-        .where(_events.c.episode_pk == episode_pk, _events.c.kind == "approved")
+        .where(_events.c.episode_pk == episode_pk, _events.c.kind == EpisodeState.APPROVED.value)
         .order_by(_events.c.id.desc())
         .limit(1)
     ).scalar()
