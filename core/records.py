@@ -1,5 +1,6 @@
 """The words that cross layers as types: what a claim lets its holder do, why an item was
-not claimed, how one item's work ended, and an episode's image.
+not claimed, how one item's work ended, what an episode event records, and an episode's
+image.
 
 Each word is a `StrEnum` whose values are the strings the database, the JSON output and the
 logs always carried, so a member compares, hashes and serialises as that string.
@@ -47,6 +48,17 @@ class ItemResult(StrEnum):
     # provider slot, so a throttled executor collects it again before it waits for a slot
     COLLECT_LATER = "collect later"
     TAKEN_OVER = "taken over"  # another holder took the item over and completes it
+
+
+class EventKind(StrEnum):
+    """What an episode event records besides a state change (``episode_events.kind``; the
+    event of a state change is named by the `EpisodeState` entered)."""
+
+    SLOT_REQUESTED = "slot_requested"  # a deployment asked for an allocated slot: who asked
+    PROVIDER_CANCEL_ASKED = "provider_cancel_asked"  # committed before the provider's call
+    PROVIDER_CANCEL = "provider_cancel"  # what the provider answered a cancel
+    MIGRATED = "migrated"  # the episode was imported from the legacy system
+    FLOW_RUN_LINKED = "prefect_flow_run"  # which Prefect flow runs worked on a run
 
 
 @dataclass(frozen=True, slots=True)

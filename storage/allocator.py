@@ -31,7 +31,9 @@ from core.episodes import Allocation, Episode
 from core.errors import AllocationConflict, InvalidInput
 from core.ids import EpisodeId, WeekId
 from core.keys import SlotKey, slot_key, validate_key
+from core.records import EventKind
 from core.settings import validate_pipeline
+from core.states import EpisodeState
 from storage.base import utcnow
 from storage.locks import LOCK_TIMEOUT_S, locked_transaction
 from storage.models import EpisodeEventRow, EpisodeRow
@@ -40,7 +42,8 @@ from storage.tx import retry_outages
 _episodes: Table = EpisodeRow.__table__  # type: ignore[assignment]
 _events: Table = EpisodeEventRow.__table__  # type: ignore[assignment]
 
-SLOT_EVENTS = ("allocated", "slot_requested")  # the events that name who asked for a slot
+# the events that name who asked for a slot: its allocation, and each later request
+SLOT_EVENTS = (EpisodeState.ALLOCATED, EventKind.SLOT_REQUESTED)
 
 # Statements are built once: constructing them per call cost more than executing them.
 _COLUMNS = (
@@ -192,7 +195,7 @@ class Allocator:
             _INSERT_EVENT,
             {
                 "episode_pk": row.id,
-                "kind": "slot_requested",
+                "kind": EventKind.SLOT_REQUESTED,
                 "at": utcnow(),
                 "detail": {"allocation_key": allocation_key, "scheduled_by": by},
             },
@@ -227,7 +230,8 @@ class Allocator:
         if scheduled_by is not None:
             detail["scheduled_by"] = scheduled_by
         conn.execute(
-            _INSERT_EVENT, {"episode_pk": pk, "kind": "allocated", "at": now, "detail": detail}
+            _INSERT_EVENT,
+            {"episode_pk": pk, "kind": EpisodeState.ALLOCATED, "at": now, "detail": detail},
         )
         return Allocation(
             Episode(pipeline, episode_id, allocation_key, "allocated", now),

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine, select
 
+from core.records import EventKind
 from storage.admission import DedupPolicy, active_run
 from storage.approvals import latest_approval
 from storage.base import utcnow
@@ -185,14 +186,14 @@ class AuditReader:
         ).all()
         migrated = conn.execute(
             select(EpisodeEventRow.id).where(
-                EpisodeEventRow.episode_pk == episode_pk, EpisodeEventRow.kind == "migrated"
+                EpisodeEventRow.episode_pk == episode_pk, EpisodeEventRow.kind == EventKind.MIGRATED
             )
         ).first()
         latest_event = conn.execute(
             select(EpisodeEventRow.detail)
             .where(
                 EpisodeEventRow.episode_pk == episode_pk,
-                EpisodeEventRow.kind != "slot_requested",  # who asked, not what happened
+                EpisodeEventRow.kind != EventKind.SLOT_REQUESTED,  # who asked, not what happened
             )
             .order_by(EpisodeEventRow.id.desc())
             .limit(1)
@@ -204,7 +205,7 @@ class AuditReader:
                 select(EpisodeEventRow.detail)
                 .where(
                     EpisodeEventRow.episode_pk == episode_pk,
-                    EpisodeEventRow.kind == "provider_cancel",
+                    EpisodeEventRow.kind == EventKind.PROVIDER_CANCEL,
                 )
                 .order_by(EpisodeEventRow.id)
             ).scalars()

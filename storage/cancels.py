@@ -9,6 +9,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, Table, func, insert, select
 
+from core.records import EventKind
 from storage import tx
 from storage.base import utcnow
 from storage.models import EpisodeEventRow, RunRow, SubmissionRow
@@ -46,7 +47,7 @@ class CancelStore:
             _insert_event(
                 conn,
                 run_id,
-                "provider_cancel_asked",
+                EventKind.PROVIDER_CANCEL_ASKED,
                 {
                     "run_id": run_id,
                     "submission": submission_pk,
@@ -64,7 +65,7 @@ class CancelStore:
             asked = conn.execute(
                 select(_events.c.detail).where(
                     _events.c.episode_pk == episode_pk,
-                    _events.c.kind == "provider_cancel_asked",
+                    _events.c.kind == EventKind.PROVIDER_CANCEL_ASKED,
                 )
             ).scalars()
             return any(
@@ -83,7 +84,7 @@ class CancelStore:
             _insert_event(
                 conn,
                 run_id,
-                "provider_cancel",
+                EventKind.PROVIDER_CANCEL,
                 {
                     "run_id": run_id,
                     "submission": submission_pk,
@@ -99,7 +100,9 @@ class CancelStore:
         with tx.read(self.engine) as conn:
             details = conn.execute(
                 select(_events.c.detail)
-                .where(_events.c.episode_pk == episode_pk, _events.c.kind == "provider_cancel")
+                .where(
+                    _events.c.episode_pk == episode_pk, _events.c.kind == EventKind.PROVIDER_CANCEL
+                )
                 .order_by(_events.c.id)
             ).scalars()
             return {
@@ -126,7 +129,7 @@ def _wanted_elsewhere(
     return {int(pk): str(run) for pk, run in rows}
 
 
-def _insert_event(conn: Connection, run_id: str, kind: str, detail: dict[str, Any]) -> None:
+def _insert_event(conn: Connection, run_id: str, kind: EventKind, detail: dict[str, Any]) -> None:
     """An event of the run's episode."""
     episode_pk = conn.execute(select(_runs.c.episode_pk).where(_runs.c.id == run_id)).scalar_one()
     conn.execute(

@@ -23,6 +23,7 @@ from typing import Any
 
 from sqlalchemy import Engine, Table, and_, func, insert, select
 
+from core.records import EventKind
 from core.states import ItemState, RunState, SubmissionState
 from storage import statements, tx
 from storage.base import utcnow
@@ -42,7 +43,6 @@ _items: Table = ItemRow.__table__  # type: ignore[assignment]
 _members: Table = RunItemRow.__table__  # type: ignore[assignment]
 _subs: Table = SubmissionRow.__table__  # type: ignore[assignment]
 
-LINK_EVENT = "prefect_flow_run"
 LEASE_EXPIRED = "lease expired"
 """How the sweep's reaped runs' error text begins (`storage.sweep`, bucket expired_runs)."""
 
@@ -90,7 +90,7 @@ class FlowRunLinks:
             conn.execute(
                 insert(_events).values(
                     episode_pk=episode_pk,
-                    kind=LINK_EVENT,
+                    kind=EventKind.FLOW_RUN_LINKED,
                     at=utcnow(),
                     detail={"run_id": run_id, "flow_runs": [str(f) for f in flow_run_ids]},
                 )
@@ -103,7 +103,9 @@ class FlowRunLinks:
         found: dict[str, list[list[str]]] = {}
         with tx.read(self.engine) as conn:
             rows = conn.execute(
-                select(_events.c.detail).where(_events.c.kind == LINK_EVENT, _events.c.at >= since)
+                select(_events.c.detail).where(
+                    _events.c.kind == EventKind.FLOW_RUN_LINKED, _events.c.at >= since
+                )
             ).scalars()
             for detail in rows:
                 if isinstance(detail, dict) and str(detail.get("run_id")) in wanted:
@@ -120,7 +122,7 @@ class FlowRunLinks:
         with tx.read(self.engine) as conn:
             rows = conn.execute(
                 select(_events.c.detail)
-                .where(_events.c.kind == LINK_EVENT, _events.c.at >= since)
+                .where(_events.c.kind == EventKind.FLOW_RUN_LINKED, _events.c.at >= since)
                 .order_by(_events.c.id)
             ).scalars()
             for detail in rows:

@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy import Engine, func, insert, select
 
 from core.playlist import PlannedItem
+from core.records import EventKind
 from core.states import EpisodeState
 from storage import installation, tx
 from storage.episodes import move_episode
@@ -29,8 +30,6 @@ from storage.models import (
     RunRow,
     SubmissionRow,
 )
-
-MIGRATED_EVENT = "migrated"
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +92,7 @@ def imported_episode(engine: Engine, pipeline: str, allocation_key: str) -> str 
             .where(
                 EpisodeRow.pipeline == pipeline,
                 EpisodeRow.allocation_key == allocation_key,
-                EpisodeEventRow.kind == MIGRATED_EVENT,
+                EpisodeEventRow.kind == EventKind.MIGRATED,
             )
         ).scalar()
     return None if found is None else str(found)
@@ -192,7 +191,10 @@ def record_import(engine: Engine, imported: ImportedEpisode, profile: str) -> No
             )
         conn.execute(
             insert(EpisodeEventRow).values(
-                episode_pk=pk, kind=MIGRATED_EVENT, at=imported.started_at, detail=imported.migrated
+                episode_pk=pk,
+                kind=EventKind.MIGRATED,
+                at=imported.started_at,
+                detail=imported.migrated,
             )
         )
         move_episode(conn, pk, EpisodeState.GENERATED, {"migrated": True})
