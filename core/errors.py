@@ -55,13 +55,27 @@ class AllocationConflict(EpisodicError):
     exit_code = ExitCode.ALLOCATION_CONFLICT
 
 
+def _looked_in(database: str | None) -> str:
+    return f" (database: {database})" if database else ""
+
+
 class EpisodeNotFound(EpisodicError, LookupError):
+    """No such episode in the pipeline. ``database`` names where it was looked for (a SQLite
+    file's path, or a URL without its password: `storage.engine.database_label`), so a
+    command started with another state folder or URL says which one it read."""
+
     exit_code = ExitCode.NOT_FOUND
 
-    def __init__(self, pipeline: str, episode_id: str) -> None:
-        super().__init__(f"episode {episode_id} not found in pipeline {pipeline!r}")
+    def __init__(self, pipeline: str, episode_id: str, database: str | None = None) -> None:
+        super().__init__(
+            f"episode {episode_id} not found in pipeline {pipeline!r}{_looked_in(database)}"
+        )
         self.pipeline = pipeline
         self.episode_id = episode_id
+        self.database = database
+
+    def __reduce__(self) -> tuple[type, tuple[str, str, str | None]]:
+        return (type(self), (self.pipeline, self.episode_id, self.database))
 
 
 class StorageError(EpisodicError):
@@ -108,7 +122,17 @@ class IdempotencyKeyReused(InvalidInput):
 
 
 class RunNotFound(EpisodicError, LookupError):
+    """No such run; ``database`` names where it was looked for (as `EpisodeNotFound`)."""
+
     exit_code = ExitCode.NOT_FOUND
+
+    def __init__(self, run_id: str, database: str | None = None) -> None:
+        super().__init__(f"run {run_id} not found{_looked_in(database)}")
+        self.run_id = run_id
+        self.database = database
+
+    def __reduce__(self) -> tuple[type, tuple[str, str | None]]:
+        return (type(self), (self.run_id, self.database))
 
 
 class InvalidTransition(EpisodicError):

@@ -12,6 +12,7 @@ from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from core.errors import InvalidInput
+from core.home import default_home, resolve_home
 
 _PIPELINE_RE = re.compile(r"[a-z0-9][a-z0-9_.-]{0,62}")
 # The pipeline whose item keys and folders predate pipeline scoping: they stay unscoped, so
@@ -58,8 +59,10 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="EPISODIC_", frozen=True, extra="ignore")
 
     home: Path = Field(
-        default=Path(".episodic"),
-        description="working folder: SQLite file, locks, episodes, Prefect home",
+        default_factory=default_home,
+        validate_default=True,
+        description="state folder: SQLite file, locks, episodes, Prefect home; default: the "
+        "project's .episodic wherever a command starts (core.home); relative: to the project",
     )
     database_url: str | None = Field(
         default=None, description="SQLAlchemy URL; default: SQLite under home"
@@ -137,20 +140,27 @@ class Settings(BaseSettings):
 
         return parse_amount(self.max_run_cost)
 
+    @field_validator("home", mode="before")
+    @classmethod
+    def _empty_home_is_unset(cls, value: object) -> object:
+        return default_home() if value == "" else value
+
     @field_validator("home")
     @classmethod
     def _check_home(cls, value: Path) -> Path:
-        resolved = value.expanduser()
-        if len(str(resolved.absolute())) > MAX_HOME_CHARS:  # file paths under it are stored
+        """The absolute state folder (`core.home.resolve_home`: a relative value is anchored
+        at the project folder), refused when it cannot be a folder."""
+        resolved = resolve_home(value)
+        if len(str(resolved)) > MAX_HOME_CHARS:  # file paths under it are stored
             raise ValueError(f"the path is longer than {MAX_HOME_CHARS} characters")
         if resolved.exists() and not resolved.is_dir():
             raise ValueError(f"{value} exists and is not a directory")
-        for parent in resolved.absolute().parents:  # the first existing ancestor
+        for parent in resolved.parents:  # the first existing ancestor
             if parent.exists():
                 if not parent.is_dir():
                     raise ValueError(f"{value} cannot be created: {parent} is not a directory")
                 break
-        return value
+        return resolved
 
     @field_validator("timezone")
     @classmethod
@@ -175,7 +185,8 @@ class Settings(BaseSettings):
 
     @property
     def home_path(self) -> Path:
-        return self.home.expanduser().absolute()
+        """The state folder, absolute (the validator anchored it)."""
+        return self.home
 
     @property
     def providers_path(self) -> Path:

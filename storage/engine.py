@@ -47,6 +47,21 @@ def sqlite_path(url: URL) -> Path:
     return Path(url.database).absolute()
 
 
+def database_label(target: Engine | Connection | URL) -> str:
+    """How a message names the database it looked in: a SQLite database by its file's path,
+    any other by its URL without password and without query (options may carry secrets)."""
+    if isinstance(target, Connection):
+        target = target.engine
+    url = target.url if isinstance(target, Engine) else target
+    if url.get_backend_name() == "sqlite":
+        database = url.database or ""
+        if database.startswith("file:"):  # a read-only engine's URI filename
+            database = database.removeprefix("file:").split("?", 1)[0]
+        return str(Path(database).absolute()) if database not in ("", ":memory:") else "memory"
+    shown = URL.create(url.drivername, url.username, None, url.host, url.port, url.database)
+    return shown.render_as_string(hide_password=False)
+
+
 _writer_locks: dict[Path, threading.RLock] = {}
 _writer_locks_guard = threading.Lock()
 _engine_writer_locks: weakref.WeakKeyDictionary[Engine, threading.RLock] = (
