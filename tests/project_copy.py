@@ -5,6 +5,8 @@ virtualenv of its own (``python -m venv``) whose code is the copy's: a ``.pth`` 
 first on ``sys.path`` and adds this checkout's ``site-packages`` for the locked dependencies
 (nothing is downloaded). Its ``.venv/bin/episodic`` is the console script an editable install
 writes, so ``core/__file__`` resolves into the copy exactly as in a clone after ``uv sync``.
+`make_site_install` is the other kind: the packages inside a virtualenv's ``site-packages``,
+as ``pip install .`` leaves them.
 """
 
 from __future__ import annotations
@@ -37,20 +39,43 @@ class ProjectCopy:
 def make_project_copy(dest: Path) -> ProjectCopy:
     """Copy the project to ``dest`` (which must not exist) and install it there."""
     dest.mkdir(parents=True)
-    for package in PACKAGES:
-        shutil.copytree(PROJECT / package, dest / package,
-                        ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+    _copy_packages(dest)
     shutil.copy2(PROJECT / "pyproject.toml", dest / "pyproject.toml")
-    venv = dest / ".venv"
+    site = _venv(dest / ".venv")
+    (site / "00_episodic_copy.pth").write_text(f"{dest}\n{_DEPENDENCIES}")
+    return _with_console_script(ProjectCopy(dest))
+
+
+def make_site_install(dest: Path) -> ProjectCopy:
+    """A non-editable install (what ``pip install .`` makes): a virtualenv at ``dest`` whose
+    ``site-packages`` holds the packages themselves (``dest/.venv``), and no checkout."""
+    dest.mkdir(parents=True)
+    site = _venv(dest / ".venv")
+    _copy_packages(site)
+    (site / "00_episodic_deps.pth").write_text(_DEPENDENCIES)
+    return _with_console_script(ProjectCopy(dest))
+
+
+# This checkout's site-packages for the locked dependencies; its own .pth files (the editable
+# install of this checkout among them) are processed after the copy's path.
+_DEPENDENCIES = f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r})\n"
+
+
+def _copy_packages(into: Path) -> None:
+    for package in PACKAGES:
+        shutil.copytree(PROJECT / package, into / package,
+                        ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+
+
+def _venv(venv: Path) -> Path:
+    """A new virtualenv without pip; its site-packages folder."""
     base = getattr(sys, "_base_executable", sys.executable)
     subprocess.run([base, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
-    purelib = Path(sysconfig.get_paths()["purelib"])  # this checkout's site-packages
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    site = venv / "lib" / version / "site-packages"
-    (site / "00_episodic_copy.pth").write_text(
-        f"{dest}\nimport site; site.addsitedir({str(purelib)!r})\n"
-    )
-    copy = ProjectCopy(dest)
+    return venv / "lib" / version / "site-packages"
+
+
+def _with_console_script(copy: ProjectCopy) -> ProjectCopy:
     copy.episodic.write_text(
         f"#!{copy.python}\nimport sys\nfrom cli.entry import main\nsys.exit(main())\n"
     )

@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from tests.generation import write_playlist
-from tests.project_copy import ProjectCopy, make_project_copy, run_env
+from tests.project_copy import ProjectCopy, make_project_copy, make_site_install, run_env
 
 Cli = Callable[..., subprocess.CompletedProcess[str]]
 pytestmark = pytest.mark.e2e
@@ -112,6 +112,24 @@ def test_prefect_home_follows_the_state_folder(project: ProjectCopy, tmp_path: P
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == str(project.folder / ".episodic" / "prefect")
     assert (project.folder / ".episodic" / "prefect").is_dir() and list(cwd.iterdir()) == []
+
+
+def test_an_install_without_a_checkout_uses_the_users_data_folder(tmp_path: Path) -> None:
+    """`pip install .` into a virtualenv: no project folder, so never site-packages nor the
+    working directory, but the user's data folder (XDG)."""
+    installed = make_site_install(tmp_path / "venv-owner")
+    user = tmp_path / "user"
+    cwd = tmp_path / "elsewhere"
+    unset_xdg = {"HOME": str(user), "XDG_DATA_HOME": ""}  # the default: ~/.local/share
+    made = _in(installed, cwd, "allocate", "--key", "k", "--week", "2026-W32", **unset_xdg)
+    assert made.returncode == 0, made.stderr
+    state = user / ".local" / "share" / "episodic"
+    assert (state / "episodic.db").is_file() and list(cwd.iterdir()) == []
+    shown = json.loads(_in(installed, cwd, "state", "show", "--json", **unset_xdg).stdout)
+    assert shown["project"] is None and shown["home"] == str(state)
+    xdg = _in(installed, cwd, "state", "show", "--json", HOME=str(user),
+              XDG_DATA_HOME=str(tmp_path / "xdg"))  # fmt: skip
+    assert json.loads(xdg.stdout)["home"] == str(tmp_path / "xdg" / "episodic")
 
 
 # -- episodic state remove --------------------------------------------------------------------
