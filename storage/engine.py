@@ -111,6 +111,10 @@ _BEGIN_IMMEDIATE = DriverSQL("BEGIN IMMEDIATE")
 def _sqlite_engine(url: URL, *, read_only: bool, **kwargs: Any) -> Engine:
     path = sqlite_path(url)
     if read_only:
+        if not path.is_file():  # a reader never creates one; say which file it looked for
+            from core.errors import StorageError
+
+            raise StorageError(f"no database at {path}: the SQLite file does not exist")
         url = url.set(database=f"file:{path}?mode=ro", query={"uri": "true"})
     else:
         try:

@@ -52,6 +52,18 @@ def test_not_found_names_the_database_it_looked_in(cli: Cli, database_url: str) 
     assert "password" not in shown.stderr and ":@" not in shown.stderr
 
 
+def test_a_reader_names_the_ledger_file_it_did_not_find(cli: Cli, tmp_path: Path) -> None:
+    """`check` only reads: on a state folder without a ledger it says which file it looked
+    for (exit 1, as any database it cannot open) and creates nothing."""
+    home = tmp_path / "home"
+    result = cli("check", "--all")
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        f"error: no database at {home / 'episodic.db'}: the SQLite file does not exist"
+    ]
+    assert not home.exists()
+
+
 @POSTGRES_ONLY
 def test_a_password_never_reaches_the_message(cli: Cli, database_url: str) -> None:
     parsed = make_url(database_url)
