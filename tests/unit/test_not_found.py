@@ -14,6 +14,8 @@ from storage.engine import database_label, make_engine
 def test_sqlite_is_named_by_its_file(tmp_path: Path) -> None:
     path = tmp_path / "state" / "episodic.db"
     writer = make_engine(f"sqlite:///{path}")
+    with writer.connect():  # the file exists: a reader never creates it
+        pass
     reader = make_engine(f"sqlite:///{path}", read_only=True)  # a URI filename underneath
     try:
         assert database_label(writer) == database_label(reader) == str(path)
