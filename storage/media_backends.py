@@ -174,7 +174,7 @@ class RemoteBackend(Backend):
                     options["config_kwargs"] = {
                         "connect_timeout": self.timeout_s,
                         "read_timeout": self.timeout_s,
-                        "retries": {"max_attempts": self.attempts, "mode": "standard"},
+                        "retries": {"total_max_attempts": self.attempts, "mode": "standard"},
                     }
                 fs = fsspec.filesystem(self.scheme, **options)
                 if self.scheme in ("s3", "s3a"):
@@ -208,7 +208,10 @@ class RemoteBackend(Backend):
 
     def read(self, key: str) -> bytes:
         try:
-            return bytes(self.fs().cat_file(self._path(key), **self._deadline))
+            # One GET: s3fs would first ask the size (a HEAD) to read large objects in
+            # concurrent ranges; media objects are small.
+            extra = {"max_concurrency": 1} if self.scheme in ("s3", "s3a") else {}
+            return bytes(self.fs().cat_file(self._path(key), **extra, **self._deadline))
         except FileNotFoundError as exc:
             if error_code(exc) in _CONFIG_CODES:
                 raise

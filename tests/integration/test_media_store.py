@@ -13,9 +13,12 @@ import io
 import json
 import multiprocessing
 import os
+import threading
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -325,3 +328,80 @@ def test_urls_the_store_refuses(tmp_path: Path) -> None:
     assert "hunter2" not in str(caught.value) and "AKIAEXAMPLE" not in str(caught.value)
     local = MediaStore.open(f"file://{tmp_path}/m", create=True)
     assert local.describe() == str(tmp_path / "m") and (tmp_path / "m").is_dir()
+
+
+class _FailingS3(BaseHTTPRequestHandler):
+    """An S3 endpoint whose every answer is one error (status and code set on the server)."""
+
+    protocol_version = "HTTP/1.1"  # answers botocore's Expect: 100-continue on uploads
+
+    def _answer(self) -> None:
+        server: Any = self.server
+        server.requests.append(self.command)
+        self._drain()
+        body = (
+            f"<?xml version='1.0' encoding='UTF-8'?><Error><Code>{server.code}</Code>"
+            "<Message>injected</Message></Error>"
+        ).encode()
+        self.send_response(server.status)
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _drain(self) -> None:
+        """Read the request's body (botocore streams uploads chunked, with a checksum
+        trailer) so the client hears the answer instead of waiting to finish sending."""
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            while (size := int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)) > 0:
+                self.rfile.read(size + 2)
+            while self.rfile.readline().strip():  # trailers, up to the blank line
+                pass
+        elif length := int(self.headers.get("Content-Length") or 0):
+            self.rfile.read(length)
+
+    do_GET = do_PUT = do_HEAD = do_DELETE = do_POST = _answer
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("status", "code"), [(503, "ServiceUnavailable"), (500, "InternalError"), (503, "SlowDown")]
+)
+def test_server_errors_are_transient_and_tried_a_bounded_number_of_times(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, status: int, code: str
+) -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _FailingS3)
+    server.requests, server.status, server.code = [], status, code  # type: ignore[attr-defined]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        fake = S3Server(tmp_path)
+        fake.endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+        for name, value in fake.env().items():
+            monkeypatch.setenv(name, value)
+        store = MediaStore.open("s3://bucket/p", timeout_s=5, attempts=2)
+        with pytest.raises(MediaStoreUnavailable, match="is unavailable") as caught:
+            store.read("sha256/00/x.png")
+        assert caught.value.transient
+        assert server.requests == ["GET", "GET"]  # type: ignore[attr-defined]  # attempts
+        server.requests.clear()  # type: ignore[attr-defined]
+        with pytest.raises(MediaStoreUnavailable, match="is unavailable"):
+            store.probe()
+        assert server.requests == ["PUT", "PUT"]  # type: ignore[attr-defined]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_threads_of_one_process_share_a_store(target: Target) -> None:
+    """The CLI stores a run's images from its worker threads through one store."""
+    store = target.open()
+    contents = [image_bytes("PNG", (24, 24)) for _ in range(16)]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        stored = list(pool.map(lambda c: store.put_image(prove_image(c)), contents))
+    assert sorted(s.key for s in stored) == target.all_objects()
+    for content, item in zip(contents, stored, strict=True):
+        assert store.read(item.key) == content
