@@ -100,13 +100,14 @@ class StoredMedia:
     height: int | None = None
 
 
-ProblemKind = Literal["missing", "size", "sha256"]
+ProblemKind = Literal["missing", "size", "sha256", "not_an_image"]
 
 
 @dataclass(frozen=True)
 class MediaProblem:
     """Why an object is not what was recorded: ``missing`` (no object under the key),
-    ``size`` (another number of bytes), ``sha256`` (same size, other bytes)."""
+    ``size`` (another number of bytes), ``sha256`` (same size, other bytes), ``not_an_image``
+    (the recorded bytes, yet they do not decode: `pipeline.media.audit_image`)."""
 
     key: str
     kind: ProblemKind

@@ -22,9 +22,10 @@ from pathlib import Path
 
 from PIL import Image, ImageFile, UnidentifiedImageError
 
-from core.errors import NotAnImage
-from core.media import ProvenImage
+from core.errors import MediaMissing, NotAnImage
+from core.media import MediaProblem, ProvenImage, StoredMedia
 from core.runs import Item
+from storage.media import MediaStore
 
 # Pillow's format names of the types a paid image may be, and their media types.
 _FORMATS = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp"}
@@ -79,6 +80,35 @@ def prove_image(content: bytes) -> ProvenImage:
         sha256=hashlib.sha256(content).hexdigest(),
         size=len(content),
     )
+
+
+def keep_image(store: MediaStore, content: bytes) -> StoredMedia:
+    """Prove `content` is an image, store it under its content key and verify what the
+    store holds: the steps between a provider's download and completing the item.
+
+    Raises NotAnImage (nothing stored), or a MediaStoreError (`transient`: an outage or a
+    full disk; otherwise configuration) with the item left for a later collection."""
+    return store.put_image(prove_image(content))
+
+
+def audit_image(store: MediaStore, key: str, sha256: str, size: int) -> MediaProblem | None:
+    """None when `store` holds `size` bytes hashing to `sha256` under `key` and they decode
+    in full as an image; otherwise the problem (``missing``, ``size``, ``sha256``,
+    ``not_an_image``). Reads the object once. Raises a MediaStoreError when the store cannot
+    answer (an outage is not a finding about the image)."""
+    try:
+        content = store.read(key)
+    except MediaMissing:
+        return MediaProblem(key, "missing", f"missing from the media store {store.describe()}")
+    if len(content) != size:
+        return MediaProblem(key, "size", f"holds {len(content)} bytes, {size} were recorded")
+    if hashlib.sha256(content).hexdigest() != sha256:
+        return MediaProblem(key, "sha256", "its bytes differ from the recorded sha256")
+    try:
+        prove_image(content)
+    except NotAnImage as exc:
+        return MediaProblem(key, "not_an_image", exc.reason)
+    return None
 
 
 def _identify(content: bytes) -> str:

@@ -31,9 +31,10 @@ from core.errors import (
     MediaMissing,
     MediaStoreMisconfigured,
     MediaStoreUnavailable,
+    NotAnImage,
 )
 from core.media import content_key
-from pipeline.media import prove_image
+from pipeline.media import audit_image, keep_image, prove_image
 from storage.media import MediaStore
 from tests.fs_faults import can_mount, read_only_folder, tiny_filesystem
 from tests.integration import media_workers
@@ -405,3 +406,41 @@ def test_threads_of_one_process_share_a_store(target: Target) -> None:
     assert sorted(s.key for s in stored) == target.all_objects()
     for content, item in zip(contents, stored, strict=True):
         assert store.read(item.key) == content
+
+
+def test_keep_and_audit_an_image(target: Target) -> None:
+    """The pipeline's two steps over the store: prove then keep; audit reads, hashes,
+    decodes."""
+    store = target.open()
+    content = image_bytes("JPEG")
+    stored = keep_image(store, content)
+    assert audit_image(store, stored.key, stored.sha256, stored.size) is None
+    with pytest.raises(NotAnImage):
+        keep_image(store, b"<html>gateway timeout</html>")
+    assert target.all_objects() == [stored.key]  # nothing stored for the HTML page
+    # Recorded as paid for, yet not an image (a body stored before the proof existed).
+    html = b"<html>502</html>"
+    key = content_key(hashlib.sha256(html).hexdigest(), "image/png")
+    target.write_behind(key, html)
+    problem = audit_image(store, key, hashlib.sha256(html).hexdigest(), len(html))
+    assert problem is not None and problem.kind == "not_an_image"
+    target.delete_behind(stored.key)
+    problem = audit_image(store, stored.key, stored.sha256, stored.size)
+    assert problem is not None and problem.kind == "missing"
+
+
+def test_the_default_store_is_a_folder_in_home(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from core.settings import load_settings
+
+    settings = load_settings()  # EPISODIC_HOME: tmp_path/home (tests/conftest.py)
+    store = MediaStore.from_settings(settings)
+    assert store.describe() == str(settings.home_path / "media")
+    store.probe()
+    assert (settings.home_path / "media").is_dir()
+    monkeypatch.setenv("EPISODIC_MEDIA_URL", str(tmp_path / "unmounted"))
+    configured = MediaStore.from_settings(load_settings())
+    with pytest.raises(MediaStoreMisconfigured, match="no such folder"):
+        configured.probe()
+    assert not (tmp_path / "unmounted").exists()  # a configured folder is never invented
