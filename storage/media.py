@@ -84,9 +84,15 @@ class MediaStore:
     ignore both).
     """
 
-    def __init__(self, url: str, backend: Backend) -> None:
+    def __init__(self, url: str, backend: Backend, options: tuple[float, int]) -> None:
         self._url = public_url(url)
         self._backend = backend
+        self._options = options
+
+    def __reduce__(self) -> tuple[object, tuple[str, bool, float, int]]:
+        """Pickled as its URL and options (a process pool or a Dask worker reopens it with
+        its own client and credentials); a local store's folder exists by then."""
+        return (_reopen, (self._url, False, *self._options))
 
     @classmethod
     def open(
@@ -105,7 +111,7 @@ class MediaStore:
             root = Path(raw).expanduser().absolute()
             if create:
                 _mkdirs(root, shown)
-            return cls(str(root), LocalBackend(root, str(root)))
+            return cls(str(root), LocalBackend(root, str(root)), (timeout_s, attempts))
         if scheme not in _REMOTE:
             raise MediaStoreMisconfigured(
                 f"media store {shown}: unsupported scheme {scheme}:// "
@@ -126,7 +132,8 @@ class MediaStore:
                 url=shown,
             ) from None
         prefix = f"{parts.netloc}/{parts.path.strip('/')}".rstrip("/")
-        return cls(url, RemoteBackend(scheme, prefix, shown, timeout_s, attempts))
+        backend = RemoteBackend(scheme, prefix, shown, timeout_s, attempts)
+        return cls(url, backend, (timeout_s, attempts))
 
     @classmethod
     def from_settings(cls, settings: Settings) -> MediaStore:
@@ -253,3 +260,7 @@ def _mkdirs(root: Path, shown: str) -> None:
             f"media store {shown} cannot be created: {exc.strerror or type(exc).__name__}",
             url=shown,
         ) from None
+
+
+def _reopen(url: str, create: bool, timeout_s: float, attempts: int) -> MediaStore:
+    return MediaStore.open(url, create=create, timeout_s=timeout_s, attempts=attempts)

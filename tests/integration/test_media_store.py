@@ -444,3 +444,14 @@ def test_the_default_store_is_a_folder_in_home(
     with pytest.raises(MediaStoreMisconfigured, match="no such folder"):
         configured.probe()
     assert not (tmp_path / "unmounted").exists()  # a configured folder is never invented
+
+
+def test_a_store_travels_by_its_url(target: Target) -> None:
+    """Pickled for a process pool or a Dask worker: reopened there, same objects."""
+    import pickle
+
+    store = target.open()
+    stored = store.put_image(prove_image(image_bytes()))
+    again = pickle.loads(pickle.dumps(store))
+    assert again.describe() == store.describe()
+    assert again.verify(stored.key, stored.sha256, stored.size) is None
