@@ -146,7 +146,9 @@ class MediaStore:
         return self._url
 
     def put_image(self, image: ProvenImage, *, repair: bool = False) -> StoredMedia:
-        """Store proven image bytes under their content key and verify them (see `put`)."""
+        """Store proven image bytes under their content key and verify them (see `_put`)."""
+        if hashlib.sha256(image.content).hexdigest() != image.sha256:
+            raise InvalidInput("a ProvenImage whose sha256 is not its content's")
         return self._put(image.content, image.media_type, image.width, image.height, repair)
 
     def put_document(

@@ -122,9 +122,7 @@ class LocalBackend(Backend):
     def read(self, key: str) -> bytes:
         try:
             return self._path(key).read_bytes()
-        except (FileNotFoundError, NotADirectoryError):
-            raise MediaMissing(key, url=self.url) from None
-        except IsADirectoryError:
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             raise MediaMissing(key, url=self.url) from None
 
     def exists(self, key: str) -> bool:
