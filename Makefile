@@ -1,5 +1,7 @@
 # One Makefile for people and CI. Every target bootstraps what it needs into this folder:
-# .tools (uv), .venv (the locked dependencies), .episodic (database, Prefect home, results).
+# .tools (uv), .venv (the locked dependencies). State (the SQLite ledger, paid images, Prefect home,
+# results) lives in .episodic, which only `make clean-state` removes (refused while it holds
+# paid calls unless INCLUDING_PAID=1).
 PYTHON ?= python3
 UV_VERSION := 0.13.8
 TOOLS := .tools
@@ -16,7 +18,7 @@ export UV_PYTHON_DOWNLOADS := never
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export DO_NOT_TRACK := 1
 
-.PHONY: bootstrap demo test lint format bench reliability ui-check clean
+.PHONY: bootstrap demo test lint format bench reliability ui-check clean clean-state
 
 bootstrap: $(VENV)/.synced
 
@@ -65,5 +67,9 @@ ui-check: bootstrap  ## the approval form in a real browser: the images, a rejec
 	$(UV) sync --frozen --compile-bytecode --group ui
 	$(BIN)/python -m tests.ui.ui_check
 
-clean:
-	rm -rf $(VENV) $(TOOLS) .episodic .pytest_cache .mypy_cache .ruff_cache
+clean:  ## build artefacts only: the environment, caches, dist/build; never the state (.episodic)
+	rm -rf $(VENV) $(TOOLS) .pytest_cache .mypy_cache .ruff_cache .hypothesis dist build
+	find . -path ./.git -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
+
+clean-state: bootstrap  ## the state folder (ledger, paid images): `episodic state remove`
+	$(BIN)/episodic state remove --yes$(if $(INCLUDING_PAID), --including-paid)

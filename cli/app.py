@@ -29,6 +29,7 @@ from cli import (
     review,
     runs,
     serve,
+    state,
 )
 from cli.output import error
 from cli.signals import interrupts
@@ -61,6 +62,7 @@ app.add_typer(db.app, name="db")
 app.add_typer(pipelines.app, name="pipelines")
 app.add_typer(providers.app, name="providers")
 app.add_typer(prefect_setup.app, name="prefect")
+app.add_typer(state.app, name="state")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -20,8 +20,12 @@ def demo(
         str | None, typer.Option(help="ISO week to run, e.g. 2026-W32 [default: this week].")
     ] = None,
     playlist: Annotated[
-        Path, typer.Option(help="Playlist the weekly deployment plans from.")
-    ] = Path("examples/playlist.yaml"),
+        Path | None,
+        typer.Option(
+            help="Playlist the weekly deployment plans from "
+            "[default: the project's examples/playlist.yaml]."
+        ),
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
     """The whole story on the embedded default with the fake provider.
@@ -42,6 +46,10 @@ def demo(
     timezone = pipeline_config(context.engine(), settings, settings.pipeline).timezone
     tz = load_timezone(timezone)
     week_id = WeekId.parse(week) if week else WeekId.of(datetime.now(tz), tz)
+    if playlist is None:  # the project's example, wherever the command starts (as its state)
+        from core.home import project_folder
+
+        playlist = (project_folder() or Path.cwd()) / "examples" / "playlist.yaml"
     if not playlist.is_file():
         from core.errors import InvalidInput
 

@@ -21,16 +21,21 @@ def list_episodes(
 ) -> None:
     """List the pipeline's episodes, oldest week first."""
     from core.ids import WeekId
+    from storage.engine import database_label
     from storage.episodes import EpisodeRepository
 
     week_id = WeekId.parse(week) if week is not None else None
     name = context.pipeline_name(pipeline)
-    episodes = EpisodeRepository(context.engine()).list(name, week_id)
+    engine = context.engine()
+    episodes = EpisodeRepository(engine).list(name, week_id)
     if as_json:
         emit_json([episode.to_dict() for episode in episodes])
         return
-    if not episodes:
-        typer.echo(f"no episodes in pipeline {name!r}" + (f" for {week_id}" if week_id else ""))
+    if not episodes:  # names the database: one started elsewhere is told where it looked
+        week_text = f" for {week_id}" if week_id else ""
+        typer.echo(
+            f"no episodes in pipeline {name!r}{week_text} (database: {database_label(engine)})"
+        )
         return
     table(
         f"pipeline {name}",

@@ -22,6 +22,7 @@ def list_runs(
 ) -> None:
     """List runs, newest first."""
     from core.ids import EpisodeId
+    from storage.engine import database_label
     from storage.runs import RunStore
 
     episode_id = str(EpisodeId.parse(episode)) if episode else None
@@ -31,7 +32,7 @@ def list_runs(
         emit_json([{**_run_dict(r), **store.counts(r.run_id).to_dict()} for r in runs])
         return
     if not runs:
-        typer.echo("no runs")
+        typer.echo(f"no runs (database: {database_label(store.engine)})")
         return
     table(
         None,

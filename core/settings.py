@@ -12,6 +12,7 @@ from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from core.errors import InvalidInput
+from core.home import default_home, resolve_home
 
 _PIPELINE_RE = re.compile(r"[a-z0-9][a-z0-9_.-]{0,62}")
 # The pipeline whose item keys and folders predate pipeline scoping: they stay unscoped, so
@@ -58,8 +59,10 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="EPISODIC_", frozen=True, extra="ignore")
 
     home: Path = Field(
-        default=Path(".episodic"),
-        description="working folder: SQLite file, locks, episodes, Prefect home",
+        default_factory=default_home,
+        validate_default=True,
+        description="state folder: SQLite file, locks, episodes, Prefect home; default: the "
+        "project's .episodic wherever a command starts (core.home); relative: to the project",
     )
     database_url: str | None = Field(
         default=None, description="SQLAlchemy URL; default: SQLite under home"
@@ -91,6 +94,15 @@ class Settings(BaseSettings):
         le=30 * 24 * 3600.0,
         allow_inf_nan=False,
         description="seconds after which the sweep cancels a run or flow run that never started",
+    )
+
+    media_url: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=1000,
+        description="where paid images, covers and manifests are kept: a folder, file://, "
+        "s3://bucket/prefix (or gs://, az:// with gcsfs/adlfs); credentials come from the "
+        "AWS variables, never the URL; default: the folder media under home",
     )
 
     result_storage: str | None = Field(
@@ -137,19 +149,39 @@ class Settings(BaseSettings):
 
         return parse_amount(self.max_run_cost)
 
+    @field_validator("home", mode="before")
+    @classmethod
+    def _empty_home_is_unset(cls, value: object) -> object:
+        return default_home() if value == "" else value
+
     @field_validator("home")
     @classmethod
     def _check_home(cls, value: Path) -> Path:
-        resolved = value.expanduser()
-        if len(str(resolved.absolute())) > MAX_HOME_CHARS:  # file paths under it are stored
+        """The absolute state folder (`core.home.resolve_home`: a relative value is anchored
+        at the project folder), refused when it cannot be a folder."""
+        resolved = resolve_home(value)
+        if len(str(resolved)) > MAX_HOME_CHARS:  # file paths under it are stored
             raise ValueError(f"the path is longer than {MAX_HOME_CHARS} characters")
         if resolved.exists() and not resolved.is_dir():
             raise ValueError(f"{value} exists and is not a directory")
-        for parent in resolved.absolute().parents:  # the first existing ancestor
+        for parent in resolved.parents:  # the first existing ancestor
             if parent.exists():
                 if not parent.is_dir():
                     raise ValueError(f"{value} cannot be created: {parent} is not a directory")
                 break
+        return resolved
+
+    @field_validator("media_url")
+    @classmethod
+    def _check_media_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        from core.media import refuse_credentials
+
+        try:
+            refuse_credentials(value)
+        except InvalidInput as exc:
+            raise ValueError(str(exc)) from None
         return value
 
     @field_validator("timezone")
@@ -175,7 +207,8 @@ class Settings(BaseSettings):
 
     @property
     def home_path(self) -> Path:
-        return self.home.expanduser().absolute()
+        """The state folder, absolute (the validator anchored it)."""
+        return self.home
 
     @property
     def providers_path(self) -> Path:
@@ -185,6 +218,11 @@ class Settings(BaseSettings):
     def results_path(self) -> Path:
         """The default result storage folder (when EPISODIC_RESULT_STORAGE is unset)."""
         return self.home_path / "results"
+
+    @property
+    def media_store_url(self) -> str:
+        """The media store's URL: EPISODIC_MEDIA_URL, or the folder ``media`` under home."""
+        return self.media_url or str(self.home_path / "media")
 
     @property
     def episodes_path(self) -> Path:

@@ -111,9 +111,10 @@ def project_directory() -> dict[str, str]:
 
     The folder is EPISODIC_PROJECT_DIR when the worker sets it (a shared folder or a clone
     elsewhere), else the folder this package is installed from (an editable install such as
-    `uv sync` in a clone). Relative settings and parameters (EPISODIC_HOME=.episodic, the
-    weekly playlist) then mean the same as on the command line. Raises `FileNotFoundError`
-    naming the folder when it is not a project folder.
+    `uv sync` in a clone). Relative parameters (the weekly playlist) then mean the same as on
+    the command line; the state folder is the project's wherever a process starts
+    (`core.home`). Raises `FileNotFoundError` naming the folder when it is not a project
+    folder.
     """
     configured = os.environ.get("EPISODIC_PROJECT_DIR")
     folder = Path(configured).expanduser() if configured else Path(__file__).resolve().parents[1]

@@ -87,8 +87,9 @@ def check_episodes(
     episodes = list_episodes(engine, pipeline, wanted)
     if episode_id is not None and not episodes:
         from core.errors import EpisodeNotFound
+        from storage.engine import database_label
 
-        raise EpisodeNotFound(pipeline, episode_id)
+        raise EpisodeNotFound(pipeline, episode_id, database_label(engine))
     findings: list[Finding] = []
     for episode in episodes:
         findings.extend(_check_one(engine, episode, policy))

@@ -47,6 +47,21 @@ def sqlite_path(url: URL) -> Path:
     return Path(url.database).absolute()
 
 
+def database_label(target: Engine | Connection | URL) -> str:
+    """How a message names the database it looked in: a SQLite database by its file's path,
+    any other by its URL without password and without query (options may carry secrets)."""
+    if isinstance(target, Connection):
+        target = target.engine
+    url = target.url if isinstance(target, Engine) else target
+    if url.get_backend_name() == "sqlite":
+        database = url.database or ""
+        if database.startswith("file:"):  # a read-only engine's URI filename
+            database = database.removeprefix("file:").split("?", 1)[0]
+        return str(Path(database).absolute()) if database not in ("", ":memory:") else "memory"
+    shown = URL.create(url.drivername, url.username, None, url.host, url.port, url.database)
+    return shown.render_as_string(hide_password=False)
+
+
 _writer_locks: dict[Path, threading.RLock] = {}
 _writer_locks_guard = threading.Lock()
 _engine_writer_locks: weakref.WeakKeyDictionary[Engine, threading.RLock] = (
@@ -96,6 +111,10 @@ _BEGIN_IMMEDIATE = DriverSQL("BEGIN IMMEDIATE")
 def _sqlite_engine(url: URL, *, read_only: bool, **kwargs: Any) -> Engine:
     path = sqlite_path(url)
     if read_only:
+        if not path.is_file():  # a reader never creates one; say which file it looked for
+            from core.errors import StorageError
+
+            raise StorageError(f"no database at {path}: the SQLite file does not exist")
         url = url.set(database=f"file:{path}?mode=ro", query={"uri": "true"})
     else:
         try:

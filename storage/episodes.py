@@ -19,6 +19,7 @@ from core.ids import EpisodeId, WeekId
 from core.states import EpisodeState, ItemState, check_episode_transition, sources_of
 from storage import statements, tx
 from storage.base import utcnow
+from storage.engine import database_label
 from storage.models import EpisodeEventRow, EpisodeMediaRow, EpisodePlanRow, EpisodeRow, ItemRow
 from storage.tx import idempotent, retry_outages
 
@@ -58,7 +59,7 @@ class EpisodeRepository:
                 )
             ).scalar()
         if pk is None:
-            raise EpisodeNotFound(pipeline, episode_id)
+            raise EpisodeNotFound(pipeline, episode_id, database_label(self.engine))
         return int(pk)
 
     def state(self, episode_pk: int) -> str:
@@ -154,7 +155,7 @@ class EpisodeRepository:
             )
         ).one_or_none()
         if row is None:
-            raise EpisodeNotFound(pipeline, str(episode_id))
+            raise EpisodeNotFound(pipeline, str(episode_id), database_label(session.get_bind()))
         return row
 
 

@@ -384,3 +384,19 @@ def completed_outputs(engine: Engine, episode_pk: int) -> list[EpisodeImage]:
         )
         for row in rows
     ]
+
+
+def ledger_totals(engine: Engine) -> tuple[int, dict[str, int]]:
+    """What the whole ledger holds: (paid calls it records: every submission, whatever its
+    outcome, as `episode_spend` counts them; cost in minor units per currency). (0, {}) for a
+    database without the schema. What `episodic state remove` weighs before removing it."""
+    from storage.schema import current_revision
+
+    if current_revision(engine) is None:
+        return 0, {}
+    with tx.read(engine) as conn:
+        calls = conn.execute(select(func.count()).select_from(_subs)).scalar_one()
+        spent = conn.execute(
+            select(_costs.c.currency, func.sum(_costs.c.amount_minor)).group_by(_costs.c.currency)
+        ).all()
+    return int(calls), {str(currency): int(amount) for currency, amount in spent}

@@ -35,6 +35,7 @@ from core.states import (
 )
 from storage import locks, statements, tx
 from storage.base import utcnow
+from storage.engine import database_label
 from storage.models import CostEntryRow, EpisodeRow, ItemRow, RunItemRow, RunRow, SubmissionRow
 from storage.tx import idempotent, retry_outages
 
@@ -59,7 +60,7 @@ class RunStore:
                 .where(_runs.c.id == run_id)
             ).first()
         if row is None:
-            raise RunNotFound(f"run {run_id} not found")
+            raise RunNotFound(run_id, database_label(self.engine))
         return _run(row)
 
     def list_runs(
@@ -89,7 +90,7 @@ class RunStore:
         with tx.read(self.engine) as conn:
             state = conn.execute(select(_runs.c.state).where(_runs.c.id == run_id)).scalar()
         if state is None:
-            raise RunNotFound(f"run {run_id} not found")
+            raise RunNotFound(run_id, database_label(self.engine))
         return str(state)
 
     @idempotent  # a repeat finds the run in `target` and answers False, as for a racer
@@ -129,7 +130,7 @@ class RunStore:
                 return True
             current = conn.execute(select(_runs.c.state).where(_runs.c.id == run_id)).scalar()
         if current is None:
-            raise RunNotFound(f"run {run_id} not found")
+            raise RunNotFound(run_id, database_label(self.engine))
         if current == target:
             return False
         raise InvalidTransition(f"run {run_id} is {current}: it cannot become {target}")

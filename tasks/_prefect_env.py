@@ -3,7 +3,9 @@
 Only defaults are set (a user's explicit environment wins): a project-local ``PREFECT_HOME``
 so the ephemeral server's database is migrated once and reused, a startup timeout long
 enough for that first migration on two cores, result storage under ``EPISODIC_HOME``, and
-no telemetry (this project never reaches out to the network).
+no telemetry (this project never reaches out to the network). ``EPISODIC_HOME`` is resolved as
+`core.settings` resolves it (`core.home`: the project's state folder wherever the command
+starts), so Prefect's home is always inside the same state folder as the ledger.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from pathlib import Path
 def configure() -> None:
     if "prefect" in sys.modules:  # too late to change what Prefect read at import
         return
-    home = Path(os.environ.get("EPISODIC_HOME", ".episodic")).expanduser().absolute()
+    from core.home import resolve_home  # no Prefect, no third-party import
+
+    home = resolve_home(os.environ.get("EPISODIC_HOME"))
     defaults = {
         "PREFECT_HOME": str(home / "prefect"),
         "PREFECT_LOCAL_STORAGE_PATH": str(home / "results"),

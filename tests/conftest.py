@@ -22,10 +22,37 @@ from storage.engine import make_engine  # noqa: E402
 from storage.registry import dispose_all  # noqa: E402
 from tests import sqllog  # noqa: E402
 from tests.databases import PostgresDatabases, SqliteDatabases, require_postgres  # noqa: E402
+from tests.s3_server import S3Server, running_s3_server  # noqa: E402
 
 
 def pytest_configure(config: pytest.Config) -> None:
     sqllog.pytest_configure(config)  # the SQL log, inert unless EPISODIC_SQL_LOG is set
+
+
+# The project's own state folder (what every command uses without EPISODIC_HOME: core.home)
+# holds a developer's real ledger: tests never write there. Checked over the whole session.
+_PROJECT_STATE = Path(__file__).resolve().parents[1] / ".episodic"
+
+
+def _state_fingerprint() -> list[tuple[str, int, int]]:
+    if not _PROJECT_STATE.is_dir():
+        return []
+    entries = [_PROJECT_STATE, *_PROJECT_STATE.iterdir()]
+    return sorted((p.name, p.stat().st_mtime_ns, p.stat().st_size) for p in entries
+                  if p.exists())  # fmt: skip
+
+
+_STATE_BEFORE = _state_fingerprint()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _state_fingerprint() != _STATE_BEFORE:
+        session.config.get_terminal_writer().line(
+            f"error: the tests wrote into the project's state folder {_PROJECT_STATE}: a test "
+            "ran a command without EPISODIC_HOME (tests/conftest.py clean_environment)",
+            red=True,
+        )
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
@@ -84,3 +111,10 @@ def engine(database_url: str) -> Iterator[Engine]:
     engine = make_engine(database_url)
     yield engine
     engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """The session's S3-compatible server (moto, its own process, loopback only)."""
+    with running_s3_server(tmp_path_factory.mktemp("s3")) as server:
+        yield server

@@ -103,7 +103,9 @@ def test_episodes_list_and_show(cli: Cli, database_url: str) -> None:
 def test_show_missing_episode_exits_5(cli: Cli, database_url: str) -> None:
     result = cli("episodes", "show", "2026-W32-7")
     assert result.returncode == 5
-    assert result.stderr.strip() == "error: episode 2026-W32-7 not found in pipeline 'weekly'"
+    assert result.stderr.strip().startswith(
+        "error: episode 2026-W32-7 not found in pipeline 'weekly' (database: "
+    )  # which database: tests/acceptance/test_state_folder.py
 
 
 def test_pipelines_are_separate(cli: Cli, database_url: str) -> None:
