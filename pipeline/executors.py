@@ -1,16 +1,18 @@
 """Executors: how a run's items are claimed and run, at most `concurrency` at a time.
 
-The CLI's executor is `thread_pool_executor`; the Prefect flow's (`tasks.executor`) runs each
-item as a cached task. Both claim an item before any work on it (`ItemJob`), keep an item
-refused only for a provider slot and ask for it again (`claim_next`, `collect_first`), and
-stop dispatching on `stop`.
+One dispatch machine (`dispatch`) drives every executor; an executor is only its `Lanes`:
+how its items are started and how their endings are reported. The CLI's executor is
+`thread_pool_executor` (a worker thread claims its item, then runs it); the Prefect flow's
+(`tasks.executor`) claims batches and runs each item as a cached task. Both claim an item
+before any work on it (`ItemJob`), keep an item refused only for a provider slot and ask for
+it again (`claim_next`, `collect_first`), and stop dispatching on `stop`.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, Literal, Protocol
 
@@ -121,8 +123,149 @@ def collect_first(queue: deque[Item], job: ItemJob, working: set[int]) -> bool:
     return True
 
 
-# A worker's answer: how its item ended, refused for a provider slot only, or nothing to do.
-_Answer = ItemResult | Literal[RefusalReason.THROTTLED] | None
+# How an item's work ended, as a dispatcher learns it: its result, refused for a provider slot
+# only (the item goes back to the front of the queue), or None: nothing for this process to do.
+Answer = ItemResult | Literal[RefusalReason.THROTTLED] | None
+
+
+class Lanes(Protocol):
+    """How a dispatcher's items are started and how their endings are reported (`dispatch`).
+
+    `batched`: True when `start` claims all its items in one transaction, so a throttled
+    dispatcher's probe asks for every free slot at no extra cost; False when each item is one
+    claim (a probe asks for one item: more would be more refused claims per poll).
+    """
+
+    batched: bool
+
+    @property
+    def in_flight(self) -> int:
+        """Items started and not yet ended (their claims are this dispatcher's)."""
+
+    @property
+    def busy(self) -> int:
+        """Of `concurrency`'s slots, how many the items in flight hold (an item whose work is
+        over but whose task still finishes holds none)."""
+
+    def holding(self) -> set[int]:
+        """The pks of the items in flight."""
+
+    def start(self, queue: deque[Item], room: int) -> bool:
+        """Start up to `room` items from the front of `queue` (none once `stop` is set), and
+        say whether the claim was refused for a provider slot (the refused items back at the
+        front of `queue`). A lane that learns that only when the item ends says False here
+        and `RefusalReason.THROTTLED` in `endings`."""
+
+    def endings(self) -> Iterator[tuple[Item, Answer]]:
+        """Block until at least one item in flight ended or freed its slot, then yield each
+        item that ended, with its answer (none when only slots freed)."""
+
+    def abandon(self) -> None:
+        """On an exception: cancel or release what is in flight (`dispatch` re-raises)."""
+
+
+def dispatch(
+    items: Sequence[Item],
+    job: ItemJob,
+    lanes: Lanes,
+    concurrency: int,
+    stop: threading.Event,
+    progress: Progress,
+) -> None:
+    """The one dispatch state machine: start `items` through `lanes`, at most `concurrency`
+    (>= 1) holding slots at once, until every item ended, or `stop` is set.
+
+    Throttled (the provider profile's limit of items in flight is reached; the refused item
+    is back at the front of the queue): first claim the run's own collectible items
+    (`collect_first`: collecting needs no slot); else, with items of ours in flight, ask
+    again when one of them ends (its slot frees); with none, tell `job.waiting(True)` and
+    probe every `THROTTLE_POLL_S`. Each item ended with a result tells `job.waiting(False)`
+    and `progress`. On an exception: set `stop`, `lanes.abandon()`, re-raise.
+    """
+    queue = deque(items)
+    throttled = False
+    try:
+        while queue or lanes.in_flight:
+            if throttled and not stop.is_set() and collect_first(queue, job, lanes.holding()):
+                throttled = False  # our slots are held by jobs we can collect: do it
+            elif throttled and not lanes.in_flight:
+                if stop.is_set():
+                    break
+                job.waiting(True)  # every slot is another run's: probe every 0.25 s
+                if stop.wait(THROTTLE_POLL_S):
+                    break
+            if not throttled or not lanes.in_flight:  # throttled with ours in flight: a slot
+                room = concurrency - lanes.busy  # frees when one of ours ends: ask again then
+                throttled = lanes.start(queue, room if lanes.batched or not throttled else 1)
+                if throttled:
+                    continue
+            if not lanes.in_flight:
+                if stop.is_set() or not queue:
+                    break
+                continue  # what was asked for was busy or done elsewhere: the next ones
+            throttled = False
+            for item, answer in lanes.endings():
+                if answer is RefusalReason.THROTTLED:
+                    queue.appendleft(item)
+                    throttled = True
+                elif answer is not None:
+                    job.waiting(False)
+                    progress(item, answer)
+    except BaseException:
+        stop.set()
+        lanes.abandon()
+        raise
+
+
+class _ThreadLanes:
+    """Each item is a worker thread that claims it, then runs it: claims (a short write
+    transaction each) overlap with other items' provider calls."""
+
+    batched = False
+
+    def __init__(self, pool: ThreadPoolExecutor, job: ItemJob, stop: threading.Event) -> None:
+        self.pool = pool
+        self.job = job
+        self.stop = stop
+        self.pending: dict[Future[Answer], Item] = {}
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.pending)
+
+    @property
+    def busy(self) -> int:
+        return len(self.pending)
+
+    def holding(self) -> set[int]:
+        return {item.pk for item in self.pending.values()}
+
+    def _claim_and_run(self, item: Item) -> Answer:
+        if self.stop.is_set():
+            return None
+        claim = self.job.claim(item)  # `throttled` is this (the worker's) thread's answer
+        if claim is None:
+            return RefusalReason.THROTTLED if self.job.throttled else None
+        return self.job.run(claim)
+
+    def start(self, queue: deque[Item], room: int) -> bool:
+        for _ in range(min(room, len(queue))):
+            if self.stop.is_set():
+                break
+            item = queue.popleft()
+            self.pending[self.pool.submit(self._claim_and_run, item)] = item
+        return False  # a worker's refusal comes back as its answer
+
+    def endings(self) -> Iterator[tuple[Item, Answer]]:
+        done, _ = wait(self.pending, return_when=FIRST_COMPLETED)
+        for future in done:
+            item = self.pending.pop(future)
+            yield item, future.result()
+
+    def abandon(self) -> None:
+        for future in self.pending:
+            future.cancel()
+        wait(self.pending)
 
 
 def thread_pool_executor(
@@ -134,53 +277,5 @@ def thread_pool_executor(
 ) -> None:
     """The CLI's executor: each of `concurrency` workers claims its item and runs it, so
     claims (a short write transaction each) overlap with other items' provider calls."""
-
-    def claim_and_run(item: Item) -> _Answer:
-        if stop.is_set():
-            return None
-        claim = job.claim(item)
-        if claim is None:
-            return RefusalReason.THROTTLED if job.throttled else None
-        return job.run(claim)
-
     with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="item") as pool:
-        pending: dict[Future[_Answer], Item] = {}
-        queue = deque(items)
-        throttled = False
-        try:
-            while queue or pending:
-                if throttled and collect_first(queue, job, {it.pk for it in pending.values()}):
-                    throttled = False  # our slots are held by jobs we can collect: do it
-                elif throttled and not pending:
-                    job.waiting(True)
-                    if stop.wait(THROTTLE_POLL_S):
-                        break  # throttled with nothing of ours running: probe every 0.25 s
-                while queue and len(pending) < concurrency and not stop.is_set():
-                    if throttled and pending:
-                        break  # a slot frees when one of ours finishes: ask again then
-                    item = queue.popleft()
-                    pending[pool.submit(claim_and_run, item)] = item
-                    if throttled:
-                        break
-                if not pending:
-                    if stop.is_set() or not queue:
-                        break
-                    stop.wait(THROTTLE_POLL_S)  # every slot is another run's: wait for one
-                    continue
-                done, _ = wait(pending, return_when=FIRST_COMPLETED)
-                throttled = False
-                for future in done:
-                    item = pending.pop(future)
-                    answer = future.result()
-                    if answer is RefusalReason.THROTTLED:
-                        queue.appendleft(item)
-                        throttled = True
-                    elif answer is not None:
-                        job.waiting(False)
-                        progress(item, answer)
-        except BaseException:
-            stop.set()
-            for future in pending:
-                future.cancel()
-            wait(pending)
-            raise
+        dispatch(items, job, _ThreadLanes(pool, job, stop), concurrency, stop, progress)

@@ -1,12 +1,14 @@
-"""The Prefect flow's executor: each claimed item runs as a `generate_item` task."""
+"""The Prefect flow's executor: each claimed item runs as a `generate_item` task (the lanes
+of `pipeline.executors.dispatch`)."""
 
 from __future__ import annotations
 
 import queue as queues
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import suppress
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
@@ -19,7 +21,7 @@ from core.planning import RunOptions
 from core.records import ItemResult
 from core.runs import Claim, Item
 from core.settings import load_settings
-from pipeline.executors import THROTTLE_POLL_S, ItemJob, Progress, claim_next, collect_first
+from pipeline.executors import Answer, ItemJob, Progress, claim_next, dispatch
 from tasks.generate import generate_item, ledger_ref
 from tasks.process import PROCESS, LocalFlow
 from tasks.results import load_result_storage, result_storage
@@ -39,7 +41,8 @@ def prefect_executor(
 ) -> None:
     """Claims each item, then runs it as a `generate_item` task, `concurrency` at a time,
     with results in `storage` (default: `result_storage` of the current settings), on the
-    flow's task runner (threads, or Dask workers anywhere)."""
+    flow's task runner (threads, or Dask workers anywhere): the one dispatch machine
+    (`pipeline.executors.dispatch`) driving `_TaskLanes`."""
     context = FlowRunContext.get()
     in_process = context is not None and isinstance(context.task_runner, ThreadPoolTaskRunner)
     storage = storage or result_storage(load_settings())
@@ -59,91 +62,119 @@ def prefect_executor(
         # that asks for a finished item by the task itself still gets the cached result.
         refresh_cache=True,
     )
-    params = options.params()
-    queue = deque(items)
-    running: dict[PrefectFuture[str], tuple[Item, Claim]] = {}
-    worked: set[int] = set()  # items in `running` whose work is over (their task finishing)
     local = LocalFlow(job.runner)
-    events = local.events
+    lanes = _TaskLanes(
+        job, stop, local, item_task, in_process, scope, options, pipeline, episode_id
+    )
     with PROCESS.guard:
         PROCESS.local_flows[job.owner] = local
     try:
-        while queue or running:
-            room = concurrency - len(running) + len(worked)
-            claimed, throttled = claim_next(queue, job, stop, room)
-            for item, claim in claimed:
-                local.hand(job.take(item.pk))  # the task works it by ids (from here, or
-                work = {  # from the database)
-                    "pipeline": pipeline,
-                    "episode_id": episode_id,
-                    "run_id": job.run_id,
-                    "owner": job.owner,
-                    "item_pk": item.pk,
-                    "action": claim.action,
-                    "submission_pk": claim.submission.pk if claim.submission else None,
-                    "token": claim.token,
-                    "profile": job.profile_id,
-                    "options": params,
-                    "cap_minor": options.cap_minor,
-                }
-                # On the thread runner, Prefect need not search `work` for futures (ids only;
-                # the search cost a tenth of an item task's time). Dask receives it as sent.
-                future = item_task.submit(
-                    cast(Any, quote(work)) if in_process else work,
-                    item.item_id,
-                    item.idempotency_key,
-                    ledger_ref(scope, item),
-                )
-                running[future] = (item, claim)
-                future.add_done_callback(lambda done: events.put(("finished", done)))
-            # Slots held by the run's own accepted jobs that nobody collects (a killed or
-            # interrupted process's, one left for later): collected first, before any wait
-            # (a task still finishing keeps its item until it has: `running`).
-            ours = {item.pk for item, _ in running.values()}
-            if throttled and not stop.is_set() and collect_first(queue, job, ours):
-                continue
-            if not running:
-                if stop.is_set() or not queue:
-                    break
-                if throttled:  # every slot is another run's: wait for one
-                    job.waiting(True)
-                    stop.wait(THROTTLE_POLL_S)
-                continue  # the batch was busy or done elsewhere: claim the next ones
-            # Wait for one item's work to end (its slot is free) or one task to finish, then
-            # take every other event that came meanwhile: one claim fills all free slots.
-            pending = [events.get()]
-            while True:
-                try:
-                    pending.append(events.get_nowait())
-                except queues.Empty:
-                    break
-            for kind, what in pending:
-                if kind == "worked":
-                    pk, _outcome = what
-                    if any(item.pk == pk for item, _ in running.values()):
-                        worked.add(pk)
-                    continue
-                if what not in running:
-                    continue
-                item, claim = running.pop(what)
-                worked.discard(item.pk)
-                what.wait()  # the final state from the finished future, not an API read
-                completed = what.state.is_completed()
-                if not completed:  # the task ended early (lost worker): free its claim;
-                    job.release(local.unstarted(claim))  # an intent it may have sent is
-                    # reconciled, never resent
-                job.waiting(False)
-                progress(item, ItemResult.COMPLETED if completed else ItemResult.FAILED)
-    except BaseException:  # the runner pauses the run and releases this owner's claims
-        stop.set()
-        # Claims handed to tasks that never loaded them (queued on a busy Dask cluster) sent
-        # nothing: their intents are withdrawn now, so the next run submits those items
-        # instead of leaving them "acceptance unknown" (`release_unstarted` takes the token,
-        # so a task that starts late sends nothing either).
-        for _item, claim in list(running.values()):
-            with suppress(Exception):
-                job.release(local.unstarted(claim))
-        raise
+        dispatch(items, job, lanes, concurrency, stop, progress)
     finally:
         with PROCESS.guard:
             PROCESS.local_flows.pop(job.owner, None)
+
+
+@dataclass
+class _TaskLanes:
+    """Claims in batches (`claim_next`: one transaction fills every free slot), each claimed
+    item submitted as an item task; the endings come as events: a done callback's
+    'finished', and a task's 'worked' (`item_worked`) the moment the item's work is over,
+    which frees its slot while Prefect still finishes the task run."""
+
+    batched = True
+
+    job: ItemJob
+    stop: threading.Event
+    local: LocalFlow
+    item_task: Any  # `generate_item` with this run's options
+    in_process: bool  # the flow's own thread runner (else Dask workers)
+    scope: str  # the installation, for `ledger_ref`
+    options: RunOptions
+    pipeline: str
+    episode_id: str
+    running: dict[PrefectFuture[str], tuple[Item, Claim]] = field(default_factory=dict)
+    worked: set[int] = field(default_factory=set)  # items in `running` whose work is over
+    params: dict[str, Any] = field(init=False)  # the options as each item task receives them
+
+    def __post_init__(self) -> None:
+        self.params = self.options.params()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.running)
+
+    @property
+    def busy(self) -> int:
+        return len(self.running) - len(self.worked)
+
+    def holding(self) -> set[int]:
+        # A task still finishing keeps its item until it has: `running`.
+        return {item.pk for item, _ in self.running.values()}
+
+    def start(self, queue: deque[Item], room: int) -> bool:
+        job, events = self.job, self.local.events
+        claimed, throttled = claim_next(queue, job, self.stop, room)
+        for item, claim in claimed:
+            self.local.hand(job.take(item.pk))  # the task works it by ids (from here, or
+            work = {  # from the database)
+                "pipeline": self.pipeline,
+                "episode_id": self.episode_id,
+                "run_id": job.run_id,
+                "owner": job.owner,
+                "item_pk": item.pk,
+                "action": claim.action,
+                "submission_pk": claim.submission.pk if claim.submission else None,
+                "token": claim.token,
+                "profile": job.profile_id,
+                "options": self.params,
+                "cap_minor": self.options.cap_minor,
+            }
+            # On the thread runner, Prefect need not search `work` for futures (ids only;
+            # the search cost a tenth of an item task's time). Dask receives it as sent.
+            future = self.item_task.submit(
+                cast(Any, quote(work)) if self.in_process else work,
+                item.item_id,
+                item.idempotency_key,
+                ledger_ref(self.scope, item),
+            )
+            self.running[future] = (item, claim)
+            future.add_done_callback(lambda done: events.put(("finished", done)))
+        return throttled
+
+    def endings(self) -> Iterator[tuple[Item, Answer]]:
+        # Wait for one item's work to end (its slot is free) or one task to finish, then
+        # take every other event that came meanwhile: one claim fills all free slots.
+        events = self.local.events
+        pending = [events.get()]
+        while True:
+            try:
+                pending.append(events.get_nowait())
+            except queues.Empty:
+                break
+        for kind, what in pending:
+            if kind == "worked":
+                pk, _outcome = what
+                if any(item.pk == pk for item, _ in self.running.values()):
+                    self.worked.add(pk)
+                continue
+            if what not in self.running:
+                continue
+            item, claim = self.running.pop(what)
+            self.worked.discard(item.pk)
+            what.wait()  # the final state from the finished future, not an API read
+            completed = what.state.is_completed()
+            if not completed:  # the task ended early (lost worker): free its claim; an
+                self.job.release(self.local.unstarted(claim))  # intent it may have sent
+                # is reconciled, never resent
+            yield item, ItemResult.COMPLETED if completed else ItemResult.FAILED
+
+    def abandon(self) -> None:
+        # The runner pauses the run and releases this owner's claims. Claims handed to tasks
+        # that never loaded them (queued on a busy Dask cluster) sent nothing: their intents
+        # are withdrawn now, so the next run submits those items instead of leaving them
+        # "acceptance unknown" (`release_unstarted` takes the token, so a task that starts
+        # late sends nothing either).
+        for _item, claim in list(self.running.values()):
+            with suppress(Exception):
+                self.job.release(self.local.unstarted(claim))
