@@ -86,7 +86,7 @@ _ROW = r"\((?:[^()]|\([^()]*\))*\)"
 _VALUES_ROWS = re.compile(rf"\bVALUES\s*{_ROW}(?:\s*,\s*{_ROW})*", re.I)
 _HAS_PLACEHOLDER = re.compile(_PLACEHOLDER)
 _UUID = re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b", re.I)
-_HEX_SUFFIX = re.compile(r"(?<=[A-Za-z]_)[0-9a-f]{8,32}\b")
+_HEX_SUFFIX = re.compile(r"(?<=[A-Za-z]_)[0-9a-f]{8,32}(?![0-9A-Za-z])")  # also before `_copy`
 _TMP_PATH = re.compile(r"/tmp/[^\s'\"]+")
 
 

@@ -27,6 +27,7 @@ from tests import sqllog
         ("INSERT INTO t (a) VALUES (:a)", "INSERT INTO t (a) VALUES <rows>"),
         ("INSERT INTO t (s) VALUES ('done')", "INSERT INTO t (s) VALUES ('done')"),
         ('CREATE DATABASE "episodic_t_3fa9c2d1e0"', 'CREATE DATABASE "episodic_t_<hex>"'),
+        ('DROP DATABASE "episodic_t_3fa9c2d1e0_copy"', 'DROP DATABASE "episodic_t_<hex>_copy"'),
         (
             "SELECT 1 WHERE id = '6f1c8a52-1b2c-4d3e-9f00-0123456789ab'",
             "SELECT 1 WHERE id = '<uuid>'",
