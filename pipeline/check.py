@@ -32,11 +32,13 @@ from storage.admission import DedupPolicy
 from storage.allocator import SLOT_EVENTS, asked_by
 from storage.approvals import approved_picks
 from storage.audit import (
+    CostRecord,
     EpisodeRecord,
     ItemRecord,
     MediaRecord,
     RunRecord,
     SlotEpisode,
+    SubmissionRecord,
     list_episodes,
     snapshot,
 )
@@ -160,9 +162,38 @@ def _check_one(engine: Database, episode: EpisodeRecord, policy: DedupPolicy) ->
         if isinstance(d, dict) and "submission" in d
     }
     reopened = isinstance(latest_event, dict) and "reopened_by" in latest_event
+    _check_items(add, items, subs)
+    now = utcnow()
+    held = {  # items whose live claim holder is still working on them: not a finding yet
+        item.id
+        for item in items
+        if item.state == "running"
+        and item.lease_expires_at is not None
+        and item.lease_expires_at > now
+    }
+    _check_liveness(add, runs, items, now)
+    _check_ledger(add, subs, costs, held, cancel_answers)
+    try:
+        _check_states(
+            add,
+            episode,
+            None if recorded is None else recorded[1:],
+            approval,
+            items,
+            seen.media,
+            migrated=seen.migrated,
+            # A live run marks the episode when it ends; a reopened one waits for a new plan.
+            unmarked_is_expected=reopened or any(run.active for run in runs),
+        )
+    except _PlanUnreadable as exc:
+        add("plan", f"the recorded plan is refused by today's rules ({exc}): re-plan it")
+    return out
+
+
+def _check_items(add: Any, items: Sequence[ItemRecord], subs: Sequence[SubmissionRecord]) -> None:
+    """A completed item has its image file and exactly one succeeded submission; no other
+    item has one."""
     succeeded = Counter(s.item_pk for s in subs if s.state == "succeeded")
-    cost_by_sub = Counter(c.submission_pk for c in costs)
-    sub_ids = {s.id: s for s in subs}
     for item in items:
         if item.state == "completed":
             _check_file(add, f"image {_label(item)}", item.output_path, item.output_sha256)
@@ -177,15 +208,20 @@ def _check_one(engine: Database, episode: EpisodeRecord, policy: DedupPolicy) ->
                 "state",
                 f"item {_label(item)} is {item.state} but has a succeeded submission",
             )
-    now = utcnow()
-    held = {  # items whose live claim holder is still working on them: not a finding yet
-        item.id
-        for item in items
-        if item.state == "running"
-        and item.lease_expires_at is not None
-        and item.lease_expires_at > now
-    }
-    _check_liveness(add, runs, items, now)
+
+
+def _check_ledger(
+    add: Any,
+    subs: Sequence[SubmissionRecord],
+    costs: Sequence[CostRecord],
+    held: set[int],
+    cancel_answers: dict[Any, str],
+) -> None:
+    """Each submission's remote reference and cost entries as its state requires, no open
+    job left behind (but on an item a live claim still `held`, or one a cancel stopped), one
+    submission per provider job, and every cost entry a submission's and not negative."""
+    cost_by_sub = Counter(c.submission_pk for c in costs)
+    sub_ids = {s.id: s for s in subs}
     for sub in subs:
         if sub.state in ("accepted", "succeeded") and not sub.remote_ref:
             add(
@@ -224,21 +260,6 @@ def _check_one(engine: Database, episode: EpisodeRecord, policy: DedupPolicy) ->
             add("ledger", f"cost entry {cost.id} belongs to no submission of this episode")
         if cost.amount_minor < 0:
             add("ledger", f"cost entry {cost.id} is negative")
-    try:
-        _check_states(
-            add,
-            episode,
-            None if recorded is None else recorded[1:],
-            approval,
-            items,
-            seen.media,
-            migrated=seen.migrated,
-            # A live run marks the episode when it ends; a reopened one waits for a new plan.
-            unmarked_is_expected=reopened or any(run.active for run in runs),
-        )
-    except _PlanUnreadable as exc:
-        add("plan", f"the recorded plan is refused by today's rules ({exc}): re-plan it")
-    return out
 
 
 def _check_liveness(
