@@ -56,9 +56,7 @@ def test_the_forms_of_a_live_claim_select_the_same_items(engine: Engine, tmp_pat
         )
         negated = set(
             conn.execute(
-                select(_items.c.id).where(
-                    _items.c.id.in_(pks), ~statements.held_by_live_claim(now)
-                )
+                select(_items.c.id).where(_items.c.id.in_(pks), ~statements.held_by_live_claim(now))
             ).scalars()
         )
         text = {
