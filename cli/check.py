@@ -25,7 +25,8 @@ def check(
     exit code: the slot was still one episode, paid once."""
     from core.errors import InvalidInput
     from pipeline.admission import dedup_policy
-    from pipeline.check import check_episodes, schedule_warnings
+    from pipeline.check import check_episodes
+    from pipeline.slot_warnings import schedule_warnings
 
     if (episode_id is None) == (not check_all):
         raise InvalidInput("give an EPISODE_ID or --all")

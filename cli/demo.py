@@ -74,6 +74,13 @@ def demo(
     if as_json:
         emit_json({"week_id": str(week_id), "runs": rows, **story})
         return
+    _show_story(story)
+    if story["findings"]:
+        raise typer.Exit(1)
+
+
+def _show_story(story: dict[str, Any]) -> None:
+    """The generation steps, the check's verdict and the episodes, as tables."""
     table(
         "generation (generate_episode flow, fake provider)",
         ["step", "episode", "new paid calls", "skipped"],
@@ -89,8 +96,6 @@ def demo(
             for e in story["episodes"]
         ),
     )
-    if findings:
-        raise typer.Exit(1)
 
 
 def _paid_story(episodes: list[str], pipeline: str) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -19,7 +19,57 @@ from cli.options import (
 from cli.output import emit_json
 from cli.run_output import report_outcome, run_progress
 
+if TYPE_CHECKING:
+    from core.planning import RunOptions
+    from pipeline.generation import Prepared
+    from storage.tx import Database
+
 EpisodeArg = Annotated[str, typer.Argument(help="Episode id, e.g. 2026-W32-0 (must exist).")]
+
+
+# generate's options
+OnlyOption = Annotated[str | None, typer.Option(help="Only these videos (1-based), e.g. 3,7-9.")]
+ConcurrencyOption = Annotated[
+    int,
+    typer.Option(click_type=StrictInt(1, 64), help="Parallel paid calls (capped by the provider)."),
+]
+MaxRetriesOption = Annotated[
+    int,
+    typer.Option(
+        click_type=StrictInt(0, 20), help="Retries of a failed item, counted across runs."
+    ),
+]
+CollectTimeoutOption = Annotated[
+    int,
+    typer.Option(
+        click_type=StrictInt(1, 86400),
+        help="Seconds to keep collecting an accepted job before leaving it to the next run (free).",
+    ),
+]
+MaxImagesOption = Annotated[
+    int | None,
+    typer.Option(click_type=StrictInt(0), help="Refuse a plan with more new paid calls."),
+]
+MaxCostOption = Annotated[
+    str | None, typer.Option(help="Refuse a plan estimated above this amount, e.g. 5.00.")
+]
+ShowPlanOption = Annotated[
+    bool, typer.Option("--plan", help="Only show the plan: new calls, skipped, cost.")
+]
+ResumeOption = Annotated[
+    str | None, typer.Option(help="Resume this run instead (alias of `runs resume`).")
+]
+ForceResubmitOption = Annotated[
+    bool, typer.Option(help="Resubmit items whose acceptance is unknown (recorded).")
+]
+HeroCandidatesOption = Annotated[
+    int | None,
+    typer.Option(
+        click_type=StrictInt(1, 50),
+        help="Hero runs at N paid candidates each (recorded in the plan; growing 4 to 6 "
+        "pays for 2). Without hero runs in the playlist: every one-image video.",
+    ),
+]
 
 
 def plan(
@@ -45,53 +95,16 @@ def plan(
 
 def generate(
     episode_id: EpisodeArg,
-    only: Annotated[
-        str | None, typer.Option(help="Only these videos (1-based), e.g. 3,7-9.")
-    ] = None,
-    concurrency: Annotated[
-        int,
-        typer.Option(
-            click_type=StrictInt(1, 64), help="Parallel paid calls (capped by the provider)."
-        ),
-    ] = 4,
-    max_retries: Annotated[
-        int,
-        typer.Option(
-            click_type=StrictInt(0, 20), help="Retries of a failed item, counted across runs."
-        ),
-    ] = 2,
-    collect_timeout: Annotated[
-        int,
-        typer.Option(
-            click_type=StrictInt(1, 86400),
-            help="Seconds to keep collecting an accepted job before leaving it to the next "
-            "run (free).",
-        ),
-    ] = 600,
-    max_images: Annotated[
-        int | None,
-        typer.Option(click_type=StrictInt(0), help="Refuse a plan with more new paid calls."),
-    ] = None,
-    max_cost: Annotated[
-        str | None, typer.Option(help="Refuse a plan estimated above this amount, e.g. 5.00.")
-    ] = None,
-    show_plan: Annotated[
-        bool, typer.Option("--plan", help="Only show the plan: new calls, skipped, cost.")
-    ] = False,
-    resume: Annotated[
-        str | None, typer.Option(help="Resume this run instead (alias of `runs resume`).")
-    ] = None,
-    force_resubmit: Annotated[
-        bool, typer.Option(help="Resubmit items whose acceptance is unknown (recorded).")
-    ] = False,
-    hero_candidates: Annotated[
-        int | None,
-        typer.Option(
-            click_type=StrictInt(1, 50),
-            help="Hero runs at N paid candidates each (recorded in the plan; growing 4 to 6 "
-            "pays for 2). Without hero runs in the playlist: every one-image video.",
-        ),
-    ] = None,
+    only: OnlyOption = None,
+    concurrency: ConcurrencyOption = 4,
+    max_retries: MaxRetriesOption = 2,
+    collect_timeout: CollectTimeoutOption = 600,
+    max_images: MaxImagesOption = None,
+    max_cost: MaxCostOption = None,
+    show_plan: ShowPlanOption = False,
+    resume: ResumeOption = None,
+    force_resubmit: ForceResubmitOption = False,
+    hero_candidates: HeroCandidatesOption = None,
     idempotency_key: IdempotencyKeyOption = None,
     allow_duplicate: AllowDuplicateOption = False,
     batch_id: BatchIdOption = None,
@@ -103,13 +116,10 @@ def generate(
     An identical request while a run of it is active joins that run (deduplicated).
     """
     from core.dedup import check_dedup_options
-    from core.planning import check_budget
     from pipeline.admission import options_from_request
-    from pipeline.admission import plan as make_plan
     from pipeline.gate import EnvironmentCredentials
     from pipeline.generation import generate as generate_run
     from pipeline.generation import prepare
-    from storage.plans import PlanStore
 
     check_dedup_options(idempotency_key, batch_id, allow_duplicate)
     if resume is not None and hero_candidates is not None:
@@ -146,11 +156,7 @@ def generate(
         collect_timeout_s=collect_timeout,
     )
     if show_plan:
-        report = make_plan(
-            PlanStore(engine), prepared.gate, prepared.items, options, prepared.profile
-        )
-        check_budget(report, options)
-        _print_plan(report.to_dict(), as_json)
+        _show_plan(engine, prepared, options, as_json)
         return
     with run_progress(as_json) as on_start:
         outcome = generate_run(
@@ -223,6 +229,18 @@ def resume_run(
             pipeline=pipeline,
         )
     report_outcome(outcome, as_json)
+
+
+def _show_plan(engine: Database, prepared: Prepared, options: RunOptions, as_json: bool) -> None:
+    """`generate --plan`: what the run would do and cost, refused past the budget; spends
+    nothing."""
+    from core.planning import check_budget
+    from pipeline.admission import plan as make_plan
+    from storage.plans import PlanStore
+
+    report = make_plan(PlanStore(engine), prepared.gate, prepared.items, options, prepared.profile)
+    check_budget(report, options)
+    _print_plan(report.to_dict(), as_json)
 
 
 def _print_plan(report: dict[str, object], as_json: bool) -> None:

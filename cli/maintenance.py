@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import os
 from enum import StrEnum
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from cli import context
 from cli.options import AllowDuplicateOption, IdempotencyKeyOption, JsonOption, PipelineOption
 from cli.output import emit_json, table
+
+if TYPE_CHECKING:
+    from core.settings import Settings
 
 
 class DispatchCommand(StrEnum):
@@ -51,27 +54,9 @@ def sweep(
     skipped: dict[str, str] = {}
     use_prefect = prefect if prefect is not None else bool(os.environ.get("PREFECT_API_URL"))
     if use_prefect:
-        import tasks  # noqa: F401  (Prefect defaults before Prefect is imported)
-        from flows.maintenance import (
-            GHOST_BUCKET,
-            GHOST_MEANING,
-            PREFECT_BUCKET,
-            PREFECT_MEANING,
-            cancel_stuck_flow_runs,
-            crash_ghost_runs,
-        )
-        from pipeline.admission import dedup_policy
-
-        buckets[PREFECT_BUCKET] = list(
-            cancel_stuck_flow_runs(settings.pending_ttl_s, dry_run=dry_run)
-        )
-        meaning[PREFECT_BUCKET] = PREFECT_MEANING
-        buckets[GHOST_BUCKET] = list(
-            crash_ghost_runs(
-                context.engine(), dedup_policy(settings).fallback_lease_s, dry_run=dry_run
-            )
-        )
-        meaning[GHOST_BUCKET] = GHOST_MEANING
+        for bucket, (ids, what) in _prefect_buckets(settings, dry_run).items():
+            buckets[bucket] = ids
+            meaning[bucket] = what
     else:
         why = "no PREFECT_API_URL (pass --prefect to use a profile's)"
         skipped["stuck_flow_runs"] = why
@@ -92,6 +77,28 @@ def sweep(
     rows: list[tuple[str, str, str]] = [(k, str(len(v)), meaning[k]) for k, v in buckets.items()]
     rows += [(k, "-", f"skipped: {why}") for k, why in skipped.items()]
     table(None, ["bucket", verb, "what"], rows)
+
+
+def _prefect_buckets(settings: Settings, dry_run: bool) -> dict[str, tuple[list[object], str]]:
+    """The Prefect side of the sweep, bucket -> (ids moved, what it means): this project's
+    flow runs stuck past the pending TTL (cancelled), and flow and task runs a dead process
+    left Running (crashed)."""
+    import tasks  # noqa: F401  (Prefect defaults before Prefect is imported)
+    from flows.maintenance import (
+        GHOST_BUCKET,
+        GHOST_MEANING,
+        PREFECT_BUCKET,
+        PREFECT_MEANING,
+        cancel_stuck_flow_runs,
+        crash_ghost_runs,
+    )
+    from pipeline.admission import dedup_policy
+
+    stuck: list[object] = list(cancel_stuck_flow_runs(settings.pending_ttl_s, dry_run=dry_run))
+    ghosts: list[object] = list(
+        crash_ghost_runs(context.engine(), dedup_policy(settings).fallback_lease_s, dry_run=dry_run)
+    )
+    return {PREFECT_BUCKET: (stuck, PREFECT_MEANING), GHOST_BUCKET: (ghosts, GHOST_MEANING)}
 
 
 def dispatch(

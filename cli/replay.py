@@ -70,21 +70,43 @@ def replay(
             from core.errors import InvalidInput
 
             raise InvalidInput("--playlist and --no-generate are the deployment's parameters")
-        _needs_server()
-        from flows.replay import deployment_crons, replay_on_deployment
-
-        if not off_schedule:
-            _check_on_schedule(slot, moment, deployment_crons(deployment), deployment)
-        result = replay_on_deployment(name, moment, deployment)
-        if as_json:
-            emit_json(result.to_dict())
-            return
-        typer.echo(
-            f"slot {result.allocation_key}: flow run {result.flow_run_name} "
-            f"({result.flow_run_id}) of {deployment}: {result.state}; its workers allocate "
-            "the slot's episode and wait for approval in the UI"
-        )
+        _replay_on_deployment(slot, moment, name, deployment, off_schedule, as_json)
         return
+    _replay_here(slot, moment, name, playlist, generate, off_schedule, as_json)
+
+
+def _replay_on_deployment(
+    slot: str, moment: datetime, name: str, deployment: str, off_schedule: bool, as_json: bool
+) -> None:
+    """The replay as a flow run of `deployment`, run by its workers (they allocate the slot's
+    episode and wait for approval in the UI)."""
+    _needs_server()
+    from flows.replay import deployment_crons, replay_on_deployment
+
+    if not off_schedule:
+        _check_on_schedule(slot, moment, deployment_crons(deployment), deployment)
+    result = replay_on_deployment(name, moment, deployment)
+    if as_json:
+        emit_json(result.to_dict())
+        return
+    typer.echo(
+        f"slot {result.allocation_key}: flow run {result.flow_run_name} "
+        f"({result.flow_run_id}) of {deployment}: {result.state}; its workers allocate "
+        "the slot's episode and wait for approval in the UI"
+    )
+
+
+def _replay_here(
+    slot: str,
+    moment: datetime,
+    name: str,
+    playlist: Path | None,
+    generate: bool,
+    off_schedule: bool,
+    as_json: bool,
+) -> None:
+    """The replay in this process: allocate, plan (from `playlist`, else the weekly
+    deployment's when the episode has no plan), generate; the next step is printed."""
     from core.states import EpisodeState
     from deployments.spec import DEFAULT_PLAYLIST, WEEKLY_SLOTS
     from flows.replay import replay_here

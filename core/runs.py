@@ -75,6 +75,13 @@ class Submission:
     remote_ref: str | None
 
 
+def claim_live(state: str, lease_expires_at: datetime | None, now: datetime) -> bool:
+    """An item is held by a live claim: running under a lease that ends after `now` (its
+    holder renews it). Evaluated on rows in memory; `storage.statements.held_by_live_claim`
+    is the same rule in SQL."""
+    return state == ItemState.RUNNING and lease_expires_at is not None and lease_expires_at > now
+
+
 @dataclass(frozen=True, slots=True)
 class ItemSnapshot:
     """What planning needs to know of an existing item (one set-based query)."""
@@ -87,11 +94,7 @@ class ItemSnapshot:
 
     def held(self, now: datetime) -> bool:
         """Running under a live claim: its holder is alive and will finish it."""
-        return (
-            self.state == ItemState.RUNNING
-            and self.lease_expires_at is not None
-            and self.lease_expires_at > now
-        )
+        return claim_live(self.state, self.lease_expires_at, now)
 
 
 @dataclass(frozen=True, slots=True)

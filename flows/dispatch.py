@@ -110,18 +110,8 @@ def dispatch(
     gate = open_gate(engine, pipeline, episode_id, f"dispatch-{command}")
     flow_name, deployment_name = DEPLOYMENTS[command]
     full_name = f"{flow_name}/{deployment_name}"
-    parameters: dict[str, Any] = {"episode_id": gate.episode_id, "pipeline": pipeline}
-    if command == "generate" and idempotency_key is not None:
-        parameters["idempotency_key"] = idempotency_key
-    if command == "generate" and allow_duplicate:
-        parameters["allow_duplicate"] = True
-    request = RunRequest(
-        pipeline=pipeline,
-        episode_id=gate.episode_id,
-        command=f"dispatch:{command}",
-        params={"deployment": full_name, "parameters": parameters},
-        idempotency_key=parse_idempotency_key(idempotency_key),
-        allow_duplicate=allow_duplicate,
+    parameters, request = _request(
+        pipeline, command, gate.episode_id, full_name, idempotency_key, allow_duplicate
     )
     fp_tag = fingerprint_tag(request.fingerprint)
     req_tag = request_tag(request.request_sha256)
@@ -149,6 +139,32 @@ def dispatch(
         )
     assert isinstance(flow_run, FlowRun)  # sync context: not a coroutine
     return _answer(flow_run, full_name, False, prefect_key)
+
+
+def _request(
+    pipeline: str,
+    command: str,
+    episode_id: str,
+    full_name: str,
+    idempotency_key: str | None,
+    allow_duplicate: bool,
+) -> tuple[dict[str, Any], RunRequest]:
+    """What a dispatch of `command` asks: the parameters of the deployment's flow run, and
+    the request they make (its fingerprint says which dispatches are the same)."""
+    parameters: dict[str, Any] = {"episode_id": episode_id, "pipeline": pipeline}
+    if command == "generate" and idempotency_key is not None:
+        parameters["idempotency_key"] = idempotency_key
+    if command == "generate" and allow_duplicate:
+        parameters["allow_duplicate"] = True
+    request = RunRequest(
+        pipeline=pipeline,
+        episode_id=episode_id,
+        command=f"dispatch:{command}",
+        params={"deployment": full_name, "parameters": parameters},
+        idempotency_key=parse_idempotency_key(idempotency_key),
+        allow_duplicate=allow_duplicate,
+    )
+    return parameters, request
 
 
 def _existing(

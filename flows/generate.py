@@ -22,6 +22,7 @@ from prefect import flow
 from prefect.exceptions import TerminationSignal
 from prefect.logging import get_run_logger
 from pydantic import Field
+from sqlalchemy import Engine
 
 from core.errors import EpisodicError
 from core.exit_codes import ExitCode
@@ -33,6 +34,7 @@ from flows.cancellation import link_flow_run, settle_hook, settle_in_flow
 from flows.params import EpisodeIdParam, Flag, KeyParam, PipelineParam, episode_run_name
 from pipeline.admission import options_from_request
 from pipeline.generation import generate, prepare
+from pipeline.outcomes import RunOutcome
 from pipeline.runner import Runner
 from storage.registry import engine_for
 from tasks.credentials import PrefectSecretCredentials
@@ -132,23 +134,7 @@ def _generate(
         max_images=max_images,
         max_cost=max_cost,
     )
-    storage = result_storage(settings)
-
-    publishers: list[EpisodeProgress] = []
-    started: list[tuple[str, list[str]]] = []  # (run id, flow run chain) of this flow run
-
-    def on_start(runner: Runner, run_id: str) -> None:
-        started.append((run_id, link_flow_run(db, run_id)))
-        progress = EpisodeProgress(db, name, episode_id)
-        publishers.append(progress)
-
-        def on_progress(item: object, result: ItemResult) -> None:
-            if result == ItemResult.COMPLETED:
-                progress.completed_one()
-
-        runner.on_progress = on_progress
-        runner.on_wait = lambda text: logger.info(text) if text else None
-
+    started = _Started(db, name, episode_id, logger)
     report: dict[str, Any] | None = None
     try:
         outcome = generate(
@@ -163,25 +149,60 @@ def _generate(
             allow_duplicate=allow_duplicate,
             executor=partial(
                 prefect_executor,
-                storage=storage,
+                storage=result_storage(settings),
                 pipeline=name,
                 episode_id=prepared.gate.episode_id,
                 options=options,
             ),
-            on_start=on_start,
+            on_start=started,
             hero_candidates=hero_candidates,
         )
     except TerminationSignal:  # a cancel of this flow run (or its parent), or a shutdown
-        for publisher in publishers:
-            publisher.close()
-        if started:
-            settle_in_flow(db, settings, *started[-1])
+        started.close()
+        if started.runs:
+            settle_in_flow(db, settings, *started.runs[-1])
         raise
     finally:  # the episode's artifacts, also when the run was cancelled or failed
-        for publisher in publishers:  # first: a late update never follows the final figure
-            publisher.close()
+        started.close()  # first: a late update never follows the final figure
         with suppress(Exception):
             report = publish_spend(db, name, episode_id)
+    _log_outcome(logger, outcome, episode_id, report)
+    if outcome.exit_code != ExitCode.OK:
+        raise GenerationFailed(outcome.message)
+    return outcome.to_dict()
+
+
+class _Started:
+    """The runs this flow run started (`on_start`): each linked to the flow run's chain
+    (`link_flow_run`: (run id, chain) in `runs`) and publishing its episode's progress as
+    its items complete, until `close`."""
+
+    def __init__(self, db: Engine, pipeline: str, episode_id: str, logger: Any) -> None:
+        self.db, self.pipeline, self.episode_id, self.logger = db, pipeline, episode_id, logger
+        self.runs: list[tuple[str, list[str]]] = []
+        self.publishers: list[EpisodeProgress] = []
+
+    def __call__(self, runner: Runner, run_id: str) -> None:
+        self.runs.append((run_id, link_flow_run(self.db, run_id)))
+        progress = EpisodeProgress(self.db, self.pipeline, self.episode_id)
+        self.publishers.append(progress)
+
+        def on_progress(item: object, result: str) -> None:
+            if result == ItemResult.COMPLETED:
+                progress.completed_one()
+
+        runner.on_progress = on_progress
+        runner.on_wait = lambda text: self.logger.info(text) if text else None
+
+    def close(self) -> None:
+        for publisher in self.publishers:
+            publisher.close()
+
+
+def _log_outcome(
+    logger: Any, outcome: RunOutcome, episode_id: str, report: dict[str, Any] | None
+) -> None:
+    """The run's outcome in the flow run's log, with the episode's figures (`report`)."""
     if outcome.deduplicated:
         logger.info(
             "deduplicated: run %s was already working on the same request; joined it",
@@ -197,6 +218,3 @@ def _generate(
             report["paid_submissions"],
             report["cost"],
         )
-    if outcome.exit_code != ExitCode.OK:
-        raise GenerationFailed(outcome.message)
-    return outcome.to_dict()

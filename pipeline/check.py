@@ -24,7 +24,6 @@ from typing import Any
 
 from core.errors import EpisodicError, InvalidInput
 from core.ids import EpisodeId
-from core.keys import SlotKey
 from core.playlist import PlannedItem, check_picks, hero_candidates, item_label
 from core.states import (
     FROZEN_PLAN_STATES,
@@ -36,14 +35,14 @@ from core.states import (
 )
 from pipeline.playlists import planned_items
 from storage.admission import DedupPolicy
-from storage.allocator import SLOT_EVENTS, asked_by
 from storage.approvals import approved_picks
 from storage.audit import (
+    CostRecord,
     EpisodeRecord,
     ItemRecord,
     MediaRecord,
     RunRecord,
-    SlotEpisode,
+    SubmissionRecord,
     list_episodes,
     snapshot,
 )
@@ -96,53 +95,6 @@ def check_episodes(
     return findings
 
 
-def schedule_warnings(
-    engine: Database, pipeline: str, episode_id: str | None = None
-) -> list[Finding]:
-    """Slots of the pipeline that more than one deployment asked for: two deployments of
-    the weekly flow schedule one pipeline (a copy, a renamed one left behind). Each slot is
-    still one episode, paid once; the warning says which deployments to keep one of. From
-    the database alone: the deployments the allocation recorded (`storage.allocator`) and
-    those old-format keys name. With `episode_id`, the slots of that episode only."""
-    wanted = None if episode_id is None else str(EpisodeId.parse(episode_id))
-    with snapshot(engine) as reader:
-        slots: dict[str, list[SlotEpisode]] = {}
-        for row in reader.slot_episodes(pipeline):
-            if (named := SlotKey.parse(row.allocation_key)) is not None:
-                slots.setdefault(named.slot, []).append(row)
-        pks = [row.id for rows in slots.values() for row in rows]
-        events = reader.slot_events(pks, SLOT_EVENTS)  # every slot event of the pipeline
-    asked: dict[int, list[dict[str, Any]]] = {}
-    for pk, detail in events:
-        asked.setdefault(pk, []).append(detail)
-    out: list[Finding] = []
-    for slot, rows in slots.items():
-        ids = [row.episode_id for row in rows]
-        if wanted is not None and wanted not in ids:
-            continue
-        deployments = sorted(
-            set().union(*(asked_by(row.allocation_key, asked.get(row.id, [])) for row in rows))
-        )
-        if len(deployments) < 2:
-            continue
-        owned = (
-            f"episode {ids[0]}"
-            if len(ids) == 1
-            else f"episodes {', '.join(ids)} (allocated once per deployment before one "
-            "slot meant one episode: `episodic check` of each shows what was paid)"
-        )
-        out.append(
-            Finding(
-                ids[0],
-                "schedule",
-                f"slot {slot} of pipeline {pipeline} was asked for by deployments "
-                f"{' and '.join(deployments)} ({owned}): keep one deployment of the weekly "
-                "flow per pipeline (`prefect deployment delete FLOW/DEPLOYMENT`)",
-            )
-        )
-    return out
-
-
 def _check_one(engine: Database, episode: EpisodeRecord, policy: DedupPolicy) -> list[Finding]:
     eid = episode.episode_id
     out: list[Finding] = []
@@ -173,9 +125,38 @@ def _check_one(engine: Database, episode: EpisodeRecord, policy: DedupPolicy) ->
         if isinstance(d, dict) and "submission" in d
     }
     reopened = isinstance(latest_event, dict) and "reopened_by" in latest_event
+    _check_items(add, items, subs)
+    now = utcnow()
+    held = {  # items whose live claim holder is still working on them: not a finding yet
+        item.id
+        for item in items
+        if item.state == ItemState.RUNNING
+        and item.lease_expires_at is not None
+        and item.lease_expires_at > now
+    }
+    _check_liveness(add, runs, items, now)
+    _check_ledger(add, subs, costs, held, cancel_answers)
+    try:
+        _check_states(
+            add,
+            episode,
+            None if recorded is None else recorded[1:],
+            approval,
+            items,
+            seen.media,
+            migrated=seen.migrated,
+            # A live run marks the episode when it ends; a reopened one waits for a new plan.
+            unmarked_is_expected=reopened or any(run.active for run in runs),
+        )
+    except _PlanUnreadable as exc:
+        add("plan", f"the recorded plan is refused by today's rules ({exc}): re-plan it")
+    return out
+
+
+def _check_items(add: Any, items: Sequence[ItemRecord], subs: Sequence[SubmissionRecord]) -> None:
+    """A completed item has its image file and exactly one succeeded submission; no other
+    item has one."""
     succeeded = Counter(s.item_pk for s in subs if s.state == SubmissionState.SUCCEEDED)
-    cost_by_sub = Counter(c.submission_pk for c in costs)
-    sub_ids = {s.id: s for s in subs}
     for item in items:
         if item.state == ItemState.COMPLETED:
             _check_file(add, f"image {_label(item)}", item.output_path, item.output_sha256)
@@ -190,15 +171,20 @@ def _check_one(engine: Database, episode: EpisodeRecord, policy: DedupPolicy) ->
                 "state",
                 f"item {_label(item)} is {item.state} but has a succeeded submission",
             )
-    now = utcnow()
-    held = {  # items whose live claim holder is still working on them: not a finding yet
-        item.id
-        for item in items
-        if item.state == ItemState.RUNNING
-        and item.lease_expires_at is not None
-        and item.lease_expires_at > now
-    }
-    _check_liveness(add, runs, items, now)
+
+
+def _check_ledger(
+    add: Any,
+    subs: Sequence[SubmissionRecord],
+    costs: Sequence[CostRecord],
+    held: set[int],
+    cancel_answers: dict[Any, str],
+) -> None:
+    """Each submission's remote reference and cost entries as its state requires, no open
+    job left behind (but on an item a live claim still `held`, or one a cancel stopped), one
+    submission per provider job, and every cost entry a submission's and not negative."""
+    cost_by_sub = Counter(c.submission_pk for c in costs)
+    sub_ids = {s.id: s for s in subs}
     for sub in subs:
         if (
             sub.state in (SubmissionState.ACCEPTED, SubmissionState.SUCCEEDED)
@@ -243,21 +229,6 @@ def _check_one(engine: Database, episode: EpisodeRecord, policy: DedupPolicy) ->
             add("ledger", f"cost entry {cost.id} belongs to no submission of this episode")
         if cost.amount_minor < 0:
             add("ledger", f"cost entry {cost.id} is negative")
-    try:
-        _check_states(
-            add,
-            episode,
-            None if recorded is None else recorded[1:],
-            approval,
-            items,
-            seen.media,
-            migrated=seen.migrated,
-            # A live run marks the episode when it ends; a reopened one waits for a new plan.
-            unmarked_is_expected=reopened or any(run.active for run in runs),
-        )
-    except _PlanUnreadable as exc:
-        add("plan", f"the recorded plan is refused by today's rules ({exc}): re-plan it")
-    return out
 
 
 def _check_liveness(

@@ -8,11 +8,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from core.dedup import Admission
 from core.errors import CommandNotAllowed, ProviderConfigError, frozen_plan
 from core.hints import hint
 from core.ids import EpisodeId
 from core.planning import RunOptions, check_budget
 from core.playlist import PlannedItem, Playlist, expand
+from core.runs import PlanReport
 from core.settings import Settings
 from core.states import FROZEN_PLAN_STATES, RunState
 from pipeline.admission import (
@@ -278,15 +280,28 @@ def generate(
             run.mark_generated(None)  # an allocated episode only: a decision stands
             outcome = _with_decision(engine, prepared.gate, outcome)
         return outcome
+    return _execute_admitted(store, run, admission.run_id, admission, options, report, on_start)
+
+
+def _execute_admitted(
+    store: RunStore,
+    run: Runner,
+    run_id: str,
+    admission: Admission,
+    options: RunOptions,
+    report: PlanReport,
+    on_start: OnStart | None,
+) -> RunOutcome:
+    """The admitted run `run_id` executes here (`on_start` first); one this call created
+    (`admission`) that is interrupted before it starts is abandoned, so no pending row is
+    left behind."""
     try:
         if on_start is not None:
-            on_start(run, admission.run_id)
-        return run.execute(
-            admission.run_id, options, report.skipped, deduplicated=admission.deduplicated
-        )
+            on_start(run, run_id)
+        return run.execute(run_id, options, report.skipped, deduplicated=admission.deduplicated)
     except BaseException:
         if admission.created:  # interrupted before the run started: no ghost pending row
-            store.abandon_pending(admission.run_id, "interrupted before it started")
+            store.abandon_pending(run_id, "interrupted before it started")
         raise
 
 

@@ -255,6 +255,42 @@ def _next_id(engine: Database, pipeline: str, week: str) -> str:
     return f"{week}-{0 if top is None else top + 1}"
 
 
+def _copy_image(
+    legacy: LegacyEpisode, pipeline: str, out: Path, n: int, image: LegacyImage
+) -> ImportedImage:
+    """The `n`th legacy image, copied into the episode's folder `out`, as the import records
+    it: a planned item whose key is derived from the legacy episode, video and part."""
+    planned = PlannedItem(
+        n,
+        image.video_id,
+        image.part,
+        f"(legacy {legacy.legacy_id})",
+        0,
+        hashlib.sha256(
+            canonical_json(
+                {
+                    "legacy": legacy.legacy_id,
+                    "pipeline": pipeline,
+                    "video": image.video_id,
+                    "part": image.part,
+                }
+            ).encode()
+        ).hexdigest()[:32],
+    )
+    copy = out / "images" / f"{image.video_id}.p{image.part}{Path(image.file).suffix}"
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(legacy.folder / image.file, copy)
+    return ImportedImage(
+        planned,
+        str(copy),
+        image.sha256,
+        image.remote_ref,
+        image.cost_minor,
+        image.currency,
+        image.completed_at,
+    )
+
+
 def _import(engine: Database, settings: Settings, pipeline: str, legacy: LegacyEpisode) -> str:
     allocation = allocate(engine, pipeline, WeekId.parse(legacy.legacy_id), legacy.allocation_key)
     episode_id = str(allocation.episode.episode_id)
@@ -262,39 +298,10 @@ def _import(engine: Database, settings: Settings, pipeline: str, legacy: LegacyE
     out = settings.episode_folder(pipeline, episode_id)
     state = legacy.state
     now = datetime.now(UTC)
-    images = []
-    for n, image in enumerate(state.images, start=1):
-        planned = PlannedItem(
-            n,
-            image.video_id,
-            image.part,
-            f"(legacy {legacy.legacy_id})",
-            0,
-            hashlib.sha256(
-                canonical_json(
-                    {
-                        "legacy": legacy.legacy_id,
-                        "pipeline": pipeline,
-                        "video": image.video_id,
-                        "part": image.part,
-                    }
-                ).encode()
-            ).hexdigest()[:32],
-        )
-        copy = out / "images" / f"{image.video_id}.p{image.part}{Path(image.file).suffix}"
-        copy.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(legacy.folder / image.file, copy)
-        images.append(
-            ImportedImage(
-                planned,
-                str(copy),
-                image.sha256,
-                image.remote_ref,
-                image.cost_minor,
-                image.currency,
-                image.completed_at,
-            )
-        )
+    images = [
+        _copy_image(legacy, pipeline, out, n, image)
+        for n, image in enumerate(state.images, start=1)
+    ]
     media: list[tuple[str, str, str]] = []
     for kind, file in state.media.items():
         copy = out / Path(file.file).name

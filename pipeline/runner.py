@@ -279,29 +279,9 @@ class Runner:
                 self.executor(items, job, concurrency, self.stop, self.on_progress)
                 if self.stop.is_set():
                     break
-                if not job.busy:
-                    # Items another process claimed after this one listed them: the run is
-                    # not over while they run, so they are followed (and taken over if their
-                    # holder dies): this process never concludes the run under another's feet.
-                    items = self.store.held_elsewhere(run_id, job.owner)
-                    if not items:  # what a process of this run (this one too) gave up
-                        items = [  # unfinished: this one finishes it, once each
-                            it
-                            for it in self.store.unfinished(run_id)
-                            if it.pk not in job.taken_back
-                        ]
-                        if not items:
-                            break
-                        job.taken_back.update(it.pk for it in items)
-                        job.no_retry.difference_update(job.taken_back)
-                        continue
+                items, follow = self._next_pass(run_id, job, items)
+                if follow:
                     self.stop.wait(self.follow_poll_s)
-                    continue
-                # Follow items held by other live claims: finished, taken over, or given up.
-                job.no_retry.update(job.busy)
-                waiting = set(job.busy)
-                items = [it for it in items if it.pk in waiting]
-                self.stop.wait(self.follow_poll_s)
         except KeyboardInterrupt:  # Ctrl-C or SIGTERM of this process: it pauses the run
             interrupted = True
             self.stop.set()
@@ -324,6 +304,28 @@ class Runner:
         else:
             outcome = self.finish(run_id, skipped, followed)
         return replace(outcome, deduplicated=deduplicated)
+
+    def _next_pass(self, run_id: str, job: _Share, items: list[Item]) -> tuple[list[Item], bool]:
+        """After a pass over `items`: the items of the next pass (none: this process is
+        done with the run), and whether they are followed (polled after a wait) rather
+        than worked at once."""
+        if job.busy:  # held by other live claims: finished, taken over, or given up
+            job.no_retry.update(job.busy)
+            waiting = set(job.busy)
+            return [it for it in items if it.pk in waiting], True
+        # Items another process claimed after this one listed them: the run is not over
+        # while they run, so they are followed (and taken over if their holder dies): this
+        # process never concludes the run under another's feet.
+        held = self.store.held_elsewhere(run_id, job.owner)
+        if held:
+            return held, True
+        # What a process of this run (this one too) gave up unfinished: this one finishes
+        # it, once each.
+        unfinished = [it for it in self.store.unfinished(run_id) if it.pk not in job.taken_back]
+        if unfinished:
+            job.taken_back.update(it.pk for it in unfinished)
+            job.no_retry.difference_update(job.taken_back)
+        return unfinished, False
 
     def finish(self, run_id: str, skipped: int, followed: tuple[str, ...] = ()) -> RunOutcome:
         """Conclude the run from its items as they stand. A run another process concluded

@@ -50,9 +50,9 @@ def active_run(now: datetime, policy: DedupPolicy) -> ColumnElement[bool]:
     return or_(
         and_(
             _runs.c.state == RunState.PENDING,
-            _runs.c.created_at >= now - timedelta(seconds=policy.pending_ttl_s),
+            ~statements.pending_expired(now, policy.pending_ttl_s),
         ),
-        and_(_runs.c.state == RunState.RUNNING, statements.run_alive(now, policy.fallback_lease_s)),
+        statements.live_run(now, policy.fallback_lease_s),
     )
 
 
@@ -107,63 +107,23 @@ class AdmissionStore:
             # Before the episode's row (a changed plan locks it) and any run's row (a
             # request's run is reused or taken over): `locks.lock_membership`.
             locks.lock_membership(conn, [episode_pk])
-            mine = conn.execute(select(_runs.c.plan_id).where(_runs.c.id == run_id)).first()
-            if create and mine is not None:  # a retry after a lost COMMIT: the run it made
-                return Admission(
-                    run_id, created=True, fingerprint=fingerprint, plan_id=mine.plan_id
-                )
+            made = _made_already(conn, run_id, fingerprint)
+            if create and made is not None:  # a retry after a lost COMMIT: the run it made
+                return made
             if plan_id is not None and statements.newest_plan_id(conn, episode_pk) != plan_id:
                 raise CommandNotAllowed(
                     "the episode was re-planned while this run was being prepared; "
                     "nothing was spent: run the command again"
                 )
-            if policy.window_s > 0:
-                recent = (_runs.c.fingerprint == fingerprint) & (
-                    _runs.c.created_at >= now - timedelta(seconds=policy.window_s)
-                )
-                if request.idempotency_key is not None:
-                    other = conn.execute(
-                        select(_runs.c.id)
-                        .where(recent, _runs.c.request_sha256 != request.request_sha256)
-                        .order_by(_runs.c.created_at.desc())
-                        .limit(1)
-                    ).scalar()
-                    if other is not None:
-                        raise IdempotencyKeyReused(request.idempotency_key, other)
+            key = request.idempotency_key
+            if policy.window_s > 0 and key is not None:
+                _refuse_reused_key(conn, key, request, _recent(request, now, policy))
             if replan is not None:  # admissible: the changed plan is the one it runs
                 plan_id = record_plan_in(conn, episode_pk, replan)[0]
             if policy.window_s > 0 and not request.allow_duplicate:
-                # One indexed read: the request's unfinished runs within the window.
-                unfinished = conn.execute(
-                    select(_runs.c.id, _runs.c.state, active_run(now, policy).label("active"))
-                    .where(
-                        recent,
-                        _runs.c.state.in_(LIVE_RUN_STATES),
-                    )
-                    .order_by(_runs.c.created_at.desc())
-                    .limit(20)
-                ).all()
-                for row in unfinished:
-                    if row.active:  # the same request (same items): for the newest plan
-                        _adopt_plan(conn, row.id, plan_id)
-                        return Admission(
-                            row.id, deduplicated=True, fingerprint=fingerprint, plan_id=plan_id
-                        )
-                dead = next((r.id for r in unfinished if r.state != RunState.PENDING), None)
-                if dead is not None:  # the same request, its process gone or paused
-                    # (Ctrl-C, SIGTERM): continue it rather than leave it beside a new run
-                    conn.execute(  # alive again: a concurrent caller joins, not re-takes
-                        update(_runs)
-                        .where(_runs.c.id == dead)
-                        .values(
-                            heartbeat_at=now,
-                            lease_expires_at=now + timedelta(seconds=policy.fallback_lease_s),
-                        )
-                    )
-                    _adopt_plan(conn, dead, plan_id)
-                    return Admission(
-                        dead, taken_over=True, fingerprint=fingerprint, plan_id=plan_id
-                    )
+                same = _same_request(conn, request, now, policy, plan_id)
+                if same is not None:
+                    return same
             if not create:
                 return Admission(None, fingerprint=fingerprint, plan_id=plan_id)
             extra = {
@@ -202,6 +162,75 @@ class AdmissionStore:
         with tx.write(self.engine) as conn:
             _insert_run(conn, run_id, episode_pk, command, params, new_items, reuse_keys, {})
         return run_id
+
+
+def _made_already(conn: Connection, run_id: str, fingerprint: str) -> Admission | None:
+    """The answer `admit` gave when it created `run_id` (None: no such run): a retry after
+    a COMMIT whose reply was lost finds the run it made."""
+    mine = conn.execute(select(_runs.c.plan_id).where(_runs.c.id == run_id)).first()
+    if mine is None:
+        return None
+    return Admission(run_id, created=True, fingerprint=fingerprint, plan_id=mine.plan_id)
+
+
+def _recent(request: RunRequest, now: datetime, policy: DedupPolicy) -> ColumnElement[bool]:
+    """A run of the request's fingerprint created within the dedup window."""
+    return (_runs.c.fingerprint == request.fingerprint) & (
+        _runs.c.created_at >= now - timedelta(seconds=policy.window_s)
+    )
+
+
+def _refuse_reused_key(
+    conn: Connection, key: str, request: RunRequest, recent: ColumnElement[bool]
+) -> None:
+    """Raises `IdempotencyKeyReused` if `key`, the request's explicit idempotency key, was
+    seen within the window (`recent`) with other parameters."""
+    other = conn.execute(
+        select(_runs.c.id)
+        .where(recent, _runs.c.request_sha256 != request.request_sha256)
+        .order_by(_runs.c.created_at.desc())
+        .limit(1)
+    ).scalar()
+    if other is not None:
+        raise IdempotencyKeyReused(key, other)
+
+
+def _same_request(
+    conn: Connection, request: RunRequest, now: datetime, policy: DedupPolicy, plan_id: int | None
+) -> Admission | None:
+    """The dedup: the request's newest active run within the window is joined
+    (``deduplicated``); else its newest dead (lease expired) or paused one is taken over
+    (``taken_over``), both now runs of `plan_id`. None: no run of the request to reuse."""
+    # One indexed read: the request's unfinished runs within the window.
+    unfinished = conn.execute(
+        select(_runs.c.id, _runs.c.state, active_run(now, policy).label("active"))
+        .where(
+            _recent(request, now, policy),
+            _runs.c.state.in_(LIVE_RUN_STATES),
+        )
+        .order_by(_runs.c.created_at.desc())
+        .limit(20)
+    ).all()
+    fingerprint = request.fingerprint
+    for row in unfinished:
+        if row.active:  # the same request (same items): for the newest plan
+            _adopt_plan(conn, row.id, plan_id)
+            return Admission(row.id, deduplicated=True, fingerprint=fingerprint, plan_id=plan_id)
+    dead = next((r.id for r in unfinished if r.state != RunState.PENDING), None)
+    if dead is None:
+        return None
+    # The same request, its process gone or paused (Ctrl-C, SIGTERM): continue it rather
+    # than leave it beside a new run.
+    conn.execute(  # alive again: a concurrent caller joins, not re-takes
+        update(_runs)
+        .where(_runs.c.id == dead)
+        .values(
+            heartbeat_at=now,
+            lease_expires_at=now + timedelta(seconds=policy.fallback_lease_s),
+        )
+    )
+    _adopt_plan(conn, dead, plan_id)
+    return Admission(dead, taken_over=True, fingerprint=fingerprint, plan_id=plan_id)
 
 
 def _adopt_plan(conn: Connection, run_id: str, plan_id: int | None) -> None:

@@ -179,25 +179,13 @@ class AuditReader:
         media = conn.execute(
             select(EpisodeMediaRow).where(EpisodeMediaRow.episode_pk == episode_pk)
         ).all()
-        runs = conn.execute(
-            select(RunRow, active_run(utcnow(), policy).label("active")).where(
-                RunRow.episode_pk == episode_pk, RunRow.state.in_(["pending", "running"])
-            )
-        ).all()
+        runs = _unfinished_runs(conn, episode_pk, policy)
         migrated = conn.execute(
             select(EpisodeEventRow.id).where(
                 EpisodeEventRow.episode_pk == episode_pk, EpisodeEventRow.kind == EventKind.MIGRATED
             )
         ).first()
-        latest_event = conn.execute(
-            select(EpisodeEventRow.detail)
-            .where(
-                EpisodeEventRow.episode_pk == episode_pk,
-                EpisodeEventRow.kind != EventKind.SLOT_REQUESTED,  # who asked, not what happened
-            )
-            .order_by(EpisodeEventRow.id.desc())
-            .limit(1)
-        ).scalar()
+        latest_event = _latest_event(conn, episode_pk)
         plan = newest_plan(conn, episode_pk)
         approval = latest_approval(conn, episode_pk)
         cancel_notes = list(
@@ -216,24 +204,48 @@ class AuditReader:
             submissions=[_record(SubmissionRecord, row) for row in subs],
             costs=[_record(CostRecord, row) for row in costs],
             media=[_record(MediaRecord, row) for row in media],
-            runs=[
-                RunRecord(
-                    id=str(row.id),
-                    state=str(row.state),
-                    active=bool(row.active),
-                    created_at=row.created_at,
-                    started_at=row.started_at,
-                    heartbeat_at=row.heartbeat_at,
-                    lease_expires_at=row.lease_expires_at,
-                )
-                for row in runs
-            ],
+            runs=runs,
             migrated=migrated is not None,
             latest_event=latest_event,
             plan=plan,
             approval=approval,
             cancel_notes=cancel_notes,
         )
+
+
+def _unfinished_runs(conn: Connection, episode_pk: int, policy: DedupPolicy) -> list[RunRecord]:
+    """The episode's pending and running runs, each with the choke point's `active` now."""
+    rows = conn.execute(
+        select(RunRow, active_run(utcnow(), policy).label("active")).where(
+            RunRow.episode_pk == episode_pk, RunRow.state.in_(["pending", "running"])
+        )
+    ).all()
+    return [
+        RunRecord(
+            id=str(row.id),
+            state=str(row.state),
+            active=bool(row.active),
+            created_at=row.created_at,
+            started_at=row.started_at,
+            heartbeat_at=row.heartbeat_at,
+            lease_expires_at=row.lease_expires_at,
+        )
+        for row in rows
+    ]
+
+
+def _latest_event(conn: Connection, episode_pk: int) -> Any:
+    """The detail of the episode's newest event of what happened to it (a slot request
+    says who asked, not what happened: not counted)."""
+    return conn.execute(
+        select(EpisodeEventRow.detail)
+        .where(
+            EpisodeEventRow.episode_pk == episode_pk,
+            EpisodeEventRow.kind != EventKind.SLOT_REQUESTED,  # who asked, not what happened
+        )
+        .order_by(EpisodeEventRow.id.desc())
+        .limit(1)
+    ).scalar()
 
 
 @contextmanager

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 from sqlalchemy import Connection, Engine, Table
 
 from core.records import ClaimAction, RefusalReason
-from core.runs import Claim, Refusal
+from core.runs import Claim, Refusal, claim_live
 from core.states import ItemState, RunState, SubmissionState
 from storage import dbapi, installation, statements, tx
 from storage.base import utcnow
@@ -43,8 +43,8 @@ _items: Table = ItemRow.__table__  # type: ignore[assignment]
 # The run's state and, for a run admitted for a recorded plan, whether that plan is still
 # the episode's newest (a re-planned episode's older runs pay for nothing more).
 _RUN_STATE = DriverSQL(
-    "SELECT r.state, r.plan_id IS NOT NULL AND r.plan_id <> (SELECT max(p.id) FROM "
-    "episode_plans p WHERE p.episode_pk = r.episode_pk) FROM runs r WHERE r.id = :b_run"
+    "SELECT r.state, r.plan_id IS NOT NULL AND r.plan_id <> "
+    f"{statements.newest_plan_sql('r.episode_pk')} FROM runs r WHERE r.id = :b_run"
 )
 
 
@@ -287,8 +287,7 @@ class ClaimStore:
         row = _item_row(found)
         if row.state == ItemState.COMPLETED:
             return Refusal(RefusalReason.DONE, row.claim_run_id)
-        live = row.lease_expires_at is not None and row.lease_expires_at > now
-        if row.state == ItemState.RUNNING and live and row.claim_owner != owner:
+        if claim_live(row.state, row.lease_expires_at, now) and row.claim_owner != owner:
             return Refusal(RefusalReason.BUSY, row.claim_run_id)
         # Every submission counted an attempt (a withdrawn one gave it back): an item never
         # attempted has none open, and needs no look for one.
@@ -311,27 +310,45 @@ class ClaimStore:
             and _in_flight(conn, profile, item_pk, now, slots[1]) >= slots[0]
         ):
             return Refusal(RefusalReason.THROTTLED)
-        params = {
-            "b_item": item_pk,
-            "b_owner": owner,
-            "b_run": run_id,
-            "b_profile": profile,
-            "b_lease": now + timedelta(seconds=lease_s),
-            "b_now": now,
-            "b_token": (token := uuid.uuid4().hex),
-        }
-        item = item_from_row(row)
-        if sub is not None:
-            dbapi.rowcount(conn, statements.TAKE_ITEM, params)
-            action = (
-                ClaimAction.COLLECT
-                if sub.state == SubmissionState.ACCEPTED
-                else ClaimAction.RECONCILE
-            )
-            return Claim(item, run_id, owner, action, submission_of(sub), token, checked)
-        attempt = dbapi.scalar(conn, statements.TAKE_ITEM_AND_COUNT, params)
-        submission = insert_intent(conn, item, run_id, profile, attempt, now, forced=False)
-        return Claim(item, run_id, owner, ClaimAction.SUBMIT, submission, token, checked)
+        return _take(
+            conn, row, sub, run_id, owner, profile, now + timedelta(seconds=lease_s), now, checked
+        )
+
+
+def _take(
+    conn: Connection,
+    row: _ItemRow,
+    sub: _SubRow | None,
+    run_id: str,
+    owner: str,
+    profile: str,
+    lease: datetime,
+    now: datetime,
+    checked: float,
+) -> Claim:
+    """The claim is recorded on the item (owner, run, profile, a fresh token, the lease until
+    `lease`). With `sub` open the holder settles it (``collect`` an accepted job, else
+    ``reconcile``); without one the attempt is counted and the intent of a new paid call
+    committed with the claim (``submit``)."""
+    params = {
+        "b_item": row.id,
+        "b_owner": owner,
+        "b_run": run_id,
+        "b_profile": profile,
+        "b_lease": lease,
+        "b_now": now,
+        "b_token": (token := uuid.uuid4().hex),
+    }
+    item = item_from_row(row)
+    if sub is not None:
+        dbapi.rowcount(conn, statements.TAKE_ITEM, params)
+        action = (
+            ClaimAction.COLLECT if sub.state == SubmissionState.ACCEPTED else ClaimAction.RECONCILE
+        )
+        return Claim(item, run_id, owner, action, submission_of(sub), token, checked)
+    attempt = dbapi.scalar(conn, statements.TAKE_ITEM_AND_COUNT, params)
+    submission = insert_intent(conn, item, run_id, profile, attempt, now, forced=False)
+    return Claim(item, run_id, owner, ClaimAction.SUBMIT, submission, token, checked)
 
 
 def _in_flight(

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine, Table, and_, func, insert, select
+from sqlalchemy import Engine, Table, func, insert, select
 
 from core.records import EventKind
 from core.states import ItemState, RunState, SubmissionState
@@ -139,9 +139,7 @@ class FlowRunLinks:
         if not run_ids:
             return {}
         now = utcnow()
-        alive = and_(
-            _runs.c.state == RunState.RUNNING, statements.run_alive(now, self.fallback_lease_s)
-        )
+        alive = statements.live_run(now, self.fallback_lease_s)
         accepted = _per_run(
             conn,
             select(_members.c.run_id, func.count(_subs.c.id))

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine, func, insert, select
+from sqlalchemy import Connection, Engine, func, insert, select
 
 from core.playlist import PlannedItem
 from core.records import EventKind
@@ -130,55 +130,7 @@ def record_import(engine: Engine, imported: ImportedEpisode, profile: str) -> No
             )
         )
         for image in imported.images:
-            planned = image.planned
-            item_pk = conn.execute(
-                insert(ItemRow)
-                .values(
-                    episode_pk=pk,
-                    run_id=run_id,
-                    idempotency_key=planned.idempotency_key,
-                    position=planned.index,
-                    video_id=planned.video_id,
-                    part=planned.part,
-                    prompt=planned.prompt,
-                    seed=0,
-                    state="completed",
-                    attempts=1,
-                    output_path=image.path,
-                    output_sha256=image.sha256,
-                    force_resubmit=False,
-                    created_at=imported.started_at,
-                    started_at=image.completed_at,
-                    finished_at=image.completed_at,
-                )
-                .returning(ItemRow.id)
-            ).scalar_one()
-            sub_pk = conn.execute(
-                insert(SubmissionRow)
-                .values(
-                    item_pk=item_pk,
-                    run_id=run_id,
-                    attempt=1,
-                    client_reference=installation.reference(scope, planned.idempotency_key, 1),
-                    provider_profile=profile,
-                    state="succeeded",
-                    remote_ref=image.remote_ref,
-                    forced=False,
-                    created_at=image.completed_at,
-                    accepted_at=image.completed_at,
-                    finished_at=image.completed_at,
-                )
-                .returning(SubmissionRow.id)
-            ).scalar_one()
-            conn.execute(
-                insert(CostEntryRow).values(
-                    episode_pk=pk,
-                    submission_pk=sub_pk,
-                    amount_minor=image.cost_minor,
-                    currency=image.currency,
-                    recorded_at=image.completed_at,
-                )
-            )
+            _record_image(conn, imported, image, scope, profile)
         for kind, path, sha256 in imported.media:
             conn.execute(
                 insert(EpisodeMediaRow).values(
@@ -211,3 +163,59 @@ def record_import(engine: Engine, imported: ImportedEpisode, profile: str) -> No
                     decided_at=decision.at,
                 )
             )
+
+
+def _record_image(
+    conn: Connection, imported: ImportedEpisode, image: ImportedImage, scope: str, profile: str
+) -> None:
+    """One imported image: its completed item, the succeeded submission that made it (the
+    reference in this installation's form, `scope`) and its cost."""
+    planned = image.planned
+    item_pk = conn.execute(
+        insert(ItemRow)
+        .values(
+            episode_pk=imported.episode_pk,
+            run_id=imported.run_id,
+            idempotency_key=planned.idempotency_key,
+            position=planned.index,
+            video_id=planned.video_id,
+            part=planned.part,
+            prompt=planned.prompt,
+            seed=0,
+            state="completed",
+            attempts=1,
+            output_path=image.path,
+            output_sha256=image.sha256,
+            force_resubmit=False,
+            created_at=imported.started_at,
+            started_at=image.completed_at,
+            finished_at=image.completed_at,
+        )
+        .returning(ItemRow.id)
+    ).scalar_one()
+    sub_pk = conn.execute(
+        insert(SubmissionRow)
+        .values(
+            item_pk=item_pk,
+            run_id=imported.run_id,
+            attempt=1,
+            client_reference=installation.reference(scope, planned.idempotency_key, 1),
+            provider_profile=profile,
+            state="succeeded",
+            remote_ref=image.remote_ref,
+            forced=False,
+            created_at=image.completed_at,
+            accepted_at=image.completed_at,
+            finished_at=image.completed_at,
+        )
+        .returning(SubmissionRow.id)
+    ).scalar_one()
+    conn.execute(
+        insert(CostEntryRow).values(
+            episode_pk=imported.episode_pk,
+            submission_pk=sub_pk,
+            amount_minor=image.cost_minor,
+            currency=image.currency,
+            recorded_at=image.completed_at,
+        )
+    )

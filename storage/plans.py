@@ -152,10 +152,9 @@ class PlanStore:
 def newest_plan(conn: Connection, episode_pk: int) -> tuple[int, dict[str, Any], list[str]] | None:
     """`PlanStore.current_plan` in the caller's transaction (a snapshot's reader)."""
     row = conn.execute(
-        select(_plans.c.id, _plans.c.playlist, _plans.c.reference_sha256)
-        .where(_plans.c.episode_pk == episode_pk)
-        .order_by(_plans.c.id.desc())
-        .limit(1)
+        select(_plans.c.id, _plans.c.playlist, _plans.c.reference_sha256).where(
+            _plans.c.id == statements.newest_plan(episode_pk).scalar_subquery()
+        )
     ).first()
     return None if row is None else (int(row[0]), dict(row[1]), list(row[2]))
 
@@ -172,10 +171,9 @@ def record_plan_in(conn: Connection, episode_pk: int, record: PlanRecord) -> tup
         ).scalar_one()
         raise frozen_plan(episode_id, state)
     latest = conn.execute(
-        select(_plans.c.id, _plans.c.playlist_sha256, _plans.c.reference_sha256)
-        .where(_plans.c.episode_pk == episode_pk)
-        .order_by(_plans.c.id.desc())
-        .limit(1)
+        select(_plans.c.id, _plans.c.playlist_sha256, _plans.c.reference_sha256).where(
+            _plans.c.id == statements.newest_plan(episode_pk).scalar_subquery()
+        )
     ).first()
     if record.reference_image is not None:
         digest, media_type, content = record.reference_image

@@ -17,9 +17,7 @@ from sqlalchemy import (
     ColumnElement,
     Connection,
     Engine,
-    Select,
     Table,
-    and_,
     exists,
     func,
     select,
@@ -28,7 +26,6 @@ from sqlalchemy import (
 from core.errors import InvalidTransition, RunNotFound
 from core.runs import INTERRUPTED, Item, Run, RunCounts
 from core.states import (
-    LIVE_RUN_STATES,
     ItemState,
     RunState,
     SubmissionState,
@@ -208,11 +205,7 @@ class RunStore:
                 .where(
                     _members.c.run_id == run_id,
                     _items.c.state != ItemState.COMPLETED,
-                    ~and_(
-                        _items.c.state == ItemState.RUNNING,
-                        _items.c.lease_expires_at.is_not(None),
-                        _items.c.lease_expires_at > now,
-                    ),
+                    ~statements.held_by_live_claim(now),
                     exists().where(
                         _subs.c.item_pk == _items.c.id,
                         _subs.c.provider_profile == profile,
@@ -271,17 +264,6 @@ class RunStore:
         )
 
 
-def live_memberships(excluding: Sequence[str] = ()) -> Select[tuple[str, int]]:
-    """(run_id, item_pk) of every live run (`LIVE_RUN_STATES`) but those in `excluding`:
-    the runs that keep an item from being cancelled."""
-    query = (
-        select(_members.c.run_id, _members.c.item_pk)
-        .join(_runs, _runs.c.id == _members.c.run_id)
-        .where(_runs.c.state.in_(LIVE_RUN_STATES))
-    )
-    return query.where(_members.c.run_id.not_in(list(excluding))) if excluding else query
-
-
 def lock_membership_of_runs(conn: Connection, run_ids: Sequence[str]) -> None:
     """`locks.lock_membership` for the episodes of these runs (read without locking a row)."""
     if conn.dialect.name != "postgresql" or not run_ids:
@@ -300,12 +282,8 @@ def cancel_orphaned_items(conn: Connection, run_ids: Sequence[str], now: datetim
     if not run_ids:
         return 0
     lock_membership_of_runs(conn, run_ids)  # held already by callers that follow the order
-    live_elsewhere = select(live_memberships(run_ids).subquery().c.item_pk)
-    orphaned = and_(
-        _items.c.id.in_(select(_members.c.item_pk).where(_members.c.run_id.in_(list(run_ids)))),
-        _items.c.id.not_in(live_elsewhere),
-        _items.c.state == ItemState.PENDING,
-    )
+    members = select(_members.c.item_pk).where(_members.c.run_id.in_(list(run_ids)))
+    orphaned = statements.orphaned_pending(members, run_ids)
     return int(conn.execute(statements.cancel_orphaned(orphaned, now)).rowcount)
 
 

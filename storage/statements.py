@@ -33,6 +33,7 @@ from sqlalchemy import (
     ColumnElement,
     Connection,
     Delete,
+    Select,
     Table,
     Update,
     and_,
@@ -47,6 +48,7 @@ from sqlalchemy import (
 
 from core.runs import REPLANNED
 from core.states import (
+    LIVE_RUN_STATES,
     OPEN_SUBMISSION_STATES,
     UNSETTLED_SUBMISSION_STATES,
     EpisodeState,
@@ -82,22 +84,31 @@ OPEN_SQL = states_sql(OPEN)
 UNSETTLED_SQL = states_sql(UNSETTLED)
 
 # ------------------------------------------------------------------ shared predicates
-# Each rule once; the rooms compose them into their statements (the SQL they render is the
-# text the rooms wrote before, so the statements' text does not change).
+# Each rule once; every query that decides by one composes it from here. A rule the paid
+# path's hand-written SQL needs has its text form beside the Core one, and a rule evaluated on
+# rows in memory its Python form (`core.runs.claim_live`, below `core`'s layer);
+# `tests/integration/test_predicates.py` checks on both backends that the forms agree.
 
-# The claim's liveness in hand-written SQL (`ClaimStore.claim`'s slot count, the proof before
-# a paid call): the item runs under a lease that is live at ``:b_now``.
+# An item held by a live claim, in hand-written SQL (`ClaimStore.claim`'s slot count, the
+# proof before a paid call): the item runs under a lease that is live at ``:b_now``.
 LIVE_CLAIM_SQL = "state = 'running' AND lease_expires_at > :b_now"
 
 
 def held_by_live_claim(now: datetime) -> ColumnElement[bool]:
-    """An item running under a claim whose lease is live at `now` (its holder renews it)."""
-    return and_(_items.c.state == ItemState.RUNNING, _items.c.lease_expires_at > now)
+    """An item running under a claim whose lease is live at `now` (its holder renews it): the
+    SQL of `core.runs.claim_live`. Never NULL (a running item without a lease is not held),
+    so its negation (``~``) is exactly the items no live claim holds."""
+    return and_(
+        _items.c.state == ItemState.RUNNING,
+        _items.c.lease_expires_at.is_not(None),
+        _items.c.lease_expires_at > now,
+    )
 
 
 def lease_expired(now: datetime) -> ColumnElement[bool]:
-    """A running item whose claim lease ran out at `now` (or none was recorded): its holder
-    stopped renewing it, and the item may be taken over or reaped."""
+    """A running item whose claim lease ran out before `now` (or none was recorded): its
+    holder stopped renewing it, and the item may be reaped. (A lease ending exactly at `now`
+    is neither held nor expired: the sweep reaps it on its next pass.)"""
     return and_(
         _items.c.state == ItemState.RUNNING,
         or_(_items.c.lease_expires_at < now, _items.c.lease_expires_at.is_(None)),
@@ -117,12 +128,61 @@ def run_alive(now: datetime, fallback_lease_s: float) -> ColumnElement[bool]:
     )
 
 
+def live_run(now: datetime, fallback_lease_s: float) -> ColumnElement[bool]:
+    """A running run some process still works on (`run_alive`)."""
+    return and_(_runs.c.state == RunState.RUNNING, run_alive(now, fallback_lease_s))
+
+
+def expired_run(now: datetime, fallback_lease_s: float) -> ColumnElement[bool]:
+    """A running run no process renews any more (`run_alive` is false): the sweep fails it."""
+    return and_(_runs.c.state == RunState.RUNNING, ~run_alive(now, fallback_lease_s))
+
+
+def pending_expired(now: datetime, pending_ttl_s: float) -> ColumnElement[bool]:
+    """A run created more than `pending_ttl_s` seconds before `now`: one still pending never
+    started within the pending TTL (the sweep cancels it; ``~`` is a pending run still
+    admissible for dedup)."""
+    return _runs.c.created_at < now - timedelta(seconds=pending_ttl_s)
+
+
+def newest_plan(episode_pk: Any) -> Select[tuple[Any]]:
+    """The id of the episode's newest recorded plan (the highest id; NULL: none), as a query
+    or, with ``.scalar_subquery()``, a value in another statement (never correlated to it:
+    `episode_pk` says which episode)."""
+    return select(func.max(_plans.c.id)).where(_plans.c.episode_pk == episode_pk).correlate(None)
+
+
+def newest_plan_sql(episode_pk: str) -> str:
+    """`newest_plan` in hand-written SQL, for the episode whose pk is the SQL `episode_pk`."""
+    return f"(SELECT max(p.id) FROM episode_plans p WHERE p.episode_pk = {episode_pk})"
+
+
 def newest_plan_id(conn: Connection, episode_pk: int) -> int | None:
     """The id of the episode's newest recorded plan (None: none)."""
-    newest = conn.execute(
-        select(func.max(_plans.c.id)).where(_plans.c.episode_pk == episode_pk)
-    ).scalar()
+    newest = conn.execute(newest_plan(episode_pk)).scalar()
     return None if newest is None else int(newest)
+
+
+def live_memberships(excluding: Sequence[str] = ()) -> Select[tuple[str, int]]:
+    """(run_id, item_pk) of every live run (`LIVE_RUN_STATES`) but those in `excluding`:
+    the runs that keep an item from being cancelled."""
+    query = (
+        select(_members.c.run_id, _members.c.item_pk)
+        .join(_runs, _runs.c.id == _members.c.run_id)
+        .where(_runs.c.state.in_(LIVE_RUN_STATES))
+    )
+    return query.where(_members.c.run_id.not_in(list(excluding))) if excluding else query
+
+
+def orphaned_pending(candidates: Select[Any], excluding: Sequence[str] = ()) -> ColumnElement[bool]:
+    """The pending items among `candidates` (a query of item pks) that no live run includes,
+    the runs in `excluding` not counted (runs being cancelled or failed in the same
+    transaction): nothing will ever run them, so they are cancelled."""
+    return and_(
+        _items.c.id.in_(candidates),
+        _items.c.id.not_in(select(live_memberships(excluding).subquery().c.item_pk)),
+        _items.c.state == ItemState.PENDING,
+    )
 
 
 # ------------------------------------------------------------------ runs

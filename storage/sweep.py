@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
@@ -39,11 +39,7 @@ from storage import locks, statements, tx
 from storage.admission import DedupPolicy
 from storage.base import utcnow
 from storage.models import ItemRow, RunItemRow, RunRow
-from storage.runs import (
-    cancel_orphaned_items,
-    live_memberships,
-    lock_membership_of_runs,
-)
+from storage.runs import cancel_orphaned_items, lock_membership_of_runs
 from storage.tx import retry_outages
 
 _runs: Table = RunRow.__table__  # type: ignore[assignment]
@@ -70,16 +66,9 @@ class SweepReport:
         return sum(len(v) for v in self.moved.values())
 
 
-def _expired_run(now: datetime, policy: DedupPolicy) -> ColumnElement[bool]:
-    return and_(
-        _runs.c.state == RunState.RUNNING, ~statements.run_alive(now, policy.fallback_lease_s)
-    )
-
-
 def _stale_pending(now: datetime, policy: DedupPolicy) -> ColumnElement[bool]:
     return and_(
-        _runs.c.state == RunState.PENDING,
-        _runs.c.created_at < now - timedelta(seconds=policy.pending_ttl_s),
+        _runs.c.state == RunState.PENDING, statements.pending_expired(now, policy.pending_ttl_s)
     )
 
 
@@ -91,11 +80,7 @@ def _orphans(conn: Connection, episode_pks: list[int] | None = None) -> list[tup
         .join(_runs, _runs.c.id == _members.c.run_id)
         .where(_runs.c.state == RunState.CANCELLED)
     )
-    query = select(_items.c.id, _items.c.episode_pk).where(
-        _items.c.state == ItemState.PENDING,
-        _items.c.id.in_(cancelled),
-        _items.c.id.not_in(select(live_memberships().subquery().c.item_pk)),
-    )
+    query = select(_items.c.id, _items.c.episode_pk).where(statements.orphaned_pending(cancelled))
     if episode_pks is not None:
         query = query.where(_items.c.episode_pk.in_(episode_pks))
     return [(int(pk), int(ep)) for pk, ep in conn.execute(query.order_by(_items.c.id))]
@@ -121,7 +106,7 @@ class Sweeper:
         """Run every bucket once; returns what each moved. Safe to run concurrently."""
         now = utcnow()
         report = SweepReport(dry_run, now, {bucket: [] for bucket in BUCKETS})
-        expired = _expired_run(now, policy)
+        expired = statements.expired_run(now, policy.fallback_lease_s)
         self._bucket(
             report,
             "expired_runs",

@@ -18,7 +18,7 @@ from sqlalchemy import update
 
 from flows import local
 from flows.weekly import weekly_episode
-from pipeline.check import schedule_warnings
+from pipeline.slot_warnings import schedule_warnings
 from storage.engine import make_engine
 from storage.episodes import EpisodeRepository
 from storage.models import EpisodeRow

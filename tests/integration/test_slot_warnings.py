@@ -10,7 +10,8 @@ import sys
 from sqlalchemy import Engine, update
 
 from core.ids import WeekId
-from pipeline.check import check_episodes, schedule_warnings
+from pipeline.check import check_episodes
+from pipeline.slot_warnings import schedule_warnings
 from storage.allocator import Allocator
 from storage.models import EpisodeRow
 
