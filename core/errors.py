@@ -17,8 +17,15 @@ The tree::
     ├── RunNotFound                     exit 5
     ├── InvalidTransition               exit 2  a state change the design forbids
     ├── ProviderConfigError             exit 2  unknown profile, missing credential
-    └── StorageError                    exit 1
-        └── SchemaNotCurrent            database needs `episodic db upgrade`
+    ├── StorageError                    exit 1
+    │   ├── SchemaNotCurrent            database needs `episodic db upgrade`
+    │   └── MediaStoreError             the media store (`transient`: collect again later)
+    │       ├── MediaStoreUnavailable   transient: outage, 5xx, timeout, full disk
+    │       ├── MediaStoreMisconfigured exit 2: no such bucket or folder, access denied,
+    │       │                           wrong credentials, the URL's package not installed
+    │       ├── MediaMissing            no object under the key
+    │       └── MediaCorrupt            the object under a content key holds other bytes
+    └── NotAnImage                      exit 1  downloaded bytes that are not a PNG/JPEG/WEBP
 
 Errors are mapped to exit codes in one place (`exit_code` on the class); the CLI prints
 `str(error)` as its one-line reason. Messages never contain credentials.
@@ -70,6 +77,53 @@ class StorageError(EpisodicError):
 
 class SchemaNotCurrent(StorageError):
     pass
+
+
+class MediaStoreError(StorageError):
+    """The media store failed. ``transient`` says whether the same call may succeed later
+    (an outage, a 5xx, a timeout, a full disk: the caller leaves the item accepted and
+    collects again) or needs a person (configuration). ``url`` is the store's URL without
+    credentials; messages name it and never a credential."""
+
+    transient: bool = False
+
+    def __init__(self, message: str, *, url: str) -> None:
+        super().__init__(message)
+        self.url = url
+
+
+class MediaStoreUnavailable(MediaStoreError):
+    transient = True
+
+
+class MediaStoreMisconfigured(MediaStoreError):
+    """The store cannot be used as configured: refused before any work (exit 2)."""
+
+    exit_code = ExitCode.REFUSED
+
+
+class MediaMissing(MediaStoreError, LookupError):
+    def __init__(self, key: str, *, url: str) -> None:
+        super().__init__(f"{key} is not in the media store {url}", url=url)
+        self.key = key
+
+
+class MediaCorrupt(MediaStoreError):
+    """The object under a content key does not hash to its key: the store was written
+    behind our back. Never overwritten unless the caller repairs on purpose."""
+
+    def __init__(self, key: str, detail: str, *, url: str) -> None:
+        super().__init__(f"{key} in the media store {url}: {detail}", url=url)
+        self.key = key
+
+
+class NotAnImage(EpisodicError):
+    """Bytes that do not decode in full as a PNG, JPEG or WEBP image. ``reason`` is short
+    and never echoes the bytes."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"not an image: {reason}")
+        self.reason = reason
 
 
 class BudgetExceeded(InvalidInput):

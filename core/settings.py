@@ -93,6 +93,15 @@ class Settings(BaseSettings):
         description="seconds after which the sweep cancels a run or flow run that never started",
     )
 
+    media_url: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=1000,
+        description="where paid images, covers and manifests are kept: a folder, file://, "
+        "s3://bucket/prefix (or gs://, az:// with gcsfs/adlfs); credentials come from the "
+        "AWS variables, never the URL; default: the folder media under home",
+    )
+
     result_storage: str | None = Field(
         default=None,
         pattern=r"^[a-z0-9-]+/[a-z0-9-]+$",
@@ -152,6 +161,19 @@ class Settings(BaseSettings):
                 break
         return value
 
+    @field_validator("media_url")
+    @classmethod
+    def _check_media_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        from core.media import refuse_credentials
+
+        try:
+            refuse_credentials(value)
+        except InvalidInput as exc:
+            raise ValueError(str(exc)) from None
+        return value
+
     @field_validator("timezone")
     @classmethod
     def _check_timezone(cls, value: str) -> str:
@@ -185,6 +207,11 @@ class Settings(BaseSettings):
     def results_path(self) -> Path:
         """The default result storage folder (when EPISODIC_RESULT_STORAGE is unset)."""
         return self.home_path / "results"
+
+    @property
+    def media_store_url(self) -> str:
+        """The media store's URL: EPISODIC_MEDIA_URL, or the folder ``media`` under home."""
+        return self.media_url or str(self.home_path / "media")
 
     @property
     def episodes_path(self) -> Path:

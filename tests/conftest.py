@@ -22,6 +22,7 @@ from storage.engine import make_engine  # noqa: E402
 from storage.registry import dispose_all  # noqa: E402
 from tests import sqllog  # noqa: E402
 from tests.databases import PostgresDatabases, SqliteDatabases, require_postgres  # noqa: E402
+from tests.s3_server import S3Server, running_s3_server  # noqa: E402
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -84,3 +85,10 @@ def engine(database_url: str) -> Iterator[Engine]:
     engine = make_engine(database_url)
     yield engine
     engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """The session's S3-compatible server (moto, its own process, loopback only)."""
+    with running_s3_server(tmp_path_factory.mktemp("s3")) as server:
+        yield server

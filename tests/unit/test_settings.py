@@ -59,3 +59,33 @@ def test_flow_parameter_patterns_refuse_impossible_weeks() -> None:
     assert re.match(EPISODE_ID_PATTERN, "2026-W32-10")
     assert not re.match(EPISODE_ID_PATTERN, "2026-W99-0")
     assert not re.match(EPISODE_ID_PATTERN, "2026-W32-01")
+
+
+def test_the_media_store_defaults_to_a_folder_in_home(
+    monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
+    monkeypatch.setenv("EPISODIC_HOME", str(tmp_path))
+    settings = load_settings()
+    assert settings.media_url is None
+    assert settings.media_store_url == str(tmp_path / "media")
+    monkeypatch.setenv("EPISODIC_MEDIA_URL", "s3://bucket/episodic")
+    assert load_settings().media_store_url == "s3://bucket/episodic"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "s3://AKIAEXAMPLEKEY:wJalrSECRET@bucket/prefix",
+        "s3://AKIAEXAMPLEKEY@bucket/prefix",
+        "gs://user:wJalrSECRET@bucket",
+        "az://container:wJalrSECRET@account/path",
+        "s3://bucket/prefix?secret=wJalrSECRET",
+    ],
+)
+def test_a_media_url_with_credentials_is_refused_without_repeating_them(
+    monkeypatch: pytest.MonkeyPatch, url: str
+) -> None:
+    monkeypatch.setenv("EPISODIC_MEDIA_URL", url)
+    with pytest.raises(InvalidInput, match="EPISODIC_MEDIA_URL") as caught:
+        load_settings()
+    assert "wJalrSECRET" not in str(caught.value) and "AKIAEXAMPLEKEY" not in str(caught.value)

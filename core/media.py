@@ -1,0 +1,143 @@
+"""The words of the media store: media types, content-addressed keys, proven and stored media.
+
+A key is a store-relative POSIX string (``sha256/ab/cdef….png``), never a machine path: the
+same key names the same bytes in a local folder, in a bucket, and on every machine that
+opens the store. The key is derived from the bytes (their sha256) and the media type proven
+from them, so two writers of one key write the same bytes by construction.
+
+No I/O here: `pipeline.media.prove_image` decodes, `storage.media.MediaStore` reads and writes.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Literal
+from urllib.parse import urlsplit
+
+from core.errors import InvalidInput
+
+# The image types a paid image may be: what the providers we speak to answer with
+# (Replicate's default is WEBP, fal's JPEG). Value: the key's extension.
+IMAGE_TYPES: dict[str, str] = {"image/png": "png", "image/jpeg": "jpg", "image/webp": "webp"}
+# Documents the store also keeps (an episode's manifest); never proven as images.
+DOCUMENT_TYPES: dict[str, str] = {"application/json": "json"}
+MEDIA_EXTENSIONS: dict[str, str] = {**IMAGE_TYPES, **DOCUMENT_TYPES}
+
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
+_SEGMENT_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,254}")
+MAX_KEY_CHARS = 512
+
+
+def extension_for(media_type: str) -> str:
+    """The key extension of `media_type` (``png``, ``jpg``, ``webp``, ``json``).
+    Raises InvalidInput for any other type."""
+    try:
+        return MEDIA_EXTENSIONS[media_type]
+    except KeyError:
+        raise InvalidInput(
+            f"media type {media_type!r} is not stored (known: {', '.join(MEDIA_EXTENSIONS)})"
+        ) from None
+
+
+def content_key(sha256: str, media_type: str) -> str:
+    """The content-addressed key of bytes with this `sha256` (64 lowercase hex digits) and
+    `media_type`: ``sha256/{first 2 digits}/{other 62}.{extension}``. The two-digit fan-out
+    keeps a local folder's directories small."""
+    if not _SHA256_RE.fullmatch(sha256):
+        raise InvalidInput("a content key needs a sha256 of 64 lowercase hex digits")
+    return f"sha256/{sha256[:2]}/{sha256[2:]}.{extension_for(media_type)}"
+
+
+def validate_key(key: str) -> str:
+    """`key` if it is a store-relative POSIX key: segments of ``A-Za-z0-9_.-`` separated by
+    ``/``, none empty, none starting with a dot (``.``, ``..`` and the store's own temporary
+    and probe objects are out of reach), at most 512 characters. Raises InvalidInput
+    otherwise (absolute paths, backslashes, ``..``), without echoing more than the key."""
+    if not isinstance(key, str) or not key or len(key) > MAX_KEY_CHARS:
+        raise InvalidInput("a media key is 1 to 512 characters")
+    if not all(_SEGMENT_RE.fullmatch(segment) for segment in key.split("/")):
+        raise InvalidInput(
+            f"invalid media key {key[:80]!r}: a store-relative POSIX key "
+            "(segments of A-Za-z0-9 _ . -, none empty or starting with a dot)"
+        )
+    return key
+
+
+@dataclass(frozen=True)
+class ProvenImage:
+    """Bytes that decoded in full as one of `IMAGE_TYPES` (`pipeline.media.prove_image`).
+
+    ``content`` is the proven bytes themselves (not shown in ``repr``), so what is stored is
+    what was proven; ``sha256`` (hex) and ``size`` (bytes) are theirs; ``width`` and
+    ``height`` in pixels.
+    """
+
+    content: bytes = field(repr=False)
+    media_type: str
+    width: int
+    height: int
+    sha256: str
+    size: int
+
+    @property
+    def extension(self) -> str:
+        return IMAGE_TYPES[self.media_type]
+
+
+@dataclass(frozen=True)
+class StoredMedia:
+    """What the store holds under ``key``, verified after writing: ``sha256`` (hex) and
+    ``size`` (bytes) of the bytes re-read from the store, ``media_type``; ``width`` and
+    ``height`` in pixels for images, None for documents. This is what the database records
+    (never a machine path)."""
+
+    key: str
+    sha256: str
+    size: int
+    media_type: str
+    width: int | None = None
+    height: int | None = None
+
+
+ProblemKind = Literal["missing", "size", "sha256"]
+
+
+@dataclass(frozen=True)
+class MediaProblem:
+    """Why an object is not what was recorded: ``missing`` (no object under the key),
+    ``size`` (another number of bytes), ``sha256`` (same size, other bytes)."""
+
+    key: str
+    kind: ProblemKind
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.key}: {self.detail}"
+
+
+# Schemes whose user part can only be a credential (a bucket name has no ``@``); Azure's
+# ``abfs://container@account…`` names a container there, so only a password is refused.
+_NO_USER_SCHEMES = frozenset({"s3", "s3a", "gs", "gcs", "file"})
+
+
+def refuse_credentials(url: str) -> None:
+    """Raise InvalidInput when the media store URL `url` carries a credential (a user or a
+    password part, or a query string, where SAS tokens and keys would go): credentials come
+    from the environment the SDKs read (``AWS_ACCESS_KEY_ID``, ...), never from a URL that
+    is shown in messages and may be logged. The message never repeats the URL."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower() if len(parts.scheme) > 1 else ""
+    if not scheme:
+        return
+    if parts.password is not None or (scheme in _NO_USER_SCHEMES and parts.username):
+        raise InvalidInput(
+            "the media store URL must not contain credentials: the AWS variables "
+            "(AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY) or the SDK's own configuration "
+            "provide them"
+        )
+    if parts.query or parts.fragment:
+        raise InvalidInput(
+            "the media store URL takes no query or fragment (options and credentials come "
+            "from the environment)"
+        )

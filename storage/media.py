@@ -1,0 +1,255 @@
+"""The media store: paid bytes under content-addressed keys, in a local folder or a bucket.
+
+One URL names the store (`EPISODIC_MEDIA_URL`): a plain path or ``file://`` URL is a local
+folder; ``s3://bucket/prefix`` is S3 or any S3-compatible server (MinIO, R2, GCS interop),
+through s3fs; ``gs://`` and ``az://`` (``abfs://``) work when gcsfs or adlfs is installed.
+S3's endpoint, credentials and region are read by botocore itself from the AWS variables
+(``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
+``AWS_DEFAULT_REGION``, or a profile); the URL never carries a credential.
+
+Every write is put-if-absent under ``core.media.content_key`` (sha256 + the proven media
+type): the same key holds the same bytes by construction, so concurrent writers of one image
+leave one intact object and nothing ever overwrites other bytes. After writing, the store
+re-reads the object and checks its size and sha256 before it answers: a `StoredMedia` is
+bytes the store verifiably holds. A local folder writes to a temporary file in the target's
+directory, fsyncs it, links it into place (which fails if the key exists) and fsyncs the
+directory; a failure removes the temporary file.
+
+Errors are `core.errors.MediaStoreError`s that say whether trying again may help
+(`MediaStoreUnavailable`: outage, 5xx, timeout, full disk) or not
+(`MediaStoreMisconfigured`: no such bucket or folder, access denied, wrong credentials).
+Their messages name the store by `describe()` and never by a credential.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+from urllib.parse import unquote, urlsplit
+
+from core.errors import (
+    InvalidInput,
+    MediaCorrupt,
+    MediaMissing,
+    MediaStoreError,
+    MediaStoreMisconfigured,
+    MediaStoreUnavailable,
+)
+from core.media import (
+    DOCUMENT_TYPES,
+    MediaProblem,
+    ProvenImage,
+    StoredMedia,
+    content_key,
+    refuse_credentials,
+    validate_key,
+)
+from core.settings import Settings
+from storage.media_backends import (
+    Backend,
+    LocalBackend,
+    RemoteBackend,
+    temporary_name,
+    write_synced,
+)
+
+_T = TypeVar("_T")
+# Object-store schemes, and the package each needs when it is not installed.
+_REMOTE = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs"}
+_REMOTE |= {"az": "adlfs", "abfs": "adlfs", "abfss": "adlfs"}
+_PROBE_DIR = ".probe"
+
+
+def public_url(url: str) -> str:
+    """`url` as messages may show it: no user, password, query or fragment."""
+    parts = urlsplit(url)
+    if not parts.scheme or len(parts.scheme) == 1:  # a plain path (or a Windows drive)
+        return url
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return f"{parts.scheme}://{host}{parts.path}"
+
+
+class MediaStore:
+    """A media store opened from one URL (`open`, `from_settings`); thread-safe.
+
+    ``timeout_s`` bounds each network connect and read of a remote store; ``attempts`` is
+    how many times one call is tried before a transient error is raised (local folders
+    ignore both).
+    """
+
+    def __init__(self, url: str, backend: Backend) -> None:
+        self._url = public_url(url)
+        self._backend = backend
+
+    @classmethod
+    def open(
+        cls, url: str, *, create: bool = False, timeout_s: float = 20.0, attempts: int = 3
+    ) -> MediaStore:
+        """The store at `url`. ``create``: make a local folder (and its parents) if missing
+        (the default store inside the state folder); otherwise a missing folder is refused
+        at `probe`. Raises MediaStoreMisconfigured for an unknown scheme or a scheme whose
+        package is not installed."""
+        refuse_credentials(url)
+        shown = public_url(url)
+        parts = urlsplit(url)
+        scheme = parts.scheme.lower() if len(parts.scheme) > 1 else ""
+        if scheme in ("", "file"):
+            raw = unquote(parts.path) if scheme == "file" else url
+            root = Path(raw).expanduser().absolute()
+            if create:
+                _mkdirs(root, shown)
+            return cls(str(root), LocalBackend(root, str(root)))
+        if scheme not in _REMOTE:
+            raise MediaStoreMisconfigured(
+                f"media store {shown}: unsupported scheme {scheme}:// "
+                "(use a folder, file://, s3://, gs:// or az://)",
+                url=shown,
+            )
+        bucket = parts.hostname or ""
+        if not bucket:
+            raise MediaStoreMisconfigured(f"media store {shown}: no bucket in the URL", url=shown)
+        try:
+            import fsspec  # type: ignore[import-untyped]
+
+            fsspec.get_filesystem_class(scheme)
+        except (ImportError, ValueError):
+            raise MediaStoreMisconfigured(
+                f"media store {shown} needs the package {_REMOTE[scheme]} "
+                f"(pip install {_REMOTE[scheme]})",
+                url=shown,
+            ) from None
+        prefix = f"{parts.netloc}/{parts.path.strip('/')}".rstrip("/")
+        return cls(url, RemoteBackend(scheme, prefix, shown, timeout_s, attempts))
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> MediaStore:
+        """The store `settings` names (EPISODIC_MEDIA_URL, default: ``<home>/media``, which
+        is created on first use)."""
+        return cls.open(settings.media_store_url, create=settings.media_url is None)
+
+    def describe(self) -> str:
+        """The store's URL (a local store: its absolute folder) with no credentials."""
+        return self._url
+
+    def put_image(self, image: ProvenImage, *, repair: bool = False) -> StoredMedia:
+        """Store proven image bytes under their content key and verify them (see `put`)."""
+        return self._put(image.content, image.media_type, image.width, image.height, repair)
+
+    def put_document(
+        self, content: bytes, *, media_type: str = "application/json", repair: bool = False
+    ) -> StoredMedia:
+        """Store a document (an episode's manifest) under its content key and verify it.
+        Images go through `put_image`: only proven bytes are stored as images."""
+        if media_type not in DOCUMENT_TYPES:
+            raise InvalidInput(f"{media_type} is not a document type; images use put_image")
+        return self._put(content, media_type, None, None, repair)
+
+    def _put(
+        self, content: bytes, media_type: str, width: int | None, height: int | None, repair: bool
+    ) -> StoredMedia:
+        """Write-if-absent, then verify what the store holds (size and sha256, re-read).
+
+        An existing object with the same bytes is kept as it is (another writer or an
+        earlier run stored it). One with other bytes is a tampered or damaged object: raises
+        MediaCorrupt and leaves it, unless ``repair`` replaces it with these bytes.
+        """
+        sha256 = hashlib.sha256(content).hexdigest()
+        key = content_key(sha256, media_type)
+        created = self._call(lambda: self._backend.write_new(key, content, media_type), key)
+        problem = self.verify(key, sha256, len(content))
+        if problem is not None and problem.kind != "missing" and not created and repair:
+            self._call(lambda: self._backend.replace(key, content, media_type), key)
+            problem = self.verify(key, sha256, len(content))
+        if problem is not None:
+            if problem.kind == "missing":  # written, then gone: the store lost it
+                raise MediaStoreUnavailable(
+                    f"{key} vanished from the media store {self._url} right after writing",
+                    url=self._url,
+                )
+            raise MediaCorrupt(key, problem.detail, url=self._url)
+        return StoredMedia(key, sha256, len(content), media_type, width, height)
+
+    def read(self, key: str) -> bytes:
+        """The bytes under `key`. Raises MediaMissing when there is no such object."""
+        validate_key(key)
+        return self._call(lambda: self._backend.read(key), key)
+
+    def exists(self, key: str) -> bool:
+        validate_key(key)
+        return self._call(lambda: self._backend.exists(key), key)
+
+    def verify(self, key: str, sha256: str, size: int) -> MediaProblem | None:
+        """None when the store holds exactly `size` bytes hashing to `sha256` under `key`
+        (re-read in full: the recorded sha256 is what was paid for, and no store's own
+        checksum is that hash everywhere); otherwise the problem. A store that cannot
+        answer raises (an outage is not a finding about the object)."""
+        try:
+            held = self.read(key)
+        except MediaMissing:
+            return MediaProblem(key, "missing", f"missing from the media store {self._url}")
+        if len(held) != size:
+            return MediaProblem(key, "size", f"holds {len(held)} bytes, {size} were recorded")
+        if hashlib.sha256(held).hexdigest() != sha256:
+            return MediaProblem(key, "sha256", "its bytes differ from the recorded sha256")
+        return None
+
+    def probe(self) -> None:
+        """Write, read back and delete a small probe object: proof, before any money is
+        spent, that this process can store media here. Raises MediaStoreMisconfigured (no
+        such folder or bucket, access denied, wrong credentials) or MediaStoreUnavailable,
+        each one line naming `describe()`."""
+        key = f"{_PROBE_DIR}/{uuid.uuid4().hex}"
+        body = f"episodic media store probe {key}".encode()
+        self._backend.check_root()
+        self._call(lambda: self._backend.write_new(key, body, "text/plain"), key, "write")
+        if self._call(lambda: self._backend.read(key), key, "read") != body:
+            raise MediaStoreUnavailable(
+                f"media store {self._url} returned other bytes for a probe just written",
+                url=self._url,
+            )
+        # A store that lets us write but not delete still keeps what we pay for.
+        with contextlib.suppress(MediaStoreMisconfigured):
+            self._call(lambda: self._backend.delete(key), key, "delete")
+
+    def local_copy(self, key: str, dest: Path, *, sha256: str | None = None) -> Path:
+        """Copy the object under `key` to the file `dest` (atomically: temporary file, fsync,
+        rename), checking it against `sha256` when given (MediaCorrupt if it differs).
+        Returns `dest`. For ``--out DIR``: a local copy, the store stays the record."""
+        content = self.read(key)
+        if sha256 is not None and hashlib.sha256(content).hexdigest() != sha256:
+            raise MediaCorrupt(key, "its bytes differ from the recorded sha256", url=self._url)
+        dest = Path(dest)
+        tmp = temporary_name(dest)
+        try:
+            write_synced(tmp, content)
+            os.replace(tmp, dest)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise InvalidInput(f"cannot write {dest}: {exc.strerror or exc}") from None
+        return dest
+
+    def _call(self, op: Callable[[], _T], key: str, action: str = "") -> _T:
+        try:
+            return op()
+        except MediaStoreError:
+            raise
+        except Exception as exc:  # the backends' own errors, classified once here
+            raise self._backend.classify(exc, key, action) from None
+
+
+def _mkdirs(root: Path, shown: str) -> None:
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise MediaStoreMisconfigured(
+            f"media store {shown} cannot be created: {exc.strerror or type(exc).__name__}",
+            url=shown,
+        ) from None

@@ -1,0 +1,42 @@
+"""Worker functions for the media store's multi-process tests (spawned processes)."""
+
+from __future__ import annotations
+
+import os
+import traceback
+from typing import Any
+
+
+def put_worker(barrier: Any, url: str, env: dict[str, str], content: bytes, results: Any) -> None:
+    """Released with every other worker, store the same image; report what the store said."""
+    os.environ.update(env)
+    try:
+        from pipeline.media import prove_image
+        from storage.media import MediaStore
+
+        store = MediaStore.open(url, timeout_s=10, attempts=3)
+        image = prove_image(content)
+        barrier.wait(timeout=120)
+        stored = store.put_image(image)
+        results.put(["ok", stored.key, stored.sha256, stored.size])
+    except Exception:
+        results.put(["error", traceback.format_exc(limit=5)])
+
+
+def full_disk_worker(folder: str, content: bytes, limit_bytes: int, results: Any) -> None:
+    """With the file-size limit below `content`'s size, store it: the kernel refuses the
+    write (EFBIG, SIGXFSZ ignored) as a full disk would; report the error and the files."""
+    import resource
+    import signal
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
+    try:
+        from pipeline.media import prove_image
+        from storage.media import MediaStore
+
+        store = MediaStore.open(folder)
+        store.put_image(prove_image(content))
+        results.put(["stored"])
+    except Exception as exc:
+        results.put([type(exc).__name__, str(exc), getattr(exc, "transient", None)])

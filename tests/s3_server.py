@@ -1,0 +1,154 @@
+"""A real S3-compatible server on loopback for the media store's tests: moto in server mode.
+
+``S3Server`` runs ``python -m moto.server`` as its own process on a free 127.0.0.1 port (a
+process, so a test can freeze it with SIGSTOP as a stalled store would be), waits until it
+answers, and stops it at the end. Nothing leaves the machine. ``env()`` is what a client
+needs: the endpoint and credentials in the AWS variables botocore reads itself, with every
+other source of AWS configuration (profiles, shared files, instance metadata) shut off.
+
+``enforce_auth`` (moto's IAM mode): every request must be signed by an access key made with
+`make_access_key`; without it moto accepts any credential.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+TEST_KEY = "testing-key-id"
+TEST_SECRET = "testing-secret-not-a-secret"
+REGION = "us-east-1"
+_READY_WAIT_S = 60.0  # a loaded 2-core machine imports moto slowly
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class S3Server:
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.port = _free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.log = folder / f"moto-{self.port}.log"
+        self.process: subprocess.Popen[bytes] | None = None
+        self.frozen = False
+
+    def start(self) -> S3Server:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **self.env()},
+            )
+        deadline = time.monotonic() + _READY_WAIT_S
+        while True:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"moto server exited: {self.log.read_text()[-1500:]}")
+            try:
+                with urllib.request.urlopen(f"{self.endpoint}/moto-api/", timeout=2):
+                    return self
+            except OSError:
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError("moto server did not answer") from None
+                time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        if self.frozen:
+            self.resume()
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=30)
+        self.process = None
+
+    def freeze(self) -> None:
+        """SIGSTOP: the server still accepts connections (the kernel does) but never answers."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGSTOP)
+        self.frozen = True
+
+    def resume(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGCONT)
+        self.frozen = False
+
+    def env(self, key: str = TEST_KEY, secret: str = TEST_SECRET) -> dict[str, str]:
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": key,
+            "AWS_SECRET_ACCESS_KEY": secret,
+            "AWS_DEFAULT_REGION": REGION,
+            "AWS_EC2_METADATA_DISABLED": "true",  # never ask 169.254.169.254
+            "AWS_CONFIG_FILE": str(self.folder / "no-aws-config"),
+            "AWS_SHARED_CREDENTIALS_FILE": str(self.folder / "no-aws-credentials"),
+        }
+
+    def client(self, service: str = "s3", **env: str) -> Any:
+        import boto3
+
+        values = {**self.env(), **env}
+        return boto3.session.Session(
+            aws_access_key_id=values["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=values["AWS_SECRET_ACCESS_KEY"],
+            region_name=REGION,
+        ).client(service, endpoint_url=self.endpoint)
+
+    def new_bucket(self) -> str:
+        name = f"media-{uuid.uuid4().hex[:16]}"
+        self.client().create_bucket(Bucket=name)
+        return name
+
+    def put_behind_the_store(self, bucket: str, key: str, body: bytes) -> None:
+        """Write an object directly (another client, not the store): tampering."""
+        self.client().put_object(Bucket=bucket, Key=key, Body=body)
+
+    def enforce_auth(self) -> None:
+        """From now on moto checks every request's signature and IAM policy."""
+        request = urllib.request.Request(
+            f"{self.endpoint}/moto-api/reset-auth",
+            data=b"0",
+            method="POST",
+            headers={"Content-Type": "text/plain"},  # a form body would hide the count
+        )
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            json.loads(reply.read())
+
+    def make_access_key(self, bucket: str) -> tuple[str, str]:
+        """An IAM user allowed every S3 action; returns its (key id, secret)."""
+        iam = self.client("iam")
+        user = f"u{uuid.uuid4().hex[:10]}"
+        iam.create_user(UserName=user)
+        policy = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*",
+                  "Resource": "*"}]}  # fmt: skip
+        iam.put_user_policy(UserName=user, PolicyName="s3", PolicyDocument=json.dumps(policy))
+        made = iam.create_access_key(UserName=user)["AccessKey"]
+        return str(made["AccessKeyId"]), str(made["SecretAccessKey"])
+
+
+@contextlib.contextmanager
+def running_s3_server(folder: Path) -> Any:
+    server = S3Server(folder).start()
+    try:
+        yield server
+    finally:
+        server.stop()
