@@ -26,7 +26,12 @@ def migrate_legacy(
     from pipeline.legacy import migrate
 
     report = migrate(
-        context.engine(), context.settings(), context.pipeline_name(pipeline), path, apply=apply
+        context.engine(),
+        context.settings(),
+        context.pipeline_name(pipeline),
+        path,
+        apply=apply,
+        store=context.media_store() if apply else None,  # a dry run touches no store
     )
     if as_json:
         emit_json({"applied": apply, "episodes": report})

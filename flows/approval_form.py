@@ -18,7 +18,6 @@ from core.money import format_minor
 from core.records import EpisodeImage
 from flows.artifacts import md_text
 from pipeline.approval import ApprovalContext, approval_digest, hero_outputs
-from pipeline.media import image_file
 from pipeline.thumbnails import thumbnail_data_uri
 
 MAX_PREVIEWS = 60  # thumbnails inlined in one form; the rest are listed by name
@@ -168,10 +167,11 @@ def approval_form_description(
         lines.extend(["", f"| {first} | preview | cost | sha256 |", "|---|---|---|---|"])
         for o in rows:
             label = o.item_id
-            path = image_file(o)
-            uri = thumbnail_data_uri(path) if shown < MAX_PREVIEWS else None
+            # the bytes the media store holds, checked against the sha256 paid for: a form
+            # on any machine shows what ships
+            uri = thumbnail_data_uri(context.image_bytes(o)) if shown < MAX_PREVIEWS else None
             shown += 1
-            preview = f"![{label}]({uri})" if uri else f"`{path.name}`"
+            preview = f"![{label}]({uri})" if uri else f"`{o.key or o.legacy_path}`"
             cost = format_minor(o.cost_minor, o.currency)
             name = label if o.candidate is None else f"candidate {o.candidate}"
             lines.append(f"| {name} | {preview} | {cost} | `{o.sha256[:12]}` |")
