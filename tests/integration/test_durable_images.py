@@ -305,3 +305,79 @@ def test_a_store_that_cannot_be_written_refuses_before_any_credential_read_or_ca
     assert spy.reads == []  # the provider's credential was never read
     assert not server.create_calls and not server.requests  # nor the provider asked
     assert _rows(episode.engine, "SELECT count(*) FROM runs") == [(0,)]
+
+
+def test_a_kill_9_after_the_providers_success_and_before_the_ledger_write_never_buys_again(
+    episode: Episode, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real `episodic generate` whose S3 store is frozen (SIGSTOP) once the provider made
+    its first job: its collected images cannot be written, and it is killed (kill -9) while
+    it waits. Then the store comes back and `episodic retry` collects the same jobs."""
+    import signal
+    import subprocess
+    import time
+
+    from tests.acceptance.conftest import EPISODIC
+    from tests.generation import generate_in_background, made_jobs_per_key, until_jobs
+
+    items = 4
+    monkeypatch.setenv("EPISODIC_LEASE_S", "5")
+    monkeypatch.setenv("EPISODIC_FAKE_DELAY_MS", "200")
+    server = S3Server(tmp_path / "crash-s3").start()
+    try:
+        for name, value in server.env().items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.setenv("EPISODIC_MEDIA_URL", f"s3://{server.new_bucket()}/media")
+        episode.plan(write_playlist(tmp_path / "p", [f"t{n}" for n in range(items)]))
+        process = generate_in_background(episode.episode_id, "--concurrency", "2")
+        until_jobs(process, 1)  # the probe passed long before: the run is paying
+        server.freeze()
+        deadline = time.monotonic() + 60
+        while _collects() < 1:  # the provider's success is in this process's hands
+            assert process.poll() is None, process.communicate()
+            assert time.monotonic() < deadline, "no job was collected"
+            time.sleep(0.05)
+        process.send_signal(signal.SIGKILL)
+        process.communicate(timeout=60)
+        assert _rows(episode.engine, "SELECT count(*) FROM items WHERE state = 'completed'") == [
+            (0,)
+        ]
+        paid_before = sum(made_jobs_per_key().values())
+        assert paid_before >= 1
+        server.resume()
+        assert EPISODIC is not None
+        retried = subprocess.run(
+            [EPISODIC, "retry", episode.episode_id], capture_output=True, text=True, timeout=300
+        )
+        assert retried.returncode == 0, retried.stderr
+        made = made_jobs_per_key()
+        assert len(made) == items and set(made.values()) == {1}  # one job per item, ever
+        assert len(image_keys(episode.engine)) == items
+    finally:
+        server.stop()
+
+
+def test_the_cli_refuses_a_store_that_cannot_be_written_in_one_line_exit_2(
+    episode: Episode, tmp_path: Path
+) -> None:
+    import os
+    import subprocess
+
+    from tests.acceptance.conftest import EPISODIC
+
+    episode.plan(write_playlist(tmp_path / "p", ["a"]))
+    assert EPISODIC is not None
+    missing = tmp_path / "no-such-media"
+    env = {**os.environ, "EPISODIC_MEDIA_URL": str(missing)}
+    done = subprocess.run(
+        [EPISODIC, "generate", episode.episode_id],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert done.returncode == ExitCode.REFUSED, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and str(missing) in lines[0] and "no such folder" in lines[0]
+    assert provider_log() == []  # no client built, no call made
+    assert _rows(episode.engine, "SELECT count(*) FROM runs") == [(0,)]
