@@ -127,9 +127,10 @@ def _manifest(
     """Canonical JSON, paths relative to the episode folder, no timestamps: deterministic.
 
     `files`: each shipped image's file on this machine, by item key (`image_file`); an
-    image of the media store also names its ``key``. `items`: the images that ship (a hero video's picked candidate among them). With hero
-    runs, `heroes` records each hero video's pick and every candidate's key, sha256 and
-    cost, and `total_cost_minor` counts every paid candidate, picked or not."""
+    image of the media store also names its ``key``. `items`: the images that ship (a hero
+    video's picked candidate among them). With hero runs, `heroes` records each hero
+    video's pick and every candidate's key, sha256 and cost, and `total_cost_minor` counts
+    every paid candidate, picked or not."""
     items = []
     for o in shipped:
         item: dict[str, Any] = {
