@@ -30,8 +30,7 @@ def migrate_legacy(
         context.settings(),
         context.pipeline_name(pipeline),
         path,
-        apply=apply,
-        store=context.media_store() if apply else None,  # a dry run touches no store
+        apply=apply,  # the media store is opened once there, when a week is imported
     )
     if as_json:
         emit_json({"applied": apply, "episodes": report})
