@@ -221,3 +221,27 @@ def test_approval_and_assembly_refuse_images_that_are_not_what_was_paid_for(
     assembled = assemble(engine, load_settings(), "weekly", episode_id)
     assert media.store().read(assembled["cover"])  # cover and manifest in the same store
     assert media.store().read(assembled["manifest"]).startswith(b"{")
+
+
+def test_the_approval_form_shows_thumbnails_from_the_store_on_another_machine(
+    generated_in: Episode, media: MediaTarget, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The form's previews are the store's bytes (checked against the sha256 paid for), so
+    a form rendered by a worker with another state folder shows every image; an image gone
+    from the store is named by its key, never shown from elsewhere."""
+    from flows.approval_form import approval_form_description
+    from pipeline.approval import approval_context
+
+    monkeypatch.setenv("EPISODIC_HOME", str(tmp_path / "another-machine"))
+    engine, episode_id = generated_in.engine, generated_in.episode_id
+    context = approval_context(engine, "weekly", episode_id)
+    outputs = context.review_set()
+    markdown = approval_form_description(context, outputs)
+    assert markdown.count("](data:image/jpeg;base64,") == 2, markdown
+    first = _keys(engine)[0]
+    media.delete_behind(first)
+    with pytest.raises(ImageNotAsPaid, match="is missing"):
+        context.review_set()
+    markdown = approval_form_description(context, outputs)
+    assert markdown.count("](data:image/jpeg;base64,") == 1
+    assert f"`{first}`" in markdown
