@@ -21,19 +21,25 @@ def check(
 ) -> None:
     """Audit episodes read-only (ids, files, ledger, states); exit 1 on findings.
 
-    Warnings (a slot that several deployments asked for) are listed but do not change the
-    exit code: the slot was still one episode, paid once."""
+    Media are read from the media store (EPISODIC_MEDIA_URL): each completed image, cover
+    and manifest must be there, hold its recorded size and sha256, and decode.
+
+    Warnings (a slot that several deployments asked for; images still in local files from
+    before the media store) are listed but do not change the exit code."""
     from core.errors import InvalidInput
     from pipeline.admission import dedup_policy
-    from pipeline.check import check_episodes
+    from pipeline.check import check_episodes, legacy_warnings
     from pipeline.slot_warnings import schedule_warnings
 
     if (episode_id is None) == (not check_all):
         raise InvalidInput("give an EPISODE_ID or --all")
     engine = context.engine(read_only=True)
     name = context.pipeline_name(pipeline)
-    findings = check_episodes(engine, name, episode_id, dedup_policy(context.settings()))
+    findings = check_episodes(
+        engine, name, episode_id, dedup_policy(context.settings()), store=context.media_store()
+    )
     warnings = schedule_warnings(engine, name, episode_id)
+    warnings += legacy_warnings(engine, name, episode_id)
     if as_json:
         emit_json(
             {

@@ -8,6 +8,7 @@ if TYPE_CHECKING:
     from sqlalchemy import Engine
 
     from core.settings import Settings
+    from storage.media import MediaStore
 
 
 def settings() -> Settings:
@@ -26,3 +27,10 @@ def engine(*, read_only: bool = False) -> Engine:
     from storage.registry import engine_for
 
     return engine_for(settings(), read_only=read_only)
+
+
+def media_store() -> MediaStore:
+    """The media store the settings name (EPISODIC_MEDIA_URL), opened once per command."""
+    from storage.media import MediaStore
+
+    return MediaStore.from_settings(settings())

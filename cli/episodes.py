@@ -60,22 +60,45 @@ def show_episode(
     pipeline: PipelineOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Show one episode and its history. Exit 5 if it does not exist."""
+    """Show one episode, its history and its media: each completed image, cover and
+    manifest by its media store key, and whether the store holds it. Exit 5 if it does not
+    exist."""
     from core.ids import EpisodeId
+    from pipeline.media_view import episode_media
     from storage.episodes import EpisodeRepository
 
     parsed = EpisodeId.parse(episode_id)
     name = context.pipeline_name(pipeline)
-    repository = EpisodeRepository(context.engine())
+    engine = context.engine()
+    repository = EpisodeRepository(engine)
     episode = repository.get(name, parsed)
     history = repository.history(name, parsed)
+    store = context.media_store()
+    media = episode_media(engine, store, repository.episode_pk(name, str(parsed)))
     if as_json:
-        emit_json({**episode.to_dict(), "history": [event.to_dict() for event in history]})
+        emit_json(
+            {
+                **episode.to_dict(),
+                "history": [event.to_dict() for event in history],
+                "media_store": store.describe(),
+                "media": media,
+            }
+        )
         return
     for label, value in episode.to_dict().items():
         typer.echo(f"{label:>15}: {value}")
+    typer.echo(f"{'media store':>15}: {store.describe()}")
     table(
         "history",
         ["at (UTC)", "event", "detail"],
         ((ev.at.strftime("%Y-%m-%d %H:%M:%S"), ev.kind, ev.detail) for ev in history),
     )
+    if media:
+        table(
+            "media",
+            ["medium", "key (or legacy file)", "sha256", "bytes", "stored"],
+            (
+                (m["name"], m["key"] or m["legacy_path"], m["sha256"][:12], m["size"], m["stored"])
+                for m in media
+            ),
+        )

@@ -26,7 +26,11 @@ def migrate_legacy(
     from pipeline.legacy import migrate
 
     report = migrate(
-        context.engine(), context.settings(), context.pipeline_name(pipeline), path, apply=apply
+        context.engine(),
+        context.settings(),
+        context.pipeline_name(pipeline),
+        path,
+        apply=apply,  # the media store is opened once there, when a week is imported
     )
     if as_json:
         emit_json({"applied": apply, "episodes": report})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -47,6 +48,7 @@ def approve(
         note=reason if reject else note,
         labels=("--by", "--reason" if reject else "--note"),
         picks=picks,
+        store=context.media_store(),
     )
     if as_json:
         emit_json(result)
@@ -63,22 +65,39 @@ def approve(
 
 def assemble(
     episode_id: EpisodeArg,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            help="Also copy the cover, the manifest and the images it names to this local "
+            "folder (the media store stays the record).",
+        ),
+    ] = None,
     pipeline: PipelineOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Assemble an approved episode (cover, manifest); rerunning it changes nothing."""
+    """Assemble an approved episode (cover, manifest, in the media store); rerunning it
+    changes nothing."""
     from pipeline.assembly import assemble as run_assembly
 
     result = run_assembly(
-        context.engine(), context.settings(), context.pipeline_name(pipeline), episode_id
+        context.engine(),
+        context.settings(),
+        context.pipeline_name(pipeline),
+        episode_id,
+        store=context.media_store(),
+        out=out,
     )
     if as_json:
         emit_json(result)
     else:
+        local = result.get("local", {})
         typer.echo(
             f"{result['episode_id']} assembled ({result['images']} images)"
-            f"{'' if result['changed'] else ', unchanged'}\n  cover    {result['cover']}"
+            f"{'' if result['changed'] else ', unchanged'} in the media store {result['store']}"
+            f"\n  cover    {result['cover']}"
             f"\n  manifest {result['manifest']}"
+            + "".join(f"\n  copied   {path}" for path in local.values())
         )
 
 

@@ -9,7 +9,6 @@ by `decide` after the resume, and the reason is shown at the top of the next for
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
 from typing import Any, Literal
 
 from prefect.input import RunInput
@@ -169,10 +168,11 @@ def approval_form_description(
         lines.extend(["", f"| {first} | preview | cost | sha256 |", "|---|---|---|---|"])
         for o in rows:
             label = o.item_id
-            path = Path(o.path)
-            uri = thumbnail_data_uri(path) if shown < MAX_PREVIEWS else None
+            # the bytes the media store holds, checked against the sha256 paid for: a form
+            # on any machine shows what ships
+            uri = thumbnail_data_uri(context.image_bytes(o)) if shown < MAX_PREVIEWS else None
             shown += 1
-            preview = f"![{label}]({uri})" if uri else f"`{path.name}`"
+            preview = f"![{label}]({uri})" if uri else f"`{o.key or o.legacy_path}`"
             cost = format_minor(o.cost_minor, o.currency)
             name = label if o.candidate is None else f"candidate {o.candidate}"
             lines.append(f"| {name} | {preview} | {cost} | `{o.sha256[:12]}` |")

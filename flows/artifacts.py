@@ -10,7 +10,6 @@ import contextvars
 import logging
 import re
 import threading
-from pathlib import Path
 from typing import Any
 from uuid import UUID
 
@@ -267,9 +266,9 @@ class EpisodeProgress:
             _warn("episode %s: progress artifact not updated: %s", self.episode_id, _described(exc))
 
 
-def _image_cell(path: str, label: str) -> str:
-    uri = thumbnail_data_uri(Path(path))
-    return f"![{label}]({uri})" if uri else f"`{Path(path).name}` (no preview)"
+def _image_cell(content: bytes | None, name: str, label: str) -> str:
+    uri = thumbnail_data_uri(content)
+    return f"![{label}]({uri})" if uri else f"`{name}` (no preview)"
 
 
 def publish_decision(
@@ -297,17 +296,23 @@ def publish_decision(
 
 
 def publish_assembly(
-    engine: Engine, pipeline: str, episode_id: str, assembled: dict[str, Any]
+    engine: Engine,
+    pipeline: str,
+    episode_id: str,
+    assembled: dict[str, Any],
+    cover: bytes | None = None,
 ) -> None:
-    """The assembly record with the cover shown."""
+    """The assembly record with the cover shown (`cover`: its bytes from the media store;
+    None: named, not shown)."""
     report = episode_report(engine, pipeline, episode_id)
     lines = [
         f"## Episode {episode_id}: assembled",
         "",
-        _image_cell(str(assembled["cover"]), "cover"),
+        _image_cell(cover, str(assembled["cover"]), "cover"),
         "",
         f"- cover: `{assembled['cover']}`",
         f"- manifest: `{assembled.get('manifest', '')}`",
+        f"- media store: `{assembled.get('store', '')}`",
         f"- images: {report['completed']}, paid calls {report['paid_submissions']}, "
         f"cost {report['cost']}",
     ]

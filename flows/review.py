@@ -46,6 +46,7 @@ from pipeline.approval import (
     waiting_state,
 )
 from pipeline.assembly import assemble
+from pipeline.media_view import open_store, preview_bytes
 from storage.registry import engine_for
 
 DAY_S = 24 * 3600
@@ -243,8 +244,10 @@ def assemble_step(episode_id: str, pipeline: str) -> dict[str, Any]:
     """Assemble (idempotent) and publish the assembly and cost artifacts."""
     settings = load_settings()
     engine = engine_for(settings)
-    assembled = assemble(engine, settings, pipeline, episode_id)
-    publish_assembly(engine, pipeline, episode_id, assembled)
+    store = open_store(settings)
+    assembled = assemble(engine, settings, pipeline, episode_id, store=store)
+    cover = preview_bytes(store, str(assembled["cover"]))
+    publish_assembly(engine, pipeline, episode_id, assembled, cover)
     publish_spend(engine, pipeline, episode_id)
     return assembled
 

@@ -4,6 +4,10 @@ A decision is bound to the images it is about (the current plan's completed imag
 file checked against the sha256 the ledger paid for), and it stands: the other decision is
 refused until the plan changes or the episode is reopened, with who decided, when and why.
 `approval_context` gives a Prefect flow what deciding needs without a store of its own.
+
+Images are read from the media store (`storage.media.MediaStore`) by their recorded key, so
+a decision taken on another machine than the one that paid sees the same bytes; a row from
+before the store (only a ``legacy_path``) is read from that local file, as it always was.
 """
 
 from __future__ import annotations
@@ -12,15 +16,22 @@ import hashlib
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.errors import CommandNotAllowed, ImageNotAsPaid, ImagesChangedSinceShown, InvalidInput
+from core.errors import (
+    CommandNotAllowed,
+    ImageNotAsPaid,
+    ImagesChangedSinceShown,
+    InvalidInput,
+    MediaMissing,
+)
 from core.hints import hint
 from core.ids import EpisodeId
 from core.playlist import check_picks, check_text
 from core.records import EpisodeImage
+from core.settings import load_settings
 from core.states import DECIDED_STATES, REOPENABLE_STATES, EpisodeState
 from pipeline.gate import GatePass, open_gate
 from pipeline.playlists import planned_items
@@ -28,6 +39,7 @@ from storage.approvals import ApprovalStore, RecordedDecision
 from storage.episodes import EpisodeRepository
 from storage.ledger import LedgerStore, completed_outputs
 from storage.locks import keyed_transaction
+from storage.media import MediaStore
 from storage.plans import PlanStore
 from storage.tx import Database
 
@@ -45,10 +57,18 @@ def approval_digest(items: dict[str, str]) -> str:
     return hashlib.sha256(json.dumps(items, sort_keys=True).encode()).hexdigest()
 
 
-def review_set(engine: Database, pipeline: str, episode_id: str) -> list[EpisodeImage]:
+def review_set(
+    engine: Database, pipeline: str, episode_id: str, store: MediaStore | None = None
+) -> list[EpisodeImage]:
     """The images a decision is about: the current plan's completed images, in plan order,
-    each file checked against its recorded sha256 (what the approval form shows)."""
-    return planned_outputs(engine, open_gate(engine, pipeline, episode_id, "approve"))
+    each checked in `store` against its recorded sha256 (what the approval form shows)."""
+    gate = open_gate(engine, pipeline, episode_id, "approve")
+    return [image for image, _ in planned_images(engine, gate, store)]
+
+
+def default_store(store: MediaStore | None) -> MediaStore:
+    """`store`, or the one the settings name (`MediaStore.from_settings`)."""
+    return store if store is not None else MediaStore.from_settings(load_settings())
 
 
 def decide(
@@ -63,8 +83,10 @@ def decide(
     labels: tuple[str, str] = ("--by", "--reason"),
     picks: dict[str, int] | None = None,
     picks_label: str = "--pick",
+    store: MediaStore | None = None,
 ) -> dict[str, Any]:
     """Approve or reject a generated episode. Refused unless it is waiting for a decision.
+    The images are checked in `store` (default: the settings' media store).
 
     `expected_digest` (`approval_digest` of the images the reviewer was shown, e.g. by the
     Prefect form) binds the decision to them: if the plan or its images changed since, the
@@ -114,8 +136,8 @@ def decide(
         )
     approved_items: dict[str, str] | None = None
     chosen: dict[str, int] | None = None
-    if approve or expected_digest is not None:  # checked on disk now: exactly this ships
-        outputs = planned_outputs(engine, gate)
+    if approve or expected_digest is not None:  # checked in the store now: exactly this ships
+        outputs = [image for image, _ in planned_images(engine, gate, store)]
         shown = {o.idempotency_key: o.sha256 for o in outputs}
         if expected_digest is not None and approval_digest(shown) != expected_digest:
             raise ImagesChangedSinceShown(
@@ -227,8 +249,22 @@ def reopen(
     return {"episode_id": gate.episode_id, "state": "allocated", "changed": moved, "from": state}
 
 
-def planned_outputs(engine: Database, gate: GatePass) -> list[EpisodeImage]:
-    """The current plan's completed images, each file checked against its recorded sha256."""
+def planned_outputs(
+    engine: Database, gate: GatePass, store: MediaStore | None = None
+) -> list[EpisodeImage]:
+    """The current plan's completed images, each checked in `store` against its recorded
+    sha256 (see `planned_images`)."""
+    return [image for image, _ in planned_images(engine, gate, store)]
+
+
+def planned_images(
+    engine: Database, gate: GatePass, store: MediaStore | None = None
+) -> list[tuple[EpisodeImage, bytes]]:
+    """The current plan's completed images in plan order, each with its bytes as read from
+    `store` (default: the settings' store) and checked against the sha256 and size recorded
+    when it was paid for. Raises CommandNotAllowed (no plan, images not completed) or
+    ImageNotAsPaid (an image missing from the store or not the bytes paid for); a store that
+    cannot answer raises its MediaStoreError."""
     recorded = PlanStore(engine).latest_plan(gate.episode_pk)
     if recorded is None:
         raise CommandNotAllowed("episode has no plan")
@@ -245,31 +281,57 @@ def planned_outputs(engine: Database, gate: GatePass) -> list[EpisodeImage]:
     )
     if len(outputs) != len(planned):
         raise CommandNotAllowed(f"{len(planned) - len(outputs)} planned images are not completed")
-    for output in outputs:  # never assemble from files that are not what the ledger paid for
-        path = Path(output.path)
-        if not path.is_file():
-            raise image_not_as_paid(gate.episode_id, output.item_id, path, "is missing")
-        if hashlib.sha256(path.read_bytes()).hexdigest() != output.sha256:
-            raise image_not_as_paid(
-                gate.episode_id,
-                output.item_id,
-                path,
-                "does not match the sha256 recorded when it was paid for",
-            )
     if not outputs:
         raise CommandNotAllowed("episode has no completed images")
-    return outputs
+    media = default_store(store)
+    # never decide on or assemble from bytes that are not what the ledger paid for
+    return [(output, paid_bytes(media, gate.episode_id, output)) for output in outputs]
 
 
-def image_not_as_paid(episode_id: str, label: str, path: Path, what: str) -> ImageNotAsPaid:
-    """An image file changed or gone since the ledger recorded it: nothing is decided or
-    assembled from it (exit 2), and the message names the file and the next step."""
+def paid_bytes(store: MediaStore, episode_id: str, image: EpisodeImage) -> bytes:
+    """`image`'s bytes: from `store` under its key, or, for a row from before the store
+    (no key), from its legacy local file. Raises ImageNotAsPaid when they are missing or
+    differ from the sha256 (and size) recorded when the image was paid for."""
+    where = image_location(store, image)
+    try:
+        if image.key is not None:
+            content = store.read(image.key)
+        elif image.legacy_path is not None:
+            content = Path(image.legacy_path).read_bytes()
+        else:
+            raise image_not_as_paid(episode_id, image.item_id, where, "has no recorded key")
+    except (MediaMissing, FileNotFoundError, IsADirectoryError):
+        raise image_not_as_paid(episode_id, image.item_id, where, "is missing") from None
+    if (image.size is not None and len(content) != image.size) or hashlib.sha256(
+        content
+    ).hexdigest() != image.sha256:
+        raise image_not_as_paid(
+            episode_id,
+            image.item_id,
+            where,
+            "does not match the sha256 recorded when it was paid for",
+        )
+    return content
+
+
+def image_location(store: MediaStore, image: EpisodeImage) -> str:
+    """Where `image` is read from, as messages name it: its key in the store, or the legacy
+    local file of a row from before the store."""
+    if image.key is not None:
+        return f"{image.key} in the media store {store.describe()}"
+    return image.legacy_path or "no recorded file"
+
+
+def image_not_as_paid(episode_id: str, label: str, where: str, what: str) -> ImageNotAsPaid:
+    """An image changed or gone since the ledger recorded it: nothing is decided or
+    assembled from it (exit 2), and the message names where it was read and the next step."""
     return ImageNotAsPaid(
-        f"episode {episode_id}: image {label} ({path}) {what}; nothing was done: "
+        f"episode {episode_id}: image {label} ({where}) {what}; nothing was done: "
         + hint(
-            f"`episodic check {episode_id}` lists every such file; put the paid-for file back "
-            "(the ledger and `episodes show` name its sha256)",
-            "the check deployment lists every such file; put the paid-for file back",
+            f"`episodic check {episode_id}` lists every such image; `episodic media restore "
+            f"{episode_id}` fetches lost ones again from the provider at no cost",
+            "the check deployment lists every such image; restore lost ones "
+            "(`episodic media restore`) at no cost",
         )
     )
 
@@ -295,6 +357,7 @@ class ApprovalContext:
     pipeline: str
     episode_id: str
     episode_pk: int
+    store: MediaStore | None = field(default=None, compare=False)  # None: the settings'
 
     def state(self) -> str:
         """The episode's state now."""
@@ -310,10 +373,19 @@ class ApprovalContext:
 
     def review_set(self) -> list[EpisodeImage]:
         """`review_set` of this episode: the images a decision is about."""
-        return review_set(self.engine, self.pipeline, self.episode_id)
+        return review_set(self.engine, self.pipeline, self.episode_id, self.store)
+
+    def image_bytes(self, image: EpisodeImage) -> bytes | None:
+        """`image`'s bytes as the store holds them (checked against its recorded sha256),
+        for a preview; None when they are missing or not as paid for."""
+        try:
+            return paid_bytes(default_store(self.store), self.episode_id, image)
+        except ImageNotAsPaid:
+            return None
 
     def decide(self, **decision: Any) -> dict[str, Any]:
         """`decide` on this episode (same keywords, answers and errors)."""
+        decision.setdefault("store", self.store)
         return decide(self.engine, self.pipeline, self.episode_id, **decision)
 
     def wait_tag(self) -> str:
@@ -335,8 +407,15 @@ class ApprovalContext:
             yield
 
 
-def approval_context(engine: Database, pipeline: str, episode_id: str) -> ApprovalContext:
-    """The context of `episode_id` (its row key read once)."""
+def approval_context(
+    engine: Database, pipeline: str, episode_id: str, store: MediaStore | None = None
+) -> ApprovalContext:
+    """The context of `episode_id` (its row key read once); its images are read from
+    `store` (default: the settings' media store, opened once here)."""
     return ApprovalContext(
-        engine, pipeline, episode_id, EpisodeRepository(engine).episode_pk(pipeline, episode_id)
+        engine,
+        pipeline,
+        episode_id,
+        EpisodeRepository(engine).episode_pk(pipeline, episode_id),
+        default_store(store),
     )

@@ -1,8 +1,11 @@
 """Assembling an approved episode (DESIGN 7).
 
-Assembly composes the cover from the approved images and writes a manifest; it is
-deterministic (same approved inputs, same bytes), records the hashes, and rerunning it
-changes nothing.
+Assembly reads the approved images from the media store (each checked against the sha256
+paid for), composes the cover from them and writes a manifest that names every image by its
+store key; cover and manifest go to the store under their content keys, and the episode
+records their keys, hashes, sizes and media types (never a machine path). It is
+deterministic (same approved inputs, same bytes), and rerunning it changes nothing. With
+``out``, a local copy of the episode is written as well; the store stays the record.
 """
 
 from __future__ import annotations
@@ -10,30 +13,45 @@ from __future__ import annotations
 import io
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any
 
 from core.errors import CommandNotAllowed, InvalidInput
 from core.hints import hint
+from core.media import StoredMedia
 from core.playlist import check_picks
 from core.records import EpisodeImage
 from core.settings import Settings
 from core.states import EpisodeState
-from pipeline.approval import hero_outputs, planned_outputs
+from pipeline.approval import hero_outputs, planned_images
 from pipeline.gate import open_gate
-from pipeline.media import write_atomically
+from pipeline.media import prove_image
 from storage.approvals import ApprovalStore
 from storage.episodes import EpisodeRepository
+from storage.media import MediaStore
 from storage.tx import Database
 
 THUMB = 128
 
 
 def assemble(
-    engine: Database, settings: Settings, pipeline: str, episode_id: str
+    engine: Database,
+    settings: Settings,
+    pipeline: str,
+    episode_id: str,
+    *,
+    store: MediaStore | None = None,
+    out: Path | None = None,
 ) -> dict[str, Any]:
-    """Compose the cover and the manifest of an approved episode; record their hashes."""
+    """Compose the cover and the manifest of an approved episode from the images in `store`
+    (default: the settings' media store), store them, record their keys and hashes.
+
+    `out`: also copy the episode to this local folder: ``cover.png``, ``manifest.json``,
+    and every object the manifest names under its key (so the manifest's keys resolve
+    inside the folder). Returns the episode id, state, whether anything changed, the
+    cover's and manifest's store keys and sha256, the store, the number of images, and with
+    `out` the local copies' paths (``local``)."""
+    store = store if store is not None else MediaStore.from_settings(settings)
     gate = open_gate(engine, pipeline, episode_id, "assemble")
     review = ApprovalStore(engine)
     episodes = EpisodeRepository(engine)
@@ -42,7 +60,8 @@ def assemble(
         raise CommandNotAllowed(
             f"episode {gate.episode_id} is {state}: only an approved episode is assembled"
         )
-    outputs = planned_outputs(engine, gate)
+    images = planned_images(engine, gate, store)
+    outputs = [image for image, _ in images]
     approved = review.approved_items(gate.episode_pk)
     shipping = {o.idempotency_key: o.sha256 for o in outputs}
     if approved is not None and shipping != approved:
@@ -68,45 +87,68 @@ def assemble(
                     "reopen it (`episodic reopen`) and approve it again with a pick",
                 )
             ) from None
-    shipped = [o for o in outputs if o.candidate in (None, picks.get(o.video_id))]
-    folder = settings.episode_folder(gate.pipeline, gate.episode_id)
-    cover = _cover([Path(o.path) for o in shipped])
-    cover_sha = write_atomically(folder / "cover.png", cover)
-    manifest = _manifest(gate.episode_id, shipped, folder, cover_sha, heroes, picks)
-    manifest_sha = write_atomically(folder / "manifest.json", manifest)
-    media = {
-        "cover": (str(folder / "cover.png"), cover_sha),
-        "manifest": (str(folder / "manifest.json"), manifest_sha),
-    }
+    shipped = [(o, b) for o, b in images if o.candidate in (None, picks.get(o.video_id))]
+    cover = store.put_image(prove_image(_cover([content for _, content in shipped])))
+    manifest_bytes = _manifest(gate.episode_id, [o for o, _ in shipped], cover, heroes, picks)
+    manifest = store.put_document(manifest_bytes)
+    media = {"cover": cover, "manifest": manifest}
     changed = episodes.record_media(gate.episode_pk, media)
     if state == EpisodeState.APPROVED:
         episodes.transition(
             gate.episode_pk,
             EpisodeState.ASSEMBLED,
-            {"cover_sha256": cover_sha, "manifest_sha256": manifest_sha},
+            {"cover_sha256": cover.sha256, "manifest_sha256": manifest.sha256},
         )
-    return {
+    result: dict[str, Any] = {
         "episode_id": gate.episode_id,
         "state": EpisodeState.ASSEMBLED.value,
         "changed": changed or state == EpisodeState.APPROVED,
-        "cover": media["cover"][0],
-        "cover_sha256": cover_sha,
-        "manifest": media["manifest"][0],
-        "manifest_sha256": manifest_sha,
+        "cover": cover.key,
+        "cover_sha256": cover.sha256,
+        "manifest": manifest.key,
+        "manifest_sha256": manifest.sha256,
+        "store": store.describe(),
         "images": len(shipped),
         **({"picks": picks} if heroes else {}),
     }
+    if out is not None:
+        result["local"] = _local_copy(store, Path(out), media, [o for o, _ in shipped])
+    return result
 
 
-def _cover(paths: list[Path]) -> bytes:
-    """A grid of thumbnails in playlist order: same inputs, same PNG bytes."""
+def _local_copy(
+    store: MediaStore, out: Path, media: dict[str, StoredMedia], shipped: list[EpisodeImage]
+) -> dict[str, str]:
+    """Copy the episode from `store` to the folder `out`, each object checked against its
+    sha256: the cover and manifest by name, and the cover and shipped images under their
+    keys (what the manifest names). Returns kind -> local path of the cover and manifest.
+    A shipped legacy row (no key) is not copied; its manifest entry names its local file."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InvalidInput(f"--out {out}: {exc.strerror or exc}") from None
+    named = {"cover": out / "cover.png", "manifest": out / "manifest.json"}
+    for kind, stored in media.items():
+        store.local_copy(stored.key, named[kind], sha256=stored.sha256)
+    keyed = [(media["cover"].key, media["cover"].sha256)]
+    keyed += [(o.key, o.sha256) for o in shipped if o.key is not None]
+    for key, sha256 in keyed:
+        dest = out / key
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        store.local_copy(key, dest, sha256=sha256)
+    return {kind: str(path) for kind, path in named.items()}
+
+
+def _cover(images: list[bytes]) -> bytes:
+    """A grid of thumbnails of `images` (their bytes) in playlist order: same inputs, same
+    PNG bytes."""
     from PIL import Image
 
-    columns = math.ceil(math.sqrt(len(paths)))
-    rows = math.ceil(len(paths) / columns)
+    columns = math.ceil(math.sqrt(len(images)))
+    rows = math.ceil(len(images) / columns)
     sheet = Image.new("RGB", (columns * THUMB, rows * THUMB), (16, 16, 16))
-    for n, path in enumerate(paths):
-        with Image.open(path) as image:
+    for n, content in enumerate(images):
+        with Image.open(io.BytesIO(content)) as image:
             thumb = image.convert("RGB").resize((THUMB, THUMB), Image.Resampling.NEAREST)
         sheet.paste(thumb, ((n % columns) * THUMB, (n // columns) * THUMB))
     out = io.BytesIO()
@@ -117,35 +159,45 @@ def _cover(paths: list[Path]) -> bytes:
 def _manifest(
     episode_id: str,
     shipped: list[EpisodeImage],
-    folder: Path,
-    cover_sha: str,
+    cover: StoredMedia,
     heroes: dict[str, list[EpisodeImage]],
     picks: dict[str, int],
 ) -> bytes:
-    """Canonical JSON, paths relative to the episode folder, no timestamps: deterministic.
+    """Canonical JSON, every image and the cover named by its media store key (a key is
+    the same on every machine; no paths), no timestamps: deterministic.
 
-    `items`: the images that ship (a hero video's picked candidate among them). With hero
-    runs, `heroes` records each hero video's pick and every candidate's key, sha256 and
-    cost, and `total_cost_minor` counts every paid candidate, picked or not."""
+    `items`: the images that ship (a hero video's picked candidate among them), each with
+    its key, sha256, size and media type (a row from before the store, with no key, names
+    its ``legacy_path`` instead). With hero runs, `heroes` records each hero video's pick
+    and every candidate's idempotency key, sha256 and cost, and `total_cost_minor` counts
+    every paid candidate, picked or not."""
     items = []
     for o in shipped:
         item: dict[str, Any] = {
             "item_id": o.item_id,
             "idempotency_key": o.idempotency_key,
-            # relative to the episode folder (images of an older layout may sit elsewhere)
-            "path": os.path.relpath(o.path, folder),
+            "key": o.key,
+            "media_type": o.media_type,
+            "size": o.size,
             "sha256": o.sha256,
             "remote_ref": o.remote_ref,
             "cost_minor": o.cost_minor,
             "currency": o.currency,
         }
+        if o.key is None:  # imported from before the store: not in it yet
+            item["legacy_path"] = o.legacy_path
         if o.candidate is not None:
             item["candidate"] = o.candidate
         items.append(item)
     unpicked = [c for video, cs in heroes.items() for c in cs if c.candidate != picks.get(video)]
     document: dict[str, Any] = {
         "episode_id": episode_id,
-        "cover": {"path": "cover.png", "sha256": cover_sha},
+        "cover": {
+            "key": cover.key,
+            "media_type": cover.media_type,
+            "size": cover.size,
+            "sha256": cover.sha256,
+        },
         "items": items,
         "total_cost_minor": sum(o.cost_minor for o in [*shipped, *unpicked]),
         "currency": shipped[0].currency,

@@ -10,16 +10,20 @@ collect, ...) are encoded here again, on purpose, and not imported from the code
 them: an auditor that shares a predicate with the code it audits is blind to a bug in it.
 The one exception is a run's liveness, read with the choke point's own SQL predicate
 (`RunRecord.active`), so that `check` and the dedup agree on which run may still finish.
+
+Media are read from the media store (`storage.media.MediaStore`) by their recorded keys:
+every completed image, cover and manifest must be in it, hold exactly the recorded size and
+sha256, and decode (an image in full with Pillow, a manifest as JSON), each rule checked
+here on the bytes themselves. A row from before the store (only a local ``path``) is checked
+on that file as before, and `legacy_warnings` says it should be imported into the store.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 from core.errors import EpisodicError, InvalidInput
@@ -33,6 +37,7 @@ from core.states import (
     RunState,
     SubmissionState,
 )
+from pipeline.check_media import MediaAudit, Recorded, legacy_media
 from pipeline.playlists import planned_items
 from storage.admission import DedupPolicy
 from storage.approvals import approved_picks
@@ -47,6 +52,7 @@ from storage.audit import (
     snapshot,
 )
 from storage.base import utcnow
+from storage.media import MediaStore
 from storage.tx import Database
 
 NEEDS_ALL_IMAGES = {EpisodeState.GENERATED, EpisodeState.APPROVED, EpisodeState.ASSEMBLED}
@@ -78,10 +84,18 @@ def check_episodes(
     pipeline: str,
     episode_id: str | None = None,
     policy: DedupPolicy | None = None,
+    *,
+    store: MediaStore | None = None,
 ) -> list[Finding]:
     """Every finding for the pipeline's episodes (or one). `policy` gives the pending TTL
-    and fallback lease by which stuck runs are judged (default: the built-in defaults)."""
+    and fallback lease by which stuck runs are judged (default: the built-in defaults);
+    media are read from `store` (default: the settings' media store). A store that cannot
+    answer raises its MediaStoreError: an outage is not a finding about the media."""
     policy = policy or DedupPolicy()
+    if store is None:
+        from core.settings import load_settings
+
+        store = MediaStore.from_settings(load_settings())
     wanted = None if episode_id is None else str(EpisodeId.parse(episode_id))
     episodes = list_episodes(engine, pipeline, wanted)
     if episode_id is not None and not episodes:
@@ -91,11 +105,13 @@ def check_episodes(
         raise EpisodeNotFound(pipeline, episode_id, database_label(engine))
     findings: list[Finding] = []
     for episode in episodes:
-        findings.extend(_check_one(engine, episode, policy))
+        findings.extend(_check_one(engine, episode, policy, MediaAudit(store)))
     return findings
 
 
-def _check_one(engine: Database, episode: EpisodeRecord, policy: DedupPolicy) -> list[Finding]:
+def _check_one(
+    engine: Database, episode: EpisodeRecord, policy: DedupPolicy, media: MediaAudit
+) -> list[Finding]:
     eid = episode.episode_id
     out: list[Finding] = []
 
@@ -125,7 +141,7 @@ def _check_one(engine: Database, episode: EpisodeRecord, policy: DedupPolicy) ->
         if isinstance(d, dict) and "submission" in d
     }
     reopened = isinstance(latest_event, dict) and "reopened_by" in latest_event
-    _check_items(add, items, subs)
+    _check_items(add, items, subs, media)
     now = utcnow()
     held = {  # items whose live claim holder is still working on them: not a finding yet
         item.id
@@ -144,6 +160,7 @@ def _check_one(engine: Database, episode: EpisodeRecord, policy: DedupPolicy) ->
             approval,
             items,
             seen.media,
+            media,
             migrated=seen.migrated,
             # A live run marks the episode when it ends; a reopened one waits for a new plan.
             unmarked_is_expected=reopened or any(run.active for run in runs),
@@ -153,13 +170,15 @@ def _check_one(engine: Database, episode: EpisodeRecord, policy: DedupPolicy) ->
     return out
 
 
-def _check_items(add: Any, items: Sequence[ItemRecord], subs: Sequence[SubmissionRecord]) -> None:
-    """A completed item has its image file and exactly one succeeded submission; no other
-    item has one."""
+def _check_items(
+    add: Any, items: Sequence[ItemRecord], subs: Sequence[SubmissionRecord], media: MediaAudit
+) -> None:
+    """A completed item has its image in the media store and exactly one succeeded
+    submission; no other item has one."""
     succeeded = Counter(s.item_pk for s in subs if s.state == SubmissionState.SUCCEEDED)
     for item in items:
         if item.state == ItemState.COMPLETED:
-            _check_file(add, f"image {_label(item)}", item.output_path, item.output_sha256)
+            media.check(add, f"image {_label(item)}", Recorded.of_item(item), image=True)
             if succeeded[item.id] != 1:
                 add(
                     "ledger",
@@ -281,6 +300,7 @@ def _check_states(
     approval: dict[str, Any] | None,
     items: Sequence[ItemRecord],
     media: Sequence[MediaRecord],
+    store: MediaAudit,
     *,
     migrated: bool,
     unmarked_is_expected: bool,
@@ -316,8 +336,9 @@ def _check_states(
     kinds = {m.kind: m for m in media}
     if state == EpisodeState.ASSEMBLED and set(kinds) != {"cover", "manifest"}:
         add("state", f"episode is assembled but its media are {sorted(kinds)}")
+    held: dict[str, bytes | None] = {}
     for row in media:
-        _check_file(add, row.kind, row.path, row.sha256)
+        held[row.kind] = store.check(add, row.kind, Recorded.of_media(row), row.kind == "cover")
     heroes = hero_candidates(plan) if plan and state in FROZEN_PLAN_STATES else {}
     picks = approved_picks(approval) if heroes else {}
     if heroes:
@@ -326,9 +347,9 @@ def _check_states(
         except InvalidInput as exc:
             add("picks", f"episode is {state} but {exc}")
     manifest = kinds.get("manifest")
-    if manifest is not None and Path(manifest.path).is_file():
+    if manifest is not None and held.get("manifest") is not None:
         try:
-            document = json.loads(Path(manifest.path).read_text())
+            document = json.loads(held["manifest"] or b"")
             # An earlier assembly's manifest stays recorded while the episode is reopened,
             # re-generated or approved again: it is checked against the plan and the
             # approval only when it is the assembly of them.
@@ -403,13 +424,9 @@ class _PlanUnreadable(Exception):
     pass
 
 
-def _check_file(add: Any, label: str, path: str | None, sha256: str | None) -> None:
-    if not path or not sha256:
-        add("files", f"{label} has no recorded file or sha256")
-        return
-    file = Path(path)
-    if not file.is_file():
-        add("files", f"{label} is missing: {path}")
-        return
-    if hashlib.sha256(file.read_bytes()).hexdigest() != sha256:
-        add("files", f"{label} does not match its recorded sha256: {path}")
+def legacy_warnings(
+    engine: Database, pipeline: str, episode_id: str | None = None
+) -> list[Finding]:
+    """Episodes with images or media still in local files from before the media store: a
+    warning, not a finding (their files are checked as they are; see `legacy_media`)."""
+    return [Finding(e, "legacy-media", d) for e, d in legacy_media(engine, pipeline, episode_id)]

@@ -4,14 +4,15 @@ One folder per ISO week (``YYYY-Www``) with a ``state.json`` and its media files
 versioned episode ``YYYY-Www-N`` (N: 0, or the next free sequence of that week), keeping the
 provider task references, approval, cost records, completion times and media hashes, plus
 migration metadata. Dry run by default; ``apply=True`` writes; a second apply changes nothing.
-Every file is checked against its recorded sha256 before anything is written, and no
-provider is ever built.
+Every file is checked against its recorded sha256, and proven to be a PNG, JPEG or WEBP
+image, before anything is written, and no provider is ever built. The files are copied
+into the media store under their content keys (verified there), and the imported rows
+record each key, sha256, size and media type, never a path.
 """
 
 from __future__ import annotations
 
 import hashlib
-import shutil
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -30,8 +31,9 @@ from pydantic import (
 )
 
 from core.documents import DocumentError, parse_json, read_text
-from core.errors import InvalidInput
+from core.errors import InvalidInput, NotAnImage
 from core.ids import WeekId
+from core.media import StoredMedia
 from core.money import MAX_IMAGE_COST_MINOR
 from core.playlist import (
     MAX_IMAGES_PER_PLAN,
@@ -43,6 +45,7 @@ from core.playlist import (
 from core.settings import Settings
 from core.states import EpisodeState
 from pipeline.allocation import allocate
+from pipeline.media import prove_image
 from storage.episodes import EpisodeRepository
 from storage.legacy import (
     ImportedDecision,
@@ -53,6 +56,7 @@ from storage.legacy import (
     record_import,
     top_sequence,
 )
+from storage.media import MediaStore
 from storage.tx import Database
 
 TOOL_VERSION = "episodic-migrate-legacy/1"
@@ -190,19 +194,30 @@ def _verify(folder: Path, name: str, sha256: str, where: str) -> None:
         file = (folder / name).resolve()  # symlinks resolved too
         if not file.is_relative_to(folder.resolve()) or not file.is_file():
             raise outside
-        digest = hashlib.sha256(file.read_bytes()).hexdigest()
+        content = file.read_bytes()
     except (OSError, ValueError) as exc:  # a name too long, a NUL byte, unreadable
         if isinstance(exc, InvalidInput):
             raise
         raise outside from None
-    if digest != sha256:
+    if hashlib.sha256(content).hexdigest() != sha256:
         raise InvalidInput(f"{where}.sha256: {name!r} does not match its recorded sha256")
+    try:  # every legacy file is an image (the parts' images, the cover): stored as one
+        prove_image(content)
+    except NotAnImage as exc:
+        raise InvalidInput(f"{where}.file: {name!r} is {exc}") from None
 
 
 def migrate(
-    engine: Database, settings: Settings, pipeline: str, root: Path, *, apply: bool
+    engine: Database,
+    settings: Settings,
+    pipeline: str,
+    root: Path,
+    *,
+    apply: bool,
+    store: MediaStore | None = None,
 ) -> list[dict[str, Any]]:
-    """Dry run (default) or apply; returns one line of plan/result per legacy week."""
+    """Dry run (default) or apply; returns one line of plan/result per legacy week. The
+    files are copied into `store` (default: the settings' media store)."""
     episodes = read_layout(root)
     _refuse_known_jobs(
         engine,
@@ -231,7 +246,9 @@ def migrate(
                 }
             )
             continue
-        episode_id = _import(engine, settings, pipeline, legacy)
+        if store is None:
+            store = MediaStore.from_settings(settings)
+        episode_id = _import(engine, store, pipeline, legacy)
         report.append({**line, "episode_id": episode_id, "action": "imported"})
     return report
 
@@ -256,10 +273,10 @@ def _next_id(engine: Database, pipeline: str, week: str) -> str:
 
 
 def _copy_image(
-    legacy: LegacyEpisode, pipeline: str, out: Path, n: int, image: LegacyImage
+    legacy: LegacyEpisode, pipeline: str, store: MediaStore, n: int, image: LegacyImage
 ) -> ImportedImage:
-    """The `n`th legacy image, copied into the episode's folder `out`, as the import records
-    it: a planned item whose key is derived from the legacy episode, video and part."""
+    """The `n`th legacy image, copied into the media `store`, as the import records it: a
+    planned item whose key is derived from the legacy episode, video and part."""
     planned = PlannedItem(
         n,
         image.video_id,
@@ -277,13 +294,9 @@ def _copy_image(
             ).encode()
         ).hexdigest()[:32],
     )
-    copy = out / "images" / f"{image.video_id}.p{image.part}{Path(image.file).suffix}"
-    copy.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(legacy.folder / image.file, copy)
     return ImportedImage(
         planned,
-        str(copy),
-        image.sha256,
+        _store(store, legacy, image.file, image.sha256),
         image.remote_ref,
         image.cost_minor,
         image.currency,
@@ -291,23 +304,33 @@ def _copy_image(
     )
 
 
-def _import(engine: Database, settings: Settings, pipeline: str, legacy: LegacyEpisode) -> str:
+def _store(store: MediaStore, legacy: LegacyEpisode, name: str, sha256: str) -> StoredMedia:
+    """Copy the legacy file `name` into `store` (proven an image, verified there). Raises
+    InvalidInput if it changed since the layout was read."""
+    content = (legacy.folder / name).read_bytes()
+    if hashlib.sha256(content).hexdigest() != sha256:
+        raise InvalidInput(
+            f"{legacy.folder / name}: changed while it was imported (no longer its recorded sha256)"
+        )
+    try:
+        return store.put_image(prove_image(content))
+    except NotAnImage as exc:
+        raise InvalidInput(f"{legacy.folder / name} is {exc}") from None
+
+
+def _import(engine: Database, store: MediaStore, pipeline: str, legacy: LegacyEpisode) -> str:
     allocation = allocate(engine, pipeline, WeekId.parse(legacy.legacy_id), legacy.allocation_key)
     episode_id = str(allocation.episode.episode_id)
     pk = EpisodeRepository(engine).episode_pk(pipeline, episode_id)
-    out = settings.episode_folder(pipeline, episode_id)
     state = legacy.state
     now = datetime.now(UTC)
     images = [
-        _copy_image(legacy, pipeline, out, n, image)
+        _copy_image(legacy, pipeline, store, n, image)
         for n, image in enumerate(state.images, start=1)
     ]
-    media: list[tuple[str, str, str]] = []
-    for kind, file in state.media.items():
-        copy = out / Path(file.file).name
-        copy.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(legacy.folder / file.file, copy)
-        media.append((kind, str(copy), file.sha256))
+    media: list[tuple[str, StoredMedia]] = [
+        (kind, _store(store, legacy, f.file, f.sha256)) for kind, f in state.media.items()
+    ]
     decision = None
     if state.approval.state != "pending":
         decision = ImportedDecision(
@@ -316,7 +339,7 @@ def _import(engine: Database, settings: Settings, pipeline: str, legacy: LegacyE
             state.approval.note,
             state.approval.at or now,
         )
-    record_import(  # the files are copied first: the records name copies that exist
+    record_import(  # the files are stored first: the records name objects that exist
         engine,
         ImportedEpisode(
             episode_pk=pk,

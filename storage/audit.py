@@ -52,8 +52,11 @@ class ItemRecord:
     part: int
     candidate: int | None
     state: str
-    output_path: str | None
+    output_key: str | None  # in the media store
     output_sha256: str | None
+    output_size: int | None
+    output_media_type: str | None
+    output_path: str | None  # a legacy row's absolute local file (no key)
     lease_expires_at: datetime | None
 
 
@@ -77,8 +80,11 @@ class CostRecord:
 @dataclass(frozen=True, slots=True)
 class MediaRecord:
     kind: str
-    path: str
+    key: str | None  # in the media store
     sha256: str
+    size: int | None
+    media_type: str | None
+    path: str | None  # a legacy row's absolute local file (no key)
 
 
 @dataclass(frozen=True, slots=True)

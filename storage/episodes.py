@@ -8,6 +8,7 @@ transactions, through it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, Engine, Table, insert, select
@@ -16,6 +17,7 @@ from sqlalchemy.orm import Session
 from core.episodes import Episode, EpisodeEvent
 from core.errors import EpisodeNotFound
 from core.ids import EpisodeId, WeekId
+from core.media import StoredMedia
 from core.states import EpisodeState, ItemState, check_episode_transition, sources_of
 from storage import statements, tx
 from storage.base import utcnow
@@ -28,6 +30,19 @@ _events: Table = EpisodeEventRow.__table__  # type: ignore[assignment]
 _items: Table = ItemRow.__table__  # type: ignore[assignment]
 _plans: Table = EpisodePlanRow.__table__  # type: ignore[assignment]
 _media: Table = EpisodeMediaRow.__table__  # type: ignore[assignment]
+
+
+@dataclass(frozen=True, slots=True)
+class EpisodeMedia:
+    """One final medium of an episode as recorded: its media store ``key`` with ``sha256``
+    (hex), ``size`` (bytes) and ``media_type``; a row from before the store has no key, size
+    or type, only the absolute ``legacy_path`` of its local file."""
+
+    key: str | None
+    sha256: str
+    size: int | None
+    media_type: str | None
+    legacy_path: str | None
 
 
 @retry_outages
@@ -112,29 +127,47 @@ class EpisodeRepository:
                 move_episode(conn, episode_pk, EpisodeState.GENERATED, detail)
         return True
 
-    def media(self, episode_pk: int) -> dict[str, tuple[str, str]]:
+    def media(self, episode_pk: int) -> dict[str, EpisodeMedia]:
+        """The episode's final media (cover, manifest) by kind, as assembly recorded them."""
         with tx.read(self.engine) as conn:
             rows = conn.execute(
-                select(_media.c.kind, _media.c.path, _media.c.sha256).where(
-                    _media.c.episode_pk == episode_pk
-                )
+                select(
+                    _media.c.kind,
+                    _media.c.key,
+                    _media.c.sha256,
+                    _media.c.size,
+                    _media.c.media_type,
+                    _media.c.path,
+                ).where(_media.c.episode_pk == episode_pk)
             ).all()
-        return {r.kind: (r.path, r.sha256) for r in rows}
+        return {r.kind: EpisodeMedia(r.key, r.sha256, r.size, r.media_type, r.path) for r in rows}
 
-    def record_media(self, episode_pk: int, media: dict[str, tuple[str, str]]) -> bool:
-        """Record final media hashes; True if anything changed (reassembly changes nothing)."""
-        if self.media(episode_pk) == media:
+    def record_media(self, episode_pk: int, media: dict[str, StoredMedia]) -> bool:
+        """Record the final media as the store holds them (key, sha256, size, media type;
+        no machine path); True if anything changed (reassembly changes nothing)."""
+        wanted = {
+            kind: EpisodeMedia(m.key, m.sha256, m.size, m.media_type, None)
+            for kind, m in media.items()
+        }
+        if self.media(episode_pk) == wanted:
             return False
         now = utcnow()
         with tx.write(self.engine) as conn:  # an upsert: two assemblies at once never collide
-            for kind, (path, sha256) in media.items():
+            for kind, stored in media.items():
+                values = {
+                    "key": stored.key,
+                    "sha256": stored.sha256,
+                    "size": stored.size,
+                    "media_type": stored.media_type,
+                    "path": None,  # a legacy row's local file is no longer what ships
+                    "recorded_at": now,
+                }
                 statement = tx.insert_for(conn, _media).values(
-                    episode_pk=episode_pk, kind=kind, path=path, sha256=sha256, recorded_at=now
+                    episode_pk=episode_pk, kind=kind, **values
                 )
                 conn.execute(
                     statement.on_conflict_do_update(
-                        index_elements=["episode_pk", "kind"],
-                        set_={"path": path, "sha256": sha256, "recorded_at": now},
+                        index_elements=["episode_pk", "kind"], set_=values
                     )
                 )
         return True

@@ -15,6 +15,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, func, insert, select
 
+from core.media import StoredMedia
 from core.playlist import PlannedItem
 from core.records import EventKind
 from core.states import EpisodeState
@@ -34,11 +35,11 @@ from storage.models import (
 
 @dataclass(frozen=True, slots=True)
 class ImportedImage:
-    """One paid image of the legacy system, its file already copied to `path`."""
+    """One paid image of the legacy system, its file already copied into the media store
+    (`stored`: its key, sha256, size and media type)."""
 
     planned: PlannedItem
-    path: str
-    sha256: str
+    stored: StoredMedia
     remote_ref: str
     cost_minor: int
     currency: str
@@ -63,7 +64,7 @@ class ImportedEpisode:
     started_at: datetime  # when the import ran
     finished_at: datetime  # the legacy completion (the import's moment if none)
     images: list[ImportedImage]
-    media: list[tuple[str, str, str]]  # (kind, path of the copy, sha256)
+    media: list[tuple[str, StoredMedia]]  # (kind, as copied into the media store)
     migrated: dict[str, Any]  # the ``migrated`` event's detail
     decision: ImportedDecision | None  # None: the legacy episode was never decided
 
@@ -131,13 +132,15 @@ def record_import(engine: Engine, imported: ImportedEpisode, profile: str) -> No
         )
         for image in imported.images:
             _record_image(conn, imported, image, scope, profile)
-        for kind, path, sha256 in imported.media:
+        for kind, stored in imported.media:
             conn.execute(
                 insert(EpisodeMediaRow).values(
                     episode_pk=pk,
                     kind=kind,
-                    path=path,
-                    sha256=sha256,
+                    key=stored.key,
+                    sha256=stored.sha256,
+                    size=stored.size,
+                    media_type=stored.media_type,
                     recorded_at=imported.started_at,
                 )
             )
@@ -184,8 +187,10 @@ def _record_image(
             seed=0,
             state="completed",
             attempts=1,
-            output_path=image.path,
-            output_sha256=image.sha256,
+            output_key=image.stored.key,
+            output_sha256=image.stored.sha256,
+            output_size=image.stored.size,
+            output_media_type=image.stored.media_type,
             force_resubmit=False,
             created_at=imported.started_at,
             started_at=image.completed_at,

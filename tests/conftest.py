@@ -22,6 +22,7 @@ from storage.engine import make_engine  # noqa: E402
 from storage.registry import dispose_all  # noqa: E402
 from tests import sqllog  # noqa: E402
 from tests.databases import PostgresDatabases, SqliteDatabases, require_postgres  # noqa: E402
+from tests.media_targets import media  # noqa: E402, F401 (a fixture: the media store on both backends)
 from tests.s3_server import S3Server, running_s3_server  # noqa: E402
 
 

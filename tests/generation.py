@@ -78,6 +78,72 @@ def provider_log() -> list[dict[str, Any]]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line]
 
 
+def stored_image(key: str) -> bytes:
+    """The bytes the media store of this environment's settings holds under `key`."""
+    from storage.media import MediaStore
+
+    return MediaStore.from_settings(load_settings()).read(key)
+
+
+def store_file(key: str) -> Path:
+    """The file under which this environment's local media store keeps `key`."""
+    from storage.media import MediaStore
+
+    root = Path(MediaStore.from_settings(load_settings()).describe())
+    return root.joinpath(*key.split("/"))
+
+
+def stored_image_file(
+    url: str, home: Path, video_id: str, part: int = 1, candidate: int | None = None
+) -> Path:
+    """The file of the completed image of `video_id`'s `part` (or hero `candidate`, part 0)
+    in the default local media store of `home` (``home/media``), by the key the database
+    at `url` records."""
+    from sqlalchemy import text
+
+    from storage.engine import make_engine
+
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            key = conn.execute(
+                text(
+                    "SELECT output_key FROM items WHERE state = 'completed' AND video_id = :v "
+                    "AND part = :p AND coalesce(candidate, 0) = :c ORDER BY id DESC"
+                ),
+                {"v": video_id, "p": 0 if candidate else part, "c": candidate or 0},
+            ).first()
+    finally:
+        engine.dispose()
+    assert key is not None and key[0], f"no stored image of {video_id}"
+    return home.joinpath("media", *str(key[0]).split("/"))
+
+
+def image_keys(engine: Engine) -> list[tuple[str, str, int, str]]:
+    """(key, sha256, size, media type) of every completed item's image, checked: the row
+    records no machine path, and the store holds exactly those bytes under the key."""
+    import hashlib
+
+    from sqlalchemy import text
+
+    from core.media import content_key
+
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT output_key, output_sha256, output_size, output_media_type, output_path "
+                "FROM items WHERE state = 'completed' ORDER BY id"
+            )
+        ).all()
+    found = []
+    for key, sha, size, media_type, path in rows:
+        assert path is None and key == content_key(sha, media_type)
+        held = stored_image(key)
+        assert len(held) == size and hashlib.sha256(held).hexdigest() == sha
+        found.append((str(key), str(sha), int(size), str(media_type)))
+    return found
+
+
 def submissions_per_item() -> Counter[str]:
     return Counter(e["item_id"] for e in provider_log() if e["event"] == "submit")
 

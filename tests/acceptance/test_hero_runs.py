@@ -24,6 +24,7 @@ from tests.generation import (
     jobs_per_key,
     made_jobs_per_key,
     provider_log,
+    stored_image,
     until_jobs,
     write_playlist,
 )
@@ -182,11 +183,18 @@ def test_approval_needs_a_pick_within_range_for_every_hero_video(
 def _assembled(cli: Cli, pick: int) -> tuple[bytes, dict[str, object]]:
     assert _ok(cli("approve", EPISODE, "--by", "ann", "--pick", f"v01={pick}", "--json"))
     assembled = _ok(cli("assemble", EPISODE, "--json"))
-    cover = Path(str(assembled["cover"])).read_bytes()
-    manifest = json.loads(Path(str(assembled["manifest"])).read_text())
+    cover = stored_image(str(assembled["cover"]))
+    manifest = json.loads(stored_image(str(assembled["manifest"])))
     checked = cli("check", EPISODE)
     assert checked.returncode == 0, checked.stdout
     return cover, manifest
+
+
+def _store_file(key: str) -> Path:
+    """The local media store's file under `key` (to tamper with it behind the store)."""
+    from core.settings import load_settings
+
+    return load_settings().home_path / "media" / key
 
 
 def _reopen_and_regenerate(cli: Cli) -> None:
@@ -219,10 +227,8 @@ def test_assembly_ships_exactly_the_picked_candidate_byte_for_byte(
         picked = hero["candidates"][pick - 1]
         assert items[0]["idempotency_key"] == picked["idempotency_key"]
         assert items[0]["sha256"] == picked["sha256"]
-        image = Path(tmp_path / "home" / "episodes" / EPISODE / str(items[0]["path"]))
-        folder = Path(str(_ok(cli("assemble", EPISODE, "--json"))["manifest"])).parent
-        image = folder / str(items[0]["path"])
-        assert hashlib.sha256(image.read_bytes()).hexdigest() == picked["sha256"]
+        image = stored_image(str(items[0]["key"]))  # named by its store key
+        assert hashlib.sha256(image).hexdigest() == picked["sha256"]
         assert manifest["total_cost_minor"] == 4 * 4  # every paid candidate counts
     shown = _ok(cli("episodes", "show", EPISODE, "--json"))
     assert shown["state"] == "assembled"
@@ -239,13 +245,13 @@ def test_check_finds_an_approval_without_picks_and_a_manifest_that_ships_another
     _planned(cli, tmp_path, hero={1: 2})
     _ok(cli("generate", EPISODE, "--json"))
     _, manifest = _assembled(cli, 1)
-    folder = Path(str(_ok(cli("assemble", EPISODE, "--json"))["manifest"])).parent
-    text = (folder / "manifest.json").read_text()
-    (folder / "manifest.json").write_text(text.replace('"picked": 1', '"picked": 2'))
+    stored = _store_file(str(_ok(cli("assemble", EPISODE, "--json"))["manifest"]))
+    text = stored.read_text()  # rewritten behind the store's back
+    stored.write_text(text.replace('"picked": 1', '"picked": 2'))
     found = cli("check", EPISODE)
     assert found.returncode == 1
     assert "manifest ships v01 candidate 2, the approval picked 1" in found.stdout
-    (folder / "manifest.json").write_text(text)
+    stored.write_text(text)
     engine = make_engine(database_url)
     with engine.begin() as conn:  # an approval recorded without its picks
         conn.execute(
@@ -337,7 +343,7 @@ def test_a_run_of_a_plan_that_shrank_and_was_approved_buys_nothing_more(
     assert _ok(cli("retry", EPISODE, "--json"))["state"] == "completed"  # the current plan's
     assert jobs_per_key() == before
     assembled = _ok(cli("assemble", EPISODE, "--json"))
-    manifest = json.loads(Path(str(assembled["manifest"])).read_text())
+    manifest = json.loads(stored_image(str(assembled["manifest"])))
     assert [len(h["candidates"]) for h in manifest["heroes"]] == [2]
     assert manifest["total_cost_minor"] == 4 * 3  # v01's two candidates and v02
     checked = cli("check", "--all")
@@ -364,8 +370,9 @@ def test_check_is_clean_through_reopen_and_a_second_approval(
     _ok(cli("assemble", EPISODE, "--json"))
     checked = cli("check", "--all")
     assert checked.returncode == 0, checked.stdout
-    folder = Path(str(_ok(cli("assemble", EPISODE, "--json"))["manifest"])).parent
-    image = next((folder / "images").glob("v01.c3.*.png"))
+    shown = _ok(cli("episodes", "show", EPISODE, "--json"))
+    [key] = [m["key"] for m in shown["media"] if m["name"] == "v01.c3"]  # type: ignore[union-attr]
+    image = _store_file(str(key))
     image.write_bytes(image.read_bytes() + b"x")
     found = cli("check", EPISODE)
     assert found.returncode == 1 and "image v01.c3 does not match" in found.stdout

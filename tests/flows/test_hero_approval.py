@@ -19,7 +19,7 @@ from storage.approvals import ApprovalStore
 from storage.engine import make_engine
 from storage.episodes import EpisodeRepository
 from tests.flows.test_prefect_path import MONDAY, _deploy, _episode_state, _form, _resume
-from tests.generation import jobs_per_key, write_playlist
+from tests.generation import jobs_per_key, stored_image, write_playlist
 
 pytestmark = pytest.mark.slow
 # The form and the server's checks do not depend on the project's database: those tests run
@@ -93,10 +93,10 @@ def test_the_picked_candidates_ship_and_nothing_is_paid_again(
         review = ApprovalStore(engine)
         episodes = EpisodeRepository(engine)
         assert review.approved_picks(pk) == {"v01": 3, "v03": 1}
-        manifest_path, _ = episodes.media(pk)["manifest"]
+        manifest_key = episodes.media(pk)["manifest"].key
     finally:
         engine.dispose()
-    manifest = json.loads(Path(manifest_path).read_text())
+    manifest = json.loads(stored_image(str(manifest_key)))
     assert [i["item_id"] for i in manifest["items"]] == ["v01.c3", "v02.p1", "v03.c1"]
     assert [(h["video_id"], h["picked"], len(h["candidates"])) for h in manifest["heroes"]] == [
         ("v01", 3, 3),

@@ -20,7 +20,7 @@ from flows import local
 from flows.weekly import weekly_episode
 from storage.engine import make_engine
 from storage.episodes import EpisodeRepository
-from tests.generation import provider_log, submissions_per_item, write_playlist
+from tests.generation import provider_log, stored_image, submissions_per_item, write_playlist
 
 pytestmark = pytest.mark.slow
 
@@ -111,9 +111,9 @@ def test_editing_the_playlist_while_the_run_waits_changes_nothing_it_ships(
     engine = make_engine(harness)
     pk = EpisodeRepository(engine).episode_pk("weekly", "2026-W32-0")
     approved = ApprovalStore(engine).approved_items(pk)
-    manifest_path, _ = EpisodeRepository(engine).media(pk)["manifest"]
+    manifest_key = EpisodeRepository(engine).media(pk)["manifest"].key
     engine.dispose()
-    manifest = json.loads(Path(manifest_path).read_text())
+    manifest = json.loads(stored_image(str(manifest_key)))
     assert approved == {i["idempotency_key"]: i["sha256"] for i in manifest["items"]}
     assert [i["item_id"] for i in manifest["items"]] == ["v01.p1", "v02.p1"]
 

@@ -35,7 +35,7 @@ from storage.engine import make_engine
 from storage.episodes import EpisodeRepository
 from storage.plans import PlanStore
 from storage.schema import ensure_schema
-from tests.generation import Episode, write_playlist
+from tests.generation import Episode, stored_image, write_playlist
 
 PLANS = [["one", "two"], ["one", "TWO"], ["uno", "two", "three"]]
 
@@ -111,15 +111,14 @@ class ApprovalMachine(RuleBasedStateMachine):
             result = assemble(self.engine, load_settings(), "weekly", self.episode.episode_id)
         except CommandNotAllowed:
             return
-        manifest = json.loads(Path(result["manifest"]).read_text())
+        manifest = json.loads(stored_image(result["manifest"]))
         pk = EpisodeRepository(self.engine).episode_pk("weekly", self.episode.episode_id)
         approved = ApprovalStore(self.engine).approved_items(pk)
         assert approved is not None
         shipped = {i["idempotency_key"]: i["sha256"] for i in manifest["items"]}
         assert shipped == approved  # exactly the approval record
-        folder = Path(result["manifest"]).parent
-        for item in manifest["items"]:  # and the files are those bytes
-            data = (folder / item["path"]).read_bytes()
+        for item in manifest["items"]:  # and the store holds those bytes under their keys
+            data = stored_image(item["key"])
             assert hashlib.sha256(data).hexdigest() == item["sha256"]
         self.shipped.append(shipped)
         ApprovalMachine.assemblies += 1

@@ -2,22 +2,25 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import uuid
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine, delete, select, text
+from sqlalchemy import Engine, delete, select, text, update
 from sqlalchemy.engine import make_url
 
 from core.settings import load_settings
 from pipeline.approval import decide
 from pipeline.assembly import assemble
-from pipeline.check import check_episodes
+from pipeline.check import check_episodes, legacy_warnings
 from storage.admission import DedupPolicy
 from storage.engine import make_engine
-from storage.models import CostEntryRow, EpisodeRow, ItemRow
+from storage.media import MediaStore
+from storage.models import CostEntryRow, EpisodeMediaRow, EpisodeRow, ItemRow
 from tests.generation import Episode, new_episode, write_playlist
+from tests.media_targets import MediaTarget
 
 
 @pytest.fixture
@@ -75,17 +78,107 @@ def test_clean_data_passes_read_only_and_nothing_is_written(
     assert sorted(p for p in home.rglob("*") if p.is_file()) == files
 
 
-def test_tampered_and_missing_files_are_found(assembled: Episode) -> None:
-    with assembled.engine.connect() as conn:
-        first, second = conn.execute(select(ItemRow.output_path).order_by(ItemRow.id)).scalars()
-    Path(first).write_bytes(b"not the image we paid for")
-    Path(second).unlink()
-    (load_settings().episodes_path / assembled.episode_id / "cover.png").write_bytes(b"x")
-    findings = check_episodes(assembled.engine, "weekly")
-    details = [f"{f.check}: {f.detail}" for f in findings]
-    assert any("v01.p1 does not match" in d for d in details)
-    assert any("v02.p1 is missing" in d for d in details)
-    assert any(d.startswith("files: cover does not match") for d in details)
+@pytest.fixture
+def assembled_in(media: MediaTarget, engine: Engine, tmp_path: Path) -> Episode:
+    """An assembled episode whose images, cover and manifest are in `media`."""
+    episode = new_episode(engine)
+    episode.plan(write_playlist(tmp_path / "p", ["a", "b", "c"]))
+    episode.generate()
+    decide(engine, "weekly", episode.episode_id, approve=True, by="ann", note=None)
+    assemble(engine, load_settings(), "weekly", episode.episode_id)
+    return episode
+
+
+def _media_keys(engine: Engine) -> tuple[list[str], dict[str, str]]:
+    with engine.connect() as conn:
+        images = list(conn.execute(select(ItemRow.output_key).order_by(ItemRow.id)).scalars())
+        media = dict(conn.execute(select(EpisodeMediaRow.kind, EpisodeMediaRow.key)).all())
+    assert all(images) and set(media) == {"cover", "manifest"}
+    return [str(key) for key in images], {k: str(v) for k, v in media.items()}
+
+
+def test_media_missing_tampered_or_not_an_image_are_found_in_the_store(
+    assembled_in: Episode, media: MediaTarget
+) -> None:
+    """Behind the store's back: an image deleted, one rewritten, one replaced by an HTML page
+    whose hash and size the row records (a download completed before images were proven),
+    the cover rewritten and the manifest deleted. Each is a finding naming its key."""
+    engine = assembled_in.engine
+    assert check_episodes(engine, "weekly") == []
+    (first, second, third), kinds = _media_keys(engine)
+    media.delete_behind(first)
+    media.write_behind(second, b"not the image we paid for")
+    html = b"<!doctype html><html><body>503 Service Unavailable</body></html>"
+    media.write_behind(third, html)
+    with engine.begin() as conn:
+        conn.execute(
+            update(ItemRow)
+            .where(ItemRow.output_key == third)
+            .values(output_sha256=hashlib.sha256(html).hexdigest(), output_size=len(html))
+        )
+    media.write_behind(kinds["cover"], b"x")
+    media.delete_behind(kinds["manifest"])
+    details = [f"{f.check}: {f.detail}" for f in check_episodes(engine, "weekly")]
+    store = media.store().describe()
+    assert f"files: image v01.p1 is missing from the media store: {first} in the media " \
+        f"store {store}" in details, details  # fmt: skip
+    assert any(
+        d.startswith("files: image v02.p1 does not match its recorded size") and second in d
+        for d in details
+    ), details
+    assert any(
+        d.startswith("files: image v03.p1 does not decode as a PNG, JPEG or WEBP image")
+        and third in d
+        for d in details
+    ), details
+    assert any(d.startswith("files: cover does not match its recorded size") for d in details)
+    assert any(d.startswith("files: manifest is missing from the media store") for d in details)
+    assert len([d for d in details if d.startswith("files:")]) == 5, details
+    media.write_behind(second, b"not the image we paid for, but of the recorded size.")
+    with engine.begin() as conn:  # the same size, other bytes
+        conn.execute(
+            update(ItemRow)
+            .where(ItemRow.output_key == second)
+            .values(output_size=len(b"not the image we paid for, but of the recorded size."))
+        )
+    details = [f"{f.check}: {f.detail}" for f in check_episodes(engine, "weekly")]
+    assert any(
+        d.startswith("files: image v02.p1 does not match its recorded sha256") for d in details
+    )
+
+
+def test_a_legacy_row_is_checked_on_its_file_and_warned_about(
+    assembled: Episode, tmp_path: Path
+) -> None:
+    """A row from before the store (a local path, no key) is read from that file: clean
+    while the file is as paid for, a finding once it is not; `legacy_warnings` says it
+    should be imported into the store (a warning: the exit code stays 0)."""
+    engine = assembled.engine
+    with engine.connect() as conn:
+        key, sha256 = conn.execute(
+            select(ItemRow.output_key, ItemRow.output_sha256).order_by(ItemRow.id).limit(1)
+        ).one()
+    legacy = tmp_path / "legacy-image.png"
+    legacy.write_bytes(MediaStore.from_settings(load_settings()).read(key))
+    with engine.begin() as conn:
+        conn.execute(
+            update(ItemRow)
+            .where(ItemRow.output_key == key)
+            .values(
+                output_key=None, output_size=None, output_media_type=None, output_path=str(legacy)
+            )
+        )
+    assert check_episodes(engine, "weekly") == []
+    [warning] = legacy_warnings(engine, "weekly")
+    assert warning.check == "legacy-media" and "1 images" in warning.detail
+    assert "`episodic media import`" in warning.detail
+    legacy.write_bytes(b"tampered")
+    details = [f"{f.check}: {f.detail}" for f in check_episodes(engine, "weekly")]
+    assert details == [f"files: image v01.p1 does not match its recorded sha256: {legacy}"]
+    legacy.unlink()
+    details = [f"{f.check}: {f.detail}" for f in check_episodes(engine, "weekly")]
+    assert details == [f"files: image v01.p1 is missing: {legacy}"]
+    assert sha256  # the recorded hash is what the file was compared with
 
 
 def test_a_ledger_mismatch_is_found(assembled: Episode) -> None:
@@ -120,6 +213,7 @@ def test_an_episode_that_completes_after_it_was_listed_is_checked_as_it_is_now(
     so "a crash before it was marked" (seen in CI with two generates beside a check loop).
     The episode, its plan and its approval are read in the same snapshot as the rest."""
     from pipeline.check import _check_one
+    from pipeline.check_media import MediaAudit
 
     episode = new_episode(engine)
     episode.plan(write_playlist(tmp_path / "pl", ["a", "b"]))
@@ -129,7 +223,8 @@ def test_an_episode_that_completes_after_it_was_listed_is_checked_as_it_is_now(
         ).one()
     assert listed.state == "allocated"
     assert episode.generate().state.value == "completed"
-    assert _check_one(engine, listed, DedupPolicy()) == []
+    store = MediaAudit(MediaStore.from_settings(load_settings()))
+    assert _check_one(engine, listed, DedupPolicy(), store) == []
 
 
 def test_check_while_generations_run_reports_nothing(
@@ -158,14 +253,15 @@ def test_check_while_generations_run_reports_nothing(
         )
         for extra in ([], ["--allow-duplicate"])
     ]
+    store = MediaStore.open(str(tmp_path / "h" / "media"), create=True)  # the processes' store
     found, checks = [], 0
     while any(run.poll() is None for run in runs):
         checks += 1
-        found += check_episodes(engine, "weekly")
+        found += check_episodes(engine, "weekly", store=store)
     assert [run.wait() for run in runs] == [0, 0], [run.stderr.read() for run in runs if run.stderr]
     assert checks > 5
     assert found == []
-    assert check_episodes(engine, "weekly") == []
+    assert check_episodes(engine, "weekly", store=store) == []
 
 
 def test_a_dead_runs_liveness_line_names_its_last_renewal_and_its_expiry(

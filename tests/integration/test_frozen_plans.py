@@ -16,7 +16,7 @@ from pipeline.approval import decide, reopen
 from pipeline.assembly import assemble
 from pipeline.check import check_episodes
 from storage.models import EpisodePlanRow, EpisodeRow
-from tests.generation import Episode, jobs_per_key, new_episode, write_playlist
+from tests.generation import Episode, jobs_per_key, new_episode, stored_image, write_playlist
 
 
 @pytest.fixture(autouse=True)
@@ -59,7 +59,7 @@ def test_an_approved_plan_is_frozen_until_reopened(engine: Engine, tmp_path: Pat
     _approve(episode)
     again = assemble(engine, load_settings(), "weekly", episode.episode_id)
     assert again["cover_sha256"] != assembled["cover_sha256"]
-    manifest = json.loads(Path(again["manifest"]).read_text())
+    manifest = json.loads(stored_image(again["manifest"]))
     assert {i["item_id"] for i in manifest["items"]} == {"v01.p1", "v02.p1"}
     with engine.connect() as conn:  # history keeps both plans
         assert conn.execute(select(func.count()).select_from(EpisodePlanRow)).scalar_one() == 2
@@ -106,16 +106,17 @@ def test_assembly_refuses_images_that_are_not_the_approved_ones(
     _plan(episode, tmp_path, "a", ["one", "two"])
     assert episode.generate().exit_code == 0
     _approve(episode)
-    with engine.begin() as conn:  # the ledger now claims another image for one item
-        first = conn.execute(select(ItemRow.id).order_by(ItemRow.id).limit(1)).scalar_one()
-        path = conn.execute(select(ItemRow.output_path).where(ItemRow.id == first)).scalar_one()
-        Path(path).write_bytes(b"another image")
-        import hashlib
+    from pipeline.media import prove_image
+    from storage.media import MediaStore
+    from tests.integration.test_media_store import image_bytes
 
+    other = MediaStore.from_settings(load_settings()).put_image(prove_image(image_bytes()))
+    with engine.begin() as conn:  # the ledger now claims another image (in the store) for one item
+        first = conn.execute(select(ItemRow.id).order_by(ItemRow.id).limit(1)).scalar_one()
         conn.execute(
             update(ItemRow)
             .where(ItemRow.id == first)
-            .values(output_sha256=hashlib.sha256(b"another image").hexdigest())
+            .values(output_key=other.key, output_sha256=other.sha256, output_size=other.size)
         )
     with pytest.raises(CommandNotAllowed, match="not the ones that were approved"):
         assemble(engine, load_settings(), "weekly", episode.episode_id)
@@ -187,7 +188,7 @@ def test_a_reordered_plan_ships_in_its_own_order(engine: Engine, tmp_path: Path)
     episode.generate()
     _approve(episode)
     result = assemble(engine, load_settings(), "weekly", episode.episode_id)
-    manifest = json.loads(Path(result["manifest"]).read_text())
+    manifest = json.loads(stored_image(result["manifest"]))
     assert [i["item_id"] for i in manifest["items"]] == ["v01.p1", "v02.p1", "v03.p1"]
 
 

@@ -29,6 +29,7 @@ from storage.models import (
     RunRow,
     SubmissionRow,
 )
+from tests.media_targets import MediaTarget
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "legacy"
 TABLES = (
@@ -74,8 +75,14 @@ def test_dry_run_writes_nothing(engine: Engine, layout: Path) -> None:
 
 
 def test_apply_keeps_every_field_and_hash_and_a_second_apply_is_a_no_op(
-    engine: Engine, layout: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    engine: Engine,
+    layout: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    media: MediaTarget,
 ) -> None:
+    """The files are copied into the media store (a folder, a bucket), each under its
+    content key with its sha256, size and media type; no row names a path."""
     monkeypatch.setenv("EPISODIC_FAKE_PROVIDER_LOG", str(tmp_path / "provider.jsonl"))
     report = migrate(engine, load_settings(), "weekly", layout, apply=True)
     assert [r["action"] for r in report] == ["imported", "imported"]
@@ -84,8 +91,11 @@ def test_apply_keeps_every_field_and_hash_and_a_second_apply_is_a_no_op(
         rows = conn.execute(
             select(
                 ItemRow.video_id,
+                ItemRow.output_key,
                 ItemRow.output_path,
                 ItemRow.output_sha256,
+                ItemRow.output_size,
+                ItemRow.output_media_type,
                 ItemRow.finished_at,
                 SubmissionRow.remote_ref,
                 CostEntryRow.amount_minor,
@@ -100,18 +110,29 @@ def test_apply_keeps_every_field_and_hash_and_a_second_apply_is_a_no_op(
             select(ApprovalRow.decided_by, ApprovalRow.decided_at, ApprovalRow.note)
         ).one()
         cover = conn.execute(
-            select(EpisodeMediaRow.path, EpisodeMediaRow.sha256)
+            select(
+                EpisodeMediaRow.key,
+                EpisodeMediaRow.path,
+                EpisodeMediaRow.sha256,
+                EpisodeMediaRow.size,
+                EpisodeMediaRow.media_type,
+            )
             .join(EpisodeRow, EpisodeRow.id == EpisodeMediaRow.episode_pk)
             .where(EpisodeRow.episode_id == "2026-W30-0")
         ).one()
     for row, image in zip(rows, state["images"], strict=True):
         assert row.video_id == image["video_id"] and row.remote_ref == image["remote_ref"]
         assert row.output_sha256 == image["sha256"] and row.amount_minor == image["cost_minor"]
-        assert hashlib.sha256(Path(row.output_path).read_bytes()).hexdigest() == image["sha256"]
+        held = media.read_behind(row.output_key)  # what the store holds, read around it
+        assert row.output_path is None and row.output_key.startswith("sha256/")
+        assert hashlib.sha256(held).hexdigest() == image["sha256"] == row.output_sha256
+        assert (row.output_size, row.output_media_type) == (len(held), "image/png")
         assert row.finished_at == datetime(2026, 7, 20, 9, 30, tzinfo=UTC)
     assert tuple(approval) == ("ann", datetime(2026, 7, 21, 10, tzinfo=UTC), "ok")
     assert cover.sha256 == state["media"]["cover"]["sha256"]
-    assert hashlib.sha256(Path(cover.path).read_bytes()).hexdigest() == cover.sha256
+    assert cover.path is None and cover.media_type == "image/png"
+    assert hashlib.sha256(media.read_behind(cover.key)).hexdigest() == cover.sha256
+    assert cover.size == len(media.read_behind(cover.key))
     repository = EpisodeRepository(engine)
     assert [e.state for e in repository.list("weekly")] == ["approved", "generated"]
     history = repository.history("weekly", EpisodeId.parse("2026-W30-0"))
@@ -162,4 +183,25 @@ def test_a_malformed_state_json_is_refused_naming_file_and_field(
     with pytest.raises(InvalidInput) as refused:
         migrate(engine, load_settings(), "weekly", layout, apply=True)
     assert str(path) in str(refused.value) and message in str(refused.value)
+    assert counts(engine) == before and home_files() == files
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"<!doctype html><html><body>Not Found</body></html>", b"\x89PNG\r\n\x1a\n cut short"],
+)
+def test_a_legacy_file_that_is_not_an_image_is_refused_before_anything_is_written(
+    engine: Engine, layout: Path, body: bytes
+) -> None:
+    """The store keeps only proven images: a legacy image (or cover) that does not decode is
+    refused, naming the file and field, and nothing is written or stored."""
+    path = layout / "2026-W31" / "state.json"
+    state = json.loads(path.read_text())
+    (layout / "2026-W31" / state["images"][1]["file"]).write_bytes(body)
+    state["images"][1]["sha256"] = hashlib.sha256(body).hexdigest()
+    path.write_text(json.dumps(state))
+    before, files = counts(engine), home_files()
+    with pytest.raises(InvalidInput, match=r"images\.1\.file: .* is not an image") as refused:
+        migrate(engine, load_settings(), "weekly", layout, apply=True)
+    assert str(path) in str(refused.value)
     assert counts(engine) == before and home_files() == files

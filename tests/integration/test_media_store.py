@@ -413,10 +413,10 @@ def test_keep_and_audit_an_image(target: Target) -> None:
     decodes."""
     store = target.open()
     content = image_bytes("JPEG")
-    stored = keep_image(store, content)
+    stored = keep_image(store, prove_image(content))
     assert audit_image(store, stored.key, stored.sha256, stored.size) is None
     with pytest.raises(NotAnImage):
-        keep_image(store, b"<html>gateway timeout</html>")
+        keep_image(store, prove_image(b"<html>gateway timeout</html>"))
     assert target.all_objects() == [stored.key]  # nothing stored for the HTML page
     # Recorded as paid for, yet not an image (a body stored before the proof existed).
     html = b"<html>502</html>"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from core.errors import CommandNotAllowed, ImageNotAsPaid, InvalidInput
 from core.settings import load_settings
 from pipeline.approval import decide
 from pipeline.assembly import assemble
+from storage.media import MediaStore
 from storage.models import (
     ApprovalRow,
     CostEntryRow,
@@ -21,6 +23,7 @@ from storage.models import (
     SubmissionRow,
 )
 from tests.generation import Episode, new_episode, write_playlist
+from tests.media_targets import MediaTarget
 
 TABLES = (ApprovalRow, CostEntryRow, EpisodeEventRow, EpisodeMediaRow, ItemRow, SubmissionRow)
 
@@ -111,10 +114,12 @@ def test_a_rejection_stands_through_a_generate_until_a_reopen(generated: Episode
 def test_assembly_is_deterministic_and_reassembly_changes_nothing(generated: Episode) -> None:
     decide(generated.engine, "weekly", generated.episode_id, approve=True, by="ann", note=None)
     settings = load_settings()
+    store = MediaStore.from_settings(settings)
     first = assemble(generated.engine, settings, "weekly", generated.episode_id)
-    cover = Path(first["cover"]).read_bytes()
-    manifest = Path(first["manifest"]).read_bytes()
+    cover = store.read(first["cover"])
+    manifest = store.read(first["manifest"])
     assert hashlib.sha256(cover).hexdigest() == first["cover_sha256"]
+    assert hashlib.sha256(manifest).hexdigest() == first["manifest_sha256"]
     assert first["images"] == 4
     before = snapshot(generated.engine)
     second = assemble(generated.engine, settings, "weekly", generated.episode_id)
@@ -122,19 +127,121 @@ def test_assembly_is_deterministic_and_reassembly_changes_nothing(generated: Epi
     assert not decide(
         generated.engine, "weekly", generated.episode_id, approve=True, by="ann", note=None
     )["changed"]  # approving an assembled episode again: a no-op
-    assert Path(second["cover"]).read_bytes() == cover
-    assert Path(second["manifest"]).read_bytes() == manifest
+    assert (second["cover"], second["manifest"]) == (first["cover"], first["manifest"])
+    assert store.read(second["cover"]) == cover and store.read(second["manifest"]) == manifest
     assert snapshot(generated.engine) == before
     assert b'"remote_ref": "fake-' in manifest and b'"total_cost_minor": 16' in manifest
 
 
-def test_assembly_refuses_images_that_are_not_what_was_paid_for(generated: Episode) -> None:
+def test_the_manifest_names_each_image_by_its_store_key(generated: Episode) -> None:
+    """No machine path in the manifest or the episode's media rows: every image and the
+    cover by its store key, whose bytes are the recorded sha256 and size."""
     decide(generated.engine, "weekly", generated.episode_id, approve=True, by="ann", note=None)
+    settings = load_settings()
+    store = MediaStore.from_settings(settings)
+    result = assemble(generated.engine, settings, "weekly", generated.episode_id)
+    document = json.loads(store.read(result["manifest"]))
+    assert document["cover"]["key"] == result["cover"]
+    assert document["cover"]["media_type"] == "image/png"
+    entries = [document["cover"], *document["items"]]
+    assert len(entries) == 5
+    for entry in entries:
+        assert "path" not in entry and entry["key"].startswith("sha256/")
+        content = store.read(entry["key"])
+        assert hashlib.sha256(content).hexdigest() == entry["sha256"]
+        assert len(content) == entry["size"]
     with generated.engine.connect() as conn:
-        path = Path(conn.execute(select(ItemRow.output_path).limit(1)).scalar_one())
-    path.write_bytes(b"tampered")
+        rows = conn.execute(
+            select(EpisodeMediaRow.kind, EpisodeMediaRow.key, EpisodeMediaRow.path)
+        ).all()
+    assert sorted((kind, key) for kind, key, _ in rows) == [
+        ("cover", result["cover"]),
+        ("manifest", result["manifest"]),
+    ]
+    assert all(path is None for _, _, path in rows)
+    assert str(settings.home_path) not in json.dumps(document)
+
+
+def test_assemble_out_writes_a_local_copy_the_manifest_resolves_in(
+    generated: Episode, tmp_path: Path
+) -> None:
+    decide(generated.engine, "weekly", generated.episode_id, approve=True, by="ann", note=None)
+    out = tmp_path / "copy"
+    result = assemble(generated.engine, load_settings(), "weekly", generated.episode_id, out=out)
+    assert result["local"] == {
+        "cover": str(out / "cover.png"),
+        "manifest": str(out / "manifest.json"),
+    }
+    document = json.loads((out / "manifest.json").read_bytes())
+    assert (
+        hashlib.sha256((out / "manifest.json").read_bytes()).hexdigest()
+        == result["manifest_sha256"]
+    )
+    assert hashlib.sha256((out / "cover.png").read_bytes()).hexdigest() == result["cover_sha256"]
+    for entry in [document["cover"], *document["items"]]:
+        assert hashlib.sha256((out / entry["key"]).read_bytes()).hexdigest() == entry["sha256"]
+
+
+@pytest.fixture
+def generated_in(media: MediaTarget, engine: Engine, tmp_path: Path) -> Episode:
+    """A generated episode whose images are in `media` (a folder or a bucket)."""
+    episode = new_episode(engine)
+    episode.plan(write_playlist(tmp_path / "p", ["a", "b"]))
+    assert episode.generate().exit_code == 0
+    return episode
+
+
+def _keys(engine: Engine) -> list[str]:
+    with engine.connect() as conn:
+        keys = list(conn.execute(select(ItemRow.output_key).order_by(ItemRow.id)).scalars())
+    assert keys and all(key and key.startswith("sha256/") for key in keys)
+    return keys
+
+
+def test_approval_and_assembly_refuse_images_that_are_not_what_was_paid_for(
+    generated_in: Episode, media: MediaTarget
+) -> None:
+    """Tampered behind the store's back, then gone: nothing is decided or assembled, and
+    the message names the key and the store."""
+    engine, episode_id = generated_in.engine, generated_in.episode_id
+    first = _keys(engine)[0]
+    paid = media.read_behind(first)
+    media.write_behind(first, b"tampered")
     with pytest.raises(ImageNotAsPaid, match=r"v0.* does not match the sha256 recorded"):
-        assemble(generated.engine, load_settings(), "weekly", generated.episode_id)
-    path.unlink()
-    with pytest.raises(ImageNotAsPaid, match="missing"):
-        assemble(generated.engine, load_settings(), "weekly", generated.episode_id)
+        decide(engine, "weekly", episode_id, approve=True, by="ann", note=None)
+    media.write_behind(first, paid)
+    decide(engine, "weekly", episode_id, approve=True, by="ann", note=None)
+    media.write_behind(first, b"<html>error</html>")
+    with pytest.raises(ImageNotAsPaid, match=r"does not match the sha256 recorded"):
+        assemble(engine, load_settings(), "weekly", episode_id)
+    media.delete_behind(first)
+    with pytest.raises(ImageNotAsPaid, match=f"{first} in the media store .* is missing"):
+        assemble(engine, load_settings(), "weekly", episode_id)
+    media.write_behind(first, paid)
+    assembled = assemble(engine, load_settings(), "weekly", episode_id)
+    assert media.store().read(assembled["cover"])  # cover and manifest in the same store
+    assert media.store().read(assembled["manifest"]).startswith(b"{")
+
+
+def test_the_approval_form_shows_thumbnails_from_the_store_on_another_machine(
+    generated_in: Episode, media: MediaTarget, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The form's previews are the store's bytes (checked against the sha256 paid for), so
+    a form rendered by a worker with another state folder shows every image; an image gone
+    from the store is named by its key, never shown from elsewhere."""
+    from flows.approval_form import approval_form_description
+    from pipeline.approval import approval_context
+
+    monkeypatch.setenv("EPISODIC_HOME", str(tmp_path / "another-machine"))
+    engine, episode_id = generated_in.engine, generated_in.episode_id
+    context = approval_context(engine, "weekly", episode_id)
+    outputs = context.review_set()
+    markdown = approval_form_description(context, outputs)
+    assert markdown.count("](data:image/jpeg;base64,") == 2, markdown
+    first = _keys(engine)[0]
+    media.delete_behind(first)
+    with pytest.raises(ImageNotAsPaid, match="is missing"):
+        context.review_set()
+    markdown = approval_form_description(context, outputs)
+    assert markdown.count("](data:image/jpeg;base64,") == 1
+    assert f"`{first}`" in markdown

@@ -319,11 +319,23 @@ LEGACY_FIELDS: list[tuple[Any, ...]] = [
 ]
 
 
+def tiny_png(shade: int) -> bytes:
+    """A real 4x4 PNG of one shade: the same bytes for the same shade (legacy files are
+    images; the import proves each before storing it)."""
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (4, 4), (shade, shade, shade)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
 def legacy_state(folder: Path) -> dict[str, Any]:
     (folder / "images").mkdir(parents=True)
     images = []
     for n in (1, 2):
-        data = f"image {n}".encode()
+        data = tiny_png(n)
         (folder / "images" / f"v{n}.png").write_bytes(data)
         images.append(
             {
@@ -337,14 +349,15 @@ def legacy_state(folder: Path) -> dict[str, Any]:
                 "completed_at": "2026-07-20T09:30:00Z",
             }
         )
-    (folder / "cover.png").write_bytes(b"cover")
+    cover = tiny_png(200)
+    (folder / "cover.png").write_bytes(cover)
     return {
         "schema": 1,
         "week_id": folder.name,
         "completed_at": "2026-07-20T09:30:00Z",
         "approval": {"state": "approved", "by": "ann", "at": "2026-07-21T10:00:00Z"},
         "images": images,
-        "media": {"cover": {"file": "cover.png", "sha256": hashlib.sha256(b"cover").hexdigest()}},
+        "media": {"cover": {"file": "cover.png", "sha256": hashlib.sha256(cover).hexdigest()}},
     }
 
 
@@ -357,7 +370,7 @@ def legacy(
     root = tmp_path / "legacy"
     valid = legacy_state(root / "2026-W30")
     (root / "2026-W30" / "state.json").write_text(json.dumps(valid))
-    (tmp_path / "secret.png").write_bytes(b"image 1")  # same bytes as a valid image
+    (tmp_path / "secret.png").write_bytes(tiny_png(1))  # same bytes as a valid image
     return engine, root, legacy_state(root / "2026-W31")
 
 

@@ -1,0 +1,76 @@
+"""An episode's recorded media as people see them: `episodes show` lists each completed
+image, the cover and the manifest by its media store key and whether the store holds it;
+`open_store` and `preview_bytes` give the flows' artifacts the store's bytes (flows reach
+storage only through the pipeline).
+
+Presence only (one metadata request per object): `episodic check` is what reads every
+object in full and compares it with its recorded sha256.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from core.errors import InvalidInput, MediaStoreError
+from core.settings import Settings
+from storage.episodes import EpisodeRepository
+from storage.ledger import completed_outputs
+from storage.media import MediaStore
+from storage.tx import Database
+
+
+def open_store(settings: Settings) -> MediaStore:
+    """The media store `settings` name (EPISODIC_MEDIA_URL), opened once per flow step."""
+    return MediaStore.from_settings(settings)
+
+
+def preview_bytes(store: MediaStore, key: str) -> bytes | None:
+    """The bytes under `key` for a preview; None when the store does not hold them or
+    cannot answer (a preview is never worth failing a step)."""
+    try:
+        return store.read(key)
+    except (MediaStoreError, InvalidInput):
+        return None
+
+
+def episode_media(engine: Database, store: MediaStore, episode_pk: int) -> list[dict[str, Any]]:
+    """One entry per completed image (playlist order), then cover and manifest: ``name``
+    (an item id such as ``v01.p1``, or the medium's kind), ``key`` (None for a row from
+    before the store), ``legacy_path`` (such a row's local file), ``sha256``, ``size``
+    (bytes, None when not recorded), ``media_type`` and ``stored``: ``yes``, ``missing``,
+    or ``unknown`` when the store cannot answer (an outage is not a finding)."""
+    rows: list[dict[str, Any]] = [
+        {
+            "name": image.item_id,
+            "key": image.key,
+            "legacy_path": image.legacy_path,
+            "sha256": image.sha256,
+            "size": image.size,
+            "media_type": image.media_type,
+        }
+        for image in completed_outputs(engine, episode_pk)
+    ]
+    rows += [
+        {
+            "name": kind,
+            "key": medium.key,
+            "legacy_path": medium.legacy_path,
+            "sha256": medium.sha256,
+            "size": medium.size,
+            "media_type": medium.media_type,
+        }
+        for kind, medium in sorted(EpisodeRepository(engine).media(episode_pk).items())
+    ]
+    for row in rows:
+        row["stored"] = _stored(store, row["key"], row["legacy_path"])
+    return rows
+
+
+def _stored(store: MediaStore, key: str | None, legacy_path: str | None) -> str:
+    if key is None:  # from before the store: its local file, on this machine only
+        return "yes (local file)" if legacy_path and Path(legacy_path).is_file() else "missing"
+    try:
+        return "yes" if store.exists(key) else "missing"
+    except MediaStoreError:
+        return "unknown"
