@@ -63,6 +63,7 @@ def _claim_worker(
     """Walk the items: claim, accept, complete what this process gets; skip refusals."""
     from sqlalchemy import text
 
+    from core.media import StoredMedia, content_key
     from core.runs import Claim
     from pipeline.runner import new_owner
     from storage.claims import ClaimStore
@@ -92,7 +93,8 @@ def _claim_worker(
             if not ledger.accept(sub.pk, f"bench-job-{pk}"):
                 tally["accept refused"] += 1
                 continue
-            done = ledger.complete(got, sub.pk, episode_pk, f"bench/{pk}.png", FAKE_SHA, 1, "USD")
+            image = StoredMedia(content_key(FAKE_SHA, "image/png"), FAKE_SHA, 1, "image/png")
+            done = ledger.complete(got, sub.pk, episode_pk, image, 1, "USD")
             tally["completed" if done else "complete refused"] += 1
         except Exception as exc:
             tally["error"] += 1

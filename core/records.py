@@ -63,8 +63,11 @@ class EpisodeImage:
     part: int  # 0 for a hero candidate
     candidate: int | None  # 1..N for a hero candidate, None for a part of a video
     position: int  # 1-based position of the video in the playlist it was planned from
-    path: str  # the file as written when it was paid for (absolute)
-    sha256: str  # hex digest of that file, recorded when it was paid for
+    key: str | None  # its media store key (`core.media.content_key`); None: legacy row
+    sha256: str  # hex digest of the image's bytes, recorded when it was paid for
+    size: int | None  # bytes (None for a legacy row)
+    media_type: str | None  # image/png, image/jpeg or image/webp (None for a legacy row)
+    legacy_path: str | None  # the absolute file of a row written before the media store
     remote_ref: str | None  # the provider's id of the paid call's job
     cost_minor: int  # what the paid call cost, in minor units of `currency`
     currency: str

@@ -9,7 +9,6 @@ by `decide` after the resume, and the reason is shown at the top of the next for
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
 from typing import Any, Literal
 
 from prefect.input import RunInput
@@ -19,6 +18,7 @@ from core.money import format_minor
 from core.records import EpisodeImage
 from flows.artifacts import md_text
 from pipeline.approval import ApprovalContext, approval_digest, hero_outputs
+from pipeline.media import image_file
 from pipeline.thumbnails import thumbnail_data_uri
 
 MAX_PREVIEWS = 60  # thumbnails inlined in one form; the rest are listed by name
@@ -168,7 +168,7 @@ def approval_form_description(
         lines.extend(["", f"| {first} | preview | cost | sha256 |", "|---|---|---|---|"])
         for o in rows:
             label = o.item_id
-            path = Path(o.path)
+            path = image_file(o)
             uri = thumbnail_data_uri(path) if shown < MAX_PREVIEWS else None
             shown += 1
             preview = f"![{label}]({uri})" if uri else f"`{path.name}`"

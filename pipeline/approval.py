@@ -23,6 +23,7 @@ from core.playlist import check_picks, check_text
 from core.records import EpisodeImage
 from core.states import DECIDED_STATES, REOPENABLE_STATES, EpisodeState
 from pipeline.gate import GatePass, open_gate
+from pipeline.media import image_file
 from pipeline.playlists import planned_items
 from storage.approvals import ApprovalStore, RecordedDecision
 from storage.episodes import EpisodeRepository
@@ -247,7 +248,7 @@ def planned_outputs(engine: Database, gate: GatePass) -> list[EpisodeImage]:
     if len(outputs) != len(planned):
         raise CommandNotAllowed(f"{len(planned) - len(outputs)} planned images are not completed")
     for output in outputs:  # never assemble from files that are not what the ledger paid for
-        path = Path(output.path)
+        path = image_file(output)
         if not path.is_file():
             raise image_not_as_paid(gate.episode_id, output.item_id, path, "is missing")
         if hashlib.sha256(path.read_bytes()).hexdigest() != output.sha256:

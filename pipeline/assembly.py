@@ -22,7 +22,7 @@ from core.settings import Settings
 from core.states import EpisodeState
 from pipeline.approval import hero_outputs, planned_outputs
 from pipeline.gate import open_gate
-from pipeline.media import write_atomically
+from pipeline.media import image_file, write_atomically
 from storage.approvals import ApprovalStore
 from storage.episodes import EpisodeRepository
 from storage.tx import Database
@@ -70,7 +70,7 @@ def assemble(
             ) from None
     shipped = [o for o in outputs if o.candidate in (None, picks.get(o.video_id))]
     folder = settings.episode_folder(gate.pipeline, gate.episode_id)
-    cover = _cover([Path(o.path) for o in shipped])
+    cover = _cover([image_file(o, settings) for o in shipped])
     cover_sha = write_atomically(folder / "cover.png", cover)
     manifest = _manifest(gate.episode_id, shipped, folder, cover_sha, heroes, picks)
     manifest_sha = write_atomically(folder / "manifest.json", manifest)
@@ -132,8 +132,12 @@ def _manifest(
         item: dict[str, Any] = {
             "item_id": o.item_id,
             "idempotency_key": o.idempotency_key,
-            # relative to the episode folder (images of an older layout may sit elsewhere)
-            "path": os.path.relpath(o.path, folder),
+            # the media store key; a legacy image's file, relative to the episode folder
+            **(
+                {"key": o.key}
+                if o.key is not None
+                else {"path": os.path.relpath(o.legacy_path or "", folder)}
+            ),
             "sha256": o.sha256,
             "remote_ref": o.remote_ref,
             "cost_minor": o.cost_minor,

@@ -22,11 +22,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from core.errors import EpisodicError, InvalidInput
+from core.errors import EpisodicError, InvalidInput, MediaStoreError
 from core.ids import EpisodeId
 from core.keys import SlotKey
 from core.playlist import PlannedItem, check_picks, hero_candidates, item_label
 from core.states import FROZEN_PLAN_STATES, EpisodeState
+from pipeline.media import key_file
 from pipeline.playlists import planned_items
 from storage.admission import DedupPolicy
 from storage.allocator import SLOT_EVENTS, asked_by
@@ -165,7 +166,7 @@ def _check_one(engine: Database, episode: EpisodeRecord, policy: DedupPolicy) ->
     sub_ids = {s.id: s for s in subs}
     for item in items:
         if item.state == "completed":
-            _check_file(add, f"image {_label(item)}", item.output_path, item.output_sha256)
+            _check_file(add, f"image {_label(item)}", _image_path(item), item.output_sha256)
             if succeeded[item.id] != 1:
                 add(
                     "ledger",
@@ -411,6 +412,17 @@ def _label(item: ItemRecord) -> str:
 
 class _PlanUnreadable(Exception):
     pass
+
+
+def _image_path(item: Any) -> str | None:
+    """The file holding a completed item's image: the store's object by its key (a local
+    store's file, or a checked copy of an object store's), else a legacy row's path."""
+    if item.output_key is None or item.output_sha256 is None:
+        return item.output_path  # type: ignore[no-any-return]
+    try:
+        return str(key_file(item.output_key, item.output_sha256))
+    except MediaStoreError as exc:
+        return f"{item.output_key} ({exc})"
 
 
 def _check_file(add: Any, label: str, path: str | None, sha256: str | None) -> None:

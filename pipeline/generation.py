@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from core.errors import CommandNotAllowed, ProviderConfigError, frozen_plan
+from core.errors import CommandNotAllowed, MediaStoreUnavailable, ProviderConfigError, frozen_plan
 from core.hints import hint
 from core.ids import EpisodeId
 from core.planning import RunOptions, check_budget
@@ -40,6 +40,7 @@ from storage.claims import ClaimStore
 from storage.episodes import EpisodeRepository
 from storage.leases import LeaseStore
 from storage.ledger import LedgerStore
+from storage.media import MediaStore
 from storage.plans import PlanRecord, PlanStore
 from storage.runs import RunStore
 from storage.tx import Database
@@ -190,6 +191,7 @@ def build_runner(
             )
         media_type, content = found
         reference_image = f"data:{media_type};base64,{base64.b64encode(content).decode()}"
+    media = writable_store(settings)  # fail closed before the credential is read
     provider = build_provider(prepared.gate, prepared.profile, credentials, settings.home_path)
     return Runner(
         store=RunStore(engine),
@@ -202,14 +204,29 @@ def build_runner(
         gate=prepared.gate,
         provider=provider,
         profile=prepared.profile,
-        output_dir=settings.episode_folder(prepared.gate.pipeline, prepared.gate.episode_id)
-        / "images",
+        media=media,
         executor=executor,
         stop=stop or threading.Event(),
         planned_keys=frozenset(item.idempotency_key for item in prepared.items),
         plan_id=prepared.plan_id,
         reference_image=reference_image,
     )
+
+
+def writable_store(settings: Settings) -> MediaStore:
+    """The media store `settings` names, proven writable (`MediaStore.probe`: a small object
+    written, read back and deleted) before anything is spent: a paid image that cannot be
+    kept must not be bought. Raises `MediaStoreMisconfigured` (no such bucket or folder,
+    access denied, wrong credentials) or `CommandNotAllowed` (the store does not answer
+    now), both exit 2, one line naming the store (`describe()`), never a credential."""
+    store = MediaStore.from_settings(settings)
+    try:
+        store.probe()
+    except MediaStoreUnavailable as exc:
+        raise CommandNotAllowed(
+            f"{exc}; nothing was spent: try again when the media store answers"
+        ) from None
+    return store
 
 
 OnStart = Callable[[Runner, str], None]

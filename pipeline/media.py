@@ -1,14 +1,15 @@
-"""The image files of a run: where an item's image is written, and how; and the proof that
-downloaded bytes are an image before anything is stored or completed.
+"""The images of a run: the proof that downloaded bytes are an image, and keeping them in
+the media store before anything is completed.
 
-An image is content-addressed by its item key: another plan's image of the same video and
-part has another key, so a file a reviewer saw or a ledger row points at is never
-overwritten (going back to an earlier plan finds its images where they were).
+The order every paid image follows (`pipeline.paid_call`): download, prove it is an image
+(`prove_image`: its media type from the bytes, never from the reply's header or a file
+name), write it to the media store under its content key and verify what the store holds
+(`keep_image`), and only then complete the item in the ledger. The key is derived from the
+bytes, so an image a reviewer saw or a ledger row names is never overwritten: another image
+has another key.
 
-`prove_image` is the first step of the order every paid image follows: download, prove it is
-an image (its media type from the bytes, never from the reply's header or a file name),
-write it to the media store under its content key, verify what the store holds, and only
-then complete the item.
+`image_file` gives readers that need a file on this machine (thumbnails, the cover) the
+image a ledger row records, by its key or, for a row written before the store, its path.
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ from pathlib import Path
 from PIL import Image, ImageFile, UnidentifiedImageError
 
 from core.errors import NotAnImage
-from core.media import ProvenImage
-from core.runs import Item
+from core.media import ProvenImage, StoredMedia
+from core.records import EpisodeImage
+from core.settings import Settings, load_settings
+from storage.media import MediaStore
 
 # Pillow's format names of the types a paid image may be, and their media types.
 _FORMATS = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp"}
@@ -122,9 +125,41 @@ def _short(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[:120]}" if text else type(exc).__name__
 
 
-def image_path(folder: Path, item: Item) -> Path:
-    """Where `item`'s image lives in the episode's image `folder`."""
-    return folder / f"{item.item_id}.{item.idempotency_key}.png"
+def keep_image(store: MediaStore, image: ProvenImage) -> StoredMedia:
+    """Write proven bytes to `store` under their content key (put-if-absent) and verify
+    what it holds (size and sha256, re-read): the `StoredMedia` the ledger records.
+
+    Raises `MediaStoreUnavailable` (outage, 5xx, full disk: the caller leaves the job
+    accepted and collects it again), `MediaStoreMisconfigured`, or `MediaCorrupt` (another
+    object under the key; left as it is)."""
+    return store.put_image(image)
+
+
+def image_file(image: EpisodeImage, settings: Settings | None = None) -> Path:
+    """A file on this machine holding `image`, for readers that need one (thumbnails, the
+    cover, the pre-assembly check): its legacy absolute path when the row has no key, else
+    `key_file`. The caller checks the file against ``image.sha256``."""
+    if image.key is None:
+        return Path(image.legacy_path or "")
+    return key_file(image.key, image.sha256, settings)
+
+
+def key_file(key: str, sha256: str, settings: Settings | None = None) -> Path:
+    """A file on this machine holding the store's object under `key`: the local store's own
+    file (which may not exist: the caller checks it), or for an object store a copy under
+    ``<home>/cache/media/<key>`` checked against `sha256`. `settings` default to the
+    environment's (`load_settings`). Raises `MediaMissing` or `MediaCorrupt` for an object
+    store's copy."""
+    settings = settings or load_settings()
+    store = MediaStore.from_settings(settings)
+    local = Path(store.describe())
+    if local.is_absolute():
+        return local.joinpath(*key.split("/"))
+    dest = settings.home_path.joinpath("cache", "media", *key.split("/"))
+    if not dest.is_file():
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        store.local_copy(key, dest, sha256=sha256)
+    return dest
 
 
 def write_atomically(path: Path, content: bytes) -> str:

@@ -13,7 +13,14 @@ A claim says what its holder does next (`core.records.ClaimAction`):
 - **reconcile**: an intent or unknown from before is resolved the same way; resubmitted
   only on the operator's `--force-resubmit`.
 
-An accepted job is collected until the provider says it failed. A job cancelled at the
+An accepted job is collected until the provider says it failed, and completed only once
+its image is durable (`_collect`): the download is proven to be an image (downloaded again,
+free, up to `DOWNLOAD_ATTEMPTS` times in all; still not an image, the submission closes
+failed with the provider's charge and the item fails), written to the media store under its
+content key and verified there, and only then is the item completed. A store that cannot
+take it (an outage, a full disk, a crash before the ledger write) leaves the submission
+accepted and the item given back: the next run collects the same job at no cost. A job
+cancelled at the
 provider by the cancel of another run (one that decided before this run included the item)
 is bought again (`PaidCall.buy_again`) only within the item's attempts and the run's budget.
 """
@@ -24,16 +31,17 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
+from core.errors import MediaStoreError, NotAnImage
 from core.hints import hint
+from core.media import ProvenImage
 from core.planning import RunOptions, budget_breach
 from core.records import ClaimAction, ItemResult
 from core.runs import INTERRUPTED, Claim, Submission
 from pipeline.gate import GatePass
-from pipeline.media import image_path, write_atomically
+from pipeline.media import keep_image, prove_image
 from providers.base import (
     CollectionPending,
     DescribesJobs,
@@ -50,12 +58,25 @@ from providers.profiles import Profile
 from storage.cancels import CancelStore
 from storage.leases import LeaseStore
 from storage.ledger import LedgerStore
+from storage.media import MediaStore
 from storage.runs import RunStore
 from storage.tx import database_cause
 
 # A claim proved (ours, live, run running) by its own transaction less than this long ago
 # needs no second check before its paid call (`PaidCall.holds`).
 CLAIM_PROOF_FRESH_S = 0.25
+# Downloads of one accepted job, in all, before bytes that are not an image fail the item
+# (collecting an accepted job is free; a CDN's error page is often gone on the next try).
+DOWNLOAD_ATTEMPTS = 3
+
+
+class _NotStored(Exception):
+    """The provider's image could not be made durable in the media store; its job stays
+    accepted and is collected again (free)."""
+
+
+class _NotAnImageOutput(Exception):
+    """The accepted job's output is still not an image after `DOWNLOAD_ATTEMPTS`."""
 
 
 def reason(exc: BaseException) -> str:
@@ -78,7 +99,7 @@ class PaidCall:
     gate: GatePass
     provider: Provider
     profile: Profile
-    output_dir: Path
+    media: MediaStore
     stop: threading.Event
     reference_image: str | None = None  # the plan's reference image, a data: URI
 
@@ -123,6 +144,15 @@ class PaidCall:
                 f"accepted job not collected yet ({reason(exc)}); a resume collects it at no cost",
             )
             return ItemResult.COLLECT_LATER
+        except _NotStored as exc:
+            self.leases.release(
+                claim,
+                f"accepted job's image not stored yet ({exc}); a resume collects it at no cost",
+            )
+            return ItemResult.COLLECT_LATER
+        except _NotAnImageOutput as exc:
+            self.leases.release(claim, str(exc))
+            return ItemResult.FAILED
         except RemoteJobFailed as exc:
             self.leases.release(claim, f"remote job failed: {reason(exc)}")
             return ItemResult.FAILED
@@ -279,29 +309,55 @@ class PaidCall:
     def _collect(
         self, claim: Claim, submission_pk: int, remote_ref: str, options: RunOptions
     ) -> ItemResult:
+        """Download, prove, store and verify, and only then complete (module docstring).
+
+        Raises `RemoteJobFailed` (closed failed with its charge), `_NotAnImageOutput`
+        (closed failed with the call's charge), `_NotStored` (nothing written: the
+        submission stays accepted) and what the provider's collect raises."""
+        currency = self.provider.capabilities.currency
+        for attempt in range(1, DOWNLOAD_ATTEMPTS + 1):
+            try:
+                result = self.provider.collect(
+                    remote_ref, deadline_s=options.collect_timeout_s, should_stop=self.stop.is_set
+                )
+            except RemoteJobFailed as exc:
+                self.ledger.close_failed(
+                    submission_pk,
+                    f"remote job failed: {reason(exc)}",
+                    episode_pk=self.gate.episode_pk,
+                    cost_minor=exc.cost_minor,
+                    currency=currency,
+                )
+                raise
+            try:
+                image: ProvenImage = prove_image(result.content)
+                break
+            except NotAnImage as exc:
+                if attempt < DOWNLOAD_ATTEMPTS:
+                    continue
+                text = (
+                    f"job {remote_ref[:80]}: the provider's output is {exc.reason} "
+                    f"({DOWNLOAD_ATTEMPTS} downloads); not completed"
+                )
+                self.ledger.close_failed(
+                    submission_pk,
+                    text,
+                    episode_pk=self.gate.episode_pk,
+                    cost_minor=result.cost_minor,
+                    currency=currency,
+                )
+                raise _NotAnImageOutput(text) from None
         try:
-            result = self.provider.collect(
-                remote_ref, deadline_s=options.collect_timeout_s, should_stop=self.stop.is_set
-            )
-        except RemoteJobFailed as exc:
-            self.ledger.close_failed(
-                submission_pk,
-                f"remote job failed: {reason(exc)}",
-                episode_pk=self.gate.episode_pk,
-                cost_minor=exc.cost_minor,
-                currency=self.provider.capabilities.currency,
-            )
-            raise
-        path = image_path(self.output_dir, claim.item)
-        sha256 = write_atomically(path, result.content)
+            stored = keep_image(self.media, image)
+        except MediaStoreError as exc:
+            raise _NotStored(reason(exc)) from None
         completed = self.ledger.complete(
             claim,
             submission_pk,
             self.gate.episode_pk,
-            str(path),
-            sha256,
+            stored,
             result.cost_minor,
-            self.provider.capabilities.currency,
+            currency,
         )
         return ItemResult.COMPLETED if completed else ItemResult.TAKEN_OVER
 

@@ -30,7 +30,6 @@ import uuid
 from collections.abc import Callable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 from core.errors import CommandNotAllowed, InvalidTransition
 from core.planning import RunOptions
@@ -51,6 +50,7 @@ from storage.claims import ClaimStore
 from storage.episodes import EpisodeRepository
 from storage.leases import LeaseStore
 from storage.ledger import LedgerStore
+from storage.media import MediaStore
 from storage.plans import PlanStore
 from storage.runs import RunStore
 from storage.tx import is_lost_connection
@@ -223,7 +223,7 @@ class Runner:
     gate: GatePass
     provider: Provider
     profile: Profile
-    output_dir: Path
+    media: MediaStore  # where paid images are kept (`pipeline.media.keep_image`)
     executor: ItemExecutor = thread_pool_executor
     stop: threading.Event = field(default_factory=threading.Event)
     # Set with `stop` by this process's own interrupt (Ctrl-C, SIGTERM) when the caller can
@@ -248,7 +248,7 @@ class Runner:
             self.gate,
             self.provider,
             self.profile,
-            self.output_dir,
+            self.media,
             self.stop,
             self.reference_image,
         )

@@ -17,7 +17,11 @@ behaviour:
 - ``[[LOSE_RESPONSE]]``: the job is created, then the reply is lost (``UnknownOutcome``); sending
   the same call again replays the job;
 - ``[[FAIL_REMOTE]]``: the job is created, then fails: collect raises ``RemoteJobFailed``
-  billed at the per-image price.
+  billed at the per-image price;
+- ``[[OUTPUT:kind]]``: every download of the job answers `kind` instead of its PNG:
+  ``html`` (an error page), ``truncated`` (a PNG cut short), ``gif``, ``jpeg`` or ``webp``
+  (the same picture in that format); ``[[OUTPUT:kind:n]]``: the first n downloads of the job
+  in this process do, then the PNG.
 
 Collecting a remote reference the fake never created raises ``RemoteJobFailed`` (cost 0).
 
@@ -62,6 +66,7 @@ from providers.base import (
 
 _DELAY = re.compile(r"\[\[DELAY_MS:([0-9]{1,7})\]\]")
 _TRANSIENT = re.compile(r"\[\[FAIL_TRANSIENT(?::([0-9]{1,4}))?\]\]")
+_OUTPUT = re.compile(r"\[\[OUTPUT:(html|truncated|gif|jpeg|webp)(?::([0-9]{1,4}))?\]\]")
 _log_guard = threading.Lock()
 
 
@@ -87,6 +92,22 @@ def render_png(prompt: str, seed: int, size: int = 64) -> bytes:
     out = io.BytesIO()
     image.save(out, format="PNG", optimize=False)
     return out.getvalue()
+
+
+def render_output(kind: str, png: bytes) -> tuple[bytes, str]:
+    """The body and the reply's media type a download of kind `kind` (``[[OUTPUT:kind]]``)
+    answers instead of `png`: an HTML error page, the PNG cut short, or the same picture
+    as a GIF, JPEG or WEBP."""
+    from PIL import Image
+
+    if kind == "html":
+        return b"<!DOCTYPE html><html><body><h1>502 Bad Gateway</h1></body></html>", "text/html"
+    if kind == "truncated":
+        return png[: len(png) // 2], "image/png"
+    out = io.BytesIO()
+    with Image.open(io.BytesIO(png)) as image:
+        image.convert("RGB").save(out, format=kind.upper())
+    return out.getvalue(), f"image/{kind}"
 
 
 def _env_delay_ms() -> int:
@@ -129,6 +150,7 @@ class FakeProvider(CancelsJobs):
             idempotent_create=True,
         )
         self._transient_seen: dict[str, int] = {}
+        self._downloads_seen: dict[str, int] = {}
         self._jobs: dict[str, dict[str, Any]] = {}
         self._guard = threading.Lock()
         self.submissions: list[ImageRequest] = []  # what this client received, for inspection
@@ -204,8 +226,15 @@ class FakeProvider(CancelsJobs):
         log_event("collect", remote_ref=remote_ref)
         if "[[FAIL_REMOTE]]" in job["prompt"]:
             raise RemoteJobFailed("fake remote job failed", self.capabilities.cost_per_image_minor)
-        content = render_png(job["prompt"], job["seed"])
-        return ImageResult(content, "image/png", self.capabilities.cost_per_image_minor)
+        content, media_type = render_png(job["prompt"], job["seed"]), "image/png"
+        output = _OUTPUT.search(job["prompt"])
+        if output is not None:
+            with self._guard:
+                seen = self._downloads_seen.get(remote_ref, 0) + 1
+                self._downloads_seen[remote_ref] = seen
+            if output[2] is None or seen <= int(output[2]):
+                content, media_type = render_output(output[1], content)
+        return ImageResult(content, media_type, self.capabilities.cost_per_image_minor)
 
     def lookup(self, client_reference: str, request: ImageRequest | None = None) -> str | None:
         log_event("lookup", client_reference=client_reference)

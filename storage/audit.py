@@ -51,7 +51,8 @@ class ItemRecord:
     part: int
     candidate: int | None
     state: str
-    output_path: str | None
+    output_key: str | None
+    output_path: str | None  # a legacy row's absolute file
     output_sha256: str | None
     lease_expires_at: datetime | None
 

@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, Table, exists, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
+from core.media import StoredMedia
 from core.records import EpisodeImage
 from core.runs import Claim, Item, Submission
 from core.states import ItemState, SubmissionState
@@ -134,12 +135,16 @@ class LedgerStore:
         claim: Claim,
         submission_pk: int,
         episode_pk: int,
-        output_path: str,
-        sha256: str,
+        image: StoredMedia,
         cost_minor: int,
         currency: str,
     ) -> bool:
         """Outcome, cost and item completion in one guarded transaction.
+
+        `image` is what the media store verifiably holds (`MediaStore.put_image`): the item
+        records its key, sha256, size and media type, never a machine path. The caller
+        stores and verifies the bytes first; a completion is never written for an image the
+        store does not hold.
 
         False (and nothing written) when the claim was taken over or the submission already
         has an outcome: the new holder finishes the item, and the cost is counted once.
@@ -155,8 +160,10 @@ class LedgerStore:
                     {
                         "b_item": claim.item.pk,
                         "b_owner": claim.owner,
-                        "b_path": output_path,
-                        "b_sha": sha256,
+                        "b_key": image.key,
+                        "b_sha": image.sha256,
+                        "b_size": image.size,
+                        "b_type": image.media_type,
                         "b_now": now,
                     },
                 )
@@ -167,7 +174,7 @@ class LedgerStore:
                     raise _Lost()
                 _record_cost(conn, episode_pk, submission_pk, cost_minor, currency, now)
         except _Lost:
-            return self._completed_by(claim, submission_pk, sha256)
+            return self._completed_by(claim, submission_pk, image.sha256)
         return True
 
     def _completed_by(self, claim: Claim, submission_pk: int, sha256: str) -> bool:
@@ -355,8 +362,11 @@ def completed_outputs(engine: Engine, episode_pk: int) -> list[EpisodeImage]:
                 _items.c.part,
                 _items.c.candidate,
                 _items.c.position,
-                _items.c.output_path,
+                _items.c.output_key,
                 _items.c.output_sha256,
+                _items.c.output_size,
+                _items.c.output_media_type,
+                _items.c.output_path,
                 _subs.c.remote_ref,
                 _costs.c.amount_minor,
                 _costs.c.currency,
@@ -376,8 +386,11 @@ def completed_outputs(engine: Engine, episode_pk: int) -> list[EpisodeImage]:
             part=row.part,
             candidate=row.candidate,
             position=row.position,
-            path=row.output_path,
+            key=row.output_key,
             sha256=row.output_sha256,
+            size=row.output_size,
+            media_type=row.output_media_type,
+            legacy_path=row.output_path,
             remote_ref=row.remote_ref,
             cost_minor=row.amount_minor,
             currency=row.currency,

@@ -159,8 +159,14 @@ class ItemRow(Base):
     state: Mapped[str] = mapped_column(String(16))
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     error_text: Mapped[str | None] = mapped_column(String(2000))
-    output_path: Mapped[str | None] = mapped_column(String(1024))
+    # The image as the media store keeps it: a store-relative content key, never a machine
+    # path, with its sha256 (hex), size (bytes) and media type (proven from the bytes).
+    output_key: Mapped[str | None] = mapped_column(String(1024))
     output_sha256: Mapped[str | None] = mapped_column(String(64))
+    output_size: Mapped[int | None] = mapped_column(BigInteger)
+    output_media_type: Mapped[str | None] = mapped_column(String(64))
+    # The absolute path of an image written before the media store (legacy rows only).
+    output_path: Mapped[str | None] = mapped_column(String(1024))
     force_resubmit: Mapped[bool] = mapped_column(default=False)
     # The claim (DESIGN 5): only the holder may submit; liveness is "lease not expired".
     claim_owner: Mapped[str | None] = mapped_column(String(64), index=True)
@@ -266,8 +272,11 @@ class EpisodeMediaRow(Base):
         BigInteger, ForeignKey("episodes.id", ondelete="RESTRICT")
     )
     kind: Mapped[str] = mapped_column(String(32))
-    path: Mapped[str] = mapped_column(String(1024))
+    key: Mapped[str | None] = mapped_column(String(1024))  # in the media store
     sha256: Mapped[str] = mapped_column(String(64))
+    size: Mapped[int | None] = mapped_column(BigInteger)  # bytes
+    media_type: Mapped[str | None] = mapped_column(String(64))
+    path: Mapped[str | None] = mapped_column(String(1024))  # legacy rows: absolute path
     recorded_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 

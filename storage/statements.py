@@ -199,9 +199,12 @@ TAKE_ITEM_AND_COUNT = DriverSQL(
 )
 
 # item: running -> completed
+# The image is the media store's verified object (its key, sha256, size and media type);
+# a completed item never records a machine path.
 COMPLETE_ITEM = DriverSQL(
-    "UPDATE items SET state = 'completed', error_text = NULL, output_path = :b_path, "
-    "output_sha256 = :b_sha, lease_expires_at = NULL, finished_at = :b_now "
+    "UPDATE items SET state = 'completed', error_text = NULL, output_key = :b_key, "
+    "output_sha256 = :b_sha, output_size = :b_size, output_media_type = :b_type, "
+    "output_path = NULL, lease_expires_at = NULL, finished_at = :b_now "
     "WHERE id = :b_item AND claim_owner = :b_owner AND state = 'running'"
 )
 

@@ -78,6 +78,38 @@ def provider_log() -> list[dict[str, Any]]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line]
 
 
+def stored_image(key: str) -> bytes:
+    """The bytes the media store of this environment's settings holds under `key`."""
+    from storage.media import MediaStore
+
+    return MediaStore.from_settings(load_settings()).read(key)
+
+
+def image_keys(engine: Engine) -> list[tuple[str, str, int, str]]:
+    """(key, sha256, size, media type) of every completed item's image, checked: the row
+    records no machine path, and the store holds exactly those bytes under the key."""
+    import hashlib
+
+    from sqlalchemy import text
+
+    from core.media import content_key
+
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT output_key, output_sha256, output_size, output_media_type, output_path "
+                "FROM items WHERE state = 'completed' ORDER BY id"
+            )
+        ).all()
+    found = []
+    for key, sha, size, media_type, path in rows:
+        assert path is None and key == content_key(sha, media_type)
+        held = stored_image(key)
+        assert len(held) == size and hashlib.sha256(held).hexdigest() == sha
+        found.append((str(key), str(sha), int(size), str(media_type)))
+    return found
+
+
 def submissions_per_item() -> Counter[str]:
     return Counter(e["item_id"] for e in provider_log() if e["event"] == "submit")
 

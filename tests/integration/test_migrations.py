@@ -126,3 +126,104 @@ def test_downgrade_from_0012_drops_the_installation_and_upgrade_makes_it_again(
     assert current_revision(empty_engine) == HEAD_REVISION
     ((_one, after),) = _installation_rows(empty_engine)
     assert ID.fullmatch(after) and after != before  # a new installation; rows keep their refs
+
+
+# ------------------------------------------------------------ 0013: media store keys
+def _columns(engine: Engine, table: str) -> dict[str, bool]:
+    return {c["name"]: bool(c["nullable"]) for c in inspect(engine).get_columns(table)}
+
+
+def _downgrade(engine: Engine, revision: str) -> None:
+    from alembic import command
+
+    config = alembic_config()
+    with engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.downgrade(config, revision)
+
+
+def _legacy_rows(engine: Engine) -> None:
+    """An episode with one completed item and its cover as written before the store: an
+    absolute path each, no key."""
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO episodes (id, pipeline, week_id, sequence, episode_id, state, "
+                "allocation_key, created_at, updated_at) VALUES (1, 'default', '2026-W30', 1, "
+                "'2026-W30-01', 'assembled', 'k', '2026-01-01', '2026-01-01')"
+            )
+        )
+        conn.execute(
+            text(
+                "INSERT INTO items (id, episode_pk, idempotency_key, position, video_id, part, "
+                "prompt, seed, state, attempts, output_path, output_sha256, force_resubmit, "
+                "created_at) VALUES (1, 1, 'key1', 1, 'v01', 1, 'p', 1, 'completed', 1, "
+                f"'/old/v01.png', '{'a' * 64}', false, '2026-01-01')"
+            )
+        )
+        conn.execute(
+            text(
+                "INSERT INTO episode_media (episode_pk, kind, path, sha256, recorded_at) "
+                f"VALUES (1, 'cover', '/old/cover.png', '{'b' * 64}', '2026-01-01')"
+            )
+        )
+
+
+def test_0013_adds_store_keys_and_keeps_legacy_paths_of_existing_rows(
+    empty_engine: Engine,
+) -> None:
+    from alembic import command
+
+    config = alembic_config()
+    with empty_engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.upgrade(config, "0012")
+    assert "output_key" not in _columns(empty_engine, "items")
+    assert _columns(empty_engine, "episode_media")["path"] is False
+    _legacy_rows(empty_engine)
+    upgrade(empty_engine)
+    items = _columns(empty_engine, "items")
+    media = _columns(empty_engine, "episode_media")
+    for name in ("output_key", "output_size", "output_media_type", "output_path"):
+        assert items[name] is True
+    for name in ("key", "size", "media_type", "path"):
+        assert media[name] is True
+    with empty_engine.connect() as conn:
+        item = conn.execute(text("SELECT output_key, output_path, output_sha256 FROM items")).one()
+        cover = conn.execute(text("SELECT key, path, sha256 FROM episode_media")).one()
+    assert tuple(item) == (None, "/old/v01.png", "a" * 64)
+    assert tuple(cover) == (None, "/old/cover.png", "b" * 64)
+    with empty_engine.begin() as conn:  # a row of the store: a key, and no path
+        conn.execute(
+            text(
+                "INSERT INTO episode_media (episode_pk, kind, key, size, media_type, sha256, "
+                f"recorded_at) VALUES (1, 'manifest', 'sha256/cc/x.json', 10, "
+                f"'application/json', '{'c' * 64}', '2026-01-01')"
+            )
+        )
+
+
+def test_downgrade_from_0013_refuses_while_a_row_has_only_a_key_and_drops_the_columns_else(
+    empty_engine: Engine,
+) -> None:
+    upgrade(empty_engine)
+    _legacy_rows(empty_engine)
+    with empty_engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE items SET output_key = 'sha256/aa/x.png', output_size = 5, "
+                "output_media_type = 'image/png', output_path = NULL"
+            )
+        )
+    with pytest.raises(RuntimeError, match="downgrading below 0013 would lose"):
+        _downgrade(empty_engine, "0012")
+    assert current_revision(empty_engine) == HEAD_REVISION
+    with empty_engine.begin() as conn:
+        conn.execute(text("UPDATE items SET output_path = '/old/v01.png'"))
+    _downgrade(empty_engine, "0012")
+    assert current_revision(empty_engine) == "0012"
+    assert "output_key" not in _columns(empty_engine, "items")
+    assert "key" not in _columns(empty_engine, "episode_media")
+    assert _columns(empty_engine, "episode_media")["path"] is False
+    with empty_engine.connect() as conn:
+        assert conn.execute(text("SELECT output_path FROM items")).scalar_one() == "/old/v01.png"

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 from sqlalchemy import Engine, text
 
+from core.media import StoredMedia, content_key
 from core.runs import Claim
 from core.states import RunState
 from storage.base import utcnow
@@ -151,9 +152,8 @@ def test_claims_and_paid_calls_never_make_a_second_job(engine: Engine, tmp_path:
                 ).scalar_one_or_none()
             if state != "accepted":
                 return
-            self.ledger.complete(
-                claim, claim.submission.pk, self.episode_pk, "/tmp/x.png", "0" * 64, 4, "USD"
-            )
+            image = StoredMedia(content_key("0" * 64, "image/png"), "0" * 64, 1, "image/png")
+            self.ledger.complete(claim, claim.submission.pk, self.episode_pk, image, 4, "USD")
             del self.held[key]
             self.sent.discard(key)
 

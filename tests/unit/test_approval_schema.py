@@ -60,7 +60,9 @@ def test_bad_answers_are_refused_before_resuming_in_words(
 
 def test_the_hero_form_keeps_the_rules() -> None:
     outputs = [
-        EpisodeImage(f"k{n}", "v01", 0, n, 1, f"/img/c{n}.png", "0" * 64, f"r{n}", 4, "USD")
+        EpisodeImage(
+            f"k{n}", "v01", 0, n, 1, None, "0" * 64, None, None, f"/img/c{n}.png", f"r{n}", 4, "USD"
+        )
         for n in (1, 2)
     ]
     schema = approval_input_for(outputs).model_json_schema()
