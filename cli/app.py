@@ -22,6 +22,7 @@ from cli import (
     generate,
     legacy,
     maintenance,
+    media,
     pipelines,
     prefect_setup,
     providers,
@@ -61,6 +62,7 @@ app.add_typer(db.app, name="db")
 app.add_typer(pipelines.app, name="pipelines")
 app.add_typer(providers.app, name="providers")
 app.add_typer(prefect_setup.app, name="prefect")
+app.add_typer(media.app, name="media")
 
 
 def main(argv: list[str] | None = None) -> None:
