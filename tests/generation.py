@@ -85,6 +85,14 @@ def stored_image(key: str) -> bytes:
     return MediaStore.from_settings(load_settings()).read(key)
 
 
+def store_file(key: str) -> Path:
+    """The file under which this environment's local media store keeps `key`."""
+    from storage.media import MediaStore
+
+    root = Path(MediaStore.from_settings(load_settings()).describe())
+    return root.joinpath(*key.split("/"))
+
+
 def image_keys(engine: Engine) -> list[tuple[str, str, int, str]]:
     """(key, sha256, size, media type) of every completed item's image, checked: the row
     records no machine path, and the store holds exactly those bytes under the key."""

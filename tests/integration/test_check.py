@@ -17,7 +17,7 @@ from pipeline.check import check_episodes
 from storage.admission import DedupPolicy
 from storage.engine import make_engine
 from storage.models import CostEntryRow, EpisodeRow, ItemRow
-from tests.generation import Episode, new_episode, write_playlist
+from tests.generation import Episode, new_episode, store_file, write_playlist
 
 
 @pytest.fixture
@@ -77,9 +77,9 @@ def test_clean_data_passes_read_only_and_nothing_is_written(
 
 def test_tampered_and_missing_files_are_found(assembled: Episode) -> None:
     with assembled.engine.connect() as conn:
-        first, second = conn.execute(select(ItemRow.output_path).order_by(ItemRow.id)).scalars()
-    Path(first).write_bytes(b"not the image we paid for")
-    Path(second).unlink()
+        first, second = conn.execute(select(ItemRow.output_key).order_by(ItemRow.id)).scalars()
+    store_file(first).write_bytes(b"not the image we paid for")  # behind the store's back
+    store_file(second).unlink()
     (load_settings().episodes_path / assembled.episode_id / "cover.png").write_bytes(b"x")
     findings = check_episodes(assembled.engine, "weekly")
     details = [f"{f.check}: {f.detail}" for f in findings]
@@ -147,7 +147,14 @@ def test_check_while_generations_run_reports_nothing(
     episode = new_episode(engine)
     episode.plan(write_playlist(tmp_path / "pl", [f"live {n}" for n in range(40)]))
     episodic = str(Path(sys.executable).parent / "episodic")
-    env = {**os.environ, "EPISODIC_FAKE_DELAY_MS": "100", "EPISODIC_HOME": str(tmp_path / "h")}
+    media = Path(load_settings().media_store_url)  # one store, as machines share a bucket
+    media.mkdir(parents=True, exist_ok=True)
+    env = {
+        **os.environ,
+        "EPISODIC_FAKE_DELAY_MS": "100",
+        "EPISODIC_HOME": str(tmp_path / "h"),
+        "EPISODIC_MEDIA_URL": str(media),
+    }
     runs = [
         subprocess.Popen(
             [episodic, "generate", episode.episode_id, "--concurrency", "8", *extra],

@@ -16,7 +16,7 @@ from pipeline.approval import decide, reopen
 from pipeline.assembly import assemble
 from pipeline.check import check_episodes
 from storage.models import EpisodePlanRow, EpisodeRow
-from tests.generation import Episode, jobs_per_key, new_episode, write_playlist
+from tests.generation import Episode, jobs_per_key, new_episode, store_file, write_playlist
 
 
 @pytest.fixture(autouse=True)
@@ -108,8 +108,8 @@ def test_assembly_refuses_images_that_are_not_the_approved_ones(
     _approve(episode)
     with engine.begin() as conn:  # the ledger now claims another image for one item
         first = conn.execute(select(ItemRow.id).order_by(ItemRow.id).limit(1)).scalar_one()
-        path = conn.execute(select(ItemRow.output_path).where(ItemRow.id == first)).scalar_one()
-        Path(path).write_bytes(b"another image")
+        key = conn.execute(select(ItemRow.output_key).where(ItemRow.id == first)).scalar_one()
+        store_file(key).write_bytes(b"another image")
         import hashlib
 
         conn.execute(

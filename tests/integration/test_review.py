@@ -20,7 +20,7 @@ from storage.models import (
     ItemRow,
     SubmissionRow,
 )
-from tests.generation import Episode, new_episode, write_playlist
+from tests.generation import Episode, new_episode, store_file, write_playlist
 
 TABLES = (ApprovalRow, CostEntryRow, EpisodeEventRow, EpisodeMediaRow, ItemRow, SubmissionRow)
 
@@ -131,7 +131,7 @@ def test_assembly_is_deterministic_and_reassembly_changes_nothing(generated: Epi
 def test_assembly_refuses_images_that_are_not_what_was_paid_for(generated: Episode) -> None:
     decide(generated.engine, "weekly", generated.episode_id, approve=True, by="ann", note=None)
     with generated.engine.connect() as conn:
-        path = Path(conn.execute(select(ItemRow.output_path).limit(1)).scalar_one())
+        path = store_file(conn.execute(select(ItemRow.output_key).limit(1)).scalar_one())
     path.write_bytes(b"tampered")
     with pytest.raises(ImageNotAsPaid, match=r"v0.* does not match the sha256 recorded"):
         assemble(generated.engine, load_settings(), "weekly", generated.episode_id)

@@ -14,8 +14,9 @@ and never an absolute path.
 `items.output_path` and `episode_media.path` stay as the absolute path of rows written
 before the store (a later import copies those files into the store and clears them), so
 `episode_media.path` becomes nullable. Every new column is nullable: existing rows have no
-key until they are imported. Downgrade drops the new columns; it refuses while a row has a
-key and no legacy path (its image would be unreachable in the older schema).
+key until they are imported. Downgrade drops the new columns (a development tool: an image
+recorded only by its key keeps its bytes in the store, but its row no longer names them)
+and fails while an episode's media row has no path (the older schema requires one).
 """
 
 from __future__ import annotations
@@ -30,10 +31,11 @@ depends_on = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("items", schema=None) as batch_op:
-        batch_op.add_column(sa.Column("output_key", sa.String(length=1024), nullable=True))
-        batch_op.add_column(sa.Column("output_size", sa.BigInteger(), nullable=True))
-        batch_op.add_column(sa.Column("output_media_type", sa.String(length=64), nullable=True))
+    # In place on both backends (SQLite adds and, from 3.35, drops columns itself): a batch
+    # copy of `items` would drop a table that submissions reference.
+    op.add_column("items", sa.Column("output_key", sa.String(length=1024), nullable=True))
+    op.add_column("items", sa.Column("output_size", sa.BigInteger(), nullable=True))
+    op.add_column("items", sa.Column("output_media_type", sa.String(length=64), nullable=True))
     with op.batch_alter_table("episode_media", schema=None) as batch_op:
         batch_op.add_column(sa.Column("key", sa.String(length=1024), nullable=True))
         batch_op.add_column(sa.Column("size", sa.BigInteger(), nullable=True))
@@ -42,25 +44,11 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    bind = op.get_bind()
-    unreachable = bind.execute(
-        sa.text(
-            "SELECT (SELECT count(*) FROM items WHERE output_key IS NOT NULL "
-            "AND output_path IS NULL) + (SELECT count(*) FROM episode_media "
-            "WHERE path IS NULL)"
-        )
-    ).scalar_one()
-    if unreachable:
-        raise RuntimeError(
-            f"{unreachable} images or episode media are recorded only by their media store "
-            "key; downgrading below 0013 would lose where they are"
-        )
     with op.batch_alter_table("episode_media", schema=None) as batch_op:
         batch_op.alter_column("path", existing_type=sa.String(length=1024), nullable=False)
         batch_op.drop_column("media_type")
         batch_op.drop_column("size")
         batch_op.drop_column("key")
-    with op.batch_alter_table("items", schema=None) as batch_op:
-        batch_op.drop_column("output_media_type")
-        batch_op.drop_column("output_size")
-        batch_op.drop_column("output_key")
+    op.drop_column("items", "output_media_type")
+    op.drop_column("items", "output_size")
+    op.drop_column("items", "output_key")
