@@ -175,3 +175,36 @@ def test_an_episodes_legacy_cover_and_manifest_are_imported(
         assert key == content_key(sha, wanted_type) and size == legacy.stat().st_size
         assert media.read(key) == legacy.read_bytes()
     assert import_legacy_media(engine, load_settings()).files == []
+
+
+def test_restore_imports_legacy_files_still_here_and_collects_the_lost_one_again(
+    engine: Engine,
+    store: Store,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """A legacy row whose file this machine no longer has (it was on the machine that
+    paid) is collected again from its job by `media restore`; the others are imported from
+    their files. No job is made."""
+    from pipeline.gate import EnvironmentCredentials
+    from pipeline.restore import restore
+
+    episode = new_episode(engine)
+    episode.plan(write_playlist(tmp_path / "p", ["a", "b", "c"]))
+    episode.generate()
+    files = _make_legacy(episode, store, tmp_path / "old")
+    files[1].unlink()
+    jobs_before = jobs_per_key()
+
+    report = restore(
+        engine, load_settings(), "weekly", episode.episode_id, EnvironmentCredentials()
+    )
+
+    assert [(i.item_id, i.status) for i in report.items] == [
+        ("v01.p1", "imported"),
+        ("v02.p1", "restored"),
+        ("v03.p1", "imported"),
+    ]
+    assert report.collected == 1 and jobs_per_key() == jobs_before
+    assert len(image_keys(engine)) == 3  # every row a key, no path; the store holds each
+    assert import_legacy_media(engine, load_settings()).files == []
+    assert check_episodes(engine, "weekly", episode.episode_id) == []
