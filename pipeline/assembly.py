@@ -70,9 +70,10 @@ def assemble(
             ) from None
     shipped = [o for o in outputs if o.candidate in (None, picks.get(o.video_id))]
     folder = settings.episode_folder(gate.pipeline, gate.episode_id)
-    cover = _cover([image_file(o, settings) for o in shipped])
+    files = {o.idempotency_key: image_file(o, settings) for o in shipped}
+    cover = _cover([files[o.idempotency_key] for o in shipped])
     cover_sha = write_atomically(folder / "cover.png", cover)
-    manifest = _manifest(gate.episode_id, shipped, folder, cover_sha, heroes, picks)
+    manifest = _manifest(gate.episode_id, shipped, files, folder, cover_sha, heroes, picks)
     manifest_sha = write_atomically(folder / "manifest.json", manifest)
     media = {
         "cover": (str(folder / "cover.png"), cover_sha),
@@ -117,6 +118,7 @@ def _cover(paths: list[Path]) -> bytes:
 def _manifest(
     episode_id: str,
     shipped: list[EpisodeImage],
+    files: dict[str, Path],
     folder: Path,
     cover_sha: str,
     heroes: dict[str, list[EpisodeImage]],
@@ -124,20 +126,19 @@ def _manifest(
 ) -> bytes:
     """Canonical JSON, paths relative to the episode folder, no timestamps: deterministic.
 
-    `items`: the images that ship (a hero video's picked candidate among them). With hero
-    runs, `heroes` records each hero video's pick and every candidate's key, sha256 and
-    cost, and `total_cost_minor` counts every paid candidate, picked or not."""
+    `files`: each shipped image's file on this machine, by item key (`image_file`); an
+    image of the media store also names its ``key``. `items`: the images that ship (a hero
+    video's picked candidate among them). With hero runs, `heroes` records each hero
+    video's pick and every candidate's key, sha256 and cost, and `total_cost_minor` counts
+    every paid candidate, picked or not."""
     items = []
     for o in shipped:
         item: dict[str, Any] = {
             "item_id": o.item_id,
             "idempotency_key": o.idempotency_key,
-            # the media store key; a legacy image's file, relative to the episode folder
-            **(
-                {"key": o.key}
-                if o.key is not None
-                else {"path": os.path.relpath(o.legacy_path or "", folder)}
-            ),
+            # its file here, relative to the episode folder (`image_file`)
+            "path": os.path.relpath(files[o.idempotency_key], folder),
+            **({"key": o.key} if o.key is not None else {}),  # in the media store
             "sha256": o.sha256,
             "remote_ref": o.remote_ref,
             "cost_minor": o.cost_minor,

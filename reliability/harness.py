@@ -223,7 +223,7 @@ def recover_and_check(
     )
     check = subprocess.run([EPISODIC, "check", episode_id], env=env, capture_output=True, text=True)
     jobs = jobs_per_item(home)
-    unfinished, stuck, lost = leftovers(engine, episode_id)
+    unfinished, stuck, lost = leftovers(engine, episode_id, media_root=home / "media")
     paid_once = len(jobs) == items and set(jobs.values()) == {1}
     forensics = home / "forensics.txt"
     if (

@@ -88,12 +88,19 @@ def jobs_per_item(home: Path) -> Counter[str]:
 
 
 def leftovers(
-    engine: Engine, episode_id: str, *, unknown_is_stuck: bool = True
+    engine: Engine,
+    episode_id: str,
+    *,
+    unknown_is_stuck: bool = True,
+    media_root: Path | None = None,
 ) -> tuple[int, int, int]:
     """(items not completed, runs/items/submissions left running or open, completed items
     whose image is missing or no longer matches its recorded SHA-256) of an episode. With
     `unknown_is_stuck` False, a submission left "acceptance unknown" for an operator (by
-    design, for a provider that can only look jobs up) is not counted as stuck."""
+    design, for a provider that can only look jobs up) is not counted as stuck.
+    `media_root`: the local media store folder the images' keys are read in (default: this
+    environment's store, `EPISODIC_MEDIA_URL` or ``$EPISODIC_HOME/media``); the file is
+    read here directly, not through the store's code."""
     open_states = (
         "('intent', 'unknown', 'accepted')" if unknown_is_stuck else "('intent', 'accepted')"
     )
@@ -116,12 +123,20 @@ def leftovers(
         ).scalar_one()
         outputs = conn.execute(
             text(
-                "SELECT output_path, output_sha256 FROM items WHERE episode_pk = :p AND "
-                "state = 'completed'"
+                "SELECT output_key, output_path, output_sha256 FROM items WHERE "
+                "episode_pk = :p AND state = 'completed'"
             ),
             {"p": pk},
         ).all()
-    lost = sum(1 for path, sha in outputs if sha256_of(path) != sha)
+    if media_root is None:
+        from core.settings import load_settings
+
+        media_root = Path(load_settings().media_store_url)
+    lost = sum(
+        1
+        for key, path, sha in outputs
+        if sha256_of(str(media_root.joinpath(*key.split("/"))) if key else path) != sha
+    )
     return int(unfinished), int(stuck), lost
 
 

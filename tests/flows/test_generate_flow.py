@@ -639,6 +639,27 @@ def test_a_result_storage_block_that_does_not_load_fails_the_run_in_one_line_bef
     assert [e for e in provider_log() if e["event"] == "job_created"] == []
 
 
+def test_a_media_store_that_cannot_be_written_fails_the_flow_in_one_line_before_any_client(
+    harness: str, episode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The generate flow probes the media store after the episode gate and before the
+    provider is built: no client (so no credential read), no job, no run."""
+    missing = tmp_path / "no-such-media"
+    monkeypatch.setenv("EPISODIC_MEDIA_URL", str(missing))
+    plan(harness, episode, tmp_path / "p", ["a", "b"])
+    state = generate_episode(episode_id=episode, return_state=True)
+    assert state.is_failed()
+    message = str(state.message)
+    assert f"media store {missing}: no such folder" in message, message
+    assert provider_log() == []  # not even `client_built`
+    engine = create_engine(harness)
+    with engine.connect() as conn:
+        from sqlalchemy import text
+
+        assert conn.execute(text("SELECT count(*) FROM runs")).scalar_one() == 0
+    engine.dispose()
+
+
 @pytest.mark.parametrize("prefect_path", [False, True], ids=["python-api", "flow"])
 def test_buying_a_cancelled_job_anew_keeps_to_the_per_run_cap_on_both_paths(
     harness: str, episode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, prefect_path: bool
