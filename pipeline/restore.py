@@ -125,30 +125,30 @@ def restore(
     if on_plan is not None:
         on_plan(len(images))
     stop = stop or threading.Event()
-    pending: list[RecordedImage] = []
-    for image in images:  # free: the store and this machine's legacy files
-        done = _without_provider(store, records, image)
-        if done is None:
-            pending.append(image)
-            continue
-        report.items.append(done)
-        if on_item is not None:
-            on_item(done)
-    providers = _providers(gate, settings, credentials, pending)
+    # in playlist order (an earlier plan's image of the same video and part is listed too:
+    # it was paid for, and going back to that plan finds it)
+    found: list[ItemRestore | None] = [None] * len(images)
+    for n, image in enumerate(images):  # free: the store and this machine's legacy files
+        free = found[n] = _without_provider(store, records, image)
+        if free is not None and on_item is not None:
+            on_item(free)
+    pending = [n for n, done in enumerate(found) if done is None]
+    providers = _providers(gate, settings, credentials, [images[n] for n in pending])
     try:
-        for image in pending:
+        for n in pending:
             if stop.is_set():
                 raise Stopped()
-            outcome = _from_provider(store, records, providers, image, collect_timeout_s, stop)
-            report.collected += outcome[1]
-            report.items.append(outcome[0])
+            done, downloads = _from_provider(
+                store, records, providers, images[n], collect_timeout_s, stop
+            )
+            report.collected += downloads
+            found[n] = done
             if on_item is not None:
-                on_item(outcome[0])
+                on_item(done)
     finally:
         for provider in providers.values():
             provider.close()
-    order = {image.item_id: n for n, image in enumerate(images)}
-    report.items.sort(key=lambda item: order[item.item_id])
+    report.items = [done for done in found if done is not None]
     return report
 
 
