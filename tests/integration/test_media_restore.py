@@ -204,3 +204,17 @@ def test_over_http_a_job_no_longer_served_or_serving_other_bytes_is_reported_not
     assert _rows(episode.engine) == rows_before  # nothing rewritten
     assert not store.exists(keys[0]) and not store.exists(keys[1]) and store.exists(keys[2])
     assert hashlib.sha256(store.read(keys[2])).hexdigest() == rows_before[2][1]
+
+
+def test_when_every_image_is_present_no_credential_is_read_and_the_provider_is_not_asked(
+    http_episode: tuple[Episode, PredictionsServer],
+) -> None:
+    class Refuse:
+        def read(self, profile: Profile) -> str:
+            raise AssertionError("a credential was read")
+
+    episode, server = http_episode
+    requests_before = len(server.requests)
+    report = restore(episode.engine, load_settings(), "weekly", episode.episode_id, Refuse())
+    assert {i.status for i in report.items} == {"present"} and report.collected == 0
+    assert len(server.requests) == requests_before
