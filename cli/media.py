@@ -1,8 +1,9 @@
 """`episodic media restore|import`: what was paid for is put back in the media store, free.
 
 Exit codes: 0 every image (or legacy file) is in the store; 1 some are not (each listed
-with why); 2 refused before anything was written (a malformed id, a store that cannot be
-written, a provider profile or credential); 5 no such episode; 130 interrupted.
+with why); 2 refused (a malformed id or a store that cannot be written: before anything is
+written; a provider profile or credential: before any provider call); 5 no such episode;
+130 interrupted.
 """
 
 from __future__ import annotations

@@ -113,10 +113,12 @@ def restore(
     """Bring every completed image of the episode back into the media store without paying
     (module docstring). `on_plan(n)`: n images to look at; `on_item` after each.
 
-    Errors, before anything is written: `InvalidInput` (a malformed id, exit 2),
+    Errors before anything is written: `InvalidInput` (a malformed id, exit 2),
     `EpisodeNotFound` (5), `MediaStoreMisconfigured` / `CommandNotAllowed` (the store
-    cannot be written, 2), `ProviderConfigError` (a profile or credential, 2). An interrupt
-    (`stop`) raises `Stopped` after the item in hand."""
+    cannot be written, 2). `ProviderConfigError` (a profile or credential, 2) comes after
+    the free part (images put back from this machine's legacy files stay put back) and
+    before any provider call. An interrupt (`stop`) raises `Stopped` after the item in
+    hand."""
     gate = open_gate(engine, pipeline, episode_id, "restore")
     store = writable_store(settings)
     records = MediaRecords(engine)
