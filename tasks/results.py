@@ -70,13 +70,21 @@ def result_storage(settings: Settings) -> str | Path:
 
 def ensure_result_storage(settings: Settings) -> str:
     """`episodic prefect setup`'s part: with a remote media store and no
-    EPISODIC_RESULT_STORAGE, save (or update) its `RemoteFileSystem` block; then check that
-    the storage loads (`check_result_storage`). Idempotent. Returns the description."""
+    EPISODIC_RESULT_STORAGE, save its `RemoteFileSystem` block unless one on the same
+    basepath is there (kept as it is, with any options set on it); then check that the
+    storage loads (`check_result_storage`). Idempotent. Returns the description."""
     shared = None if settings.result_storage else media_results(settings)
     if shared is not None:
+        from prefect.blocks.core import Block
         from prefect.filesystems import RemoteFileSystem
 
-        RemoteFileSystem(basepath=shared.basepath).save(shared.name, overwrite=True)
+        try:
+            existing = Block.load(shared.slug)
+        except (ValueError, ObjectNotFound):
+            existing = None
+        # a block already on this basepath is kept as it is (options set on it stay)
+        if not isinstance(existing, RemoteFileSystem) or existing.basepath != shared.basepath:
+            RemoteFileSystem(basepath=shared.basepath).save(shared.name, overwrite=True)
     return check_result_storage(settings)
 
 

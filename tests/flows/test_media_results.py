@@ -68,8 +68,16 @@ def test_setup_saves_the_media_stores_result_block_idempotently(
     block = Block.load(shared.slug)
     assert isinstance(block, RemoteFileSystem) and block.basepath == shared.basepath
     assert block.settings == {}  # no credential in the block: s3fs reads the AWS variables
-    assert prefect_setup() == first  # again: the same block, updated in place
+    assert prefect_setup() == first  # again: the same block, as it was
     assert Block.load(shared.slug)._block_document_id == block._block_document_id
+    RemoteFileSystem(basepath=shared.basepath, settings={"anon": False}).save(
+        shared.name, overwrite=True
+    )  # an option set on the block by its owner stays
+    assert prefect_setup() == first
+    assert Block.load(shared.slug).settings == {"anon": False}
+    RemoteFileSystem(basepath="s3://elsewhere/x").save(shared.name, overwrite=True)
+    prefect_setup()  # a block on another basepath is put right
+    assert Block.load(shared.slug).basepath == shared.basepath
     assert result_storage(load_settings()) == shared.slug
 
 
