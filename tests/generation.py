@@ -93,6 +93,32 @@ def store_file(key: str) -> Path:
     return root.joinpath(*key.split("/"))
 
 
+def stored_image_file(
+    url: str, home: Path, video_id: str, part: int = 1, candidate: int | None = None
+) -> Path:
+    """The file of the completed image of `video_id`'s `part` (or hero `candidate`, part 0)
+    in the default local media store of `home` (``home/media``), by the key the database
+    at `url` records."""
+    from sqlalchemy import text
+
+    from storage.engine import make_engine
+
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            key = conn.execute(
+                text(
+                    "SELECT output_key FROM items WHERE state = 'completed' AND video_id = :v "
+                    "AND part = :p AND coalesce(candidate, 0) = :c ORDER BY id DESC"
+                ),
+                {"v": video_id, "p": 0 if candidate else part, "c": candidate or 0},
+            ).first()
+    finally:
+        engine.dispose()
+    assert key is not None and key[0], f"no stored image of {video_id}"
+    return home.joinpath("media", *str(key[0]).split("/"))
+
+
 def image_keys(engine: Engine) -> list[tuple[str, str, int, str]]:
     """(key, sha256, size, media type) of every completed item's image, checked: the row
     records no machine path, and the store holds exactly those bytes under the key."""

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.generation import write_playlist
+from tests.generation import stored_image_file, write_playlist
 
 Cli = Callable[..., subprocess.CompletedProcess[str]]
 pytestmark = pytest.mark.e2e
@@ -80,7 +80,7 @@ def test_check_exit_codes(cli: Cli, tmp_path: Path) -> None:
     assert cli("check", env=env).returncode == 2  # neither an id nor --all
     assert cli("check", "--all", env=env).stdout.strip() == "clean"
     assert cli("check", "2026-W32-4", env=env).returncode == 5
-    [image] = (tmp_path / "h" / "episodes" / "2026-W32-0" / "images").glob("v01.p1.*.png")
+    image = stored_image_file(f"sqlite:///{tmp_path / 'h' / 'episodic.db'}", tmp_path / "h", "v01")
     image.write_bytes(b"tampered")
     result = cli("check", "2026-W32-0", "--json", env=env)
     assert result.returncode == 1
@@ -115,7 +115,7 @@ def test_assemble_of_an_image_tampered_after_approval_is_refused_in_one_line(
     ):
         assert cli(*step).returncode == 0, step
     folder = tmp_path / "home" / "episodes" / "2026-W32-0"
-    [image] = (folder / "images").glob("v02.p1.*.png")
+    image = stored_image_file(database_url, tmp_path / "home", "v02")
     original = image.read_bytes()
     image.write_bytes(original + b"tampered")
     refused = cli("assemble", "2026-W32-0")
