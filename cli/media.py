@@ -115,6 +115,15 @@ def restore(
             f"episode {report.episode_id} in {report.store}: {counts or 'no completed images'}"
             f"; {verdict}; {report.collected} downloads from recorded jobs, 0 paid calls"
         )
+        lost = report.not_served_cost()
+        if lost:
+            from core.money import format_minor
+
+            priced = " + ".join(format_minor(minor, cur) for cur, minor in sorted(lost.items()))
+            typer.echo(
+                f"the images not served cost {priced} when they were bought; buying them "
+                "again is not done by restore"
+            )
     raise typer.Exit(0 if report.complete else 1)
 
 

@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Literal
+from typing import Literal, overload
 
 from core.errors import MediaStoreError, NotAnImage
 from core.media import ProvenImage
@@ -52,12 +52,15 @@ DEFAULT_COLLECT_TIMEOUT_S = 60.0
 @dataclass(frozen=True)
 class ItemRestore:
     """What happened to one completed image (`Status`, the module docstring), its store key
-    when it is in the store, and a one-line detail."""
+    when it is in the store, a one-line detail, and what its paid call cost (``cost_minor``
+    in minor units of ``currency``: what buying it again would cost at the same price)."""
 
     item_id: str
     status: Status
     key: str | None
     detail: str = ""
+    cost_minor: int = 0
+    currency: str = "USD"
 
 
 @dataclass
@@ -82,6 +85,15 @@ class RestoreReport:
             found[item.status] = found.get(item.status, 0) + 1
         return found
 
+    def not_served_cost(self) -> dict[str, int]:
+        """What the images the provider no longer serves cost when they were bought, per
+        currency (minor units): the price of buying them again, which restore never does."""
+        cost: dict[str, int] = {}
+        for item in self.items:
+            if item.status == "not_served":
+                cost[item.currency] = cost.get(item.currency, 0) + item.cost_minor
+        return cost
+
     def to_dict(self) -> dict[str, object]:
         return {
             "episode_id": self.episode_id,
@@ -90,6 +102,7 @@ class RestoreReport:
             "counts": self.counts(),
             "collected": self.collected,
             "paid_calls": self.paid_calls,
+            "not_served_cost_minor": self.not_served_cost(),
             "items": [asdict(item) for item in self.items],
         }
 
@@ -131,7 +144,7 @@ def restore(
     # it was paid for, and going back to that plan finds it)
     found: list[ItemRestore | None] = [None] * len(images)
     for n, image in enumerate(images):  # free: the store and this machine's legacy files
-        free = found[n] = _without_provider(store, records, image)
+        free = found[n] = _priced(_without_provider(store, records, image), image)
         if free is not None and on_item is not None:
             on_item(free)
     pending = [n for n, done in enumerate(found) if done is None]
@@ -144,7 +157,7 @@ def restore(
                 store, records, providers, images[n], collect_timeout_s, stop
             )
             report.collected += downloads
-            found[n] = done
+            found[n] = done = _priced(done, image=images[n])
             if on_item is not None:
                 on_item(done)
     finally:
@@ -152,6 +165,16 @@ def restore(
             provider.close()
     report.items = [done for done in found if done is not None]
     return report
+
+
+@overload
+def _priced(done: ItemRestore, image: RecordedImage) -> ItemRestore: ...
+@overload
+def _priced(done: None, image: RecordedImage) -> None: ...
+def _priced(done: ItemRestore | None, image: RecordedImage) -> ItemRestore | None:
+    if done is None:
+        return None
+    return replace(done, cost_minor=image.cost_minor, currency=image.currency)
 
 
 def _without_provider(
