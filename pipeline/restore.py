@@ -172,6 +172,7 @@ def _priced(done: ItemRestore, image: RecordedImage) -> ItemRestore: ...
 @overload
 def _priced(done: None, image: RecordedImage) -> None: ...
 def _priced(done: ItemRestore | None, image: RecordedImage) -> ItemRestore | None:
+    """`done` with what `image`'s paid call cost (None stays None: not decided yet)."""
     if done is None:
         return None
     return replace(done, cost_minor=image.cost_minor, currency=image.currency)
