@@ -22,6 +22,7 @@ from cli import (
     generate,
     legacy,
     maintenance,
+    media,
     pipelines,
     prefect_setup,
     providers,
@@ -63,6 +64,7 @@ app.add_typer(pipelines.app, name="pipelines")
 app.add_typer(providers.app, name="providers")
 app.add_typer(prefect_setup.app, name="prefect")
 app.add_typer(state.app, name="state")
+app.add_typer(media.app, name="media")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -25,8 +25,11 @@ def setup(
 
     Records the pipeline's timezone on first use (EPISODIC_TIMEZONE, else UTC) and refuses
     when EPISODIC_TIMEZONE disagrees with the recorded one; lists each provider profile's
-    limit (held by the database's claims); checks EPISODIC_RESULT_STORAGE loads; warns when
-    more than one deployment of the weekly flow schedules the pipeline. Uses PREFECT_API_URL.
+    limit (held by the database's claims); with a remote media store (EPISODIC_MEDIA_URL
+    s3://, gs://, az://) and no EPISODIC_RESULT_STORAGE, saves a RemoteFileSystem block on the
+    same URL under prefect-results/ for the flows' results; checks the result storage loads;
+    warns when more than one deployment of the weekly flow schedules the pipeline. Uses
+    PREFECT_API_URL.
     """
     import re
 

@@ -3,8 +3,8 @@
 Run by `episodic serve` before serving and by the `prefect deploy` build step, so neither
 path can forget a piece: the schema and the pipeline's recorded timezone (which the weekly
 schedules are generated from), the provider profiles' limits (held by the database's
-claims), the work pool for `prefect deploy`, and a check that the configured result storage
-block loads. It
+claims), the work pool for `prefect deploy`, the result storage block of a remote media
+store (`tasks.results.ensure_result_storage`), and a check that the result storage loads. It
 also refuses to let `serve` and `prefect deploy` silently take over each other's deployments,
 and warns when more than one deployment of the weekly flow schedules the pipeline (each slot
 is still one episode, paid once; but the copies are noise in the UI and a sign of a mistake).
@@ -23,7 +23,7 @@ from deployments.spec import WORK_POOL, deployment_specs, project_version, weekl
 from pipeline.pipelines import pipeline_config
 from providers.profiles import load_profiles
 from storage.registry import engine_for
-from tasks.results import check_result_storage
+from tasks.results import ensure_result_storage
 
 Mode = Literal["serve", "deploy"]
 
@@ -51,7 +51,7 @@ def prefect_setup(
     ]
     if work_pool:
         _ensure_process_pool(work_pool)
-    storage = check_result_storage(settings)  # a typo fails here, not mid-run
+    storage = ensure_result_storage(settings)  # a typo fails here, not mid-run
     if mode is not None:
         _refuse_takeover(mode, name)
     schedulers = scheduling_deployments(name, settings.pipeline)

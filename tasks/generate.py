@@ -1,11 +1,12 @@
 """`generate-item`: the Prefect task of one paid item, the same runner step as the CLI,
 cached by idempotency key.
 
-`generate_item` caches its result under ``generate-item:{idempotency key}:{ledger row}@{installation
-id}`` with results persisted in `tasks.results.result_storage` (EPISODIC_RESULT_STORAGE, else
-EPISODIC_HOME/results), so a retried or re-created flow run skips an item that already
-finished without asking the database or the provider. Only a completed item returns: any
-other outcome raises, so it is never cached.
+`generate_item` caches its result under ``generate-item-{sha256 of "{idempotency key}:{ledger
+row}@{installation id}"}`` with results persisted in `tasks.results.result_storage`
+(EPISODIC_RESULT_STORAGE, else a remote media store's block, else EPISODIC_HOME/results),
+so a retried or re-created flow run skips an item that already finished without asking the
+database or the provider. Only a completed item returns: any other outcome raises, so it is
+never cached.
 
 Items run anywhere. The flow claims each item (`storage.claims`) before its task exists (an
 item held by another run is followed by the runner, not run as a task that would fail), and
@@ -19,6 +20,7 @@ slot is taken per item.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from prefect import task
@@ -37,8 +39,13 @@ def item_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
     The ledger row (pk and creation time) is part of it too: two databases that share one
     result store (staging and production on one Prefect server, a test database per test)
     must never read each other's "already done".
+
+    The key is also the result's storage path, so it is hashed to ``{task name}-{64 hex}``:
+    Prefect's `RemoteFileSystem` (the media store's result block) reads a key that starts
+    ``generate-item:`` as a URL scheme and refuses it, and a ledger row's time has colons.
     """
-    return f"{context.task.name}:{parameters['idempotency_key']}:{parameters['ledger_ref']}"
+    identity = f"{parameters['idempotency_key']}:{parameters['ledger_ref']}"
+    return f"{context.task.name}-{hashlib.sha256(identity.encode()).hexdigest()}"
 
 
 def ledger_ref(installation: str, item: Item) -> str:

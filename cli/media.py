@@ -1,0 +1,161 @@
+"""`episodic media restore|import`: what was paid for is put back in the media store, free.
+
+Exit codes: 0 every image (or legacy file) is in the store; 1 some are not (each listed
+with why); 2 refused (a malformed id or a store that cannot be written: before anything is
+written; a provider profile or credential: before any provider call); 5 no such episode;
+130 interrupted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Annotated, Any
+
+import typer
+
+from cli import context
+from cli.options import JsonOption, PipelineOption, StrictInt
+from cli.output import emit_json, one_line
+from cli.signals import interrupts
+
+_Start = Callable[[int], None]
+_Advance = Callable[[], None]
+app = typer.Typer(
+    help="The media store: restore lost images, import legacy files.", no_args_is_help=True
+)
+
+
+@contextmanager
+def _progress(
+    as_json: bool, what: str
+) -> Iterator[tuple[Callable[[int], None], Callable[[], None]]]:
+    """(start(total), advance()) of a transient progress bar on a terminal; silent for
+    --json and for pipes."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    console = Console(stderr=True)
+    shown: list[tuple[Progress, Any]] = []
+
+    def start(total: int) -> None:
+        if as_json or not console.is_terminal or total == 0:
+            return
+        bar = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            console=console,
+            transient=True,
+        )
+        bar.start()
+        shown.append((bar, bar.add_task(what, total=total)))
+
+    def advance() -> None:
+        for bar, task in shown:
+            bar.advance(task)
+
+    try:
+        yield start, advance
+    finally:
+        for bar, _ in shown:
+            bar.stop()
+
+
+@app.command("restore")
+def restore(
+    episode_id: Annotated[str, typer.Argument(help="Episode id, e.g. 2026-W32-0 (must exist).")],
+    collect_timeout: Annotated[
+        int,
+        typer.Option(
+            click_type=StrictInt(1, 86400),
+            help="Seconds to keep trying to download one image from its provider job before "
+            "reporting it not served.",
+        ),
+    ] = 60,
+    pipeline: PipelineOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Put every completed image of EPISODE_ID back in the media store, paying nothing.
+
+    An image missing from the store, or whose bytes there are not the recorded ones, is
+    downloaded again from the provider's recorded job (no new job), proven an image and
+    stored only if its sha256 is the recorded one. Bytes that differ are refused and
+    reported (the recorded image stands); a job the provider no longer serves is reported.
+    Exit 0: every image is in the store; 1: some are not; 2: refused; 5: no such episode.
+    """
+    import threading
+
+    from pipeline.gate import EnvironmentCredentials
+    from pipeline.restore import restore as restore_episode
+
+    stop = threading.Event()
+    interrupts.on_signal(stop.set)
+    with _progress(as_json, f"restoring {episode_id}") as (start, advance):
+        report = restore_episode(
+            context.engine(),
+            context.settings(),
+            context.pipeline_name(pipeline),
+            episode_id,
+            EnvironmentCredentials(),
+            collect_timeout_s=float(collect_timeout),
+            stop=stop,
+            on_plan=start,
+            on_item=lambda _item: advance(),
+        )
+    if as_json:
+        emit_json(report.to_dict())
+    else:
+        for item in report.items:
+            detail = f": {one_line(item.detail, 300)}" if item.detail else ""
+            typer.echo(f"{item.item_id}: {item.status.replace('_', ' ')}{detail}")
+        counts = ", ".join(f"{n} {s.replace('_', ' ')}" for s, n in sorted(report.counts().items()))
+        verdict = "every image is in the store" if report.complete else "not every image"
+        typer.echo(
+            f"episode {report.episode_id} in {report.store}: {counts or 'no completed images'}"
+            f"; {verdict}; {report.collected} downloads from recorded jobs, 0 paid calls"
+        )
+        lost = report.not_served_cost()
+        if lost:
+            from core.money import format_minor
+
+            priced = " + ".join(format_minor(minor, cur) for cur, minor in sorted(lost.items()))
+            typer.echo(
+                f"the images not served cost {priced} when they were bought; buying them "
+                "again is not done by restore"
+            )
+    raise typer.Exit(0 if report.complete else 1)
+
+
+@app.command("import")
+def import_media(as_json: JsonOption = False) -> None:
+    """Copy every legacy local file the database names into the configured media store.
+
+    Rows from before the store record an absolute path; each file is checked against its
+    recorded sha256, proven an image (a manifest: a document), stored and verified, and only
+    then the row records its key and forgets the path. Pays nothing; a second run does
+    nothing. A missing or changed file is reported, not fatal. Legacy files are not deleted.
+    Exit 0: every legacy file was imported (or there was none); 1: some were not; 2: the
+    store cannot be written.
+    """
+    from pipeline.media_import import import_legacy_media
+
+    with _progress(as_json, "importing legacy media") as (start, advance):
+        report = import_legacy_media(
+            context.engine(), context.settings(), on_plan=start, on_file=lambda _f: advance()
+        )
+    if as_json:
+        emit_json(report.to_dict())
+    else:
+        for f in report.files:
+            detail = f": {one_line(f.detail, 300)}" if f.detail else ""
+            where = f" -> {f.key}" if f.key else f" ({one_line(f.path, 200)})"
+            typer.echo(f"{f.episode_id} {f.what}: {f.status.replace('_', ' ')}{where}{detail}")
+        if not report.files:
+            typer.echo(f"nothing to import: no legacy files; the store is {report.store}")
+        else:
+            counts = ", ".join(
+                f"{n} {s.replace('_', ' ')}" for s, n in sorted(report.counts().items())
+            )
+            typer.echo(f"{len(report.files)} legacy files into {report.store}: {counts}")
+    raise typer.Exit(0 if report.complete else 1)
