@@ -250,14 +250,6 @@ def reopen(
     return {"episode_id": gate.episode_id, "state": "allocated", "changed": moved, "from": state}
 
 
-def planned_outputs(
-    engine: Database, gate: GatePass, store: MediaStore | None = None
-) -> list[EpisodeImage]:
-    """The current plan's completed images, each checked in `store` against its recorded
-    sha256 (see `planned_images`)."""
-    return [image for image, _ in planned_images(engine, gate, store)]
-
-
 def planned_images(
     engine: Database, gate: GatePass, store: MediaStore | None = None
 ) -> list[tuple[EpisodeImage, bytes]]:
