@@ -24,6 +24,9 @@ Markers in the prompt, ``:n`` for the first n calls of that prompt and seed (def
 ``lose_creates = n``: the next n creates (any prompt) are answered 502 by a gateway before
 they reach the API: nothing is made, and the client cannot tell (an unknown outcome).
 
+``output_format``: the outputs are served as ``png`` (default), ``webp`` (Replicate's own
+default), ``jpeg`` (fal's), or ``html``, ``truncated``, ``gif`` (`providers.fake.render_output`).
+
 ``reply`` (for fuzzing): a callable ``(kind, path) -> (status, body) | None`` asked before each
 answer (kind: ``create``, ``poll``, ``result`` (fal), ``list``); a non-None answer is sent
 instead (``bytes`` as they are, anything else as JSON). A create it answers still makes the job.
@@ -42,7 +45,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlparse
 
-from providers.fake import render_png
+from providers.fake import render_output, render_png
 from tests.http_server import Seen, _hits, _QuietServer, _second_loopback
 
 TOKEN = "jobs-token-not-a-secret"
@@ -73,7 +76,10 @@ class _JobsServer:
 
     AUTH = "Bearer"
 
-    def __init__(self, *, page_size: int = 100, processing_polls: int = 1) -> None:
+    def __init__(
+        self, *, page_size: int = 100, processing_polls: int = 1, output_format: str = "png"
+    ) -> None:
+        self.output_format = output_format  # what the outputs are: png, webp, jpeg, html, ...
         self.jobs: dict[str, dict[str, Any]] = {}  # insertion order: oldest first
         self.jobs_made: Counter[tuple[str, int]] = Counter()  # per (prompt, seed)
         self.create_calls: Counter[tuple[str, int]] = Counter()
@@ -142,7 +148,10 @@ class _JobsServer:
         job = self.jobs.get(job_id)
         if job is None:
             return 404, {"detail": "no such file"}
-        return 200, render_png(str(job["input"].get("prompt")), int(job["input"].get("seed", 0)))
+        png = render_png(str(job["input"].get("prompt")), int(job["input"].get("seed", 0)))
+        return 200, png if self.output_format == "png" else render_output(self.output_format, png)[
+            0
+        ]
 
     def refused(self, inputs: dict[str, Any]) -> tuple[int, Any] | None:
         """A create refused by a marker (nothing made), counted per (prompt, seed); or lost

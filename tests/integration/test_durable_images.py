@@ -25,7 +25,8 @@ from core.planning import RunOptions
 from core.settings import load_settings
 from core.states import RunState
 from pipeline.gate import EnvironmentCredentials
-from pipeline.generation import generate
+from pipeline.generation import OnStart, generate
+from pipeline.outcomes import RunOutcome
 from pipeline.paid_call import DOWNLOAD_ATTEMPTS
 from providers.fake import render_png
 from providers.profiles import Profile
@@ -190,7 +191,7 @@ def test_an_http_provider_answering_a_jpeg_or_webp_is_stored_as_that_type(
 
 
 # ------------------------------------------------------- a store outage never buys again
-def _generate_with(episode: Episode, on_start: object) -> object:
+def _generate_with(episode: Episode, on_start: OnStart) -> RunOutcome:
     return generate(
         episode.engine,
         load_settings(),
@@ -198,7 +199,7 @@ def _generate_with(episode: Episode, on_start: object) -> object:
         episode.episode_id,
         RunOptions(),
         EnvironmentCredentials(),
-        on_start=on_start,  # type: ignore[arg-type]
+        on_start=on_start,
     )
 
 
@@ -219,7 +220,7 @@ def test_a_full_disk_after_the_providers_success_leaves_the_job_accepted_and_res
         episode.plan(write_playlist(tmp_path / "p", ["a", "b", "c"]))
         # the probe passed (the run was built); the disk fills before any image is written
         outcome = _generate_with(episode, lambda runner, run_id: _fill(folder))
-        assert outcome.exit_code == ExitCode.RUN_FAILED  # type: ignore[attr-defined]
+        assert outcome.exit_code == ExitCode.RUN_FAILED
         assert sorted(jobs_per_key().values()) == [1, 1, 1]
         subs = _rows(episode.engine, "SELECT state, remote_ref FROM submissions")
         assert {s for s, _ in subs} == {"accepted"} and all(ref for _, ref in subs)
@@ -228,7 +229,7 @@ def test_a_full_disk_after_the_providers_success_leaves_the_job_accepted_and_res
         assert all("not stored yet" in str(e) for *_, e in errors)
         assert _rows(episode.engine, "SELECT count(*) FROM cost_entries") == [(0,)]
         (folder / "filler").unlink()  # the disk has room again
-        again = episode.resume(outcome.run_id)  # type: ignore[attr-defined]
+        again = episode.resume(outcome.run_id)
         assert again.exit_code == ExitCode.OK and again.state == RunState.COMPLETED
         assert sorted(jobs_per_key().values()) == [1, 1, 1]  # collected, never bought again
         assert len(image_keys(episode.engine)) == 3
@@ -248,14 +249,14 @@ def test_an_s3_store_that_stops_after_the_providers_success_is_collected_again_a
         monkeypatch.setenv("EPISODIC_MEDIA_URL", f"s3://{bucket}/media")
         episode.plan(write_playlist(tmp_path / "p", ["a", "b"]))
         outcome = _generate_with(episode, lambda runner, run_id: server.stop())
-        assert outcome.exit_code == ExitCode.RUN_FAILED  # type: ignore[attr-defined]
+        assert outcome.exit_code == ExitCode.RUN_FAILED
         assert sorted(jobs_per_key().values()) == [1, 1]
         assert {s for (s,) in _rows(episode.engine, "SELECT state FROM submissions")} == {
             "accepted"
         }
         server.start()
         server.client().create_bucket(Bucket=bucket)
-        again = episode.resume(outcome.run_id)  # type: ignore[attr-defined]
+        again = episode.resume(outcome.run_id)
         assert again.exit_code == ExitCode.OK
         assert sorted(jobs_per_key().values()) == [1, 1]
         assert len(image_keys(episode.engine)) == 2
@@ -381,3 +382,47 @@ def test_the_cli_refuses_a_store_that_cannot_be_written_in_one_line_exit_2(
     assert len(lines) == 1 and str(missing) in lines[0] and "no such folder" in lines[0]
     assert provider_log() == []  # no client built, no call made
     assert _rows(episode.engine, "SELECT count(*) FROM runs") == [(0,)]
+
+
+@pytest.mark.parametrize(
+    ("kind", "output", "media_type"),
+    [("replicate", "webp", "image/webp"), ("fal", "jpeg", "image/jpeg"), ("replicate", "html", "")],
+)
+def test_replicate_webp_and_fal_jpeg_are_kept_as_they_are_and_html_is_not_an_image(
+    engine: Engine,
+    database_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    kind: str,
+    output: str,
+    media_type: str,
+) -> None:
+    """Replicate's default output is WEBP and fal's JPEG: each is stored under its own type
+    and extension, never called ``.png``; an HTML page from the output host fails the item
+    after three downloads of the one job."""
+    from tests.jobs_servers import TOKEN as JOBS_TOKEN
+    from tests.jobs_servers import FalServer, ReplicateServer
+
+    kinds = {"replicate": ReplicateServer, "fal": FalServer}
+    with kinds[kind](output_format=output) as server:
+        model = "black-forest-labs/flux-schnell" if kind == "replicate" else "fal-ai/flux/dev"
+        (tmp_path / "providers.yaml").write_text(
+            f"profiles:\n  real:\n    kind: {kind}\n    model: {model}\n"
+            f"    base_url: {server.base_url}\n    credential_env: IMAGE_KEY\n"
+            "    cost_per_image_minor: 3\n    timeout_s: 2.0\n    poll_interval_s: 0.02\n"
+        )
+        monkeypatch.setenv("EPISODIC_PROVIDERS_FILE", str(tmp_path / "providers.yaml"))
+        monkeypatch.setenv("IMAGE_KEY", JOBS_TOKEN)
+        episode = new_episode(engine)
+        episode.plan(write_playlist(tmp_path / "pl", ["a"], profile="real"))
+        outcome = episode.generate()
+        assert list(server.jobs_made.values()) == [1]
+        if not media_type:
+            assert outcome.exit_code == ExitCode.RUN_FAILED
+            ((state, error),) = _rows(engine, "SELECT state, error_text FROM submissions")
+            assert state == "failed" and "an HTML page" in str(error)
+            assert _rows(engine, "SELECT sum(amount_minor) FROM cost_entries") == [(3,)]
+            return
+        assert outcome.exit_code == ExitCode.OK
+        ((key, _sha, _size, stored_type),) = image_keys(engine)
+        assert stored_type == media_type and key.endswith("." + output.replace("jpeg", "jpg"))
