@@ -113,8 +113,14 @@ def reopen(
     the earlier plan and decision. Then (plan,) generate and decide it again."""
     from pipeline.approval import reopen as run_reopen
 
+    store = context.media_store()
     result = run_reopen(
-        context.engine(), context.pipeline_name(pipeline), episode_id, by=by, reason=reason
+        context.engine(),
+        context.pipeline_name(pipeline),
+        episode_id,
+        by=by,
+        reason=reason,
+        store=store,
     )
     if as_json:
         emit_json(result)
@@ -123,3 +129,9 @@ def reopen(
             f"{result['episode_id']} reopened (was {result['from']}): plan, generate and "
             "approve it again"
         )
+        if missing := result["missing"]:
+            typer.echo(
+                f"  {len(missing)} images are not in the media store {store.describe()} "
+                f"({', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''}): "
+                f"`episodic media restore {result['episode_id']}` fetches them at no cost"
+            )

@@ -222,13 +222,22 @@ def _picks_text(picks: dict[str, int]) -> str:
 
 
 def reopen(
-    engine: Database, pipeline: str, episode_id: str, *, by: str, reason: str
+    engine: Database,
+    pipeline: str,
+    episode_id: str,
+    *,
+    by: str,
+    reason: str,
+    store: MediaStore | None = None,
 ) -> dict[str, Any]:
     """Undo a decision, recording who and why: an approved or assembled episode's plan is
     unfrozen and its approval reset; a rejected episode's images may be reviewed again as
     they are. The episode is `allocated` until its plan is generated (nothing to pay for
     images that exist) and it is decided again. History keeps the earlier plan, decision
-    and media. Refused for other states (exit 2)."""
+    and media. Refused for other states (exit 2). ``missing``: the completed images the
+    media store (`store`, default the settings') no longer holds, which a new generate
+    would not buy again and approval would refuse: `episodic media restore` brings them
+    back at no cost."""
     by = validate_person(by)
     if not isinstance(reason, str) or not reason.strip() or len(reason) > 2000:
         raise InvalidInput("reopen needs --reason (1-2000 characters)")
@@ -246,15 +255,19 @@ def reopen(
         EpisodeState.ALLOCATED,
         {"reopened_by": by, "reason": reason.strip(), "from": state.value},
     )
-    return {"episode_id": gate.episode_id, "state": "allocated", "changed": moved, "from": state}
-
-
-def planned_outputs(
-    engine: Database, gate: GatePass, store: MediaStore | None = None
-) -> list[EpisodeImage]:
-    """The current plan's completed images, each checked in `store` against its recorded
-    sha256 (see `planned_images`)."""
-    return [image for image, _ in planned_images(engine, gate, store)]
+    media = default_store(store)
+    missing = [
+        o.item_id
+        for o in completed_outputs(engine, gate.episode_pk)
+        if not (media.exists(o.key) if o.key else Path(o.legacy_path or "").is_file())
+    ]
+    return {
+        "episode_id": gate.episode_id,
+        "state": "allocated",
+        "changed": moved,
+        "from": state,
+        "missing": missing,
+    }
 
 
 def planned_images(

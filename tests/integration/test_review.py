@@ -245,3 +245,18 @@ def test_the_approval_form_shows_thumbnails_from_the_store_on_another_machine(
     markdown = approval_form_description(context, outputs)
     assert markdown.count("](data:image/jpeg;base64,") == 1
     assert f"`{first}`" in markdown
+
+
+def test_reopen_names_the_images_the_store_no_longer_holds(
+    generated_in: Episode, media: MediaTarget
+) -> None:
+    """After reopen a generate pays nothing for completed images, so one lost from the
+    store would only surface at the next approval: reopen names it now."""
+    from pipeline.approval import reopen
+
+    engine, episode_id = generated_in.engine, generated_in.episode_id
+    decide(engine, "weekly", episode_id, approve=True, by="ann", note=None)
+    first = _keys(engine)[0]
+    media.delete_behind(first)
+    reopened = reopen(engine, "weekly", episode_id, by="ann", reason="lost one")
+    assert reopened["changed"] and reopened["missing"] == ["v01.p1"]
