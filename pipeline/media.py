@@ -7,9 +7,6 @@ name), write it to the media store under its content key and verify what the sto
 (`keep_image`), and only then complete the item in the ledger. The key is derived from the
 bytes, so an image a reviewer saw or a ledger row names is never overwritten: another image
 has another key.
-
-`image_file` gives readers that need a file on this machine (thumbnails, the cover) the
-image a ledger row records, by its key or, for a row written before the store, its path.
 """
 
 from __future__ import annotations
@@ -25,8 +22,6 @@ from PIL import Image, ImageFile, UnidentifiedImageError
 
 from core.errors import MediaMissing, NotAnImage
 from core.media import MediaProblem, ProvenImage, StoredMedia
-from core.records import EpisodeImage
-from core.settings import Settings, load_settings
 from storage.media import MediaStore
 
 # Pillow's format names of the types a paid image may be, and their media types.
@@ -153,33 +148,6 @@ def keep_image(store: MediaStore, image: ProvenImage) -> StoredMedia:
     accepted and collects it again), `MediaStoreMisconfigured`, or `MediaCorrupt` (another
     object under the key; left as it is)."""
     return store.put_image(image)
-
-
-def image_file(image: EpisodeImage, settings: Settings | None = None) -> Path:
-    """A file on this machine holding `image`, for readers that need one (thumbnails, the
-    cover, the pre-assembly check): its legacy absolute path when the row has no key, else
-    `key_file`. The caller checks the file against ``image.sha256``."""
-    if image.key is None:
-        return Path(image.legacy_path or "")
-    return key_file(image.key, image.sha256, settings)
-
-
-def key_file(key: str, sha256: str, settings: Settings | None = None) -> Path:
-    """A file on this machine holding the store's object under `key`: the local store's own
-    file (which may not exist: the caller checks it), or for an object store a copy under
-    ``<home>/cache/media/<key>`` checked against `sha256`. `settings` default to the
-    environment's (`load_settings`). Raises `MediaMissing` or `MediaCorrupt` for an object
-    store's copy."""
-    settings = settings or load_settings()
-    store = MediaStore.from_settings(settings)
-    local = Path(store.describe())
-    if local.is_absolute():
-        return local.joinpath(*key.split("/"))
-    dest = settings.home_path.joinpath("cache", "media", *key.split("/"))
-    if not dest.is_file():
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        store.local_copy(key, dest, sha256=sha256)
-    return dest
 
 
 def write_atomically(path: Path, content: bytes) -> str:
