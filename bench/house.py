@@ -14,6 +14,10 @@ one to ``pkg``: the statement reads the package's namespace, so a package whose
 as a strongly connected component of more than one module.
 
 Run: .venv/bin/python -m bench.house [--json] [--root DIR]
+
+Exit 0 when the two hard rules hold (no import cycle, no product module over 450 lines), 1
+when one is broken: a script can gate on it. The other house rules (layering, private
+names, flows beyond the engine factory) are checked by `tests/unit/test_layout.py` only.
 """
 
 from __future__ import annotations
@@ -345,6 +349,8 @@ def main() -> None:
         print()
     else:
         show(figures)
+    if figures["cycles"] or figures["modules_over_450"]:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -105,17 +105,26 @@ def claim_next(
     return claimed, True
 
 
-def collect_first(queue: deque[Item], job: ItemJob, working: set[int]) -> bool:
+def collect_first(
+    queue: deque[Item], job: ItemJob, working: set[int], offered: set[int] | None = None
+) -> bool:
     """A throttled dispatcher's first step: put the run's collectible items (`ItemJob.
     collectible`: accepted jobs nobody collects, left by a killed or interrupted process of
     the run, taken over from an expired claim, or left for later by this one) at the front of
     `queue`, except those in `working` (this dispatcher's items in flight). Their jobs hold
     the very slots the throttle counts, and collecting one needs no slot, so a recovering run
     collects them before it waits (after `kill -9` it waited for `max_job_s` behind them).
-    Returns whether any was found (the caller claims them at once)."""
-    found = [item for item in job.collectible() if item.pk not in working]
+    Items in `offered` (put at the front since the dispatcher last waited) are not offered
+    again: one whose claim was refused for another reason (taken over meanwhile) would
+    otherwise be asked for on every pass, a claim transaction each, and the dispatcher would
+    never reach its wait. Those found are added to `offered`. Returns whether any was found
+    (the caller claims them at once)."""
+    skip = working if offered is None else working | offered
+    found = [item for item in job.collectible() if item.pk not in skip]
     if not found:
         return False
+    if offered is not None:
+        offered.update(item.pk for item in found)
     first = {item.pk for item in found}
     rest = [item for item in queue if item.pk not in first]
     queue.clear()
@@ -184,14 +193,20 @@ def dispatch(
     """
     queue = deque(items)
     throttled = False
+    offered: set[int] = set()  # collectible items put first since the last wait or result
     try:
         while queue or lanes.in_flight:
-            if throttled and not stop.is_set() and collect_first(queue, job, lanes.holding()):
+            if (
+                throttled
+                and not stop.is_set()
+                and collect_first(queue, job, lanes.holding(), offered)
+            ):
                 throttled = False  # our slots are held by jobs we can collect: do it
             elif throttled and not lanes.in_flight:
                 if stop.is_set():
                     break
                 job.waiting(True)  # every slot is another run's: probe every 0.25 s
+                offered.clear()
                 if stop.wait(THROTTLE_POLL_S):
                     break
             if not throttled or not lanes.in_flight:  # throttled with ours in flight: a slot
@@ -209,6 +224,7 @@ def dispatch(
                     queue.appendleft(item)
                     throttled = True
                 elif answer is not None:
+                    offered.clear()  # an item of ours ended: what is collectible may differ
                     job.waiting(False)
                     progress(item, answer)
     except BaseException:

@@ -26,22 +26,12 @@ import secrets
 from sqlalchemy import Connection, Engine, inspect, text
 
 from core.errors import SchemaNotCurrent
-from storage import tx
+from storage import statements, tx
 from storage.base import utcnow
 
 ID = re.compile(r"[0-9a-f]{16}")
-# The reference of a new submission, built in its INSERT from this database's own row (no
-# copy of the id is ever cached in a process: `renew` takes effect at once everywhere).
-REFERENCE_SQL = "(SELECT id FROM installation WHERE singleton = 1) || '-' || :b_ref"
 _READ = text("SELECT id FROM installation WHERE singleton = 1")
 _RENEW = text("UPDATE installation SET id = :b_id, created_at = :b_now WHERE singleton = 1")
-# The open submissions a copy inherited are the original installation's jobs (its references
-# carry the original's id): the copy must never collect, reconcile or cancel them. Renewing
-# closes them as failed with no cost; the copy's next run buys its own (a new attempt).
-_DISOWN = text(
-    "UPDATE submissions SET state = 'failed', error_text = :b_why, finished_at = :b_now "
-    "WHERE state IN ('intent', 'accepted', 'unknown') AND client_reference LIKE :b_prefix"
-)
 
 
 def read(conn: Connection) -> str:
@@ -80,7 +70,7 @@ def renew(engine: Engine) -> tuple[str, str, int]:
         old = read(conn)
         conn.execute(_RENEW, {"b_id": new, "b_now": now})
         disowned = conn.execute(
-            _DISOWN,
+            statements.DISOWN,
             {
                 "b_why": f"a job of installation {old}, this database's original: "
                 "never collected or cancelled here (db installation --renew)",
@@ -92,5 +82,6 @@ def renew(engine: Engine) -> tuple[str, str, int]:
 
 
 def reference(installation: str, item_key: str, attempt: int) -> str:
-    """The client reference of paid call `attempt` of an item (what `REFERENCE_SQL` builds)."""
+    """The client reference of paid call `attempt` of an item (what
+    `storage.statements.REFERENCE_SQL` builds in SQL)."""
     return f"{installation}-{item_key}-{attempt}"

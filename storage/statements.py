@@ -43,6 +43,7 @@ from sqlalchemy import (
     literal,
     or_,
     select,
+    text,
     update,
 )
 
@@ -57,7 +58,6 @@ from core.states import (
     SubmissionState,
     sources_of,
 )
-from storage import installation
 from storage.dbapi import DriverSQL, states_sql
 from storage.locks import in_id_order
 from storage.models import (
@@ -287,14 +287,26 @@ def give_up_items(which: ColumnElement[bool], owner: str, error_text: str, now: 
 
 # ------------------------------------------------------------------ submissions
 
-# The client reference is this installation's id, the item's key and the attempt
-# (storage.installation), built from the database's own row in the same statement.
+# A new submission's client reference: this installation's id, the item's key and the
+# attempt (Python twin: `storage.installation.reference`), built in the INSERT from the
+# database's own row: no process caches the id, so a `renew` takes effect at once everywhere.
+REFERENCE_SQL = "(SELECT id FROM installation WHERE singleton = 1) || '-' || :b_ref"
+
 # submission: (new) -> intent
 INSERT_INTENT = DriverSQL(
     "INSERT INTO submissions (item_pk, run_id, attempt, client_reference, provider_profile, "
     "state, forced, created_at) VALUES (:b_item, :b_run, :b_attempt, "
-    f"{installation.REFERENCE_SQL}, :b_profile, 'intent', :b_forced, :b_now) "
+    f"{REFERENCE_SQL}, :b_profile, 'intent', :b_forced, :b_now) "
     "RETURNING id, client_reference"
+)
+
+# `db installation --renew`: a copy's inherited open submissions are the original's jobs
+# (their references carry its id), never to be collected, reconciled or cancelled here: they
+# close as failed with no cost; the copy's next run buys its own (a new attempt).
+# submission: intent, accepted, unknown -> failed
+DISOWN = text(
+    "UPDATE submissions SET state = 'failed', error_text = :b_why, finished_at = :b_now "
+    "WHERE state IN ('intent', 'accepted', 'unknown') AND client_reference LIKE :b_prefix"
 )
 
 # submission: intent, unknown -> accepted

@@ -85,6 +85,7 @@ class _Lanes:
         stop: threading.Event,
         log: Log,
         taken_elsewhere: Callable[[Item], bool] = lambda item: False,
+        held_elsewhere: frozenset[int] = frozenset(),
     ) -> None:
         self.batched = batched
         self.provider = provider
@@ -92,20 +93,22 @@ class _Lanes:
         self.stop = stop
         self.log = log
         self.taken_elsewhere = taken_elsewhere
+        self.held_elsewhere = held_elsewhere  # claims of these are refused (not throttled)
         self.flight: list[Item] = []
+        self.nothing: list[Item] = []  # refused not for a slot: ends with nothing to do
         self.refused: list[Item] = []
         self.max_flight = 0
 
     @property
     def in_flight(self) -> int:
-        return len(self.flight) + len(self.refused)
+        return len(self.flight) + len(self.refused) + len(self.nothing)
 
     @property
     def busy(self) -> int:
         return self.in_flight
 
     def holding(self) -> set[int]:
-        return {item.pk for item in self.flight + self.refused}
+        return {item.pk for item in self.flight + self.refused + self.nothing}
 
     def start(self, queue: deque[Item], room: int) -> bool:
         assert len(self.log) < 200, "the machine spins"  # fail instead of hanging
@@ -114,7 +117,10 @@ class _Lanes:
         batch = [queue.popleft() for _ in range(min(room, len(queue)))]
         refused = []
         for item in batch:
-            if item.pk in {it.pk for it in self.job.own}:
+            if item.pk in self.held_elsewhere:
+                if not self.batched:
+                    self.nothing.append(item)
+            elif item.pk in {it.pk for it in self.job.own}:
                 self.flight.append(item)
             elif self.provider.free > 0:
                 self.provider.free -= 1
@@ -131,6 +137,11 @@ class _Lanes:
 
     def endings(self) -> Iterator[tuple[Item, Answer]]:
         self.log.append(("endings",))
+        if self.nothing:
+            nothing, self.nothing = self.nothing, []
+            for item in nothing:
+                yield item, None
+            return
         if self.refused:
             refused, self.refused = self.refused, []
             for item in refused:
@@ -345,3 +356,32 @@ def test_the_thread_executor_stops_on_a_workers_error_and_raises_it_once_the_res
     assert stop.is_set()  # item 2's worker ended only because the error stopped dispatch
     assert sorted(job.claimed) == [1, 2]  # nothing claimed after the error
     assert seen == []  # an item ending after the error is not reported as worked
+
+
+@pytest.mark.parametrize("batched", [True, False])
+def test_a_collectible_item_refused_for_another_reason_is_offered_once_per_wait(
+    batched: bool,
+) -> None:
+    """Item 9 is listed collectible, yet its claim is refused as busy (another holder took it
+    over between the read and the claim); every slot is another run's. The machine offers 9
+    once, then waits and polls: once per poll at most, never a claim per pass (it spun)."""
+    log: Log = []
+    polls = 0
+
+    def on_poll() -> None:
+        nonlocal polls
+        polls += 1
+        if polls == 3:
+            stop.set()
+
+    provider = _Provider(free=0)
+    job = _Job(log, collectible=[_item(9)])
+    stop = _Stop(log, on_poll=on_poll)
+    lanes = _Lanes(batched, provider, job, stop, log, held_elsewhere=frozenset({9}))
+
+    dispatch([_item(1)], job, lanes, 2, stop, job.progress)  # type: ignore[arg-type]
+
+    assert polls == 3
+    offers = [entry for entry in log if entry[0] == "start" and 9 in entry[1]]
+    assert 1 <= len(offers) <= polls  # once before the first wait, then at most once per poll
+    assert len(log) < 60

@@ -136,6 +136,7 @@ def private_imports(root: Path = ROOT) -> set[tuple[str, str]]:
     found: set[tuple[str, str]] = set()
     for name, path in modules.items():
         bound: dict[str, str] = {}
+        dotted: set[str] = set()  # modules imported by their full name (``import a.b``)
         for imp in house.imports_of(name, path, modules):
             if imp.package_read or imp.target not in modules or imp.target == name:
                 continue
@@ -148,6 +149,8 @@ def private_imports(root: Path = ROOT) -> set[tuple[str, str]]:
             if imp.name is None:
                 top = imp.target.split(".")[0]
                 bound[imp.alias] = imp.target if imp.alias != top else top
+                if imp.alias == top:
+                    dotted.add(imp.target)
         bound = {alias: target for alias, target in bound.items() if target in modules}
         for node in ast.walk(house.parse(path)):
             if (
@@ -157,7 +160,24 @@ def private_imports(root: Path = ROOT) -> set[tuple[str, str]]:
                 and _private(node.attr)
             ):
                 found.add((name, f"{bound[node.value.id]}.{node.attr}"))
+            elif (
+                isinstance(node, ast.Attribute)
+                and (chain := _dotted_name(node.value)) in dotted
+                and _private(node.attr)
+            ):  # ``a.b._x`` after ``import a.b``
+                found.add((name, f"{chain}.{node.attr}"))
     return found
+
+
+def _dotted_name(node: ast.expr) -> str | None:
+    """``a.b.c`` for a chain of attribute reads on a name, else None."""
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name) or not parts:
+        return None
+    return ".".join([node.id, *reversed(parts)])
 
 
 def long_modules(root: Path = ROOT) -> set[str]:
@@ -182,7 +202,8 @@ def test_no_violation_of_the_house_rules(rule: str) -> None:
 def test_the_house_rules_see_a_violation(tmp_path: Path) -> None:
     """Each reader finds its violation in a small tree: a function-level import cycle
     through a package ``__init__``, flows using a store, pipeline using SQLAlchemy, a
-    private name imported and one reached through a module, a long module."""
+    private name imported and one reached through a module (by an alias or its full dotted
+    name), a long module."""
     files = {
         "storage/__init__.py": "from storage.engine import make\n",
         "storage/engine.py": "def make():\n    from storage import tx\n",
@@ -192,6 +213,7 @@ def test_the_house_rules_see_a_violation(tmp_path: Path) -> None:
         "flows/review.py": "from storage.registry import engine_for\nfrom storage import runs\n",
         "pipeline/check.py": "import sqlalchemy.orm\nfrom storage.runs import _hidden\n",
         "pipeline/legacy.py": "from ..storage import runs\nruns._hidden()\n",
+        "pipeline/gate.py": "import storage.runs\nstorage.runs._hidden()\n",
         "cli/app.py": "x = 1\n" * (MAX_MODULE_LINES + 1),
     }
     for name, text in files.items():
@@ -203,5 +225,6 @@ def test_the_house_rules_see_a_violation(tmp_path: Path) -> None:
     assert private_imports(tmp_path) == {
         ("pipeline.check", "storage.runs._hidden"),
         ("pipeline.legacy", "storage.runs._hidden"),
+        ("pipeline.gate", "storage.runs._hidden"),
     }
     assert long_modules(tmp_path) == {"cli.app"}

@@ -67,3 +67,41 @@ def test_every_allowed_move_is_made_by_a_statement(machine: str) -> None:
     table = TRANSITIONS[machine]
     allowed = {(machine, s, t) for s, ts in table.items() for t in ts}
     assert allowed <= moves(), sorted(allowed - moves())
+
+
+STORAGE = SOURCE.parent
+# A state move written as SQL text, or as SQLAlchemy Core: UPDATE of a state machine's table
+# that sets its state column.
+_TEXT_MOVE = re.compile(
+    r"UPDATE\s+(items|submissions|runs|episodes)\s+SET[^\"']*?\bstate\s*=", re.I
+)
+_CORE_MOVE = re.compile(
+    r"update\(\s*(_items|_subs|_submissions|_runs|_episodes|ItemRow|SubmissionRow|RunRow|"
+    r"EpisodeRow)\b(?:(?!\bupdate\().){0,400}?\.values\((?:[^()]|\([^()]*\))*?\bstate\s*=",
+    re.S,
+)
+
+
+def state_moves_outside(source: str) -> list[str]:
+    """The state-moving statements in one module's `source` (what only statements.py may hold)."""
+    return [m.group(0)[:60] for m in (*_TEXT_MOVE.finditer(source), *_CORE_MOVE.finditer(source))]
+
+
+def test_only_the_statements_module_moves_states() -> None:
+    """Every statement that moves a run, item, submission or episode state is labelled in
+    storage/statements.py: no other storage module writes one (inserts of new rows at their
+    initial state stay with their stores)."""
+    found = {
+        str(path.relative_to(STORAGE)): moves
+        for path in STORAGE.rglob("*.py")
+        if path.name not in ("statements.py", "models.py") and "migrations" not in path.parts
+        if (moves := state_moves_outside(path.read_text()))
+    }
+    assert found == {}
+
+
+def test_a_state_move_outside_the_statements_module_is_seen() -> None:
+    assert state_moves_outside("text(\"UPDATE submissions SET state = 'failed' WHERE id = 1\")")
+    assert state_moves_outside("update(_items).where(_items.c.id == 1).values(state='done')")
+    assert not state_moves_outside("update(_items).values(lease_expires_at=None)")
+    assert not state_moves_outside('text("UPDATE runs SET heartbeat_at = :now")')
