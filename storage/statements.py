@@ -7,9 +7,9 @@ A label is the comment line right above a statement::
 with `machine` one of run, item, submission, episode; ``(new)`` as the source of an insert;
 ``(deleted)`` as the target of a delete; ``*`` for a statement whose sources are taken from
 `core.states` for its target (`sources_of`); and a qualifier in parentheses after a state
-(``running(expired)``) that the guard adds. `tests/unit/test_statements.py` parses every
-label here and checks each move against `core.states`, and each move of its tables against
-the labels: the tables are what these statements do.
+(``running(expired)``) that the guard adds. `tests/unit/test_statements.py` checks each
+label against `core.states`, each move of its tables against the labels, and that no other
+storage module moves a state: the tables are what these statements do.
 
 Each statement is guarded: its ``WHERE`` repeats the source states (and the claim, lease or
 run it depends on), and the caller checks the rowcount, since reading a state in Python and
@@ -20,8 +20,7 @@ built per call with the values they set. The rooms run them in their transaction
 the lock order of `storage.locks`.
 
 `pipeline/check.py` and the reliability oracle keep their own encodings of these rules on
-purpose: an auditor that shares a predicate with the code it audits is blind to a bug in it.
-"""
+purpose: an auditor sharing a predicate with the code it audits is blind to a bug in it."""
 
 from __future__ import annotations
 
@@ -259,8 +258,6 @@ TAKE_ITEM_AND_COUNT = DriverSQL(
 )
 
 # item: running -> completed
-# The image is the media store's verified object (its key, sha256, size and media type);
-# a completed item never records a machine path.
 COMPLETE_ITEM = DriverSQL(
     "UPDATE items SET state = 'completed', error_text = NULL, output_key = :b_key, "
     "output_sha256 = :b_sha, output_size = :b_size, output_media_type = :b_type, "
