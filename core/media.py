@@ -10,6 +10,7 @@ No I/O here: `pipeline.media.prove_image` decodes, `storage.media.MediaStore` re
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass, field
 from typing import Literal
@@ -115,6 +116,16 @@ class MediaProblem:
 
     def __str__(self) -> str:
         return f"{self.key}: {self.detail}"
+
+
+def content_problem(key: str, content: bytes, sha256: str, size: int) -> MediaProblem | None:
+    """None when `content`, read under `key`, is `size` bytes hashing to `sha256` (hex): what
+    was recorded as paid for; otherwise the ``size`` or ``sha256`` problem."""
+    if len(content) != size:
+        return MediaProblem(key, "size", f"holds {len(content)} bytes, {size} were recorded")
+    if hashlib.sha256(content).hexdigest() != sha256:
+        return MediaProblem(key, "sha256", "its bytes differ from the recorded sha256")
+    return None
 
 
 # Schemes whose user part can only be a credential (a bucket name has no ``@``); Azure's

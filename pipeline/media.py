@@ -21,7 +21,7 @@ from pathlib import Path
 from PIL import Image, ImageFile, UnidentifiedImageError
 
 from core.errors import MediaMissing, NotAnImage
-from core.media import MediaProblem, ProvenImage, StoredMedia
+from core.media import MediaProblem, ProvenImage, StoredMedia, content_problem
 from storage.media import MediaStore
 
 # Pillow's format names of the types a paid image may be, and their media types.
@@ -88,10 +88,8 @@ def audit_image(store: MediaStore, key: str, sha256: str, size: int) -> MediaPro
         content = store.read(key)
     except MediaMissing:
         return MediaProblem(key, "missing", f"missing from the media store {store.describe()}")
-    if len(content) != size:
-        return MediaProblem(key, "size", f"holds {len(content)} bytes, {size} were recorded")
-    if hashlib.sha256(content).hexdigest() != sha256:
-        return MediaProblem(key, "sha256", "its bytes differ from the recorded sha256")
+    if (problem := content_problem(key, content, sha256, size)) is not None:
+        return problem
     try:
         prove_image(content)
     except NotAnImage as exc:

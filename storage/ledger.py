@@ -13,7 +13,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Table, exists, func, or_, select, update
+from sqlalchemy import Connection, Engine, Select, Table, exists, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
 from core.media import StoredMedia
@@ -351,12 +351,29 @@ def _record_cost(
     )
 
 
+def completed_images(episode_pk: int, *columns: Any) -> Select[Any]:
+    """`columns` of the episode's completed items, each joined to its succeeded paid call
+    (``submissions``) and that call's cost (``cost_entries``), in playlist order (position,
+    part, candidate): the one read of what was bought, for approval and `media restore`."""
+    return (
+        select(*columns)
+        .join(
+            _subs,
+            (_subs.c.item_pk == _items.c.id) & (_subs.c.state == SubmissionState.SUCCEEDED),
+        )
+        .join(_costs, _costs.c.submission_pk == _subs.c.id)
+        .where(_items.c.episode_pk == episode_pk, _items.c.state == ItemState.COMPLETED)
+        .order_by(_items.c.position, _items.c.part, _items.c.candidate)
+    )
+
+
 def completed_outputs(engine: Engine, episode_pk: int) -> list[EpisodeImage]:
     """The episode's completed images, each with the remote ref and cost of its paid call,
     in playlist order (position, part, candidate)."""
     with tx.read(engine) as conn:
         rows = conn.execute(
-            select(
+            completed_images(
+                episode_pk,
                 _items.c.idempotency_key,
                 _items.c.video_id,
                 _items.c.part,
@@ -371,13 +388,6 @@ def completed_outputs(engine: Engine, episode_pk: int) -> list[EpisodeImage]:
                 _costs.c.amount_minor,
                 _costs.c.currency,
             )
-            .join(
-                _subs,
-                (_subs.c.item_pk == _items.c.id) & (_subs.c.state == SubmissionState.SUCCEEDED),
-            )
-            .join(_costs, _costs.c.submission_pk == _subs.c.id)
-            .where(_items.c.episode_pk == episode_pk, _items.c.state == ItemState.COMPLETED)
-            .order_by(_items.c.position, _items.c.part, _items.c.candidate)
         ).all()
     return [
         EpisodeImage(

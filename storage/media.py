@@ -46,6 +46,7 @@ from core.media import (
     ProvenImage,
     StoredMedia,
     content_key,
+    content_problem,
     refuse_credentials,
     validate_key,
 )
@@ -203,11 +204,7 @@ class MediaStore:
             held = self.read(key)
         except MediaMissing:
             return MediaProblem(key, "missing", f"missing from the media store {self._url}")
-        if len(held) != size:
-            return MediaProblem(key, "size", f"holds {len(held)} bytes, {size} were recorded")
-        if hashlib.sha256(held).hexdigest() != sha256:
-            return MediaProblem(key, "sha256", "its bytes differ from the recorded sha256")
-        return None
+        return content_problem(key, held, sha256, size)
 
     def probe(self) -> None:
         """Write, read back and delete a small probe object: proof, before any money is

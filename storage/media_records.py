@@ -17,8 +17,9 @@ from sqlalchemy import Engine, Table, and_, or_, select, update
 
 from core.media import StoredMedia
 from core.playlist import item_label
-from core.states import ItemState, SubmissionState
+from core.states import ItemState
 from storage import tx
+from storage.ledger import completed_images
 from storage.models import CostEntryRow, EpisodeMediaRow, EpisodeRow, ItemRow, SubmissionRow
 from storage.tx import idempotent, retry_outages
 
@@ -77,7 +78,8 @@ class MediaRecords:
         order (position, part, candidate)."""
         with tx.read(self.engine) as conn:
             rows = conn.execute(
-                select(
+                completed_images(
+                    episode_pk,
                     _items.c.id,
                     _items.c.video_id,
                     _items.c.part,
@@ -92,13 +94,6 @@ class MediaRecords:
                     _costs.c.amount_minor,
                     _costs.c.currency,
                 )
-                .join(
-                    _subs,
-                    (_subs.c.item_pk == _items.c.id) & (_subs.c.state == SubmissionState.SUCCEEDED),
-                )
-                .join(_costs, _costs.c.submission_pk == _subs.c.id)
-                .where(_items.c.episode_pk == episode_pk, _items.c.state == ItemState.COMPLETED)
-                .order_by(_items.c.position, _items.c.part, _items.c.candidate)
             ).all()
         return [
             RecordedImage(
