@@ -8,9 +8,10 @@ written; a provider profile or credential: before any provider call); 5 no such 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -18,6 +19,9 @@ from cli import context
 from cli.options import JsonOption, PipelineOption, StrictInt
 from cli.output import emit_json, one_line
 from cli.signals import interrupts
+
+if TYPE_CHECKING:
+    from pipeline.restore import RestoreReport
 
 _Start = Callable[[int], None]
 _Advance = Callable[[], None]
@@ -73,6 +77,24 @@ def restore(
             "reporting it not served.",
         ),
     ] = 60,
+    buy_again: Annotated[
+        bool,
+        typer.Option(
+            "--buy-again",
+            help="Buy again, as a new paid call, each image the provider no longer serves "
+            "(the cost is shown first; asks on a terminal, else needs --yes).",
+        ),
+    ] = False,
+    yes: Annotated[
+        bool, typer.Option("--yes", help="With --buy-again: buy without asking.")
+    ] = False,
+    max_images: Annotated[
+        int | None,
+        typer.Option(click_type=StrictInt(0), help="With --buy-again: buy at most this many."),
+    ] = None,
+    max_cost: Annotated[
+        str | None, typer.Option(help="With --buy-again: refuse above this amount, e.g. 5.00.")
+    ] = None,
     pipeline: PipelineOption = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -81,16 +103,22 @@ def restore(
     An image missing from the store, or whose bytes there are not the recorded ones, is
     downloaded again from the provider's recorded job (no new job), proven an image and
     stored only if its sha256 is the recorded one. Bytes that differ are refused and
-    reported (the recorded image stands); a job the provider no longer serves is reported.
+    reported (the recorded image stands); a job the provider no longer serves is reported,
+    and with --buy-again bought again (a normal paid run, capped, the cost shown first).
     Exit 0: every image is in the store; 1: some are not; 2: refused; 5: no such episode.
     """
-    import threading
-
     from pipeline.gate import EnvironmentCredentials
     from pipeline.restore import restore as restore_episode
 
+    if not buy_again and (yes or max_images is not None or max_cost is not None):
+        from core.errors import InvalidInput
+
+        raise InvalidInput("--yes, --max-images and --max-cost go with --buy-again")
     stop = threading.Event()
     interrupts.on_signal(stop.set)
+    if buy_again:
+        _buy_again(episode_id, collect_timeout, yes, max_images, max_cost, pipeline, as_json, stop)
+        return
     with _progress(as_json, f"restoring {episode_id}") as (start, advance):
         report = restore_episode(
             context.engine(),
@@ -106,24 +134,102 @@ def restore(
     if as_json:
         emit_json(report.to_dict())
     else:
-        for item in report.items:
-            detail = f": {one_line(item.detail, 300)}" if item.detail else ""
-            typer.echo(f"{item.item_id}: {item.status.replace('_', ' ')}{detail}")
-        counts = ", ".join(f"{n} {s.replace('_', ' ')}" for s, n in sorted(report.counts().items()))
-        verdict = "every image is in the store" if report.complete else "not every image"
-        typer.echo(
-            f"episode {report.episode_id} in {report.store}: {counts or 'no completed images'}"
-            f"; {verdict}; {report.collected} downloads from recorded jobs, 0 paid calls"
-        )
+        _print_restore(report)
         lost = report.not_served_cost()
         if lost:
             from core.money import format_minor
 
             priced = " + ".join(format_minor(minor, cur) for cur, minor in sorted(lost.items()))
             typer.echo(
-                f"the images not served cost {priced} when they were bought; buying them "
-                "again is not done by restore"
+                f"the images not served cost {priced} when they were bought; "
+                f"`episodic media restore {report.episode_id} --buy-again` buys them again"
             )
+    raise typer.Exit(0 if report.complete else 1)
+
+
+def _print_restore(report: RestoreReport) -> None:
+    for item in report.items:
+        detail = f": {one_line(item.detail, 300)}" if item.detail else ""
+        typer.echo(f"{item.item_id}: {item.status.replace('_', ' ')}{detail}")
+    counts = ", ".join(f"{n} {s.replace('_', ' ')}" for s, n in sorted(report.counts().items()))
+    verdict = "every image is in the store" if report.complete else "not every image"
+    typer.echo(
+        f"episode {report.episode_id} in {report.store}: {counts or 'no completed images'}"
+        f"; {verdict}; {report.collected} downloads from recorded jobs, 0 paid calls"
+    )
+
+
+def _buy_again(
+    episode_id: str,
+    collect_timeout: int,
+    yes: bool,
+    max_images: int | None,
+    max_cost: str | None,
+    pipeline: str | None,
+    as_json: bool,
+    stop: threading.Event,
+) -> None:
+    """`media restore --buy-again`: the free restore, then the quote (on stderr), asked on
+    a terminal or taken with --yes (else refused, exit 2), then the paid run."""
+    import sys
+
+    from core.errors import CommandNotAllowed
+    from core.money import parse_amount
+    from core.planning import RunOptions
+    from pipeline.buy_again import Quote, buy_again
+    from pipeline.gate import EnvironmentCredentials
+
+    settings = context.settings()
+
+    def confirm(quote: Quote) -> bool:
+        if yes:
+            typer.echo(quote.describe(), err=True)
+            return True
+        if not sys.stdin.isatty():
+            raise CommandNotAllowed(
+                f"{quote.describe()}: pass --yes to buy them (not a terminal to ask on); "
+                "nothing was bought"
+            )
+        return typer.confirm(f"{quote.describe()}. Buy them again?", default=False, err=True)
+
+    options = RunOptions(
+        max_images=max_images,
+        max_cost_minor=parse_amount(max_cost) if max_cost is not None else None,
+        lease_s=settings.lease_s,
+        cap_minor=settings.max_run_cost_minor,
+    )
+    with _progress(as_json, f"restoring {episode_id}") as (start, advance):
+        report = buy_again(
+            context.engine(),
+            settings,
+            context.pipeline_name(pipeline),
+            episode_id,
+            EnvironmentCredentials(),
+            options,
+            confirm,
+            collect_timeout_s=float(collect_timeout),
+            stop=stop,
+            on_plan=start,
+            on_item=lambda _item: advance(),
+        )
+    interrupts.mark_reported()
+    if as_json:
+        emit_json(report.to_dict())
+    else:
+        _print_restore(report.restore)
+        if report.earlier_plan:
+            typer.echo(f"not bought again (from an earlier plan): {', '.join(report.earlier_plan)}")
+        if report.outcome is not None:
+            from core.money import format_minor
+
+            counts = report.outcome.counts
+            cost = format_minor(counts.cost_minor, counts.currency)
+            typer.echo(
+                f"bought again: {report.outcome.message}; the run's paid submissions "
+                f"{counts.paid_submissions}, cost {cost}"
+            )
+    if report.outcome is not None and report.outcome.exit_code != 0:
+        raise typer.Exit(int(report.outcome.exit_code))
     raise typer.Exit(0 if report.complete else 1)
 
 

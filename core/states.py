@@ -63,12 +63,15 @@ RUN_TRANSITIONS: dict[RunState, frozenset[RunState]] = {
 # first, a resumed run of its own may claim it as it is) and running, when its holder's
 # lease expired (a takeover) or the holder is the claimer itself. A running item is given up
 # (-> failed, resumable) by its holder or by the sweep once its lease expired. Only a pending
-# item is cancelled (no live run includes it): a running one stays with its holder.
+# item is cancelled (no live run includes it): a running one stays with its holder. A
+# completed item whose image the store lost and the provider no longer serves goes back to
+# pending, only by `media restore --buy-again` (the loss recorded in `lost_outputs`, its
+# paid call kept as succeeded): a new paid attempt, admitted and capped like any other.
 ITEM_TRANSITIONS: dict[ItemState, frozenset[ItemState]] = {
     ItemState.PENDING: frozenset({ItemState.RUNNING, ItemState.CANCELLED}),
     ItemState.RUNNING: frozenset({ItemState.RUNNING, ItemState.COMPLETED, ItemState.FAILED}),
     ItemState.FAILED: frozenset({ItemState.RUNNING}),
-    ItemState.COMPLETED: frozenset(),
+    ItemState.COMPLETED: frozenset({ItemState.PENDING}),
     ItemState.CANCELLED: frozenset({ItemState.PENDING, ItemState.RUNNING}),
 }
 

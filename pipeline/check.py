@@ -174,8 +174,11 @@ def _check_items(
     add: Any, items: Sequence[ItemRecord], subs: Sequence[SubmissionRecord], media: MediaAudit
 ) -> None:
     """A completed item has its image in the media store and exactly one succeeded
-    submission; no other item has one."""
-    succeeded = Counter(s.item_pk for s in subs if s.state == SubmissionState.SUCCEEDED)
+    submission; no other item has one. A succeeded submission whose output was recorded
+    lost (bought again by `media restore --buy-again`) was paid for but is no item's now."""
+    succeeded = Counter(
+        s.item_pk for s in subs if s.state == SubmissionState.SUCCEEDED and not s.output_lost
+    )
     for item in items:
         if item.state == ItemState.COMPLETED:
             media.check(add, f"image {_label(item)}", Recorded.of_item(item), image=True)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, Engine, select
+from sqlalchemy import Connection, Engine, exists, select
 
 from core.records import EventKind
 from storage.admission import DedupPolicy, active_run
@@ -27,6 +27,7 @@ from storage.models import (
     EpisodeMediaRow,
     EpisodeRow,
     ItemRow,
+    LostOutputRow,
     RunRow,
     SubmissionRow,
 )
@@ -68,6 +69,7 @@ class SubmissionRecord:
     client_reference: str
     provider_profile: str
     remote_ref: str | None
+    output_lost: bool  # its output was recorded lost (`lost_outputs`) and bought again
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +178,9 @@ class AuditReader:
         items = conn.execute(select(ItemRow).where(ItemRow.episode_pk == episode_pk)).all()
         subs = conn.execute(
             select(SubmissionRow)
+            .add_columns(
+                exists().where(LostOutputRow.submission_pk == SubmissionRow.id).label("output_lost")
+            )
             .join(ItemRow, ItemRow.id == SubmissionRow.item_pk)
             .where(ItemRow.episode_pk == episode_pk)
         ).all()

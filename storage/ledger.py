@@ -23,13 +23,14 @@ from core.states import ItemState, SubmissionState
 from storage import dbapi, statements, tx
 from storage.base import utcnow
 from storage.dbapi import DriverSQL
-from storage.models import CostEntryRow, ItemRow, RunItemRow, SubmissionRow
+from storage.models import CostEntryRow, ItemRow, LostOutputRow, RunItemRow, SubmissionRow
 from storage.tx import idempotent, retry_outages
 
 _items: Table = ItemRow.__table__  # type: ignore[assignment]
 _subs: Table = SubmissionRow.__table__  # type: ignore[assignment]
 _costs: Table = CostEntryRow.__table__  # type: ignore[assignment]
 _members: Table = RunItemRow.__table__  # type: ignore[assignment]
+_lost: Table = LostOutputRow.__table__  # type: ignore[assignment]
 
 # A cost entry is no state move: it stays with the ledger (hand-written, run on the bare
 # driver: storage/dbapi.py).
@@ -354,12 +355,16 @@ def _record_cost(
 def completed_images(episode_pk: int, *columns: Any) -> Select[Any]:
     """`columns` of the episode's completed items, each joined to its succeeded paid call
     (``submissions``) and that call's cost (``cost_entries``), in playlist order (position,
-    part, candidate): the one read of what was bought, for approval and `media restore`."""
+    part, candidate): the one read of what was bought, for approval and `media restore`. A
+    succeeded call whose output was lost (`lost_outputs`: bought again) is not its call."""
     return (
         select(*columns)
+        .select_from(_items)
         .join(
             _subs,
-            (_subs.c.item_pk == _items.c.id) & (_subs.c.state == SubmissionState.SUCCEEDED),
+            (_subs.c.item_pk == _items.c.id)
+            & (_subs.c.state == SubmissionState.SUCCEEDED)
+            & ~exists().where(_lost.c.submission_pk == _subs.c.id),
         )
         .join(_costs, _costs.c.submission_pk == _subs.c.id)
         .where(_items.c.episode_pk == episode_pk, _items.c.state == ItemState.COMPLETED)

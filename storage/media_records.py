@@ -5,7 +5,8 @@ whose file is a legacy absolute path, from before the media store).
 Both only ever *add* a media store key to a row whose bytes are proven to be the recorded
 ones: each write is guarded by the recorded sha256 (and for the import by the legacy path
 it read), so the evidence of what was paid for is never rewritten, and a second run finds
-nothing left to do. No state moves here (a completed item stays completed).
+nothing left to do. Restore and the import move no state; `lose` (`media restore
+--buy-again`) sends a completed item whose image is lost back to pending, recording it.
 """
 
 from __future__ import annotations
@@ -13,14 +14,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from sqlalchemy import Engine, Table, and_, or_, select, update
+from sqlalchemy import Engine, Table, and_, insert, or_, select, update
 
+from core.errors import CommandNotAllowed
 from core.media import StoredMedia
 from core.playlist import item_label
-from core.states import ItemState
-from storage import tx
+from core.states import DECIDED_STATES, EpisodeState, ItemState
+from storage import dbapi, statements, tx
+from storage.base import utcnow
+from storage.episodes import move_episode
 from storage.ledger import completed_images
-from storage.models import CostEntryRow, EpisodeMediaRow, EpisodeRow, ItemRow, SubmissionRow
+from storage.models import (
+    CostEntryRow,
+    EpisodeMediaRow,
+    EpisodeRow,
+    ItemRow,
+    LostOutputRow,
+    SubmissionRow,
+)
 from storage.tx import idempotent, retry_outages
 
 _items: Table = ItemRow.__table__  # type: ignore[assignment]
@@ -28,6 +39,16 @@ _subs: Table = SubmissionRow.__table__  # type: ignore[assignment]
 _costs: Table = CostEntryRow.__table__  # type: ignore[assignment]
 _media: Table = EpisodeMediaRow.__table__  # type: ignore[assignment]
 _episodes: Table = EpisodeRow.__table__  # type: ignore[assignment]
+_lost: Table = LostOutputRow.__table__  # type: ignore[assignment]
+
+
+def decided_refusal(episode_id: str, state: str) -> str:
+    """Why images of a decided episode are not bought again, and what to run first."""
+    return (
+        f"episode {episode_id} is {state}: a re-bought image has other bytes than the ones "
+        f"decided on; run `episodic reopen {episode_id} --by NAME --reason TEXT` first "
+        "(nothing was bought)"
+    )
 
 
 @dataclass(frozen=True)
@@ -48,6 +69,19 @@ class RecordedImage:
     remote_ref: str | None
     cost_minor: int
     currency: str
+    submission_pk: int = 0  # the succeeded paid call
+    position: int = 0  # the video's 1-based position in the playlist (what --only selects)
+    idempotency_key: str = ""
+    attempts: int = 0  # paid calls made for the item so far
+
+
+@dataclass(frozen=True)
+class Lost:
+    """What `MediaRecords.lose` did: the items it sent back to pending (their outputs
+    recorded lost), and whether the episode went from generated back to allocated."""
+
+    item_pks: list[int]
+    reopened_generated: bool
 
 
 FileKind = Literal["image", "cover", "manifest"]
@@ -93,6 +127,10 @@ class MediaRecords:
                     _subs.c.remote_ref,
                     _costs.c.amount_minor,
                     _costs.c.currency,
+                    _subs.c.id.label("submission_pk"),
+                    _items.c.position,
+                    _items.c.idempotency_key,
+                    _items.c.attempts,
                 )
             ).all()
         return [
@@ -108,7 +146,83 @@ class MediaRecords:
                 remote_ref=row.remote_ref,
                 cost_minor=row.amount_minor,
                 currency=row.currency,
+                submission_pk=row.submission_pk,
+                position=row.position,
+                idempotency_key=row.idempotency_key,
+                attempts=row.attempts,
             )
+            for row in rows
+        ]
+
+    def lose(self, episode_pk: int, images: list[RecordedImage], reason: str) -> Lost:
+        """`media restore --buy-again`: each of `images` (completed, its image missing from
+        the store and not served by its provider) goes back to pending, to be bought again,
+        and its loss is recorded in `lost_outputs` (which submission's output, its key,
+        sha256, size and type, why, when); its paid call stays succeeded with its cost. One
+        transaction, the episode's row first: a decided episode (approved, assembled,
+        rejected) is refused (`CommandNotAllowed`: what was decided is what ships, and a
+        new image needs a new decision, `episodic reopen`); a generated one goes back to
+        allocated (generated again when the new images complete). Guarded per item by its
+        recorded sha256: an item another process already sent back, or bought again, is
+        left as it is (not in ``item_pks``)."""
+        with tx.write(self.engine) as conn:
+            query = select(_episodes.c.state, _episodes.c.episode_id).where(
+                _episodes.c.id == episode_pk
+            )
+            if conn.dialect.name == "postgresql":
+                query = query.with_for_update()
+            state, episode_id = conn.execute(query).one()
+            if state in DECIDED_STATES:
+                raise CommandNotAllowed(decided_refusal(episode_id, state))
+            now = utcnow()
+            moved: list[int] = []
+            for image in images:
+                why = f"{reason} (job {image.remote_ref or 'none recorded'})"[:2000]
+                params = {"b_item": image.item_pk, "b_sha": image.sha256, "b_reason": why}
+                if not dbapi.rowcount(conn, statements.LOSE_OUTPUT, params):
+                    continue
+                conn.execute(
+                    insert(_lost).values(
+                        item_pk=image.item_pk,
+                        submission_pk=image.submission_pk,
+                        key=image.key,
+                        sha256=image.sha256,
+                        size=image.size,
+                        media_type=image.media_type,
+                        reason=why,
+                        lost_at=now,
+                    )
+                )
+                moved.append(image.item_pk)
+            back = bool(moved) and move_episode(
+                conn,
+                episode_pk,
+                EpisodeState.ALLOCATED,
+                {"reason": "media restore --buy-again", "items": len(moved)},
+                source=EpisodeState.GENERATED,
+            )
+            return Lost(moved, back)
+
+    def lost_unfinished(self, episode_pk: int) -> list[tuple[str, int, int]]:
+        """(item id, position, paid calls so far) of each of the episode's items whose output
+        was recorded lost and that is not completed again yet (bought again by this or
+        another process), in playlist order."""
+        with tx.read(self.engine) as conn:
+            rows = conn.execute(
+                select(
+                    _items.c.video_id,
+                    _items.c.part,
+                    _items.c.candidate,
+                    _items.c.position,
+                    _items.c.attempts,
+                )
+                .distinct()
+                .join(_lost, _lost.c.item_pk == _items.c.id)
+                .where(_items.c.episode_pk == episode_pk, _items.c.state != ItemState.COMPLETED)
+                .order_by(_items.c.position, _items.c.part, _items.c.candidate)
+            ).all()
+        return [
+            (item_label(row.video_id, row.part, row.candidate), row.position, row.attempts)
             for row in rows
         ]
 

@@ -280,6 +280,29 @@ class EpisodeMediaRow(Base):
     recorded_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
+class LostOutputRow(Base):
+    """A completed item's image the media store lost and its provider no longer served,
+    recorded when `media restore --buy-again` sends the item back to pending: which paid
+    call's output (`submission_pk`, which stays succeeded with its cost: the money was
+    spent), which key and sha256 were lost, when, and why."""
+
+    __tablename__ = "lost_outputs"
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    item_pk: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey("items.id", ondelete="RESTRICT"), index=True
+    )
+    submission_pk: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey("submissions.id", ondelete="RESTRICT"), unique=True
+    )
+    key: Mapped[str | None] = mapped_column(String(1024))
+    sha256: Mapped[str] = mapped_column(String(64))
+    size: Mapped[int | None] = mapped_column(BigInteger)
+    media_type: Mapped[str | None] = mapped_column(String(64))
+    reason: Mapped[str] = mapped_column(String(2000))
+    lost_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
 class PipelineRow(Base):
     """A pipeline's settings that every process must agree on (its timezone decides weeks).
 

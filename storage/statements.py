@@ -17,10 +17,8 @@ then writing it is a race under Postgres READ COMMITTED. The paid path's stateme
 hand-written and run on the bare driver (`storage.dbapi`: through SQLAlchemy Core each cost
 about ten times the driver's own time, bench/ledger.py); the others are SQLAlchemy Core,
 built per call with the values they set. The rooms run them in their transactions, under
-the lock order of `storage.locks`.
-
-`pipeline/check.py` and the reliability oracle keep their own encodings of these rules on
-purpose: an auditor sharing a predicate with the code it audits is blind to a bug in it."""
+the lock order of `storage.locks`. `pipeline/check.py` and the reliability oracle keep
+their own encodings of these rules on purpose (docs/architecture.md, "Two notes")."""
 
 from __future__ import annotations
 
@@ -94,9 +92,8 @@ LIVE_CLAIM_SQL = "state = 'running' AND lease_expires_at > :b_now"
 
 
 def held_by_live_claim(now: datetime) -> ColumnElement[bool]:
-    """An item running under a claim whose lease is live at `now` (its holder renews it): the
-    SQL of `core.runs.claim_live`. Never NULL (a running item without a lease is not held),
-    so its negation (``~``) is exactly the items no live claim holds."""
+    """An item running under a lease live at `now`: `core.runs.claim_live` in SQL. Never NULL
+    (no lease: not held), so its negation (``~``) is exactly the items no live claim holds."""
     return and_(
         _items.c.state == ItemState.RUNNING,
         _items.c.lease_expires_at.is_not(None),
@@ -105,9 +102,8 @@ def held_by_live_claim(now: datetime) -> ColumnElement[bool]:
 
 
 def lease_expired(now: datetime) -> ColumnElement[bool]:
-    """A running item whose claim lease ran out before `now` (or none was recorded): its
-    holder stopped renewing it, and the item may be reaped. (A lease ending exactly at `now`
-    is neither held nor expired: the sweep reaps it on its next pass.)"""
+    """A running item whose lease ran out before `now` (or none was recorded): reapable. (A
+    lease ending exactly at `now` is neither held nor expired: the next sweep reaps it.)"""
     return and_(
         _items.c.state == ItemState.RUNNING,
         or_(_items.c.lease_expires_at < now, _items.c.lease_expires_at.is_(None)),
@@ -138,16 +134,14 @@ def expired_run(now: datetime, fallback_lease_s: float) -> ColumnElement[bool]:
 
 
 def pending_expired(now: datetime, pending_ttl_s: float) -> ColumnElement[bool]:
-    """A run created more than `pending_ttl_s` seconds before `now`: one still pending never
-    started within the pending TTL (the sweep cancels it; ``~`` is a pending run still
-    admissible for dedup)."""
+    """A run created over `pending_ttl_s` seconds before `now`: one still pending never started
+    in time (the sweep cancels it; ``~`` is a pending run still admissible for dedup)."""
     return _runs.c.created_at < now - timedelta(seconds=pending_ttl_s)
 
 
 def newest_plan(episode_pk: Any) -> Select[tuple[Any]]:
-    """The id of the episode's newest recorded plan (the highest id; NULL: none), as a query
-    or, with ``.scalar_subquery()``, a value in another statement (never correlated to it:
-    `episode_pk` says which episode)."""
+    """The id of the episode's newest plan (highest id; NULL: none), as a query or, with
+    ``.scalar_subquery()``, a value in another statement (never correlated to it)."""
     return select(func.max(_plans.c.id)).where(_plans.c.episode_pk == episode_pk).correlate(None)
 
 
@@ -163,8 +157,7 @@ def newest_plan_id(conn: Connection, episode_pk: int) -> int | None:
 
 
 def live_memberships(excluding: Sequence[str] = ()) -> Select[tuple[str, int]]:
-    """(run_id, item_pk) of every live run (`LIVE_RUN_STATES`) but those in `excluding`:
-    the runs that keep an item from being cancelled."""
+    """(run_id, item_pk) of every live run but those in `excluding`: they keep items alive."""
     query = (
         select(_members.c.run_id, _members.c.item_pk)
         .join(_runs, _runs.c.id == _members.c.run_id)
@@ -174,9 +167,8 @@ def live_memberships(excluding: Sequence[str] = ()) -> Select[tuple[str, int]]:
 
 
 def orphaned_pending(candidates: Select[Any], excluding: Sequence[str] = ()) -> ColumnElement[bool]:
-    """The pending items among `candidates` (a query of item pks) that no live run includes,
-    the runs in `excluding` not counted (runs being cancelled or failed in the same
-    transaction): nothing will ever run them, so they are cancelled."""
+    """The pending items among `candidates` (item pks) no live run but `excluding` (runs
+    cancelled or failed in the same transaction) includes: nothing will run them."""
     return and_(
         _items.c.id.in_(candidates),
         _items.c.id.not_in(select(live_memberships(excluding).subquery().c.item_pk)),
@@ -263,6 +255,14 @@ COMPLETE_ITEM = DriverSQL(
     "output_sha256 = :b_sha, output_size = :b_size, output_media_type = :b_type, "
     "output_path = NULL, lease_expires_at = NULL, finished_at = :b_now "
     "WHERE id = :b_item AND claim_owner = :b_owner AND state = 'running'"
+)
+
+# `media restore --buy-again`: a lost image is bought again (`lost_outputs` keeps the loss).
+# item: completed -> pending
+LOSE_OUTPUT = DriverSQL(
+    "UPDATE items SET state = 'pending', error_text = :b_reason, output_key = NULL, "
+    "output_sha256 = NULL, output_size = NULL, output_media_type = NULL, output_path = NULL "
+    "WHERE id = :b_item AND state = 'completed' AND output_sha256 = :b_sha"
 )
 
 

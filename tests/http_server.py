@@ -16,9 +16,11 @@ Collect: ``[[POLL_QUEUED:n]]`` (status ``queued``), ``[[POLL_401:n]]``, ``[[POLL
 
 Options: ``honour_idempotency`` (False: every create makes a new job), ``processing_polls``
 (polls answered ``processing`` before the job succeeds), ``price_minor`` (billed per job made),
-``list_ignores_filter`` (the list returns every job, newest first), ``page_size`` (the list is
-paginated with relative ``next`` links), ``output_host`` (outputs are served by a second
-``FileServer`` on another origin). Both servers record every request in ``requests``.
+``expired`` (job ids whose output file answers 410 Gone: the output expired while the job
+still polls succeeded), ``list_ignores_filter`` (the list returns every job, newest first),
+``page_size`` (the list is paginated with relative ``next`` links), ``output_host`` (outputs
+are served by a second ``FileServer`` on another origin). Both servers record every request
+in ``requests``.
 
 ``reply`` (for fuzzing): a callable ``(kind, path) -> (status, body) | None`` asked before each
 answer (kind: ``create``, ``poll``, ``list`` or ``file``); a non-None answer is sent instead
@@ -136,6 +138,9 @@ class PredictionsServer(_Http):
         self.jobs_made: Counter[str] = Counter()  # jobs created, per Idempotency-Key
         self.create_calls: Counter[str] = Counter()  # every create call that arrived
         self.downloads: Counter[str] = Counter()  # per job id
+        # job ids whose output expired: the job still polls succeeded, its file answers 410
+        # (as a provider that keeps a prediction's record longer than its output)
+        self.expired: set[str] = set()
         self.bill_minor = 0
         self.lock = threading.Lock()
         self.processing_polls = processing_polls
@@ -233,6 +238,8 @@ class PredictionsServer(_Http):
         with self.lock:
             self.downloads[job_id] += 1
             count = self.downloads[job_id]
+        if job_id in self.expired:
+            return 410, {"detail": "output expired"}
         if not self.faults_off and _hits(job["prompt"], "DOWNLOAD_404", count):
             return 404, {"detail": "not there yet"}
         return 200, render_png(job["prompt"], job["seed"])

@@ -1,0 +1,212 @@
+"""`episodic media restore E --buy-again`: what the provider no longer serves is bought
+again, as a normal paid call; everything it still serves is restored free first.
+
+In this order, so that nothing is bought before everything that can refuse has refused:
+
+1. `pipeline.restore.restore`: every completed image the store lost is collected again from
+   its recorded job (free). Only the items it reports ``not_served`` are candidates.
+2. A candidate from an earlier plan than the current one is not bought (a generate of the
+   current plan would never run it); a decided episode (approved, assembled, rejected) is
+   refused in one line naming `episodic reopen`: a re-bought image has other bytes than the
+   ones decided on, and what was approved is exactly what ships.
+3. The quote (count, price per image of the current plan's profile, the exact total) is
+   checked against the caps (``--max-cost``/``--max-images``, else EPISODIC_MAX_RUN_COST:
+   `core.planning.budget_breach`, the rule every run obeys), then shown to `confirm`;
+   refused (`BudgetExceeded`) or not confirmed (`CommandNotAllowed`): nothing written.
+4. `MediaRecords.lose`: each candidate goes completed -> pending in one transaction, its lost
+   output recorded (`lost_outputs`: which submission, key, sha256, when, why), its paid call
+   kept as succeeded with its cost; a generated episode goes back to allocated.
+5. `pipeline.generation.generate` with ``--only`` the videos of every item recorded lost and
+   not completed again (this process's and any other's): admission, dedup, claims, leases
+   and the ledger decide exactly as for any generate, so two of these commands racing make
+   one job per item, and the run's own budget guard counts the re-bought items again.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from core.errors import BudgetExceeded, CommandNotAllowed
+from core.money import format_minor
+from core.planning import RunOptions, budget_breach
+from core.settings import Settings
+from core.states import DECIDED_STATES
+from pipeline.executors import ItemExecutor, thread_pool_executor
+from pipeline.gate import CredentialSource
+from pipeline.generation import generate, prepare
+from pipeline.outcomes import RunOutcome
+from pipeline.restore import DEFAULT_COLLECT_TIMEOUT_S, OnItem, OnPlan, RestoreReport, restore
+from storage.media_records import MediaRecords, decided_refusal
+from storage.tx import Database
+
+
+@dataclass(frozen=True)
+class Quote:
+    """What buying again would cost: ``items`` (their ids) at ``price_minor`` each, in
+    minor units of ``currency``, ``total_minor`` in all, from provider profile ``profile``."""
+
+    episode_id: str
+    items: list[str]
+    price_minor: int
+    currency: str
+    profile: str
+
+    @property
+    def total_minor(self) -> int:
+        return self.price_minor * len(self.items)
+
+    def describe(self) -> str:
+        price = format_minor(self.price_minor, self.currency)
+        total = format_minor(self.total_minor, self.currency)
+        return (
+            f"buying {len(self.items)} images of {self.episode_id} again "
+            f"({', '.join(self.items)}) at {price} each from {self.profile}: {total}"
+        )
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "items": self.items,
+            "count": len(self.items),
+            "price_minor": self.price_minor,
+            "total_minor": self.total_minor,
+            "currency": self.currency,
+            "profile": self.profile,
+        }
+
+
+@dataclass
+class BuyAgainReport:
+    """The free restore, what was quoted (None: nothing to buy), which items this process
+    recorded lost, and the generation run that bought them (None: none was needed)."""
+
+    restore: RestoreReport
+    quote: Quote | None = None
+    lost: list[str] | None = None
+    outcome: RunOutcome | None = None
+    earlier_plan: list[str] | None = None  # not served, not in the current plan: not bought
+
+    @property
+    def complete(self) -> bool:
+        """Every completed image is in the store, and every one bought again completed."""
+        bought = set(self.quote.items) if self.quote is not None else set()
+        free = all(
+            i.status in ("present", "imported", "restored") or i.item_id in bought
+            for i in self.restore.items
+        )
+        return free and (self.outcome is None or self.outcome.exit_code == 0)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            **self.restore.to_dict(),
+            "complete": self.complete,
+            "paid_calls": self.outcome.counts.paid_submissions if self.outcome else 0,
+            "buy_again": None if self.quote is None else self.quote.to_dict(),
+            "recorded_lost": self.lost or [],
+            "earlier_plan": self.earlier_plan or [],
+            "run": None if self.outcome is None else self.outcome.to_dict(),
+        }
+
+
+Confirm = Callable[[Quote], bool]
+
+
+def buy_again(
+    engine: Database,
+    settings: Settings,
+    pipeline: str,
+    episode_id: str,
+    credentials: CredentialSource,
+    options: RunOptions,
+    confirm: Confirm,
+    *,
+    collect_timeout_s: float = DEFAULT_COLLECT_TIMEOUT_S,
+    stop: threading.Event | None = None,
+    on_plan: OnPlan | None = None,
+    on_item: OnItem | None = None,
+    executor: ItemExecutor = thread_pool_executor,
+) -> BuyAgainReport:
+    """Restore free, then buy again what the provider no longer serves (module docstring).
+
+    `options`: the run's (``only`` is replaced by the lost items' videos); `confirm(quote)`
+    is asked once, after the caps passed and before anything is written. Errors, all before
+    any state moves or any paid call: those of `restore`, `CommandNotAllowed` (no plan, a
+    decided episode, not confirmed; exit 2), `BudgetExceeded` (2)."""
+    report = BuyAgainReport(
+        restore(
+            engine,
+            settings,
+            pipeline,
+            episode_id,
+            credentials,
+            collect_timeout_s=collect_timeout_s,
+            stop=stop,
+            on_plan=on_plan,
+            on_item=on_item,
+        )
+    )
+    records = MediaRecords(engine)
+    prepared = prepare(engine, settings, pipeline, episode_id, "restore")
+    gate = prepared.gate
+    not_served = {i.item_id for i in report.restore.items if i.status == "not_served"}
+    planned = {item.idempotency_key for item in prepared.items}
+    images = [image for image in records.images(gate.episode_pk) if image.item_id in not_served]
+    wanted = [image for image in images if image.idempotency_key in planned]
+    report.earlier_plan = [image.item_id for image in images if image not in wanted]
+    # and what this or another process recorded lost and is not bought yet (one killed
+    # after recording, one buying now): quoted and confirmed too, since this run may pay
+    unfinished = [label for label, _, _ in records.lost_unfinished(gate.episode_pk)]
+    quoted = [image.item_id for image in wanted] + [
+        label for label in unfinished if label not in not_served
+    ]
+    if not quoted:
+        return report
+    if wanted and gate.episode.state in DECIDED_STATES:
+        raise CommandNotAllowed(decided_refusal(gate.episode_id, gate.episode.state))
+    report.quote = quote = Quote(
+        gate.episode_id,
+        quoted,
+        prepared.profile.cost_per_image_minor,
+        prepared.profile.currency,
+        prepared.profile.id,
+    )
+    _check_caps(quote, options, settings)
+    if not confirm(quote):
+        raise CommandNotAllowed(f"not confirmed: {quote.describe()}; nothing was bought")
+    if wanted:
+        lost = records.lose(gate.episode_pk, wanted, _REASON)
+        report.lost = [image.item_id for image in wanted if image.item_pk in lost.item_pks]
+    left = records.lost_unfinished(gate.episode_pk)
+    if left:  # this process's, and any another one recorded and has not bought
+        run_options = replace(
+            options,
+            only=frozenset(position for _, position, _ in left),
+            # the re-buy's own first call and its retries, after the calls already made
+            max_retries=options.max_retries + max(attempts for _, _, attempts in left),
+        )
+        report.outcome = generate(
+            engine, settings, pipeline, episode_id, run_options, credentials, executor=executor
+        )
+    return report
+
+
+def _check_caps(quote: Quote, options: RunOptions, settings: Settings) -> None:
+    """The rule every run obeys (`budget_breach`), on the re-bought items: refused in one
+    line, nothing written."""
+    if options.cap_minor is None:
+        options = replace(options, cap_minor=settings.max_run_cost_minor)
+    breach = budget_breach(len(quote.items), quote.total_minor, options)
+    if breach is None:
+        return
+    limit = {
+        "cap": f"the per-run cap EPISODIC_MAX_RUN_COST "
+        f"({format_minor(options.cap_minor or 0, quote.currency)}); pass --max-cost or "
+        "--max-images to allow it",
+        "max_images": f"--max-images {options.max_images}",
+        "max_cost": f"--max-cost {format_minor(options.max_cost_minor or 0, quote.currency)}",
+    }[breach]
+    raise BudgetExceeded(f"{quote.describe()}, above {limit}; nothing was bought")
+
+
+_REASON = "media restore --buy-again: missing from the store, not served by its provider"
