@@ -149,17 +149,17 @@ def buy_again(
     records = MediaRecords(engine)
     prepared = prepare(engine, settings, pipeline, episode_id, "restore")
     gate = prepared.gate
-    not_served = {i.item_id for i in report.restore.items if i.status == "not_served"}
+    served = zip(report.restore.item_pks, report.restore.items, strict=True)
+    not_served = {pk for pk, item in served if item.status == "not_served"}
     planned = {item.idempotency_key for item in prepared.items}
-    images = [image for image in records.images(gate.episode_pk) if image.item_id in not_served]
+    images = [image for image in records.images(gate.episode_pk) if image.item_pk in not_served]
     wanted = [image for image in images if image.idempotency_key in planned]
     report.earlier_plan = [image.item_id for image in images if image not in wanted]
     # and what this or another process recorded lost and is not bought yet (one killed
     # after recording, one buying now): quoted and confirmed too, since this run may pay
     unfinished = [label for label, _, _ in records.lost_unfinished(gate.episode_pk)]
-    quoted = [image.item_id for image in wanted] + [
-        label for label in unfinished if label not in not_served
-    ]
+    quoted = [image.item_id for image in wanted]
+    quoted += [label for label in unfinished if label not in quoted]
     if not quoted:
         return report
     if wanted and gate.episode.state in DECIDED_STATES:
@@ -179,11 +179,19 @@ def buy_again(
         report.lost = [image.item_id for image in wanted if image.item_pk in lost.item_pks]
     left = records.lost_unfinished(gate.episode_pk)
     if left:  # this process's, and any another one recorded and has not bought
+        # No more than what was quoted: as many paid calls as lost items at the quoted
+        # price (another item of those videos that never completed is not bought here: the
+        # run's own guard refuses it), within any --max-images/--max-cost given.
+        calls, cost = len(left), len(left) * quote.price_minor
         run_options = replace(
             options,
             only=frozenset(position for _, position, _ in left),
             # the re-buy's own first call and its retries, after the calls already made
             max_retries=options.max_retries + max(attempts for _, _, attempts in left),
+            max_images=calls if options.max_images is None else min(calls, options.max_images),
+            max_cost_minor=cost
+            if options.max_cost_minor is None
+            else min(cost, options.max_cost_minor),
         )
         report.outcome = generate(
             engine, settings, pipeline, episode_id, run_options, credentials, executor=executor

@@ -73,6 +73,7 @@ class RestoreReport:
     items: list[ItemRestore] = field(default_factory=list)
     collected: int = 0
     paid_calls: int = 0
+    item_pks: list[int] = field(default_factory=list)  # of `items`, in step (not shown)
 
     @property
     def complete(self) -> bool:
@@ -164,6 +165,7 @@ def restore(
         for provider in providers.values():
             provider.close()
     report.items = [done for done in found if done is not None]
+    report.item_pks = [images[n].item_pk for n, done in enumerate(found) if done is not None]
     return report
 
 
