@@ -297,3 +297,32 @@ def test_the_command_refuses_without_yes_off_a_terminal(
     assert "buying 1 images" in done.stderr and "v01.p1" in done.stderr
     assert sum(jobs_per_key().values()) == sum(before.values()) + 1
     assert check_episodes(engine, "weekly", episode.episode_id) == []
+
+
+def test_a_loss_recorded_by_a_command_that_died_is_quoted_and_bought_by_the_next(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """The state after step 2 (recorded lost, not bought: a kill between the two) is
+    consistent for `check`, and the next `--buy-again` quotes, asks for and buys it once."""
+    from storage.media_records import MediaRecords
+
+    episode = _generated(engine, tmp_path)
+    _lose(engine, "v02", job_too=True)
+    records = MediaRecords(engine)
+    with engine.connect() as conn:
+        episode_pk = conn.execute(
+            text("SELECT id FROM episodes WHERE episode_id = :e"), {"e": episode.episode_id}
+        ).scalar_one()
+    lost = [image for image in records.images(episode_pk) if image.item_id == "v02.p1"]
+    assert records.lose(episode_pk, lost, "test: the command died next").item_pks
+    assert _state(engine, episode.episode_id) == "allocated"
+    assert check_episodes(engine, "weekly", episode.episode_id) == []
+    before = jobs_per_key()
+    quotes: list[Quote] = []
+
+    report = _buy(episode, quotes=quotes)
+
+    assert [q.items for q in quotes] == [["v02.p1"]] and report.lost in (None, [])
+    assert report.complete and sum(jobs_per_key().values()) == sum(before.values()) + 1
+    assert _state(engine, episode.episode_id) == "generated"
+    assert check_episodes(engine, "weekly", episode.episode_id) == []
