@@ -61,7 +61,8 @@ class Quote:
         price = format_minor(self.price_minor, self.currency)
         total = format_minor(self.total_minor, self.currency)
         return (
-            f"buying {len(self.items)} images of {self.episode_id} again "
+            f"buying {len(self.items)} image{'' if len(self.items) == 1 else 's'} of "
+            f"{self.episode_id} again "
             f"({', '.join(self.items)}) at {price} each from {self.profile}: {total}"
         )
 

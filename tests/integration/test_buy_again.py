@@ -8,6 +8,7 @@ log (jobs it made, per item key) and the HTTP server's jobs.
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import subprocess
@@ -294,9 +295,16 @@ def test_the_command_refuses_without_yes_off_a_terminal(
     assert jobs_per_key() == before and _lost_rows(engine) == []
     done = subprocess.run([*command, "--buy-again", "--yes"], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "buying 1 images" in done.stderr and "v01.p1" in done.stderr
+    assert "buying 1 image of" in done.stderr and "v01.p1" in done.stderr
+    assert "bought again:" in done.stdout and "v01.p1: not served" in done.stdout
     assert sum(jobs_per_key().values()) == sum(before.values()) + 1
     assert check_episodes(engine, "weekly", episode.episode_id) == []
+    again = subprocess.run(
+        [*command, "--buy-again", "--json"], capture_output=True, text=True, check=True
+    )
+    answer = json.loads(again.stdout)  # nothing left to buy: nothing asked, nothing paid
+    assert answer["complete"] and answer["buy_again"] is None and answer["paid_calls"] == 0
+    assert answer["run"] is None and answer["counts"] == {"present": 3}
 
 
 def test_a_loss_recorded_by_a_command_that_died_is_quoted_and_bought_by_the_next(
