@@ -176,7 +176,7 @@ class MediaRecords:
                 raise CommandNotAllowed(decided_refusal(episode_id, state))
             now = utcnow()
             moved: list[int] = []
-            for image in images:
+            for image in sorted(images, key=lambda found: found.item_pk):  # the lock order
                 why = f"{reason} (job {image.remote_ref or 'none recorded'})"[:2000]
                 params = {"b_item": image.item_pk, "b_sha": image.sha256, "b_reason": why}
                 if not dbapi.rowcount(conn, statements.LOSE_OUTPUT, params):
