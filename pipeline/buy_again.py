@@ -35,10 +35,10 @@ from core.settings import Settings
 from core.states import DECIDED_STATES
 from pipeline.executors import ItemExecutor, thread_pool_executor
 from pipeline.gate import CredentialSource
-from pipeline.generation import generate, prepare
+from pipeline.generation import Prepared, generate, prepare
 from pipeline.outcomes import RunOutcome
 from pipeline.restore import DEFAULT_COLLECT_TIMEOUT_S, OnItem, OnPlan, RestoreReport, restore
-from storage.media_records import MediaRecords, decided_refusal
+from storage.media_records import MediaRecords, RecordedImage, decided_refusal
 from storage.tx import Database
 
 
@@ -150,27 +150,20 @@ def buy_again(
     records = MediaRecords(engine)
     prepared = prepare(engine, settings, pipeline, episode_id, "restore")
     gate = prepared.gate
-    served = zip(report.restore.item_pks, report.restore.items, strict=True)
-    not_served = {pk for pk, item in served if item.status == "not_served"}
-    planned = {item.idempotency_key for item in prepared.items}
-    images = [image for image in records.images(gate.episode_pk) if image.item_pk in not_served]
-    wanted = [image for image in images if image.idempotency_key in planned]
-    report.earlier_plan = [image.item_id for image in images if image not in wanted]
+    wanted, report.earlier_plan = _candidates(report.restore, records, prepared)
     # and what this or another process recorded lost and is not bought yet (one killed
     # after recording, one buying now): quoted and confirmed too, since this run may pay
-    unfinished = [label for label, _, _ in records.lost_unfinished(gate.episode_pk)]
     quoted = [image.item_id for image in wanted]
-    quoted += [label for label in unfinished if label not in quoted]
+    quoted += [
+        label for label, _, _ in records.lost_unfinished(gate.episode_pk) if label not in quoted
+    ]
     if not quoted:
         return report
     if wanted and gate.episode.state in DECIDED_STATES:
         raise CommandNotAllowed(decided_refusal(gate.episode_id, gate.episode.state))
+    profile = prepared.profile
     report.quote = quote = Quote(
-        gate.episode_id,
-        quoted,
-        prepared.profile.cost_per_image_minor,
-        prepared.profile.currency,
-        prepared.profile.id,
+        gate.episode_id, quoted, profile.cost_per_image_minor, profile.currency, profile.id
     )
     _check_caps(quote, options, settings)
     if not confirm(quote):
@@ -180,24 +173,48 @@ def buy_again(
         report.lost = [image.item_id for image in wanted if image.item_pk in lost.item_pks]
     left = records.lost_unfinished(gate.episode_pk)
     if left:  # this process's, and any another one recorded and has not bought
-        # No more than what was quoted: as many paid calls as lost items at the quoted
-        # price (another item of those videos that never completed is not bought here: the
-        # run's own guard refuses it), within any --max-images/--max-cost given.
-        calls, cost = len(left), len(left) * quote.price_minor
-        run_options = replace(
-            options,
-            only=frozenset(position for _, position, _ in left),
-            # the re-buy's own first call and its retries, after the calls already made
-            max_retries=options.max_retries + max(attempts for _, _, attempts in left),
-            max_images=calls if options.max_images is None else min(calls, options.max_images),
-            max_cost_minor=cost
-            if options.max_cost_minor is None
-            else min(cost, options.max_cost_minor),
-        )
         report.outcome = generate(
-            engine, settings, pipeline, episode_id, run_options, credentials, executor=executor
+            engine,
+            settings,
+            pipeline,
+            episode_id,
+            _bounded(options, quote, left),
+            credentials,
+            executor=executor,
         )
     return report
+
+
+def _candidates(
+    restored: RestoreReport, records: MediaRecords, prepared: Prepared
+) -> tuple[list[RecordedImage], list[str]]:
+    """The images restore found not served, by item row: those of the current plan (to buy
+    again), and the ids of those of an earlier plan (a generate of the current plan would
+    never run them: not bought)."""
+    served = zip(restored.item_pks, restored.items, strict=True)
+    not_served = {pk for pk, item in served if item.status == "not_served"}
+    planned = {item.idempotency_key for item in prepared.items}
+    images = [i for i in records.images(prepared.gate.episode_pk) if i.item_pk in not_served]
+    wanted = [image for image in images if image.idempotency_key in planned]
+    return wanted, [image.item_id for image in images if image not in wanted]
+
+
+def _bounded(options: RunOptions, quote: Quote, left: list[tuple[str, int, int]]) -> RunOptions:
+    """The run's options: ``--only`` the videos of the `left` items (recorded lost, not
+    completed again), their own first call and retries after the calls already made, and
+    no more paid calls nor cost than `quote` (an item of those videos that never completed,
+    or one recorded lost since by another process, is not bought here: the run's own guard
+    refuses it), within any --max-images/--max-cost given."""
+    calls, cost = len(quote.items), quote.total_minor
+    return replace(
+        options,
+        only=frozenset(position for _, position, _ in left),
+        max_retries=options.max_retries + max(attempts for _, _, attempts in left),
+        max_images=calls if options.max_images is None else min(calls, options.max_images),
+        max_cost_minor=cost
+        if options.max_cost_minor is None
+        else min(cost, options.max_cost_minor),
+    )
 
 
 def _check_caps(quote: Quote, options: RunOptions, settings: Settings) -> None:
