@@ -154,6 +154,7 @@ class MediaRecords:
             for row in rows
         ]
 
+    @idempotent  # guarded: a second run after a lost COMMIT reply moves nothing again
     def lose(self, episode_pk: int, images: list[RecordedImage], reason: str) -> Lost:
         """`media restore --buy-again`: each of `images` (completed, its image missing from
         the store and not served by its provider) goes back to pending, to be bought again,
