@@ -34,7 +34,7 @@ from core.planning import RunOptions, budget_breach
 from core.settings import Settings
 from core.states import DECIDED_STATES
 from pipeline.executors import ItemExecutor, thread_pool_executor
-from pipeline.gate import CredentialSource
+from pipeline.gate import CredentialSource, open_gate
 from pipeline.generation import Prepared, generate, prepare
 from pipeline.outcomes import RunOutcome
 from pipeline.restore import DEFAULT_COLLECT_TIMEOUT_S, OnItem, OnPlan, RestoreReport, restore
@@ -148,6 +148,10 @@ def buy_again(
         )
     )
     records = MediaRecords(engine)
+    if all(i.status != "not_served" for i in report.restore.items) and not (
+        records.lost_unfinished(open_gate(engine, pipeline, episode_id, "restore").episode_pk)
+    ):
+        return report  # nothing to buy: no plan or profile needed
     prepared = prepare(engine, settings, pipeline, episode_id, "restore")
     gate = prepared.gate
     wanted, report.earlier_plan = _candidates(report.restore, records, prepared)
