@@ -34,6 +34,7 @@ from tests.generation import (
     write_playlist,
 )
 from tests.http_server import TOKEN, PredictionsServer
+from tests.media_targets import MediaTarget
 
 
 @pytest.fixture(autouse=True)
@@ -48,9 +49,12 @@ def _generated(engine: Engine, tmp_path: Path, titles: list[str] | None = None) 
     return episode
 
 
-def _lose(engine: Engine, video_id: str, *, job_too: bool) -> tuple[str, str]:
-    """The store loses `video_id`'s image; with `job_too` the fake provider forgets its job
-    (no longer served). (key, sha256) of what was lost."""
+def _lose(
+    engine: Engine, video_id: str, *, job_too: bool, media: MediaTarget | None = None
+) -> tuple[str, str]:
+    """The store loses `video_id`'s image (deleted behind the store of `media`, or of the
+    default local folder); with `job_too` the fake provider forgets its job (no longer
+    served). (key, sha256) of what was lost."""
     with engine.connect() as conn:
         key, sha, ref = conn.execute(
             text(
@@ -60,7 +64,10 @@ def _lose(engine: Engine, video_id: str, *, job_too: bool) -> tuple[str, str]:
             ),
             {"v": video_id},
         ).one()
-    store_file(key).unlink()
+    if media is not None:
+        media.delete_behind(key)
+    else:
+        store_file(key).unlink()
     if job_too:
         (Path(os.environ["EPISODIC_HOME"]) / "fake-provider" / f"{ref}.json").unlink()
     return key, sha
@@ -123,11 +130,12 @@ def _state(engine: Engine, episode_id: str) -> str:
 
 
 def test_only_what_the_provider_no_longer_serves_is_bought_and_check_stays_clean(
-    engine: Engine, tmp_path: Path
+    engine: Engine, tmp_path: Path, media: MediaTarget
 ) -> None:
+    """On both stores: the local folder and a bucket of the S3 server."""
     episode = _generated(engine, tmp_path)
-    lost_key, lost_sha = _lose(engine, "v01", job_too=True)  # gone at the provider too
-    _lose(engine, "v02", job_too=False)  # the provider still serves it: free
+    lost_key, lost_sha = _lose(engine, "v01", job_too=True, media=media)  # gone there too
+    _lose(engine, "v02", job_too=False, media=media)  # the provider still serves it: free
     before = jobs_per_key()
     quotes: list[Quote] = []
 
