@@ -66,6 +66,7 @@ ui-check: bootstrap  ## the approval form in a real browser: the images, a rejec
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; }
 	$(UV) sync --frozen --compile-bytecode --group ui
 	$(BIN)/python -m tests.ui.ui_check
+	$(BIN)/python -m tests.ui.two_machines_check
 
 clean:  ## build artefacts only: the environment, caches, dist/build; never the state (.episodic)
 	rm -rf $(VENV) $(TOOLS) .pytest_cache .mypy_cache .ruff_cache .hypothesis dist build

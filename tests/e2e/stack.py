@@ -450,6 +450,8 @@ class Worker(_Stoppable):
     PREFECT_API_URL.  ``extra_env`` is added on top (EPISODIC_DATABASE_URL, ...).  Flow-run
     processes inherit the worker's environment.  As a context manager the worker is started
     and awaited ONLINE (it has sent a heartbeat to the server), and stopped on exit.
+    ``python``: the interpreter the worker runs with (default: this process's), e.g. another
+    project copy's ``.venv/bin/python`` for a worker "on another machine".
     """
 
     def __init__(
@@ -467,7 +469,9 @@ class Worker(_Stoppable):
         query_seconds: float = 1.0,
         heartbeat_seconds: float = 5.0,
         stop_grace: float = 10.0,
+        python: Path | str | None = None,
     ) -> None:
+        self.python = str(python or sys.executable)
         self.pool = pool
         self.cwd = Path(cwd)
         self.limit = limit
@@ -505,7 +509,7 @@ class Worker(_Stoppable):
 
     def command(self) -> list[str]:
         cmd = [
-            sys.executable, "-m", "prefect", "worker", "start",
+            self.python, "-m", "prefect", "worker", "start",
             "--pool", self.pool, "--type", self.worker_type, "--name", self.name,
             "--install-policy", "never",
         ]  # fmt: skip
