@@ -277,7 +277,12 @@ def generate(
     store = RunStore(engine)
     report = plan(PlanStore(engine), prepared.gate, prepared.items, options, prepared.profile)
     check_budget(report, options)
-    run = build_runner(engine, settings, prepared, credentials, executor)
+    # With nothing to submit, collect or reconcile no provider is needed: no credential is
+    # read and the store is not probed (a resumed weekly run on another worker, a repeated
+    # command). A live run of the same request that admission joins still gets one below.
+    run = (
+        build_runner(engine, settings, prepared, credentials, executor) if report.has_work else None
+    )
     admission = admit_run(  # records a --hero-candidates plan once nothing can refuse it
         AdmissionStore(engine),
         prepared.gate,
@@ -290,13 +295,22 @@ def generate(
         plan_id=prepared.plan_id,
         replan=_replan_record(prepared),
     )
-    run.plan_id = admission.plan_id  # the plan it runs (the new one after a replan)
     if admission.run_id is None:
         outcome = nothing_to_do(prepared.gate, report, options)
-        if outcome.state == RunState.COMPLETED:
-            run.mark_generated(None)  # an allocated episode only: a decision stands
+        if outcome.state == RunState.COMPLETED:  # an allocated episode only: a decision stands
+            planned = frozenset(item.idempotency_key for item in prepared.items)
+            mark_generated(
+                EpisodeRepository(engine),
+                prepared.gate.episode_pk,
+                planned,
+                None,
+                admission.plan_id,
+            )
             outcome = _with_decision(engine, prepared.gate, outcome)
         return outcome
+    if run is None:  # joined a live run of the same request: it needs this process's provider
+        run = build_runner(engine, settings, prepared, credentials, executor)
+    run.plan_id = admission.plan_id  # the plan it runs (the new one after a replan)
     return _execute_admitted(store, run, admission.run_id, admission, options, report, on_start)
 
 
