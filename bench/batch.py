@@ -1,21 +1,30 @@
-"""Batch benchmark for paid generation (issue 3), each figure next to a baseline of the same run.
+"""Batch benchmark for paid generation (issues 3, 30): each figure beside a baseline of its run.
 
-(a) makespan of 200 items at 200 ms (and 2 s) fake latency, concurrency 8 and 32: the CLI
-    (`episodic generate` in a subprocess; the run's makespan from the ledger) against the
-    ideal (target <= 1.10x), and the `generate_episode` flow against the bare-Prefect floor
-    measured in the same run: plain tasks sleeping the same latency on the same
-    `ThreadPoolTaskRunner` and the same ephemeral server (target <= 1.15x). The flow runs on
-    the embedded SQLite database and, unless --skip-postgres, on a Postgres database too.
-    The ideal is what a perfect scheduler achieves with items of a fixed latency: they run in
-    waves of `concurrency`, so ceil(items / concurrency) x latency (200 items at 32 make 7
-    waves, 1.40 s; items / concurrency x latency, 1.25 s, cannot be reached). Items under
-    a second run --rounds rounds (3) of floor and flow side by side; each ratio is the median
-    of the rounds' ratios, with their range.
+(a) makespan of 200 items at 200 ms (and 2 s) fake latency, concurrency 8 and 32:
+    - the CLI (`episodic generate` in a subprocess; the run's makespan from the ledger)
+      against the ideal (target <= 1.10x); and, unless --skip-s3, the same command with the
+      media store in a bucket of a moto S3 server on loopback (`tests/s3_server.py`, a
+      process of its own, nothing leaves the machine) against the local folder, side by
+      side in each round (target <= 1.10x);
+    - two floors, measured in the same run on the same `ThreadPoolTaskRunner` and the same
+      ephemeral server: the sleeping floor (plain tasks sleeping the latency) and the
+      same-work floor, the flow a user would otherwise write (bare Prefect tasks that call
+      the same fake provider, which simulates the server side: job files and the PNG render,
+      and store the same images in a local folder through the same media store; Prefect's
+      own result caching, no ledger, no claims);
+    - the `generate_episode` flow against each floor (target <= 1.15x the same-work floor).
+    The flow runs on the embedded SQLite database and, unless --skip-postgres, on Postgres
+    too. The ideal is what a perfect scheduler achieves with items of a fixed latency: they
+    run in waves of `concurrency`, so ceil(items / concurrency) x latency (200 items at 32
+    make 7 waves, 1.40 s; items / concurrency x latency, 1.25 s, cannot be reached). Items
+    under a second run --rounds rounds (3) of each side, one after the other; each ratio is
+    the median of the rounds' ratios, with their range, and each side prints its rounds.
 (b) bookkeeping: see bench/ledger.py (the per-item ledger against raw SQL issuing the same
     commits, on both backends).
 (c) planning a resume of 100,000 items of which 99% are complete. Target < 1 s on each backend.
 
-Run: make bench  (or .venv/bin/python -m bench.batch [--skip-postgres] [--skip-flow] [--rounds N])
+Run: make bench  (or .venv/bin/python -m bench.batch [--skip-postgres] [--skip-s3] [--skip-flow]
+[--rounds N] [--prefect-heartbeats] [--makespan ITEMS:MS:CONCURRENCY])
 """
 
 from __future__ import annotations
