@@ -281,7 +281,7 @@ def bench_makespan(
             spread = ", ".join(f"{f[0]:.2f}" for f in measured)
             print(
                 f"    generate_episode, {backend:8} {wall:6.2f} s = {_median(ratios):.2f}x the floor "
-                f"(target <= 1.15x{_rounds_text(ratios)}; {wall / ideal:.2f}x ideal; CPU "
+                f"(sleeping{_rounds_text(ratios)}; {wall / ideal:.2f}x ideal; CPU "
                 f"{_median([f[1] for f in measured]):.2f} s = "
                 f"{_median(cpu_ratios):.2f}x the floor's makespan; rounds: {spread} s)"
             )
