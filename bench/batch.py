@@ -1,26 +1,36 @@
-"""Batch benchmark for paid generation (issue 3), each figure next to a baseline of the same run.
+"""Batch benchmark for paid generation (issues 3, 30): each figure beside a baseline of its run.
 
-(a) makespan of 200 items at 200 ms (and 2 s) fake latency, concurrency 8 and 32: the CLI
-    (`episodic generate` in a subprocess; the run's makespan from the ledger) against the
-    ideal (target <= 1.10x), and the `generate_episode` flow against the bare-Prefect floor
-    measured in the same run: plain tasks sleeping the same latency on the same
-    `ThreadPoolTaskRunner` and the same ephemeral server (target <= 1.15x). The flow runs on
-    the embedded SQLite database and, unless --skip-postgres, on a Postgres database too.
-    The ideal is what a perfect scheduler achieves with items of a fixed latency: they run in
-    waves of `concurrency`, so ceil(items / concurrency) x latency (200 items at 32 make 7
-    waves, 1.40 s; items / concurrency x latency, 1.25 s, cannot be reached). Items under
-    a second run --rounds rounds (3) of floor and flow side by side; each ratio is the median
-    of the rounds' ratios, with their range.
+(a) makespan of 200 items at 200 ms (and 2 s) fake latency, concurrency 8 and 32:
+    - the CLI (`episodic generate` in a subprocess; the run's makespan from the ledger)
+      against the ideal (target <= 1.10x); and, unless --skip-s3, the same command with the
+      media store in a bucket of a moto S3 server on loopback (`tests/s3_server.py`, a
+      process of its own, nothing leaves the machine) against the local folder, side by
+      side in each round (target <= 1.10x);
+    - two floors, measured in the same run on the same `ThreadPoolTaskRunner` and the same
+      ephemeral server: the sleeping floor (plain tasks sleeping the latency) and the
+      same-work floor, the flow a user would otherwise write (bare Prefect tasks that call
+      the same fake provider, which simulates the server side: job files and the PNG render,
+      and store the same images in a local folder through the same media store; Prefect's
+      own result caching, no ledger, no claims);
+    - the `generate_episode` flow against each floor (target <= 1.15x the same-work floor).
+    The flow runs on the embedded SQLite database and, unless --skip-postgres, on Postgres
+    too. The ideal is what a perfect scheduler achieves with items of a fixed latency: they
+    run in waves of `concurrency`, so ceil(items / concurrency) x latency (200 items at 32
+    make 7 waves, 1.40 s; items / concurrency x latency, 1.25 s, cannot be reached). Items
+    under a second run --rounds rounds (3) of each side, one after the other; each ratio is
+    the median of the rounds' ratios, with their range, and each side prints its rounds.
 (b) bookkeeping: see bench/ledger.py (the per-item ledger against raw SQL issuing the same
     commits, on both backends).
 (c) planning a resume of 100,000 items of which 99% are complete. Target < 1 s on each backend.
 
-Run: make bench  (or .venv/bin/python -m bench.batch [--skip-postgres] [--skip-flow] [--rounds N])
+Run: make bench  (or .venv/bin/python -m bench.batch [--skip-postgres] [--skip-s3] [--skip-flow]
+[--rounds N] [--prefect-heartbeats] [--makespan ITEMS:MS:CONCURRENCY])
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import subprocess
@@ -30,7 +40,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.batch_scripts import FLOOR, FLOW, SAME_WORK
+
 ROOT = Path(__file__).resolve().parent.parent
+S3 = tuple[Any, str] | None  # a running tests.s3_server.S3Server and a bucket on it
 
 
 def _env(home: Path, url: str | None, **extra: str) -> dict[str, str]:
@@ -78,96 +91,11 @@ def _run_makespan(url: str) -> float:
     return (run.finished_at - run.started_at).total_seconds()
 
 
-SETTLE_S = 3.0  # after each side's warm-up, before measuring (see _FLOW)
+SETTLE_S = 3.0  # after each side's warm-up, before measuring (see batch_scripts.FLOW)
 MAKESPAN_CONFIGS = [(200, 200, 8), (200, 200, 32), (200, 2000, 8)]  # items, ms, concurrency
 BENCH_PROFILE = (
     "profiles:\n  bench:\n    kind: fake\n    cost_per_image_minor: 1\n    max_concurrency: 64\n"
 )
-
-_FLOOR = """
-import tasks, time
-from prefect import flow, task
-from prefect.task_runners import ThreadPoolTaskRunner
-
-HEARTBEATS = {heartbeats}
-if not HEARTBEATS:  # see --prefect-heartbeats: the floor and the flow are measured alike
-    # (the setting cannot be None from the environment, and Prefect's engine does not read
-    # a temporary_settings context here: the engine's property is what it consults)
-    import prefect.flow_engine
-    prefect.flow_engine.FlowRunEngine.heartbeat_seconds = property(lambda self: None)
-
-GCL = {gcl}
-
-@task
-def work(n: int) -> int:
-    if GCL:  # the per-item global-concurrency-slot pattern this project no longer uses
-        from prefect.concurrency.sync import concurrency
-        with concurrency("bench-gcl", occupy=1, strict=True):
-            time.sleep({latency_s})
-        return n
-    time.sleep({latency_s})
-    return n
-
-if GCL:
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
-    from prefect.exceptions import ObjectNotFound
-    with get_client(sync_client=True) as client:
-        try:
-            client.delete_global_concurrency_limit_by_name("bench-gcl")
-        except ObjectNotFound:
-            pass
-        client.create_global_concurrency_limit(
-            GlobalConcurrencyLimitCreate(name="bench-gcl", limit={concurrency})
-        )
-
-def make(items: int):
-    @flow(task_runner=ThreadPoolTaskRunner(max_workers={concurrency}))
-    def floor() -> int:
-        futures = [work.submit(n) for n in range(items)]
-        return len([f.result() for f in futures])
-    return floor
-
-make(1)()  # warm-up: the ephemeral server starts outside the measurement
-time.sleep({settle_s})  # see _FLOW: both sides start measuring with the server settled
-t, cpu = time.perf_counter(), time.process_time()
-make({items})()
-print(time.perf_counter() - t, time.process_time() - cpu)
-"""
-
-_FLOW = """
-import tasks, time
-from prefect import flow
-from flows.generate import generate_episode
-
-HEARTBEATS = {heartbeats}
-if not HEARTBEATS:  # see --prefect-heartbeats: the floor and the flow are measured alike
-    # (the setting cannot be None from the environment, and Prefect's engine does not read
-    # a temporary_settings context here: the engine's property is what it consults)
-    import prefect.flow_engine
-    prefect.flow_engine.FlowRunEngine.heartbeat_seconds = property(lambda self: None)
-
-from prefect import task
-
-@task
-def nothing() -> None:
-    pass
-
-@flow
-def warm() -> None:
-    nothing.submit().result()
-
-warm()  # warm-up, the same as the floor's (one flow run of one task): the ephemeral server
-# starts, and Prefect's task engine is imported and used once, outside the measurement.
-# Then a pause: the ephemeral server records the warm-up's events in its SQLite database a
-# moment later, and a flow run created meanwhile is answered 503 ("database is locked",
-# PrefectHQ/prefect#19771) and retried by Prefect's client after 2 s: three runs in four
-# measured that 2 s. Both sides wait the same.
-time.sleep({settle_s})
-t, cpu = time.perf_counter(), time.process_time()
-generate_episode(episode_id="{episode}", concurrency={concurrency})
-print(time.perf_counter() - t, time.process_time() - cpu)
-"""
 
 
 def _python(code: str, env: dict[str, str]) -> tuple[float, float]:
@@ -211,6 +139,60 @@ def _median(values: list[float]) -> float:
     return ordered[len(ordered) // 2]
 
 
+def _rounds_text(ratios: list[float]) -> str:
+    return f"; rounds {min(ratios):.2f}x-{max(ratios):.2f}x" if len(ratios) > 1 else ""
+
+
+def _cli(home: Path, episode: str, concurrency: int, env: dict[str, str]) -> tuple[float, float]:
+    """`episodic generate` in a subprocess: the run's makespan (the ledger's) and the whole
+    command's wall time."""
+    start = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-m", "cli.app", "generate", episode, "--concurrency",
+         str(concurrency), "--json"],
+        env=env, check=True, stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    wall = time.perf_counter() - start
+    return _run_makespan(f"sqlite:///{home / 'episodic.db'}"), wall
+
+
+def bench_cli(
+    tmp: Path, tag: str, config: tuple[int, int, int], n_rounds: int, s3: S3 = None
+) -> None:
+    """The CLI against the ideal; with `s3` (a running `tests.s3_server.S3Server` and a
+    bucket on it), also with the media store in that bucket, each round the local folder
+    and then S3 side by side."""
+    items, latency_ms, concurrency = config
+    ideal = math.ceil(items / concurrency) * latency_ms / 1000
+    local: list[tuple[float, float]] = []
+    remote: list[float] = []
+    for n in range(n_rounds if s3 is not None else 1):
+        for where in ["local"] + (["s3"] if s3 is not None else []):
+            home, _url, episode = _bench_home(tmp, f"cli-{where}-{tag}-{n}", items)
+            extra = {"EPISODIC_FAKE_DELAY_MS": str(latency_ms)}
+            extra["EPISODIC_PROVIDERS_FILE"] = str(home / "providers.yaml")
+            if where == "s3" and s3 is not None:
+                server, bucket = s3
+                extra |= server.env() | {"EPISODIC_MEDIA_URL": f"s3://{bucket}/{tag}-{n}"}
+            run, wall = _cli(home, episode, concurrency, _env(home, None, **extra))
+            if where == "local":
+                local.append((run, wall))
+            else:
+                remote.append(run)
+    run = _median([r for r, _ in local])
+    wall = _median([w for _, w in local])
+    print(
+        f"    CLI run            {run:6.2f} s = {run / ideal:.2f}x ideal (target <= 1.10x; "
+        f"whole command {wall:.2f} s)"
+    )
+    if remote:
+        ratios = [s / f for s, (f, _) in zip(remote, local, strict=True)]
+        print(
+            f"    CLI run, S3 store  {_median(remote):6.2f} s = {_median(ratios):.2f}x the local "
+            f"folder's (target <= 1.10x{_rounds_text(ratios)}; moto on loopback)"
+        )
+
+
 def bench_makespan(
     tmp: Path,
     skip_flow: bool,
@@ -218,16 +200,18 @@ def bench_makespan(
     postgres_url: Any = None,
     heartbeats: bool = False,
     rounds: int = 3,
+    s3: S3 = None,
 ) -> None:
-    """(a) the flow against bare Prefect on the same runner and server, the CLI against ideal.
+    """(a) the flow against both floors on the same runner and server, the CLI against ideal
+    (and with an S3 store against the local folder, when `s3` is a running server).
 
     `postgres_url`: a callable returning a fresh migrated Postgres URL, to run the flow on
     Postgres as well (None: SQLite only). Configurations of items under a second run
-    `rounds` rounds, each measuring the floor and then the flow on each backend, one after
-    the other: every ratio is the median of the rounds' own ratios (the machine's speed drifts
-    by tens of percent within minutes, so only measurements side by side are compared), with
-    the range of the rounds. Slower items run one round (a drift of the same size is a few
-    percent of their makespan)."""
+    `rounds` rounds, each measuring the sleeping floor, the same-work floor and then the flow
+    on each backend, one after the other: every ratio is the median of the rounds' own
+    ratios (the machine's speed drifts by tens of percent within minutes, so only
+    measurements side by side are compared), with the range of the rounds. Slower items run
+    one round (a drift of the same size is a few percent of their makespan)."""
     prefect_home = ROOT / ".episodic" / "prefect"  # reuse the migrated ephemeral server db
     for items, latency_ms, concurrency in configs:
         ideal = math.ceil(items / concurrency) * latency_ms / 1000
@@ -237,47 +221,34 @@ def bench_makespan(
             f"ideal {ideal:.2f} s ({n_rounds} round{'s' if n_rounds > 1 else ''})"
         )
         tag = f"{items}x{latency_ms}ms-c{concurrency}"
-        home, url, episode = _bench_home(tmp, f"cli-{tag}", items)
-        env = _env(
-            home,
-            None,
-            EPISODIC_FAKE_DELAY_MS=str(latency_ms),
-            EPISODIC_PROVIDERS_FILE=str(home / "providers.yaml"),
-        )
-        start = time.perf_counter()
-        subprocess.run(
-            [sys.executable, "-m", "cli.app", "generate", episode, "--concurrency",
-             str(concurrency), "--json"],
-            env=env, check=True, stdout=subprocess.DEVNULL,
-        )  # fmt: skip
-        wall = time.perf_counter() - start
-        run = _run_makespan(url)
-        print(
-            f"    CLI run            {run:6.2f} s = {run / ideal:.2f}x ideal (target <= 1.10x; "
-            f"whole command {wall:.2f} s)"
-        )
+        bench_cli(tmp, tag, (items, latency_ms, concurrency), n_rounds, s3)
         if skip_flow:
             continue
-        env_prefect = {**env, "PREFECT_HOME": str(prefect_home)}
+        env_prefect = {
+            **_env(tmp, None, EPISODIC_FAKE_DELAY_MS=str(latency_ms)),
+            "PREFECT_HOME": str(prefect_home),
+        }
+        common = {"settle_s": SETTLE_S, "concurrency": concurrency, "heartbeats": heartbeats}
 
         def floor_script(gcl: bool) -> str:
-            return _FLOOR.format(
-                settle_s=SETTLE_S,
-                latency_s=latency_ms / 1000,
-                concurrency=concurrency,
-                items=items,
-                gcl=gcl,
-                heartbeats=heartbeats,
-            )
+            return FLOOR.format(latency_s=latency_ms / 1000, items=items, gcl=gcl, **common)
 
         backends = ["SQLite"] + (["Postgres"] if postgres_url else [])
         floors: list[tuple[float, float]] = []
+        same: list[tuple[float, float]] = []
         flows: dict[str, list[tuple[float, float]]] = {name: [] for name in backends}
         for n in range(n_rounds):
             floors.append(_python(floor_script(False), env_prefect))
+            work = tmp / f"same-work-{tag}-{n}"
+            same.append(
+                _python(
+                    SAME_WORK.format(work=str(work), latency_ms=latency_ms, items=items, **common),
+                    env_prefect,
+                )
+            )
             for backend in backends:
                 db_url = postgres_url() if backend == "Postgres" else None
-                home, url, episode = _bench_home(tmp, f"flow-{backend}-{tag}-{n}", items, db_url)
+                home, _url, episode = _bench_home(tmp, f"flow-{backend}-{tag}-{n}", items, db_url)
                 env_flow = {
                     **_env(
                         home,
@@ -287,24 +258,14 @@ def bench_makespan(
                     ),
                     "PREFECT_HOME": str(prefect_home),
                 }
-                flows[backend].append(
-                    _python(
-                        _FLOW.format(
-                            episode=episode,
-                            concurrency=concurrency,
-                            heartbeats=heartbeats,
-                            settle_s=SETTLE_S,
-                        ),
-                        env_flow,
-                    )
-                )
-        floor = _median([wall for wall, _ in floors])
-        floor_cpu = _median([cpu for _, cpu in floors])
-        spread = ", ".join(f"{wall:.2f}" for wall, _ in floors)
-        print(
-            f"    bare Prefect floor {floor:6.2f} s = {floor / ideal:.2f}x ideal "
-            f"(CPU {floor_cpu:.2f} s; rounds: {spread} s)"
-        )
+                flows[backend].append(_python(FLOW.format(episode=episode, **common), env_flow))
+        for name, sides in (("bare Prefect floor", floors), ("same-work floor   ", same)):
+            wall = _median([w for w, _ in sides])
+            spread = ", ".join(f"{w:.2f}" for w, _ in sides)
+            print(
+                f"    {name} {wall:6.2f} s = {wall / ideal:.2f}x ideal "
+                f"(CPU {_median([c for _, c in sides]):.2f} s; rounds: {spread} s)"
+            )
         if (latency_ms, concurrency) == (200, 8):  # the slot-per-item pattern, once
             gcl, _ = _python(floor_script(True), env_prefect)
             print(
@@ -312,16 +273,21 @@ def bench_makespan(
                 "the floor of the last round (the pattern replaced by claims)"
             )
         for backend in backends:
-            ratios = [f[0] / b[0] for f, b in zip(flows[backend], floors, strict=True)]
-            cpu_ratios = [f[1] / b[0] for f, b in zip(flows[backend], floors, strict=True)]
-            ratio = _median(ratios)
-            wall = _median([f[0] for f in flows[backend]])
-            rng = f"; rounds {min(ratios):.2f}x-{max(ratios):.2f}x" if n_rounds > 1 else ""
+            measured = flows[backend]
+            ratios = [f[0] / b[0] for f, b in zip(measured, floors, strict=True)]
+            same_ratios = [f[0] / b[0] for f, b in zip(measured, same, strict=True)]
+            cpu_ratios = [f[1] / b[0] for f, b in zip(measured, floors, strict=True)]
+            wall = _median([f[0] for f in measured])
+            spread = ", ".join(f"{f[0]:.2f}" for f in measured)
             print(
-                f"    generate_episode, {backend:8} {wall:6.2f} s = {ratio:.2f}x the floor "
-                f"(target <= 1.15x{rng}; {wall / ideal:.2f}x ideal; CPU "
-                f"{_median([f[1] for f in flows[backend]]):.2f} s = "
-                f"{_median(cpu_ratios):.2f}x the floor's makespan)"
+                f"    generate_episode, {backend:8} {wall:6.2f} s = {_median(ratios):.2f}x the floor "
+                f"(sleeping{_rounds_text(ratios)}; {wall / ideal:.2f}x ideal; CPU "
+                f"{_median([f[1] for f in measured]):.2f} s = "
+                f"{_median(cpu_ratios):.2f}x the floor's makespan; rounds: {spread} s)"
+            )
+            print(
+                f"      against the same-work floor: {_median(same_ratios):.2f}x "
+                f"(target <= 1.15x{_rounds_text(same_ratios)})"
             )
 
 
@@ -370,6 +336,9 @@ def main() -> None:
     parser.add_argument("--skip-postgres", action="store_true")
     parser.add_argument("--skip-flow", action="store_true")
     parser.add_argument(
+        "--skip-s3", action="store_true", help="no CLI run with the media store on S3 (moto)"
+    )
+    parser.add_argument(
         "--makespan",
         metavar="ITEMS:MS:CONCURRENCY",
         action="append",
@@ -413,22 +382,30 @@ def main() -> None:
                 return pg.url(created[-1])
 
             backends["postgres"] = fresh_postgres
-        try:
-            bench_makespan(
-                tmp,
-                args.skip_flow,
-                configs,  # type: ignore[arg-type]
-                backends.get("postgres"),
-                heartbeats=args.prefect_heartbeats,
-                rounds=max(1, args.rounds),
-            )
-            if not args.makespan:
-                bench_planning(tmp, backends)
-        finally:
-            if pg is not None:
-                for db in created:
-                    pg.drop(db)
-                pg.close()
+        with contextlib.ExitStack() as stack:
+            s3: S3 = None
+            if not args.skip_s3:  # a moto S3 server process on loopback, as the tests run it
+                from tests.s3_server import running_s3_server
+
+                server = stack.enter_context(running_s3_server(tmp / "s3"))
+                s3 = (server, server.new_bucket())
+            try:
+                bench_makespan(
+                    tmp,
+                    args.skip_flow,
+                    configs,  # type: ignore[arg-type]
+                    backends.get("postgres"),
+                    heartbeats=args.prefect_heartbeats,
+                    rounds=max(1, args.rounds),
+                    s3=s3,
+                )
+                if not args.makespan:
+                    bench_planning(tmp, backends)
+            finally:
+                if pg is not None:
+                    for db in created:
+                        pg.drop(db)
+                    pg.close()
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ from core.states import RunState
 from pipeline.admission import runnable_items
 from pipeline.executors import ItemExecutor, thread_pool_executor
 from pipeline.gate import GatePass
+from pipeline.heap import freeze_for_run, thaw_after_run
 from pipeline.heartbeat import Heartbeat
 from pipeline.outcomes import RunOutcome, run_ended
 from pipeline.paid_call import PaidCall, reason
@@ -271,6 +272,7 @@ class Runner:
             return replace(self._outcome(run_id, ended, skipped, ()), deduplicated=deduplicated)
         heartbeat = Heartbeat(self, job.owner, run_id, options.lease_s, self.stop)
         heartbeat.start()
+        freeze_for_run()  # no full garbage collection walks the whole heap mid-run
         interrupted = False
         concurrency = max(1, min(options.concurrency, self.provider.capabilities.max_concurrency))
         try:
@@ -297,6 +299,7 @@ class Runner:
         finally:
             job.abandon_untaken()
             heartbeat.done.set()
+            thaw_after_run()
         followed = tuple(sorted(job.followed))
         if self.stop.is_set():
             interrupted = interrupted or self.interrupted.is_set()

@@ -1,0 +1,133 @@
+"""The measuring scripts of bench/batch.py, each run in a fresh process (`str.format`
+templates): the sleeping floor, the same-work floor and the `generate_episode` flow. Each
+prints its makespan and the CPU time its process spent meanwhile."""
+
+FLOOR = """
+import tasks, time
+from prefect import flow, task
+from prefect.task_runners import ThreadPoolTaskRunner
+
+HEARTBEATS = {heartbeats}
+if not HEARTBEATS:  # see --prefect-heartbeats: the floor and the flow are measured alike
+    # (the setting cannot be None from the environment, and Prefect's engine does not read
+    # a temporary_settings context here: the engine's property is what it consults)
+    import prefect.flow_engine
+    prefect.flow_engine.FlowRunEngine.heartbeat_seconds = property(lambda self: None)
+
+GCL = {gcl}
+
+@task
+def work(n: int) -> int:
+    if GCL:  # the per-item global-concurrency-slot pattern this project no longer uses
+        from prefect.concurrency.sync import concurrency
+        with concurrency("bench-gcl", occupy=1, strict=True):
+            time.sleep({latency_s})
+        return n
+    time.sleep({latency_s})
+    return n
+
+if GCL:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+    from prefect.exceptions import ObjectNotFound
+    with get_client(sync_client=True) as client:
+        try:
+            client.delete_global_concurrency_limit_by_name("bench-gcl")
+        except ObjectNotFound:
+            pass
+        client.create_global_concurrency_limit(
+            GlobalConcurrencyLimitCreate(name="bench-gcl", limit={concurrency})
+        )
+
+def make(items: int):
+    @flow(task_runner=ThreadPoolTaskRunner(max_workers={concurrency}))
+    def floor() -> int:
+        futures = [work.submit(n) for n in range(items)]
+        return len([f.result() for f in futures])
+    return floor
+
+make(1)()  # warm-up: the ephemeral server starts outside the measurement
+time.sleep({settle_s})  # see FLOW: both sides start measuring with the server settled
+t, cpu = time.perf_counter(), time.process_time()
+make({items})()
+print(time.perf_counter() - t, time.process_time() - cpu)
+"""
+
+FLOW = """
+import tasks, time
+from prefect import flow
+from flows.generate import generate_episode
+
+HEARTBEATS = {heartbeats}
+if not HEARTBEATS:  # see --prefect-heartbeats: the floor and the flow are measured alike
+    # (the setting cannot be None from the environment, and Prefect's engine does not read
+    # a temporary_settings context here: the engine's property is what it consults)
+    import prefect.flow_engine
+    prefect.flow_engine.FlowRunEngine.heartbeat_seconds = property(lambda self: None)
+
+from prefect import task
+
+@task
+def nothing() -> None:
+    pass
+
+@flow
+def warm() -> None:
+    nothing.submit().result()
+
+warm()  # warm-up, the same as the floor's (one flow run of one task): the ephemeral server
+# starts, and Prefect's task engine is imported and used once, outside the measurement.
+# Then a pause: the ephemeral server records the warm-up's events in its SQLite database a
+# moment later, and a flow run created meanwhile is answered 503 ("database is locked",
+# PrefectHQ/prefect#19771) and retried by Prefect's client after 2 s: three runs in four
+# measured that 2 s. Both sides wait the same.
+time.sleep({settle_s})
+t, cpu = time.perf_counter(), time.process_time()
+generate_episode(episode_id="{episode}", concurrency={concurrency})
+print(time.perf_counter() - t, time.process_time() - cpu)
+"""
+
+SAME_WORK = """
+import tasks, time
+from pathlib import Path
+from prefect import flow, task
+from prefect.cache_policies import INPUTS
+from prefect.task_runners import ThreadPoolTaskRunner
+from pipeline.media import prove_image
+from providers.base import ImageRequest
+from providers.fake import FakeProvider
+from storage.media import MediaStore
+
+HEARTBEATS = {heartbeats}
+if not HEARTBEATS:  # as in the sleeping floor (see --prefect-heartbeats)
+    import prefect.flow_engine
+    prefect.flow_engine.FlowRunEngine.heartbeat_seconds = property(lambda self: None)
+
+WORK = Path({work!r})
+PROVIDER = FakeProvider(  # the fake's simulated server side: job files, the PNG render
+    profile_id="bench", state_dir=WORK / "fake-provider", cost_per_image_minor=1,
+    max_concurrency=64, delay_ms={latency_ms},
+)
+STORE = MediaStore.open(str(WORK / "media"), create=True)  # a local folder, as the flow's
+
+@task(cache_policy=INPUTS, persist_result=True, result_storage=WORK / "results")
+def work(run: str, n: int) -> str:  # Prefect's own result caching: no ledger, no claims
+    request = ImageRequest(f"{{run}}-{{n}}", "2026-W32-0", f"v{{n:03d}}",
+                           f"cover for video {{n}} part 1", 100 + n)
+    remote = PROVIDER.submit(request)
+    result = PROVIDER.collect(remote, deadline_s=600, should_stop=lambda: False)
+    return STORE.put_image(prove_image(result.content)).key
+
+def make(run: str, items: int):
+    @flow(task_runner=ThreadPoolTaskRunner(max_workers={concurrency}))
+    def same_work() -> int:
+        futures = [work.submit(run, n) for n in range(items)]
+        return len([f.result() for f in futures])
+    return same_work
+
+make("warm", 1)()  # warm-up, as the other sides'
+time.sleep({settle_s})
+t, cpu = time.perf_counter(), time.process_time()
+make("measured", {items})()
+print(time.perf_counter() - t, time.process_time() - cpu)
+"""
