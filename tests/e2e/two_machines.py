@@ -300,7 +300,12 @@ def two_machines(
             "EPISODIC_FAKE_DELAY_MS": "100",
             "EPISODIC_TIMEZONE": "UTC",
         }
-        with PrefectServer(work / "stack", database_url=prefect_database_url) as server:
+        # `prefect deploy --all` registers the real Mon/Thu 09:00 schedules: with the
+        # scheduler off, a test that straddles one starts no weekly run of its own.
+        no_scheduler = {"PREFECT_SERVER_SERVICES_SCHEDULER_ENABLED": "false"}
+        with PrefectServer(
+            work / "stack", database_url=prefect_database_url, settings=no_scheduler
+        ) as server:
             a, b = (_machine(n, work, shared, server) for n in ("a", "b"))
             stack = TwoMachines(work, server, s3, bucket, a, b, provider_log)
             try:
