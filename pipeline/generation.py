@@ -17,13 +17,7 @@ from core.playlist import PlannedItem, Playlist, expand
 from core.runs import PlanReport
 from core.settings import Settings
 from core.states import FROZEN_PLAN_STATES, RunState
-from pipeline.admission import (
-    admit_run,
-    dedup_policy,
-    plan,
-    prepare_resume,
-    run_request,
-)
+from pipeline.admission import admit_run, dedup_policy, plan, prepare_resume, run_request
 from pipeline.executors import ItemExecutor, thread_pool_executor
 from pipeline.gate import CredentialSource, GatePass, build_provider, open_gate
 from pipeline.outcomes import RunOutcome, nothing_to_do
@@ -277,9 +271,8 @@ def generate(
     store = RunStore(engine)
     report = plan(PlanStore(engine), prepared.gate, prepared.items, options, prepared.profile)
     check_budget(report, options)
-    # With nothing to submit, collect or reconcile no provider is needed: no credential is
-    # read and the store is not probed (a resumed weekly run on another worker, a repeated
-    # command). A live run of the same request that admission joins still gets one below.
+    # Nothing to submit, collect or reconcile: no provider (no credential read, no store
+    # probe). A live run of the same request that admission joins still gets one below.
     run = (
         build_runner(engine, settings, prepared, credentials, executor) if report.has_work else None
     )
@@ -298,14 +291,7 @@ def generate(
     if admission.run_id is None:
         outcome = nothing_to_do(prepared.gate, report, options)
         if outcome.state == RunState.COMPLETED:  # an allocated episode only: a decision stands
-            planned = frozenset(item.idempotency_key for item in prepared.items)
-            mark_generated(
-                EpisodeRepository(engine),
-                prepared.gate.episode_pk,
-                planned,
-                None,
-                admission.plan_id,
-            )
+            _mark_generated(engine, prepared, None, admission.plan_id)
             outcome = _with_decision(engine, prepared.gate, outcome)
         return outcome
     if run is None:  # joined a live run of the same request: it needs this process's provider
@@ -439,14 +425,19 @@ def _already_completed(store: RunStore, prepared: Prepared, run_id: str) -> RunO
     came between the run's completion and that step (credential-free)."""
     from core.exit_codes import ExitCode
 
-    keys = frozenset(item.idempotency_key for item in prepared.items)
-    mark_generated(
-        EpisodeRepository(store.engine), prepared.gate.episode_pk, keys, run_id, prepared.plan_id
-    )
+    _mark_generated(store.engine, prepared, run_id, prepared.plan_id)
     counts = store.counts(run_id)
     message = f"run {run_id} already completed; nothing to resume"
     outcome = RunOutcome(run_id, RunState.COMPLETED, ExitCode.OK, counts, 0, message)
     return _with_decision(store.engine, prepared.gate, outcome)
+
+
+def _mark_generated(
+    engine: Database, prepared: Prepared, run_id: str | None, plan_id: int | None
+) -> None:
+    """`runner.mark_generated` without a runner (nothing was bought here)."""
+    keys = frozenset(item.idempotency_key for item in prepared.items)
+    mark_generated(EpisodeRepository(engine), prepared.gate.episode_pk, keys, run_id, plan_id)
 
 
 def _with_decision(engine: Database, gate: GatePass, outcome: RunOutcome) -> RunOutcome:
