@@ -47,6 +47,9 @@ class ItemResult(StrEnum):
     # accepted but not ready within the collect timeout: its open submission keeps a
     # provider slot, so a throttled executor collects it again before it waits for a slot
     COLLECT_LATER = "collect later"
+    # accepted, but the media store could not take its image: collected later, free; the
+    # run stops buying (paused, `core.runs.STORE_STOPPED`) in every process
+    NOT_STORED = "not stored"
     TAKEN_OVER = "taken over"  # another holder took the item over and completes it
 
 

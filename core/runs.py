@@ -38,6 +38,16 @@ class Run:
 REPLANNED = "re-planned"
 """The error text of a run cancelled because its episode was re-planned while it worked."""
 
+STORE_STOPPED = "stopped buying:"
+"""The start of the error text of a run paused at its first paid image the media store could
+not take (``stopped buying: media store s3://… is unavailable: …``): no process of the run
+claims or reopens it, its accepted jobs wait to be collected at no cost by a resume."""
+
+
+def store_stopped(error_text: str | None) -> bool:
+    """The run's error text says it was paused by a media store failure (`STORE_STOPPED`)."""
+    return (error_text or "").startswith(STORE_STOPPED)
+
 
 @dataclass(frozen=True, slots=True)
 class Item:

@@ -189,7 +189,8 @@ def dispatch(
     (`collect_first`: collecting needs no slot); else, with items of ours in flight, ask
     again when one of them ends (its slot frees); with none, tell `job.waiting(True)` and
     probe every `THROTTLE_POLL_S`. Each item ended with a result tells `job.waiting(False)`
-    and `progress`. On an exception: set `stop`, `lanes.abandon()`, re-raise.
+    and `progress`; an image the media store could not take (`ItemResult.NOT_STORED`: the
+    run was paused) sets `stop`. On an exception: set `stop`, `lanes.abandon()`, re-raise.
     """
     queue = deque(items)
     throttled = False
@@ -224,6 +225,8 @@ def dispatch(
                     queue.appendleft(item)
                     throttled = True
                 elif answer is not None:
+                    if answer is ItemResult.NOT_STORED:  # the run is paused: buy no more
+                        stop.set()
                     offered.clear()  # an item of ours ended: what is collectible may differ
                     job.waiting(False)
                     progress(item, answer)

@@ -5,8 +5,9 @@ one call (`LeaseStore.renew`), which answers with the run's state:
 
 - running: go on;
 - failed (another process concluded it) or paused (another process's interrupt) while this
-  process still works on it: the run is reopened here (only a cancel stops every process);
-  a process that is stopping itself leaves the run as it is;
+  process still works on it: the run is reopened here (only a cancel, or a pause at a media
+  store failure, stops every process); a process that is stopping itself leaves the run as
+  it is;
 - anything else (paused, cancelled, completed): this process stops at its next item.
 
 A renewal that fails (a database hiccup) is tried again at the next beat: every write of the

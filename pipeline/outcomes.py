@@ -9,7 +9,7 @@ from typing import Any
 from core.exit_codes import ExitCode
 from core.hints import hint
 from core.planning import RunOptions
-from core.runs import REPLANNED, PlanReport, RunCounts
+from core.runs import REPLANNED, PlanReport, RunCounts, store_stopped
 from core.states import RunState
 from pipeline.gate import GatePass
 from storage.runs import RunStore
@@ -85,6 +85,12 @@ def run_ended(
     else:
         code = ExitCode.INTERRUPTED
         message = f"run {run_id} interrupted and paused; resume with: {resume}"
+        why = store.get_run(run_id).error_text
+        if store_stopped(why):  # paused at its first image the media store could not take
+            message = (
+                f"run {run_id} {why}; its accepted images are collected at no cost once "
+                f"the store answers: {resume}"
+            )
     return RunOutcome(run_id, state, code, counts, skipped, message, followed)
 
 

@@ -19,7 +19,9 @@ free, up to `DOWNLOAD_ATTEMPTS` times in all; still not an image, the submission
 failed with the provider's charge and the item fails), written to the media store under its
 content key and verified there, and only then is the item completed. A store that cannot
 take it (an outage, a full disk, a crash before the ledger write) leaves the submission
-accepted and the item given back: the next run collects the same job at no cost. A job
+accepted and the item given back: the next run collects the same job at no cost. The first
+such failure also pauses the run (`PaidCall.stop_buying`): it buys nothing more while the
+store cannot keep what it buys. A job
 cancelled at the
 provider by the cancel of another run (one that decided before this run included the item)
 is bought again (`PaidCall.buy_again`) only within the item's attempts and the run's budget.
@@ -30,16 +32,18 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass
 
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
-from core.errors import MediaStoreError, NotAnImage
+from core.errors import InvalidTransition, MediaStoreError, NotAnImage
 from core.hints import hint
 from core.media import ProvenImage
 from core.planning import RunOptions, budget_breach
 from core.records import ClaimAction, ItemResult
-from core.runs import INTERRUPTED, Claim, Submission
+from core.runs import INTERRUPTED, STORE_STOPPED, Claim, Submission
+from core.states import RunState
 from pipeline.gate import GatePass
 from pipeline.media import keep_image, prove_image
 from providers.base import (
@@ -149,7 +153,8 @@ class PaidCall:
                 claim,
                 f"accepted job's image not stored yet ({exc}); a resume collects it at no cost",
             )
-            return ItemResult.COLLECT_LATER
+            self.stop_buying(claim.run_id, str(exc))
+            return ItemResult.NOT_STORED
         except _NotAnImageOutput as exc:
             self.leases.release(claim, str(exc))
             return ItemResult.FAILED
@@ -162,6 +167,15 @@ class PaidCall:
         except Exception as exc:  # a bug or an outage must not leave the item "running"
             self.leases.release(claim, f"error: {reason(exc)}")
             raise
+
+    def stop_buying(self, run_id: str, why: str) -> None:
+        """The store could not take a paid image: the run is paused with the reason
+        (`STORE_STOPPED`), so no process of it claims another item (each is refused at its
+        next claim or heartbeat) until `runs resume` or the next generate; what is accepted
+        stays accepted and is collected then, at no cost. Each further image bought now
+        would be one more the store cannot take (a deleted bucket, revoked credentials)."""
+        with suppress(InvalidTransition):  # cancelled or paused meanwhile: it stays so
+            self.store.transition_run(run_id, RunState.PAUSED, f"{STORE_STOPPED} {why}"[:2000])
 
     def buy_again(
         self, claim: Claim, submission_pk: int, exc: RemoteJobFailed, options: RunOptions

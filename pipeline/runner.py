@@ -343,7 +343,8 @@ class Runner:
             self.mark_generated(run_id)
         current = self.store.run_state(run_id)
         if current == RunState.PAUSED or (done and current == RunState.FAILED):
-            self._move(run_id, RunState.RUNNING)
+            # not a run paused at a media store failure: that waits for an explicit resume
+            self._move(run_id, RunState.RUNNING, keep_store_stop=True)
         if done:
             state = self._move(run_id, RunState.COMPLETED)
         else:
@@ -353,9 +354,12 @@ class Runner:
     def reopen(self, run_id: str, lease_s: float) -> RunState:
         """Move a failed run back to running for this process, which still has work on it
         (another process concluded it, or the sweep reaped it while this one was frozen);
-        returns the state it is in now. Claims stay guarded: nothing is paid twice."""
-        with suppress(InvalidTransition):
-            self.store.transition_run(run_id, RunState.RUNNING, lease_s=lease_s)
+        returns the state it is in now. Claims stay guarded: nothing is paid twice. A run
+        paused at a media store failure stays paused (`PaidCall.stop_buying`)."""
+        with suppress(InvalidTransition):  # a store failure's pause is not reopened here
+            self.store.transition_run(
+                run_id, RunState.RUNNING, lease_s=lease_s, keep_store_stop=True
+            )
         return RunState(self.store.run_state(run_id))
 
     def _start(self, run_id: str, owner: str, lease_s: float) -> RunState | None:
@@ -378,10 +382,17 @@ class Runner:
                 return None
         raise CommandNotAllowed(f"run {run_id} keeps changing state; try again")
 
-    def _move(self, run_id: str, target: RunState, error_text: str | None = None) -> RunState:
+    def _move(
+        self,
+        run_id: str,
+        target: RunState,
+        error_text: str | None = None,
+        *,
+        keep_store_stop: bool = False,
+    ) -> RunState:
         """Move the run if it still can; the state it ends in (a concurrent move may win)."""
         with suppress(InvalidTransition):
-            self.store.transition_run(run_id, target, error_text)
+            self.store.transition_run(run_id, target, error_text, keep_store_stop=keep_store_stop)
         return RunState(self.store.run_state(run_id))
 
     def _pause(self, run_id: str, owner: str) -> None:

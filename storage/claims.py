@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 from sqlalchemy import Connection, Engine, Table
 
 from core.records import ClaimAction, RefusalReason
-from core.runs import Claim, Refusal, claim_live
+from core.runs import Claim, Refusal, claim_live, store_stopped
 from core.states import ItemState, RunState, SubmissionState
 from storage import dbapi, installation, statements, tx
 from storage.base import utcnow
@@ -44,7 +44,7 @@ _items: Table = ItemRow.__table__  # type: ignore[assignment]
 # the episode's newest (a re-planned episode's older runs pay for nothing more).
 _RUN_STATE = DriverSQL(
     "SELECT r.state, r.plan_id IS NOT NULL AND r.plan_id <> "
-    f"{statements.newest_plan_sql('r.episode_pk')} FROM runs r WHERE r.id = :b_run"
+    f"{statements.newest_plan_sql('r.episode_pk')}, r.error_text FROM runs r WHERE r.id = :b_run"
 )
 
 
@@ -150,7 +150,8 @@ class ClaimStore:
     ) -> Claim | Refusal:
         """Claim the item for `owner` (and intend a paid call if one is due), atomically.
 
-        Refusals: ``stopped`` (the run is cancelled, completed or pending), ``reopen`` (it
+        Refusals: ``stopped`` (the run is cancelled, completed or pending, or paused by a
+        media store failure), ``reopen`` (it
         is failed or paused: concluded, reaped or interrupted elsewhere; the caller, which
         still has work, may reopen it), ``done``,
         ``busy`` (another owner's lease is live), ``exhausted`` (``max_attempts`` paid
@@ -254,7 +255,12 @@ class ClaimStore:
     def _run_refusal(conn: Connection, run_id: str) -> Refusal | None:
         """Why no item of the run may be claimed now, or None (it is running)."""
         found_run = dbapi.fetch_one(conn, _RUN_STATE, {"b_run": run_id})
-        run_state, replanned = found_run if found_run is not None else (None, False)
+        run_state, replanned, error_text = (
+            found_run if found_run is not None else (None, False, None)
+        )
+        # Paused at a media store failure: no process buys more until a resume.
+        if run_state == RunState.PAUSED and store_stopped(error_text):
+            return Refusal(RefusalReason.STOPPED)
         # Concluded by another process, reaped by the sweep while this one was frozen, or
         # paused by another process's interrupt: this one still has work and may reopen it.
         if run_state in (RunState.FAILED, RunState.PAUSED):

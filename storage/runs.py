@@ -98,6 +98,7 @@ class RunStore:
         error_text: str | None = None,
         *,
         lease_s: float | None = None,
+        keep_store_stop: bool = False,
     ) -> bool:
         """Move the run to `target` with one guarded statement.
 
@@ -105,7 +106,8 @@ class RunStore:
         process working on it); any other target ends it. Returns True if this call moved
         the run, False if it already was there (a concurrent caller got there first). Raises
         `InvalidTransition` naming the current state when the move is not allowed from it
-        (e.g. a run cancelled meanwhile), `RunNotFound`.
+        (e.g. a run cancelled meanwhile), `RunNotFound`. `keep_store_stop`: a run paused by a
+        media store failure is not moved (`InvalidTransition`: it is paused).
         """
         now = utcnow()
         values: dict[str, Any] = {"state": target, "error_text": error_text, "heartbeat_at": now}
@@ -120,7 +122,9 @@ class RunStore:
         with tx.write(self.engine) as conn:
             if target == RunState.CANCELLED:  # before the run's row (locks.lock_membership)
                 lock_membership_of_runs(conn, [run_id])
-            moved = conn.execute(statements.move_run(run_id, target, values)).rowcount
+            moved = conn.execute(
+                statements.move_run(run_id, target, values, keep=keep_store_stop)
+            ).rowcount
             if moved and target == RunState.CANCELLED:
                 cancel_orphaned_items(conn, [run_id], now)
             if moved:

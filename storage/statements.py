@@ -44,7 +44,7 @@ from sqlalchemy import (
     update,
 )
 
-from core.runs import REPLANNED
+from core.runs import REPLANNED, STORE_STOPPED
 from core.states import (
     LIVE_RUN_STATES,
     OPEN_SUBMISSION_STATES,
@@ -180,13 +180,12 @@ def orphaned_pending(candidates: Select[Any], excluding: Sequence[str] = ()) -> 
 
 
 # run: * -> *
-def move_run(run_id: str, target: RunState, values: dict[str, Any]) -> Update:
+def move_run(run_id: str, target: RunState, values: dict[str, Any], keep: bool = False) -> Update:
     """The run moves to `target` from any state `core.states` allows (`RunStore.transition_run`)."""
-    return (
-        update(_runs)
-        .where(_runs.c.id == run_id, _runs.c.state.in_(sources_of("run", target)))
-        .values(**values)
-    )
+    guard = [_runs.c.id == run_id, _runs.c.state.in_(sources_of("run", target))]
+    if keep:  # not a run paused at a media store failure: that one waits for a resume
+        guard.append(func.coalesce(_runs.c.error_text, "").not_like(f"{STORE_STOPPED}%"))
+    return update(_runs).where(*guard).values(**values)
 
 
 # run: pending -> cancelled

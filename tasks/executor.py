@@ -154,7 +154,9 @@ class _TaskLanes:
                 break
         for kind, what in pending:
             if kind == "worked":
-                pk, _outcome = what
+                pk, outcome = what
+                if outcome == ItemResult.NOT_STORED:  # the run is paused: claim no more
+                    self.stop.set()
                 if any(item.pk == pk for item, _ in self.running.values()):
                     self.worked.add(pk)
                 continue

@@ -13,6 +13,8 @@ Create, refused and no job made: ``[[HTTP_429:n]]``, ``[[HTTP_500:n]]``, ``[[REF
 closed without a reply), ``[[SLOW_MS:n]]`` (every reply after n ms).
 Collect: ``[[POLL_QUEUED:n]]`` (status ``queued``), ``[[POLL_401:n]]``, ``[[POLL_500:n]]``,
 ``[[POLL_BADJSON:n]]``, ``[[DOWNLOAD_404:n]]``, ``[[REMOTE_FAIL]]`` (the job ends ``failed``).
+Download, 200 with what is not the image: ``[[DOWNLOAD_HTML:n]]`` (an HTML error page),
+``[[DOWNLOAD_TRUNCATED:n]]`` (the PNG cut in half), ``[[DOWNLOAD_GIF:n]]`` (another type).
 
 Options: ``honour_idempotency`` (False: every create makes a new job), ``processing_polls``
 (polls answered ``processing`` before the job succeeds), ``price_minor`` (billed per job made),
@@ -29,6 +31,7 @@ answer (kind: ``create``, ``poll``, ``list`` or ``file``); a non-None answer is 
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import socket
@@ -242,7 +245,25 @@ class PredictionsServer(_Http):
             return 410, {"detail": "output expired"}
         if not self.faults_off and _hits(job["prompt"], "DOWNLOAD_404", count):
             return 404, {"detail": "not there yet"}
-        return 200, render_png(job["prompt"], job["seed"])
+        png = render_png(job["prompt"], job["seed"])
+        for name, wrong in _download_faults(png):
+            if not self.faults_off and _hits(job["prompt"], name, count):
+                return 200, wrong
+        return 200, png
+
+
+def _download_faults(png: bytes) -> list[tuple[str, bytes]]:
+    """What a download answers 200 with instead of the image (`DOWNLOAD_HTML` and the rest)."""
+    from PIL import Image
+
+    gif = io.BytesIO()
+    with Image.open(io.BytesIO(png)) as image:
+        image.convert("RGB").save(gif, format="GIF")
+    return [
+        ("DOWNLOAD_HTML", b"<html><body>503 Service Unavailable</body></html>"),
+        ("DOWNLOAD_TRUNCATED", png[: len(png) // 2]),
+        ("DOWNLOAD_GIF", gif.getvalue()),
+    ]
 
 
 def _second_loopback() -> str:

@@ -14,12 +14,14 @@ from reliability.scenarios.allocation import alloc_crash
 from reliability.scenarios.database import pg_restart, pg_terminate, sqlite_locked
 from reliability.scenarios.generation import flow_crash, generate_crash
 from reliability.scenarios.provider import provider_faults
+from reliability.scenarios.store import store_faults
 
 SCENARIOS: dict[str, Callable[[Backend, int, random.Random], Result]] = {
     "alloc-crash": alloc_crash,
     "generate-crash": generate_crash,
     "flow-crash": flow_crash,
     "provider-faults": provider_faults,
+    "store-faults": store_faults,
     "pg-terminate": pg_terminate,
     "pg-restart": pg_restart,
     "sqlite-locked": sqlite_locked,
@@ -32,6 +34,7 @@ TRIALS = {
     "generate-crash": 55,  # a few trials end before their signal (counted as "none")
     "flow-crash": 55,
     "provider-faults": 50,
+    "store-faults": 12,  # about 8 s a trial: a freeze lasts 3-5 s
     "pg-terminate": 3,
     "pg-restart": 3,
     "sqlite-locked": 2,
