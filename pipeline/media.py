@@ -53,7 +53,7 @@ def prove_image(content: bytes) -> ProvenImage:
             "downloads would pass as images"
         )
     if not content:
-        raise NotAnImage("the body is empty")
+        raise NotAnImage("an empty body")
     media_type = _identify(content)
     if media_type == "image/png" and not content.endswith(_PNG_END):
         raise NotAnImage("a truncated PNG (it does not end with its IEND chunk)")

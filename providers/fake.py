@@ -19,7 +19,8 @@ behaviour:
 - ``[[FAIL_REMOTE]]``: the job is created, then fails: collect raises ``RemoteJobFailed``
   billed at the per-image price;
 - ``[[OUTPUT:kind]]``: every download of the job answers `kind` instead of its PNG:
-  ``html`` (an error page), ``truncated`` (a PNG cut short), ``gif``, ``jpeg`` or ``webp``
+  ``html`` (an error page), ``truncated`` (a PNG cut short), ``empty`` (a 200 with no
+  body), ``gif``, ``jpeg`` or ``webp``
   (the same picture in that format); ``[[OUTPUT:kind:n]]``: the first n downloads of the job
   in this process do, then the PNG.
 
@@ -66,7 +67,7 @@ from providers.base import (
 
 _DELAY = re.compile(r"\[\[DELAY_MS:([0-9]{1,7})\]\]")
 _TRANSIENT = re.compile(r"\[\[FAIL_TRANSIENT(?::([0-9]{1,4}))?\]\]")
-_OUTPUT = re.compile(r"\[\[OUTPUT:(html|truncated|gif|jpeg|webp)(?::([0-9]{1,4}))?\]\]")
+_OUTPUT = re.compile(r"\[\[OUTPUT:(html|truncated|empty|gif|jpeg|webp)(?::([0-9]{1,4}))?\]\]")
 _log_guard = threading.Lock()
 
 
@@ -96,7 +97,7 @@ def render_png(prompt: str, seed: int, size: int = 64) -> bytes:
 
 def render_output(kind: str, png: bytes) -> tuple[bytes, str]:
     """The body and the reply's media type a download of kind `kind` (``[[OUTPUT:kind]]``)
-    answers instead of `png`: an HTML error page, the PNG cut short, or the same picture
+    answers instead of `png`: an HTML error page, the PNG cut short, no body, or the same picture
     as a GIF, JPEG or WEBP."""
     from PIL import Image
 
@@ -104,6 +105,8 @@ def render_output(kind: str, png: bytes) -> tuple[bytes, str]:
         return b"<!DOCTYPE html><html><body><h1>502 Bad Gateway</h1></body></html>", "text/html"
     if kind == "truncated":
         return png[: len(png) // 2], "image/png"
+    if kind == "empty":
+        return b"", "image/png"
     out = io.BytesIO()
     with Image.open(io.BytesIO(png)) as image:
         image.convert("RGB").save(out, format=kind.upper())

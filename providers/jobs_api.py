@@ -18,9 +18,11 @@ sent again); transport errors map by what they prove (``providers.base``)::
 the output, `RemoteJobFailed`, or `NotYet`; a job merely not done is polled again at
 ``poll_interval_s``, poll and download errors of any kind (transport, 5xx, 429, 401, 404, a
 reply that is not a JSON object, a finished reply without a usable URL) with exponential
-backoff. Each retry polls again, so an expired pre-signed output URL is replaced by a fresh
-one. At the deadline it raises ``CollectionPending`` (free to collect later); an output larger
-than ``MAX_IMAGE_BYTES`` raises it at once.
+backoff. A download answered 200 is returned whatever its body (an empty one too): whether it
+is an image is the engine's to prove (``NotAnImage``: downloaded again, then failed). Each
+retry polls again, so an expired pre-signed output URL is replaced by a fresh one. At the
+deadline it raises ``CollectionPending`` (free to collect later); an output larger than
+``MAX_IMAGE_BYTES`` raises it at once.
 
 A lookup believes only the reply (`JobsApiClient._find_one`): it keeps the listed jobs that
 are ours by the reply's own fields (a server that ignores a filter cannot hand us another
@@ -332,8 +334,9 @@ class JobsApiClient:
                 media_type = response.headers.get("content-type", "application/octet-stream")
         except (*_HTTP_FAILURES, ValueError) as exc:  # ValueError: a host IDNA cannot encode
             raise NotYet(f"download: {type(exc).__name__}") from None
-        if not content:
-            raise NotYet("download: empty output")
+        # A 200 is the provider's answer, whatever its body: an empty one is not an image
+        # (`pipeline.media.prove_image`), downloaded again and then failed with its charge,
+        # never polled until the collect deadline as if the job were not done.
         return ImageResult(content, media_type.split(";")[0].strip(), cost_minor)
 
 

@@ -14,7 +14,8 @@ closed without a reply), ``[[SLOW_MS:n]]`` (every reply after n ms).
 Collect: ``[[POLL_QUEUED:n]]`` (status ``queued``), ``[[POLL_401:n]]``, ``[[POLL_500:n]]``,
 ``[[POLL_BADJSON:n]]``, ``[[DOWNLOAD_404:n]]``, ``[[REMOTE_FAIL]]`` (the job ends ``failed``).
 Download, 200 with what is not the image: ``[[DOWNLOAD_HTML:n]]`` (an HTML error page),
-``[[DOWNLOAD_TRUNCATED:n]]`` (the PNG cut in half), ``[[DOWNLOAD_GIF:n]]`` (another type).
+``[[DOWNLOAD_TRUNCATED:n]]`` (the PNG cut in half), ``[[DOWNLOAD_GIF:n]]`` (another type),
+``[[DOWNLOAD_EMPTY:n]]`` (no body at all).
 
 Options: ``honour_idempotency`` (False: every create makes a new job), ``processing_polls``
 (polls answered ``processing`` before the job succeeds), ``price_minor`` (billed per job made),
@@ -263,6 +264,7 @@ def _download_faults(png: bytes) -> list[tuple[str, bytes]]:
         ("DOWNLOAD_HTML", b"<html><body>503 Service Unavailable</body></html>"),
         ("DOWNLOAD_TRUNCATED", png[: len(png) // 2]),
         ("DOWNLOAD_GIF", gif.getvalue()),
+        ("DOWNLOAD_EMPTY", b""),
     ]
 
 

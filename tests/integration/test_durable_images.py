@@ -80,13 +80,14 @@ class CredentialSpy:
         ("html", "an HTML page"),
         ("truncated", "truncated"),
         ("gif", "a GIF image"),
+        ("empty", "an empty body"),
     ],
 )
 def test_a_download_that_is_not_an_image_fails_the_item_with_its_charge_and_names_the_job(
     episode: Episode, tmp_path: Path, kind: str, what: str
 ) -> None:
     episode.plan(write_playlist(tmp_path / "p", [f"bad [[OUTPUT:{kind}]]", "good"]))
-    outcome = episode.generate()
+    outcome = episode.generate(collect_timeout_s=30)  # never waited for: not an image
     assert outcome.exit_code == ExitCode.PARTIAL and outcome.counts.completed == 1
     assert sorted(jobs_per_key().values()) == [1, 1]  # one job each, never bought again
     assert _collects() == DOWNLOAD_ATTEMPTS + 1  # downloaded again, then given up
@@ -157,8 +158,9 @@ def _as(kind: str) -> bytes:
         (b"<html><body>503 Service Unavailable</body></html>", "an HTML page"),
         (render_png("x", 1)[:200], "truncated"),
         (_as("GIF"), "a GIF image"),
+        (b"", "an empty body"),
     ],
-    ids=["html", "truncated", "gif"],
+    ids=["html", "truncated", "gif", "empty"],
 )
 def test_an_http_provider_answering_what_is_not_an_image_is_charged_once_and_fails(
     http_episode: tuple[Episode, PredictionsServer], tmp_path: Path, body: bytes, what: str
@@ -166,7 +168,8 @@ def test_an_http_provider_answering_what_is_not_an_image_is_charged_once_and_fai
     episode, server = http_episode
     server.reply = lambda kind, path: (200, body) if kind == "file" else None
     episode.plan(write_playlist(tmp_path / "p", ["a"], profile="http-test"))
-    assert episode.generate().exit_code == ExitCode.RUN_FAILED
+    # an empty 200 is not an image either: failed at once, never polled until the deadline
+    assert episode.generate(collect_timeout_s=30).exit_code == ExitCode.RUN_FAILED
     assert list(server.jobs_made.values()) == [1]
     assert _downloads(server) == DOWNLOAD_ATTEMPTS
     ((state, error),) = _rows(episode.engine, "SELECT state, error_text FROM submissions")
@@ -391,7 +394,13 @@ def test_the_cli_refuses_a_store_that_cannot_be_written_in_one_line_exit_2(
 
 @pytest.mark.parametrize(
     ("kind", "output", "media_type"),
-    [("replicate", "webp", "image/webp"), ("fal", "jpeg", "image/jpeg"), ("replicate", "html", "")],
+    [
+        ("replicate", "webp", "image/webp"),
+        ("fal", "jpeg", "image/jpeg"),
+        ("replicate", "html", ""),
+        ("replicate", "empty", ""),
+        ("fal", "empty", ""),
+    ],
 )
 def test_replicate_webp_and_fal_jpeg_are_kept_as_they_are_and_html_is_not_an_image(
     engine: Engine,
@@ -420,12 +429,13 @@ def test_replicate_webp_and_fal_jpeg_are_kept_as_they_are_and_html_is_not_an_ima
         monkeypatch.setenv("IMAGE_KEY", JOBS_TOKEN)
         episode = new_episode(engine)
         episode.plan(write_playlist(tmp_path / "pl", ["a"], profile="real"))
-        outcome = episode.generate()
+        outcome = episode.generate(collect_timeout_s=30)
         assert list(server.jobs_made.values()) == [1]
         if not media_type:
             assert outcome.exit_code == ExitCode.RUN_FAILED
             ((state, error),) = _rows(engine, "SELECT state, error_text FROM submissions")
-            assert state == "failed" and "an HTML page" in str(error)
+            what = "an empty body" if output == "empty" else "an HTML page"
+            assert state == "failed" and what in str(error)
             assert _rows(engine, "SELECT sum(amount_minor) FROM cost_entries") == [(3,)]
             return
         assert outcome.exit_code == ExitCode.OK

@@ -67,7 +67,7 @@ def test_every_truncation_is_refused(fmt: str, options: dict[str, object]) -> No
 @pytest.mark.parametrize(
     ("body", "reason"),
     [
-        (b"", "the body is empty"),
+        (b"", "an empty body"),
         (b"<!DOCTYPE html><html><body>502 Bad Gateway</body></html>", "an HTML page"),
         (b"  <html><head><title>Error</title></head></html>", "an HTML page"),
         (b'{"error": "quota exceeded"}', "a text document"),
