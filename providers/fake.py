@@ -24,10 +24,16 @@ behaviour:
   (the same picture in that format); ``[[OUTPUT:kind:n]]``: the first n downloads of the job
   in this process do, then the PNG.
 
-Collecting a remote reference the fake never created raises ``RemoteJobFailed`` (cost 0).
+Collecting a remote reference the fake's job store does not hold raises ``CollectionPending``
+naming the job and the store: "unknown job" proves nothing about a charge (the job may be
+in another machine's store, or the store was moved), so it is never read as failed at no
+cost and bought again; the submission stays accepted for a later collect or the operator.
 
 Created jobs are kept as files under ``state_dir`` (the fake's "server side"), so a later
-process can look a job up by its client reference and collect it. When
+process can look a job up by its client reference and collect it. Like a remote provider's,
+that store is one for every machine when ``EPISODIC_FAKE_PROVIDER_DIR`` names a shared
+folder (an absolute path; `jobs_folder`); unset, it is ``$EPISODIC_HOME/fake-provider``,
+this installation's alone. When
 ``EPISODIC_FAKE_PROVIDER_LOG`` is set, one JSON line per event is appended there: ``submit``
 (every create call that arrived), ``job_created`` (once per job really created, with its
 client reference, item, episode, remote reference, cost and the sha256 of the reference image
@@ -126,6 +132,21 @@ def _env_delay_ms() -> int:
     return int(raw)
 
 
+def jobs_folder(home: Path) -> Path:
+    """The fake's job store (its "server side"): ``EPISODIC_FAKE_PROVIDER_DIR`` when set (an
+    absolute path: a relative one would follow each process's working folder), else
+    ``home/fake-provider``. Raises `ProviderConfigError` (exit 2) for a relative value."""
+    raw = os.environ.get("EPISODIC_FAKE_PROVIDER_DIR", "")
+    if not raw.strip():
+        return home / "fake-provider"
+    folder = Path(raw)
+    if not folder.is_absolute():
+        raise ProviderConfigError(
+            f"EPISODIC_FAKE_PROVIDER_DIR={raw[:80]!r}: expected an absolute folder path"
+        )
+    return folder
+
+
 class FakeProvider(CancelsJobs):
     def __init__(
         self,
@@ -215,8 +236,12 @@ class FakeProvider(CancelsJobs):
 
     def collect(self, remote_ref: str, *, deadline_s: float, should_stop: StopCheck) -> ImageResult:
         job = self._job(remote_ref)
-        if job is None:
-            raise RemoteJobFailed(f"unknown remote task {remote_ref[:40]!r}", 0)
+        if job is None:  # proves nothing about a charge: never failed, never bought again
+            raise CollectionPending(
+                f"job {remote_ref[:40]!r} is unknown to the fake provider's job store "
+                f"{self.state_dir} (another machine's store? set EPISODIC_FAKE_PROVIDER_DIR "
+                "to one folder every machine shares)"
+            )
         give_up = time.monotonic() + deadline_s
         while (wait := job["ready_at"] - time.time()) > 0:
             if should_stop():

@@ -20,15 +20,16 @@ from providers.profiles import Profile
 
 Factory = Callable[[Profile, str | None, Path], Provider]
 """(profile, credential or None, state folder) -> the adapter. The state folder is the
-installation's home: only the fake keeps jobs there (its "server side")."""
+installation's home: only the fake keeps jobs there (its "server side"), unless
+``EPISODIC_FAKE_PROVIDER_DIR`` names the folder every machine shares (`providers.fake`)."""
 
 
 def _fake(profile: Profile, credential: str | None, state_dir: Path) -> Provider:
-    from providers.fake import FakeProvider
+    from providers.fake import FakeProvider, jobs_folder
 
     return FakeProvider(
         profile_id=profile.id,
-        state_dir=state_dir / "fake-provider",
+        state_dir=jobs_folder(state_dir),
         cost_per_image_minor=profile.cost_per_image_minor,
         currency=profile.currency,
         max_concurrency=profile.max_concurrency,

@@ -78,7 +78,9 @@ def jobs_per_item(home: Path) -> Counter[str]:
     state folder under `home`, mapped to items by the `submit` its log records first. Not its
     `job_created` log lines: a SIGKILL can land between a job's creation and that line (the
     fake provider runs in the killed process), and the count would miss a job that exists."""
-    log, jobs = home / "provider.jsonl", home / "fake-provider"
+    from providers.fake import jobs_folder
+
+    log, jobs = home / "provider.jsonl", jobs_folder(home)  # EPISODIC_FAKE_PROVIDER_DIR
     if not log.exists():
         return Counter()
     events = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]

@@ -244,11 +244,14 @@ def jobs_per_key() -> Counter[str]:
 
 def made_jobs_per_key(home: Path | None = None) -> Counter[str]:
     """Jobs the fake provider holds, per item idempotency key: one file per job it made, in
-    its state folder under `home` (default EPISODIC_HOME). After a `kill -9` count these,
+    its state folder under `home` (default EPISODIC_HOME), or the shared one
+    EPISODIC_FAKE_PROVIDER_DIR names. After a `kill -9` count these,
     not `jobs_per_key`: the fake runs in the killed process, and a kill between a job's
     creation and its `job_created` log line leaves a job the log does not show (a second
     payment could then hide behind it). The same count as the fault suite's."""
-    folder = (home or Path(os.environ["EPISODIC_HOME"])) / "fake-provider"
+    from providers.fake import jobs_folder
+
+    folder = jobs_folder(home or Path(os.environ["EPISODIC_HOME"]))  # EPISODIC_FAKE_PROVIDER_DIR
     return Counter(
         item_key_of(json.loads(path.read_text())["client_reference"])
         for path in folder.glob("*.json")

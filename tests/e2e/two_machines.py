@@ -16,8 +16,8 @@ Each machine is a copy of the project folder (`tests.project_copy`) with its own
 and its own state folder (``<copy>/.episodic``, no EPISODIC_HOME set) and Prefect home; its
 worker runs with the copy's python, in the copy. What they share is what machines share:
 the database (EPISODIC_DATABASE_URL), the media store (EPISODIC_MEDIA_URL=s3://… on a moto
-S3 server, the AWS variables), the Prefect server, and the provider (the fake provider's log,
-the provider's side, in a folder of its own).
+S3 server, the AWS variables), the Prefect server, and the provider (the fake provider's log
+and its job store, EPISODIC_FAKE_PROVIDER_DIR: the provider's side, in a folder of its own).
 """
 
 from __future__ import annotations
@@ -297,6 +297,8 @@ def two_machines(
             "EPISODIC_DATABASE_URL": database_url,
             "EPISODIC_MEDIA_URL": f"s3://{bucket}/{PREFIX}",
             "EPISODIC_FAKE_PROVIDER_LOG": str(provider_log),
+            # the fake's job store is the provider's side too: one for both machines
+            "EPISODIC_FAKE_PROVIDER_DIR": str(provider_log.parent / "jobs"),
             "EPISODIC_FAKE_DELAY_MS": "100",
             "EPISODIC_TIMEZONE": "UTC",
         }

@@ -211,10 +211,7 @@ def test_two_installations_on_one_fake_provider_account_never_replay_each_other(
     jobs (`submit_replayed`, 3 job files for 6 recorded jobs)."""
     production, staging = installations
     shared = tmp_path / "account"
-    shared.mkdir()
-    for installation in (production, staging):
-        installation.home.mkdir(parents=True, exist_ok=True)
-        (installation.home / "fake-provider").symlink_to(shared, target_is_directory=True)
+    monkeypatch.setenv("EPISODIC_FAKE_PROVIDER_DIR", str(shared))  # the one account's jobs
     _profiles(tmp_path, monkeypatch, "    kind: fake\n    cost_per_image_minor: 4\n")
     log = tmp_path / "provider.jsonl"
     monkeypatch.setenv("EPISODIC_FAKE_PROVIDER_LOG", str(log))

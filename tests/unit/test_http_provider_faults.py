@@ -431,13 +431,29 @@ def test_fake_collect_raises_only_collection_errors(
         provider.collect(failing, deadline_s=5, should_stop=never_stop)
     assert caught.value.cost_minor == 4
     for unknown in ("fake-00000000000000000000", "not-a-ref"):
-        with pytest.raises(RemoteJobFailed) as caught:
+        # "unknown job" proves nothing about a charge: pending, never failed at cost 0
+        with pytest.raises(CollectionPending, match=f"job '{unknown}' is unknown"):
             provider.collect(unknown, deadline_s=5, should_stop=never_stop)
-        assert caught.value.cost_minor == 0
     slow = provider.submit(image_request("[[DELAY_MS:60000]]", ref="ref-s"))
     with pytest.raises(CollectionPending):
         provider.collect(slow, deadline_s=0.1, should_stop=never_stop)
     assert fake_log().count("job_created") == 2
+
+
+def test_the_fake_job_store_is_the_shared_folder_named_absolute_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from core.errors import ProviderConfigError
+    from providers.fake import jobs_folder
+
+    monkeypatch.delenv("EPISODIC_FAKE_PROVIDER_DIR", raising=False)
+    assert jobs_folder(tmp_path) == tmp_path / "fake-provider"
+    monkeypatch.setenv("EPISODIC_FAKE_PROVIDER_DIR", str(tmp_path / "shared"))
+    assert jobs_folder(tmp_path / "home") == tmp_path / "shared"
+    for relative in ("shared", "./x"):
+        monkeypatch.setenv("EPISODIC_FAKE_PROVIDER_DIR", relative)
+        with pytest.raises(ProviderConfigError, match="absolute"):
+            jobs_folder(tmp_path)
 
 
 @pytest.mark.parametrize(
