@@ -147,12 +147,18 @@ def restore(
     raise typer.Exit(0 if report.complete else 1)
 
 
-def _print_restore(report: RestoreReport) -> None:
+def _print_restore(report: RestoreReport, pending: list[str] | None = None) -> None:
+    """`pending`: items recorded lost and not bought again yet (none is in the store)."""
     for item in report.items:
         detail = f": {one_line(item.detail, 300)}" if item.detail else ""
         typer.echo(f"{item.item_id}: {item.status.replace('_', ' ')}{detail}")
     counts = ", ".join(f"{n} {s.replace('_', ' ')}" for s, n in sorted(report.counts().items()))
     verdict = "every image is in the store" if report.complete else "not every image"
+    if pending:
+        verdict = (
+            f"{len(pending)} image{'' if len(pending) == 1 else 's'} pending (recorded lost, "
+            f"not bought again yet: {', '.join(pending)})"
+        )
     typer.echo(
         f"episode {report.episode_id} in {report.store}: {counts or 'no completed images'}"
         f"; {verdict}; {report.collected} downloads from recorded jobs, 0 paid calls"
@@ -216,7 +222,7 @@ def _buy_again(
     if as_json:
         emit_json(report.to_dict())
     else:
-        _print_restore(report.restore)
+        _print_restore(report.restore, report.pending)
         if report.earlier_plan:
             typer.echo(f"not bought again (from an earlier plan): {', '.join(report.earlier_plan)}")
         if report.outcome is not None:

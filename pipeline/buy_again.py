@@ -16,10 +16,17 @@ In this order, so that nothing is bought before everything that can refuse has r
 4. `MediaRecords.lose`: each candidate goes completed -> pending in one transaction, its lost
    output recorded (`lost_outputs`: which submission, key, sha256, when, why), its paid call
    kept as succeeded with its cost; a generated episode goes back to allocated.
-5. `pipeline.generation.generate` with ``--only`` the videos of every item recorded lost and
+5. A buy-again run whose process died (killed: running, its lease expired, holding items
+   recorded lost) is taken over and finished first (`pipeline.generation.resume`, the
+   takeover every dead run gets: its accepted jobs are collected free, its intents
+   reconciled, within the caps that run was confirmed with).
+6. `pipeline.generation.generate` with ``--only`` the videos of every item recorded lost and
    not completed again (this process's and any other's): admission, dedup, claims, leases
    and the ledger decide exactly as for any generate, so two of these commands racing make
    one job per item, and the run's own budget guard counts the re-bought items again.
+
+``BuyAgainReport.pending``: the items recorded lost and not completed when the free restore
+ended (the restore's line counts them instead of saying every image is in the store).
 """
 
 from __future__ import annotations
@@ -33,9 +40,10 @@ from core.money import format_minor
 from core.planning import RunOptions, budget_breach
 from core.settings import Settings
 from core.states import DECIDED_STATES
+from pipeline.admission import dedup_policy
 from pipeline.executors import ItemExecutor, thread_pool_executor
 from pipeline.gate import CredentialSource, open_gate
-from pipeline.generation import Prepared, generate, prepare
+from pipeline.generation import Prepared, generate, prepare, resume
 from pipeline.outcomes import RunOutcome
 from pipeline.restore import DEFAULT_COLLECT_TIMEOUT_S, OnItem, OnPlan, RestoreReport, restore
 from storage.media_records import MediaRecords, RecordedImage, decided_refusal
@@ -87,6 +95,7 @@ class BuyAgainReport:
     lost: list[str] | None = None
     outcome: RunOutcome | None = None
     earlier_plan: list[str] | None = None  # not served, not in the current plan: not bought
+    pending: list[str] | None = None  # recorded lost, not completed when the restore ended
 
     @property
     def complete(self) -> bool:
@@ -106,6 +115,7 @@ class BuyAgainReport:
             "buy_again": None if self.quote is None else self.quote.to_dict(),
             "recorded_lost": self.lost or [],
             "earlier_plan": self.earlier_plan or [],
+            "pending": self.pending or [],
             "run": None if self.outcome is None else self.outcome.to_dict(),
         }
 
@@ -148,9 +158,9 @@ def buy_again(
         )
     )
     records = MediaRecords(engine)
-    if all(i.status != "not_served" for i in report.restore.items) and not (
-        records.lost_unfinished(open_gate(engine, pipeline, episode_id, "restore").episode_pk)
-    ):
+    episode_pk = open_gate(engine, pipeline, episode_id, "restore").episode_pk
+    report.pending = [label for label, _, _ in records.lost_unfinished(episode_pk)]
+    if all(i.status != "not_served" for i in report.restore.items) and not report.pending:
         return report  # nothing to buy: no plan or profile needed
     prepared = prepare(engine, settings, pipeline, episode_id, "restore")
     gate = prepared.gate
@@ -175,6 +185,9 @@ def buy_again(
     if wanted:
         lost = records.lose(gate.episode_pk, wanted, _REASON)
         report.lost = [image.item_id for image in wanted if image.item_pk in lost.item_pks]
+    dead = records.dead_runs_buying_lost(gate.episode_pk, dedup_policy(settings).fallback_lease_s)
+    for run_id in dead:  # a buy-again killed mid-run: taken over, finished
+        report.outcome = resume(engine, settings, run_id, credentials, executor=executor)
     left = records.lost_unfinished(gate.episode_pk)
     if left:  # this process's, and any another one recorded and has not bought
         report.outcome = generate(

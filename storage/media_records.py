@@ -30,6 +30,8 @@ from storage.models import (
     EpisodeRow,
     ItemRow,
     LostOutputRow,
+    RunItemRow,
+    RunRow,
     SubmissionRow,
 )
 from storage.tx import idempotent, retry_outages
@@ -40,6 +42,8 @@ _costs: Table = CostEntryRow.__table__  # type: ignore[assignment]
 _media: Table = EpisodeMediaRow.__table__  # type: ignore[assignment]
 _episodes: Table = EpisodeRow.__table__  # type: ignore[assignment]
 _lost: Table = LostOutputRow.__table__  # type: ignore[assignment]
+_runs: Table = RunRow.__table__  # type: ignore[assignment]
+_members: Table = RunItemRow.__table__  # type: ignore[assignment]
 
 
 def decided_refusal(episode_id: str, state: str) -> str:
@@ -226,6 +230,29 @@ class MediaRecords:
             (item_label(row.video_id, row.part, row.candidate), row.position, row.attempts)
             for row in rows
         ]
+
+    def dead_runs_buying_lost(self, episode_pk: int, fallback_lease_s: float) -> list[str]:
+        """The episode's running runs that no process renews any more (their lease expired:
+        `statements.expired_run`, as the sweep judges them), created after the loss of an
+        item they include was recorded, that item not completed again: a buy-again whose
+        process died (never an older run that merely included the item once). Oldest
+        first."""
+        with tx.read(self.engine) as conn:
+            rows = conn.execute(
+                select(_runs.c.id, _runs.c.created_at)
+                .distinct()
+                .join(_members, _members.c.run_id == _runs.c.id)
+                .join(_lost, _lost.c.item_pk == _members.c.item_pk)
+                .join(_items, _items.c.id == _members.c.item_pk)
+                .where(
+                    _runs.c.episode_pk == episode_pk,
+                    statements.expired_run(utcnow(), fallback_lease_s),
+                    _runs.c.created_at >= _lost.c.lost_at,
+                    _items.c.state != ItemState.COMPLETED,
+                )
+                .order_by(_runs.c.created_at)
+            ).all()
+        return [str(row.id) for row in rows]
 
     @idempotent
     def record_image(self, item_pk: int, stored: StoredMedia) -> bool:

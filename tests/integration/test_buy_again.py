@@ -342,3 +342,47 @@ def test_a_loss_recorded_by_a_command_that_died_is_quoted_and_bought_by_the_next
     assert report.complete and sum(jobs_per_key().values()) == sum(before.values()) + 1
     assert _state(engine, episode.episode_id) == "generated"
     assert check_episodes(engine, "weekly", episode.episode_id) == []
+
+
+def test_a_buy_again_killed_with_kill_9_is_taken_over_and_finished_by_the_next_command(
+    engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real `media restore E --buy-again --yes` killed (kill -9) while its new jobs run at
+    the provider; after its leases expired, the next command takes its run over and
+    finishes it: one new job per lost image (counted at the provider), `check` clean, and
+    its line says how many images were pending instead of "every image is in the store"."""
+    import signal
+    import time
+
+    from tests.acceptance.conftest import EPISODIC
+    from tests.generation import made_jobs_per_key
+
+    assert EPISODIC is not None
+    lease_s = 5
+    monkeypatch.setenv("EPISODIC_LEASE_S", str(lease_s))
+    episode = _generated(engine, tmp_path, ["a", "b", "c", "d"])
+    lost = ["v01", "v02", "v03"]
+    for video in lost:
+        _lose(engine, video, job_too=True)
+    monkeypatch.setenv("EPISODIC_FAKE_DELAY_MS", "3000")
+    command = [EPISODIC, "media", "restore", episode.episode_id, "--buy-again", "--yes"]
+    first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while sum(jobs_per_key().values()) < 4 + len(lost):  # the new jobs run at the provider
+        assert first.poll() is None, first.communicate()
+        assert time.monotonic() < deadline, "the buy-again made no progress"
+        time.sleep(0.05)
+    first.send_signal(signal.SIGKILL)
+    first.communicate(timeout=60)
+    time.sleep(lease_s + 1)  # its leases expire (a wait, not an assertion)
+
+    second = subprocess.run(command, capture_output=True, text=True, timeout=300)
+
+    assert second.returncode == 0, (second.stdout, second.stderr)
+    assert "every image is in the store" not in second.stdout, second.stdout
+    assert f"{len(lost)} images pending" in second.stdout, second.stdout
+    made = made_jobs_per_key()  # the lost jobs' files are gone: one file per job since
+    assert len(made) == 4 and set(made.values()) == {1}, made
+    assert sum(jobs_per_key().values()) == 4 + len(lost)  # one new job per lost image
+    assert check_episodes(engine, "weekly", episode.episode_id) == []
+    assert len(image_keys(engine)) == 4 and _state(engine, episode.episode_id) == "generated"
