@@ -12,7 +12,7 @@ from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from core.errors import InvalidInput
-from core.home import default_home, resolve_home
+from core.home import default_home, has_control_character, project_folder, resolve_home
 
 _PIPELINE_RE = re.compile(r"[a-z0-9][a-z0-9_.-]{0,62}")
 # The pipeline whose item keys and folders predate pipeline scoping: they stay unscoped, so
@@ -158,7 +158,12 @@ class Settings(BaseSettings):
     @classmethod
     def _check_home(cls, value: Path) -> Path:
         """The absolute state folder (`core.home.resolve_home`: a relative value is anchored
-        at the project folder), refused when it cannot be a folder."""
+        at the project folder), refused when it cannot be a folder, is blank or holds a
+        control character."""
+        if has_control_character(str(value)):
+            raise ValueError("the value contains a control character")
+        if not str(value).strip():
+            raise ValueError("the value is blank (unset it for the default)")
         resolved = resolve_home(value)
         if len(str(resolved)) > MAX_HOME_CHARS:  # file paths under it are stored
             raise ValueError(f"the path is longer than {MAX_HOME_CHARS} characters")
@@ -176,10 +181,10 @@ class Settings(BaseSettings):
     def _check_media_url(cls, value: str | None) -> str | None:
         if value is None:
             return None
-        from core.media import refuse_credentials
+        from core.media import parse_store_url
 
         try:
-            refuse_credentials(value)
+            parse_store_url(value)
         except InvalidInput as exc:
             raise ValueError(str(exc)) from None
         return value
@@ -245,6 +250,7 @@ class Settings(BaseSettings):
 
 def load_settings() -> Settings:
     """Settings from the environment; a bad value is an ``InvalidInput`` naming the variable."""
+    project_folder()  # a bad EPISODIC_PROJECT_DIR is refused as itself, before what it anchors
     try:
         return Settings()
     except ValidationError as exc:
