@@ -18,6 +18,7 @@ _PIPELINE_RE = re.compile(r"[a-z0-9][a-z0-9_.-]{0,62}")
 # The pipeline whose item keys and folders predate pipeline scoping: they stay unscoped, so
 # nothing an existing home paid for changes key or moves.
 UNSCOPED_PIPELINE = "weekly"
+_SQLITE_URL_RE = re.compile(r"sqlite(?:\+\w+)?://[^/]*/([^?]*)")
 MAX_HOME_CHARS = 600  # an image path under it stays within its 1024-character column
 
 
@@ -175,6 +176,27 @@ class Settings(BaseSettings):
                     raise ValueError(f"{value} cannot be created: {parent} is not a directory")
                 break
         return resolved
+
+    @field_validator("database_url")
+    @classmethod
+    def _check_database_url(cls, value: str | None) -> str | None:
+        """A SQLite file by a relative path would follow the working directory (a cron job's
+        empty ledger pays again): refused; the default ledger is inside the state folder."""
+        found = _SQLITE_URL_RE.match(value or "")
+        database = found.group(1) if found else ""
+        if (
+            database
+            and not database.startswith(("/", ":memory:", "file:"))
+            and not (
+                re.match(r"[A-Za-z]:[\\/]", database)  # a Windows drive
+            )
+        ):
+            raise ValueError(
+                "a relative SQLite path follows the working directory: give the file's "
+                "absolute path (sqlite:////absolute/episodic.db), or unset it for the state "
+                "folder's ledger"
+            )
+        return value
 
     @field_validator("media_url")
     @classmethod

@@ -348,3 +348,13 @@ def test_a_state_folder_the_project_creates_is_marked(cli: Cli, home: Path) -> N
     assert (home / "report.pdf").is_file()
     (home / "report.pdf").unlink()
     assert cli("state", "remove", "--yes").returncode == 0 and not home.exists()
+
+
+@pytest.mark.parametrize("url", ["sqlite:///ledger.db", "sqlite:///./state/ledger.db"])
+def test_a_relative_sqlite_ledger_is_refused(url: str, tmp_path: Path) -> None:
+    """A relative SQLite path follows the working directory: an empty ledger there would
+    pay again for what the real one records."""
+    cwd = tmp_path / "cronhome"
+    made = _at(cwd, "allocate", "--key", "k", "--week", "2026-W32", EPISODIC_DATABASE_URL=url)
+    _refused(made, "EPISODIC_DATABASE_URL")
+    assert list(cwd.iterdir()) == []
