@@ -30,7 +30,8 @@ def engine(*, read_only: bool = False) -> Engine:
 
 
 def media_store() -> MediaStore:
-    """The media store the settings name (EPISODIC_MEDIA_URL), opened once per command."""
-    from storage.media import MediaStore
+    """The media store the settings name (EPISODIC_MEDIA_URL), opened once per command; a
+    local folder that does not exist is refused (`pipeline.media_view.open_store`)."""
+    from pipeline.media_view import open_store
 
-    return MediaStore.from_settings(settings())
+    return open_store(settings())

@@ -24,7 +24,13 @@ empty ledger there and pay again for what is already paid, so the default is anc
   working directory; without a project folder it is relative to the working directory, as any
   path.
 
-Nothing here raises or creates folders: `core.settings` validates the result.
+- ``EPISODIC_PROJECT_DIR`` must name an existing project folder by an absolute path: a
+  relative one would follow the shell again, and a folder that is not a project holds no
+  state of this one. Anything else is refused (`InvalidInput`, exit 2, one line), as are
+  blank values and control characters in either variable.
+
+Only `mark_state_folder` creates anything (the state folder, with its marker file, when the
+project makes it); `core.settings` validates the rest.
 """
 
 from __future__ import annotations
@@ -32,9 +38,15 @@ from __future__ import annotations
 import os
 import re
 import sys
+import unicodedata
 from pathlib import Path
 
+from core.errors import InvalidInput
+
 STATE_FOLDER = ".episodic"
+# Written into a state folder when this project creates it: what `episodic state remove`
+# recognises (with, for folders from before the marker, the ledger ``episodic.db``).
+STATE_MARKER = ".episodic-state"
 PROJECT_NAME_RE = re.compile(r'^name\s*=\s*"episodic"\s*$', re.MULTILINE)
 
 
@@ -51,13 +63,41 @@ def installed_project(module_file: str | os.PathLike[str]) -> Path | None:
     return folder if PROJECT_NAME_RE.search(text) else None
 
 
+def has_control_character(value: str) -> bool:
+    """True when `value` holds a control character (a newline, an escape, NUL...)."""
+    return any(unicodedata.category(char) == "Cc" for char in value)
+
+
+def checked_text(variable: str, value: str) -> str:
+    """`value` of the environment variable `variable` unless it is blank or holds a control
+    character (refused, `InvalidInput`, without echoing it)."""
+    if has_control_character(value):
+        raise InvalidInput(f"{variable}: the value contains a control character")
+    if not value.strip():
+        raise InvalidInput(f"{variable}: the value is blank (unset it for the default)")
+    return value
+
+
 def project_folder() -> Path | None:
-    """``EPISODIC_PROJECT_DIR`` (absolute) when set, else the checkout of this installation's
-    code (`installed_project`), else None (a non-editable install)."""
+    """``EPISODIC_PROJECT_DIR`` when set (an absolute path to an existing project folder,
+    else `InvalidInput`), else the checkout of this installation's code
+    (`installed_project`), else None (a non-editable install)."""
     configured = os.environ.get("EPISODIC_PROJECT_DIR")
-    if configured:
-        return Path(configured).expanduser().absolute()
-    return installed_project(__file__)
+    if not configured:
+        return installed_project(__file__)
+    checked_text("EPISODIC_PROJECT_DIR", configured)
+    path = Path(configured).expanduser()
+    if not path.is_absolute():
+        raise InvalidInput(
+            f"EPISODIC_PROJECT_DIR: {configured!r} is relative; give the project folder's "
+            "absolute path (a relative one would follow the working directory)"
+        )
+    if not path.is_dir() or installed_project(path / "core" / "home.py") is None:
+        raise InvalidInput(
+            f"EPISODIC_PROJECT_DIR: {path} is not an episodic project folder (no pyproject.toml "
+            "naming the project episodic in it)"
+        )
+    return path
 
 
 def user_data_folder() -> Path:
@@ -85,8 +125,31 @@ def resolve_home(value: str | os.PathLike[str] | None) -> Path:
     else at the working directory."""
     if value is None or str(value) == "":
         return default_home()
-    path = Path(value).expanduser()
+    return anchored(Path(checked_text("EPISODIC_HOME", str(value))))
+
+
+def anchored(path: Path) -> Path:
+    """`path` made absolute as a relative ``EPISODIC_HOME`` is: ``~`` expanded, anchored at
+    the project folder when there is one, else at the working directory."""
+    path = path.expanduser()
     if path.is_absolute():
         return path
     project = project_folder()
     return (project / path) if project is not None else path.absolute()
+
+
+def mark_state_folder(home: Path) -> None:
+    """Create the state folder `home` with its marker file (`STATE_MARKER`) when it does not
+    exist yet; an existing folder is left as it is (it may be anyone's). Errors are left to
+    the caller that then writes into it."""
+    if home.exists():
+        return
+    try:
+        home.mkdir(parents=True)
+    except FileExistsError:  # another process made it first; it writes the marker
+        return
+    except OSError:
+        return
+    (home / STATE_MARKER).write_text(
+        "This folder is episodic's state folder (`episodic state show`).\n", encoding="utf-8"
+    )

@@ -14,9 +14,10 @@ import hashlib
 import re
 from dataclasses import dataclass, field
 from typing import Literal
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from core.errors import InvalidInput
+from core.home import has_control_character
 
 # The image types a paid image may be: what the providers we speak to answer with
 # (Replicate's default is WEBP, fal's JPEG). Value: the key's extension.
@@ -153,3 +154,67 @@ def refuse_credentials(url: str) -> None:
             "the media store URL takes no query or fragment (options and credentials come "
             "from the environment)"
         )
+
+
+# Bucket names as S3 and GCS define them (lowercase: ``s3://BRK`` is never another bucket).
+_BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]")
+_BUCKET_SCHEMES = frozenset({"s3", "s3a", "gs", "gcs"})
+_LOCAL_HOSTS = frozenset({"", "localhost"})
+
+
+@dataclass(frozen=True)
+class StoreUrl:
+    """A media store URL taken apart: a local folder (``scheme`` empty: a plain path or a
+    ``file:`` URL; ``path`` as written, maybe relative), or an object store (``scheme``,
+    ``netloc``: the bucket or ``container@account``, ``prefix``: its segments joined by
+    ``/``, maybe empty)."""
+
+    scheme: str
+    path: str = ""
+    netloc: str = ""
+    prefix: str = ""
+
+
+def parse_store_url(url: str) -> StoreUrl:
+    """`url` taken apart, or InvalidInput (one line, the URL never echoed with a control
+    character) when it names no store unambiguously: blank, a control character, a
+    credential (`refuse_credentials`), ``file://`` naming a host or no folder, a bucket
+    name with capitals or other characters S3 and GCS refuse, or ``.``, ``..`` or empty
+    segments in an object store's prefix (a literal key prefix there, a parent folder
+    elsewhere: never both). Whether the scheme is supported is `storage.media`'s answer."""
+    if has_control_character(url) or has_control_character(unquote(url)):
+        raise InvalidInput("the media store URL contains a control character")
+    if not url.strip():
+        raise InvalidInput("the media store URL is blank (unset it for the default)")
+    refuse_credentials(url)
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower() if len(parts.scheme) > 1 else ""
+    if not scheme:  # a plain path (or a Windows drive)
+        return StoreUrl("", path=url)
+    if scheme == "file":
+        if parts.netloc not in _LOCAL_HOSTS:
+            raise InvalidInput(
+                f"media store {url}: a file:// URL names a folder of this machine, not the "
+                f"host {parts.netloc!r} (use file:///absolute/folder or a plain path)"
+            )
+        if not parts.path:
+            raise InvalidInput(f"media store {url}: the URL names no folder")
+        return StoreUrl("", path=unquote(parts.path))
+    netloc = parts.netloc
+    shown = f"{scheme}://{netloc}"
+    if scheme in _BUCKET_SCHEMES and netloc and not _BUCKET_RE.fullmatch(netloc):
+        raise InvalidInput(
+            f"media store {shown}: invalid bucket name {netloc!r} (3-63 lowercase letters, "
+            "digits, '.', '-' or '_')"
+        )
+    container = netloc.split("@", 1)[0]
+    if container != container.lower():
+        raise InvalidInput(f"media store {shown}: container names are lowercase")
+    prefix = parts.path.strip("/")
+    for segment in prefix.split("/") if prefix else ():
+        if segment in ("", ".", "..") or unquote(segment) in (".", ".."):
+            raise InvalidInput(
+                f"media store {shown}{parts.path}: the prefix has an empty, '.' or '..' "
+                f"segment ({segment!r}): name the prefix as the keys are"
+            )
+    return StoreUrl(scheme, netloc=netloc, prefix=prefix)

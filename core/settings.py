@@ -12,12 +12,13 @@ from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from core.errors import InvalidInput
-from core.home import default_home, resolve_home
+from core.home import default_home, has_control_character, project_folder, resolve_home
 
 _PIPELINE_RE = re.compile(r"[a-z0-9][a-z0-9_.-]{0,62}")
 # The pipeline whose item keys and folders predate pipeline scoping: they stay unscoped, so
 # nothing an existing home paid for changes key or moves.
 UNSCOPED_PIPELINE = "weekly"
+_SQLITE_URL_RE = re.compile(r"sqlite(?:\+\w+)?://[^/]*/([^?]*)")
 MAX_HOME_CHARS = 600  # an image path under it stays within its 1024-character column
 
 
@@ -158,7 +159,12 @@ class Settings(BaseSettings):
     @classmethod
     def _check_home(cls, value: Path) -> Path:
         """The absolute state folder (`core.home.resolve_home`: a relative value is anchored
-        at the project folder), refused when it cannot be a folder."""
+        at the project folder), refused when it cannot be a folder, is blank or holds a
+        control character."""
+        if has_control_character(str(value)):
+            raise ValueError("the value contains a control character")
+        if not str(value).strip():
+            raise ValueError("the value is blank (unset it for the default)")
         resolved = resolve_home(value)
         if len(str(resolved)) > MAX_HOME_CHARS:  # file paths under it are stored
             raise ValueError(f"the path is longer than {MAX_HOME_CHARS} characters")
@@ -171,15 +177,36 @@ class Settings(BaseSettings):
                 break
         return resolved
 
+    @field_validator("database_url")
+    @classmethod
+    def _check_database_url(cls, value: str | None) -> str | None:
+        """A SQLite file by a relative path would follow the working directory (a cron job's
+        empty ledger pays again): refused; the default ledger is inside the state folder."""
+        found = _SQLITE_URL_RE.match(value or "")
+        database = found.group(1) if found else ""
+        if (
+            database
+            and not database.startswith(("/", ":memory:", "file:"))
+            and not (
+                re.match(r"[A-Za-z]:[\\/]", database)  # a Windows drive
+            )
+        ):
+            raise ValueError(
+                "a relative SQLite path follows the working directory: give the file's "
+                "absolute path (sqlite:////absolute/episodic.db), or unset it for the state "
+                "folder's ledger"
+            )
+        return value
+
     @field_validator("media_url")
     @classmethod
     def _check_media_url(cls, value: str | None) -> str | None:
         if value is None:
             return None
-        from core.media import refuse_credentials
+        from core.media import parse_store_url
 
         try:
-            refuse_credentials(value)
+            parse_store_url(value)
         except InvalidInput as exc:
             raise ValueError(str(exc)) from None
         return value
@@ -245,6 +272,7 @@ class Settings(BaseSettings):
 
 def load_settings() -> Settings:
     """Settings from the environment; a bad value is an ``InvalidInput`` naming the variable."""
+    project_folder()  # a bad EPISODIC_PROJECT_DIR is refused as itself, before what it anchors
     try:
         return Settings()
     except ValidationError as exc:

@@ -114,10 +114,17 @@ def project_directory() -> dict[str, str]:
     `uv sync` in a clone). Relative parameters (the weekly playlist) then mean the same as on
     the command line; the state folder is the project's wherever a process starts
     (`core.home`). Raises `FileNotFoundError` naming the folder when it is not a project
-    folder.
+    folder, or the value when it is relative.
     """
     configured = os.environ.get("EPISODIC_PROJECT_DIR")
     folder = Path(configured).expanduser() if configured else Path(__file__).resolve().parents[1]
+    if not folder.is_absolute():  # it would follow the worker's working directory
+        message = (
+            f"EPISODIC_PROJECT_DIR {configured!r} is relative: set it in the worker's "
+            "environment to the project folder's absolute path"
+        )
+        _fail_flow_run(message)
+        raise FileNotFoundError(message)
     if not (folder / "flows").is_dir():
         message = (
             f"{folder} is not an episodic project folder (no flows/ in it): set "

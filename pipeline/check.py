@@ -94,8 +94,9 @@ def check_episodes(
     policy = policy or DedupPolicy()
     if store is None:
         from core.settings import load_settings
+        from pipeline.media_view import open_store
 
-        store = MediaStore.from_settings(load_settings())
+        store = open_store(load_settings())
     wanted = None if episode_id is None else str(EpisodeId.parse(episode_id))
     episodes = list_episodes(engine, pipeline, wanted)
     if episode_id is not None and not episodes:

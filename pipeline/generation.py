@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from core.dedup import Admission
-from core.errors import CommandNotAllowed, MediaStoreUnavailable, ProviderConfigError, frozen_plan
+from core.errors import CommandNotAllowed, ProviderConfigError, frozen_plan
 from core.hints import hint
 from core.ids import EpisodeId
 from core.planning import RunOptions, check_budget
@@ -20,6 +20,7 @@ from core.states import FROZEN_PLAN_STATES, RunState
 from pipeline.admission import admit_run, dedup_policy, plan, prepare_resume, run_request
 from pipeline.executors import ItemExecutor, thread_pool_executor
 from pipeline.gate import CredentialSource, GatePass, build_provider, open_gate
+from pipeline.media_view import writable_store
 from pipeline.outcomes import RunOutcome, nothing_to_do
 from pipeline.playlists import (
     load_playlist,
@@ -36,7 +37,6 @@ from storage.claims import ClaimStore
 from storage.episodes import EpisodeRepository
 from storage.leases import LeaseStore
 from storage.ledger import LedgerStore
-from storage.media import MediaStore
 from storage.plans import PlanRecord, PlanStore
 from storage.runs import RunStore
 from storage.tx import Database
@@ -207,22 +207,6 @@ def build_runner(
         plan_id=prepared.plan_id,
         reference_image=reference_image,
     )
-
-
-def writable_store(settings: Settings) -> MediaStore:
-    """The media store `settings` names, proven writable (`MediaStore.probe`: a small object
-    written, read back and deleted) before anything is spent: a paid image that cannot be
-    kept must not be bought. Raises `MediaStoreMisconfigured` (no such bucket or folder,
-    access denied, wrong credentials) or `CommandNotAllowed` (the store does not answer
-    now), both exit 2, one line naming the store (`describe()`), never a credential."""
-    store = MediaStore.from_settings(settings)
-    try:
-        store.probe()
-    except MediaStoreUnavailable as exc:
-        raise CommandNotAllowed(
-            f"{exc}; nothing was spent: try again when the media store answers"
-        ) from None
-    return store
 
 
 OnStart = Callable[[Runner, str], None]

@@ -26,8 +26,8 @@ from typing import Literal
 from core.errors import MediaStoreError, NotAnImage
 from core.media import StoredMedia
 from core.settings import Settings
-from pipeline.generation import writable_store
 from pipeline.media import prove_image
+from pipeline.media_view import writable_store
 from storage.media import MediaStore
 from storage.media_records import LegacyFile, MediaRecords
 from storage.tx import Database

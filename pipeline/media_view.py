@@ -1,7 +1,7 @@
 """An episode's recorded media as people see them: `episodes show` lists each completed
 image, the cover and the manifest by its media store key and whether the store holds it;
-`open_store` and `preview_bytes` give the flows' artifacts the store's bytes (flows reach
-storage only through the pipeline).
+`open_store` (`writable_store`: proven writable) and `preview_bytes` give commands and the
+flows' artifacts the store (flows reach storage only through the pipeline).
 
 Presence only (one metadata request per object): `episodic check` is what reads every
 object in full and compares it with its recorded sha256.
@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from core.errors import InvalidInput, MediaStoreError
+from core.errors import CommandNotAllowed, InvalidInput, MediaStoreError, MediaStoreUnavailable
 from core.settings import Settings
 from storage.episodes import EpisodeRepository
 from storage.ledger import completed_outputs
@@ -21,8 +21,30 @@ from storage.tx import Database
 
 
 def open_store(settings: Settings) -> MediaStore:
-    """The media store `settings` name (EPISODIC_MEDIA_URL), opened once per flow step."""
-    return MediaStore.from_settings(settings)
+    """The media store `settings` name (EPISODIC_MEDIA_URL), opened once per command or
+    flow step. A local store folder that does not exist is refused here
+    (`MediaStoreMisconfigured`, exit 2, one line), for readers (`check`, `episodes show`)
+    as for writers (`writable_store`): a wrong folder is not a store
+    that lost every image."""
+    store = MediaStore.from_settings(settings)
+    store.check_root()
+    return store
+
+
+def writable_store(settings: Settings) -> MediaStore:
+    """The media store `settings` names, proven writable (`MediaStore.probe`: a small object
+    written, read back and deleted) before anything is spent: a paid image that cannot be
+    kept must not be bought. Raises `MediaStoreMisconfigured` (no such bucket or folder,
+    access denied, wrong credentials) or `CommandNotAllowed` (the store does not answer
+    now), both exit 2, one line naming the store (`describe()`), never a credential."""
+    store = open_store(settings)
+    try:
+        store.probe()
+    except MediaStoreUnavailable as exc:
+        raise CommandNotAllowed(
+            f"{exc}; nothing was spent: try again when the media store answers"
+        ) from None
+    return store
 
 
 def preview_bytes(store: MediaStore, key: str) -> bytes | None:

@@ -34,8 +34,8 @@ from core.errors import MediaStoreError, NotAnImage
 from core.media import ProvenImage
 from core.settings import Settings
 from pipeline.gate import CredentialSource, GatePass, build_provider, open_gate
-from pipeline.generation import writable_store
 from pipeline.media import prove_image
+from pipeline.media_view import writable_store
 from providers.base import CollectionPending, Provider, RemoteJobFailed, Stopped
 from providers.profiles import get_profile, load_profiles
 from storage.media import MediaStore

@@ -9,6 +9,11 @@ results. Removing it forgets what was bought: a later run pays again. So `remove
   the shared ledger records as paid;
 - refuses a SQLite ledger outside the state folder (``EPISODIC_DATABASE_URL`` pointing
   elsewhere), and a folder that holds the project, the user's home or is a filesystem root;
+- removes only a state folder: one that holds the ledger ``episodic.db`` or the marker
+  (`core.home.STATE_MARKER`) the project writes when it creates the folder, and nothing at
+  its top level that the project does not create there (`STATE_ENTRIES`): a user's folder
+  that ``EPISODIC_HOME`` names by mistake, or a folder of the project's own code
+  (``EPISODIC_HOME=core``), is refused naming one of its files;
 - refuses without ``yes``; and while the ledger records any paid call, refuses unless also
   ``including_paid``, saying how many paid calls and how much money it holds.
 
@@ -18,15 +23,24 @@ exists).
 
 from __future__ import annotations
 
+import fnmatch
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from core.errors import InvalidInput
-from core.home import project_folder
+from core.home import STATE_MARKER, project_folder
 from core.money import format_minor
 from core.settings import Settings
+
+# What the project creates at the top of a state folder (glob patterns): the ledger and its
+# SQLite companions and lock files, the default media store, Prefect's home, the item
+# results, the episodes' files, the provider profiles, the fake provider's jobs, the marker.
+STATE_ENTRIES = (
+    "episodic.db", "episodic.db-*", "episodic.db.*", "media", "prefect", "results",
+    "episodes", "providers.yaml", "fake-provider", STATE_MARKER,
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -107,6 +121,7 @@ def remove_state(settings: Settings, *, yes: bool, including_paid: bool) -> Stat
     _refuse_unsafe(home, folder.project)
     if not folder.exists:
         return folder
+    _refuse_not_state(home)
     if folder.paid_calls and not (yes and including_paid):
         raise InvalidInput(
             f"the ledger {folder.database} holds {folder.holdings()}: removing {home} forgets "
@@ -127,4 +142,24 @@ def _refuse_unsafe(home: Path, project: Path | None) -> None:
         raise InvalidInput(
             f"the state folder {home} holds the project folder or your home folder (or is a "
             "root): nothing removed; set EPISODIC_HOME to the state folder itself"
+        )
+
+
+def _refuse_not_state(home: Path) -> None:
+    """Only a folder the project made (its marker) or an older one holding its ledger, and
+    holding nothing at its top level the project did not create."""
+    if home.is_symlink():
+        raise InvalidInput(f"the state folder {home} is a symbolic link: nothing removed")
+    names = sorted(entry.name for entry in home.iterdir())
+    if STATE_MARKER not in names and "episodic.db" not in names:
+        raise InvalidInput(
+            f"{home} is not a state folder (no episodic.db, no {STATE_MARKER}): nothing "
+            "removed; set EPISODIC_HOME to the state folder itself"
+        )
+    foreign = [n for n in names if not any(fnmatch.fnmatchcase(n, p) for p in STATE_ENTRIES)]
+    if foreign:
+        more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
+        raise InvalidInput(
+            f"{home} holds {foreign[0]!r}{more}, which episodic does not create in a state "
+            "folder: nothing removed (move it elsewhere first)"
         )

@@ -30,7 +30,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
 from core.errors import (
     InvalidInput,
@@ -40,6 +40,7 @@ from core.errors import (
     MediaStoreMisconfigured,
     MediaStoreUnavailable,
 )
+from core.home import anchored, has_control_character, mark_state_folder
 from core.media import (
     DOCUMENT_TYPES,
     MediaProblem,
@@ -47,7 +48,7 @@ from core.media import (
     StoredMedia,
     content_key,
     content_problem,
-    refuse_credentials,
+    parse_store_url,
     validate_key,
 )
 from core.settings import Settings
@@ -63,18 +64,21 @@ _T = TypeVar("_T")
 # Object-store schemes, and the package each needs when it is not installed.
 _REMOTE = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs"}
 _REMOTE |= {"az": "adlfs", "abfs": "adlfs", "abfss": "adlfs"}
+_CONTAINER_SCHEMES = frozenset({"az", "abfs", "abfss"})
 _PROBE_DIR = ".probe"
 
 
 def public_url(url: str) -> str:
-    """`url` as messages may show it: no user, password, query or fragment."""
-    parts = urlsplit(url)
+    """`url` as messages may show it: no password, query, fragment or control character,
+    and a user part only where it names a container (``az://container@account``)."""
+    shown = "".join("?" if has_control_character(char) else char for char in url)
+    parts = urlsplit(shown)
     if not parts.scheme or len(parts.scheme) == 1:  # a plain path (or a Windows drive)
-        return url
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    return f"{parts.scheme}://{host}{parts.path}"
+        return shown
+    user, _, host = parts.netloc.rpartition("@")
+    user = user.split(":", 1)[0]
+    netloc = f"{user}@{host}" if user and parts.scheme.lower() in _CONTAINER_SCHEMES else host
+    return f"{parts.scheme}://{netloc}{parts.path}"
 
 
 class MediaStore:
@@ -101,15 +105,16 @@ class MediaStore:
     ) -> MediaStore:
         """The store at `url`. ``create``: make a local folder (and its parents) if missing
         (the default store inside the state folder); otherwise a missing folder is refused
-        at `probe`. Raises MediaStoreMisconfigured for an unknown scheme or a scheme whose
-        package is not installed."""
-        refuse_credentials(url)
+        at `probe` and `check_root`. A relative folder is the project's, as a relative
+        ``EPISODIC_HOME`` (`core.home.anchored`), never the working directory's. Raises
+        InvalidInput for a URL that names no store unambiguously (`parse_store_url`), and
+        MediaStoreMisconfigured for an unknown scheme or a scheme whose package is not
+        installed."""
+        parsed = parse_store_url(url)
         shown = public_url(url)
-        parts = urlsplit(url)
-        scheme = parts.scheme.lower() if len(parts.scheme) > 1 else ""
-        if scheme in ("", "file"):
-            raw = unquote(parts.path) if scheme == "file" else url
-            root = Path(raw).expanduser().absolute()
+        scheme = parsed.scheme
+        if not scheme:
+            root = anchored(Path(parsed.path))
             if create:
                 _mkdirs(root, shown)
             return cls(str(root), LocalBackend(root, str(root)), (timeout_s, attempts))
@@ -119,8 +124,7 @@ class MediaStore:
                 "(use a folder, file://, s3://, gs:// or az://)",
                 url=shown,
             )
-        bucket = parts.hostname or ""
-        if not bucket:
+        if not parsed.netloc:
             raise MediaStoreMisconfigured(f"media store {shown}: no bucket in the URL", url=shown)
         try:
             import fsspec  # type: ignore[import-untyped]
@@ -132,15 +136,23 @@ class MediaStore:
                 f"(pip install {_REMOTE[scheme]})",
                 url=shown,
             ) from None
-        prefix = f"{parts.netloc}/{parts.path.strip('/')}".rstrip("/")
+        prefix = f"{parsed.netloc}/{parsed.prefix}".rstrip("/")
         backend = RemoteBackend(scheme, prefix, shown, timeout_s, attempts)
         return cls(url, backend, (timeout_s, attempts))
 
     @classmethod
     def from_settings(cls, settings: Settings) -> MediaStore:
         """The store `settings` names (EPISODIC_MEDIA_URL, default: ``<home>/media``, which
-        is created on first use)."""
+        is created on first use, in the state folder `core.home.mark_state_folder` makes)."""
+        if settings.media_url is None:
+            mark_state_folder(settings.home_path)
         return cls.open(settings.media_store_url, create=settings.media_url is None)
+
+    def check_root(self) -> None:
+        """Raise MediaStoreMisconfigured (one line, exit 2) when a local store's folder does
+        not exist or is not a folder: every image would read as missing from it. (A bucket
+        answers for itself at the first request.)"""
+        self._backend.check_root()
 
     def describe(self) -> str:
         """The store's URL (a local store: its absolute folder) with no credentials."""

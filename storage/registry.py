@@ -6,8 +6,9 @@ import threading
 
 from sqlalchemy import Engine
 
+from core.home import mark_state_folder
 from core.settings import Settings
-from storage.engine import make_engine
+from storage.engine import make_engine, normalize_url, sqlite_path
 from storage.schema import ensure_schema
 
 _engines: dict[tuple[str, bool], Engine] = {}
@@ -20,9 +21,19 @@ def open_engine(settings: Settings, *, read_only: bool = False) -> Engine:
     The embedded default (SQLite) is migrated automatically; a server database must be
     upgraded explicitly with `episodic db upgrade` (its schema is an operator's decision).
     """
+    if not read_only and _in_state_folder(settings):
+        mark_state_folder(settings.home_path)  # the project creates it: marked as its own
     engine = make_engine(settings.url, read_only=read_only)
     ensure_schema(engine, auto_upgrade=engine.dialect.name == "sqlite" and not read_only)
     return engine
+
+
+def _in_state_folder(settings: Settings) -> bool:
+    """True when the ledger is a SQLite file inside the state folder (the default)."""
+    url = normalize_url(settings.url)
+    if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
+        return False
+    return sqlite_path(url).is_relative_to(settings.home_path)
 
 
 def engine_for(settings: Settings, *, read_only: bool = False) -> Engine:

@@ -18,9 +18,15 @@ from pathlib import Path
 def configure() -> None:
     if "prefect" in sys.modules:  # too late to change what Prefect read at import
         return
-    from core.home import resolve_home  # no Prefect, no third-party import
+    from core.errors import InvalidInput
+    from core.home import mark_state_folder, resolve_home  # no Prefect, no third-party import
 
-    home = resolve_home(os.environ.get("EPISODIC_HOME"))
+    try:
+        home = resolve_home(os.environ.get("EPISODIC_HOME"))
+    except InvalidInput:  # a bad EPISODIC_HOME / EPISODIC_PROJECT_DIR: the settings refuse it
+        return  # in one line when the command loads them; nothing is created meanwhile
+    if "PREFECT_HOME" not in os.environ:
+        mark_state_folder(home)
     defaults = {
         "PREFECT_HOME": str(home / "prefect"),
         "PREFECT_LOCAL_STORAGE_PATH": str(home / "results"),

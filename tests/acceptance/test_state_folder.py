@@ -5,6 +5,7 @@ forget what was paid for unless told twice."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -234,10 +235,126 @@ def test_remove_refuses_a_ledger_outside_the_state_folder(
 
 
 def test_remove_refuses_a_folder_holding_the_project(cli: Cli, tmp_path: Path) -> None:
-    project = tmp_path / "checkout"
-    project.mkdir()
+    project = _fake_project(tmp_path / "checkout")
     env = {"EPISODIC_HOME": str(tmp_path), "EPISODIC_PROJECT_DIR": str(project)}
     refused = cli("state", "remove", "--yes", "--including-paid", env=env)
     assert refused.returncode == 2 and len(refused.stderr.splitlines()) == 1
     assert "holds the project folder or your home folder" in refused.stderr
     assert project.is_dir()
+
+
+# -- EPISODIC_PROJECT_DIR and EPISODIC_HOME values, `state remove` of what is not state ------
+
+
+def _fake_project(folder: Path) -> Path:
+    """A folder `core.home` recognises as an episodic project (its pyproject.toml)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "pyproject.toml").write_text('[project]\nname = "episodic"\n')
+    return folder
+
+
+def _at(cwd: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """The installed `episodic`, started in ``cwd`` with the test's environment plus ``env``."""
+    from tests.acceptance.conftest import EPISODIC
+
+    assert EPISODIC is not None
+    cwd.mkdir(parents=True, exist_ok=True)
+    return subprocess.run([EPISODIC, *args], cwd=cwd, env={**os.environ, **env},
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+
+
+def _refused(result: subprocess.CompletedProcess[str], text: str) -> None:
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and text in lines[0], lines
+    assert not any(ord(c) < 32 for c in lines[0])
+
+
+@pytest.mark.parametrize("value", [".", "relative", "/nonexistent", "TMP", "/", " ", "CTRL"])
+def test_a_project_dir_that_is_not_an_absolute_project_folder_is_refused(
+    value: str, tmp_path: Path
+) -> None:
+    """A relative EPISODIC_PROJECT_DIR would follow the shell again (a cron job's empty
+    ledger pays twice); a folder that is not a project has no state of this project."""
+    cwd = tmp_path / "cronhome"
+    value = {"TMP": str(tmp_path), "CTRL": f"{tmp_path}/a\x07b"}.get(value, value)
+    for command in (["state", "show"], ["allocate", "--key", "cron:w10", "--week", "2027-W10"]):
+        _refused(_at(cwd, *command, EPISODIC_PROJECT_DIR=value, EPISODIC_HOME=".episodic"),
+                 "EPISODIC_PROJECT_DIR")  # fmt: skip
+    assert list(cwd.iterdir()) == [] and not (tmp_path / ".episodic").exists()
+
+
+def test_a_project_dir_naming_a_project_folder_anchors_the_state(tmp_path: Path) -> None:
+    project = _fake_project(tmp_path / "mount")
+    shown = _at(tmp_path / "cwd", "state", "show", "--json", EPISODIC_PROJECT_DIR=str(project),
+                EPISODIC_HOME="state")  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["home"] == str(project / "state")
+
+
+@pytest.mark.parametrize("value", [" ", "\t", "state/a\x01b"])
+def test_a_blank_home_or_one_with_control_characters_is_refused(value: str, tmp_path: Path) -> None:
+    project = _fake_project(tmp_path / "checkout")
+    before = sorted(project.iterdir())
+    result = _at(tmp_path / "cwd", "allocate", "--key", "k", "--week", "2026-W32",
+                 EPISODIC_PROJECT_DIR=str(project), EPISODIC_HOME=value)  # fmt: skip
+    _refused(result, "EPISODIC_HOME")
+    assert sorted(project.iterdir()) == before
+
+
+def test_remove_refuses_a_folder_that_is_not_a_state_folder(cli: Cli, tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "thesis.txt").write_text("a user's file")
+    refused = cli("state", "remove", "--yes", env={"EPISODIC_HOME": str(victim)})
+    _refused(refused, "is not a state folder")
+    assert (victim / "thesis.txt").is_file()
+
+
+def test_remove_refuses_a_folder_of_the_project(tmp_path: Path) -> None:
+    project = _fake_project(tmp_path / "checkout")
+    (project / "core").mkdir()
+    (project / "core" / "home.py").write_text("# the package")
+    env = {"EPISODIC_PROJECT_DIR": str(project), "EPISODIC_HOME": "core"}
+    _refused(_at(tmp_path / "cwd", "state", "remove", "--yes", **env), str(project / "core"))
+    assert (project / "core" / "home.py").is_file()
+    (project / "core" / "episodic.db").write_bytes(b"")  # even one holding a ledger file
+    _refused(_at(tmp_path / "cwd", "state", "remove", "--yes", **env), "home.py")
+    assert (project / "core" / "home.py").is_file()
+
+
+@SQLITE_ONLY
+def test_remove_takes_an_unmarked_folder_holding_a_ledger(
+    cli: Cli, database_url: str, home: Path
+) -> None:
+    """A state folder from before the marker: its ledger says what it is."""
+    assert cli("allocate", "--key", "k", "--week", "2026-W32").returncode == 0
+    assert not (home / ".episodic-state").exists()  # the fixture made the folder, not episodic
+    (home / "notes.txt").write_text("not the project's")
+    _refused(cli("state", "remove", "--yes"), "notes.txt")
+    assert (home / "episodic.db").is_file() and (home / "notes.txt").is_file()
+    (home / "notes.txt").unlink()
+    removed = cli("state", "remove", "--yes")
+    assert removed.returncode == 0, removed.stderr
+    assert not home.exists()
+
+
+def test_a_state_folder_the_project_creates_is_marked(cli: Cli, home: Path) -> None:
+    assert cli("allocate", "--key", "k", "--week", "2026-W32").returncode == 0
+    assert (home / ".episodic-state").is_file()
+    (home / "episodic.db").unlink()  # the marker alone says what it is
+    (home / "report.pdf").write_bytes(b"%PDF")
+    _refused(cli("state", "remove", "--yes"), "report.pdf")
+    assert (home / "report.pdf").is_file()
+    (home / "report.pdf").unlink()
+    assert cli("state", "remove", "--yes").returncode == 0 and not home.exists()
+
+
+@pytest.mark.parametrize("url", ["sqlite:///ledger.db", "sqlite:///./state/ledger.db"])
+def test_a_relative_sqlite_ledger_is_refused(url: str, tmp_path: Path) -> None:
+    """A relative SQLite path follows the working directory: an empty ledger there would
+    pay again for what the real one records."""
+    cwd = tmp_path / "cronhome"
+    made = _at(cwd, "allocate", "--key", "k", "--week", "2026-W32", EPISODIC_DATABASE_URL=url)
+    _refused(made, "EPISODIC_DATABASE_URL")
+    assert list(cwd.iterdir()) == []

@@ -331,6 +331,43 @@ def test_urls_the_store_refuses(tmp_path: Path) -> None:
     assert local.describe() == str(tmp_path / "m") and (tmp_path / "m").is_dir()
 
 
+@pytest.mark.parametrize(
+    ("url", "reason"),
+    [
+        ("s3://BRK_bad/x", "bucket"),  # never silently lowercased into another bucket
+        ("s3://Brk/x", "bucket"),
+        ("s3://brk/../x", "'..'"),
+        ("s3://brk/a/./x", "'.'"),
+        ("s3://brk/a//x", "empty"),
+        ("s3://br\x01k/x", "control character"),
+        ("s3://brk/x\ny", "control character"),
+        ("/tmp/m\x1b[31m", "control character"),
+        ("file://relative/x", "host"),  # the host would be dropped: /x
+        ("file://", "no folder"),
+        (" ", "blank"),
+    ],
+)
+def test_urls_that_name_no_store_are_refused(url: str, reason: str) -> None:
+    with pytest.raises(InvalidInput, match=reason) as caught:
+        MediaStore.open(url, create=False)
+    message = str(caught.value)
+    assert len(message.splitlines()) == 1 and not any(ord(c) < 32 for c in message)
+
+
+def test_a_relative_store_is_the_projects_whatever_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "pyproject.toml").write_text('[project]\nname = "episodic"\n')
+    monkeypatch.setenv("EPISODIC_PROJECT_DIR", str(project))
+    monkeypatch.chdir(tmp_path)
+    assert MediaStore.open("media").describe() == str(project / "media")
+    assert MediaStore.open("file:store/m").describe() == str(project / "store" / "m")
+    assert MediaStore.open("file://localhost/srv/m").describe() == "/srv/m"
+    assert not (tmp_path / "media").exists() and not (project / "media").exists()
+
+
 class _FailingS3(BaseHTTPRequestHandler):
     """An S3 endpoint whose every answer is one error (status and code set on the server)."""
 

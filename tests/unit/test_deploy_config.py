@@ -69,6 +69,11 @@ def test_the_pull_step_moves_into_the_project_folder(
         project_directory()
     (tmp_path / "flows").mkdir()
     assert project_directory() == {"directory": str(tmp_path)}
+    monkeypatch.chdir(tmp_path)
+    for relative in (".", "flows/.."):  # would follow the worker's working directory
+        monkeypatch.setenv("EPISODIC_PROJECT_DIR", relative)
+        with pytest.raises(FileNotFoundError, match="relative"):
+            project_directory()
 
 
 def test_the_deploy_that_adds_a_scheduler_of_a_pipeline_is_named() -> None:

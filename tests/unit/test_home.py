@@ -54,6 +54,8 @@ def test_relative_home_is_anchored_at_the_project(
     assert load_settings().home_path == PROJECT / "state" / "x"
     assert resolve_home(".episodic") == PROJECT / ".episodic"
     assert resolve_home(tmp_path / "abs") == tmp_path / "abs"
+    (tmp_path / "mount").mkdir()
+    (tmp_path / "mount" / "pyproject.toml").write_text('[project]\nname = "episodic"\n')
     monkeypatch.setenv("EPISODIC_PROJECT_DIR", str(tmp_path / "mount"))
     assert resolve_home("state") == tmp_path / "mount" / "state"
     assert resolve_home(None) == tmp_path / "mount" / ".episodic"
