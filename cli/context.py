@@ -29,8 +29,10 @@ def engine(*, read_only: bool = False) -> Engine:
     return engine_for(settings(), read_only=read_only)
 
 
-def media_store() -> MediaStore:
-    """The media store the settings name (EPISODIC_MEDIA_URL), opened once per command."""
-    from storage.media import MediaStore
+def media_store(engine: Engine, *, adopt: bool = False) -> MediaStore:
+    """The media store the settings name (EPISODIC_MEDIA_URL), opened once per command and
+    refused unless it is the one `engine`'s database records (``adopt``: a command that
+    writes media records it when none is; storage.store_identity)."""
+    from storage.store_identity import open_verified
 
-    return MediaStore.from_settings(settings())
+    return open_verified(settings(), engine, adopt=adopt)

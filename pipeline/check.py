@@ -53,6 +53,7 @@ from storage.audit import (
 )
 from storage.base import utcnow
 from storage.media import MediaStore
+from storage.store_identity import open_verified
 from storage.tx import Database
 
 NEEDS_ALL_IMAGES = {EpisodeState.GENERATED, EpisodeState.APPROVED, EpisodeState.ASSEMBLED}
@@ -95,7 +96,7 @@ def check_episodes(
     if store is None:
         from core.settings import load_settings
 
-        store = MediaStore.from_settings(load_settings())
+        store = open_verified(load_settings(), engine)
     wanted = None if episode_id is None else str(EpisodeId.parse(episode_id))
     episodes = list_episodes(engine, pipeline, wanted)
     if episode_id is not None and not episodes:

@@ -30,6 +30,7 @@ from pipeline.playlists import (
 )
 from pipeline.runner import Runner, mark_generated
 from providers.profiles import Profile, get_profile, load_profiles
+from storage import store_identity
 from storage.admission import AdmissionStore
 from storage.cancels import CancelStore
 from storage.claims import ClaimStore
@@ -187,7 +188,7 @@ def build_runner(
             )
         media_type, content = found
         reference_image = f"data:{media_type};base64,{base64.b64encode(content).decode()}"
-    media = writable_store(settings)  # fail closed before the credential is read
+    media = writable_store(settings, engine)  # fail closed before the credential is read
     provider = build_provider(prepared.gate, prepared.profile, credentials, settings.home_path)
     return Runner(
         store=RunStore(engine),
@@ -209,15 +210,14 @@ def build_runner(
     )
 
 
-def writable_store(settings: Settings) -> MediaStore:
-    """The media store `settings` names, proven writable (`MediaStore.probe`: a small object
-    written, read back and deleted) before anything is spent: a paid image that cannot be
-    kept must not be bought. Raises `MediaStoreMisconfigured` (no such bucket or folder,
-    access denied, wrong credentials) or `CommandNotAllowed` (the store does not answer
-    now), both exit 2, one line naming the store (`describe()`), never a credential."""
+def writable_store(settings: Settings, engine: Database) -> MediaStore:
+    """The store `settings` names, proven writable (`MediaStore.probe`) and the database's
+    own (`store_identity.verify`, adopting it if none is recorded) before anything is spent;
+    else `MediaStoreMisconfigured` (`WrongMediaStore`) or `CommandNotAllowed`, exit 2."""
     store = MediaStore.from_settings(settings)
     try:
         store.probe()
+        store_identity.verify(engine, store, adopt=True)
     except MediaStoreUnavailable as exc:
         raise CommandNotAllowed(
             f"{exc}; nothing was spent: try again when the media store answers"

@@ -17,12 +17,15 @@ from core.settings import Settings
 from storage.episodes import EpisodeRepository
 from storage.ledger import completed_outputs
 from storage.media import MediaStore
+from storage.store_identity import open_verified
 from storage.tx import Database
 
 
-def open_store(settings: Settings) -> MediaStore:
-    """The media store `settings` name (EPISODIC_MEDIA_URL), opened once per flow step."""
-    return MediaStore.from_settings(settings)
+def open_store(settings: Settings, engine: Database, *, adopt: bool = False) -> MediaStore:
+    """The media store `settings` name (EPISODIC_MEDIA_URL), opened once per flow step and
+    refused unless it is the database's (``adopt``: a step that writes media records it
+    when none is; storage.store_identity)."""
+    return open_verified(settings, engine, adopt=adopt)
 
 
 def preview_bytes(store: MediaStore, key: str) -> bytes | None:
