@@ -35,8 +35,9 @@ def check(
         raise InvalidInput("give an EPISODE_ID or --all")
     engine = context.engine(read_only=True)
     name = context.pipeline_name(pipeline)
+    store = context.media_store(engine)
     findings = check_episodes(
-        engine, name, episode_id, dedup_policy(context.settings()), store=context.media_store()
+        engine, name, episode_id, dedup_policy(context.settings()), store=store
     )
     warnings = schedule_warnings(engine, name, episode_id)
     warnings += legacy_warnings(engine, name, episode_id)

@@ -29,9 +29,11 @@ def engine(*, read_only: bool = False) -> Engine:
     return engine_for(settings(), read_only=read_only)
 
 
-def media_store() -> MediaStore:
-    """The media store the settings name (EPISODIC_MEDIA_URL), opened once per command; a
-    local folder that does not exist is refused (`pipeline.media_view.open_store`)."""
+def media_store(engine: Engine, *, adopt: bool = False) -> MediaStore:
+    """The media store the settings name (EPISODIC_MEDIA_URL), opened once per command: a
+    local folder that does not exist is refused, and a store that is not the one `engine`'s
+    database records (``adopt``: a command that writes media records it when none is;
+    `pipeline.media_view.open_store`)."""
     from pipeline.media_view import open_store
 
-    return open_store(settings())
+    return open_store(settings(), engine, adopt=adopt)

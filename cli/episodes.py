@@ -73,7 +73,7 @@ def show_episode(
     repository = EpisodeRepository(engine)
     episode = repository.get(name, parsed)
     history = repository.history(name, parsed)
-    store = context.media_store()
+    store = context.media_store(engine)
     media = episode_media(engine, store, repository.episode_pk(name, str(parsed)))
     if as_json:
         emit_json(

@@ -240,16 +240,30 @@ def _buy_again(
 
 
 @app.command("import")
-def import_media(as_json: JsonOption = False) -> None:
-    """Copy every legacy local file the database names into the configured media store.
+def import_media(
+    source: Annotated[
+        str | None,
+        typer.Option(
+            "--from",
+            help="Move to the configured media store on purpose: copy every recorded object "
+            "from this store (the one the database records), then record the configured one.",
+        ),
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Copy every legacy local file the database names into the configured media store
+    (with --from URL: move every recorded object from that store to the configured one).
 
     Rows from before the store record an absolute path; each file is checked against its
     recorded sha256, proven an image (a manifest: a document), stored and verified, and only
     then the row records its key and forgets the path. Pays nothing; a second run does
     nothing. A missing or changed file is reported, not fatal. Legacy files are not deleted.
     Exit 0: every legacy file was imported (or there was none); 1: some were not; 2: the
-    store cannot be written.
+    store cannot be written (or is not the database's recorded store).
     """
+    if source is not None:
+        _move(source, as_json)
+        return
     from pipeline.media_import import import_legacy_media
 
     with _progress(as_json, "importing legacy media") as (start, advance):
@@ -271,3 +285,30 @@ def import_media(as_json: JsonOption = False) -> None:
             )
             typer.echo(f"{len(report.files)} legacy files into {report.store}: {counts}")
     raise typer.Exit(0 if report.complete else 1)
+
+
+def _move(source: str, as_json: bool) -> None:
+    from pipeline.store_move import move_store
+
+    with _progress(as_json, "copying media") as (start, advance):
+        report = move_store(
+            context.engine(), context.settings(), source, on_plan=start,
+            on_object=lambda _o: advance(),
+        )  # fmt: skip
+    if as_json:
+        emit_json(report.to_dict())
+    else:
+        for o in report.objects:
+            if o.status != "copied":
+                typer.echo(f"{o.key}: {o.status.replace('_', ' ')}: {one_line(o.detail, 300)}")
+        counts = ", ".join(f"{n} {s.replace('_', ' ')}" for s, n in sorted(report.counts().items()))
+        done = (
+            f"the database now records {report.store}"
+            if report.moved
+            else f"nothing recorded: the database still records {report.source}; run it again"
+        )
+        typer.echo(
+            f"{len(report.objects)} objects from {report.source} to {report.store}"
+            f"{': ' + counts if counts else ''}; {done}"
+        )
+    raise typer.Exit(0 if report.moved else 1)

@@ -39,8 +39,9 @@ def approve(
     from pipeline.approval import decide
 
     picks = parse_picks(pick) if pick is not None else None
+    engine = context.engine()
     result = decide(
-        context.engine(),
+        engine,
         context.pipeline_name(pipeline),
         episode_id,
         approve=not reject,
@@ -48,7 +49,7 @@ def approve(
         note=reason if reject else note,
         labels=("--by", "--reason" if reject else "--note"),
         picks=picks,
-        store=context.media_store(),
+        store=context.media_store(engine),
     )
     if as_json:
         emit_json(result)
@@ -80,12 +81,13 @@ def assemble(
     changes nothing."""
     from pipeline.assembly import assemble as run_assembly
 
+    engine = context.engine()
     result = run_assembly(
-        context.engine(),
+        engine,
         context.settings(),
         context.pipeline_name(pipeline),
         episode_id,
-        store=context.media_store(),
+        store=context.media_store(engine, adopt=True),
         out=out,
     )
     if as_json:
@@ -113,9 +115,10 @@ def reopen(
     the earlier plan and decision. Then (plan,) generate and decide it again."""
     from pipeline.approval import reopen as run_reopen
 
-    store = context.media_store()
+    engine = context.engine()
+    store = context.media_store(engine)
     result = run_reopen(
-        context.engine(),
+        engine,
         context.pipeline_name(pipeline),
         episode_id,
         by=by,

@@ -22,7 +22,8 @@ The tree::
     │   └── MediaStoreError             the media store (`transient`: collect again later)
     │       ├── MediaStoreUnavailable   transient: outage, 5xx, timeout, full disk
     │       ├── MediaStoreMisconfigured exit 2: no such bucket or folder, access denied,
-    │       │                           wrong credentials, the URL's package not installed
+    │       │   │                       wrong credentials, the URL's package not installed
+    │       │   └── WrongMediaStore     exit 2: not the store the database records
     │       ├── MediaMissing            no object under the key
     │       └── MediaCorrupt            the object under a content key holds other bytes
     └── NotAnImage                      exit 1  downloaded bytes that are not a PNG/JPEG/WEBP
@@ -114,6 +115,11 @@ class MediaStoreMisconfigured(MediaStoreError):
     """The store cannot be used as configured: refused before any work (exit 2)."""
 
     exit_code = ExitCode.REFUSED
+
+
+class WrongMediaStore(MediaStoreMisconfigured):
+    """The configured store is not the one this database records its media in (its marker
+    is missing or another's): refused before anything is read, bought or written (exit 2)."""
 
 
 class MediaMissing(MediaStoreError, LookupError):

@@ -244,7 +244,7 @@ def assemble_step(episode_id: str, pipeline: str) -> dict[str, Any]:
     """Assemble (idempotent) and publish the assembly and cost artifacts."""
     settings = load_settings()
     engine = engine_for(settings)
-    store = open_store(settings)
+    store = open_store(settings, engine, adopt=True)
     assembled = assemble(engine, settings, pipeline, episode_id, store=store)
     cover = preview_bytes(store, str(assembled["cover"]))
     publish_assembly(engine, pipeline, episode_id, assembled, cover)

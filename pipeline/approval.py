@@ -41,6 +41,7 @@ from storage.ledger import LedgerStore, completed_outputs
 from storage.locks import keyed_transaction
 from storage.media import MediaStore
 from storage.plans import PlanStore
+from storage.store_identity import open_verified
 from storage.tx import Database
 
 
@@ -66,9 +67,9 @@ def review_set(
     return [image for image, _ in planned_images(engine, gate, store)]
 
 
-def default_store(store: MediaStore | None) -> MediaStore:
-    """`store`, or the one the settings name (`MediaStore.from_settings`)."""
-    return store if store is not None else MediaStore.from_settings(load_settings())
+def default_store(store: MediaStore | None, engine: Database) -> MediaStore:
+    """`store`, or the one the settings name, if it is the database's (`open_verified`)."""
+    return store if store is not None else open_verified(load_settings(), engine)
 
 
 def decide(
@@ -255,7 +256,7 @@ def reopen(
         EpisodeState.ALLOCATED,
         {"reopened_by": by, "reason": reason.strip(), "from": state.value},
     )
-    media = default_store(store)
+    media = default_store(store, engine)
     missing = [
         o.item_id
         for o in completed_outputs(engine, gate.episode_pk)
@@ -296,7 +297,7 @@ def planned_images(
         raise CommandNotAllowed(f"{len(planned) - len(outputs)} planned images are not completed")
     if not outputs:
         raise CommandNotAllowed("episode has no completed images")
-    media = default_store(store)
+    media = default_store(store, engine)
     # never decide on or assemble from bytes that are not what the ledger paid for
     return [(output, paid_bytes(media, gate.episode_id, output)) for output in outputs]
 
@@ -392,7 +393,7 @@ class ApprovalContext:
         """`image`'s bytes as the store holds them (checked against its recorded sha256),
         for a preview; None when they are missing or not as paid for."""
         try:
-            return paid_bytes(default_store(self.store), self.episode_id, image)
+            return paid_bytes(default_store(self.store, self.engine), self.episode_id, image)
         except ImageNotAsPaid:
             return None
 
@@ -430,5 +431,5 @@ def approval_context(
         pipeline,
         episode_id,
         EpisodeRepository(engine).episode_pk(pipeline, episode_id),
-        default_store(store),
+        default_store(store, engine),
     )

@@ -29,6 +29,7 @@ from pipeline.media import prove_image
 from storage.approvals import ApprovalStore
 from storage.episodes import EpisodeRepository
 from storage.media import MediaStore
+from storage.store_identity import open_verified
 from storage.tx import Database
 
 THUMB = 128
@@ -51,7 +52,7 @@ def assemble(
     inside the folder). Returns the episode id, state, whether anything changed, the
     cover's and manifest's store keys and sha256, the store, the number of images, and with
     `out` the local copies' paths (``local``)."""
-    store = store if store is not None else MediaStore.from_settings(settings)
+    store = store if store is not None else open_verified(settings, engine, adopt=True)
     gate = open_gate(engine, pipeline, episode_id, "assemble")
     review = ApprovalStore(engine)
     episodes = EpisodeRepository(engine)

@@ -96,7 +96,7 @@ def check_episodes(
         from core.settings import load_settings
         from pipeline.media_view import open_store
 
-        store = open_store(load_settings())
+        store = open_store(load_settings(), engine)
     wanted = None if episode_id is None else str(EpisodeId.parse(episode_id))
     episodes = list_episodes(engine, pipeline, wanted)
     if episode_id is not None and not episodes:

@@ -187,7 +187,7 @@ def build_runner(
             )
         media_type, content = found
         reference_image = f"data:{media_type};base64,{base64.b64encode(content).decode()}"
-    media = writable_store(settings)  # fail closed before the credential is read
+    media = writable_store(settings, engine)  # fail closed before the credential is read
     provider = build_provider(prepared.gate, prepared.profile, credentials, settings.home_path)
     return Runner(
         store=RunStore(engine),

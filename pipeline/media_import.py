@@ -84,7 +84,7 @@ def import_legacy_media(
     """Copy every legacy file the database names into the store named by `settings`
     (module docstring). Errors before anything is written: `MediaStoreMisconfigured` /
     `CommandNotAllowed` (the store cannot be written, exit 2)."""
-    store = writable_store(settings)
+    store = writable_store(settings, engine)
     records = MediaRecords(engine)
     legacy = records.legacy_files()
     if on_plan is not None:

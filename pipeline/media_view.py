@@ -17,29 +17,35 @@ from core.settings import Settings
 from storage.episodes import EpisodeRepository
 from storage.ledger import completed_outputs
 from storage.media import MediaStore
+from storage.store_identity import verify
 from storage.tx import Database
 
 
-def open_store(settings: Settings) -> MediaStore:
+def open_store(settings: Settings, engine: Database, *, adopt: bool = False) -> MediaStore:
     """The media store `settings` name (EPISODIC_MEDIA_URL), opened once per command or
-    flow step. A local store folder that does not exist is refused here
-    (`MediaStoreMisconfigured`, exit 2, one line), for readers (`check`, `episodes show`)
-    as for writers (`writable_store`): a wrong folder is not a store
-    that lost every image."""
+    flow step. Refused (`MediaStoreMisconfigured`, exit 2, one line) when it is a local
+    folder that does not exist (a wrong folder is not a store that lost every image), and
+    (`WrongMediaStore`) unless it is the store the database records (``adopt``: a step that
+    writes media records it when none is; `storage.store_identity`)."""
     store = MediaStore.from_settings(settings)
     store.check_root()
+    verify(engine, store, adopt=adopt)
     return store
 
 
-def writable_store(settings: Settings) -> MediaStore:
+def writable_store(settings: Settings, engine: Database) -> MediaStore:
     """The media store `settings` names, proven writable (`MediaStore.probe`: a small object
-    written, read back and deleted) before anything is spent: a paid image that cannot be
+    written, read back and deleted) and the database's own (`store_identity.verify`,
+    adopting it if none is recorded) before anything is spent: a paid image that cannot be
     kept must not be bought. Raises `MediaStoreMisconfigured` (no such bucket or folder,
-    access denied, wrong credentials) or `CommandNotAllowed` (the store does not answer
-    now), both exit 2, one line naming the store (`describe()`), never a credential."""
-    store = open_store(settings)
+    access denied, wrong credentials; `WrongMediaStore`) or `CommandNotAllowed` (the store
+    does not answer now), exit 2, one line naming the store (`describe()`), never a
+    credential."""
+    store = MediaStore.from_settings(settings)
+    store.check_root()
     try:
         store.probe()
+        verify(engine, store, adopt=True)
     except MediaStoreUnavailable as exc:
         raise CommandNotAllowed(
             f"{exc}; nothing was spent: try again when the media store answers"

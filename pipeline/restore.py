@@ -134,7 +134,7 @@ def restore(
     before any provider call. An interrupt (`stop`) raises `Stopped` after the item in
     hand."""
     gate = open_gate(engine, pipeline, episode_id, "restore")
-    store = writable_store(settings)
+    store = writable_store(settings, engine)
     records = MediaRecords(engine)
     images = records.images(gate.episode_pk)
     report = RestoreReport(gate.episode_id, store.describe())

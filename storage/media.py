@@ -66,6 +66,7 @@ _REMOTE = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs"}
 _REMOTE |= {"az": "adlfs", "abfs": "adlfs", "abfss": "adlfs"}
 _CONTAINER_SCHEMES = frozenset({"az", "abfs", "abfss"})
 _PROBE_DIR = ".probe"
+MARKER = "episodic-store.json"  # the store's identity (storage.store_identity), at its root
 
 
 def public_url(url: str) -> str:
@@ -235,6 +236,22 @@ class MediaStore:
         # A store that lets us write but not delete still keeps what we pay for.
         with contextlib.suppress(MediaStoreMisconfigured):
             self._call(lambda: self._backend.delete(key), key, "delete")
+
+    def read_marker(self) -> bytes | None:
+        """The store's marker object (`MARKER`), or None when it has none. A store that
+        cannot answer raises (MediaStoreMisconfigured for a missing folder or bucket)."""
+        self._backend.check_root()
+        try:
+            return self._call(lambda: self._backend.read(MARKER), MARKER, "read")
+        except MediaMissing:
+            return None
+
+    def write_marker(self, content: bytes) -> bool:
+        """Write the marker unless the store has one (put-if-absent: of two racing writers
+        one wins); True if this call wrote it."""
+        self._backend.check_root()
+        write = lambda: self._backend.write_new(MARKER, content, "application/json")  # noqa: E731
+        return self._call(write, MARKER, "write")
 
     def local_copy(self, key: str, dest: Path, *, sha256: str | None = None) -> Path:
         """Copy the object under `key` to the file `dest` (atomically: temporary file, fsync,

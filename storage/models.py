@@ -329,3 +329,17 @@ class InstallationRow(Base):
     singleton: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     id: Mapped[str] = mapped_column(String(16))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class MediaStoreRow(Base):
+    """The media store this database records its paid media in (at most one row, made by
+    the first command that writes media): `store_id` is the uuid of the store's marker
+    object, `url` its public URL (storage.store_identity)."""
+
+    __tablename__ = "media_store"
+    __table_args__ = (CheckConstraint("singleton = 1", name="one_row"),)
+
+    singleton: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    store_id: Mapped[str] = mapped_column(String(36))
+    url: Mapped[str] = mapped_column(String(2000))
+    recorded_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -40,3 +40,24 @@ def full_disk_worker(folder: str, content: bytes, limit_bytes: int, results: Any
         results.put(["stored"])
     except Exception as exc:
         results.put([type(exc).__name__, str(exc), getattr(exc, "transient", None)])
+
+
+def adopt_worker(barrier: Any, db_url: str, store_url: str, results: Any) -> None:
+    """Released with the other worker, adopt `store_url` as the database's media store
+    (what the first writing command does); report the recorded store id or the refusal."""
+    try:
+        from core.errors import WrongMediaStore
+        from storage.engine import make_engine
+        from storage.media import MediaStore
+        from storage.store_identity import verify
+
+        engine = make_engine(db_url)
+        store = MediaStore.open(store_url, timeout_s=10, attempts=3)
+        barrier.wait(timeout=120)
+        try:
+            results.put(["ok", store_url, verify(engine, store, adopt=True).store_id])  # type: ignore[union-attr]
+        except WrongMediaStore as exc:
+            results.put(["refused", store_url, str(exc)])
+        engine.dispose()
+    except Exception:
+        results.put(["error", store_url, traceback.format_exc(limit=5)])

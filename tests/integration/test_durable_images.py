@@ -28,6 +28,7 @@ from pipeline.gate import EnvironmentCredentials
 from pipeline.generation import OnStart, generate
 from pipeline.outcomes import RunOutcome
 from pipeline.paid_call import DOWNLOAD_ATTEMPTS
+from pipeline.runner import Runner
 from providers.fake import render_png
 from providers.profiles import Profile
 from tests.fs_faults import can_mount, read_only_folder, tiny_filesystem
@@ -255,7 +256,14 @@ def test_an_s3_store_that_stops_after_the_providers_success_is_collected_again_a
         bucket = server.new_bucket()
         monkeypatch.setenv("EPISODIC_MEDIA_URL", f"s3://{bucket}/media")
         episode.plan(write_playlist(tmp_path / "p", ["a", "b"]))
-        outcome = _generate_with(episode, lambda runner, run_id: server.stop())
+        marker: list[bytes] = []  # the store's identity, kept as a real outage keeps objects
+
+        def outage(runner: Runner, run_id: str) -> None:
+            reply = server.client().get_object(Bucket=bucket, Key="media/episodic-store.json")
+            marker.append(reply["Body"].read())
+            server.stop()
+
+        outcome = _generate_with(episode, outage)
         assert outcome.exit_code == ExitCode.INTERRUPTED  # it stopped buying
         bought = jobs_per_key()
         assert set(bought.values()) == {1} and len(bought) <= 2
@@ -263,7 +271,8 @@ def test_an_s3_store_that_stops_after_the_providers_success_is_collected_again_a
             "accepted"
         }
         server.start()
-        server.client().create_bucket(Bucket=bucket)
+        server.client().create_bucket(Bucket=bucket)  # moto forgot it all: put back the
+        server.put_behind_the_store(bucket, "media/episodic-store.json", marker[0])  # marker
         again = episode.resume(outcome.run_id)
         assert again.exit_code == ExitCode.OK
         assert sorted(jobs_per_key().values()) == [1, 1]

@@ -217,3 +217,31 @@ def test_downgrade_from_0013_drops_the_key_columns_and_keeps_legacy_paths(
         assert conn.execute(text("SELECT output_path FROM items")).scalar_one() == "/old/v01.png"
     upgrade(empty_engine)
     assert current_revision(empty_engine) == HEAD_REVISION
+
+
+# ------------------------------------------------------------ 0015: the recorded media store
+def test_0015_adds_an_empty_media_store_record_of_one_row_at_most_and_downgrade_drops_it(
+    empty_engine: Engine,
+) -> None:
+    from alembic import command
+
+    config = alembic_config()
+    with empty_engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.upgrade(config, "0014")
+    assert "media_store" not in inspect(empty_engine).get_table_names()
+    upgrade(empty_engine)
+    with empty_engine.connect() as conn:  # nothing recorded: the first writer adopts a store
+        assert conn.execute(text("SELECT count(*) FROM media_store")).scalar_one() == 0
+    row = "(1, '6f1c1b1e-0000-4000-8000-000000000001', 's3://b/p', '2026-01-01')"
+    with empty_engine.begin() as conn:
+        conn.execute(text(f"INSERT INTO media_store VALUES {row}"))
+    for other in ("(1, 'x', 's3://b/q', '2026-01-01')", "(2, 'x', 's3://b/q', '2026-01-01')"):
+        with pytest.raises(IntegrityError), empty_engine.begin() as conn:
+            conn.execute(text(f"INSERT INTO media_store VALUES {other}"))
+    upgrade(empty_engine)  # upgrading again keeps the record
+    with empty_engine.connect() as conn:
+        assert conn.execute(text("SELECT url FROM media_store")).scalars().all() == ["s3://b/p"]
+    _downgrade(empty_engine, "0014")
+    assert current_revision(empty_engine) == "0014"
+    assert "media_store" not in inspect(empty_engine).get_table_names()
