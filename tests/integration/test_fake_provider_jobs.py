@@ -93,12 +93,16 @@ def test_two_machines_on_one_database_share_the_fake_provider_and_take_over_a_ki
 ) -> None:
     """Machine A (its own EPISODIC_HOME) generates and is killed with kill -9 while its jobs
     run at the provider; after its leases expired, machine B (another EPISODIC_HOME, the
-    same database and provider) takes the run over: one job per image, and the ledger's
-    cost is the provider's bill."""
+    same database, provider and media store, as two machines must share them: a machine
+    on its own default store is refused, `test_store_identity`) takes the run over: one job
+    per image, and the ledger's cost is the provider's bill."""
     from tests.acceptance.conftest import EPISODIC
 
     assert EPISODIC is not None
     lease_s = 5
+    shared_media = tmp_path / "shared-media"
+    shared_media.mkdir()
+    monkeypatch.setenv("EPISODIC_MEDIA_URL", str(shared_media))
     monkeypatch.setenv("EPISODIC_LEASE_S", str(lease_s))
     monkeypatch.setenv("EPISODIC_FAKE_DELAY_MS", "3000")
     items = 6
