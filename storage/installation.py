@@ -32,6 +32,9 @@ from storage.base import utcnow
 ID = re.compile(r"[0-9a-f]{16}")
 _READ = text("SELECT id FROM installation WHERE singleton = 1")
 _RENEW = text("UPDATE installation SET id = :b_id, created_at = :b_now WHERE singleton = 1")
+# The original's media store is not the copy's: the copy records its own at its first write
+# (`storage.store_identity`), or the original's again when told to use it.
+_FORGET_STORE = text("DELETE FROM media_store")
 
 
 def read(conn: Connection) -> str:
@@ -63,7 +66,9 @@ def renew(engine: Engine) -> tuple[str, str, int]:
     sent; those still open (intent, accepted, unknown) under the old id are the original
     installation's jobs, so they are closed as failed, with no cost, in the same
     transaction (``disowned`` of them): this database never collects, reconciles or cancels
-    them, and its next run of their items buys its own."""
+    them, and its next run of their items buys its own. The media store the original
+    recorded is forgotten too: the copy adopts the store it is configured with at its first
+    write (one that holds the copied images, if it has any: `storage.store_identity`)."""
     new = secrets.token_hex(8)
     now = utcnow()
     with tx.write(engine) as conn:
@@ -78,6 +83,7 @@ def renew(engine: Engine) -> tuple[str, str, int]:
                 "b_prefix": f"{old}-%",
             },
         ).rowcount
+        conn.execute(_FORGET_STORE)
     return old, new, int(disowned)
 
 
