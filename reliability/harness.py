@@ -338,3 +338,40 @@ def last_words(out: str, err: str) -> str:
         return str(json.loads(out)["message"])[:300]
     lines = (err or out).strip().splitlines()
     return lines[-1][:300] if lines else "(nothing)"
+
+
+def generate_trial(
+    engine: Any,
+    folder: Path | None,
+    trial: int,
+    titles: list[str],
+    *,
+    week: str,
+    prefix: str,
+    concurrency: int,
+) -> Any:
+    """Allocate trial `trial`'s episode of `week` (key ``{prefix}-{trial}``), record a plan of
+    `titles` on profile ``{prefix}-t{trial}`` when `folder` is given, and generate it
+    through the Python API at `concurrency`: the run the provider and store scenarios
+    fault."""
+    from core.ids import WeekId
+    from core.planning import RunOptions
+    from core.settings import load_settings
+    from pipeline.allocation import allocate
+    from pipeline.gate import EnvironmentCredentials
+    from pipeline.generation import generate, record_plan
+    from tests.generation import write_playlist
+
+    key = f"{prefix}-{trial}"
+    episode_id = str(allocate(engine, PIPELINE, WeekId.parse(week), key).episode.episode_id)
+    if folder is not None:
+        playlist = write_playlist(folder, titles, profile=f"{prefix}-t{trial}")
+        record_plan(engine, PIPELINE, episode_id, playlist)
+    return generate(
+        engine,
+        load_settings(),
+        PIPELINE,
+        episode_id,
+        RunOptions(concurrency=concurrency),
+        EnvironmentCredentials(),
+    )

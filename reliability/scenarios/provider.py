@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from reliability.harness import PIPELINE, Backend, Result, open_engine
+from reliability.harness import Backend, Result, generate_trial, open_engine
 from reliability.oracle import episode_cost, episode_of, leftovers, unfinished_items
 
 _FAULTS = [
@@ -118,25 +118,6 @@ def provider_faults(backend: Backend, trials: int, rng: random.Random) -> Result
 
 
 def _generate_http(engine: Engine, folder: Path | None, trial: int, titles: list[str]) -> Any:
-    from core.ids import WeekId
-    from core.planning import RunOptions
-    from core.settings import load_settings
-    from pipeline.allocation import allocate
-    from pipeline.gate import EnvironmentCredentials
-    from pipeline.generation import generate, record_plan
-    from tests.generation import write_playlist
-
-    episode_id = str(
-        allocate(engine, PIPELINE, WeekId.parse("2026-W32"), f"http-{trial}").episode.episode_id
-    )
-    if folder is not None:
-        playlist = write_playlist(folder, titles, profile=f"http-t{trial}")
-        record_plan(engine, PIPELINE, episode_id, playlist)
-    return generate(
-        engine,
-        load_settings(),
-        PIPELINE,
-        episode_id,
-        RunOptions(concurrency=4),
-        EnvironmentCredentials(),
+    return generate_trial(
+        engine, folder, trial, titles, week="2026-W32", prefix="http", concurrency=4
     )

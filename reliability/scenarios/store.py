@@ -17,7 +17,7 @@ from typing import Any
 
 from sqlalchemy import Engine, text
 
-from reliability.harness import EPISODIC, PIPELINE, Backend, Result, open_engine
+from reliability.harness import EPISODIC, Backend, Result, generate_trial, open_engine
 from reliability.oracle import episode_of, leftovers
 
 _DOWNLOADS = ["[[DOWNLOAD_HTML:2]]", "[[DOWNLOAD_TRUNCATED:1]]", "[[DOWNLOAD_GIF:2]]", "", "", ""]
@@ -41,8 +41,6 @@ def store_faults(backend: Backend, trials: int, rng: random.Random) -> Result:
     from tests.s3_server import S3Server
 
     result = Result("store-faults", backend.name)
-    url = backend.fresh()
-    engine = open_engine(url)
     root = Path(tempfile.mkdtemp(prefix="episodic-reliability-store-"))
     kinds = _KINDS if can_mount() else _KINDS[:3]
     saved = dict(os.environ)
@@ -58,11 +56,16 @@ def store_faults(backend: Backend, trials: int, rng: random.Random) -> Result:
                 with store.ready() as media_url:
                     os.environ.update({**s3.env(), "AWS_ENDPOINT_URL": proxy.endpoint})
                     os.environ["EPISODIC_MEDIA_URL"] = media_url
+                    # each trial's store is new (a bucket, a tmpfs): so is its database,
+                    # which records the store it writes to (`storage.store_identity`)
+                    url = backend.fresh()
+                    engine = open_engine(url)
                     made, first, injected = _trial(engine, root, trial, store, local, result)
                     stopped += first != "completed"
                     paid += sum(made.values())
                     downloads += store.downloads
                     _audit(result, engine, url, root, trial, kind, made, store)
+                    engine.dispose()
                 result.faults.update(injected)
                 result.faults.update({f"store {k}": n for k, n in proxy.counts.items()
                                       if k != "forwarded"})  # fmt: skip
@@ -80,7 +83,6 @@ def store_faults(backend: Backend, trials: int, rng: random.Random) -> Result:
         f"fills); the provider served {downloads} downloads for {paid} jobs (an output that "
         "is not an image is downloaded again, free)"
     )
-    engine.dispose()
     return result
 
 
@@ -184,27 +186,8 @@ def _trial(
 
 
 def _generate(engine: Engine, folder: Path | None, trial: int, titles: list[str]) -> Any:
-    from core.ids import WeekId
-    from core.planning import RunOptions
-    from core.settings import load_settings
-    from pipeline.allocation import allocate
-    from pipeline.gate import EnvironmentCredentials
-    from pipeline.generation import generate, record_plan
-    from tests.generation import write_playlist
-
-    episode_id = str(
-        allocate(engine, PIPELINE, WeekId.parse("2026-W33"), f"store-{trial}").episode.episode_id
-    )
-    if folder is not None:
-        playlist = write_playlist(folder, titles, profile=f"store-t{trial}")
-        record_plan(engine, PIPELINE, episode_id, playlist)
-    return generate(
-        engine,
-        load_settings(),
-        PIPELINE,
-        episode_id,
-        RunOptions(concurrency=2),
-        EnvironmentCredentials(),
+    return generate_trial(
+        engine, folder, trial, titles, week="2026-W33", prefix="store", concurrency=2
     )
 
 
