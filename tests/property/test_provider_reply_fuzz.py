@@ -298,7 +298,10 @@ def test_a_download_reply_is_pending_or_an_image_with_a_cost_in_range(
         result = client.collect(remote_ref, deadline_s=0.1, should_stop=lambda: False)
     except CollectionPending:
         return
-    assert 200 <= code < 300 and result.content
+    # A 2xx download is returned whatever its body, an empty one too: whether it is an
+    # image is the engine's to prove (pipeline.media.prove_image), not the adapter's.
+    assert 200 <= code < 300
+    assert isinstance(result.content, bytes)
     assert in_range(result.cost_minor)
     if in_range(cost) and not isinstance(cost, bool):
         assert result.cost_minor == cost
