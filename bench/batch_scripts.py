@@ -95,6 +95,7 @@ from prefect.cache_policies import INPUTS
 from prefect.task_runners import ThreadPoolTaskRunner
 from pipeline.media import prove_image
 from providers.base import ImageRequest
+from core.pricing import Price
 from providers.fake import FakeProvider
 from storage.media import MediaStore
 
@@ -105,7 +106,7 @@ if not HEARTBEATS:  # as in the sleeping floor (see --prefect-heartbeats)
 
 WORK = Path({work!r})
 PROVIDER = FakeProvider(  # the fake's simulated server side: job files, the PNG render
-    profile_id="bench", state_dir=WORK / "fake-provider", cost_per_image_minor=1,
+    profile_id="bench", state_dir=WORK / "fake-provider", price=Price("per_image", 10_000, "USD", 1),
     max_concurrency=64, delay_ms={latency_ms},
 )
 STORE = MediaStore.open(str(WORK / "media"), create=True)  # a local folder, as the flow's

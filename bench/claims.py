@@ -64,6 +64,7 @@ def _claim_worker(
     from sqlalchemy import text
 
     from core.media import StoredMedia, content_key
+    from core.pricing import Price
     from core.runs import Claim
     from pipeline.runner import new_owner
     from storage.claims import ClaimStore
@@ -94,7 +95,9 @@ def _claim_worker(
                 tally["accept refused"] += 1
                 continue
             image = StoredMedia(content_key(FAKE_SHA, "image/png"), FAKE_SHA, 1, "image/png")
-            done = ledger.complete(got, sub.pk, episode_pk, image, 1, "USD")
+            done = ledger.complete(
+                got, sub.pk, episode_pk, image, Price("per_image", 1, "USD", 1).charge(1)
+            )
             tally["completed" if done else "complete refused"] += 1
         except Exception as exc:
             tally["error"] += 1

@@ -202,7 +202,7 @@ def floor_rate(url: str, home: Path, items: int, concurrency: int, tag: str = ""
                     (f"/tmp/{ref}.png", "0" * 64, now, item, owner),
                 )
                 c.execute(
-                    "INSERT INTO cost_entries (episode_pk, submission_pk, amount_minor, "
+                    "INSERT INTO cost_entries (episode_pk, submission_pk, amount_micros, "
                     f"currency, recorded_at) VALUES ({p}, {p}, 4, 'USD', {p})",
                     (episode_pk, sub[0], now),
                 )

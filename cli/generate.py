@@ -244,7 +244,7 @@ def _show_plan(engine: Database, prepared: Prepared, options: RunOptions, as_jso
 
 
 def _print_plan(report: dict[str, object], as_json: bool) -> None:
-    from core.money import format_minor
+    from core.money import format_money
 
     if as_json:
         emit_json(report)
@@ -256,5 +256,5 @@ def _print_plan(report: dict[str, object], as_json: bool) -> None:
         + f", {report['skipped']} skipped (done), "
         f"{report['to_collect']} to collect, {report['to_reconcile']} to reconcile, "
         f"{report['busy']} busy, {report['exhausted']} out of retries; estimated cost "
-        f"{format_minor(int(str(report['estimated_cost_minor'])), str(report['currency']))}"
+        f"{format_money(int(str(report['estimated_cost_micros'])), str(report['currency']))}"
     )

@@ -43,7 +43,7 @@ def migrate_legacy(
                 r["legacy_id"],
                 r["episode_id"],
                 r["images"],
-                r["cost_minor"],
+                r["cost_micros"],
                 r["approval"],
                 r["action"],
             )

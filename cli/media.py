@@ -137,9 +137,9 @@ def restore(
         _print_restore(report)
         lost = report.not_served_cost()
         if lost:
-            from core.money import format_minor
+            from core.money import format_money
 
-            priced = " + ".join(format_minor(minor, cur) for cur, minor in sorted(lost.items()))
+            priced = " + ".join(format_money(minor, cur) for cur, minor in sorted(lost.items()))
             typer.echo(
                 f"the images not served cost {priced} when they were bought; "
                 f"`episodic media restore {report.episode_id} --buy-again` buys them again"
@@ -180,7 +180,7 @@ def _buy_again(
     import sys
 
     from core.errors import CommandNotAllowed
-    from core.money import parse_amount
+    from core.money import parse_money
     from core.planning import RunOptions
     from pipeline.buy_again import Quote, buy_again
     from pipeline.gate import EnvironmentCredentials
@@ -200,9 +200,9 @@ def _buy_again(
 
     options = RunOptions(
         max_images=max_images,
-        max_cost_minor=parse_amount(max_cost) if max_cost is not None else None,
+        max_cost_micros=parse_money(max_cost) if max_cost is not None else None,
         lease_s=settings.lease_s,
-        cap_minor=settings.max_run_cost_minor,
+        cap_micros=settings.max_run_cost_micros,
     )
     with _progress(as_json, f"restoring {episode_id}") as (start, advance):
         report = buy_again(
@@ -226,10 +226,10 @@ def _buy_again(
         if report.earlier_plan:
             typer.echo(f"not bought again (from an earlier plan): {', '.join(report.earlier_plan)}")
         if report.outcome is not None:
-            from core.money import format_minor
+            from core.money import format_money
 
             counts = report.outcome.counts
-            cost = format_minor(counts.cost_minor, counts.currency)
+            cost = format_money(counts.cost_micros, counts.currency)
             typer.echo(
                 f"bought again: {report.outcome.message}; the run's paid submissions "
                 f"{counts.paid_submissions}, cost {cost}"

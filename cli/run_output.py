@@ -60,7 +60,7 @@ def run_progress(as_json: bool) -> Iterator[OnStart]:
 
 
 def report_outcome(outcome: RunOutcome, as_json: bool) -> None:
-    from core.money import format_minor
+    from core.money import format_money
 
     interrupts.mark_reported()
     if as_json:
@@ -78,7 +78,7 @@ def report_outcome(outcome: RunOutcome, as_json: bool) -> None:
             # started shows that process's submissions too, not only this one's).
             f"{outcome.message}{joined}\n  completed {counts.completed}, skipped "
             f"{outcome.skipped}, failed {counts.failed}; the run's paid submissions "
-            f"{counts.paid_submissions}, cost {format_minor(counts.cost_minor, counts.currency)}"
+            f"{counts.paid_submissions}, cost {format_money(counts.cost_micros, counts.currency)}"
             " (every process's that worked on it)"
         )
     raise typer.Exit(int(outcome.exit_code))

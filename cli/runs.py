@@ -48,7 +48,7 @@ def list_runs(
 def show_run(run_id: RunArg, as_json: JsonOption = False) -> None:
     """Show a run, its counts, cost and items."""
     from core.ids import parse_run_id
-    from core.money import format_minor
+    from core.money import format_money
     from core.states import RunState
     from storage.runs import RunStore
 
@@ -91,7 +91,7 @@ def show_run(run_id: RunArg, as_json: JsonOption = False) -> None:
     typer.echo(
         f"  completed {counts.completed}, failed {counts.failed}, pending {counts.pending}, "
         f"paid submissions {counts.paid_submissions}, cost "
-        f"{format_minor(counts.cost_minor, counts.currency)}"
+        f"{format_money(counts.cost_micros, counts.currency)}"
     )
     table(
         None,

@@ -1,4 +1,12 @@
-"""Money in integer minor units; decimals only at the boundary (parsing and printing)."""
+"""Money in integer micro-units (millionths of a currency unit); decimals only at the
+boundary (parsing and printing). Never float.
+
+Six decimals hold every price the providers publish (Replicate's $0.000725 per second of
+GPU, fal's $0.025 per megapixel, $0.003 per image) exactly, and sums of them stay exact.
+A cent is 10,000 micro-units: amounts recorded in whole minor units before (profiles'
+``cost_per_image_minor``, legacy layouts, ledgers before migration 0016) convert exactly
+(`micros_from_minor`).
+"""
 
 from __future__ import annotations
 
@@ -8,28 +16,51 @@ from decimal import Decimal
 from core.errors import InvalidInput
 from core.ids import shown
 
-MINOR_DIGITS = 2  # cents
-# What one image may cost, in minor units (10 million USD): a profile's price, a provider's
-# reported cost and a legacy record's cost beyond it are not amounts we store.
-MAX_IMAGE_COST_MINOR = 10**9
-_SCALE = 100  # minor units per unit
+MICRO_DIGITS = 6  # the decimals an amount or a price may have
+MICROS = 10**MICRO_DIGITS  # micro-units per unit of a currency
+MICROS_PER_MINOR = 10_000  # a cent: the minor unit of the 2-decimal currencies we record
+# What one image may cost (10 million units): a profile's price, a provider's reported cost
+# and a legacy record's cost beyond it are not amounts we store.
+MAX_IMAGE_COST_MICROS = 10**7 * MICROS
 # ASCII digits only (Decimal would take '١٢' or '1e999999999'), at most 9 before the point
-_AMOUNT = re.compile(r"(0|[1-9][0-9]{0,8})(?:\.([0-9]{1,2}))?")
+_AMOUNT = re.compile(r"(0|[1-9][0-9]{0,8})(?:\.([0-9]{1,6}))?")
 
 
-def parse_amount(text: str) -> int:
-    """'12.50' -> 1250 (minor units). Plain ASCII decimals only, at most two decimals,
-    0 to 999,999,999.99; anything else (exponents, NaN, signs, non-ASCII digits) is
-    `InvalidInput`."""
+def parse_money(text: str, what: str = "amount") -> int:
+    """'12.50' -> 12_500_000, '0.003' -> 3_000 (micro-units). Plain ASCII decimals only,
+    at most six decimals, 0 to 999,999,999.999999; anything else (exponents, NaN, signs,
+    non-ASCII digits, a seventh decimal) is `InvalidInput` naming `what`."""
     match = _AMOUNT.fullmatch(text.strip()) if isinstance(text, str) else None
     if match is None:
         raise InvalidInput(
-            f"invalid amount {shown(text)}: expected a plain amount such as 12.50 "
-            f"(0 to 999999999.99, at most {MINOR_DIGITS} decimals)"
+            f"invalid {what} {shown(text)}: expected a plain decimal such as 12.50 or 0.003 "
+            f"(0 to 999999999.999999, at most {MICRO_DIGITS} decimals)"
         )
-    whole, cents = str(match[1]), str(match[2] or "")
-    return int(whole) * _SCALE + int(cents.ljust(MINOR_DIGITS, "0"))
+    whole, fraction = str(match[1]), str(match[2] or "")
+    micros: int = int(whole) * MICROS + int(fraction.ljust(MICRO_DIGITS, "0"))
+    return micros
 
 
-def format_minor(amount: int, currency: str = "USD") -> str:
-    return f"{Decimal(amount).scaleb(-MINOR_DIGITS):.{MINOR_DIGITS}f} {currency}"
+def micros_from_minor(minor: int) -> int:
+    """Whole minor units (cents) as micro-units, exactly."""
+    return minor * MICROS_PER_MINOR
+
+
+def decimal_of(micros: int) -> Decimal:
+    """The amount as an exact Decimal, with at least two decimals and no trailing zeros
+    beyond them: 12_500_000 -> Decimal('12.50'), 3_000 -> Decimal('0.003')."""
+    value = Decimal(micros).scaleb(-MICRO_DIGITS)
+    digits = MICRO_DIGITS
+    while digits > 2 and micros % 10 ** (MICRO_DIGITS - digits + 1) == 0:
+        digits -= 1
+    return value.quantize(Decimal(1).scaleb(-digits))
+
+
+def amount_text(micros: int) -> str:
+    """'12.50', '0.003', '-0.000725': the exact decimal, for JSON, CSV and artifacts."""
+    return f"{decimal_of(micros):f}"
+
+
+def format_money(micros: int, currency: str = "USD") -> str:
+    """'12.50 USD', '0.003 USD': exact, at least two decimals, at most six."""
+    return f"{amount_text(micros)} {currency}"

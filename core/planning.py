@@ -13,7 +13,7 @@ from enum import StrEnum
 from typing import Any, Literal
 
 from core.errors import BudgetExceeded
-from core.money import format_minor
+from core.money import format_money, micros_from_minor
 from core.runs import ItemSnapshot, PlanReport
 from core.states import ItemState, SubmissionState
 
@@ -27,7 +27,7 @@ class RunOptions:
     concurrency: int = 4
     max_retries: int = 2
     max_images: int | None = None
-    max_cost_minor: int | None = None
+    max_cost_micros: int | None = None
     lease_s: float = DEFAULT_LEASE_S  # a claim lives this long without a heartbeat
     force_resubmit: bool = False
     # how long an accepted job is collected (polled, downloaded) before the item is left
@@ -35,7 +35,7 @@ class RunOptions:
     collect_timeout_s: float = DEFAULT_COLLECT_TIMEOUT_S
     # EPISODIC_MAX_RUN_COST in minor units: applies when neither max_images nor max_cost is
     # given (a 100,000-image playlist never starts by default)
-    cap_minor: int | None = None
+    cap_micros: int | None = None
 
     @property
     def max_attempts(self) -> int:
@@ -49,27 +49,36 @@ class RunOptions:
             "concurrency": self.concurrency,
             "max_retries": self.max_retries,
             "max_images": self.max_images,
-            "max_cost_minor": self.max_cost_minor,
+            "max_cost_micros": self.max_cost_micros,
             "lease_s": self.lease_s,
             "force_resubmit": self.force_resubmit,
             "collect_timeout_s": self.collect_timeout_s,
         }
 
     @classmethod
-    def from_params(cls, params: dict[str, Any], cap_minor: int | None = None) -> RunOptions:
-        """The options `params` recorded; `cap_minor`: the per-run cap that applies now."""
+    def from_params(cls, params: dict[str, Any], cap_micros: int | None = None) -> RunOptions:
+        """The options `params` recorded; `cap_micros`: the per-run cap that applies now."""
         only = params.get("only")
         return cls(
             only=frozenset(only) if only is not None else None,
             concurrency=params["concurrency"],
             max_retries=params["max_retries"],
             max_images=params.get("max_images"),
-            max_cost_minor=params.get("max_cost_minor"),
+            max_cost_micros=_max_cost(params),
             lease_s=float(params.get("lease_s", DEFAULT_LEASE_S)),
             force_resubmit=params.get("force_resubmit", False),
             collect_timeout_s=float(params.get("collect_timeout_s", DEFAULT_COLLECT_TIMEOUT_S)),
-            cap_minor=cap_minor,
+            cap_micros=cap_micros,
         )
+
+
+def _max_cost(params: dict[str, Any]) -> int | None:
+    """--max-cost as a run recorded it: micro-units, or whole cents by a run recorded before
+    money was exact (``max_cost_minor``)."""
+    if params.get("max_cost_micros") is not None:
+        return int(params["max_cost_micros"])
+    legacy = params.get("max_cost_minor")
+    return None if legacy is None else micros_from_minor(int(legacy))
 
 
 class Classification(StrEnum):
@@ -112,16 +121,16 @@ def classify(snapshot: ItemSnapshot | None, options: RunOptions, now: datetime) 
 Limit = Literal["cap", "max_images", "max_cost"]
 
 
-def budget_breach(calls: int, cost_minor: int, options: RunOptions) -> Limit | None:
-    """The budget rule: the limit that `calls` paid calls costing `cost_minor` (minor
+def budget_breach(calls: int, cost_micros: int, options: RunOptions) -> Limit | None:
+    """The budget rule: the limit that `calls` paid calls costing `cost_micros` (minor
     units) break, or None. --max-images and --max-cost when either is given; else the
-    per-run cap (EPISODIC_MAX_RUN_COST, `options.cap_minor`), if any."""
-    if options.max_images is None and options.max_cost_minor is None:
-        cap = options.cap_minor
-        return "cap" if cap is not None and cost_minor > cap else None
+    per-run cap (EPISODIC_MAX_RUN_COST, `options.cap_micros`), if any."""
+    if options.max_images is None and options.max_cost_micros is None:
+        cap = options.cap_micros
+        return "cap" if cap is not None and cost_micros > cap else None
     if options.max_images is not None and calls > options.max_images:
         return "max_images"
-    if options.max_cost_minor is not None and cost_minor > options.max_cost_minor:
+    if options.max_cost_micros is not None and cost_micros > options.max_cost_micros:
         return "max_cost"
     return None
 
@@ -129,14 +138,14 @@ def budget_breach(calls: int, cost_minor: int, options: RunOptions) -> Limit | N
 def check_budget(report: PlanReport, options: RunOptions) -> None:
     """Refuse (`BudgetExceeded`, exit 2, nothing written) a plan above --max-images,
     --max-cost, or, when neither is given, the configured per-run cap."""
-    breach = budget_breach(report.new_calls, report.estimated_cost_minor, options)
+    breach = budget_breach(report.new_calls, report.estimated_cost_micros, options)
     if breach == "cap":
-        cap = options.cap_minor
+        cap = options.cap_micros
         assert cap is not None
         raise BudgetExceeded(
             f"plan: {report.new_calls} new paid calls, estimated "
-            f"{format_minor(report.estimated_cost_minor, report.currency)}, above the "
-            f"per-run cap EPISODIC_MAX_RUN_COST ({format_minor(cap, report.currency)}); pass "
+            f"{format_money(report.estimated_cost_micros, report.currency)}, above the "
+            f"per-run cap EPISODIC_MAX_RUN_COST ({format_money(cap, report.currency)}); pass "
             "--max-cost or --max-images to allow it (or raise the cap); nothing was created"
         )
     if breach == "max_images":
@@ -145,8 +154,9 @@ def check_budget(report: PlanReport, options: RunOptions) -> None:
             f"{options.max_images}; nothing was created"
         )
     if breach == "max_cost":
-        assert options.max_cost_minor is not None
+        assert options.max_cost_micros is not None
         raise BudgetExceeded(
-            f"plan would cost {report.estimated_cost_minor / 100:.2f} {report.currency}, "
-            f"--max-cost allows {options.max_cost_minor / 100:.2f}; nothing was created"
+            f"plan would cost {format_money(report.estimated_cost_micros, report.currency)} "
+            f"(estimated), --max-cost allows "
+            f"{format_money(options.max_cost_micros, report.currency)}; nothing was created"
         )

@@ -142,7 +142,7 @@ class RunCounts:
     running: int = 0
     cancelled: int = 0
     paid_submissions: int = 0
-    cost_minor: int = 0
+    cost_micros: int = 0
     currency: str = "USD"
 
     def to_dict(self) -> dict[str, Any]:
@@ -159,7 +159,7 @@ class PlanReport:
     to_collect: int  # accepted earlier, result not collected yet: no new paid call
     to_reconcile: int  # acceptance unknown: ask the provider, never resubmit automatically
     exhausted: int  # failed max_retries + 1 times: left alone
-    estimated_cost_minor: int
+    estimated_cost_micros: int
     currency: str
     new_keys: tuple[str, ...] = field(default=(), repr=False)
     reuse_keys: tuple[str, ...] = field(default=(), repr=False)

@@ -136,19 +136,19 @@ class Settings(BaseSettings):
     @field_validator("max_run_cost")
     @classmethod
     def _check_cap(cls, value: str) -> str:
-        from core.money import parse_amount
+        from core.money import parse_money
 
         try:
-            parse_amount(value)
+            parse_money(value)
         except InvalidInput as exc:
             raise ValueError(str(exc)) from None
         return value
 
     @property
-    def max_run_cost_minor(self) -> int:
-        from core.money import parse_amount
+    def max_run_cost_micros(self) -> int:
+        from core.money import parse_money
 
-        return parse_amount(self.max_run_cost)
+        return parse_money(self.max_run_cost)
 
     @field_validator("home", mode="before")
     @classmethod

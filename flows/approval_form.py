@@ -14,7 +14,7 @@ from typing import Any, Literal
 from prefect.input import RunInput
 from pydantic import ConfigDict, Field, create_model
 
-from core.money import format_minor
+from core.money import format_money
 from core.records import EpisodeImage
 from core.states import EpisodeState
 from flows.artifacts import md_text
@@ -135,7 +135,7 @@ def approval_form_description(
     as inline previews with their cost, and the reason the last answer was refused."""
     episode_id = context.episode_id
     outputs = context.review_set() if outputs is None else outputs
-    paid, cost_minor, currency = context.spend()
+    paid, cost_micros, currency = context.spend()
     lines = []
     if refused:
         lines += [f"> **Your last answer was not recorded:** {md_text(refused)}", ""]
@@ -151,7 +151,7 @@ def approval_form_description(
     lines += [
         f"## Approve episode {episode_id}",
         "",
-        f"{len(outputs)} images; the episode cost {format_minor(cost_minor, currency)} "
+        f"{len(outputs)} images; the episode cost {format_money(cost_micros, currency)} "
         f"in {paid} paid calls.",
     ]
     if heroes:
@@ -173,7 +173,7 @@ def approval_form_description(
             uri = thumbnail_data_uri(context.image_bytes(o)) if shown < MAX_PREVIEWS else None
             shown += 1
             preview = f"![{label}]({uri})" if uri else f"`{o.key or o.legacy_path}`"
-            cost = format_minor(o.cost_minor, o.currency)
+            cost = format_money(o.cost_micros, o.currency)
             name = label if o.candidate is None else f"candidate {o.candidate}"
             lines.append(f"| {name} | {preview} | {cost} | `{o.sha256[:12]}` |")
 

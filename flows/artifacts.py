@@ -100,12 +100,12 @@ def publish_spend(
 
 
 def profile_prices() -> dict[str, int]:
-    """Each provider profile's price per image (minor units), for committed spend; empty
+    """Each provider profile's estimate per image (micro-units), for committed spend; empty
     when the profiles cannot be read (committed then counts the billed cost only)."""
     try:
         settings = load_settings()
         profiles = load_profiles(settings.providers_path)
-        return {p.id: p.cost_per_image_minor for p in profiles.values()}
+        return {p.id: p.pricing.estimate_micros for p in profiles.values()}
     except Exception as exc:  # a view: a broken profiles file is reported elsewhere
         _warn("provider prices not read: %s", _described(exc))
         return {}

@@ -18,7 +18,7 @@ from core.dedup import (
     parse_idempotency_key,
 )
 from core.errors import BudgetExceeded, CommandNotAllowed
-from core.money import parse_amount
+from core.money import parse_money
 from core.planning import (
     DEFAULT_COLLECT_TIMEOUT_S,
     PAID,
@@ -61,11 +61,11 @@ def options_from_request(
         concurrency=concurrency,
         max_retries=max_retries,
         max_images=max_images,
-        max_cost_minor=parse_amount(max_cost) if max_cost is not None else None,
+        max_cost_micros=parse_money(max_cost) if max_cost is not None else None,
         lease_s=settings.lease_s,
         force_resubmit=force_resubmit,
         collect_timeout_s=float(collect_timeout_s),
-        cap_minor=settings.max_run_cost_minor,
+        cap_micros=settings.max_run_cost_micros,
     )
 
 
@@ -103,7 +103,7 @@ def plan(
         to_collect=tally[Classification.COLLECT],
         to_reconcile=tally[Classification.RECONCILE],
         exhausted=tally[Classification.EXHAUSTED],
-        estimated_cost_minor=paid * profile.cost_per_image_minor,
+        estimated_cost_micros=paid * profile.pricing.estimate_micros,
         currency=profile.currency,
         new_keys=tuple(new_keys),
         reuse_keys=tuple(reuse_keys),
@@ -162,7 +162,7 @@ def run_request(
         "only": sorted(options.only) if options.only is not None else None,
         "max_retries": options.max_retries,
         "max_images": options.max_images,
-        "max_cost_minor": options.max_cost_minor,
+        "max_cost_micros": options.max_cost_micros,
         "force_resubmit": options.force_resubmit,
         "provider_profile": profile.id,
         "plan_sha256": hashlib.sha256(",".join(keys).encode()).hexdigest(),

@@ -170,7 +170,7 @@ def _manifest(
     `items`: the images that ship (a hero video's picked candidate among them), each with
     its key, sha256, size and media type (a row from before the store, with no key, names
     its ``legacy_path`` instead). With hero runs, `heroes` records each hero video's pick
-    and every candidate's idempotency key, sha256 and cost, and `total_cost_minor` counts
+    and every candidate's idempotency key, sha256 and cost, and `total_cost_micros` counts
     every paid candidate, picked or not."""
     items = []
     for o in shipped:
@@ -182,7 +182,7 @@ def _manifest(
             "size": o.size,
             "sha256": o.sha256,
             "remote_ref": o.remote_ref,
-            "cost_minor": o.cost_minor,
+            "cost_micros": o.cost_micros,
             "currency": o.currency,
         }
         if o.key is None:  # imported from before the store: not in it yet
@@ -200,7 +200,7 @@ def _manifest(
             "sha256": cover.sha256,
         },
         "items": items,
-        "total_cost_minor": sum(o.cost_minor for o in [*shipped, *unpicked]),
+        "total_cost_micros": sum(o.cost_micros for o in [*shipped, *unpicked]),
         "currency": shipped[0].currency,
     }
     if heroes:
@@ -214,7 +214,7 @@ def _manifest(
                         "idempotency_key": c.idempotency_key,
                         "sha256": c.sha256,
                         "remote_ref": c.remote_ref,
-                        "cost_minor": c.cost_minor,
+                        "cost_micros": c.cost_micros,
                     }
                     for c in candidates
                 ],

@@ -36,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from core.errors import BudgetExceeded, CommandNotAllowed
-from core.money import format_minor
+from core.money import format_money
 from core.planning import RunOptions, budget_breach
 from core.settings import Settings
 from core.states import DECIDED_STATES
@@ -52,22 +52,22 @@ from storage.tx import Database
 
 @dataclass(frozen=True)
 class Quote:
-    """What buying again would cost: ``items`` (their ids) at ``price_minor`` each, in
-    minor units of ``currency``, ``total_minor`` in all, from provider profile ``profile``."""
+    """What buying again would cost: ``items`` (their ids) at ``price_micros`` each, in
+    minor units of ``currency``, ``total_micros`` in all, from provider profile ``profile``."""
 
     episode_id: str
     items: list[str]
-    price_minor: int
+    price_micros: int
     currency: str
     profile: str
 
     @property
-    def total_minor(self) -> int:
-        return self.price_minor * len(self.items)
+    def total_micros(self) -> int:
+        return self.price_micros * len(self.items)
 
     def describe(self) -> str:
-        price = format_minor(self.price_minor, self.currency)
-        total = format_minor(self.total_minor, self.currency)
+        price = format_money(self.price_micros, self.currency)
+        total = format_money(self.total_micros, self.currency)
         return (
             f"buying {len(self.items)} image{'' if len(self.items) == 1 else 's'} of "
             f"{self.episode_id} again "
@@ -78,8 +78,8 @@ class Quote:
         return {
             "items": self.items,
             "count": len(self.items),
-            "price_minor": self.price_minor,
-            "total_minor": self.total_minor,
+            "price_micros": self.price_micros,
+            "total_micros": self.total_micros,
             "currency": self.currency,
             "profile": self.profile,
         }
@@ -177,7 +177,7 @@ def buy_again(
         raise CommandNotAllowed(decided_refusal(gate.episode_id, gate.episode.state))
     profile = prepared.profile
     report.quote = quote = Quote(
-        gate.episode_id, quoted, profile.cost_per_image_minor, profile.currency, profile.id
+        gate.episode_id, quoted, profile.pricing.estimate_micros, profile.currency, profile.id
     )
     _check_caps(quote, options, settings)
     if not confirm(quote):
@@ -222,32 +222,32 @@ def _bounded(options: RunOptions, quote: Quote, left: list[tuple[str, int, int]]
     no more paid calls nor cost than `quote` (an item of those videos that never completed,
     or one recorded lost since by another process, is not bought here: the run's own guard
     refuses it), within any --max-images/--max-cost given."""
-    calls, cost = len(quote.items), quote.total_minor
+    calls, cost = len(quote.items), quote.total_micros
     return replace(
         options,
         only=frozenset(position for _, position, _ in left),
         max_retries=options.max_retries + max(attempts for _, _, attempts in left),
         max_images=calls if options.max_images is None else min(calls, options.max_images),
-        max_cost_minor=cost
-        if options.max_cost_minor is None
-        else min(cost, options.max_cost_minor),
+        max_cost_micros=cost
+        if options.max_cost_micros is None
+        else min(cost, options.max_cost_micros),
     )
 
 
 def _check_caps(quote: Quote, options: RunOptions, settings: Settings) -> None:
     """The rule every run obeys (`budget_breach`), on the re-bought items: refused in one
     line, nothing written."""
-    if options.cap_minor is None:
-        options = replace(options, cap_minor=settings.max_run_cost_minor)
-    breach = budget_breach(len(quote.items), quote.total_minor, options)
+    if options.cap_micros is None:
+        options = replace(options, cap_micros=settings.max_run_cost_micros)
+    breach = budget_breach(len(quote.items), quote.total_micros, options)
     if breach is None:
         return
     limit = {
         "cap": f"the per-run cap EPISODIC_MAX_RUN_COST "
-        f"({format_minor(options.cap_minor or 0, quote.currency)}); pass --max-cost or "
+        f"({format_money(options.cap_micros or 0, quote.currency)}); pass --max-cost or "
         "--max-images to allow it",
         "max_images": f"--max-images {options.max_images}",
-        "max_cost": f"--max-cost {format_minor(options.max_cost_minor or 0, quote.currency)}",
+        "max_cost": f"--max-cost {format_money(options.max_cost_micros or 0, quote.currency)}",
     }[breach]
     raise BudgetExceeded(f"{quote.describe()}, above {limit}; nothing was bought")
 

@@ -250,7 +250,7 @@ def _check_ledger(
     for cost in costs:
         if cost.submission_pk not in sub_ids:
             add("ledger", f"cost entry {cost.id} belongs to no submission of this episode")
-        if cost.amount_minor < 0:
+        if cost.amount_micros < 0:
             add("ledger", f"cost entry {cost.id} is negative")
 
 
@@ -375,12 +375,12 @@ def _check_manifest(
     picked candidate, and every candidate's sha256 is the ledger's."""
     listed = {h["video_id"]: h for h in document.get("heroes", [])}
     unpicked = sum(
-        c["cost_minor"]
+        c["cost_micros"]
         for h in listed.values()
         for c in h["candidates"]
         if c["candidate"] != h["picked"]
     )
-    if sum(i["cost_minor"] for i in document["items"]) + unpicked != document["total_cost_minor"]:
+    if sum(i["cost_micros"] for i in document["items"]) + unpicked != document["total_cost_micros"]:
         add("ledger", "manifest total does not equal the sum of its items and candidates")
     if heroes is None:
         return

@@ -241,8 +241,8 @@ def generate(
     prepared = prepare(
         engine, settings, pipeline, episode_id, "generate", hero_candidates=hero_candidates
     )
-    if options.cap_minor is None:
-        options = replace(options, cap_minor=settings.max_run_cost_minor)
+    if options.cap_micros is None:
+        options = replace(options, cap_micros=settings.max_run_cost_micros)
     request = run_request(
         prepared.gate,
         prepared.items,

@@ -34,7 +34,7 @@ from core.documents import DocumentError, parse_json, read_text
 from core.errors import InvalidInput, NotAnImage
 from core.ids import WeekId
 from core.media import StoredMedia
-from core.money import MAX_IMAGE_COST_MINOR
+from core.money import MAX_IMAGE_COST_MICROS, MICROS_PER_MINOR, micros_from_minor
 from core.playlist import (
     MAX_IMAGES_PER_PLAN,
     MAX_PART,
@@ -82,9 +82,14 @@ class LegacyImage(_Strict):
     file: _File
     sha256: str = Field(pattern=_SHA)
     remote_ref: _Text = Field(min_length=1, max_length=256)
-    cost_minor: int = Field(ge=0, le=MAX_IMAGE_COST_MINOR, strict=True)  # an int, in range
+    # whole minor units (cents), as the legacy layout records them; an int, in range
+    cost_minor: int = Field(ge=0, le=MAX_IMAGE_COST_MICROS // MICROS_PER_MINOR, strict=True)
     currency: str = Field(default="USD", pattern="^[A-Z]{3}$")
     completed_at: AwareDatetime
+
+    @property
+    def cost_micros(self) -> int:
+        return micros_from_minor(self.cost_minor)
 
 
 class LegacyApproval(_Strict):
@@ -226,12 +231,12 @@ def migrate(
     report = []
     for legacy in episodes:
         existing = imported_episode(engine, pipeline, legacy.allocation_key)
-        cost = sum(i.cost_minor for i in legacy.state.images)
+        cost = sum(i.cost_micros for i in legacy.state.images)
         line = {
             "legacy_id": legacy.legacy_id,
             "source": str(legacy.folder),
             "images": len(legacy.state.images),
-            "cost_minor": cost,
+            "cost_micros": cost,
             "approval": legacy.state.approval.state,
         }
         if existing is not None:
@@ -298,7 +303,7 @@ def _copy_image(
         planned,
         _store(store, legacy, image.file, image.sha256),
         image.remote_ref,
-        image.cost_minor,
+        image.cost_micros,
         image.currency,
         image.completed_at,
     )

@@ -41,6 +41,7 @@ from core.errors import InvalidTransition, MediaStoreError, NotAnImage
 from core.hints import hint
 from core.media import ProvenImage
 from core.planning import RunOptions, budget_breach
+from core.pricing import Reservation
 from core.records import ClaimAction, ItemResult
 from core.runs import INTERRUPTED, STORE_STOPPED, Claim, Submission
 from core.states import RunState
@@ -132,7 +133,9 @@ class PaidCall:
             # The job was cancelled on an operator's command, by the cancel of another run
             # that decided before this run included the item (`CancelStore.ask_provider_cancel`;
             # its cost is recorded): this run buys the item anew instead of failing it.
-            fresh = self.leases.new_attempt(claim, self.profile.id, forced=False)
+            fresh = self.leases.new_attempt(
+                claim, self.profile.id, forced=False, reserve=self.reservation
+            )
             if fresh is None:  # the run stopped or the claim was lost: spend nothing
                 raise Stopped()
             found = self._send(claim, fresh)
@@ -197,9 +200,14 @@ class PaidCall:
             return False
         counts = self.store.counts(claim.run_id)
         still_open = counts.pending + counts.running  # this item among them
-        price = self.provider.capabilities.cost_per_image_minor
+        price = self.provider.capabilities.reserve_micros
         calls = counts.paid_submissions + still_open
-        return budget_breach(calls, counts.cost_minor + price * still_open, options) is None
+        return budget_breach(calls, counts.cost_micros + price * still_open, options) is None
+
+    @property
+    def reservation(self) -> Reservation:
+        """What each new paid call of this run is reserved at (the price's estimate)."""
+        return self.provider.capabilities.price.reservation
 
     def withdraw_unsent(self, claim: Claim) -> None:
         """A claim's fresh intent whose call was never made goes away (attempt given back)."""
@@ -260,7 +268,9 @@ class PaidCall:
             return None
         if not self.ledger.refuse(claim, submission.pk, "abandoned by operator (--force-resubmit)"):
             raise Stopped()  # taken over (or settled meanwhile): the new holder decides
-        fresh = self.leases.new_attempt(claim, self.profile.id, forced=True)
+        fresh = self.leases.new_attempt(
+            claim, self.profile.id, forced=True, reserve=self.reservation
+        )
         if fresh is None:  # the run stopped or the claim was lost: spend nothing
             raise Stopped()
         return self._send(claim, fresh)
@@ -328,7 +338,7 @@ class PaidCall:
         Raises `RemoteJobFailed` (closed failed with its charge), `_NotAnImageOutput`
         (closed failed with the call's charge), `_NotStored` (nothing written: the
         submission stays accepted) and what the provider's collect raises."""
-        currency = self.provider.capabilities.currency
+        price = self.provider.capabilities.price
         for attempt in range(1, DOWNLOAD_ATTEMPTS + 1):
             try:
                 result = self.provider.collect(
@@ -339,8 +349,11 @@ class PaidCall:
                     submission_pk,
                     f"remote job failed: {reason(exc)}",
                     episode_pk=self.gate.episode_pk,
-                    cost_minor=exc.cost_minor,
-                    currency=currency,
+                    charge=price.settle(
+                        reported_micros=exc.reported_micros, compute_us=exc.compute_us
+                    )
+                    if exc.billed
+                    else None,
                 )
                 raise
             try:
@@ -357,8 +370,9 @@ class PaidCall:
                     submission_pk,
                     text,
                     episode_pk=self.gate.episode_pk,
-                    cost_minor=result.cost_minor,
-                    currency=currency,
+                    charge=price.settle(
+                        reported_micros=result.reported_micros, compute_us=result.compute_us
+                    ),
                 )
                 raise _NotAnImageOutput(text) from None
         try:
@@ -370,8 +384,11 @@ class PaidCall:
             submission_pk,
             self.gate.episode_pk,
             stored,
-            result.cost_minor,
-            currency,
+            price.settle(
+                reported_micros=result.reported_micros,
+                compute_us=result.compute_us,
+                pixels=image.width * image.height,
+            ),
         )
         return ItemResult.COMPLETED if completed else ItemResult.TAKEN_OVER
 

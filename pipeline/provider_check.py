@@ -47,7 +47,7 @@ class CapabilityRow:
 
 def capability_row(profile: Profile) -> CapabilityRow:
     """The row for a profile, from what its adapter declares (docs/providers.md)."""
-    price = f"profile ({profile.cost_per_image_minor} minor units of {profile.currency})"
+    price = f"profile ({profile.price_text})"
     if profile.kind == "fake":
         return CapabilityRow(
             profile.id, "fake", True, "by client reference", "yes", price, _AMBIGUOUS_RESEND
@@ -69,7 +69,7 @@ def capability_row(profile: Profile) -> CapabilityRow:
             profile.idempotent_create,
             lookup,
             "no",
-            f"reply's cost_minor, else {price}",
+            f"reply's cost_micros, else {price}",
             ambiguous,
         )
     if profile.kind == "replicate":

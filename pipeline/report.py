@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from core.ids import EpisodeId
-from core.money import format_minor
+from core.money import format_money
 from pipeline.cancel import cancelled_answer, stopped
 from pipeline.playlists import planned_items
 from storage.cancels import CancelStore
@@ -26,12 +26,12 @@ def episode_report(
     """The episode's progress and spend.
 
     Returns ``{episode_id, pipeline, state, planned, completed, percent, paid_submissions,
-    cost_minor, currency, cost, accepted, still_running, cancelled_at_provider,
-    committed_minor, committed}``: ``planned`` counts the current plan's paid images (0
+    cost_micros, currency, cost, accepted, still_running, cancelled_at_provider,
+    committed_micros, committed}``: ``planned`` counts the current plan's paid images (0
     without a plan), ``completed`` those of them that are done, ``percent`` is 100.0 for a
     finished plan, and paid submissions and cost sum every run's ledger rows (minor units).
     ``accepted`` counts the jobs the provider accepted that nobody collected yet: bought,
-    so committed spend (``committed_minor``: the cost so far plus each of them at its
+    so committed spend (``committed_micros``: the cost so far plus each of them at its
     profile's price in `prices`); of them, ``cancelled_at_provider`` the ones a cancel
     stopped and ``still_running`` the ones the provider has not said stopped (a job that
     finished before the cancel is neither: the next run collects it). Raises `EpisodeNotFound`.
@@ -48,12 +48,12 @@ def episode_report(
             for item in planned_items(recorded[0], recorded[1], episode_id, pipeline)
         }
     done = sum(1 for o in completed_outputs(engine, pk) if o.idempotency_key in planned)
-    paid, cost_minor, currency = ledger.episode_spend(pk)
+    paid, cost_micros, currency = ledger.episode_spend(pk)
     open_jobs = ledger.episode_open_jobs(pk)
     answers = cancels.provider_cancel_answers(pk) if open_jobs else {}
     halted = sum(1 for sub, _ in open_jobs if stopped(answers.get(sub, "")))
     cancelled = sum(1 for sub, _ in open_jobs if cancelled_answer(answers.get(sub, "")))
-    committed = cost_minor + sum((prices or {}).get(profile, 0) for _, profile in open_jobs)
+    committed = cost_micros + sum((prices or {}).get(profile, 0) for _, profile in open_jobs)
     return {
         "episode_id": episode_id,
         "pipeline": pipeline,
@@ -62,12 +62,12 @@ def episode_report(
         "completed": done,
         "percent": 100.0 * done / len(planned) if planned else 0.0,
         "paid_submissions": paid,
-        "cost_minor": cost_minor,
+        "cost_micros": cost_micros,
         "currency": currency,
-        "cost": format_minor(cost_minor, currency),
+        "cost": format_money(cost_micros, currency),
         "accepted": len(open_jobs),
         "still_running": len(open_jobs) - halted,
         "cancelled_at_provider": cancelled,
-        "committed_minor": committed,
-        "committed": format_minor(committed, currency),
+        "committed_micros": committed,
+        "committed": format_money(committed, currency),
     }

@@ -52,14 +52,14 @@ DEFAULT_COLLECT_TIMEOUT_S = 60.0
 @dataclass(frozen=True)
 class ItemRestore:
     """What happened to one completed image (`Status`, the module docstring), its store key
-    when it is in the store, a one-line detail, and what its paid call cost (``cost_minor``
+    when it is in the store, a one-line detail, and what its paid call cost (``cost_micros``
     in minor units of ``currency``: what buying it again would cost at the same price)."""
 
     item_id: str
     status: Status
     key: str | None
     detail: str = ""
-    cost_minor: int = 0
+    cost_micros: int = 0
     currency: str = "USD"
 
 
@@ -92,7 +92,7 @@ class RestoreReport:
         cost: dict[str, int] = {}
         for item in self.items:
             if item.status == "not_served":
-                cost[item.currency] = cost.get(item.currency, 0) + item.cost_minor
+                cost[item.currency] = cost.get(item.currency, 0) + item.cost_micros
         return cost
 
     def to_dict(self) -> dict[str, object]:
@@ -103,7 +103,7 @@ class RestoreReport:
             "counts": self.counts(),
             "collected": self.collected,
             "paid_calls": self.paid_calls,
-            "not_served_cost_minor": self.not_served_cost(),
+            "not_served_cost_micros": self.not_served_cost(),
             "items": [asdict(item) for item in self.items],
         }
 
@@ -177,7 +177,7 @@ def _priced(done: ItemRestore | None, image: RecordedImage) -> ItemRestore | Non
     """`done` with what `image`'s paid call cost (None stays None: not decided yet)."""
     if done is None:
         return None
-    return replace(done, cost_minor=image.cost_minor, currency=image.currency)
+    return replace(done, cost_micros=image.cost_micros, currency=image.currency)
 
 
 def _without_provider(

@@ -104,6 +104,7 @@ class _Share:
                 profile=runner.profile.id,
                 provider_limit=runner.profile.max_concurrency,
                 max_job_s=runner.profile.max_job_s,
+                reserve=runner.paid.reservation,
             )
         except Exception as exc:
             if not is_lost_connection(exc):

@@ -31,7 +31,7 @@ from typing import Any
 
 from core.errors import InvalidInput
 from core.home import STATE_MARKER, project_folder
-from core.money import format_minor
+from core.money import format_money
 from core.settings import Settings
 
 # What the project creates at the top of a state folder (glob patterns): the ledger and its
@@ -58,7 +58,7 @@ class StateFolder:
 
     def holdings(self) -> str:
         """``14 paid calls (3.50 USD)``: what the ledger holds, in words."""
-        money = ", ".join(format_minor(amount, currency) for currency, amount in sorted(
+        money = ", ".join(format_money(amount, currency) for currency, amount in sorted(
             self.spent.items()))  # fmt: skip
         calls = f"{self.paid_calls} paid call{'' if self.paid_calls == 1 else 's'}"
         return f"{calls} ({money})" if money else calls
@@ -71,7 +71,7 @@ class StateFolder:
             "embedded": self.sqlite_file is not None,
             "exists": self.exists,
             "paid_calls": self.paid_calls,
-            "spent_minor": dict(self.spent),
+            "spent_micros": dict(self.spent),
         }
 
 

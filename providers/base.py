@@ -36,6 +36,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from core.pricing import Price
+
 
 class ProviderError(Exception):
     pass
@@ -62,13 +64,25 @@ class UnknownOutcome(ProviderError):
 
 
 class RemoteJobFailed(ProviderError):
-    """The provider reports the job failed or was cancelled; `cost_minor` is what it billed;
+    """The provider reports the job failed or was cancelled. `billed`: the provider charges
+    for it (at what it reports: `reported_micros`, its own figure, or `compute_us`, the
+    compute time it measured; else at the price's upper bound, `core.pricing`);
     `cancelled`: the provider's own status says the job was cancelled (on a cancel request),
     not that it failed."""
 
-    def __init__(self, message: str, cost_minor: int = 0, *, cancelled: bool = False) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        billed: bool = True,
+        reported_micros: int | None = None,
+        compute_us: int | None = None,
+        cancelled: bool = False,
+    ) -> None:
         super().__init__(message)
-        self.cost_minor = cost_minor
+        self.billed = billed
+        self.reported_micros = reported_micros
+        self.compute_us = compute_us
         self.cancelled = cancelled
 
 
@@ -89,10 +103,18 @@ class Capabilities:
 
     max_concurrency: int
     supports_seed: bool
-    cost_per_image_minor: int  # minor units of `currency` per image
-    currency: str
+    price: Price  # what an image costs, on its basis (`core.pricing`)
     can_lookup: bool
     idempotent_create: bool = False
+
+    @property
+    def currency(self) -> str:
+        return self.price.currency
+
+    @property
+    def reserve_micros(self) -> int:
+        """What one paid call is estimated and reserved at before it settles."""
+        return self.price.estimate_micros
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,9 +129,15 @@ class ImageRequest:
 
 @dataclass(frozen=True, slots=True)
 class ImageResult:
+    """A collected output: its bytes and declared media type, and what the provider's reply
+    says of its cost: `reported_micros` (its own figure, micro-units of the profile's
+    currency; None: it reports none) and `compute_us` (the job's compute time in
+    microseconds, as `metrics.predict_time`; None: not reported)."""
+
     content: bytes
     media_type: str
-    cost_minor: int
+    reported_micros: int | None = None
+    compute_us: int | None = None
 
 
 class Provider(Protocol):

@@ -17,7 +17,10 @@ behaviour:
 - ``[[LOSE_RESPONSE]]``: the job is created, then the reply is lost (``UnknownOutcome``); sending
   the same call again replays the job;
 - ``[[FAIL_REMOTE]]``: the job is created, then fails: collect raises ``RemoteJobFailed``
-  billed at the per-image price;
+  (billed, its compute time reported);
+- ``[[COMPUTE_MS:n]]``: the job's compute time the fake reports (``compute_us``, as
+  Replicate's ``metrics.predict_time``), default 2000 ms;
+- ``[[SIZE:n]]``: the picture is n x n pixels (8 to 4096; default 64);
 - ``[[OUTPUT:kind]]``: every download of the job answers `kind` instead of its PNG:
   ``html`` (an error page), ``truncated`` (a PNG cut short), ``empty`` (a 200 with no
   body), ``gif``, ``jpeg`` or ``webp``
@@ -36,8 +39,9 @@ folder (an absolute path; `jobs_folder`); unset, it is ``$EPISODIC_HOME/fake-pro
 this installation's alone. When
 ``EPISODIC_FAKE_PROVIDER_LOG`` is set, one JSON line per event is appended there: ``submit``
 (every create call that arrived), ``job_created`` (once per job really created, with its
-client reference, item, episode, remote reference, cost and the sha256 of the reference image
-sent, if any) and ``accepted`` (the same moment,
+client reference, item, episode, remote reference, ``cost_micros``: what the fake bills for
+it, computed by the fake itself from its price, its picture's pixels and its compute time,
+and the sha256 of the reference image sent, if any) and ``accepted`` (the same moment,
 kept for older readers), ``submit_replayed``, ``lookup``, ``collect``, ``cancel`` (a job
 still running is cancelled: its collect raises ``RemoteJobFailed`` at no cost) and
 ``client_built``.
@@ -53,10 +57,12 @@ import os
 import re
 import threading
 import time
+from decimal import ROUND_CEILING, Decimal
 from pathlib import Path
 from typing import Any
 
 from core.errors import ProviderConfigError
+from core.pricing import Price
 from providers.base import (
     CancelsJobs,
     Capabilities,
@@ -72,6 +78,9 @@ from providers.base import (
 )
 
 _DELAY = re.compile(r"\[\[DELAY_MS:([0-9]{1,7})\]\]")
+_COMPUTE = re.compile(r"\[\[COMPUTE_MS:([0-9]{1,9})\]\]")
+_SIZE = re.compile(r"\[\[SIZE:([0-9]{1,4})\]\]")
+DEFAULT_COMPUTE_MS = 2000
 _TRANSIENT = re.compile(r"\[\[FAIL_TRANSIENT(?::([0-9]{1,4}))?\]\]")
 _OUTPUT = re.compile(r"\[\[OUTPUT:(html|truncated|empty|gif|jpeg|webp)(?::([0-9]{1,4}))?\]\]")
 _log_guard = threading.Lock()
@@ -84,6 +93,18 @@ def log_event(event: str, **fields: Any) -> None:
     line = json.dumps({"event": event, "at": time.time(), "pid": os.getpid(), **fields})
     with _log_guard, open(path, "a", encoding="utf-8") as handle:
         handle.write(line + "\n")
+
+
+def _compute_us(prompt: str) -> int:
+    """The compute time the fake reports for a job of `prompt`, in microseconds."""
+    found = _COMPUTE.search(prompt)
+    return (int(found[1]) if found else DEFAULT_COMPUTE_MS) * 1000
+
+
+def _size(prompt: str) -> int:
+    """The side of the fake's square picture for `prompt`, in pixels (8 to 4096)."""
+    found = _SIZE.search(prompt)
+    return min(4096, max(8, int(found[1]))) if found else 64
 
 
 def render_png(prompt: str, seed: int, size: int = 64) -> bytes:
@@ -153,8 +174,7 @@ class FakeProvider(CancelsJobs):
         *,
         profile_id: str,
         state_dir: Path,
-        cost_per_image_minor: int = 4,
-        currency: str = "USD",
+        price: Price | None = None,
         max_concurrency: int = 8,
         delay_ms: int | None = None,
         credential: str | None = None,
@@ -168,8 +188,7 @@ class FakeProvider(CancelsJobs):
         self.capabilities = Capabilities(
             max_concurrency=max_concurrency,
             supports_seed=True,
-            cost_per_image_minor=cost_per_image_minor,
-            currency=currency,
+            price=price or Price("per_image", 40_000, "USD", 1),
             can_lookup=True,
             idempotent_create=True,
         )
@@ -225,7 +244,7 @@ class FakeProvider(CancelsJobs):
             item_id=request.item_id,
             episode_id=request.episode_id,
             remote_ref=remote_ref,
-            cost_minor=self.capabilities.cost_per_image_minor,
+            cost_micros=self._bill(request.prompt),
             ready_at=job["ready_at"],  # the job runs at the provider until then
             reference_sha256=_data_sha256(request.reference_image),
         )
@@ -250,11 +269,12 @@ class FakeProvider(CancelsJobs):
                 raise CollectionPending(f"remote task {remote_ref} not ready in time")
             time.sleep(min(wait, 0.05))
         if self._job_path(remote_ref).with_suffix(".canceled").exists():
-            raise RemoteJobFailed("fake job canceled", 0, cancelled=True)
+            raise RemoteJobFailed("fake job canceled", billed=False, cancelled=True)
         log_event("collect", remote_ref=remote_ref)
         if "[[FAIL_REMOTE]]" in job["prompt"]:
-            raise RemoteJobFailed("fake remote job failed", self.capabilities.cost_per_image_minor)
-        content, media_type = render_png(job["prompt"], job["seed"]), "image/png"
+            raise RemoteJobFailed("fake remote job failed", compute_us=_compute_us(job["prompt"]))
+        content = render_png(job["prompt"], job["seed"], _size(job["prompt"]))
+        media_type = "image/png"
         output = _OUTPUT.search(job["prompt"])
         if output is not None:
             with self._guard:
@@ -262,7 +282,29 @@ class FakeProvider(CancelsJobs):
                 self._downloads_seen[remote_ref] = seen
             if output[2] is None or seen <= int(output[2]):
                 content, media_type = render_output(output[1], content)
-        return ImageResult(content, media_type, self.capabilities.cost_per_image_minor)
+        return ImageResult(content, media_type, compute_us=_compute_us(job["prompt"]))
+
+    def _bill(self, prompt: str) -> int:
+        """What the fake charges for a job of `prompt`, in micro-units, by its own
+        arithmetic (Decimal, rounded up to a micro-unit), not the engine's: the provider's
+        side of the bill. A failed job is billed as it would have been (its compute)."""
+        price = self.capabilities.price
+        unit = Decimal(price.unit_micros)
+        if price.basis == "per_image":
+            return price.unit_micros
+        if price.basis == "per_second":
+            quantity = Decimal(_compute_us(prompt)) / 1_000_000
+        else:
+            pixels = _size(prompt) ** 2  # the fake's pictures are square
+            megapixels = Decimal(pixels) / 1_000_000
+            if price.basis == "per_whole_megapixel":
+                megapixels = megapixels.to_integral_value(rounding=ROUND_CEILING)
+            quantity = megapixels
+            if "[[FAIL_REMOTE]]" in prompt:  # no picture: billed at the stated bound
+                quantity = Decimal(price.estimate_quantity) / 1_000_000
+                if price.basis == "per_whole_megapixel":
+                    quantity = quantity.to_integral_value(rounding=ROUND_CEILING)
+        return int((unit * quantity).to_integral_value(rounding=ROUND_CEILING))
 
     def lookup(self, client_reference: str, request: ImageRequest | None = None) -> str | None:
         log_event("lookup", client_reference=client_reference)

@@ -21,7 +21,8 @@ Errors on submit, by what they prove (a refused submit has no ``request_id``): 4
 unknown app, 422 invalid input); 409 (fal's own client sends it again: it proves nothing),
 3xx, 5xx, a 2xx without a request id, or no reply `UnknownOutcome`. A failed request costs
 the profile's price (fal may bill a request that ran); the cost of an image is the
-profile's ``cost_per_image_minor``.
+profile's price (per image or per megapixel of the stored image: fal reports no compute time
+we could charge per second on).
 """
 
 from __future__ import annotations
@@ -65,8 +66,7 @@ class FalProvider(JobsApiClient, CancelsJobs, DescribesJobs, ChecksCredential):
         return Capabilities(
             max_concurrency=profile.max_concurrency,
             supports_seed=profile.seed_input is not None,
-            cost_per_image_minor=profile.cost_per_image_minor,
-            currency=profile.currency,
+            price=profile.pricing,
             can_lookup=False,
             idempotent_create=False,
         )
@@ -83,13 +83,13 @@ class FalProvider(JobsApiClient, CancelsJobs, DescribesJobs, ChecksCredential):
             label = state if isinstance(state, str) and state in _STATUSES else "?"
             raise NotYet(f"status {label}", failed=False)
         if status.get("error") or status.get("error_type"):
-            raise RemoteJobFailed("request failed", self.profile.cost_per_image_minor)
+            raise RemoteJobFailed("request failed")
         try:
             response = self._api.get(base)
         except httpx.HTTPError as exc:
             raise NotYet(f"result: {type(exc).__name__}") from None
         if response.status_code == 422 and self._has_detail(response):  # the model refused
-            raise RemoteJobFailed("request failed: HTTP 422", self.profile.cost_per_image_minor)
+            raise RemoteJobFailed("request failed: HTTP 422")
         if not response.is_success:
             raise NotYet(f"result: HTTP {response.status_code}")
         try:
@@ -99,7 +99,7 @@ class FalProvider(JobsApiClient, CancelsJobs, DescribesJobs, ChecksCredential):
         images = result.get("images") if isinstance(result, dict) else None
         first = images[0] if isinstance(images, list) and images else None
         url = first.get("url") if isinstance(first, dict) else None
-        return self._fetch_output(url, self.profile.cost_per_image_minor)
+        return self._fetch_output(url)
 
     @staticmethod
     def _has_detail(response: httpx.Response) -> bool:

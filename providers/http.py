@@ -15,9 +15,11 @@ once. A create's reply, by what it proves (``providers.base``; transport errors:
 
 ``collect``: ``succeeded`` is downloaded, ``failed`` and ``canceled`` raise
 ``RemoteJobFailed``; ``starting``, ``processing`` and any status we do not know are polled
-again. What a job cost: the reply's ``cost_minor`` (an integer from 0 to
-``MAX_IMAGE_COST_MINOR``, in the profile's currency) when present and in range, else the
-profile's ``cost_per_image_minor``; a failed job is assumed billed at that price.
+again. What a job cost: the reply's ``cost_micros`` (an integer from 0 to
+``MAX_IMAGE_COST_MICROS`` micro-units of the profile's currency; the older ``cost_minor``,
+whole cents, still read) when present and in range, else the profile's price on its basis
+(``metrics.predict_time``, seconds, is the compute time a per_second price is charged on);
+a failed job is billed.
 
 ``lookup`` keeps the listed jobs whose ``client_reference`` equals ours exactly, never
 trusting the server's filter.
@@ -29,7 +31,7 @@ from typing import Any
 
 import httpx
 
-from core.money import MAX_IMAGE_COST_MINOR
+from core.money import MAX_IMAGE_COST_MICROS, MICROS_PER_MINOR
 from providers.base import (
     Capabilities,
     ChecksCredential,
@@ -40,7 +42,14 @@ from providers.base import (
     RemoteJobFailed,
     UnknownOutcome,
 )
-from providers.jobs_api import JOB_ID, JobsApiClient, NotYet, read_json, shown_status
+from providers.jobs_api import (
+    JOB_ID,
+    JobsApiClient,
+    NotYet,
+    compute_us_of,
+    read_json,
+    shown_status,
+)
 from providers.profiles import Profile
 
 
@@ -53,8 +62,7 @@ class HttpProvider(JobsApiClient, ChecksCredential):
         return Capabilities(
             max_concurrency=profile.max_concurrency,
             supports_seed=True,
-            cost_per_image_minor=profile.cost_per_image_minor,
-            currency=profile.currency,
+            price=profile.pricing,
             can_lookup=profile.lookup,
             idempotent_create=profile.idempotent_create,
         )
@@ -91,22 +99,28 @@ class HttpProvider(JobsApiClient, ChecksCredential):
         job = self._get_json(f"/predictions/{remote_ref}")
         status = job.get("status")
         if status in ("failed", "canceled"):
-            raise RemoteJobFailed(f"remote task {status}", self._billed(job))
+            raise RemoteJobFailed(
+                f"remote task {status}",
+                reported_micros=_reported(job),
+                compute_us=compute_us_of(job),
+            )
         if status != "succeeded":
             raise NotYet(f"status {shown_status(status)}", failed=False)
         output = job.get("output")
         url = output[0] if isinstance(output, list) and output else output
-        return self._fetch_output(url, self._billed(job))
+        return self._fetch_output(url, _reported(job), compute_us_of(job))
 
-    def _billed(self, job: dict[str, Any]) -> int:
-        cost = job.get("cost_minor")
-        if (
-            isinstance(cost, int)
-            and not isinstance(cost, bool)
-            and 0 <= cost <= MAX_IMAGE_COST_MINOR
-        ):
-            return cost
-        return self.profile.cost_per_image_minor
+
+def _reported(job: dict[str, Any]) -> int | None:
+    """The reply's own cost in micro-units (``cost_micros``, or the older ``cost_minor``),
+    or None when it has none in range."""
+    for field, scale in (("cost_micros", 1), ("cost_minor", MICROS_PER_MINOR)):
+        cost = job.get(field)
+        if isinstance(cost, int) and not isinstance(cost, bool) and cost >= 0:
+            micros = cost * scale
+            if micros <= MAX_IMAGE_COST_MICROS:
+                return micros
+    return None
 
 
 def _created_id(response: httpx.Response) -> str:

@@ -37,12 +37,14 @@ import random
 import re
 import time
 from collections.abc import Callable
+from decimal import ROUND_CEILING, Decimal, InvalidOperation
 from typing import Any
 
 import httpx
 from tenacity import RetryCallState, Retrying, retry_if_exception_type
 
 from core.errors import ProviderConfigError
+from core.pricing import MAX_QUANTITY, MILLION
 from providers.base import (
     Capabilities,
     CollectionPending,
@@ -322,7 +324,9 @@ class JobsApiClient:
             raise NotYet("poll: reply is not a JSON object")
         return job
 
-    def _fetch_output(self, url: object, cost_minor: int) -> ImageResult:
+    def _fetch_output(
+        self, url: object, reported_micros: int | None = None, compute_us: int | None = None
+    ) -> ImageResult:
         """Download an output over the client without the credential, capped in size."""
         if not isinstance(url, str) or not url.lower().startswith(("http://", "https://")):
             raise NotYet("finished reply without an http(s) output URL")
@@ -337,7 +341,26 @@ class JobsApiClient:
         # A 200 is the provider's answer, whatever its body: an empty one is not an image
         # (`pipeline.media.prove_image`), downloaded again and then failed with its charge,
         # never polled until the collect deadline as if the job were not done.
-        return ImageResult(content, media_type.split(";")[0].strip(), cost_minor)
+        return ImageResult(content, media_type.split(";")[0].strip(), reported_micros, compute_us)
+
+
+def compute_us_of(job: dict[str, Any]) -> int | None:
+    """The job's compute time in microseconds, from ``metrics.predict_time`` (seconds, as
+    Replicate and our http protocol report it); None when absent, not a finite number in
+    range (0 to `MAX_QUANTITY` microseconds) or a boolean. Exact: the number's own decimal
+    digits, rounded up to a whole microsecond, never through float arithmetic."""
+    metrics = job.get("metrics")
+    value = metrics.get("predict_time") if isinstance(metrics, dict) else None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        seconds = Decimal(repr(value))
+    except InvalidOperation:
+        return None
+    if not seconds.is_finite() or seconds < 0:
+        return None
+    micros = int((seconds * MILLION).to_integral_value(rounding=ROUND_CEILING))
+    return micros if micros <= MAX_QUANTITY else None
 
 
 def read_json(response: httpx.Response) -> Any:

@@ -8,7 +8,7 @@ Built in: ``fake`` (the deterministic fake provider). More profiles come from a 
         kind: http
         base_url: https://images.example.com/v1
         credential_env: IMAGE_API_TOKEN        # or credential_secret_block: image-api-token
-        cost_per_image_minor: 5
+        price: {per_image: "0.05"}             # see "Prices" below
         currency: USD
         max_concurrency: 4                     # jobs in flight at once, every run and machine
         max_job_s: 60                          # the longest one job runs at the provider
@@ -27,6 +27,19 @@ create outcome follows it, see ``providers.base.Capabilities``):
 - ``lookup`` (default true): a job can be found by the client reference we sent
   (``GET /predictions?client_reference=...``); false leaves unknown outcomes to an operator
   unless ``idempotent_create`` is set.
+
+Prices (``price``, decimal strings of up to six decimals, in ``currency``; `core.pricing`)::
+
+    price: {per_image: "0.003"}
+    price: {per_megapixel: "0.025", whole_megapixels: true, at_most: "1.05"}
+    price: {per_second: "0.000725", at_most: "20"}
+
+``per_megapixel`` is charged on the stored image's real pixel size (``whole_megapixels``:
+every started megapixel, fal's rule), ``per_second`` on the compute time the provider reports
+for the job (only kinds whose API reports one: `MEASURES_COMPUTE`). ``at_most`` is the upper
+bound an image takes before it is paid (megapixels; seconds, default ``max_job_s``): what
+``--plan``, the caps and the budgets reserve. A price of 0 needs ``free: true``. The older
+``cost_per_image_minor: 5`` (whole cents per image) still means exactly that.
 
 The builtin ``fake`` profile ignores both: the fake provider declares its own (it honours
 idempotency and can look jobs up).
@@ -58,7 +71,8 @@ from pydantic import (
 
 from core.documents import DocumentError, parse_yaml, read_text
 from core.errors import ProviderConfigError
-from core.money import MAX_IMAGE_COST_MINOR
+from core.money import MAX_IMAGE_COST_MICROS, MICROS, micros_from_minor, parse_money
+from core.pricing import MILLION, Basis, Price
 
 PROFILE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # as a playlist's provider_profile
 INPUT_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"  # a model input's name
@@ -66,6 +80,63 @@ INPUT_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"  # a model input's name
 MODEL_ID = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}(/[A-Za-z0-9][A-Za-z0-9._-]{0,99}){1,3}$"
 InputValue = str | int | float | bool  # a constant model input (strings up to 1000 chars)
 MAX_PROFILES_BYTES = 1_000_000
+# The kinds whose API reports a job's compute time (a per_second price needs it): the fake
+# and our http protocol (``metrics.predict_time``), Replicate (``metrics.predict_time``).
+MEASURES_COMPUTE = frozenset({"fake", "http", "replicate"})
+MAX_AT_MOST = 10**6  # megapixels or seconds an image may be bounded by
+
+
+class PriceSpec(BaseModel):
+    """A profile's ``price``: one basis with its unit price (a decimal string), and the
+    upper bound of its quantity (``at_most``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    per_image: str | None = None
+    per_megapixel: str | None = None
+    per_second: str | None = None
+    whole_megapixels: bool = Field(default=False, strict=True)
+    at_most: str | None = None
+
+    @model_validator(mode="after")
+    def _one_basis(self) -> PriceSpec:
+        given = [b for b in ("per_image", "per_megapixel", "per_second") if getattr(self, b)]
+        if len(given) != 1:
+            raise ValueError(
+                "give exactly one of per_image, per_megapixel, per_second (a decimal string "
+                'such as "0.003")'
+            )
+        for name in given + (["at_most"] if self.at_most is not None else []):
+            value = getattr(self, name)
+            if not isinstance(value, str):
+                raise ValueError(f"{name}: write the amount as a quoted decimal string")
+            micros = parse_money(value, name)  # InvalidInput is a ValueError
+            if micros > MAX_IMAGE_COST_MICROS:
+                raise ValueError(f"{name}: {value} is above what one image may cost")
+        if self.whole_megapixels and self.per_megapixel is None:
+            raise ValueError("whole_megapixels: only a per_megapixel price has it")
+        if self.per_image is not None and self.at_most is not None:
+            raise ValueError("at_most: a per_image price is the most an image costs already")
+        if self.per_megapixel is not None and self.at_most is None:
+            raise ValueError(
+                "at_most: a per_megapixel price needs the most megapixels an image has "
+                '(e.g. "1.05"), which estimates and budgets reserve before the image exists'
+            )
+        if self.at_most is not None and not 0 < parse_money(self.at_most) <= MAX_AT_MOST * MICROS:
+            raise ValueError(f"at_most: more than 0 and at most {MAX_AT_MOST}")
+        return self
+
+    @property
+    def basis(self) -> Basis:
+        if self.per_image is not None:
+            return "per_image"
+        if self.per_megapixel is not None:
+            return "per_whole_megapixel" if self.whole_megapixels else "per_megapixel"
+        return "per_second"
+
+    @property
+    def unit_micros(self) -> int:
+        return parse_money(self.per_image or self.per_megapixel or self.per_second or "")
 
 
 class Profile(BaseModel):
@@ -73,7 +144,12 @@ class Profile(BaseModel):
 
     id: str
     kind: Literal["fake", "http", "replicate", "fal"]
-    cost_per_image_minor: int = Field(ge=0, le=MAX_IMAGE_COST_MINOR, strict=True)  # an int
+    price: PriceSpec | None = None
+    # the older form: whole minor units (cents) of `currency` per image
+    cost_per_image_minor: int | None = Field(
+        default=None, ge=0, le=MAX_IMAGE_COST_MICROS // 10_000, strict=True
+    )
+    free: bool = Field(default=False, strict=True)  # a price of 0 is meant
     currency: str = Field(default="USD", pattern="^[A-Z]{3}$")
     max_concurrency: int = Field(default=4, ge=1, le=256, strict=True)
     base_url: str | None = Field(default=None, min_length=1, max_length=2048)
@@ -116,6 +192,65 @@ class Profile(BaseModel):
             if isinstance(item, str) and len(item) > 1000:
                 raise ValueError(f"input {name}: text longer than 1000 characters")
         return value
+
+    @model_validator(mode="after")
+    def _priced(self) -> Profile:
+        if (self.price is None) == (self.cost_per_image_minor is None):
+            raise ValueError(
+                'give the price, e.g. price: {per_image: "0.003"} (or the older '
+                "cost_per_image_minor), and not both"
+            )
+        unit = self.unit_micros
+        if unit == 0 and not self.free:
+            raise ValueError(
+                "price: 0 would let every cap and budget pass whatever the provider bills; "
+                "declare free: true if this provider really charges nothing"
+            )
+        if unit != 0 and self.free:
+            raise ValueError("free: true with a price above 0; keep one")
+        if self.basis == "per_second" and self.kind not in MEASURES_COMPUTE:
+            raise ValueError(
+                f"price: per_second needs the job's compute time, which the {self.kind} API "
+                "does not report; use per_image or per_megapixel"
+            )
+        return self
+
+    @property
+    def basis(self) -> Basis:
+        return "per_image" if self.price is None else self.price.basis
+
+    @property
+    def unit_micros(self) -> int:
+        if self.price is None:
+            assert self.cost_per_image_minor is not None
+            return micros_from_minor(self.cost_per_image_minor)
+        return self.price.unit_micros
+
+    @property
+    def pricing(self) -> Price:
+        """The price as the engine charges it (`core.pricing.Price`)."""
+        if self.basis == "per_image":
+            bound = 1
+        elif self.basis == "per_second":
+            at_most = self.price.at_most if self.price is not None else None
+            bound = parse_money(at_most) if at_most is not None else self.max_job_s * MILLION
+        else:  # megapixels, as pixels
+            assert self.price is not None and self.price.at_most is not None
+            bound = parse_money(self.price.at_most)
+        return Price(self.basis, self.unit_micros, self.currency, bound)
+
+    @property
+    def price_text(self) -> str:
+        """'0.003 USD per image', '0.025 USD per started megapixel (at most 1.05)'."""
+        from core.money import format_money
+
+        per = {
+            "per_image": "per image",
+            "per_megapixel": "per megapixel",
+            "per_whole_megapixel": "per started megapixel",
+            "per_second": "per second of compute",
+        }[self.basis]
+        return f"{format_money(self.unit_micros, self.currency)} {per}"
 
     @model_validator(mode="after")
     def _fits_its_kind(self) -> Profile:
@@ -192,7 +327,7 @@ class Profile(BaseModel):
 
 
 BUILTIN = {
-    "fake": Profile(id="fake", kind="fake", cost_per_image_minor=4, max_concurrency=8),
+    "fake": Profile(id="fake", kind="fake", price=PriceSpec(per_image="0.04"), max_concurrency=8),
 }
 
 

@@ -30,8 +30,7 @@ def _fake(profile: Profile, credential: str | None, state_dir: Path) -> Provider
     return FakeProvider(
         profile_id=profile.id,
         state_dir=jobs_folder(state_dir),
-        cost_per_image_minor=profile.cost_per_image_minor,
-        currency=profile.currency,
+        price=profile.pricing,
         max_concurrency=profile.max_concurrency,
         delay_ms=profile.delay_ms,
         credential=credential,

@@ -26,7 +26,8 @@ Errors on create, by what they prove (Replicate answers a refused create with a 
 document, never a prediction): 429 `RateLimited`; any other 4xx `PermanentProviderError`
 (401 bad token, 402 no credit, 404 unknown model, 422 invalid input); 409, 3xx, 5xx, a 2xx
 without a prediction id, or no reply `UnknownOutcome`. The cost of an image is the
-profile's ``cost_per_image_minor``: Replicate's reply carries no price.
+profile's price: Replicate's reply carries none, but it reports ``metrics.predict_time``
+(seconds of compute), which a per_second price is charged on.
 """
 
 from __future__ import annotations
@@ -47,7 +48,14 @@ from providers.base import (
     RemoteJobFailed,
     UnknownOutcome,
 )
-from providers.jobs_api import STATUS_WORD, JobsApiClient, NotYet, read_json, shown_status
+from providers.jobs_api import (
+    STATUS_WORD,
+    JobsApiClient,
+    NotYet,
+    compute_us_of,
+    read_json,
+    shown_status,
+)
 from providers.profiles import Profile
 
 API = "https://api.replicate.com/v1"
@@ -76,8 +84,7 @@ class ReplicateProvider(JobsApiClient, CancelsJobs, DescribesJobs, ChecksCredent
         return Capabilities(
             max_concurrency=profile.max_concurrency,
             supports_seed=profile.seed_input is not None,
-            cost_per_image_minor=profile.cost_per_image_minor,
-            currency=profile.currency,
+            price=profile.pricing,
             # the seed tells ours apart, but only from our own: another installation on the
             # same account sends the very same input (lookup_by_input declares there is none)
             can_lookup=profile.lookup_by_input and profile.seed_input is not None,
@@ -97,18 +104,18 @@ class ReplicateProvider(JobsApiClient, CancelsJobs, DescribesJobs, ChecksCredent
         prediction = self._get_json(f"/predictions/{remote_ref}")
         status = prediction.get("status")
         if status == "aborted":  # its deadline passed before it started: not billed
-            raise RemoteJobFailed("prediction aborted before it started", 0)
+            raise RemoteJobFailed("prediction aborted before it started", billed=False)
         if status in ("failed", "canceled"):
             raise RemoteJobFailed(
                 f"prediction {status}",
-                self.profile.cost_per_image_minor,
+                compute_us=compute_us_of(prediction),
                 cancelled=status == "canceled",
             )
         if status != "succeeded":
             raise NotYet(f"status {shown_status(status)}", failed=False)
         output = prediction.get("output")
         url = output[0] if isinstance(output, list) and output else output
-        return self._fetch_output(url, self.profile.cost_per_image_minor)
+        return self._fetch_output(url, compute_us=compute_us_of(prediction))
 
     def lookup(self, client_reference: str, request: ImageRequest | None = None) -> str | None:
         if not self.capabilities.can_lookup or request is None:

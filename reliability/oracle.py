@@ -200,7 +200,7 @@ def episode_cost(engine: Engine, key: str) -> int:
         return int(
             conn.execute(
                 text(
-                    "SELECT coalesce(sum(c.amount_minor), 0) FROM cost_entries c JOIN episodes e "
+                    "SELECT coalesce(sum(c.amount_micros), 0) FROM cost_entries c JOIN episodes e "
                     "ON e.id = c.episode_pk WHERE e.allocation_key = :k"
                 ),
                 {"k": key},

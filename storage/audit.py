@@ -76,7 +76,7 @@ class SubmissionRecord:
 class CostRecord:
     id: int
     submission_pk: int
-    amount_minor: int
+    amount_micros: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 
 from sqlalchemy import Connection, Engine, Table
 
+from core.pricing import Reservation
 from core.records import ClaimAction, RefusalReason
 from core.runs import Claim, Refusal, claim_live, store_stopped
 from core.states import ItemState, RunState, SubmissionState
@@ -147,6 +148,7 @@ class ClaimStore:
         provider_limit: int | None = None,
         max_job_s: float | None = None,
         allow_retry: bool = True,
+        reserve: Reservation | None = None,
     ) -> Claim | Refusal:
         """Claim the item for `owner` (and intend a paid call if one is due), atomically.
 
@@ -178,6 +180,7 @@ class ClaimStore:
             profile=profile,
             provider_limit=provider_limit,
             max_job_s=max_job_s,
+            reserve=reserve,
         )[0]
 
     def claim_many(
@@ -191,13 +194,24 @@ class ClaimStore:
         profile: str,
         provider_limit: int | None = None,
         max_job_s: float | None = None,
+        reserve: Reservation | None = None,
     ) -> list[Claim | Refusal]:
         """`claim` for several items (pk, allow_retry) in one transaction, in order: one
         write instead of one per item for a dispatcher that fills many slots at once. After
         the first ``throttled`` refusal the rest are refused the same way, unclaimed."""
         lock = f"provider:{profile}" if provider_limit is not None else None
         slots = None if provider_limit is None else (max(1, provider_limit), max_job_s)
-        return self._claim_batch(items, run_id, owner, lock, lease_s, max_attempts, profile, slots)
+        return self._claim_batch(
+            items,
+            run_id,
+            owner,
+            lock,
+            lease_s,
+            max_attempts,
+            profile,
+            slots,
+            reserve or Reservation.none(),
+        )
 
     def _claim_batch(
         self,
@@ -209,6 +223,7 @@ class ClaimStore:
         max_attempts: int,
         profile: str,
         slots: tuple[int, float | None] | None,
+        reserve: Reservation,
     ) -> list[Claim | Refusal]:
         answers: list[Claim | Refusal] = []
         with tx.write(self.engine, lock=lock) as conn:
@@ -247,6 +262,7 @@ class ClaimStore:
                         profile=profile,
                         slots=slots,
                         allow_retry=allow_retry,
+                        reserve=reserve,
                     )
                 )
         return answers
@@ -286,6 +302,7 @@ class ClaimStore:
         profile: str,
         slots: tuple[int, float | None] | None,
         allow_retry: bool,
+        reserve: Reservation,
     ) -> Claim | Refusal:
         found = dbapi.fetch_one(conn, _ITEM_FOR_UPDATE, {"b_item": item_pk})
         if found is None:
@@ -316,9 +333,8 @@ class ClaimStore:
             and _in_flight(conn, profile, item_pk, now, slots[1]) >= slots[0]
         ):
             return Refusal(RefusalReason.THROTTLED)
-        return _take(
-            conn, row, sub, run_id, owner, profile, now + timedelta(seconds=lease_s), now, checked
-        )
+        lease = now + timedelta(seconds=lease_s)
+        return _take(conn, row, sub, run_id, owner, profile, lease, now, checked, reserve)
 
 
 def _take(
@@ -331,6 +347,7 @@ def _take(
     lease: datetime,
     now: datetime,
     checked: float,
+    reserve: Reservation,
 ) -> Claim:
     """The claim is recorded on the item (owner, run, profile, a fresh token, the lease until
     `lease`). With `sub` open the holder settles it (``collect`` an accepted job, else
@@ -353,7 +370,9 @@ def _take(
         )
         return Claim(item, run_id, owner, action, submission_of(sub), token, checked)
     attempt = dbapi.scalar(conn, statements.TAKE_ITEM_AND_COUNT, params)
-    submission = insert_intent(conn, item, run_id, profile, attempt, now, forced=False)
+    submission = insert_intent(
+        conn, item, run_id, profile, attempt, now, forced=False, reserve=reserve
+    )
     return Claim(item, run_id, owner, ClaimAction.SUBMIT, submission, token, checked)
 
 

@@ -27,6 +27,7 @@ from sqlalchemy import (
     update,
 )
 
+from core.pricing import Reservation
 from core.records import ClaimAction
 from core.runs import Claim, Item, Submission
 from core.states import ItemState, RunState
@@ -67,7 +68,9 @@ class LeaseStore:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
-    def new_attempt(self, claim: Claim, profile: str, *, forced: bool) -> Submission | None:
+    def new_attempt(
+        self, claim: Claim, profile: str, *, forced: bool, reserve: Reservation
+    ) -> Submission | None:
         """A further paid call for a claimed item (operator's --force-resubmit).
 
         Re-checks, in the same transaction, that the run is running and the claim still
@@ -76,7 +79,7 @@ class LeaseStore:
         with tx.write(self.engine) as conn:
             if dbapi.fetch_one(conn, _HOLDS_LOCKED, _holds_params(claim)) is None:
                 return None
-            return _intend(conn, claim.item, claim.run_id, profile, forced=forced)
+            return _intend(conn, claim.item, claim.run_id, profile, forced=forced, reserve=reserve)
 
     def load_claim(
         self,
@@ -239,10 +242,14 @@ def _holds_params(claim: Claim) -> dict[str, Any]:
     }
 
 
-def _intend(conn: Connection, item: Item, run_id: str, profile: str, *, forced: bool) -> Submission:
+def _intend(
+    conn: Connection, item: Item, run_id: str, profile: str, *, forced: bool, reserve: Reservation
+) -> Submission:
     """Count the attempt and commit the intent of a paid call (caller holds the claim)."""
     attempt = conn.execute(_COUNT_ATTEMPT, {"b_item": item.pk}).scalar_one()
-    return insert_intent(conn, item, run_id, profile, attempt, utcnow(), forced=forced)
+    return insert_intent(
+        conn, item, run_id, profile, attempt, utcnow(), forced=forced, reserve=reserve
+    )
 
 
 def _give_up_in(conn: Connection, which: ColumnElement[bool], owner: str, error_text: str) -> int:

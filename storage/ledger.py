@@ -17,6 +17,7 @@ from sqlalchemy import Connection, Engine, Select, Table, exists, func, or_, sel
 from sqlalchemy.exc import IntegrityError
 
 from core.media import StoredMedia
+from core.pricing import Charge, Reservation
 from core.records import EpisodeImage
 from core.runs import Claim, Item, Submission
 from core.states import ItemState, SubmissionState
@@ -35,8 +36,9 @@ _lost: Table = LostOutputRow.__table__  # type: ignore[assignment]
 # A cost entry is no state move: it stays with the ledger (hand-written, run on the bare
 # driver: storage/dbapi.py).
 _INSERT_COST = DriverSQL(
-    "INSERT INTO cost_entries (episode_pk, submission_pk, amount_minor, currency, recorded_at) "
-    "VALUES (:b_episode, :b_sub, :b_amount, :b_currency, :b_now)"
+    "INSERT INTO cost_entries (episode_pk, submission_pk, amount_micros, currency, basis, "
+    "quantity, unit_price_micros, recorded_at) "
+    "VALUES (:b_episode, :b_sub, :b_amount, :b_currency, :b_basis, :b_quantity, :b_unit, :b_now)"
 )
 
 
@@ -115,19 +117,18 @@ class LedgerStore:
         reason: str,
         *,
         episode_pk: int | None = None,
-        cost_minor: int = 0,
-        currency: str = "USD",
+        charge: Charge | None = None,
     ) -> bool:
         """The provider reports the accepted job failed (a fact whoever holds the item).
 
-        A failed job the provider billed (`cost_minor` > 0) gets its cost entry in the same
-        transaction: the ledger shows what the provider charged.
+        A failed job the provider billed (`charge`, None: not billed) gets its cost entry
+        in the same transaction: the ledger shows what the provider charged.
         """
         now = utcnow()
         with tx.write(self.engine) as conn:
             moved = conn.execute(statements.close_failed(submission_pk, reason, now)).rowcount
-            if moved and cost_minor > 0 and episode_pk is not None:
-                _record_cost(conn, episode_pk, submission_pk, cost_minor, currency, now)
+            if moved and charge is not None and episode_pk is not None:
+                _record_cost(conn, episode_pk, submission_pk, charge, now)
             return bool(moved)
 
     @idempotent
@@ -137,8 +138,7 @@ class LedgerStore:
         submission_pk: int,
         episode_pk: int,
         image: StoredMedia,
-        cost_minor: int,
-        currency: str,
+        charge: Charge,
     ) -> bool:
         """Outcome, cost and item completion in one guarded transaction.
 
@@ -173,7 +173,7 @@ class LedgerStore:
                 )
                 if not (item_moved and sub_moved):
                     raise _Lost()
-                _record_cost(conn, episode_pk, submission_pk, cost_minor, currency, now)
+                _record_cost(conn, episode_pk, submission_pk, charge, now)
         except _Lost:
             return self._completed_by(claim, submission_pk, image.sha256)
         return True
@@ -223,7 +223,7 @@ class LedgerStore:
             ).scalar_one()
             cost = conn.execute(
                 select(
-                    func.coalesce(func.sum(_costs.c.amount_minor), 0), func.max(_costs.c.currency)
+                    func.coalesce(func.sum(_costs.c.amount_micros), 0), func.max(_costs.c.currency)
                 ).where(_costs.c.episode_pk == episode_pk)
             ).one()
         return int(paid), int(cost[0]), cost[1] or "USD"
@@ -248,7 +248,7 @@ class LedgerStore:
         with tx.read(self.engine) as conn:
             return int(
                 conn.execute(
-                    select(func.coalesce(func.sum(_costs.c.amount_minor), 0)).where(
+                    select(func.coalesce(func.sum(_costs.c.amount_micros), 0)).where(
                         _costs.c.episode_pk == episode_pk
                     )
                 ).scalar_one()
@@ -303,9 +303,11 @@ def insert_intent(
     now: datetime,
     *,
     forced: bool,
+    reserve: Reservation,
 ) -> Submission:
     """The intent of paid call number `attempt` (already counted on the item), under this
-    installation's reference ``{installation id}-{item key}-{attempt}``."""
+    installation's reference ``{installation id}-{item key}-{attempt}``, reserved at
+    `reserve` (the price's estimate) until it settles."""
     found = dbapi.fetch_one(
         conn,
         statements.INSERT_INTENT,
@@ -317,6 +319,8 @@ def insert_intent(
             "b_profile": profile,
             "b_forced": forced,
             "b_now": now,
+            "b_reserve": reserve.micros,
+            "b_currency": reserve.currency,
         },
     )
     assert found is not None  # an INSERT ... RETURNING answers its row
@@ -334,19 +338,22 @@ def _record_cost(
     conn: Connection,
     episode_pk: int,
     submission_pk: int,
-    amount_minor: int,
-    currency: str,
+    charge: Charge,
     now: datetime,
 ) -> None:
-    """The ledger's cost entry of a submission (minor units), in the caller's transaction."""
+    """The ledger's cost entry of a submission (micro-units, with the basis, the measured
+    quantity and the unit price it follows from), in the caller's transaction."""
     dbapi.rowcount(
         conn,
         _INSERT_COST,
         {
             "b_episode": episode_pk,
             "b_sub": submission_pk,
-            "b_amount": amount_minor,
-            "b_currency": currency,
+            "b_amount": charge.amount_micros,
+            "b_currency": charge.currency,
+            "b_basis": charge.basis,
+            "b_quantity": charge.quantity,
+            "b_unit": charge.unit_micros,
             "b_now": now,
         },
     )
@@ -390,7 +397,7 @@ def completed_outputs(engine: Engine, episode_pk: int) -> list[EpisodeImage]:
                 _items.c.output_media_type,
                 _items.c.output_path,
                 _subs.c.remote_ref,
-                _costs.c.amount_minor,
+                _costs.c.amount_micros,
                 _costs.c.currency,
             )
         ).all()
@@ -407,7 +414,7 @@ def completed_outputs(engine: Engine, episode_pk: int) -> list[EpisodeImage]:
             media_type=row.output_media_type,
             legacy_path=row.output_path,
             remote_ref=row.remote_ref,
-            cost_minor=row.amount_minor,
+            cost_micros=row.amount_micros,
             currency=row.currency,
         )
         for row in rows
@@ -425,6 +432,6 @@ def ledger_totals(engine: Engine) -> tuple[int, dict[str, int]]:
     with tx.read(engine) as conn:
         calls = conn.execute(select(func.count()).select_from(_subs)).scalar_one()
         spent = conn.execute(
-            select(_costs.c.currency, func.sum(_costs.c.amount_minor)).group_by(_costs.c.currency)
+            select(_costs.c.currency, func.sum(_costs.c.amount_micros)).group_by(_costs.c.currency)
         ).all()
     return int(calls), {str(currency): int(amount) for currency, amount in spent}

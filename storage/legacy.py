@@ -41,7 +41,7 @@ class ImportedImage:
     planned: PlannedItem
     stored: StoredMedia
     remote_ref: str
-    cost_minor: int
+    cost_micros: int
     currency: str
     completed_at: datetime
 
@@ -219,8 +219,11 @@ def _record_image(
         insert(CostEntryRow).values(
             episode_pk=imported.episode_pk,
             submission_pk=sub_pk,
-            amount_minor=image.cost_minor,
+            amount_micros=image.cost_micros,
             currency=image.currency,
+            basis="per_image",
+            quantity=1,
+            unit_price_micros=image.cost_micros,
             recorded_at=image.completed_at,
         )
     )

@@ -59,7 +59,7 @@ def decided_refusal(episode_id: str, state: str) -> str:
 class RecordedImage:
     """A completed item's image as the ledger records it, with the paid call that made it:
     ``provider_profile`` and ``remote_ref`` (the provider's job, collected again for free),
-    ``cost_minor`` in minor units of ``currency``. ``key``/``size``/``media_type`` are None
+    ``cost_micros`` in minor units of ``currency``. ``key``/``size``/``media_type`` are None
     for a legacy row, whose file is ``legacy_path``."""
 
     item_pk: int
@@ -71,7 +71,7 @@ class RecordedImage:
     legacy_path: str | None
     provider_profile: str
     remote_ref: str | None
-    cost_minor: int
+    cost_micros: int
     currency: str
     submission_pk: int = 0  # the succeeded paid call
     position: int = 0  # the video's 1-based position in the playlist (what --only selects)
@@ -129,7 +129,7 @@ class MediaRecords:
                     _items.c.output_path,
                     _subs.c.provider_profile,
                     _subs.c.remote_ref,
-                    _costs.c.amount_minor,
+                    _costs.c.amount_micros,
                     _costs.c.currency,
                     _subs.c.id.label("submission_pk"),
                     _items.c.position,
@@ -148,7 +148,7 @@ class MediaRecords:
                 legacy_path=row.output_path,
                 provider_profile=row.provider_profile,
                 remote_ref=row.remote_ref,
-                cost_minor=row.amount_minor,
+                cost_micros=row.amount_micros,
                 currency=row.currency,
                 submission_pk=row.submission_pk,
                 position=row.position,

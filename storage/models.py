@@ -212,6 +212,8 @@ class SubmissionRow(Base):
     __table_args__ = (
         UniqueConstraint("provider_profile", "remote_ref"),
         Index("ix_submissions_profile_state_created", "provider_profile", "state", "created_at"),
+        Index("ix_submissions_run", "run_id"),  # a run's spend (the caps, in the claim)
+        Index("ix_submissions_created", "created_at"),  # a period's spend (the budgets)
     )
 
     id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
@@ -229,10 +231,28 @@ class SubmissionRow(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     accepted_at: Mapped[datetime | None] = mapped_column()
     finished_at: Mapped[datetime | None] = mapped_column()
+    # what the call was reserved at when its intent was committed (the price's estimate,
+    # micro-units of `currency`): counted by the caps and budgets until it settles
+    reserved_micros: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    currency: Mapped[str | None] = mapped_column(String(3))
 
 
 class CostEntryRow(Base):
+    """What one paid call cost (micro-units of `currency`), with the basis it was charged
+    on, the measured quantity and the unit price it follows from (`core.pricing`)."""
+
     __tablename__ = "cost_entries"
+    __table_args__ = (
+        CheckConstraint(
+            "basis IN ('per_image', 'per_megapixel', 'per_whole_megapixel', 'per_second', "
+            "'reported')",
+            name="basis_known",
+        ),
+        CheckConstraint(
+            "amount_micros >= 0 AND quantity >= 0 AND unit_price_micros >= 0",
+            name="amounts_not_negative",
+        ),
+    )
 
     id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
     episode_pk: Mapped[int] = mapped_column(
@@ -241,8 +261,11 @@ class CostEntryRow(Base):
     submission_pk: Mapped[int] = mapped_column(
         BigInteger, ForeignKey("submissions.id", ondelete="RESTRICT"), unique=True
     )
-    amount_minor: Mapped[int] = mapped_column(BigInteger)
+    amount_micros: Mapped[int] = mapped_column(BigInteger)
     currency: Mapped[str] = mapped_column(String(3))
+    basis: Mapped[str] = mapped_column(String(24))
+    quantity: Mapped[int] = mapped_column(BigInteger)
+    unit_price_micros: Mapped[int] = mapped_column(BigInteger)
     recorded_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
@@ -315,6 +338,26 @@ class PipelineRow(Base):
     name: Mapped[str] = mapped_column(String(63), primary_key=True)
     timezone: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+class PipelineBudgetRow(Base):
+    """A pipeline's budget for one period kind (``week`` or ``month``, in the pipeline's
+    timezone): no item is claimed whose reservation would take the period's spend over
+    `amount_micros` (`storage.budgets`). Set by `episodic pipelines set-budget`."""
+
+    __tablename__ = "pipeline_budgets"
+    __table_args__ = (
+        CheckConstraint("period IN ('week', 'month')", name="period"),
+        CheckConstraint("amount_micros >= 0", name="amount"),
+    )
+
+    pipeline: Mapped[str] = mapped_column(
+        String(63), ForeignKey("pipelines.name", ondelete="RESTRICT"), primary_key=True
+    )
+    period: Mapped[str] = mapped_column(String(8), primary_key=True)
+    amount_micros: Mapped[int] = mapped_column(BigInteger)
+    currency: Mapped[str] = mapped_column(String(3))
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
 
 

@@ -251,7 +251,7 @@ class RunStore:
             ).scalar_one()
             cost = conn.execute(
                 select(
-                    func.coalesce(func.sum(_costs.c.amount_minor), 0), func.max(_costs.c.currency)
+                    func.coalesce(func.sum(_costs.c.amount_micros), 0), func.max(_costs.c.currency)
                 )
                 .join(_subs, _subs.c.id == _costs.c.submission_pk)
                 .where(_subs.c.run_id == run_id)
@@ -263,7 +263,7 @@ class RunStore:
             running=states.get(ItemState.RUNNING, 0),
             cancelled=states.get(ItemState.CANCELLED, 0),
             paid_submissions=int(paid),
-            cost_minor=int(cost[0]),
+            cost_micros=int(cost[0]),
             currency=cost[1] or "USD",
         )
 

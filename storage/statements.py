@@ -291,8 +291,9 @@ REFERENCE_SQL = "(SELECT id FROM installation WHERE singleton = 1) || '-' || :b_
 # submission: (new) -> intent
 INSERT_INTENT = DriverSQL(
     "INSERT INTO submissions (item_pk, run_id, attempt, client_reference, provider_profile, "
-    "state, forced, created_at) VALUES (:b_item, :b_run, :b_attempt, "
-    f"{REFERENCE_SQL}, :b_profile, 'intent', :b_forced, :b_now) "
+    "state, forced, created_at, reserved_micros, currency) VALUES (:b_item, :b_run, "
+    f":b_attempt, {REFERENCE_SQL}, :b_profile, 'intent', :b_forced, :b_now, :b_reserve, "
+    ":b_currency) "
     "RETURNING id, client_reference"
 )
 

@@ -128,7 +128,7 @@ class _TaskLanes:
                 "token": claim.token,
                 "profile": job.profile_id,
                 "options": self.params,
-                "cap_minor": self.options.cap_minor,
+                "cap_micros": self.options.cap_micros,
             }
             # On the thread runner, Prefect need not search `work` for futures (ids only;
             # the search cost a tenth of an item task's time). Dask receives it as sent.

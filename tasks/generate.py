@@ -68,8 +68,8 @@ def generate_item(work: dict[str, Any], item_id: str, idempotency_key: str, ledg
     idempotency key (the cached result: the item is done).
 
     `work` holds ids only: ``{pipeline, episode_id, run_id, owner, item_pk, action,
-    submission_pk, token, profile, options, cap_minor}`` (options as `RunOptions.params()`,
-    `cap_minor` the per-run cap of the run's request); the claim's token is consumed when
+    submission_pk, token, profile, options, cap_micros}`` (options as `RunOptions.params()`,
+    `cap_micros` the per-run cap of the run's request); the claim's token is consumed when
     the task starts, so a second execution of the same task sends nothing.
     Raises `ItemNotCompleted` when the item did not complete (the claim was lost, the call
     failed, or its acceptance is unknown: it is reconciled later, never resubmitted).
@@ -91,7 +91,7 @@ def generate_item(work: dict[str, Any], item_id: str, idempotency_key: str, ledg
         raise ItemNotCompleted(f"item {item_id}: no longer held by this run")
     outcome = None
     try:
-        options = RunOptions.from_params(work["options"], work.get("cap_minor"))
+        options = RunOptions.from_params(work["options"], work.get("cap_micros"))
         outcome = runner.process(claim, options)
     finally:  # the claim is completed or released by now: its slot is free
         item_worked(work["owner"], work["item_pk"], outcome)

@@ -18,7 +18,7 @@ Download, 200 with what is not the image: ``[[DOWNLOAD_HTML:n]]`` (an HTML error
 ``[[DOWNLOAD_EMPTY:n]]`` (no body at all).
 
 Options: ``honour_idempotency`` (False: every create makes a new job), ``processing_polls``
-(polls answered ``processing`` before the job succeeds), ``price_minor`` (billed per job made),
+(polls answered ``processing`` before the job succeeds), ``price_micros`` (billed per job made),
 ``expired`` (job ids whose output file answers 410 Gone: the output expired while the job
 still polls succeeded), ``list_ignores_filter`` (the list returns every job, newest first),
 ``page_size`` (the list is paginated with relative ``next`` links), ``output_host`` (outputs
@@ -130,7 +130,7 @@ class PredictionsServer(_Http):
         *,
         processing_polls: int = 1,
         honour_idempotency: bool = True,
-        price_minor: int = 5,
+        price_micros: int = 5,
         list_ignores_filter: bool = False,
         page_size: int | None = None,
         output_host: bool = False,
@@ -145,11 +145,11 @@ class PredictionsServer(_Http):
         # job ids whose output expired: the job still polls succeeded, its file answers 410
         # (as a provider that keeps a prediction's record longer than its output)
         self.expired: set[str] = set()
-        self.bill_minor = 0
+        self.bill_micros = 0
         self.lock = threading.Lock()
         self.processing_polls = processing_polls
         self.honour_idempotency = honour_idempotency
-        self.price_minor = price_minor
+        self.price_micros = price_micros
         self.list_ignores_filter = list_ignores_filter
         self.page_size = page_size
         self.files = FileServer(self) if output_host else None
@@ -196,7 +196,7 @@ class PredictionsServer(_Http):
                 "client_reference": body.get("client_reference"),
             }
             self.jobs_made[key] += 1
-            self.bill_minor += self.price_minor
+            self.bill_micros += self.price_micros
             return job_id
 
     def listing(self, ref: str, page: int) -> dict[str, Any]:

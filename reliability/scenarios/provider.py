@@ -94,9 +94,9 @@ def provider_faults(backend: Backend, trials: int, rng: random.Random) -> Result
                 if len(made) < count - len(left):
                     result.problem(f"run {trial}: a completed item has no job of its own")
                 cost = episode_cost(engine, f"http-{trial}")
-                if cost != server.bill_minor:
+                if cost != server.bill_micros:
                     result.problem(
-                        f"run {trial}: ledger {cost} != provider bill {server.bill_minor}"
+                        f"run {trial}: ledger {cost} != provider bill {server.bill_micros}"
                     )
     finally:
         for key, value in saved.items():

@@ -50,14 +50,14 @@ def test_generate_json_then_nothing_left_to_pay(
     payload = json.loads(first.stdout)
     assert {
         k: payload[k]
-        for k in ("state", "completed", "skipped", "failed", "paid_submissions", "cost_minor")
+        for k in ("state", "completed", "skipped", "failed", "paid_submissions", "cost_micros")
     } == {
         "state": "completed",
         "completed": 3,
         "skipped": 0,
         "failed": 0,
         "paid_submissions": 3,
-        "cost_minor": 12,
+        "cost_micros": 12,
     }
     again = json.loads(cli("generate", episode, "--json").stdout)
     assert again["skipped"] == 3 and again["paid_submissions"] == 0

@@ -90,7 +90,7 @@ def _buy(
         "weekly",
         episode.episode_id,
         EnvironmentCredentials(),
-        RunOptions(cap_minor=settings.max_run_cost_minor, **options),
+        RunOptions(cap_micros=settings.max_run_cost_micros, **options),
         confirm,
         collect_timeout_s=1.0,
     )
@@ -101,7 +101,7 @@ def _ledger(engine: Engine, video_id: str) -> list[tuple[str, int | None]]:
     with engine.connect() as conn:
         rows = conn.execute(
             text(
-                "SELECT s.state, c.amount_minor FROM submissions s JOIN items i "
+                "SELECT s.state, c.amount_micros FROM submissions s JOIN items i "
                 "ON i.id = s.item_pk LEFT JOIN cost_entries c ON c.submission_pk = s.id "
                 "WHERE i.video_id = :v ORDER BY s.id"
             ),
@@ -143,8 +143,8 @@ def test_only_what_the_provider_no_longer_serves_is_bought_and_check_stays_clean
 
     statuses = {i.item_id: i.status for i in report.restore.items}
     assert statuses == {"v01.p1": "not_served", "v02.p1": "restored", "v03.p1": "present"}
-    assert [(q.items, q.price_minor, q.total_minor, q.currency) for q in quotes] == [
-        (["v01.p1"], quotes[0].price_minor, quotes[0].price_minor, "USD")
+    assert [(q.items, q.price_micros, q.total_micros, q.currency) for q in quotes] == [
+        (["v01.p1"], quotes[0].price_micros, quotes[0].price_micros, "USD")
     ]
     assert report.lost == ["v01.p1"] and report.outcome is not None
     assert report.outcome.exit_code == 0 and report.complete
@@ -153,7 +153,7 @@ def test_only_what_the_provider_no_longer_serves_is_bought_and_check_stays_clean
     assert len(bought) == 1 and after[bought[0]] == 2  # one new job, for v01 only
     assert sum(after.values()) == sum(before.values()) + 1
     # the old paid call stays succeeded with its cost; a new one is bought
-    price = quotes[0].price_minor
+    price = quotes[0].price_micros
     assert _ledger(engine, "v01") == [("succeeded", price), ("succeeded", price)]
     [(key, sha, reason, lost_at)] = _lost_rows(engine)
     assert (key, sha) == (lost_key, lost_sha) and lost_at is not None
@@ -179,7 +179,7 @@ def test_not_confirmed_or_above_a_cap_nothing_is_bought_or_written(
     with pytest.raises(BudgetExceeded, match="--max-images 1"):
         _buy(episode, max_images=1)  # the cap counts the two re-bought items
     with pytest.raises(BudgetExceeded, match="--max-cost"):
-        _buy(episode, max_cost_minor=1)
+        _buy(episode, max_cost_micros=1)
     monkeypatch.setenv("EPISODIC_MAX_RUN_COST", "0.01")
     with pytest.raises(BudgetExceeded, match="EPISODIC_MAX_RUN_COST"):
         _buy(episode)
@@ -278,10 +278,10 @@ def test_over_http_an_expired_output_is_bought_again_with_one_job(
 
         statuses = {i.item_id: i.status for i in report.restore.items}
         assert statuses == {"v01.p1": "not_served", "v02.p1": "restored"}
-        assert [(q.items, q.total_minor) for q in quotes] == [(["v01.p1"], 5)]
+        assert [(q.items, q.total_micros) for q in quotes] == [(["v01.p1"], 5)]
         assert sum(server.jobs_made.values()) == made + 1  # one job, for v01
         assert report.complete and report.outcome is not None
-        assert report.outcome.counts.cost_minor >= 5
+        assert report.outcome.counts.cost_micros >= 5
         assert check_episodes(engine, "weekly", episode.episode_id) == []
 
 

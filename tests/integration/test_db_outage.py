@@ -228,7 +228,7 @@ def test_a_completion_whose_commit_reply_was_lost_is_answered_and_the_run_goes_o
     jobs = jobs_per_key()
     assert len(jobs) == 3 and set(jobs.values()) == {1}, provider_log()
     with engine.connect() as conn:
-        costs = conn.execute(text("SELECT count(*), sum(amount_minor) FROM cost_entries")).one()
+        costs = conn.execute(text("SELECT count(*), sum(amount_micros) FROM cost_entries")).one()
     assert costs[0] == 3
     assert check_episodes(engine, "weekly") == []
 

@@ -46,7 +46,7 @@ def _rows(engine: Engine, sql: str) -> list[tuple[object, ...]]:
 
 
 def _ledger_cost(engine: Engine) -> int:
-    ((total,),) = _rows(engine, "SELECT coalesce(sum(amount_minor), 0) FROM cost_entries")
+    ((total,),) = _rows(engine, "SELECT coalesce(sum(amount_micros), 0) FROM cost_entries")
     return int(str(total))
 
 

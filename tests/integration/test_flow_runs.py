@@ -131,8 +131,8 @@ def test_settling_a_cancelled_flow_run_asks_the_provider_once_per_job(episode: E
     red = check_episodes(episode.engine, "weekly", policy=dedup_policy(settings))
     assert any("accepted but never collected" in f.detail for f in red)  # before the cancel
     report = episode_report(episode.engine, "weekly", episode.episode_id, prices={"fake": 4})
-    assert (report["accepted"], report["still_running"], report["committed_minor"]) == (2, 2, 8)
-    assert report["cost_minor"] == 0  # nothing billed yet: bought, not collected
+    assert (report["accepted"], report["still_running"], report["committed_micros"]) == (2, 2, 8)
+    assert report["cost_micros"] == 0  # nothing billed yet: bought, not collected
 
     first = settle_cancelled(episode.engine, settings, [run_id], EnvironmentCredentials())
     cancels = [e for e in provider_log() if e["event"] == "cancel"]

@@ -98,7 +98,7 @@ def test_apply_keeps_every_field_and_hash_and_a_second_apply_is_a_no_op(
                 ItemRow.output_media_type,
                 ItemRow.finished_at,
                 SubmissionRow.remote_ref,
-                CostEntryRow.amount_minor,
+                CostEntryRow.amount_micros,
             )
             .join(SubmissionRow, SubmissionRow.item_pk == ItemRow.id)
             .join(CostEntryRow, CostEntryRow.submission_pk == SubmissionRow.id)
@@ -122,7 +122,7 @@ def test_apply_keeps_every_field_and_hash_and_a_second_apply_is_a_no_op(
         ).one()
     for row, image in zip(rows, state["images"], strict=True):
         assert row.video_id == image["video_id"] and row.remote_ref == image["remote_ref"]
-        assert row.output_sha256 == image["sha256"] and row.amount_minor == image["cost_minor"]
+        assert row.output_sha256 == image["sha256"] and row.amount_micros == image["cost_micros"]
         held = media.read_behind(row.output_key)  # what the store holds, read around it
         assert row.output_path is None and row.output_key.startswith("sha256/")
         assert hashlib.sha256(held).hexdigest() == image["sha256"] == row.output_sha256

@@ -1,7 +1,7 @@
 """Every fault mode of a local provider server, through the engine, on SQLite and Postgres.
 
 Money is counted where it is spent: the server's own count of the jobs it made (`jobs_made`)
-and its bill (`bill_minor`), compared with the ledger. For every mode: one job per item, and
+and its bill (`bill_micros`), compared with the ledger. For every mode: one job per item, and
 the ledger's cost equals the server's bill.
 """
 
@@ -85,14 +85,16 @@ def _plan(episode: Episode, tmp_path: Path, titles: list[str]) -> None:
 def _ledger_cost(engine: Engine) -> int:
     with engine.connect() as conn:
         return int(
-            conn.execute(select(func.coalesce(func.sum(CostEntryRow.amount_minor), 0))).scalar_one()
+            conn.execute(
+                select(func.coalesce(func.sum(CostEntryRow.amount_micros), 0))
+            ).scalar_one()
         )
 
 
 def _assert_once_and_billed(episode: Episode, server: PredictionsServer, items: int) -> None:
     assert len(server.jobs_made) == items, "an item never got its job"
     assert set(server.jobs_made.values()) == {1}, f"a second job was made: {server.jobs_made}"
-    assert _ledger_cost(episode.engine) == server.bill_minor
+    assert _ledger_cost(episode.engine) == server.bill_micros
     assert check_episodes(episode.engine, "weekly") == []
 
 
@@ -194,10 +196,10 @@ def test_a_remote_failure_is_billed_and_a_retry_is_a_new_job(make: object, tmp_p
     _plan(episode, tmp_path, ["doomed [[REMOTE_FAIL]]"])
     first = episode.generate()
     assert first.exit_code == ExitCode.RUN_FAILED
-    assert _ledger_cost(episode.engine) == server.bill_minor == 5
+    assert _ledger_cost(episode.engine) == server.bill_micros == 5
     episode.resume(first.run_id)  # the provider said the job failed: a retry may buy again
     assert sum(server.jobs_made.values()) == 2
-    assert _ledger_cost(episode.engine) == server.bill_minor
+    assert _ledger_cost(episode.engine) == server.bill_micros
 
 
 def test_credentials_go_to_the_provider_origin_only(make: object, tmp_path: Path) -> None:
@@ -257,7 +259,7 @@ def test_a_cancel_during_the_backoff_between_refused_creates_stops_the_next_try(
     outcome = episode.generate()
     assert cancelled and outcome.exit_code == ExitCode.INTERRUPTED, outcome.message
     assert sum(server.create_calls.values()) == 1  # the retry after the backoff never went
-    assert not server.jobs_made and server.bill_minor == 0
+    assert not server.jobs_made and server.bill_micros == 0
     assert RunStore(episode.engine).run_state(cancelled[0]) == "cancelled"
 
 
@@ -283,4 +285,4 @@ def test_a_cancel_before_an_idempotent_resend_stops_it(make: object, tmp_path: P
     episode.generate()
     assert cancelled
     assert sum(server.create_calls.values()) == 1 and not server.jobs_made
-    assert server.bill_minor == 0 == _ledger_cost(episode.engine)
+    assert server.bill_micros == 0 == _ledger_cost(episode.engine)

@@ -891,7 +891,7 @@ def test_a_job_kept_for_a_run_that_then_crashed_and_was_cancelled_again_is_bough
         # the job failed at the provider on its own; the cancel only asked (too late)
         ("only [[DELAY_MS:300]] [[FAIL_REMOTE]]", {}, "succeeded"),
         ("only [[DELAY_MS:4000]]", {"max_retries": 0}, "canceled"),  # no attempt left
-        ("only [[DELAY_MS:4000]]", {"max_cost_minor": 0}, "canceled"),  # over the budget
+        ("only [[DELAY_MS:4000]]", {"max_cost_micros": 0}, "canceled"),  # over the budget
         ("only [[DELAY_MS:4000]]", {"max_images": 0}, "canceled"),
     ],
     ids=["failed-on-its-own", "max-retries", "max-cost", "max-images"],

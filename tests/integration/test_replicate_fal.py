@@ -86,7 +86,7 @@ def test_replicate_sends_exactly_the_documented_create_poll_and_download(
     provider = ReplicateProvider(profile=replicate_profile(replicate), token=TOKEN)
     prediction = provider.submit(REQUEST)
     result = provider.collect(prediction, deadline_s=5, should_stop=never_stop)
-    assert result.content.startswith(b"\x89PNG") and result.cost_minor == 3
+    assert result.content.startswith(b"\x89PNG") and result.cost_micros == 3
     create, *polls = replicate.requests
     assert create.method == "POST"
     assert create.path == "/v1/models/black-forest-labs/flux-schnell/predictions"
@@ -185,11 +185,11 @@ def test_replicate_failed_canceled_and_aborted_predictions_and_their_cost(
     failed = provider.submit(ImageRequest("r1", "e", "v01", "x [[REMOTE_FAIL]]", 1))
     with pytest.raises(RemoteJobFailed) as raised:
         provider.collect(failed, deadline_s=5, should_stop=never_stop)
-    assert raised.value.cost_minor == 3 and not raised.value.cancelled  # failed on its own
+    assert raised.value.cost_micros == 3 and not raised.value.cancelled  # failed on its own
     aborted = provider.submit(ImageRequest("r2", "e", "v01", "x [[ABORTED]]", 2))
     with pytest.raises(RemoteJobFailed) as raised:
         provider.collect(aborted, deadline_s=5, should_stop=never_stop)
-    assert raised.value.cost_minor == 0  # aborted before it started: not billed
+    assert raised.value.cost_micros == 0  # aborted before it started: not billed
     running = provider.submit(ImageRequest("r3", "e", "v01", "y", 3))
     assert provider.cancel(running) == "canceled"
     assert replicate.cancels[running] == 1
@@ -218,7 +218,7 @@ def test_fal_sends_exactly_the_documented_submit_status_result_and_download(
     provider = FalProvider(profile=fal_profile(fal), token=TOKEN)
     request_id = provider.submit(REQUEST)
     result = provider.collect(request_id, deadline_s=5, should_stop=never_stop)
-    assert result.content.startswith(b"\x89PNG") and result.cost_minor == 2
+    assert result.content.startswith(b"\x89PNG") and result.cost_micros == 2
     submit, *rest = fal.requests
     assert (submit.method, submit.path) == ("POST", "/fal-ai/flux/dev")
     assert submit.headers["authorization"] == f"Key {TOKEN}"
@@ -371,7 +371,7 @@ def test_a_replicate_run_pays_once_per_item_through_lost_replies(
             for (prompt, _seed), n in server.create_calls.items()
         )  # only the refused create was sent again; a lost reply's create never was
         assert sent == [("-", 1), ("429", 3), ("502", 1), ("DROP", 1)], sent
-        assert outcome.counts.cost_minor == 12
+        assert outcome.counts.cost_micros == 12
         again = episode.generate()
         assert again.counts.paid_submissions == 0 and sum(server.jobs_made.values()) == 4
 

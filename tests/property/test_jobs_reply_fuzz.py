@@ -156,9 +156,9 @@ def test_a_poll_reply_is_classified_and_the_cost_is_the_profiles(
             assert body.get("status") == "COMPLETED" and (
                 body.get("error") or body.get("error_type")
             )
-        assert exc.cost_minor in (0, PRICE)
+        assert exc.cost_micros in (0, PRICE)
         return
-    assert isinstance(result, ImageResult) and result.content and result.cost_minor == PRICE
+    assert isinstance(result, ImageResult) and result.content and result.cost_micros == PRICE
 
 
 @settings(FUZZ, max_examples=25)
@@ -177,9 +177,9 @@ def test_a_fal_result_reply_is_an_image_a_failure_with_detail_or_pending(
         return
     except RemoteJobFailed as exc:
         assert code == 422 and isinstance(body, dict) and "detail" in body, (code, body)
-        assert exc.cost_minor == PRICE
+        assert exc.cost_micros == PRICE
         return
-    assert isinstance(result, ImageResult) and result.cost_minor == PRICE
+    assert isinstance(result, ImageResult) and result.cost_micros == PRICE
 
 
 @settings(FUZZ, max_examples=30)

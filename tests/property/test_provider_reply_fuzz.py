@@ -22,7 +22,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import providers.jobs_api as jobs_api
-from core.money import MAX_IMAGE_COST_MINOR
+from core.money import MAX_IMAGE_COST_MICROS
 from providers.base import (
     CollectionPending,
     ImageRequest,
@@ -98,8 +98,8 @@ RAW_BODIES = st.sampled_from(
         b"[" * 100_000,  # nesting that exhausts a recursive parser
         b'{"id": ' + b"9" * 5000 + b"}",  # an integer past Python's digit limit
         b'{"id": "dup-1", "id": "dup-2"}',
-        b'{"cost_minor": NaN, "status": "failed"}',
-        b'{"status": "succeeded", "output": ["x"], "cost_minor": 1e999}',
+        b'{"cost_micros": NaN, "status": "failed"}',
+        b'{"status": "succeeded", "output": ["x"], "cost_micros": 1e999}',
         b" " * 3_000_000 + b"{}",  # a huge body
     ]
 )
@@ -113,7 +113,7 @@ def job_body(ids: st.SearchStrategy[Any] = SCALAR) -> st.SearchStrategy[Any]:
         optional={
             "id": ids,
             "status": STATUS_WORDS,
-            "cost_minor": SCALAR,
+            "cost_micros": SCALAR,
             "output": JSON,
             "client_reference": st.just(REF) | SCALAR,
         },
@@ -174,7 +174,7 @@ def usable_ref(value: object) -> bool:
 
 
 def in_range(cost: object) -> bool:
-    return type(cost) is int and 0 <= cost <= MAX_IMAGE_COST_MINOR
+    return type(cost) is int and 0 <= cost <= MAX_IMAGE_COST_MICROS
 
 
 def sent_body(body: Any) -> Any:
@@ -221,11 +221,11 @@ def test_a_create_reply_is_classified_by_what_it_proves(
 
 @FUZZ
 @given(code=CODES, body=job_body() | BODIES)
-@example(code=200, body={"status": "failed", "cost_minor": 10**30})  # found: stored as is
-@example(code=200, body={"status": "failed", "cost_minor": -5})
-@example(code=200, body={"status": "failed", "cost_minor": True})
-@example(code=200, body={"status": "failed", "cost_minor": 4.0})
-@example(code=200, body={"status": "canceled", "cost_minor": float("nan")})
+@example(code=200, body={"status": "failed", "cost_micros": 10**30})  # found: stored as is
+@example(code=200, body={"status": "failed", "cost_micros": -5})
+@example(code=200, body={"status": "failed", "cost_micros": True})
+@example(code=200, body={"status": "failed", "cost_micros": 4.0})
+@example(code=200, body={"status": "canceled", "cost_micros": float("nan")})
 @example(code=200, body={"status": ["failed"]})
 @example(code=200, body={"status": "succeeded", "output": "file:///etc/passwd"})
 @example(code=200, body={"status": "succeeded", "output": "http://127.0.0.1:1/x.png"})
@@ -251,15 +251,15 @@ def test_a_poll_reply_is_classified_and_its_cost_stays_in_range(
         job = sent_body(body)
         assert 200 <= code < 300 and isinstance(job, dict)
         assert job.get("status") in ("failed", "canceled"), job
-        assert in_range(exc.cost_minor), exc.cost_minor
-        reported = job.get("cost_minor")
+        assert in_range(exc.cost_micros), exc.cost_micros
+        reported = job.get("cost_micros")
         if in_range(reported) and not isinstance(reported, bool):
-            assert exc.cost_minor == reported
+            assert exc.cost_micros == reported
         else:
-            assert exc.cost_minor == PRICE
+            assert exc.cost_micros == PRICE
         return
     assert isinstance(result, ImageResult) and result.content
-    assert in_range(result.cost_minor), result.cost_minor
+    assert in_range(result.cost_micros), result.cost_micros
 
 
 @settings(FUZZ, max_examples=25)
@@ -287,7 +287,7 @@ def test_a_download_reply_is_pending_or_an_image_with_a_cost_in_range(
                 "id": remote_ref,
                 "status": "succeeded",
                 "output": [output],
-                "cost_minor": cost,
+                "cost_micros": cost,
             }
         if kind == "file":
             return code, body
@@ -302,11 +302,11 @@ def test_a_download_reply_is_pending_or_an_image_with_a_cost_in_range(
     # image is the engine's to prove (pipeline.media.prove_image), not the adapter's.
     assert 200 <= code < 300
     assert isinstance(result.content, bytes)
-    assert in_range(result.cost_minor)
+    assert in_range(result.cost_micros)
     if in_range(cost) and not isinstance(cost, bool):
-        assert result.cost_minor == cost
+        assert result.cost_micros == cost
     else:
-        assert result.cost_minor == PRICE
+        assert result.cost_micros == PRICE
 
 
 @FUZZ

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from core.errors import InvalidInput
-from core.money import format_minor, parse_amount
+from core.money import format_money, parse_money
 from core.playlist import Playlist, expand, item_idempotency_key, parse_selection
 
 BASE = dict(
@@ -170,9 +170,9 @@ def test_selection() -> None:
 
 
 def test_money_is_integer_minor_units() -> None:
-    assert parse_amount("12.50") == 1250 and parse_amount("0") == 0
-    assert format_minor(1250) == "12.50 USD"
-    assert parse_amount(" 999999999.99 ") == 99_999_999_999 and parse_amount("0.5") == 50
+    assert parse_money("12.50") == 1250 and parse_money("0") == 0
+    assert format_money(1250) == "12.50 USD"
+    assert parse_money(" 999999999.99 ") == 99_999_999_999 and parse_money("0.5") == 50
     for bad in (
         "-1",
         "1.001",
@@ -191,7 +191,7 @@ def test_money_is_integer_minor_units() -> None:
         ".5",
     ):
         with pytest.raises(InvalidInput):
-            parse_amount(bad)
+            parse_money(bad)
 
 
 def test_a_rendered_prompt_longer_than_its_column_is_refused_when_planning() -> None:
