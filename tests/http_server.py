@@ -130,7 +130,7 @@ class PredictionsServer(_Http):
         *,
         processing_polls: int = 1,
         honour_idempotency: bool = True,
-        price_micros: int = 5,
+        price_micros: int = 50_000,  # 0.05: the tests' profiles say cost_per_image_minor: 5
         list_ignores_filter: bool = False,
         page_size: int | None = None,
         output_host: bool = False,

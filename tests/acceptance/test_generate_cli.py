@@ -57,7 +57,7 @@ def test_generate_json_then_nothing_left_to_pay(
         "skipped": 0,
         "failed": 0,
         "paid_submissions": 3,
-        "cost_micros": 12,
+        "cost_micros": 120_000,
     }
     again = json.loads(cli("generate", episode, "--json").stdout)
     assert again["skipped"] == 3 and again["paid_submissions"] == 0

@@ -85,7 +85,11 @@ def test_asking_for_6_candidates_after_4_pays_for_2(
 ) -> None:
     _planned(cli, tmp_path, hero={1: 4})
     shown = _ok(cli("generate", EPISODE, "--plan", "--json"))
-    assert (shown["new_calls"], shown["hero_calls"], shown["estimated_cost_micros"]) == (5, 4, 20)
+    assert (shown["new_calls"], shown["hero_calls"], shown["estimated_cost_micros"]) == (
+        5,
+        4,
+        200_000,
+    )
     assert _ok(cli("generate", EPISODE, "--json"))["state"] == "completed"
     first = jobs_per_key()
     assert len(first) == 5 and set(first.values()) == {1}
@@ -229,7 +233,7 @@ def test_assembly_ships_exactly_the_picked_candidate_byte_for_byte(
         assert items[0]["sha256"] == picked["sha256"]
         image = stored_image(str(items[0]["key"]))  # named by its store key
         assert hashlib.sha256(image).hexdigest() == picked["sha256"]
-        assert manifest["total_cost_micros"] == 4 * 4  # every paid candidate counts
+        assert manifest["total_cost_micros"] == 40_000 * 4  # every paid candidate counts
     shown = _ok(cli("episodes", "show", EPISODE, "--json"))
     assert shown["state"] == "assembled"
 
@@ -345,7 +349,7 @@ def test_a_run_of_a_plan_that_shrank_and_was_approved_buys_nothing_more(
     assembled = _ok(cli("assemble", EPISODE, "--json"))
     manifest = json.loads(stored_image(str(assembled["manifest"])))
     assert [len(h["candidates"]) for h in manifest["heroes"]] == [2]
-    assert manifest["total_cost_micros"] == 4 * 3  # v01's two candidates and v02
+    assert manifest["total_cost_micros"] == 40_000 * 3  # v01's two candidates and v02
     checked = cli("check", "--all")
     assert checked.returncode == 0, checked.stdout
 

@@ -160,7 +160,7 @@ def _paid(cli: Cli, tmp_path: Path) -> None:
     assert cli("plan", "2026-W32-0", "--playlist", str(playlist)).returncode == 0
     generated = cli("generate", "2026-W32-0", "--json")
     assert generated.returncode == 0, generated.stderr
-    assert json.loads(generated.stdout)["cost_micros"] == 12
+    assert json.loads(generated.stdout)["cost_micros"] == 120_000
 
 
 @SQLITE_ONLY

@@ -225,7 +225,7 @@ def test_the_flow_reads_the_credential_from_a_secret_block_and_pays_over_http(
         )
         db.dispose()
         result = generate_episode(episode_id=episode_id)
-    assert result["state"] == "completed" and result["cost_micros"] == 10
+    assert result["state"] == "completed" and result["cost_micros"] == 100_000
     assert sorted(server.accepted.values()) == [1, 1]
 
 

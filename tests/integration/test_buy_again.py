@@ -278,10 +278,10 @@ def test_over_http_an_expired_output_is_bought_again_with_one_job(
 
         statuses = {i.item_id: i.status for i in report.restore.items}
         assert statuses == {"v01.p1": "not_served", "v02.p1": "restored"}
-        assert [(q.items, q.total_micros) for q in quotes] == [(["v01.p1"], 5)]
+        assert [(q.items, q.total_micros) for q in quotes] == [(["v01.p1"], 50_000)]
         assert sum(server.jobs_made.values()) == made + 1  # one job, for v01
         assert report.complete and report.outcome is not None
-        assert report.outcome.counts.cost_micros >= 5
+        assert report.outcome.counts.cost_micros >= 50_000
         assert check_episodes(engine, "weekly", episode.episode_id) == []
 
 

@@ -97,7 +97,7 @@ def test_a_download_that_is_not_an_image_fails_the_item_with_its_charge_and_name
         "state <> 'succeeded'"
     )  # fmt: skip
     assert state == "failed" and what in str(error) and f"job {ref}" in str(error)
-    assert _rows(episode.engine, "SELECT sum(amount_micros) FROM cost_entries") == [(8,)]
+    assert _rows(episode.engine, "SELECT sum(amount_micros) FROM cost_entries") == [(80_000,)]
     items = _rows(episode.engine, "SELECT state, output_key, error_text FROM items ORDER BY id")
     assert [(s, k is None) for s, k, _ in items] == [("failed", True), ("completed", False)]
     assert what in str(items[0][2])
@@ -176,7 +176,7 @@ def test_an_http_provider_answering_what_is_not_an_image_is_charged_once_and_fai
     ((state, error),) = _rows(episode.engine, "SELECT state, error_text FROM submissions")
     job = next(iter(server.jobs))
     assert state == "failed" and what in str(error) and job in str(error)
-    assert _rows(episode.engine, "SELECT sum(amount_micros) FROM cost_entries") == [(5,)]
+    assert _rows(episode.engine, "SELECT sum(amount_micros) FROM cost_entries") == [(50_000,)]
     assert _rows(episode.engine, "SELECT state, output_key FROM items") == [("failed", None)]
 
 
@@ -241,7 +241,7 @@ def test_a_full_disk_after_the_providers_success_leaves_the_job_accepted_and_res
         assert again.exit_code == ExitCode.OK and again.state == RunState.COMPLETED
         assert sorted(jobs_per_key().values()) == [1, 1, 1]  # collected, never bought again
         assert len(image_keys(episode.engine)) == 3
-        assert _rows(episode.engine, "SELECT sum(amount_micros) FROM cost_entries") == [(12,)]
+        assert _rows(episode.engine, "SELECT sum(amount_micros) FROM cost_entries") == [(120_000,)]
 
 
 def test_an_s3_store_that_stops_after_the_providers_success_is_collected_again_at_no_cost(
@@ -445,7 +445,7 @@ def test_replicate_webp_and_fal_jpeg_are_kept_as_they_are_and_html_is_not_an_ima
             ((state, error),) = _rows(engine, "SELECT state, error_text FROM submissions")
             what = "an empty body" if output == "empty" else "an HTML page"
             assert state == "failed" and what in str(error)
-            assert _rows(engine, "SELECT sum(amount_micros) FROM cost_entries") == [(3,)]
+            assert _rows(engine, "SELECT sum(amount_micros) FROM cost_entries") == [(30_000,)]
             return
         assert outcome.exit_code == ExitCode.OK
         ((key, _sha, _size, stored_type),) = image_keys(engine)

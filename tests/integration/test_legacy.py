@@ -122,7 +122,10 @@ def test_apply_keeps_every_field_and_hash_and_a_second_apply_is_a_no_op(
         ).one()
     for row, image in zip(rows, state["images"], strict=True):
         assert row.video_id == image["video_id"] and row.remote_ref == image["remote_ref"]
-        assert row.output_sha256 == image["sha256"] and row.amount_micros == image["cost_micros"]
+        assert (
+            row.output_sha256 == image["sha256"]
+            and row.amount_micros == image["cost_minor"] * 10_000
+        )
         held = media.read_behind(row.output_key)  # what the store holds, read around it
         assert row.output_path is None and row.output_key.startswith("sha256/")
         assert hashlib.sha256(held).hexdigest() == image["sha256"] == row.output_sha256

@@ -196,7 +196,7 @@ def test_a_remote_failure_is_billed_and_a_retry_is_a_new_job(make: object, tmp_p
     _plan(episode, tmp_path, ["doomed [[REMOTE_FAIL]]"])
     first = episode.generate()
     assert first.exit_code == ExitCode.RUN_FAILED
-    assert _ledger_cost(episode.engine) == server.bill_micros == 5
+    assert _ledger_cost(episode.engine) == server.bill_micros == 50_000
     episode.resume(first.run_id)  # the provider said the job failed: a retry may buy again
     assert sum(server.jobs_made.values()) == 2
     assert _ledger_cost(episode.engine) == server.bill_micros

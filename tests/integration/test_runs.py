@@ -45,7 +45,7 @@ def test_a_run_completes_and_records_the_ledger(episode: Episode, tmp_path: Path
     outcome = episode.generate()
     assert outcome.exit_code == ExitCode.OK and outcome.state == RunState.COMPLETED
     assert outcome.counts.completed == 4 and outcome.counts.paid_submissions == 4
-    assert outcome.counts.cost_micros == 16  # 4 images at 4 cents
+    assert outcome.counts.cost_micros == 160_000  # 4 images at 4 cents
     assert sorted(submissions_per_item().values()) == [1, 1, 1, 1]
     with episode.engine.connect() as conn:
         subs = conn.execute(select(SubmissionRow.state, SubmissionRow.remote_ref)).all()
@@ -209,10 +209,10 @@ def test_the_budget_guard_creates_nothing(episode: Episode, tmp_path: Path) -> N
     with pytest.raises(BudgetExceeded, match="3 new paid calls"):
         episode.generate(max_images=2)
     with pytest.raises(BudgetExceeded, match=r"0\.12 USD"):
-        episode.generate(max_cost_micros=11)
+        episode.generate(max_cost_micros=110_000)
     assert count(episode.engine, RunRow) == 0 and count(episode.engine, ItemRow) == 0
     assert provider_log() == []
-    assert episode.generate(max_images=3, max_cost_micros=12).exit_code == ExitCode.OK
+    assert episode.generate(max_images=3, max_cost_micros=120_000).exit_code == ExitCode.OK
 
 
 @pytest.mark.parametrize(

@@ -307,7 +307,7 @@ LEGACY_FIELDS: list[tuple[Any, ...]] = [
     ("images", 0, "file"),
     ("images", 0, "sha256"),
     ("images", 0, "remote_ref"),
-    ("images", 0, "cost_micros"),
+    ("images", 0, "cost_minor"),
     ("images", 0, "currency"),
     ("images", 0, "completed_at"),
     ("images", 0, "extra"),
@@ -344,7 +344,7 @@ def legacy_state(folder: Path) -> dict[str, Any]:
                 "file": f"images/v{n}.png",
                 "sha256": hashlib.sha256(data).hexdigest(),
                 "remote_ref": f"pred_{folder.name}_{n}",
-                "cost_micros": 5,
+                "cost_minor": 5,
                 "currency": "USD",
                 "completed_at": "2026-07-20T09:30:00Z",
             }
@@ -407,8 +407,8 @@ def migrate_file(
 @example(field=("images", 0, "file"), value="../../secret.png")
 @example(field=("images", 0, "part"), value=10**30)
 @example(field=("images", 0, "part"), value=True)
-@example(field=("images", 0, "cost_micros"), value=10**30)
-@example(field=("images", 0, "cost_micros"), value=1.0)
+@example(field=("images", 0, "cost_minor"), value=10**30)
+@example(field=("images", 0, "cost_minor"), value=1.0)
 @example(field=("images", 0, "remote_ref"), value="a\x00b")
 @example(field=("approval", "note"), value="a\x00b")
 @example(field=("images", 0, "completed_at"), value="2026-07-20T09:30:00")
@@ -429,7 +429,7 @@ def test_a_legacy_state_with_a_nasty_field_is_refused_before_anything_is_written
 @given(content=st.sampled_from(RAW) | st.binary(max_size=200))
 @example(content=b"[" * 100_000)  # found: "unexpected RecursionError"
 @example(content=b'{"schema": 1, "schema": 1}')
-@example(content=b'{"cost_micros": NaN}')
+@example(content=b'{"cost_minor": NaN}')
 def test_a_legacy_state_that_is_not_json_of_ours_is_refused_in_one_line(
     legacy: tuple[Engine, Path, dict[str, Any]],
     capsys: pytest.CaptureFixture[str],

@@ -170,12 +170,14 @@ def test_selection() -> None:
 
 
 def test_money_is_integer_minor_units() -> None:
-    assert parse_money("12.50") == 1250 and parse_money("0") == 0
-    assert format_money(1250) == "12.50 USD"
-    assert parse_money(" 999999999.99 ") == 99_999_999_999 and parse_money("0.5") == 50
+    assert parse_money("12.50") == 12_500_000 and parse_money("0") == 0
+    assert format_money(12_500_000) == "12.50 USD" and format_money(3_000) == "0.003 USD"
+    assert parse_money(" 999999999.99 ") == 999_999_999_990_000
+    assert parse_money("0.5") == 500_000 and parse_money("0.000725") == 725
+    assert format_money(725, "EUR") == "0.000725 EUR" and format_money(0) == "0.00 USD"
     for bad in (
         "-1",
-        "1.001",
+        "1.0000001",  # a seventh decimal
         "NaN",
         "inf",
         "abc",

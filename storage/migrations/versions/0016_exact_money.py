@@ -60,13 +60,15 @@ def upgrade() -> None:
             "amounts_not_negative",
             "amount_micros >= 0 AND quantity >= 0 AND unit_price_micros >= 0",
         )
-    with op.batch_alter_table("submissions", schema=None) as batch:
-        batch.add_column(
-            sa.Column("reserved_micros", sa.BigInteger(), nullable=False, server_default="0")
-        )
-        batch.add_column(sa.Column("currency", sa.String(length=3), nullable=True))
-        batch.create_index("ix_submissions_run", ["run_id"])
-        batch.create_index("ix_submissions_created", ["created_at"])
+    # Plain ALTERs on `submissions` (no batch copy: cost_entries references it, and SQLite
+    # would have to drop and recreate it with foreign keys on).
+    op.add_column(
+        "submissions",
+        sa.Column("reserved_micros", sa.BigInteger(), nullable=False, server_default="0"),
+    )
+    op.add_column("submissions", sa.Column("currency", sa.String(length=3), nullable=True))
+    op.create_index("ix_submissions_run", "submissions", ["run_id"])
+    op.create_index("ix_submissions_created", "submissions", ["created_at"])
     op.create_table(
         "pipeline_budgets",
         sa.Column("pipeline", sa.String(length=63), nullable=False),
@@ -88,11 +90,10 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_table("pipeline_budgets")
-    with op.batch_alter_table("submissions", schema=None) as batch:
-        batch.drop_index("ix_submissions_created")
-        batch.drop_index("ix_submissions_run")
-        batch.drop_column("currency")
-        batch.drop_column("reserved_micros")
+    op.drop_index("ix_submissions_created", table_name="submissions")
+    op.drop_index("ix_submissions_run", table_name="submissions")
+    op.drop_column("submissions", "currency")  # SQLite >= 3.35 drops them in place
+    op.drop_column("submissions", "reserved_micros")
     with op.batch_alter_table("cost_entries", schema=None) as batch:
         batch.add_column(sa.Column("amount_minor", sa.BigInteger(), nullable=True))
     op.execute("UPDATE cost_entries SET amount_minor = (amount_micros + 9999) / 10000")
