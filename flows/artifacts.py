@@ -99,13 +99,13 @@ def publish_spend(
     return report
 
 
-def profile_prices() -> dict[str, int]:
+def profile_prices() -> dict[str, tuple[int, str]]:
     """Each provider profile's estimate per image (micro-units), for committed spend; empty
     when the profiles cannot be read (committed then counts the billed cost only)."""
     try:
         settings = load_settings()
         profiles = load_profiles(settings.providers_path)
-        return {p.id: p.pricing.estimate_micros for p in profiles.values()}
+        return {p.id: (p.pricing.estimate_micros, p.currency) for p in profiles.values()}
     except Exception as exc:  # a view: a broken profiles file is reported elsewhere
         _warn("provider prices not read: %s", _described(exc))
         return {}
