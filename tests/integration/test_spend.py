@@ -33,6 +33,7 @@ PROFILES = (
     '  fake:\n    kind: fake\n    price: {per_image: "0.04"}\n'
     '  euro:\n    kind: fake\n    price: {per_image: "0.003"}\n    currency: EUR\n'
     '  mp:\n    kind: fake\n    price: {per_megapixel: "0.025", at_most: "1.05"}\n'
+    '  sec:\n    kind: fake\n    price: {per_second: "0.000725", at_most: "20"}\n'
 )
 
 
@@ -196,14 +197,29 @@ def test_check_flags_a_cost_that_does_not_follow_from_its_basis(
 ) -> None:
     episode = generated(engine, tmp_path / "a", ["a", "b"], "mp", "k:1")
     generated(engine, tmp_path / "b", ["c"], "euro", "k:2")
+    generated(
+        engine, tmp_path / "c", ["d [[COMPUTE_MS:1500]]", "e [[COMPUTE_MS:20]]"], "sec", "k:3"
+    )
+    with engine.connect() as conn:
+        recorded = conn.execute(
+            select(CostEntryRow.basis, CostEntryRow.quantity, CostEntryRow.amount_micros).order_by(
+                CostEntryRow.id
+            )
+        ).all()
+    assert [tuple(r) for r in recorded] == [
+        ("per_megapixel", 4096, 103),  # 64 x 64 pixels at 0.025 per megapixel, rounded up
+        ("per_megapixel", 4096, 103),
+        ("per_image", 1, 3_000),
+        ("per_second", 1_500_000, 1_088),  # 1.5 s at 0.000725 per second: 1087.5, rounded up
+        ("per_second", 20_000, 15),
+    ]
     code, out, err = cli(capsys, "check", "--all", "--json")
     assert code == 0, out + err
     clean = json.loads(out)
     assert clean["clean"] and clean["spend"]["verified"]
-    assert {r["currency"]: r["spent_micros"] for r in clean["spend"]["ledger"]} == {
-        "EUR": 3_000,
-        "USD": 206,
-    }
+    ledger = {r["currency"]: r["spent_micros"] for r in clean["spend"]["ledger"]}
+    assert ledger == {"EUR": 3_000, "USD": 206 + 1_088 + 15}
+    assert sum(ledger.values()) == fakes_bill()  # the provider's own arithmetic agrees
     with engine.begin() as conn:
         tampered = conn.execute(select(CostEntryRow.id).order_by(CostEntryRow.id)).scalars().first()
         conn.execute(
