@@ -12,13 +12,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from core.money import amount_text, format_money
+from core.periods import PERIOD_KINDS, PeriodKind, period_bounds, period_label
 from core.pricing import charge_of
 from pipeline.spend import GROUPINGS, Pipelines, group_lines, totals_of
 from storage.audit import CostRecord
-from storage.spend import audited_spend, known_pipelines
+from storage.spend import SpendLine, audited_spend, known_pipelines
 from storage.tx import Database
 
 
@@ -68,22 +70,52 @@ class SpendCheck:
 
 
 def verify_spend(engine: Database, pipeline: str) -> SpendCheck:
-    """The report's totals of the pipeline by each grouping, against the ledger's sums."""
+    """The report's totals of the pipeline by each grouping, against the ledger's sums;
+    and each week's and month's row against the ledger's sum of that period's bounds
+    (`core.periods.period_bounds`, the budgets' window), so labels and bounds agree."""
     result = SpendCheck(pipeline)
     if pipeline not in known_pipelines(engine):
         return result
     zones = Pipelines.chosen(engine, pipeline).zones
-    lines, result.ledger = audited_spend(engine, pipeline)
+    tz = zones[pipeline]
+
+    def periods(lines: list[SpendLine]) -> list[tuple[str, datetime, datetime]]:
+        found: dict[str, tuple[PeriodKind, datetime]] = {}  # '2026-W49' or '2026-12'
+        for line in lines:
+            for kind in PERIOD_KINDS:
+                found.setdefault(period_label(kind, line.created_at, tz), (kind, line.created_at))
+        return [
+            (label, *period_bounds(kind, moment, tz)) for label, (kind, moment) in found.items()
+        ]
+
+    lines, result.ledger, by_period = audited_spend(engine, pipeline, periods)
     for by in GROUPINGS:
-        totals = totals_of(group_lines(by, lines, zones.__getitem__))
+        groups = group_lines(by, lines, zones.__getitem__)
+        totals = totals_of(groups)
         reported = {c: (t.calls, t.spent_micros) for c, t in totals.items() if t.calls}
-        for currency in sorted(set(reported) | set(result.ledger)):
-            got = reported.get(currency, (0, 0))
-            want = result.ledger.get(currency, (0, 0))
-            if got != want:
-                result.problems.append(
-                    f"spend --by {by} totals {got[0]} paid calls, "
-                    f"{format_money(got[1], currency)}, but the ledger holds {want[0]}, "
-                    f"{format_money(want[1], currency)}"
-                )
+        _compare(result, f"spend --by {by} totals", reported, result.ledger)
+        if by in PERIOD_KINDS:
+            ledgers = {label for label in by_period if ("-W" in label) == (by == "week")}
+            for label in sorted({key[-1] for key, _ in groups} | ledgers):
+                row = {
+                    currency: (f.calls, f.spent_micros)
+                    for (key, currency), f in groups.items()
+                    if key[-1] == label and f.calls
+                }
+                _compare(result, f"spend --by {by} row {label}", row, by_period.get(label, {}))
     return result
+
+
+def _compare(
+    result: SpendCheck,
+    what: str,
+    reported: dict[str, tuple[int, int]],
+    ledger: dict[str, tuple[int, int]],
+) -> None:
+    for currency in sorted(set(reported) | set(ledger)):
+        got, want = reported.get(currency, (0, 0)), ledger.get(currency, (0, 0))
+        if got != want:
+            result.problems.append(
+                f"{what} {got[0]} paid calls, {format_money(got[1], currency)}, but the "
+                f"ledger holds {want[0]}, {format_money(want[1], currency)}"
+            )

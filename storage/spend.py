@@ -8,7 +8,7 @@ call of `spend_lines`.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -51,22 +51,40 @@ def spend_lines(
         return _lines(conn, pipeline, start, end)
 
 
+Sums = dict[str, tuple[int, int]]  # currency -> (cost entries, their sum in micro-units)
+Periods = Callable[[list[SpendLine]], list[tuple[str, datetime, datetime]]]
+
+
 @retry_outage
 def audited_spend(
-    engine: Engine, pipeline: str
-) -> tuple[list[SpendLine], dict[str, tuple[int, int]]]:
-    """The pipeline's every paid call (`spend_lines`) and the ledger's own SQL aggregate
-    of its cost entries, currency -> (entries, sum in micro-units), read at one moment:
-    what `check` holds the report's totals against."""
+    engine: Engine, pipeline: str, periods: Periods
+) -> tuple[list[SpendLine], Sums, dict[str, Sums]]:
+    """What `check` holds the report against, read at one moment: the pipeline's every
+    paid call (`spend_lines`), the ledger's own SQL aggregate of its cost entries, and the
+    same aggregate of each period `periods` names for those lines (label, start, end: the
+    calls whose submission was created in ``[start, end)``, as the budgets count them)."""
     with _snapshot(engine) as conn:
         lines = _lines(conn, pipeline, None, None)
-        rows = conn.execute(
-            select(_costs.c.currency, func.count(), func.sum(_costs.c.amount_micros))
-            .join(_episodes, _episodes.c.id == _costs.c.episode_pk)
-            .where(_episodes.c.pipeline == pipeline)
-            .group_by(_costs.c.currency)
-        ).all()
-    return lines, {str(currency): (int(count), int(total)) for currency, count, total in rows}
+        whole = _sums(conn, pipeline, None, None)
+        each = {label: _sums(conn, pipeline, start, end) for label, start, end in periods(lines)}
+    return lines, whole, each
+
+
+def _sums(conn: Connection, pipeline: str, start: datetime | None, end: datetime | None) -> Sums:
+    query = (
+        select(_costs.c.currency, func.count(), func.sum(_costs.c.amount_micros))
+        .join(_episodes, _episodes.c.id == _costs.c.episode_pk)
+        .where(_episodes.c.pipeline == pipeline)
+        .group_by(_costs.c.currency)
+    )
+    if start is not None or end is not None:
+        query = query.join(_subs, _subs.c.id == _costs.c.submission_pk)
+    if start is not None:
+        query = query.where(_subs.c.created_at >= start)
+    if end is not None:
+        query = query.where(_subs.c.created_at < end)
+    rows = conn.execute(query).all()
+    return {str(currency): (int(count), int(total)) for currency, count, total in rows}
 
 
 @contextmanager

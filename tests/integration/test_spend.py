@@ -12,7 +12,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -131,6 +131,29 @@ def test_weeks_and_months_are_the_pipelines_and_add_up_to_the_fakes_bill(
     assert not [f for f in check_episodes(engine, "weekly") if f.check in ("cost", "spend")]
 
 
+def test_check_finds_a_report_that_dates_calls_unlike_the_budgets(
+    engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each week's and month's row is held against the ledger's sum of that period's bounds
+    (what the budgets count): a report that read the calls in UTC would be found."""
+    import pipeline.spend
+    from core import periods
+
+    set_timezone(engine, "weekly", "Pacific/Auckland")
+    generated(engine, tmp_path / "a", ["a", "b", "c", "d"], "fake", "k:1")
+    date_calls(engine, [SUNDAY_LATE, MONDAY_EARLY, NYE_LATE, NEW_YEAR_EARLY])
+    assert verify_spend(engine, "weekly").problems == []
+    monkeypatch.setattr(
+        pipeline.spend, "period_label", lambda kind, at, tz: periods.period_label(kind, at, UTC)
+    )
+    assert verify_spend(engine, "weekly").problems == [
+        "spend --by week row 2026-W52 2 paid calls, 0.08 USD, but the ledger holds 1, 0.04 USD",
+        "spend --by week row 2026-W53 2 paid calls, 0.08 USD, but the ledger holds 3, 0.12 USD",
+        "spend --by month row 2026-12 4 paid calls, 0.16 USD, but the ledger holds 3, 0.12 USD",
+        "spend --by month row 2027-01 0 paid calls, 0.00 USD, but the ledger holds 1, 0.04 USD",
+    ]
+
+
 def test_currencies_are_never_summed(
     engine: Engine, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -206,12 +229,12 @@ def test_check_flags_a_cost_that_does_not_follow_from_its_basis(
                 CostEntryRow.id
             )
         ).all()
-    assert [tuple(r) for r in recorded] == [
+    assert sorted(tuple(r) for r in recorded) == [
+        ("per_image", 1, 3_000),
         ("per_megapixel", 4096, 103),  # 64 x 64 pixels at 0.025 per megapixel, rounded up
         ("per_megapixel", 4096, 103),
-        ("per_image", 1, 3_000),
-        ("per_second", 1_500_000, 1_088),  # 1.5 s at 0.000725 per second: 1087.5, rounded up
         ("per_second", 20_000, 15),
+        ("per_second", 1_500_000, 1_088),  # 1.5 s at 0.000725 per second: 1087.5, rounded up
     ]
     code, out, err = cli(capsys, "check", "--all", "--json")
     assert code == 0, out + err
@@ -220,8 +243,12 @@ def test_check_flags_a_cost_that_does_not_follow_from_its_basis(
     ledger = {r["currency"]: r["spent_micros"] for r in clean["spend"]["ledger"]}
     assert ledger == {"EUR": 3_000, "USD": 206 + 1_088 + 15}
     assert sum(ledger.values()) == fakes_bill()  # the provider's own arithmetic agrees
-    with engine.begin() as conn:
-        tampered = conn.execute(select(CostEntryRow.id).order_by(CostEntryRow.id)).scalars().first()
+    with engine.begin() as conn:  # one of the per-megapixel entries
+        tampered = (
+            conn.execute(select(CostEntryRow.id).where(CostEntryRow.basis == "per_megapixel"))
+            .scalars()
+            .first()
+        )
         conn.execute(
             update(CostEntryRow).where(CostEntryRow.id == tampered).values(amount_micros=1_000_103)
         )
