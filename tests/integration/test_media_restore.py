@@ -200,7 +200,7 @@ def test_over_http_a_job_no_longer_served_or_serving_other_bytes_is_reported_not
     )
     assert statuses["v03.p1"][0] == "restored"
     assert not report.complete and report.paid_calls == 0
-    assert report.not_served_cost() == {"USD": 5}  # the one it cannot restore, as bought
+    assert report.not_served_cost() == {"USD": 50_000}  # the one it cannot restore, as bought
     assert (sum(server.create_calls.values()), sum(server.jobs_made.values())) == (creates, made)
     assert _rows(episode.engine) == rows_before  # nothing rewritten
     assert not store.exists(keys[0]) and not store.exists(keys[1]) and store.exists(keys[2])

@@ -20,6 +20,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_stat
 from sqlalchemy import Engine, text
 
 from core.media import StoredMedia, content_key
+from core.pricing import Price
 from core.runs import Claim
 from core.states import RunState
 from storage.base import utcnow
@@ -32,6 +33,8 @@ from tests.generation import new_episode, new_run, write_playlist
 
 ITEMS = 3
 OWNERS = {"a1": "A", "a2": "A", "b1": "B"}  # owner -> which of the two runs it works for
+
+FOUR_CENTS = Price("per_image", 40_000, "USD", 1)
 
 
 def test_claims_and_paid_calls_never_make_a_second_job(engine: Engine, tmp_path: Path) -> None:
@@ -153,7 +156,9 @@ def test_claims_and_paid_calls_never_make_a_second_job(engine: Engine, tmp_path:
             if state != "accepted":
                 return
             image = StoredMedia(content_key("0" * 64, "image/png"), "0" * 64, 1, "image/png")
-            self.ledger.complete(claim, claim.submission.pk, self.episode_pk, image, 4, "USD")
+            self.ledger.complete(
+                claim, claim.submission.pk, self.episode_pk, image, FOUR_CENTS.charge(1)
+            )
             del self.held[key]
             self.sent.discard(key)
 
