@@ -81,8 +81,9 @@ MODEL_ID = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}(/[A-Za-z0-9][A-Za-z0-9._-]{0,99}){
 InputValue = str | int | float | bool  # a constant model input (strings up to 1000 chars)
 MAX_PROFILES_BYTES = 1_000_000
 # The kinds whose API reports a job's compute time (a per_second price needs it): the fake
-# and our http protocol (``metrics.predict_time``), Replicate (``metrics.predict_time``).
-MEASURES_COMPUTE = frozenset({"fake", "http", "replicate"})
+# and our http protocol (``metrics.predict_time``), Replicate (``metrics.predict_time``),
+# fal (``metrics.inference_time`` in the COMPLETED status).
+MEASURES_COMPUTE = frozenset({"fake", "http", "replicate", "fal"})
 MAX_AT_MOST = 10**6  # megapixels or seconds an image may be bounded by
 
 
