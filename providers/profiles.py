@@ -99,6 +99,17 @@ class PriceSpec(BaseModel):
     whole_megapixels: bool = Field(default=False, strict=True)
     at_most: str | None = None
 
+    @field_validator("per_image", "per_megapixel", "per_second", "at_most", mode="before")
+    @classmethod
+    def _quoted(cls, value: object) -> object:
+        """A YAML number (``0.003`` unquoted) is a float before we see it: refused, never
+        read through binary floating point."""
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            raise ValueError(
+                f'{value!r} is a number; write it as a quoted decimal string, e.g. "{value}"'
+            )
+        return value
+
     @model_validator(mode="after")
     def _one_basis(self) -> PriceSpec:
         given = [b for b in ("per_image", "per_megapixel", "per_second") if getattr(self, b)]
@@ -198,8 +209,8 @@ class Profile(BaseModel):
     def _priced(self) -> Profile:
         if (self.price is None) == (self.cost_per_image_minor is None):
             raise ValueError(
-                'give the price, e.g. price: {per_image: "0.003"} (or the older '
-                "cost_per_image_minor), and not both"
+                'price: give one price, e.g. price: {per_image: "0.003"} (or the older '
+                "cost_per_image_minor), not both and not neither"
             )
         unit = self.unit_micros
         if unit == 0 and not self.free:
@@ -362,10 +373,10 @@ def load_profiles(path: Path | None) -> dict[str, Profile]:
             profiles[profile_id] = Profile(id=profile_id, **fields)
         except ValidationError as exc:  # name the profile, the field and what it must be
             first = exc.errors()[0]
-            field = ".".join(str(part) for part in first["loc"]) or "(profile)"
-            raise ProviderConfigError(
-                f"{path}: profile {profile_id!r}: field {_clipped(field)}: {first['msg']}"
-            ) from None
+            field = ".".join(str(part) for part in first["loc"])
+            message = " ".join(str(first["msg"]).removeprefix("Value error, ").split())
+            named = f"field {_clipped(field)}: " if field else ""  # else the text names it
+            raise ProviderConfigError(f"{path}: profile {profile_id!r}: {named}{message}") from None
     return profiles
 
 

@@ -31,7 +31,8 @@ Measurements, as the real APIs put them in their replies: every output is a pict
 size (``size=(w, h)``; default Replicate 1024x1024, flux-schnell's 1:1 at one megapixel; fal
 the request's ``image_size`` preset or ``{width, height}``, default ``landscape_4_3`` =
 1024x768, as fal documents, and its result lists ``images[].width/height``); each job reports
-its compute time in seconds (``compute_s``, or ``[[COMPUTE_MS:n]]`` in the prompt): Replicate
+its compute time in seconds (``compute_s``, or ``[[COMPUTE_MS:n]]`` in the prompt; and
+``[[SIZE:WxH]]`` sets one output's size): Replicate
 ``metrics.predict_time`` on every terminal prediction, fal ``metrics.inference_time`` in the
 COMPLETED status. The server keeps its **own bill** in micro-units (``bill_micros``, per job
 in ``bills``), by the provider's rule (`billing`, at ``price_micros`` per unit), with Decimal
@@ -78,6 +79,7 @@ FAL_SIZES = {  # fal's image_size presets (docs.fal.ai, model arguments)
 }
 DEFAULT_COMPUTE_S = 2.803618  # a predict_time from Replicate's own cassettes
 _COMPUTE = re.compile(r"\[\[COMPUTE_MS:([0-9]{1,9})\]\]")
+_SIZE = re.compile(r"\[\[SIZE:([0-9]{1,4})x([0-9]{1,4})\]\]")
 BILLINGS = ("per_image", "per_second", "per_megapixel", "per_whole_megapixel")
 
 
@@ -206,7 +208,11 @@ class _JobsServer:
         return job
 
     def size_of(self, inputs: dict[str, Any]) -> tuple[int, int]:
-        """The output's pixel size for a job of `inputs`."""
+        """The output's pixel size for a job of `inputs` (``[[SIZE:WxH]]`` in the prompt
+        first: a model input that sets it, per item)."""
+        found = _SIZE.search(str(inputs.get("prompt")))
+        if found:
+            return int(found[1]), int(found[2])
         return self.size or self.DEFAULT_SIZE
 
     def compute_of(self, prompt: str) -> float:
@@ -407,8 +413,8 @@ class FalServer(_JobsServer):
     AUTH = "Key"
 
     def size_of(self, inputs: dict[str, Any]) -> tuple[int, int]:
-        if self.size is not None:
-            return self.size
+        if _SIZE.search(str(inputs.get("prompt"))) or self.size is not None:
+            return super().size_of(inputs)
         wanted = inputs.get("image_size", "landscape_4_3")
         if isinstance(wanted, dict):
             return int(wanted["width"]), int(wanted["height"])
