@@ -264,6 +264,32 @@ class Profile(BaseModel):
         }[self.basis]
         return f"{format_money(self.unit_micros, self.currency)} {per}"
 
+    def estimate_text(self, calls: int) -> str:
+        """What ``--plan`` says of `calls` paid calls: an estimate, with its basis and bound
+        ('estimated 0.075 USD: 3 x at most 1 started megapixel at 0.025 USD')."""
+        from decimal import Decimal
+
+        from core.money import format_money
+
+        price = self.pricing
+        # pixels / 10^6 (megapixels), microseconds / 10^6 (seconds): '1', '1.05', '20'
+        bound = f"{Decimal(price.estimate_quantity).scaleb(-6).normalize():f}"
+        if price.basis == "per_whole_megapixel":
+            bound = str(-(-price.estimate_quantity // MILLION))
+        s = "" if bound == "1" else "s"
+        each = {
+            "per_image": "1 image",
+            "per_megapixel": f"at most {bound} megapixel{s}",
+            "per_whole_megapixel": f"at most {bound} started megapixel{s}",
+            "per_second": f"at most {bound} second{s} of compute",
+        }[price.basis]
+        total = format_money(calls * price.estimate_micros, self.currency)
+        unit = format_money(self.unit_micros, self.currency)
+        return (
+            f"estimated {total}: {calls} x {each} at {unit} (an estimate: each image is "
+            "charged on what it really is)"
+        )
+
     @model_validator(mode="after")
     def _fits_its_kind(self) -> Profile:
         if self.kind in ("replicate", "fal"):

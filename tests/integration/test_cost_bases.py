@@ -307,3 +307,38 @@ def test_two_currencies_are_each_reported_in_their_own_and_never_summed(
             currency = "EUR" if entry["episode_id"] == euro.episode_id else "USD"
             bills[currency] = bills.get(currency, 0) + entry["cost_micros"]
     assert bills == totals
+
+
+# ------------------------------------------------------------------ --plan and bad prices
+def test_plan_states_the_estimate_its_basis_and_bound_and_a_bad_price_is_exit_2(
+    engine: Engine,
+    database_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from cli.app import run as cli
+
+    price = '{per_megapixel: "0.025", whole_megapixels: true, at_most: "1"}'
+    profiles(tmp_path, monkeypatch, dev=fake_profile(price))
+    episode = new_episode(engine)
+    episode.plan(write_playlist(tmp_path / "pl", ["a", "b", "c"], profile="dev"))
+    capsys.readouterr()
+    assert cli(["generate", episode.episode_id, "--plan"]) == 0
+    out = capsys.readouterr().out
+    said = "estimated 0.075 USD: 3 x at most 1 started megapixel at 0.025 USD (an estimate"
+    assert said in out, out
+    assert cli(["generate", episode.episode_id, "--plan", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert (shown["estimated_cost_micros"], shown["basis"], shown["estimate_quantity"]) == (
+        75_000,
+        "per_whole_megapixel",
+        1_000_000,
+    )
+    for bad in ("{per_image: 0.003}", '{per_image: "1e-3"}', '{per_image: "0"}'):
+        profiles(tmp_path, monkeypatch, dev=fake_profile(bad))
+        assert cli(["generate", episode.episode_id, "--plan"]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err.startswith("error: ") and err.count("\n") == 1, err
+        assert "profile 'dev'" in err and "price" in err, err
+    assert provider_log() == [] and ledger(engine) == []  # nothing bought, nothing written
