@@ -219,3 +219,23 @@ def test_the_estimate_says_it_is_one_with_its_basis_and_bound(
 ) -> None:
     text = load_profiles(_priced(tmp_path, fields))["mine"].estimate_text(3)
     assert text.startswith(said + " (an estimate"), text
+
+
+def test_the_profiles_docs_show_load_with_the_providers_own_prices(tmp_path: Path) -> None:
+    """docs/providers.md's example profiles load, priced as its price table says."""
+    docs = (Path(__file__).parents[2] / "docs" / "providers.md").read_text()
+    example = docs.split("## Profiles", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+    path = tmp_path / "providers.yaml"
+    path.write_text(example)
+    loaded = load_profiles(path)
+    priced = {
+        name: (p.pricing.basis, p.pricing.unit_micros, p.pricing.estimate_quantity)
+        for name, p in loaded.items()
+        if name != "fake"
+    }
+    assert priced == {
+        "flux-replicate": ("per_image", 3_000, 1),  # $0.003 per output image
+        "flux-fal": ("per_whole_megapixel", 25_000, 1_000_000),  # $0.025 per started MP
+        "own-model-a40": ("per_second", 725, 30_000_000),  # $0.000725 per second
+    }
+    assert "read 2026-12-02" in docs and "cost_per_image_minor: 25" not in docs
