@@ -342,3 +342,25 @@ def test_plan_states_the_estimate_its_basis_and_bound_and_a_bad_price_is_exit_2(
         assert out == "" and err.startswith("error: ") and err.count("\n") == 1, err
         assert "profile 'dev'" in err and "price" in err, err
     assert provider_log() == [] and ledger(engine) == []  # nothing bought, nothing written
+
+
+def test_a_failed_time_billed_prediction_is_charged_the_time_it_ran(
+    engine: Engine,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    replicate_seconds: ReplicateServer,
+) -> None:
+    """Replicate bills a failed prediction for its predict_time: so does the ledger."""
+    fields = replicate_fields(
+        replicate_seconds, '{per_second: "0.000725", at_most: "30"}', "someone/time-billed"
+    )
+    profiles(tmp_path, monkeypatch, timed=fields)
+    episode = new_episode(engine)
+    titles = ["a", "b [[COMPUTE_MS:4000]] [[REMOTE_FAIL]]"]
+    episode.plan(write_playlist(tmp_path / "pl", titles, profile="timed"))
+    outcome = episode.generate(max_retries=0)
+    assert (outcome.counts.completed, outcome.counts.failed) == (1, 1)
+    rows = ledger(engine)
+    assert sorted(r[2] for r in rows) == [2_803_618, 4_000_000]  # the failed one's 4 s too
+    assert sum(r[4] for r in rows) == replicate_seconds.bill_micros == 2_033 + 2_900
+    assert outcome.counts.cost_micros == 2_033 + 2_900
