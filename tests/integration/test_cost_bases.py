@@ -364,3 +364,51 @@ def test_a_failed_time_billed_prediction_is_charged_the_time_it_ran(
     assert sorted(r[2] for r in rows) == [2_803_618, 4_000_000]  # the failed one's 4 s too
     assert sum(r[4] for r in rows) == replicate_seconds.bill_micros == 2_033 + 2_900
     assert outcome.counts.cost_micros == 2_033 + 2_900
+
+
+# ------------------------------------------------------------------ our http protocol
+@pytest.mark.parametrize(
+    ("options", "price", "basis", "quantity", "each"),
+    [
+        # the reply's own figure is what the ledger records (basis "reported")
+        (
+            {"report_cost": True, "price_micros": 12_345},
+            '{per_image: "0.05"}',
+            "reported",
+            12_345,
+            12_345,
+        ),
+        # per second of the reply's metrics.predict_time: 7.25 s x 0.000725 = 0.00525625
+        (
+            {"compute_s": 7.25, "price_micros": 725},
+            '{per_second: "0.000725", at_most: "10"}',
+            "per_second",
+            7_250_000,
+            5_257,
+        ),
+    ],
+)
+def test_our_http_protocol_settles_on_what_its_reply_reports(
+    engine: Engine,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    options: dict[str, Any],
+    price: str,
+    basis: str,
+    quantity: int,
+    each: int,
+) -> None:
+    from tests.http_server import TOKEN as HTTP_TOKEN
+    from tests.http_server import PredictionsServer
+
+    with PredictionsServer(**options) as server:
+        fields = (
+            f"    kind: http\n    base_url: {server.base_url}\n    credential_env: HTTP_KEY\n"
+            f"    price: {price}\n    timeout_s: 2\n    poll_interval_s: 0.02\n"
+        )
+        profiles(tmp_path, monkeypatch, ours=fields)
+        monkeypatch.setenv("HTTP_KEY", HTTP_TOKEN)
+        run(new_episode(engine), tmp_path, "pl", ["a", "b"], "ours")
+        rows = ledger(engine)
+        assert [(r[1], r[2], r[4]) for r in rows] == [(basis, quantity, each)] * 2
+        assert sum(r[4] for r in rows) == server.bill_micros == 2 * each
