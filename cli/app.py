@@ -30,6 +30,7 @@ from cli import (
     review,
     runs,
     serve,
+    spend,
     state,
 )
 from cli.output import error
@@ -57,6 +58,7 @@ app.command("serve")(serve.serve)
 app.command("sweep")(maintenance.sweep)
 app.command("dispatch")(maintenance.dispatch)
 app.command("replay")(replay.replay)
+app.command("spend")(spend.spend)
 app.add_typer(episodes.app, name="episodes")
 app.add_typer(runs.app, name="runs")
 app.add_typer(db.app, name="db")

@@ -24,11 +24,16 @@ def check(
     Media are read from the media store (EPISODIC_MEDIA_URL): each completed image, cover
     and manifest must be there, hold its recorded size and sha256, and decode.
 
+    Money: every cost entry's amount is recomputed from its basis, quantity and unit
+    price, and `episodic spend`'s totals (by every grouping) are held against the ledger's
+    own sums of the pipeline; a disagreement is a finding.
+
     Warnings (a slot that several deployments asked for; images still in local files from
     before the media store) are listed but do not change the exit code."""
     from core.errors import InvalidInput
     from pipeline.admission import dedup_policy
-    from pipeline.check import check_episodes, legacy_warnings
+    from pipeline.check import Finding, check_episodes, legacy_warnings
+    from pipeline.check_spend import verify_spend
     from pipeline.slot_warnings import schedule_warnings
 
     if (episode_id is None) == (not check_all):
@@ -39,6 +44,8 @@ def check(
     findings = check_episodes(
         engine, name, episode_id, dedup_policy(context.settings()), store=store
     )
+    spend = verify_spend(engine, name)
+    findings += [Finding(f"pipeline {name}", "spend", problem) for problem in spend.problems]
     warnings = schedule_warnings(engine, name, episode_id)
     warnings += legacy_warnings(engine, name, episode_id)
     if as_json:
@@ -47,6 +54,7 @@ def check(
                 "clean": not findings,
                 "findings": [f.to_dict() for f in findings],
                 "warnings": [w.to_dict() for w in warnings],
+                "spend": spend.to_dict(),
             }
         )
     else:

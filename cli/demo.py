@@ -99,7 +99,7 @@ def _show_story(story: dict[str, Any]) -> None:
 
 
 def _paid_story(episodes: list[str], pipeline: str) -> dict[str, Any]:
-    from core.money import format_money
+    from core.money import format_totals
     from flows.generate import generate_episode
     from pipeline.approval import decide
     from pipeline.assembly import assemble
@@ -137,7 +137,7 @@ def _paid_story(episodes: list[str], pipeline: str) -> dict[str, Any]:
                 "episode_id": episode_id,
                 "state": episode.state,
                 "paid_calls": paid,
-                "cost": format_money(ledger.episode_cost(pk)),
+                "cost": format_totals(ledger.episode_spend(pk)[1]),
                 "cover": covers[episode_id],
             }
         )

@@ -64,3 +64,16 @@ def amount_text(micros: int) -> str:
 def format_money(micros: int, currency: str = "USD") -> str:
     """'12.50 USD', '0.003 USD': exact, at least two decimals, at most six."""
     return f"{amount_text(micros)} {currency}"
+
+
+def format_totals(totals: dict[str, int]) -> str:
+    """Amounts in several currencies, never summed across them: '0.12 USD + 0.50 EUR'
+    (sorted by currency; '0.00 USD' for none)."""
+    if not totals:
+        return format_money(0)
+    return " + ".join(format_money(totals[c], c) for c in sorted(totals))
+
+
+def add_to(totals: dict[str, int], currency: str, micros: int) -> None:
+    """Count `micros` of `currency` into `totals` (per currency, never across)."""
+    totals[currency] = totals.get(currency, 0) + micros

@@ -14,7 +14,7 @@ from typing import Any, Literal
 from prefect.input import RunInput
 from pydantic import ConfigDict, Field, create_model
 
-from core.money import format_money
+from core.money import format_money, format_totals
 from core.records import EpisodeImage
 from core.states import EpisodeState
 from flows.artifacts import md_text
@@ -135,7 +135,7 @@ def approval_form_description(
     as inline previews with their cost, and the reason the last answer was refused."""
     episode_id = context.episode_id
     outputs = context.review_set() if outputs is None else outputs
-    paid, cost_micros, currency = context.spend()
+    paid, costs = context.spend()
     lines = []
     if refused:
         lines += [f"> **Your last answer was not recorded:** {md_text(refused)}", ""]
@@ -151,8 +151,7 @@ def approval_form_description(
     lines += [
         f"## Approve episode {episode_id}",
         "",
-        f"{len(outputs)} images; the episode cost {format_money(cost_micros, currency)} "
-        f"in {paid} paid calls.",
+        f"{len(outputs)} images; the episode cost {format_totals(costs)} in {paid} paid calls.",
     ]
     if heroes:
         lines += [

@@ -99,13 +99,65 @@ def publish_spend(
     return report
 
 
-def profile_prices() -> dict[str, int]:
+def week_spend_key(pipeline: str, week_id: str) -> str:
+    """``spend-{pipeline}-{week}``: the pipeline's name with ``_`` and ``.`` as dashes (a
+    key allows lowercase letters, digits and dashes)."""
+    return f"spend-{re.sub(r'[^a-z0-9-]', '-', pipeline)}-{week_id.lower()}"
+
+
+def week_spend_rows(report: dict[str, Any], week_id: str) -> list[dict[str, Any]]:
+    """The week's spend table: one row per profile and currency, then a total per currency
+    (never summed across currencies), exact amounts."""
+    from core.money import format_money
+
+    def row(profile: str, figures: dict[str, Any]) -> dict[str, Any]:
+        currency = figures["currency"]
+        return {
+            "week": week_id,
+            "profile": profile,
+            "currency": currency,
+            "paid calls": figures["calls"],
+            "spent": format_money(figures["spent_micros"], currency),
+            "in flight": figures["in_flight_calls"],
+            "reserved": format_money(figures["in_flight_micros"], currency),
+        }
+
+    rows = [row(group["group"], group) for group in report["groups"]]
+    return rows + [row("(total)", total) for total in report["totals"]]
+
+
+def publish_week_spend(
+    engine: Engine, pipeline: str, week_id: str, *, flow_run_id: UUID | None = None
+) -> dict[str, Any] | None:
+    """The pipeline's spend in ISO week `week_id` (its timezone; `episodic spend --by
+    profile` of that week) as a table artifact, one card per flow run; returns the report
+    (None when it could not be read: a view is never the run's failure)."""
+    from pipeline.spend import week_spend
+
+    try:
+        report = week_spend(engine, pipeline, week_id)
+    except Exception as exc:
+        _warn("the week's spend not read: %s", _described(exc))
+        return None
+    upsert_artifact(
+        week_spend_key(pipeline, week_id),
+        "table",
+        TableArtifact(table=week_spend_rows(report, week_id)).format(),
+        f"pipeline {pipeline}, week {week_id} ({report['pipelines'].get(pipeline, 'UTC')}): "
+        "paid calls and their exact cost per profile and currency (the ledger, every run); "
+        "in flight: open calls at what each was reserved at",
+        flow_run_id,
+    )
+    return report
+
+
+def profile_prices() -> dict[str, tuple[int, str]]:
     """Each provider profile's estimate per image (micro-units), for committed spend; empty
     when the profiles cannot be read (committed then counts the billed cost only)."""
     try:
         settings = load_settings()
         profiles = load_profiles(settings.providers_path)
-        return {p.id: p.pricing.estimate_micros for p in profiles.values()}
+        return {p.id: (p.pricing.estimate_micros, p.currency) for p in profiles.values()}
     except Exception as exc:  # a view: a broken profiles file is reported elsewhere
         _warn("provider prices not read: %s", _described(exc))
         return {}

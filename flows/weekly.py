@@ -29,6 +29,7 @@ from core.hints import surface
 from core.ids import WeekId
 from core.keys import SlotKey, derive_allocation_key
 from core.settings import load_settings, validate_pipeline
+from flows.artifacts import publish_week_spend
 from flows.cancellation import settle_hook
 from flows.generate import generate_episode
 from flows.invocation import current_invocation
@@ -156,7 +157,10 @@ def _weekly(
     logger.info("plan of %s: %s", episode_id, planned)
     if not generate:
         return episode_id
-    generated = generate_episode(episode_id=episode_id, pipeline=pipeline_name)
+    try:
+        generated = generate_episode(episode_id=episode_id, pipeline=pipeline_name)
+    finally:  # the week's spend, whatever the generation's end (a budget refusal too)
+        publish_week_spend(engine_for(settings), pipeline_name, str(week_id))
     logger.info("generation of %s: %s", episode_id, generated)
     if not wait_for_approval:
         return episode_id

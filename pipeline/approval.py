@@ -381,8 +381,9 @@ class ApprovalContext:
         """The decision on record (None: never decided)."""
         return ApprovalStore(self.engine).latest_decision(self.episode_pk)
 
-    def spend(self) -> tuple[int, int, str]:
-        """(paid submissions, cost in minor units, currency) of the episode over every run."""
+    def spend(self) -> tuple[int, dict[str, int]]:
+        """(paid submissions, cost in micro-units per currency) of the episode over every
+        run (`LedgerStore.episode_spend`)."""
         return LedgerStore(self.engine).episode_spend(self.episode_pk)
 
     def review_set(self) -> list[EpisodeImage]:

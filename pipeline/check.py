@@ -38,6 +38,7 @@ from core.states import (
     SubmissionState,
 )
 from pipeline.check_media import MediaAudit, Recorded, legacy_media
+from pipeline.check_spend import check_costs
 from pipeline.playlists import planned_items
 from storage.admission import DedupPolicy
 from storage.approvals import approved_picks
@@ -252,6 +253,7 @@ def _check_ledger(
             add("ledger", f"cost entry {cost.id} belongs to no submission of this episode")
         if cost.amount_micros < 0:
             add("ledger", f"cost entry {cost.id} is negative")
+    check_costs(add, costs)  # each amount follows from its basis, quantity and unit price
 
 
 def _check_liveness(

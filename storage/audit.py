@@ -77,6 +77,10 @@ class CostRecord:
     id: int
     submission_pk: int
     amount_micros: int
+    currency: str
+    basis: str  # with the quantity and unit price: what `check` recomputes the amount from
+    quantity: int
+    unit_price_micros: int
 
 
 @dataclass(frozen=True, slots=True)

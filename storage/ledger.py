@@ -211,9 +211,10 @@ class LedgerStore:
         with tx.write(self.engine) as conn:
             return withdraw_in(conn, claim, submission)
 
-    def episode_spend(self, episode_pk: int) -> tuple[int, int, str]:
-        """(paid submissions, cost in minor units, currency) of the episode over every run:
-        what the ledger says the provider billed, not what the last run did."""
+    def episode_spend(self, episode_pk: int) -> tuple[int, dict[str, int]]:
+        """(paid submissions, cost in micro-units per currency) of the episode over every
+        run: what the ledger says the provider billed, not what the last run did. Costs in
+        different currencies (a re-plan onto another profile) are never summed."""
         with tx.read(self.engine) as conn:
             paid = conn.execute(
                 select(func.count())
@@ -221,12 +222,12 @@ class LedgerStore:
                 .join(_items, _items.c.id == _subs.c.item_pk)
                 .where(_items.c.episode_pk == episode_pk)
             ).scalar_one()
-            cost = conn.execute(
-                select(
-                    func.coalesce(func.sum(_costs.c.amount_micros), 0), func.max(_costs.c.currency)
-                ).where(_costs.c.episode_pk == episode_pk)
-            ).one()
-        return int(paid), int(cost[0]), cost[1] or "USD"
+            costs = conn.execute(
+                select(_costs.c.currency, func.sum(_costs.c.amount_micros))
+                .where(_costs.c.episode_pk == episode_pk)
+                .group_by(_costs.c.currency)
+            ).all()
+        return int(paid), {str(currency): int(total) for currency, total in costs}
 
     def episode_open_jobs(self, episode_pk: int) -> list[tuple[int, str]]:
         """The episode's jobs the provider accepted and nobody collected yet (still running,
@@ -243,16 +244,6 @@ class LedgerStore:
                 .order_by(_subs.c.id)
             ).all()
         return [(int(r.id), str(r.provider_profile)) for r in rows]
-
-    def episode_cost(self, episode_pk: int) -> int:
-        with tx.read(self.engine) as conn:
-            return int(
-                conn.execute(
-                    select(func.coalesce(func.sum(_costs.c.amount_micros), 0)).where(
-                        _costs.c.episode_pk == episode_pk
-                    )
-                ).scalar_one()
-            )
 
     def accepted_jobs(self, run_id: str) -> list[tuple[int, str, str]]:
         """The jobs the provider accepted for the run's items and nobody collected yet, made

@@ -147,6 +147,7 @@ def test_pipelines_are_separate(cli: Cli, database_url: str) -> None:
         ["dispatch"],
         ["replay"],
         ["sweep"],
+        ["spend"],
     ],
 )
 def test_every_command_has_help(cli: Cli, command: list[str]) -> None:
@@ -196,7 +197,13 @@ def test_db_upgrade_on_an_empty_database(
 
 
 @pytest.mark.parametrize(
-    "args", [["--help"], ["episodes", "list"], ["allocate", "--key", "k", "--week", "2026-W32"]]
+    "args",
+    [
+        ["--help"],
+        ["episodes", "list"],
+        ["allocate", "--key", "k", "--week", "2026-W32"],
+        ["spend", "--by", "profile", "--json"],
+    ],
 )
 def test_commands_that_run_no_flow_never_import_prefect(database_url: str, args: list[str]) -> None:
     probe = (

@@ -78,7 +78,7 @@ def test_exit_codes(cli: Cli, planned: Callable[[list[str]], str]) -> None:
         ["--only", "3"],
         ["--only", "x"],
         ["--max-cost", "-1"],
-        ["--max-cost", "1.001"],
+        ["--max-cost", "1.0000001"],  # a seventh decimal
         ["--concurrency", "0"],
     ):
         result = cli("generate", episode, *bad)

@@ -130,7 +130,9 @@ def test_settling_a_cancelled_flow_run_asks_the_provider_once_per_job(episode: E
     RunStore(episode.engine).transition_run(run_id, RunState.PAUSED, INTERRUPTED)
     red = check_episodes(episode.engine, "weekly", policy=dedup_policy(settings))
     assert any("accepted but never collected" in f.detail for f in red)  # before the cancel
-    report = episode_report(episode.engine, "weekly", episode.episode_id, prices={"fake": 40_000})
+    report = episode_report(
+        episode.engine, "weekly", episode.episode_id, prices={"fake": (40_000, "USD")}
+    )
     assert (report["accepted"], report["still_running"], report["committed_micros"]) == (
         2,
         2,
@@ -149,7 +151,9 @@ def test_settling_a_cancelled_flow_run_asks_the_provider_once_per_job(episode: E
     again = settle_cancelled(episode.engine, settings, [run_id], EnvironmentCredentials())
     assert [e for e in provider_log() if e["event"] == "cancel"] == cancels  # not asked again
     assert again.answers == [] and again.already == 2
-    report = episode_report(episode.engine, "weekly", episode.episode_id, prices={"fake": 40_000})
+    report = episode_report(
+        episode.engine, "weekly", episode.episode_id, prices={"fake": (40_000, "USD")}
+    )
     assert (report["still_running"], report["cancelled_at_provider"]) == (0, 2)
     findings = check_episodes(episode.engine, "weekly", policy=dedup_policy(settings))
     assert findings == []  # a settled cancel leaves nothing for `check --all` to flag

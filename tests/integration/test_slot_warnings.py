@@ -76,7 +76,9 @@ def test_episodes_two_deployments_allocated_before_the_upgrade_are_named(
         check=False,
     )
     assert as_json.returncode == 0, as_json.stderr
-    assert json.loads(as_json.stdout) == {
+    answer = json.loads(as_json.stdout)
+    assert answer.pop("spend")["verified"] is True  # check's spend totals (issue 31)
+    assert answer == {
         "clean": True,
         "findings": [],
         "warnings": [warning.to_dict()],
