@@ -243,6 +243,8 @@ def test_a_failed_fal_request_is_not_charged_as_fal_bills_none(
 # ------------------------------------------------------ a mixed week, and two currencies
 def test_a_week_mixing_two_bases_in_one_pipeline_adds_up_to_both_bills(
     engine: Engine,
+    database_url: str,
+    capsys: pytest.CaptureFixture[str],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     replicate_images: ReplicateServer,
@@ -270,6 +272,16 @@ def test_a_week_mixing_two_bases_in_one_pipeline_adds_up_to_both_bills(
     }
     week = sum(r[4] for r in rows)
     assert week == replicate_images.bill_micros + fal_megapixels.bill_micros == 6_000 + 75_000
+    from cli.app import run as cli
+
+    capsys.readouterr()
+    assert cli(["spend", "--by", "profile", "--json"]) == 0  # the week's spend, per profile
+    spent = json.loads(capsys.readouterr().out)
+    assert {(g["group"], g["spent_micros"]) for g in spent["groups"]} == {
+        ("schnell", replicate_images.bill_micros),
+        ("dev", fal_megapixels.bill_micros),
+    }
+    assert [t["spent_micros"] for t in spent["totals"]] == [week]  # one currency: one total
 
 
 def test_two_currencies_are_each_reported_in_their_own_and_never_summed(
@@ -307,6 +319,16 @@ def test_two_currencies_are_each_reported_in_their_own_and_never_summed(
             currency = "EUR" if entry["episode_id"] == euro.episode_id else "USD"
             bills[currency] = bills.get(currency, 0) + entry["cost_micros"]
     assert bills == totals
+    # the week's spend, per currency and never summed across them, and check agrees
+    assert cli(["spend", "--by", "week", "--json"]) == 0
+    week = json.loads(capsys.readouterr().out)
+    assert {(t["currency"], t["spent_micros"]) for t in week["totals"]} == set(totals.items())
+    # dated by when each call was made (core.periods): this week, one row per currency
+    (this_week,) = {g["group"] for g in week["groups"]}
+    assert sorted(g["currency"] for g in week["groups"]) == ["EUR", "USD"], this_week
+    assert cli(["check", "--all", "--json"]) == 0
+    checked = json.loads(capsys.readouterr().out)
+    assert checked["clean"] and checked["spend"]["verified"]
 
 
 # ------------------------------------------------------------------ --plan and bad prices
