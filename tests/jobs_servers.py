@@ -412,6 +412,9 @@ class ReplicateServer(_JobsServer):
 class FalServer(_JobsServer):
     AUTH = "Key"
 
+    def billed(self, job: dict[str, Any], status: str) -> bool:
+        return status == "succeeded"  # "You pay only for successful outputs" (fal)
+
     def size_of(self, inputs: dict[str, Any]) -> tuple[int, int]:
         if _SIZE.search(str(inputs.get("prompt"))) or self.size is not None:
             return super().size_of(inputs)

@@ -434,3 +434,23 @@ def test_our_http_protocol_settles_on_what_its_reply_reports(
         rows = ledger(engine)
         assert [(r[1], r[2], r[4]) for r in rows] == [(basis, quantity, each)] * 2
         assert sum(r[4] for r in rows) == server.bill_micros == 2 * each
+
+
+def test_fal_per_second_is_charged_on_the_completed_statuss_inference_time(
+    engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with FalServer(billing="per_second", price_micros=725, compute_s=1.2249955059960485) as fal:
+        price = '{per_second: "0.000725", at_most: "10"}'
+        profiles(tmp_path, monkeypatch, timed=fal_fields(fal, price))  # type: ignore[arg-type]
+        episode = new_episode(engine)
+        titles = ["a", "b [[COMPUTE_MS:3000]]", "c [[REMOTE_FAIL]]"]
+        episode.plan(write_playlist(tmp_path / "pl", titles, profile="timed"))
+        outcome = episode.generate(max_retries=0)
+        assert (outcome.counts.completed, outcome.counts.failed) == (2, 1)
+        rows = ledger(engine)
+        # 1.2249955... s -> 1,224,996 us -> 888.12... -> 889; 3 s -> 2,175; the failure: 0
+        assert sorted((r[1], r[2], r[4]) for r in rows) == [
+            ("per_second", 1_224_996, 889),
+            ("per_second", 3_000_000, 2_175),
+        ]
+        assert sum(r[4] for r in rows) == fal.bill_micros  # type: ignore[attr-defined]
