@@ -240,11 +240,18 @@ def _show_plan(engine: Database, prepared: Prepared, options: RunOptions, as_jso
 
     report = make_plan(PlanStore(engine), prepared.gate, prepared.items, options, prepared.profile)
     check_budget(report, options)
-    _print_plan(report.to_dict(), as_json)
+    shown = report.to_dict()
+    pricing = prepared.profile.pricing
+    shown |= {  # what the estimate stands on: the basis, the unit price and the bound
+        "estimate": prepared.profile.estimate_text(report.new_calls),
+        "basis": pricing.basis,
+        "unit_price_micros": pricing.unit_micros,
+        "estimate_quantity": pricing.estimate_quantity,
+    }
+    _print_plan(shown, as_json)
 
 
 def _print_plan(report: dict[str, object], as_json: bool) -> None:
-    from core.money import format_money
 
     if as_json:
         emit_json(report)
@@ -255,6 +262,5 @@ def _print_plan(report: dict[str, object], as_json: bool) -> None:
         + (f" ({hero} of them hero candidates)" if hero else "")
         + f", {report['skipped']} skipped (done), "
         f"{report['to_collect']} to collect, {report['to_reconcile']} to reconcile, "
-        f"{report['busy']} busy, {report['exhausted']} out of retries; estimated cost "
-        f"{format_money(int(str(report['estimated_cost_micros'])), str(report['currency']))}"
+        f"{report['busy']} busy, {report['exhausted']} out of retries; {report['estimate']}"
     )

@@ -11,6 +11,9 @@
   otherwise the result ``GET .../requests/{id}`` holds ``images: [{url, ...}]``, downloaded
   without the credential (fal's CDN). A result answered 422 with a ``detail`` (the model's
   validation or content error) is a failed request too; any other error is polled again.
+  The COMPLETED status carries ``metrics.inference_time`` ("Seconds the runner spent
+  processing (only when COMPLETED)", https://docs.fal.ai/documentation/model-apis/inference/queue;
+  legacy apps may send none): the compute time a per_second price is charged on.
 - **Cancel** ``PUT .../requests/{id}/cancel``: ``{"status": "CANCELLATION_REQUESTED" |
   "ALREADY_COMPLETED" | "NOT_FOUND" | "OK"}``.
 - **Check**: fal documents no free endpoint that verifies an ordinary key, so
@@ -19,10 +22,15 @@
 Errors on submit, by what they prove (a refused submit has no ``request_id``): 429
 `RateLimited`; any other 4xx but 409 `PermanentProviderError` (401, 403 locked account, 404
 unknown app, 422 invalid input); 409 (fal's own client sends it again: it proves nothing),
-3xx, 5xx, a 2xx without a request id, or no reply `UnknownOutcome`. A failed request costs
-the profile's price (fal may bill a request that ran); the cost of an image is the
-profile's price (per image or per megapixel of the stored image: fal reports no compute time
-we could charge per second on).
+3xx, 5xx, a 2xx without a request id, or no reply `UnknownOutcome`.
+
+Cost: a failed request is **not billed** (`RemoteJobFailed(billed=False)`): fal's pricing
+(https://docs.fal.ai/documentation/model-apis/pricing, read 2026-12-02) says "You pay only
+for successful outputs, and you are never charged for server errors or time spent waiting
+in the queue." A delivered image costs the profile's price on its basis: per image, per
+megapixel of the stored image (fal's own rule for FLUX: "Images are billed by rounding up
+to the nearest megapixel", ``whole_megapixels: true``), or per second of the reported
+``metrics.inference_time``.
 """
 
 from __future__ import annotations
@@ -42,7 +50,7 @@ from providers.base import (
     RemoteJobFailed,
     UnknownOutcome,
 )
-from providers.jobs_api import JobsApiClient, NotYet, read_json
+from providers.jobs_api import JobsApiClient, NotYet, compute_us_of, read_json
 from providers.profiles import Profile
 from providers.replicate import model_input
 
@@ -83,13 +91,13 @@ class FalProvider(JobsApiClient, CancelsJobs, DescribesJobs, ChecksCredential):
             label = state if isinstance(state, str) and state in _STATUSES else "?"
             raise NotYet(f"status {label}", failed=False)
         if status.get("error") or status.get("error_type"):
-            raise RemoteJobFailed("request failed")
+            raise RemoteJobFailed("request failed", billed=False)  # fal bills successes only
         try:
             response = self._api.get(base)
         except httpx.HTTPError as exc:
             raise NotYet(f"result: {type(exc).__name__}") from None
         if response.status_code == 422 and self._has_detail(response):  # the model refused
-            raise RemoteJobFailed("request failed: HTTP 422")
+            raise RemoteJobFailed("request failed: HTTP 422", billed=False)
         if not response.is_success:
             raise NotYet(f"result: HTTP {response.status_code}")
         try:
@@ -99,7 +107,7 @@ class FalProvider(JobsApiClient, CancelsJobs, DescribesJobs, ChecksCredential):
         images = result.get("images") if isinstance(result, dict) else None
         first = images[0] if isinstance(images, list) and images else None
         url = first.get("url") if isinstance(first, dict) else None
-        return self._fetch_output(url)
+        return self._fetch_output(url, compute_us=compute_us_of(status, "inference_time"))
 
     @staticmethod
     def _has_detail(response: httpx.Response) -> bool:

@@ -344,13 +344,15 @@ class JobsApiClient:
         return ImageResult(content, media_type.split(";")[0].strip(), reported_micros, compute_us)
 
 
-def compute_us_of(job: dict[str, Any]) -> int | None:
-    """The job's compute time in microseconds, from ``metrics.predict_time`` (seconds, as
-    Replicate and our http protocol report it); None when absent, not a finite number in
-    range (0 to `MAX_QUANTITY` microseconds) or a boolean. Exact: the number's own decimal
-    digits, rounded up to a whole microsecond, never through float arithmetic."""
+def compute_us_of(job: dict[str, Any], field: str = "predict_time") -> int | None:
+    """The job's compute time in microseconds, from ``metrics.<field>`` (seconds:
+    ``predict_time`` as Replicate and our http protocol report it, ``inference_time`` in
+    fal's COMPLETED status); None when absent, null, not a finite number in range (0 to
+    `MAX_QUANTITY` microseconds; old Replicate replies carry negative figures) or a boolean.
+    Exact: the number's own decimal digits, rounded up to a whole microsecond, never
+    through float arithmetic."""
     metrics = job.get("metrics")
-    value = metrics.get("predict_time") if isinstance(metrics, dict) else None
+    value = metrics.get(field) if isinstance(metrics, dict) else None
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     try:

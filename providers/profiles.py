@@ -81,8 +81,9 @@ MODEL_ID = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}(/[A-Za-z0-9][A-Za-z0-9._-]{0,99}){
 InputValue = str | int | float | bool  # a constant model input (strings up to 1000 chars)
 MAX_PROFILES_BYTES = 1_000_000
 # The kinds whose API reports a job's compute time (a per_second price needs it): the fake
-# and our http protocol (``metrics.predict_time``), Replicate (``metrics.predict_time``).
-MEASURES_COMPUTE = frozenset({"fake", "http", "replicate"})
+# and our http protocol (``metrics.predict_time``), Replicate (``metrics.predict_time``),
+# fal (``metrics.inference_time`` in the COMPLETED status).
+MEASURES_COMPUTE = frozenset({"fake", "http", "replicate", "fal"})
 MAX_AT_MOST = 10**6  # megapixels or seconds an image may be bounded by
 
 
@@ -97,6 +98,17 @@ class PriceSpec(BaseModel):
     per_second: str | None = None
     whole_megapixels: bool = Field(default=False, strict=True)
     at_most: str | None = None
+
+    @field_validator("per_image", "per_megapixel", "per_second", "at_most", mode="before")
+    @classmethod
+    def _quoted(cls, value: object) -> object:
+        """A YAML number (``0.003`` unquoted) is a float before we see it: refused, never
+        read through binary floating point."""
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            raise ValueError(
+                f'{value!r} is a number; write it as a quoted decimal string, e.g. "{value}"'
+            )
+        return value
 
     @model_validator(mode="after")
     def _one_basis(self) -> PriceSpec:
@@ -197,8 +209,8 @@ class Profile(BaseModel):
     def _priced(self) -> Profile:
         if (self.price is None) == (self.cost_per_image_minor is None):
             raise ValueError(
-                'give the price, e.g. price: {per_image: "0.003"} (or the older '
-                "cost_per_image_minor), and not both"
+                'price: give one price, e.g. price: {per_image: "0.003"} (or the older '
+                "cost_per_image_minor), not both and not neither"
             )
         unit = self.unit_micros
         if unit == 0 and not self.free:
@@ -251,6 +263,32 @@ class Profile(BaseModel):
             "per_second": "per second of compute",
         }[self.basis]
         return f"{format_money(self.unit_micros, self.currency)} {per}"
+
+    def estimate_text(self, calls: int) -> str:
+        """What ``--plan`` says of `calls` paid calls: an estimate, with its basis and bound
+        ('estimated 0.075 USD: 3 x at most 1 started megapixel at 0.025 USD')."""
+        from decimal import Decimal
+
+        from core.money import format_money
+
+        price = self.pricing
+        # pixels / 10^6 (megapixels), microseconds / 10^6 (seconds): '1', '1.05', '20'
+        bound = f"{Decimal(price.estimate_quantity).scaleb(-6).normalize():f}"
+        if price.basis == "per_whole_megapixel":
+            bound = str(-(-price.estimate_quantity // MILLION))
+        s = "" if bound == "1" else "s"
+        each = {
+            "per_image": "1 image",
+            "per_megapixel": f"at most {bound} megapixel{s}",
+            "per_whole_megapixel": f"at most {bound} started megapixel{s}",
+            "per_second": f"at most {bound} second{s} of compute",
+        }[price.basis]
+        total = format_money(calls * price.estimate_micros, self.currency)
+        unit = format_money(self.unit_micros, self.currency)
+        return (
+            f"estimated {total}: {calls} x {each} at {unit} (an estimate: each image is "
+            "charged on what it really is)"
+        )
 
     @model_validator(mode="after")
     def _fits_its_kind(self) -> Profile:
@@ -361,10 +399,10 @@ def load_profiles(path: Path | None) -> dict[str, Profile]:
             profiles[profile_id] = Profile(id=profile_id, **fields)
         except ValidationError as exc:  # name the profile, the field and what it must be
             first = exc.errors()[0]
-            field = ".".join(str(part) for part in first["loc"]) or "(profile)"
-            raise ProviderConfigError(
-                f"{path}: profile {profile_id!r}: field {_clipped(field)}: {first['msg']}"
-            ) from None
+            field = ".".join(str(part) for part in first["loc"])
+            message = " ".join(str(first["msg"]).removeprefix("Value error, ").split())
+            named = f"field {_clipped(field)}: " if field else ""  # else the text names it
+            raise ProviderConfigError(f"{path}: profile {profile_id!r}: {named}{message}") from None
     return profiles
 
 

@@ -22,7 +22,10 @@ Options: ``honour_idempotency`` (False: every create makes a new job), ``process
 ``expired`` (job ids whose output file answers 410 Gone: the output expired while the job
 still polls succeeded), ``list_ignores_filter`` (the list returns every job, newest first),
 ``page_size`` (the list is paginated with relative ``next`` links), ``output_host`` (outputs
-are served by a second ``FileServer`` on another origin). Both servers record every request
+are served by a second ``FileServer`` on another origin), ``report_cost`` (a finished job's
+reply carries its cost, ``cost_micros``: ``price_micros``), ``compute_s`` (a finished job's
+reply carries ``metrics.predict_time``, seconds; the bill is then ``price_micros`` per second
+of it, rounded up to a micro-unit, counted when the job finishes). Both servers record every request
 in ``requests``.
 
 ``reply`` (for fuzzing): a callable ``(kind, path) -> (status, body) | None`` asked before each
@@ -135,7 +138,11 @@ class PredictionsServer(_Http):
         page_size: int | None = None,
         output_host: bool = False,
         on_create: Callable[[str, int], None] | None = None,
+        report_cost: bool = False,
+        compute_s: float | None = None,
     ) -> None:
+        self.report_cost = report_cost
+        self.compute_s = compute_s  # None: per job made; else per second of it, when done
         self.jobs: dict[str, dict[str, Any]] = {}  # insertion order: oldest first
         self.on_create = on_create  # called with (prompt, calls so far) as a create arrives
         self.by_key: dict[str, str] = {}  # Idempotency-Key -> job id, when honoured
@@ -196,7 +203,8 @@ class PredictionsServer(_Http):
                 "client_reference": body.get("client_reference"),
             }
             self.jobs_made[key] += 1
-            self.bill_micros += self.price_micros
+            if self.compute_s is None:
+                self.bill_micros += self.price_micros
             return job_id
 
     def listing(self, ref: str, page: int) -> dict[str, Any]:
@@ -233,7 +241,24 @@ class PredictionsServer(_Http):
             reply.update(status="failed", error="the model crashed")
         elif polls > self.processing_polls:
             reply.update(status="succeeded", output=[self.output_url(job["id"])])
+        if reply["status"] in ("failed", "succeeded"):
+            self._measured(job, reply)
         return 200, reply
+
+    def _measured(self, job: dict[str, Any], reply: dict[str, Any]) -> None:
+        """A finished job's reply: its cost and compute time, as the options say; a
+        per-second bill counts the job once, when it first finishes."""
+        if self.report_cost:
+            reply["cost_micros"] = self.price_micros
+        if self.compute_s is not None:
+            from decimal import ROUND_CEILING, Decimal
+
+            reply["metrics"] = {"predict_time": self.compute_s}
+            with self.lock:
+                if not job.get("billed"):
+                    job["billed"] = True
+                    due = Decimal(self.price_micros) * Decimal(repr(self.compute_s))
+                    self.bill_micros += int(due.to_integral_value(rounding=ROUND_CEILING))
 
     def file(self, job_id: str) -> tuple[int, Any]:
         job = self.jobs.get(job_id)

@@ -27,6 +27,21 @@ they reach the API: nothing is made, and the client cannot tell (an unknown outc
 ``output_format``: the outputs are served as ``png`` (default), ``webp`` (Replicate's own
 default), ``jpeg`` (fal's), or ``html``, ``truncated``, ``gif`` (`providers.fake.render_output`).
 
+Measurements, as the real APIs put them in their replies: every output is a picture of a real
+size (``size=(w, h)``; default Replicate 1024x1024, flux-schnell's 1:1 at one megapixel; fal
+the request's ``image_size`` preset or ``{width, height}``, default ``landscape_4_3`` =
+1024x768, as fal documents, and its result lists ``images[].width/height``); each job reports
+its compute time in seconds (``compute_s``, or ``[[COMPUTE_MS:n]]`` in the prompt; and
+``[[SIZE:WxH]]`` sets one output's size): Replicate
+``metrics.predict_time`` on every terminal prediction, fal ``metrics.inference_time`` in the
+COMPLETED status. The server keeps its **own bill** in micro-units (``bill_micros``, per job
+in ``bills``), by the provider's rule (`billing`, at ``price_micros`` per unit), with Decimal
+arithmetic of its own, rounded up to a micro-unit: ``per_image`` (Replicate's official
+models: per output image), ``per_second`` (Replicate's time-billed models: the prediction's
+``predict_time``, also when it failed or was canceled), ``per_megapixel`` (exact) or
+``per_whole_megapixel`` (fal: every started megapixel of the output; a failed request is
+never billed, fal's rule, and neither is a job whose output was never made).
+
 ``reply`` (for fuzzing): a callable ``(kind, path) -> (status, body) | None`` asked before each
 answer (kind: ``create``, ``poll``, ``result`` (fal), ``list``); a non-None answer is sent
 instead (``bytes`` as they are, anything else as JSON). A create it answers still makes the job.
@@ -34,21 +49,69 @@ instead (``bytes`` as they are, anything else as JSON). A create it answers stil
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import io
 import json
+import re
 import socket
 import threading
 import uuid
 from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime
+from decimal import ROUND_CEILING, Decimal
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlparse
 
-from providers.fake import render_output, render_png
+from providers.fake import render_output
 from tests.http_server import Seen, _hits, _QuietServer, _second_loopback
 
 TOKEN = "jobs-token-not-a-secret"
+FAL_SIZES = {  # fal's image_size presets (docs.fal.ai, model arguments)
+    "square_hd": (1024, 1024),
+    "square": (512, 512),
+    "portrait_4_3": (768, 1024),
+    "portrait_16_9": (576, 1024),
+    "landscape_4_3": (1024, 768),
+    "landscape_16_9": (1024, 576),
+}
+DEFAULT_COMPUTE_S = 2.803618  # a predict_time from Replicate's own cassettes
+_COMPUTE = re.compile(r"\[\[COMPUTE_MS:([0-9]{1,9})\]\]")
+_SIZE = re.compile(r"\[\[SIZE:([0-9]{1,4})x([0-9]{1,4})\]\]")
+BILLINGS = ("per_image", "per_second", "per_megapixel", "per_whole_megapixel")
+
+
+@functools.lru_cache(maxsize=64)
+def render_picture(prompt: str, seed: int, width: int, height: int, kind: str = "png") -> bytes:
+    """A deterministic `width` x `height` picture of (prompt, seed), as PNG, WEBP or JPEG."""
+    from PIL import Image
+
+    digest = hashlib.sha256(f"{seed}\x00{prompt}".encode()).digest()
+    tile = Image.frombytes("RGB", (8, 8), (digest * 6)[: 8 * 8 * 3])
+    image = Image.new("RGB", (width, height), tuple(digest[:3]))
+    image.paste(tile.resize((width // 2, height // 2)), (width // 4, height // 4))
+    out = io.BytesIO()
+    image.save(out, format=kind.upper())
+    return out.getvalue()
+
+
+def provider_bill(billing: str, price_micros: int, *, pixels: int, compute_s: float) -> int:
+    """What the provider charges for one job by its own rule, in micro-units: Decimal
+    arithmetic on the figures its reply shows, rounded up to a whole micro-unit."""
+    unit = Decimal(price_micros)
+    if billing == "per_image":
+        return price_micros
+    if billing == "per_second":
+        quantity = Decimal(repr(compute_s))
+    elif billing == "per_megapixel":
+        quantity = Decimal(pixels) / 1_000_000
+    elif billing == "per_whole_megapixel":
+        quantity = (Decimal(pixels) / 1_000_000).to_integral_value(rounding=ROUND_CEILING)
+    else:
+        raise ValueError(billing)
+    return int((unit * quantity).to_integral_value(rounding=ROUND_CEILING))
 
 
 class _Origin:
@@ -76,10 +139,27 @@ class _JobsServer:
 
     AUTH = "Bearer"
 
+    DEFAULT_SIZE = (1024, 1024)
+
     def __init__(
-        self, *, page_size: int = 100, processing_polls: int = 1, output_format: str = "png"
+        self,
+        *,
+        page_size: int = 100,
+        processing_polls: int = 1,
+        output_format: str = "png",
+        size: tuple[int, int] | None = None,
+        compute_s: float = DEFAULT_COMPUTE_S,
+        billing: str = "per_image",
+        price_micros: int = 3_000,
     ) -> None:
+        assert billing in BILLINGS, billing
         self.output_format = output_format  # what the outputs are: png, webp, jpeg, html, ...
+        self.size = size  # None: the API's own default (or, on fal, the request's)
+        self.compute_s = compute_s
+        self.billing = billing
+        self.price_micros = price_micros
+        self.bills: dict[str, int] = {}  # job id -> what the provider charged for it
+        self.bill_micros = 0
         self.jobs: dict[str, dict[str, Any]] = {}  # insertion order: oldest first
         self.jobs_made: Counter[tuple[str, int]] = Counter()  # per (prompt, seed)
         self.create_calls: Counter[tuple[str, int]] = Counter()
@@ -119,11 +199,44 @@ class _JobsServer:
             "polls": 0,
             "status": "starting",
             "created_at": datetime.now(UTC).isoformat().replace("+00:00", "Z"),
+            "size": self.size_of(inputs),
+            "compute_s": self.compute_of(str(inputs.get("prompt"))),
         }
         with self.lock:
             self.jobs[job_id] = job
             self.jobs_made[key] += 1
         return job
+
+    def size_of(self, inputs: dict[str, Any]) -> tuple[int, int]:
+        """The output's pixel size for a job of `inputs` (``[[SIZE:WxH]]`` in the prompt
+        first: a model input that sets it, per item)."""
+        found = _SIZE.search(str(inputs.get("prompt")))
+        if found:
+            return int(found[1]), int(found[2])
+        return self.size or self.DEFAULT_SIZE
+
+    def compute_of(self, prompt: str) -> float:
+        """The compute time (seconds) the provider measures and reports for the job."""
+        found = _COMPUTE.search(prompt)
+        return int(found[1]) / 1000 if found else self.compute_s
+
+    def billed(self, job: dict[str, Any], status: str) -> bool:
+        """Whether the provider charges a job that ended `status` (Replicate: by output, or
+        by the time it ran; fal: successful outputs only)."""
+        if status == "succeeded":
+            return True
+        return self.billing == "per_second" and status in ("failed", "canceled")
+
+    def finish(self, job: dict[str, Any], status: str) -> None:
+        """The job reaches `status` (under the lock): the provider's bill counts it."""
+        job["status"] = status
+        if self.billed(job, status) and job["id"] not in self.bills:
+            width, height = job["size"]
+            bill = provider_bill(
+                self.billing, self.price_micros, pixels=width * height, compute_s=job["compute_s"]
+            )
+            self.bills[job["id"]] = bill
+            self.bill_micros += bill
 
     def advance(self, job: dict[str, Any]) -> None:
         """A poll: the job runs a little further (queued, running, then done)."""
@@ -137,9 +250,9 @@ class _JobsServer:
             elif "[[ABORTED]]" in prompt:
                 job["status"] = "aborted"
             elif "[[REMOTE_FAIL]]" in prompt:
-                job["status"] = "failed"
+                self.finish(job, "failed")
             else:
-                job["status"] = "succeeded"
+                self.finish(job, "succeeded")
 
     def output_url(self, job_id: str) -> str:
         return f"{self.files.origin}/files/{job_id}.png"
@@ -148,10 +261,12 @@ class _JobsServer:
         job = self.jobs.get(job_id)
         if job is None:
             return 404, {"detail": "no such file"}
-        png = render_png(str(job["input"].get("prompt")), int(job["input"].get("seed", 0)))
-        return 200, png if self.output_format == "png" else render_output(self.output_format, png)[
-            0
-        ]
+        prompt, seed = str(job["input"].get("prompt")), int(job["input"].get("seed", 0))
+        width, height = job["size"]
+        if self.output_format in ("png", "webp", "jpeg"):
+            return 200, render_picture(prompt, seed, width, height, self.output_format)
+        picture = render_picture(prompt, seed, width, height)
+        return 200, render_output(self.output_format, picture)[0]
 
     def refused(self, inputs: dict[str, Any]) -> tuple[int, Any] | None:
         """A create refused by a marker (nothing made), counted per (prompt, seed); or lost
@@ -223,6 +338,8 @@ class ReplicateServer(_JobsServer):
         }
         reply["output"] = None
         reply["error"] = "the model crashed" if job["status"] == "failed" else None
+        if job["status"] in ("succeeded", "failed", "canceled"):  # terminated: its metrics
+            reply["metrics"] = {"predict_time": job["compute_s"], "total_time": job["compute_s"]}
         if job["status"] == "succeeded":
             url = self.output_url(job["id"])
             reply["output"] = url if self.output_as_string else [url]
@@ -288,12 +405,23 @@ class ReplicateServer(_JobsServer):
         with self.lock:
             self.cancels[job_id] += 1
             if job["status"] in ("starting", "processing"):
-                job["status"] = "canceled"
+                self.finish(job, "canceled")
         return 200, self.prediction(job)
 
 
 class FalServer(_JobsServer):
     AUTH = "Key"
+
+    def billed(self, job: dict[str, Any], status: str) -> bool:
+        return status == "succeeded"  # "You pay only for successful outputs" (fal)
+
+    def size_of(self, inputs: dict[str, Any]) -> tuple[int, int]:
+        if _SIZE.search(str(inputs.get("prompt"))) or self.size is not None:
+            return super().size_of(inputs)
+        wanted = inputs.get("image_size", "landscape_4_3")
+        if isinstance(wanted, dict):
+            return int(wanted["width"]), int(wanted["height"])
+        return FAL_SIZES[str(wanted)]
 
     @property
     def base_url(self) -> str:
@@ -348,6 +476,8 @@ class FalServer(_JobsServer):
             reply: dict[str, Any] = {"status": "COMPLETED", "request_id": job["id"]}
             if status in ("failed", "canceled", "aborted"):
                 reply.update(error="the request failed", error_type="runner_failed")
+            else:
+                reply.update(metrics={"inference_time": job["compute_s"]}, logs=None)
             return 200, reply
         if rest == "":
             if job["status"] != "succeeded":
@@ -356,14 +486,15 @@ class FalServer(_JobsServer):
                 "images": [
                     {
                         "url": self.output_url(job["id"]),
-                        "width": 1024,
-                        "height": 768,
-                        "content_type": "image/png",
+                        "width": job["size"][0],
+                        "height": job["size"][1],
+                        "content_type": f"image/{self.output_format}",
                     }
                 ],
                 "seed": job["input"].get("seed"),
                 "has_nsfw_concepts": [False],
                 "prompt": job["input"].get("prompt"),
+                "timings": {"inference": job["compute_s"]},
             }
         return 404, {"detail": "not found"}
 
@@ -374,7 +505,7 @@ class FalServer(_JobsServer):
         with self.lock:
             self.cancels[job["id"]] += 1
             if job["status"] in ("starting", "processing"):
-                job["status"] = "canceled"
+                self.finish(job, "canceled")
                 return 202, {"status": "CANCELLATION_REQUESTED"}
         return 400, {"status": "ALREADY_COMPLETED"}
 
@@ -395,8 +526,8 @@ def _handler(server: _JobsServer, *, api: bool) -> type[BaseHTTPRequestHandler]:
         def _send(self, code: int, body: Any) -> None:
             data = body if isinstance(body, bytes) else json.dumps(body).encode()
             self.send_response(code)
-            png = data.startswith(b"\x89PNG")
-            self.send_header("Content-Type", "image/png" if png else "application/json")
+            kind = _media_type(data) if isinstance(body, bytes) else "application/json"
+            self.send_header("Content-Type", kind)
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
@@ -453,3 +584,14 @@ def _handler(server: _JobsServer, *, api: bool) -> type[BaseHTTPRequestHandler]:
                 self._send(*(forced or server.get(url.path, parse_qs(url.query))))
 
     return Handler
+
+
+def _media_type(data: bytes) -> str:
+    """What a file body is, by its signature (a server names its outputs' type)."""
+    if data.startswith(b"\x89PNG"):
+        return "image/png"
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "image/webp"
+    if data.startswith(b"\xff\xd8"):
+        return "image/jpeg"
+    return "application/octet-stream"

@@ -28,7 +28,7 @@ from tests.generation import (
     write_playlist,
 )
 
-PRICE = 4  # the fake profile's cost_per_image_minor
+PRICE = 40_000  # the builtin fake profile's 0.04 per image, in micro-units
 
 
 @pytest.fixture(autouse=True)

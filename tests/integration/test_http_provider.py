@@ -57,7 +57,8 @@ def test_a_run_over_http_completes_and_pays_once_per_item(
 ) -> None:
     plan(episode, tmp_path, ["a", "b", "c"])
     outcome = episode.generate()
-    assert outcome.exit_code == ExitCode.OK and outcome.counts.cost_micros == 15
+    assert outcome.exit_code == ExitCode.OK and outcome.counts.cost_micros == 150_000
+    assert outcome.counts.cost_micros == server.bill_micros  # the provider's own bill
     assert sorted(server.accepted.values()) == [1, 1, 1]
     assert episode.generate().counts.paid_submissions == 0
     assert sum(server.create_calls.values()) == 3

@@ -86,7 +86,9 @@ def test_replicate_sends_exactly_the_documented_create_poll_and_download(
     provider = ReplicateProvider(profile=replicate_profile(replicate), token=TOKEN)
     prediction = provider.submit(REQUEST)
     result = provider.collect(prediction, deadline_s=5, should_stop=never_stop)
-    assert result.content.startswith(b"\x89PNG") and result.cost_micros == 3
+    assert result.content.startswith(b"\x89PNG") and result.reported_micros is None
+    # Replicate reports no cost; its metrics.predict_time (seconds), exactly in microseconds
+    assert result.compute_us == 2_803_618
     create, *polls = replicate.requests
     assert create.method == "POST"
     assert create.path == "/v1/models/black-forest-labs/flux-schnell/predictions"
@@ -185,11 +187,13 @@ def test_replicate_failed_canceled_and_aborted_predictions_and_their_cost(
     failed = provider.submit(ImageRequest("r1", "e", "v01", "x [[REMOTE_FAIL]]", 1))
     with pytest.raises(RemoteJobFailed) as raised:
         provider.collect(failed, deadline_s=5, should_stop=never_stop)
-    assert raised.value.cost_micros == 3 and not raised.value.cancelled  # failed on its own
+    # failed on its own: billed (Replicate bills the time it ran), its predict_time read
+    assert raised.value.billed and not raised.value.cancelled
+    assert raised.value.compute_us == 2_803_618
     aborted = provider.submit(ImageRequest("r2", "e", "v01", "x [[ABORTED]]", 2))
     with pytest.raises(RemoteJobFailed) as raised:
         provider.collect(aborted, deadline_s=5, should_stop=never_stop)
-    assert raised.value.cost_micros == 0  # aborted before it started: not billed
+    assert not raised.value.billed  # aborted before it started: not billed
     running = provider.submit(ImageRequest("r3", "e", "v01", "y", 3))
     assert provider.cancel(running) == "canceled"
     assert replicate.cancels[running] == 1
@@ -218,7 +222,8 @@ def test_fal_sends_exactly_the_documented_submit_status_result_and_download(
     provider = FalProvider(profile=fal_profile(fal), token=TOKEN)
     request_id = provider.submit(REQUEST)
     result = provider.collect(request_id, deadline_s=5, should_stop=never_stop)
-    assert result.content.startswith(b"\x89PNG") and result.cost_micros == 2
+    assert result.content.startswith(b"\x89PNG") and result.reported_micros is None
+    assert result.compute_us == 2_803_618  # metrics.inference_time of the COMPLETED status
     submit, *rest = fal.requests
     assert (submit.method, submit.path) == ("POST", "/fal-ai/flux/dev")
     assert submit.headers["authorization"] == f"Key {TOKEN}"
@@ -261,8 +266,10 @@ def test_fal_submit_errors_are_classified_and_an_unknown_is_never_looked_up_or_r
 def test_fal_failed_request_cancel_and_check(fal: FalServer) -> None:
     provider = FalProvider(profile=fal_profile(fal), token=TOKEN)
     failed = provider.submit(ImageRequest("r1", "e", "v01", "x [[REMOTE_FAIL]]", 1))
-    with pytest.raises(RemoteJobFailed):
+    with pytest.raises(RemoteJobFailed) as raised:
         provider.collect(failed, deadline_s=5, should_stop=never_stop)
+    # "You pay only for successful outputs" (fal's pricing docs): a failure is not billed
+    assert not raised.value.billed and fal.bill_micros == 0
     queued = provider.submit(ImageRequest("r2", "e", "v01", "y", 2))
     assert provider.cancel(queued) == "CANCELLATION_REQUESTED"
     assert provider.cancel(failed) == "ALREADY_COMPLETED"
@@ -371,7 +378,7 @@ def test_a_replicate_run_pays_once_per_item_through_lost_replies(
             for (prompt, _seed), n in server.create_calls.items()
         )  # only the refused create was sent again; a lost reply's create never was
         assert sent == [("-", 1), ("429", 3), ("502", 1), ("DROP", 1)], sent
-        assert outcome.counts.cost_micros == 12
+        assert outcome.counts.cost_micros == 120_000  # 4 x 3 cents, in micro-units
         again = episode.generate()
         assert again.counts.paid_submissions == 0 and sum(server.jobs_made.values()) == 4
 
@@ -639,7 +646,7 @@ def test_cancel_asks_for_a_failed_runs_uncollected_jobs_and_says_when_it_could_n
         capsys.readouterr()
         assert run(["runs", "cancel", first.run_id]) == 1
         out, err = capsys.readouterr()
-        assert out.count("not asked: ") == 2 and "$IMAGE_KEY is not set" in err
+        assert out.count("not asked: ") == 2 and "$IMAGE_KEY is not set" in err, (out, err)
         assert sum(server.cancels.values()) == 0
         monkeypatch.setenv("IMAGE_KEY", TOKEN)
         assert run(["runs", "cancel", first.run_id, "--json"]) == 0

@@ -33,7 +33,14 @@ from providers.profiles import Profile
 from providers.replicate import ReplicateProvider
 from tests.jobs_servers import TOKEN, FalServer, ReplicateServer
 from tests.property import fuzz_settings
-from tests.property.test_provider_reply_fuzz import BODIES, CODES, JSON, SCALAR, request
+from tests.property.test_provider_reply_fuzz import (
+    BODIES,
+    CODES,
+    JSON,
+    SCALAR,
+    measured,
+    request,
+)
 
 FUZZ = fuzz_settings(30)
 PRICE = 7
@@ -44,6 +51,7 @@ FAL_STATUS = st.fixed_dictionaries(
         "status": st.sampled_from(["IN_QUEUE", "IN_PROGRESS", "COMPLETED", "FAILED", ""]) | SCALAR,
         "error": SCALAR,
         "error_type": SCALAR,
+        "metrics": st.fixed_dictionaries({}, optional={"inference_time": SCALAR}) | SCALAR,
     },
 )
 FAL_RESULT = st.fixed_dictionaries(
@@ -62,6 +70,7 @@ REP_PREDICTION = st.fixed_dictionaries(
         "output": JSON,
         "input": JSON,
         "model": SCALAR,
+        "metrics": st.fixed_dictionaries({}, optional={"predict_time": SCALAR}) | SCALAR,
     },
 )
 
@@ -156,9 +165,13 @@ def test_a_poll_reply_is_classified_and_the_cost_is_the_profiles(
             assert body.get("status") == "COMPLETED" and (
                 body.get("error") or body.get("error_type")
             )
-        assert exc.cost_micros in (0, PRICE)
+        # Replicate bills a failed or canceled prediction (the time it ran), not an aborted
+        # one; fal bills successful outputs only
+        assert exc.billed == (kind == "replicate" and body.get("status") != "aborted")
+        assert measured(exc.compute_us) and exc.reported_micros is None
         return
-    assert isinstance(result, ImageResult) and result.content and result.cost_micros == PRICE
+    assert isinstance(result, ImageResult) and result.content and result.reported_micros is None
+    assert measured(result.compute_us), result.compute_us
 
 
 @settings(FUZZ, max_examples=25)
@@ -177,9 +190,10 @@ def test_a_fal_result_reply_is_an_image_a_failure_with_detail_or_pending(
         return
     except RemoteJobFailed as exc:
         assert code == 422 and isinstance(body, dict) and "detail" in body, (code, body)
-        assert exc.cost_micros == PRICE
+        assert not exc.billed  # "You pay only for successful outputs" (fal)
         return
-    assert isinstance(result, ImageResult) and result.cost_micros == PRICE
+    assert isinstance(result, ImageResult) and result.reported_micros is None
+    assert measured(result.compute_us), result.compute_us
 
 
 @settings(FUZZ, max_examples=30)

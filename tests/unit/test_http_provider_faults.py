@@ -122,7 +122,7 @@ def test_each_create_fault_maps_to_what_it_proves_and_is_sent_once(
             provider.submit(image_request(f"x {marker}"))
         assert type(caught.value) is error
         assert server.create_calls == {REF: 1} and posts(server) == 1  # never retried inside
-        assert server.jobs_made[REF] == jobs and server.bill_micros == 5 * jobs
+        assert server.jobs_made[REF] == jobs and server.bill_micros == 50_000 * jobs
         assert "bad gateway" not in str(caught.value) and "example.com" not in str(caught.value)
         # What the engine may do for an idempotent provider: the same call again, same key.
         remote_ref = provider.submit(image_request(f"x {marker}"))
@@ -212,7 +212,11 @@ def test_collect_rides_out_poll_and_download_errors(
         remote_ref = provider.submit(image_request(prompt))
         result = provider.collect(remote_ref, deadline_s=10, should_stop=never_stop)
         assert result.content == render_png(prompt, 7)
-        assert result.media_type == "image/png" and result.cost_micros == 5
+        assert result.media_type == "image/png" and result.reported_micros is None
+        # no figure of its own: the profile's 5 cents, exactly, in micro-units
+        assert provider.capabilities.price.settle(compute_us=result.compute_us).amount_micros == (
+            50_000
+        )
         assert server.jobs_made[REF] == 1 and posts(server) == 1
 
 
@@ -224,7 +228,9 @@ def test_a_job_the_provider_says_failed_is_remote_job_failed_billed_at_the_profi
         remote_ref = provider.submit(image_request("[[REMOTE_FAIL]]"))
         with pytest.raises(RemoteJobFailed, match="remote task failed") as caught:
             provider.collect(remote_ref, deadline_s=10, should_stop=never_stop)
-        assert caught.value.cost_micros == 5 and "crashed" not in str(caught.value)
+        assert caught.value.billed and caught.value.reported_micros is None
+        charge = provider.capabilities.price.settle(compute_us=caught.value.compute_us)
+        assert charge.amount_micros == 50_000 and "crashed" not in str(caught.value)
 
 
 def test_a_job_that_never_finishes_is_pending_at_the_deadline(
@@ -306,7 +312,7 @@ def test_two_jobs_carrying_our_reference_are_ambiguous(
         provider = connect(server)
         first = provider.submit(image_request())
         second = provider.submit(image_request())
-        assert first != second and server.jobs_made[REF] == 2 and server.bill_micros == 10
+        assert first != second and server.jobs_made[REF] == 2 and server.bill_micros == 100_000
         with pytest.raises(UnknownOutcome, match="ambiguous"):
             provider.lookup(REF)
 
@@ -429,7 +435,9 @@ def test_fake_collect_raises_only_collection_errors(
     failing = provider.submit(image_request("[[FAIL_REMOTE]]", ref="ref-f"))
     with pytest.raises(RemoteJobFailed) as caught:
         provider.collect(failing, deadline_s=5, should_stop=never_stop)
-    assert caught.value.cost_micros == 4
+    # billed with its compute time reported (2 s, the fake's default), at the fake's price
+    assert caught.value.billed and caught.value.compute_us == 2_000_000
+    assert provider.capabilities.price.settle(compute_us=2_000_000).amount_micros == 40_000
     for unknown in ("fake-00000000000000000000", "not-a-ref"):
         # "unknown job" proves nothing about a charge: pending, never failed at cost 0
         with pytest.raises(CollectionPending, match=f"job '{unknown}' is unknown"):

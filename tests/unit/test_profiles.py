@@ -114,3 +114,128 @@ def test_an_https_base_url_with_a_port_and_path_is_taken(tmp_path: Path) -> None
         "    base_url: https://images.example.com:8443/v1\n"
     )
     assert load_profiles(path)["api"].base_url == "https://images.example.com:8443/v1"
+
+
+# ---------------------------------------------------------------- prices (issue 31)
+PRICE_REFUSALS = [  # (the profile's price fields, the field named, what the line says)
+    ("price: {per_image: 0.003}", "price.per_image", "write it as a quoted decimal string"),
+    ('price: {per_image: "-0.003"}', "per_image", "expected a plain decimal"),
+    ('price: {per_image: "NaN"}', "per_image", "expected a plain decimal"),
+    ('price: {per_image: "1e-3"}', "per_image", "expected a plain decimal"),
+    ('price: {per_image: "0.0000001"}', "per_image", "at most 6 decimals"),
+    ('price: {per_image: "0"}', "price", "declare free: true"),
+    ('price: {per_image: "0.01"}\n    free: true', "free", "with a price above 0"),
+    ('price: {per_image: "0.01"}\n    cost_per_image_minor: 5', "price", "not both"),
+    ('price: {per_megapixel: "0.025"}', "at_most", "needs the most megapixels"),
+    ('price: {per_megapixel: "0.025", at_most: 1.05}', "price.at_most", "quoted decimal"),
+    ('price: {per_image: "0.003", per_second: "0.001"}', "price", "exactly one of"),
+    ('price: {per_image: "0.003", whole_megapixels: true}', "whole_megapixels", "per_megapixel"),
+]
+
+
+def _priced(tmp_path: Path, fields: str, kind: str = "http") -> Path:
+    path = tmp_path / "providers.yaml"
+    path.write_text(
+        f"profiles:\n  mine:\n    kind: {kind}\n    base_url: https://images.example.com\n"
+        f"    credential_env: IMAGE_KEY\n    {fields}\n"
+    )
+    return path
+
+
+@pytest.mark.parametrize(("fields", "field", "rule"), PRICE_REFUSALS)
+def test_a_bad_price_is_one_line_naming_the_profile_and_the_field(
+    tmp_path: Path, fields: str, field: str, rule: str
+) -> None:
+    with pytest.raises(ProviderConfigError) as raised:
+        load_profiles(_priced(tmp_path, fields))
+    message = str(raised.value)
+    assert "profile 'mine'" in message and field in message and rule in message, message
+    assert "\n" not in message and "Value error" not in message
+
+
+@pytest.mark.parametrize(("fields", "field", "rule"), PRICE_REFUSALS[:3])
+def test_a_bad_price_through_providers_list_is_exit_2_and_one_line(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    fields: str,
+    field: str,
+    rule: str,
+) -> None:
+    from cli.app import run
+
+    monkeypatch.setenv("EPISODIC_PROVIDERS_FILE", str(_priced(tmp_path, fields)))
+    capsys.readouterr()
+    assert run(["providers", "list"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("error: ") and err.count("\n") == 1
+    assert "profile 'mine'" in err and field in err and rule in err, err
+
+
+@pytest.mark.parametrize(
+    ("fields", "basis", "unit", "bound"),
+    [
+        ("cost_per_image_minor: 5", "per_image", 50_000, 1),  # exactly 0.05, as it meant
+        ('price: {per_image: "0.003"}', "per_image", 3_000, 1),
+        ('price: {per_megapixel: "0.025", at_most: "1.05"}', "per_megapixel", 25_000, 1_050_000),
+        (
+            'price: {per_megapixel: "0.025", whole_megapixels: true, at_most: "1"}',
+            "per_whole_megapixel",
+            25_000,
+            1_000_000,
+        ),
+        ('price: {per_second: "0.000725", at_most: "20"}', "per_second", 725, 20_000_000),
+        ('price: {per_second: "0.000725"}', "per_second", 725, 60_000_000),  # max_job_s
+        ('price: {per_image: "0"}\n    free: true', "per_image", 0, 1),
+    ],
+)
+def test_a_price_is_read_exactly_on_its_basis(
+    tmp_path: Path, fields: str, basis: str, unit: int, bound: int
+) -> None:
+    price = load_profiles(_priced(tmp_path, fields))["mine"].pricing
+    assert (price.basis, price.unit_micros, price.estimate_quantity) == (basis, unit, bound)
+
+
+@pytest.mark.parametrize(
+    ("fields", "said"),
+    [
+        ('price: {per_image: "0.003"}', "estimated 0.009 USD: 3 x 1 image at 0.003 USD"),
+        (
+            'price: {per_megapixel: "0.025", whole_megapixels: true, at_most: "1"}',
+            "estimated 0.075 USD: 3 x at most 1 started megapixel at 0.025 USD",
+        ),
+        (
+            'price: {per_megapixel: "0.025", at_most: "1.05"}',
+            "estimated 0.07875 USD: 3 x at most 1.05 megapixels at 0.025 USD",
+        ),
+        (
+            'price: {per_second: "0.000725", at_most: "20"}',
+            "estimated 0.0435 USD: 3 x at most 20 seconds of compute at 0.000725 USD",
+        ),
+    ],
+)
+def test_the_estimate_says_it_is_one_with_its_basis_and_bound(
+    tmp_path: Path, fields: str, said: str
+) -> None:
+    text = load_profiles(_priced(tmp_path, fields))["mine"].estimate_text(3)
+    assert text.startswith(said + " (an estimate"), text
+
+
+def test_the_profiles_docs_show_load_with_the_providers_own_prices(tmp_path: Path) -> None:
+    """docs/providers.md's example profiles load, priced as its price table says."""
+    docs = (Path(__file__).parents[2] / "docs" / "providers.md").read_text()
+    example = docs.split("## Profiles", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+    path = tmp_path / "providers.yaml"
+    path.write_text(example)
+    loaded = load_profiles(path)
+    priced = {
+        name: (p.pricing.basis, p.pricing.unit_micros, p.pricing.estimate_quantity)
+        for name, p in loaded.items()
+        if name != "fake"
+    }
+    assert priced == {
+        "flux-replicate": ("per_image", 3_000, 1),  # $0.003 per output image
+        "flux-fal": ("per_whole_megapixel", 25_000, 1_000_000),  # $0.025 per started MP
+        "own-model-a40": ("per_second", 725, 30_000_000),  # $0.000725 per second
+    }
+    assert "read 2026-12-02" in docs and "cost_per_image_minor: 25" not in docs
