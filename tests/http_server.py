@@ -18,7 +18,8 @@ Download, 200 with what is not the image: ``[[DOWNLOAD_HTML:n]]`` (an HTML error
 ``[[DOWNLOAD_EMPTY:n]]`` (no body at all).
 
 Options: ``honour_idempotency`` (False: every create makes a new job), ``processing_polls``
-(polls answered ``processing`` before the job succeeds), ``price_micros`` (billed per job made),
+(polls answered ``processing`` before the job succeeds), ``price_micros`` (billed per job made;
+with ``report_cost`` every finished job's reply says so in ``cost_micros``),
 ``expired`` (job ids whose output file answers 410 Gone: the output expired while the job
 still polls succeeded), ``list_ignores_filter`` (the list returns every job, newest first),
 ``page_size`` (the list is paginated with relative ``next`` links), ``output_host`` (outputs
@@ -135,6 +136,7 @@ class PredictionsServer(_Http):
         page_size: int | None = None,
         output_host: bool = False,
         on_create: Callable[[str, int], None] | None = None,
+        report_cost: bool = False,
     ) -> None:
         self.jobs: dict[str, dict[str, Any]] = {}  # insertion order: oldest first
         self.on_create = on_create  # called with (prompt, calls so far) as a create arrives
@@ -150,6 +152,7 @@ class PredictionsServer(_Http):
         self.processing_polls = processing_polls
         self.honour_idempotency = honour_idempotency
         self.price_micros = price_micros
+        self.report_cost = report_cost  # the job's reply carries its bill (``cost_micros``)
         self.list_ignores_filter = list_ignores_filter
         self.page_size = page_size
         self.files = FileServer(self) if output_host else None
@@ -233,6 +236,8 @@ class PredictionsServer(_Http):
             reply.update(status="failed", error="the model crashed")
         elif polls > self.processing_polls:
             reply.update(status="succeeded", output=[self.output_url(job["id"])])
+        if self.report_cost and reply["status"] in ("succeeded", "failed"):
+            reply["cost_micros"] = self.price_micros
         return 200, reply
 
     def file(self, job_id: str) -> tuple[int, Any]:
