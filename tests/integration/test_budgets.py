@@ -149,7 +149,8 @@ def test_a_reply_cost_above_the_estimate_stops_buying_at_once(
         profiles.write_text(
             "profiles:\n  paid:\n    kind: http\n"
             f"    base_url: {server.base_url}\n    credential_env: TEST_IMAGE_TOKEN\n"
-            "    free: true\n    timeout_s: 2\n    poll_interval_s: 0.05\n"
+            '    price: {per_image: "0"}\n    free: true\n'
+            "    timeout_s: 2\n    poll_interval_s: 0.05\n"
         )
         monkeypatch.setenv("EPISODIC_PROVIDERS_FILE", str(profiles))
         monkeypatch.setenv("TEST_IMAGE_TOKEN", TOKEN)
