@@ -202,9 +202,11 @@ def floor_rate(url: str, home: Path, items: int, concurrency: int, tag: str = ""
                 )
                 cur = c.execute(
                     "INSERT INTO submissions (item_pk, run_id, attempt, client_reference, "
-                    "provider_profile, state, forced, created_at) VALUES ("  # the reference
+                    "provider_profile, state, forced, created_at, reserved_micros, currency) "
+                    "VALUES ("  # the reference, and the reservation
                     f"{p}, {p}, 1, (SELECT id FROM installation WHERE singleton = 1) || '-' || "
-                    f"{p}, 'fake', 'intent', {p}, {p}) RETURNING id, client_reference",
+                    f"{p}, 'fake', 'intent', {p}, {p}, 40000, 'USD') RETURNING id, "
+                    "client_reference",
                     (item, run_id, ref, False, now),
                 )
                 sub.append(cur.fetchone()[0])
@@ -229,7 +231,8 @@ def floor_rate(url: str, home: Path, items: int, concurrency: int, tag: str = ""
                 )
                 c.execute(
                     "INSERT INTO cost_entries (episode_pk, submission_pk, amount_micros, "
-                    f"currency, recorded_at) VALUES ({p}, {p}, 4, 'USD', {p})",
+                    "currency, basis, quantity, unit_price_micros, recorded_at) VALUES "
+                    f"({p}, {p}, 40000, 'USD', 'per_image', 1, 40000, {p})",
                     (episode_pk, sub[0], now),
                 )
 

@@ -61,6 +61,8 @@ class Share:
         `claim` (throttled ones are remembered for `was_throttled`)."""
         runner = self.runner
         if self.over_budget is not None:  # stopped buying: no claim, no transaction
+            self._local.throttled_pks = set()  # (not waiting: a stale answer would
+            self._local.throttled = False  # have the executor ask again forever)
             return [None for _ in items]
         since = utcnow()
         try:
