@@ -125,11 +125,13 @@ def test_failed_billed_jobs_then_retries_never_pass_the_run_limit(
     at the limit with exit 7 and says how to go on."""
     _fake(tmp_path, monkeypatch, "0.04")
     prompt = "cover [[FAIL_REMOTE]] {title} part {part}"
+    runs: dict[str, str] = {}
     for limit in (["--max-cost", "0.20"], ["--max-images", "5"]):
         before = _bill()
         (episode,) = _episodes(engine, tmp_path / limit[0].strip("-"), 1, items=5, prompt=prompt)
-        first = _cli("generate", episode, *limit)
+        first = _cli("generate", episode, *limit, "--json")
         assert first.returncode == 4, first  # every item failed (billed)
+        runs[limit[0]] = json.loads(first.stdout)["run_id"]
         for _ in range(3):
             again = _cli("retry", episode)
             assert again.returncode == 7, again
@@ -137,6 +139,15 @@ def test_failed_billed_jobs_then_retries_never_pass_the_run_limit(
             assert "runs resume" in again.stderr + again.stdout
         jobs, billed = _bill()
         assert (jobs - before[0], billed - before[1]) == (5, 200_000)
+    # going on past the cap: a bigger --max-cost on `runs resume` (validated: exit 2), the
+    # run's whole spend counted: two more calls fit in 0.28, not more
+    run_id = runs["--max-cost"]
+    bad = _cli("runs", "resume", run_id, "--max-cost", "0.2.8")
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad
+    more = _cli("runs", "resume", run_id, "--max-cost", "0.28")
+    assert more.returncode == 7, more
+    after = _bill()
+    assert (after[0] - jobs, after[1] - billed) == (2, 80_000), (after, jobs, billed)
 
 
 def test_a_reply_cost_above_the_estimate_stops_buying_at_once(
