@@ -59,9 +59,9 @@ _budgets: Table = PipelineBudgetRow.__table__  # type: ignore[assignment]
 _OPEN = statements.OPEN_SQL.replace("state", "s.state")
 _NO_COST = "NOT EXISTS (SELECT 1 FROM cost_entries k WHERE k.submission_pk = s.id)"
 
-# The run's figures: its calls, cost entries (count, sum, largest), and its open
-# submissions without a cost (count, and their reservations each at least `b_unit`... the
-# unit is known only once the largest charge is: the CTE computes it first).
+# The run's figures: its calls; its cost entries (count, sum); the unit (the larger of
+# `b_estimate` and its largest charge, computed first by the CTE); and its open submissions
+# without a cost (count, and the sum of their reservations, each counted at least the unit).
 RUN_SPEND = DriverSQL(
     "WITH c AS (SELECT count(*) AS n, COALESCE(SUM(k.amount_micros), 0) AS spent, "
     "COALESCE(MAX(k.amount_micros), 0) AS top FROM cost_entries k JOIN submissions s "
