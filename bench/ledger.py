@@ -5,7 +5,9 @@ call, the acceptance (remote reference), the outcome with its cost. (The check t
 still holds right before the call is the claim's own transaction when the call follows it at
 once, as here; see `Runner._holds`.) The floor is raw SQL through the bare driver (sqlite3,
 psycopg, same pragmas) issuing the same commits per item on the project's own tables and
-indexes: the same reads (the run, the item, the provider's slots), UPDATEs and INSERTs, not
+indexes: the same reads (the run, the item, the provider's slots, the run's spend and the
+pipeline's period budgets, with their advisory locks on Postgres: `storage.budgets`; both
+sides run under a weekly budget, so its period read is counted too), UPDATEs and INSERTs, not
 single-row inserts; around them, the same work that is not bookkeeping, done inline (the
 fake provider's submit and collect, the image written atomically), so the ratio is what
 claims, leases and the ledger cost above the bare minimum.
@@ -129,7 +131,14 @@ def floor_rate(url: str, home: Path, items: int, concurrency: int, tag: str = ""
     from pipeline.media import write_atomically
     from providers.base import ImageRequest
     from providers.fake import FakeProvider
+    from storage.budgets import BUDGETS, PERIOD_SPEND, RUN_SPEND
+    from storage.tx import advisory_key
 
+    def sql(statement: Any) -> str:
+        return str(statement.sqlite if sqlite else statement.pg)
+
+    money_locks = sorted(advisory_key(n) for n in (f"spend:{run_id}", "budget:weekly"))
+    week_start = datetime(2000, 1, 3, tzinfo=UTC)  # bounds as the engine computes them
     provider = FakeProvider(profile_id="fake", state_dir=home / f"floor-fake-{concurrency}{tag}")
     images = home / f"floor-images-{concurrency}{tag}"
 
@@ -157,6 +166,8 @@ def floor_rate(url: str, home: Path, items: int, concurrency: int, tag: str = ""
             sub: list[int] = []
 
             def claim(c: Any) -> None:
+                for key in [] if sqlite else money_locks:
+                    c.execute("SELECT pg_advisory_xact_lock(%s)", (key,))
                 c.execute(f"SELECT state FROM runs WHERE id = {p}", (run_id,))
                 c.execute(f"SELECT * FROM items WHERE id = {p}" + ("" if sqlite else " FOR UPDATE"),
                           (item,))  # fmt: skip
@@ -168,6 +179,21 @@ def floor_rate(url: str, home: Path, items: int, concurrency: int, tag: str = ""
                     f"created_at > {p} AND item_pk != {p}) AS slots",
                     (now, item, now - timedelta(seconds=60), item),
                 )
+                # the run's caps and the pipeline's budgets (`storage.budgets`)
+                c.execute(sql(RUN_SPEND), {"b_run": run_id, "b_estimate": 40_000}).fetchone()
+                for _period, _amount, currency, _tz in c.execute(
+                    sql(BUDGETS), {"b_pipeline": "weekly"}
+                ).fetchall():
+                    start = week_start if not sqlite else week_start.replace(tzinfo=None)
+                    c.execute(
+                        sql(PERIOD_SPEND),
+                        {
+                            "b_pipeline": "weekly",
+                            "b_currency": currency,
+                            "b_start": start,
+                            "b_end": start + timedelta(days=400_000),
+                        },
+                    ).fetchone()
                 c.execute(
                     f"UPDATE items SET state = 'running', claim_owner = {p}, claim_run_id = {p}, "
                     f"claim_profile = 'fake', claim_token = {p}, lease_expires_at = {p}, "
@@ -176,9 +202,11 @@ def floor_rate(url: str, home: Path, items: int, concurrency: int, tag: str = ""
                 )
                 cur = c.execute(
                     "INSERT INTO submissions (item_pk, run_id, attempt, client_reference, "
-                    "provider_profile, state, forced, created_at) VALUES ("  # the reference
+                    "provider_profile, state, forced, created_at, reserved_micros, currency) "
+                    "VALUES ("  # the reference, and the reservation
                     f"{p}, {p}, 1, (SELECT id FROM installation WHERE singleton = 1) || '-' || "
-                    f"{p}, 'fake', 'intent', {p}, {p}) RETURNING id, client_reference",
+                    f"{p}, 'fake', 'intent', {p}, {p}, 40000, 'USD') RETURNING id, "
+                    "client_reference",
                     (item, run_id, ref, False, now),
                 )
                 sub.append(cur.fetchone()[0])
@@ -203,7 +231,8 @@ def floor_rate(url: str, home: Path, items: int, concurrency: int, tag: str = ""
                 )
                 c.execute(
                     "INSERT INTO cost_entries (episode_pk, submission_pk, amount_micros, "
-                    f"currency, recorded_at) VALUES ({p}, {p}, 4, 'USD', {p})",
+                    "currency, basis, quantity, unit_price_micros, recorded_at) VALUES "
+                    f"({p}, {p}, 40000, 'USD', 'per_image', 1, 40000, {p})",
                     (episode_pk, sub[0], now),
                 )
 
@@ -222,6 +251,20 @@ def floor_rate(url: str, home: Path, items: int, concurrency: int, tag: str = ""
     for thread in threads:
         thread.join()
     return len(item_pks) / (time.perf_counter() - start)
+
+
+def _budget(url: str) -> None:
+    """A weekly budget far above the bench's spend on pipeline weekly (both sides read it)."""
+    from pipeline.pipelines import set_budget
+    from storage.engine import make_engine
+    from storage.schema import upgrade
+
+    engine = make_engine(url)
+    upgrade(engine)
+    from core.settings import load_settings
+
+    set_budget(engine, load_settings(), "weekly", "week", "999999.00")
+    engine.dispose()
 
 
 def main() -> None:
@@ -260,6 +303,7 @@ def main() -> None:
                 home.mkdir(parents=True, exist_ok=True)
                 os.environ["EPISODIC_HOME"] = str(home)
                 os.environ["EPISODIC_DATABASE_URL"] = url
+                _budget(url)
                 for concurrency in (1, 8):
                     floors, engines = [], []
                     for n in range(args.rounds):

@@ -209,14 +209,18 @@ def resume_run(
     as_json: bool,
     episode_id: str | None = None,
     pipeline: str | None = None,
+    max_images: int | None = None,
+    max_cost: str | None = None,
 ) -> None:
     """Resume `run_id`; with `episode_id`/`pipeline` (`generate E --resume RUN`), only a
-    run of that episode."""
+    run of that episode; `max_images`/`max_cost`: the run's limits from now on."""
     from core.ids import parse_run_id
+    from core.money import parse_money
     from pipeline.gate import EnvironmentCredentials
     from pipeline.generation import resume
 
     run_id = parse_run_id(run_id)
+    max_cost_micros = parse_money(max_cost) if max_cost is not None else None  # exit 2
     with run_progress(as_json) as on_start:
         outcome = resume(
             context.engine(),
@@ -227,6 +231,8 @@ def resume_run(
             on_start=on_start,
             episode_id=episode_id,
             pipeline=pipeline,
+            max_images=max_images,
+            max_cost_micros=max_cost_micros,
         )
     report_outcome(outcome, as_json)
 
@@ -235,11 +241,13 @@ def _show_plan(engine: Database, prepared: Prepared, options: RunOptions, as_jso
     """`generate --plan`: what the run would do and cost, refused past the budget; spends
     nothing."""
     from core.planning import check_budget
+    from pipeline.admission import check_period_budgets
     from pipeline.admission import plan as make_plan
     from storage.plans import PlanStore
 
     report = make_plan(PlanStore(engine), prepared.gate, prepared.items, options, prepared.profile)
     check_budget(report, options)
+    check_period_budgets(engine, prepared.gate.pipeline, report)
     shown = report.to_dict()
     pricing = prepared.profile.pricing
     shown |= {  # what the estimate stands on: the basis, the unit price and the bound

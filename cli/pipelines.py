@@ -1,8 +1,8 @@
-"""`episodic pipelines list|set-timezone`: the settings every process of a pipeline shares."""
+"""`episodic pipelines list|set-timezone|set-budget`: what every process of a pipeline shares."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -25,11 +25,52 @@ def list_pipelines(as_json: JsonOption = False) -> None:
     if as_json:
         emit_json(rows)
         return
+
+    def budget(row: dict[str, Any], period: str) -> str:
+        found = row["budgets"].get(period)
+        return "" if found is None else str(found["shown"])
+
     table(
         "pipelines",
-        ["pipeline", "timezone", "since"],
-        ((r["pipeline"], r["timezone"], r["updated_at"]) for r in rows),
+        ["pipeline", "timezone", "since", "weekly budget", "monthly budget"],
+        (
+            (r["pipeline"], r["timezone"], r["updated_at"], budget(r, "week"), budget(r, "month"))
+            for r in rows
+        ),
     )
+
+
+@app.command("set-budget")
+def set_budget(
+    pipeline: Annotated[str, typer.Argument(help="Pipeline name, e.g. weekly.")],
+    amount: Annotated[
+        str | None, typer.Argument(help="The budget, a decimal such as 20.00 (not with --clear).")
+    ] = None,
+    per: Annotated[str, typer.Option("--per", help="The period: week or month.")] = "week",
+    currency: Annotated[str, typer.Option(help="The budget's currency code.")] = "USD",
+    clear: Annotated[bool, typer.Option("--clear", help="Remove the period's budget.")] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Set the pipeline's weekly or monthly budget: no item is claimed whose price would take
+    the period's spend (paid + in flight, every run and machine) over it (ISO weeks and
+    calendar months in the pipeline's timezone). A budget below what the period has already
+    spent is refused."""
+    from core.errors import InvalidInput
+    from pipeline.pipelines import set_budget as record
+
+    if clear == (amount is not None):
+        raise InvalidInput("give an AMOUNT, or --clear to remove the budget (not both)")
+    result = record(context.engine(), context.settings(), pipeline, per, amount, currency)
+    if as_json:
+        emit_json(result)
+    elif result["amount"] is None:
+        typer.echo(f"{result['pipeline']}: no {result['period']}ly budget")
+    else:
+        typer.echo(
+            f"{result['pipeline']}: budget {result['amount']} {result['currency']} per "
+            f"{result['period']} ({result['timezone']}); spent this {result['period']}: "
+            f"{result['spent']} {result['currency']}, in flight {result['in_flight']}"
+        )
 
 
 @app.command("set-timezone")

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from cli import context
-from cli.options import JsonOption, PipelineOption
+from cli.options import JsonOption, PipelineOption, StrictInt
 from cli.output import emit_json, error, table
 
 app = typer.Typer(help="Inspect, resume and cancel generation runs.", no_args_is_help=True)
@@ -107,12 +107,30 @@ def resume(
         bool,
         typer.Option(help="Resubmit items whose acceptance is unknown (recorded in the ledger)."),
     ] = False,
+    max_images: Annotated[
+        int | None,
+        typer.Option(
+            click_type=StrictInt(0),
+            help="At most this many paid calls in the run, all its resumes counted.",
+        ),
+    ] = None,
+    max_cost: Annotated[
+        str | None,
+        typer.Option(help="At most this much spent by the run (spent + in flight + next)."),
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Resume a paused or failed run: collect accepted work, retry failed items, never pay twice."""
+    """Resume a paused or failed run: collect accepted work, retry failed items, never pay
+    twice. A run stopped at a cap goes on with a bigger --max-cost / --max-images."""
     from cli.generate import resume_run
 
-    resume_run(run_id, force_resubmit=force_resubmit, as_json=as_json)
+    resume_run(
+        run_id,
+        force_resubmit=force_resubmit,
+        as_json=as_json,
+        max_images=max_images,
+        max_cost=max_cost,
+    )
 
 
 @app.command("cancel")

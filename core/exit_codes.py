@@ -13,4 +13,5 @@ class ExitCode(IntEnum):
     RUN_FAILED = 4  # every item failed
     NOT_FOUND = 5  # episode not found
     PARTIAL = 6  # some items failed
+    BUDGET_REACHED = 7  # stopped buying at a cap or a period budget; in-flight work collected
     INTERRUPTED = 130

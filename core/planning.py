@@ -7,7 +7,7 @@ use them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, Literal
@@ -19,6 +19,17 @@ from core.states import ItemState, SubmissionState
 
 DEFAULT_LEASE_S = 30.0
 DEFAULT_COLLECT_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True, slots=True)
+class RunLimits:
+    """A run's limits as the claim holds them against its money (`storage.budgets`): at most
+    `max_images` paid calls, and `max_cost_micros` of spend + in flight + the next call
+    (`cost_label` names the limit in a refusal: --max-cost, or the per-run cap)."""
+
+    max_images: int | None = None
+    max_cost_micros: int | None = None
+    cost_label: str = "--max-cost"
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +52,26 @@ class RunOptions:
     def max_attempts(self) -> int:
         """Paid calls an item may get, counted across runs (the first one and its retries)."""
         return self.max_retries + 1
+
+    @property
+    def limits(self) -> RunLimits:
+        """The limits every claim of the run checks: --max-images and --max-cost when
+        either is given, else the per-run cap (EPISODIC_MAX_RUN_COST), as `budget_breach`."""
+        if self.max_images is None and self.max_cost_micros is None:
+            return RunLimits(None, self.cap_micros, "the per-run cap EPISODIC_MAX_RUN_COST")
+        return RunLimits(self.max_images, self.max_cost_micros)
+
+    def with_limits(
+        self, max_images: int | None, max_cost_micros: int | None, *, force_resubmit: bool
+    ) -> RunOptions:
+        """A resumed run's options: the limits the operator passed to go on past a cap
+        replace the recorded ones (each claim holds them against everything the run spent)."""
+        return replace(
+            self,
+            force_resubmit=force_resubmit,
+            max_images=self.max_images if max_images is None else max_images,
+            max_cost_micros=self.max_cost_micros if max_cost_micros is None else max_cost_micros,
+        )
 
     def params(self) -> dict[str, Any]:
         """The options as a run records them (the cap is the installation's, not the run's)."""

@@ -34,6 +34,9 @@ class RefusalReason(StrEnum):
     # sweep reaped it while this one was frozen; the caller may reopen it and ask again
     REOPEN = "reopen"
     THROTTLED = "throttled"  # the provider profile's limit of items in flight is reached
+    # the next paid call would take the run's spend (--max-cost, --max-images, the per-run
+    # cap) or its pipeline's period budget over the limit (`Refusal.detail` says which)
+    BUDGET = "budget"
 
 
 class ItemResult(StrEnum):

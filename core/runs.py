@@ -44,6 +44,18 @@ not take (``stopped buying: media store s3://… is unavailable: …``): no proc
 claims or reopens it, its accepted jobs wait to be collected at no cost by a resume."""
 
 
+BUDGET_STOPPED = f"{STORE_STOPPED} budget reached:"
+"""The start of the error text of a run paused because its next paid call would pass a cap
+or a period budget (``stopped buying: budget reached: --max-cost 0.80 USD: …``): the
+`STORE_STOPPED` flavour, so no process reopens it; `runs resume` with a bigger limit, or a
+raised budget, goes on."""
+
+
+def budget_stopped(error_text: str | None) -> bool:
+    """The run's error text says it was paused at a cap or a budget (`BUDGET_STOPPED`)."""
+    return (error_text or "").startswith(BUDGET_STOPPED)
+
+
 def store_stopped(error_text: str | None) -> bool:
     """The run's error text says it was paused by a media store failure (`STORE_STOPPED`)."""
     return (error_text or "").startswith(STORE_STOPPED)
@@ -132,6 +144,7 @@ class Refusal:
 
     reason: RefusalReason
     holder_run: str | None = None
+    detail: str | None = None  # a ``budget`` refusal: the limit, the spend, what is in flight
 
 
 @dataclass(frozen=True, slots=True)

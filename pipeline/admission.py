@@ -18,7 +18,7 @@ from core.dedup import (
     parse_idempotency_key,
 )
 from core.errors import BudgetExceeded, CommandNotAllowed
-from core.money import parse_money
+from core.money import format_money, parse_money
 from core.planning import (
     DEFAULT_COLLECT_TIMEOUT_S,
     PAID,
@@ -35,8 +35,10 @@ from pipeline.gate import GatePass
 from providers.profiles import Profile
 from storage.admission import AdmissionStore, DedupPolicy
 from storage.base import utcnow
+from storage.budgets import BudgetStore
 from storage.plans import PlanRecord, PlanStore
 from storage.runs import RunStore
+from storage.tx import Database
 
 
 def options_from_request(
@@ -244,3 +246,26 @@ def prepare_resume(
         )
     alive = RunState(run.state) == RunState.RUNNING and admission.join(run_id, policy)
     return Admission(run_id, deduplicated=alive)
+
+
+def check_period_budgets(engine: Database, pipeline: str, report: PlanReport) -> None:
+    """Refuse (`BudgetExceeded`, exit 2, nothing created) a plan whose estimate alone would
+    take a period budget of `pipeline` past what remains of it (spent and in flight
+    counted), or whose currency is not the budget's. The claims hold the real spend."""
+    if not report.new_calls:
+        return
+    for period, label, budget, currency, spent, in_flight in BudgetStore(engine).standing(pipeline):
+        if currency != report.currency:
+            raise BudgetExceeded(
+                f"plan is priced in {report.currency}, pipeline {pipeline!r}'s {period}ly "
+                f"budget is in {currency}: they are never summed; nothing was created"
+            )
+        if spent + in_flight + report.estimated_cost_micros > budget:
+            left = max(0, budget - spent - in_flight)
+            raise BudgetExceeded(
+                f"plan would cost {format_money(report.estimated_cost_micros, currency)} "
+                f"(estimated), above what remains of pipeline {pipeline!r}'s {period}ly "
+                f"budget {format_money(budget, currency)} ({label}: spent "
+                f"{format_money(spent, currency)}, {format_money(in_flight, currency)} in "
+                f"flight, {format_money(left, currency)} left); nothing was created"
+            )

@@ -17,7 +17,14 @@ from core.playlist import PlannedItem, Playlist, expand
 from core.runs import PlanReport
 from core.settings import Settings
 from core.states import FROZEN_PLAN_STATES, RunState
-from pipeline.admission import admit_run, dedup_policy, plan, prepare_resume, run_request
+from pipeline.admission import (
+    admit_run,
+    check_period_budgets,
+    dedup_policy,
+    plan,
+    prepare_resume,
+    run_request,
+)
 from pipeline.executors import ItemExecutor, thread_pool_executor
 from pipeline.gate import CredentialSource, GatePass, build_provider, open_gate
 from pipeline.media_view import writable_store
@@ -255,6 +262,7 @@ def generate(
     store = RunStore(engine)
     report = plan(PlanStore(engine), prepared.gate, prepared.items, options, prepared.profile)
     check_budget(report, options)
+    check_period_budgets(engine, pipeline, report)
     # Nothing to submit, collect or reconcile: no provider (no credential read, no store
     # probe). A live run of the same request that admission joins still gets one below.
     run = (
@@ -317,6 +325,8 @@ def resume(
     on_start: OnStart | None = None,
     episode_id: str | None = None,
     pipeline: str | None = None,
+    max_images: int | None = None,
+    max_cost_micros: int | None = None,
 ) -> RunOutcome:
     """The Python API of `episodic runs resume` / `retry`: finish a paused or failed run,
     join a live one (``deduplicated``), or take over one whose process died (lease expired).
@@ -347,7 +357,9 @@ def resume(
                 f"run the generate deployment for {stored.episode_id}",
             )
         )
-    options = replace(RunOptions.from_params(stored.params), force_resubmit=force_resubmit)
+    # as recorded, with the per-run cap as configured now and the operator's new limits
+    options = RunOptions.from_params(stored.params, settings.max_run_cost_micros)
+    options = options.with_limits(max_images, max_cost_micros, force_resubmit=force_resubmit)
     run = build_runner(engine, settings, prepared, credentials, executor)
     admission = prepare_resume(store, AdmissionStore(engine), run_id, dedup_policy(settings))
     if on_start is not None:

@@ -9,7 +9,7 @@ from typing import Any
 from core.exit_codes import ExitCode
 from core.hints import hint
 from core.planning import RunOptions
-from core.runs import REPLANNED, PlanReport, RunCounts, store_stopped
+from core.runs import REPLANNED, PlanReport, RunCounts, budget_stopped, store_stopped
 from core.states import RunState
 from pipeline.gate import GatePass
 from storage.runs import RunStore
@@ -86,7 +86,18 @@ def run_ended(
         code = ExitCode.INTERRUPTED
         message = f"run {run_id} interrupted and paused; resume with: {resume}"
         why = store.get_run(run_id).error_text
-        if store_stopped(why):  # paused at its first image the media store could not take
+        if budget_stopped(why):  # paused at a cap or a period budget: exit 7
+            code = ExitCode.BUDGET_REACHED
+            message = f"run {run_id} {why}; its calls in flight were collected; " + hint(
+                f"to go on, pass a bigger limit: `episodic runs resume {run_id} --max-cost "
+                "AMOUNT` (or --max-images N), or raise the budget: `episodic pipelines "
+                f"set-budget {gate.pipeline} --per week|month AMOUNT`, then `episodic runs "
+                f"resume {run_id}`",
+                f"to go on, raise the budget (`episodic pipelines set-budget "
+                f"{gate.pipeline} --per week|month AMOUNT`) or pass a bigger max_cost, and "
+                f"run the generate deployment again for {gate.episode_id}",
+            )
+        elif store_stopped(why):  # paused at its first image the media store could not take
             message = (
                 f"run {run_id} {why}; its accepted images are collected at no cost once "
                 f"the store answers: {resume}"

@@ -43,7 +43,7 @@ from core.media import ProvenImage
 from core.planning import RunOptions, budget_breach
 from core.pricing import Reservation
 from core.records import ClaimAction, ItemResult
-from core.runs import INTERRUPTED, STORE_STOPPED, Claim, Submission
+from core.runs import BUDGET_STOPPED, INTERRUPTED, STORE_STOPPED, Claim, Refusal, Submission
 from core.states import RunState
 from pipeline.gate import GatePass
 from pipeline.media import keep_image, prove_image
@@ -60,6 +60,7 @@ from providers.base import (
     UnknownOutcome,
 )
 from providers.profiles import Profile
+from storage.budgets import Guard
 from storage.cancels import CancelStore
 from storage.leases import LeaseStore
 from storage.ledger import LedgerStore
@@ -78,6 +79,10 @@ DOWNLOAD_ATTEMPTS = 3
 class _NotStored(Exception):
     """The provider's image could not be made durable in the media store; its job stays
     accepted and is collected again (free)."""
+
+
+class _OverBudget(Exception):
+    """A re-buy or a forced resubmit would pass a cap or a budget (`storage.budgets`)."""
 
 
 class _NotAnImageOutput(Exception):
@@ -133,11 +138,7 @@ class PaidCall:
             # The job was cancelled on an operator's command, by the cancel of another run
             # that decided before this run included the item (`CancelStore.ask_provider_cancel`;
             # its cost is recorded): this run buys the item anew instead of failing it.
-            fresh = self.leases.new_attempt(
-                claim, self.profile.id, forced=False, reserve=self.reservation
-            )
-            if fresh is None:  # the run stopped or the claim was lost: spend nothing
-                raise Stopped()
+            fresh = self._new_attempt(claim, options, forced=False)
             found = self._send(claim, fresh)
             if found is None:
                 return ItemResult.UNKNOWN
@@ -161,6 +162,10 @@ class PaidCall:
         except _NotAnImageOutput as exc:
             self.leases.release(claim, str(exc))
             return ItemResult.FAILED
+        except _OverBudget as exc:  # nothing sent: the run stops buying, in every process
+            self.leases.release(claim, f"not bought: {exc}")
+            self.stop_buying(claim.run_id, str(exc), BUDGET_STOPPED)
+            return ItemResult.FAILED
         except RemoteJobFailed as exc:
             self.leases.release(claim, f"remote job failed: {reason(exc)}")
             return ItemResult.FAILED
@@ -171,14 +176,14 @@ class PaidCall:
             self.leases.release(claim, f"error: {reason(exc)}")
             raise
 
-    def stop_buying(self, run_id: str, why: str) -> None:
+    def stop_buying(self, run_id: str, why: str, flavour: str = STORE_STOPPED) -> None:
         """The store could not take a paid image: the run is paused with the reason
         (`STORE_STOPPED`), so no process of it claims another item (each is refused at its
         next claim or heartbeat) until `runs resume` or the next generate; what is accepted
         stays accepted and is collected then, at no cost. Each further image bought now
         would be one more the store cannot take (a deleted bucket, revoked credentials)."""
         with suppress(InvalidTransition):  # cancelled or paused meanwhile: it stays so
-            self.store.transition_run(run_id, RunState.PAUSED, f"{STORE_STOPPED} {why}"[:2000])
+            self.store.transition_run(run_id, RunState.PAUSED, f"{flavour} {why}"[:2000])
 
     def buy_again(
         self, claim: Claim, submission_pk: int, exc: RemoteJobFailed, options: RunOptions
@@ -203,6 +208,26 @@ class PaidCall:
         price = self.provider.capabilities.reserve_micros
         calls = counts.paid_submissions + still_open
         return budget_breach(calls, counts.cost_micros + price * still_open, options) is None
+
+    def guard(self, run_id: str, options: RunOptions) -> Guard:
+        """What every new paid call of the run is held against (`storage.budgets`)."""
+        return Guard(run_id, self.gate.pipeline, options.limits, self.reservation)
+
+    def _new_attempt(self, claim: Claim, options: RunOptions, *, forced: bool) -> Submission:
+        """A further paid call's intent (a re-buy, --force-resubmit), within the caps and
+        budgets; `Stopped` when the run stopped or the claim was lost, `_OverBudget`."""
+        fresh = self.leases.new_attempt(
+            claim,
+            self.profile.id,
+            forced=forced,
+            reserve=self.reservation,
+            guard=self.guard(claim.run_id, options),
+        )
+        if isinstance(fresh, Refusal):
+            raise _OverBudget(fresh.detail or "a cap or budget")
+        if fresh is None:  # the run stopped or the claim was lost: spend nothing
+            raise Stopped()
+        return fresh
 
     @property
     def reservation(self) -> Reservation:
@@ -268,12 +293,7 @@ class PaidCall:
             return None
         if not self.ledger.refuse(claim, submission.pk, "abandoned by operator (--force-resubmit)"):
             raise Stopped()  # taken over (or settled meanwhile): the new holder decides
-        fresh = self.leases.new_attempt(
-            claim, self.profile.id, forced=True, reserve=self.reservation
-        )
-        if fresh is None:  # the run stopped or the claim was lost: spend nothing
-            raise Stopped()
-        return self._send(claim, fresh)
+        return self._send(claim, self._new_attempt(claim, options, forced=True))
 
     def _resolve(self, claim: Claim, submission: Submission, request: ImageRequest) -> str | None:
         """Settle an unknown without a new paid call, as far as the provider's promises go.

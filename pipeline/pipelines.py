@@ -10,11 +10,15 @@ to change it.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from core.errors import TimezoneMismatch
+from core.errors import InvalidInput, TimezoneMismatch
+from core.money import amount_text, format_money, parse_money
+from core.periods import PERIOD_KINDS, PeriodKind
 from core.settings import Settings, load_timezone, validate_pipeline
+from storage.budgets import BudgetStore
 from storage.pipelines import PipelineConfig, PipelineStore
 from storage.tx import Database
 
@@ -45,13 +49,56 @@ def set_timezone(engine: Database, pipeline: str, timezone: str) -> dict[str, An
     return {"pipeline": name, "timezone": config.timezone, "previous": old}
 
 
+def set_budget(
+    engine: Database,
+    settings: Settings,
+    pipeline: str,
+    per: str,
+    amount: str | None,
+    currency: str = "USD",
+) -> dict[str, Any]:
+    """Record the pipeline's weekly or monthly budget (`amount` None: clear it). Every input
+    is validated before anything is written (`InvalidInput`, exit 2): a plain decimal of at
+    most six decimals, a known period, a currency code, and not below what the current
+    period has already spent (the overrun is said, not hidden)."""
+    name = validate_pipeline(pipeline)
+    if per not in PERIOD_KINDS:
+        raise InvalidInput(f"invalid period {per!r}: expected one of {', '.join(PERIOD_KINDS)}")
+    period: PeriodKind = per
+    if not re.fullmatch(r"[A-Z]{3}", currency):
+        raise InvalidInput(f"invalid currency {currency!r}: expected a code such as USD or EUR")
+    micros = None if amount is None else parse_money(amount, "budget")
+    config = pipeline_config(engine, settings, name)
+    spent, in_flight = BudgetStore(engine).set(name, period, micros, currency)
+    return {
+        "pipeline": name,
+        "period": period,
+        "amount": None if micros is None else amount_text(micros),
+        "amount_micros": micros,
+        "currency": currency,
+        "timezone": config.timezone,
+        "spent": amount_text(spent),
+        "in_flight": amount_text(in_flight),
+    }
+
+
 def list_pipelines(engine: Database) -> list[dict[str, Any]]:
+    """Every pipeline with its timezone and its budgets (``budgets``: period → amount)."""
+    budgets: dict[str, dict[str, dict[str, Any]]] = {}
+    for b in BudgetStore(engine).list():
+        budgets.setdefault(b.pipeline, {})[b.period] = {
+            "amount": amount_text(b.amount_micros),
+            "amount_micros": b.amount_micros,
+            "currency": b.currency,
+            "shown": format_money(b.amount_micros, b.currency),
+        }
     return [
         {
             "pipeline": c.name,
             "timezone": c.timezone,
             "created_at": c.created_at.isoformat(),
             "updated_at": c.updated_at.isoformat(),
+            "budgets": budgets.get(c.name, {}),
         }
         for c in PipelineStore(engine).list()
     ]

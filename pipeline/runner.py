@@ -23,18 +23,15 @@ How a run spends money exactly once:
 
 from __future__ import annotations
 
-import os
-import socket
 import threading
-import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass, field, replace
 
 from core.errors import CommandNotAllowed, InvalidTransition
 from core.planning import RunOptions
-from core.records import ItemResult, RefusalReason
-from core.runs import INTERRUPTED, Claim, Item, Refusal
+from core.records import ItemResult
+from core.runs import BUDGET_STOPPED, INTERRUPTED, Claim, Item
 from core.states import RunState
 from pipeline.admission import runnable_items
 from pipeline.executors import ItemExecutor, thread_pool_executor
@@ -43,9 +40,10 @@ from pipeline.heap import freeze_for_run, thaw_after_run
 from pipeline.heartbeat import Heartbeat
 from pipeline.outcomes import RunOutcome, run_ended
 from pipeline.paid_call import PaidCall, reason
+from pipeline.share import Share
+from pipeline.share import new_owner as new_owner  # (re-exported: tests, bench)
 from providers.base import Provider
 from providers.profiles import Profile
-from storage.base import utcnow
 from storage.cancels import CancelStore
 from storage.claims import ClaimStore
 from storage.episodes import EpisodeRepository
@@ -54,159 +52,6 @@ from storage.ledger import LedgerStore
 from storage.media import MediaStore
 from storage.plans import PlanStore
 from storage.runs import RunStore
-from storage.tx import is_lost_connection
-
-
-def new_owner() -> str:
-    """A claim owner: host, process and a random part (readable in `runs show`)."""
-    return f"{socket.gethostname()[:24]}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
-
-
-@dataclass
-class _Share:
-    """One process's share of one run: its claims, and the items it found held elsewhere
-    (the `ItemJob` its executor drives)."""
-
-    runner: Runner
-    run_id: str
-    owner: str
-    options: RunOptions
-    no_retry: set[int] = field(default_factory=set)  # items followed after another holder
-    taken_back: set[int] = field(default_factory=set)  # items given up unfinished, taken back
-    _local: threading.local = field(default_factory=threading.local)
-    busy: dict[int, str] = field(default_factory=dict)
-    followed: set[str] = field(default_factory=set)
-    claims: dict[int, Claim] = field(default_factory=dict)
-    guard: threading.Lock = field(default_factory=threading.Lock)
-    _waiting_for_slot: bool = False
-
-    @property
-    def profile_id(self) -> str:
-        return self.runner.profile.id
-
-    @property
-    def throttled(self) -> bool:
-        """This thread's last claim was refused for a provider slot only."""
-        return bool(getattr(self._local, "throttled", False))
-
-    def claim_many(self, items: Sequence[Item]) -> list[Claim | None]:
-        """`claim` for several items in one transaction; refused ones are handled as in
-        `claim` (throttled ones are remembered for `was_throttled`)."""
-        runner = self.runner
-        since = utcnow()
-        try:
-            answers = runner.claims.claim_many(
-                [(item.pk, item.pk not in self.no_retry) for item in items],
-                self.run_id,
-                self.owner,
-                lease_s=self.options.lease_s,
-                max_attempts=self.options.max_attempts,
-                profile=runner.profile.id,
-                provider_limit=runner.profile.max_concurrency,
-                max_job_s=runner.profile.max_job_s,
-                reserve=runner.paid.reservation,
-            )
-        except Exception as exc:
-            if not is_lost_connection(exc):
-                raise
-            # Its COMMIT may have happened, but nothing it made was received, so nothing was
-            # sent: give it all back (the store retries that through the outage), and the
-            # items are asked for again after a short wait, as throttled ones are. The run
-            # goes on instead of ending on a claim whose outcome is now known.
-            runner.leases.give_back_unreceived(self.owner, [it.pk for it in items], since)
-            self._local.throttled_pks = {item.pk for item in items}
-            self._local.throttled = True
-            return [None for _ in items]
-        self._local.throttled_pks = set()
-        out: list[Claim | None] = []
-        reopen = False
-        for item, got in zip(items, answers, strict=True):
-            if isinstance(got, Claim):
-                with self.guard:
-                    self.claims[item.pk] = got
-                    self.busy.pop(item.pk, None)  # found held before, now ours (collected)
-                out.append(got)
-                continue
-            if got.reason in (RefusalReason.THROTTLED, RefusalReason.REOPEN):  # asked again
-                self._local.throttled_pks.add(item.pk)  # after a short wait
-                reopen = reopen or got.reason == RefusalReason.REOPEN
-            else:
-                self._refused(item, got)
-            out.append(None)
-        self._local.throttled = bool(self._local.throttled_pks)
-        if reopen and not runner.stop.is_set():  # this process still has work (and is not
-            runner.reopen(self.run_id, self.options.lease_s)  # stopping): the run goes on
-        return out
-
-    def was_throttled(self, item: Item) -> bool:
-        """The last `claim_many` of this thread refused `item` for a provider slot."""
-        return item.pk in getattr(self._local, "throttled_pks", set())
-
-    def claim(self, item: Item) -> Claim | None:
-        """Claim one item (`claim_many` of one): None when refused, `throttled` says why."""
-        (got,) = self.claim_many([item])
-        return got
-
-    def _refused(self, item: Item, refusal: Refusal) -> None:
-        if refusal.reason == RefusalReason.BUSY:
-            self.busy[item.pk] = refusal.holder_run or "?"
-            if refusal.holder_run and refusal.holder_run != self.run_id:
-                self.followed.add(refusal.holder_run)
-        elif refusal.reason == RefusalReason.STOPPED:
-            self.runner.stop.set()
-        elif refusal.reason == RefusalReason.THROTTLED:
-            pass  # the executor keeps the item and asks again
-        else:  # done, exhausted, failed: nothing for this process to do
-            done = refusal.reason == RefusalReason.DONE
-            self.runner.on_progress(item, ItemResult.COMPLETED if done else ItemResult.SKIPPED)
-
-    def take(self, item_pk: int) -> Claim:
-        """The claim made for `item_pk` (executors that run items elsewhere look it up)."""
-        with self.guard:
-            return self.claims.pop(item_pk)
-
-    def run(self, claim: Claim) -> ItemResult:
-        with self.guard:
-            self.claims.pop(claim.item.pk, None)
-        return self.runner.process(claim, self.options)
-
-    def abandon(self, claim: Claim, reason: str = INTERRUPTED) -> None:
-        """Give up a claim whose work never started: the intent was never sent."""
-        with self.guard:
-            self.claims.pop(claim.item.pk, None)
-        self.runner.paid.withdraw_unsent(claim)
-        self.runner.leases.release(claim, reason)
-
-    def release(self, claim: Claim) -> None:
-        """Free a claim whose worker ended without finishing (a lost Dask worker, a crashed
-        task): the item becomes failed and resumable. A task that never loaded its claim
-        sent nothing, and its intent is withdrawn; an intent it may have sent stays open
-        and is reconciled by the next claim, never resubmitted (`release_unstarted`)."""
-        self.runner.leases.release_unstarted(claim, INTERRUPTED)
-
-    def collectible(self) -> list[Item]:
-        """The run's items whose jobs hold provider slots and that it may collect now
-        (`RunStore.collectible`)."""
-        return self.runner.store.collectible(self.run_id, self.profile_id)
-
-    def waiting(self, for_slot: bool) -> None:
-        """Tell the runner's `on_wait` once each time this share starts or stops waiting for
-        a provider slot (a run whose every slot is taken elsewhere shows why it stands still)."""
-        if for_slot == self._waiting_for_slot:
-            return
-        self._waiting_for_slot = for_slot
-        self.runner.on_wait(
-            f"waiting for a provider slot (profile {self.profile_id}: every slot in use)"
-            if for_slot
-            else None
-        )
-
-    def abandon_untaken(self) -> None:
-        """Claims made but never run (a cancelled future, a task that never started)."""
-        with self.guard:
-            left = list(self.claims.values())
-        for claim in left:
-            self.abandon(claim)
 
 
 @dataclass
@@ -267,7 +112,7 @@ class Runner:
         `deduplicated` only labels the outcome (the caller's request joined an existing run).
         """
         items = runnable_items(self.store, self.plans, self.gate.episode_pk, run_id, options)
-        job = _Share(self, run_id, new_owner(), options)
+        job = Share(self, run_id, new_owner(), options)
         ended = self._start(run_id, job.owner, options.lease_s)
         if ended is not None:  # the run we joined finished meanwhile: its outcome is ours
             return replace(self._outcome(run_id, ended, skipped, ()), deduplicated=deduplicated)
@@ -280,7 +125,7 @@ class Runner:
             while items:
                 job.busy.clear()
                 self.executor(items, job, concurrency, self.stop, self.on_progress)
-                if self.stop.is_set():
+                if self.stop.is_set() or job.over_budget is not None:
                     break
                 items, follow = self._next_pass(run_id, job, items)
                 if follow:
@@ -305,11 +150,13 @@ class Runner:
         if self.stop.is_set():
             interrupted = interrupted or self.interrupted.is_set()
             outcome = self._stopped(run_id, job.owner, skipped, followed, interrupted)
+        elif job.over_budget is not None:
+            outcome = self._over_budget(run_id, job, skipped, followed)
         else:
             outcome = self.finish(run_id, skipped, followed)
         return replace(outcome, deduplicated=deduplicated)
 
-    def _next_pass(self, run_id: str, job: _Share, items: list[Item]) -> tuple[list[Item], bool]:
+    def _next_pass(self, run_id: str, job: Share, items: list[Item]) -> tuple[list[Item], bool]:
         """After a pass over `items`: the items of the next pass (none: this process is
         done with the run), and whether they are followed (polled after a wait) rather
         than worked at once."""
@@ -416,6 +263,19 @@ class Runner:
         if state == RunState.RUNNING and interrupted:
             state = self._move(run_id, RunState.PAUSED, INTERRUPTED)
         return self._outcome(run_id, state, skipped, followed)
+
+    def _over_budget(
+        self, run_id: str, job: Share, skipped: int, followed: tuple[str, ...]
+    ) -> RunOutcome:
+        """A claim refused a new paid call at a cap or a budget and this process's calls in
+        flight are done: the run is paused with the reason (`BUDGET_STOPPED`: no process
+        reopens it; `runs resume` with a bigger limit goes on), unless nothing is left."""
+        counts = self.store.counts(run_id)
+        if not (counts.failed or counts.pending or counts.running):
+            return self.finish(run_id, skipped, followed)
+        self.leases.release_all(job.owner, INTERRUPTED)
+        why = f"{BUDGET_STOPPED} {job.over_budget}"[:2000]
+        return self._outcome(run_id, self._move(run_id, RunState.PAUSED, why), skipped, followed)
 
     def mark_generated(self, run_id: str | None) -> None:
         """The episode is generated once every image of its current plan is completed."""

@@ -28,6 +28,7 @@ from core.runs import Claim, Refusal, claim_live, store_stopped
 from core.states import ItemState, RunState, SubmissionState
 from storage import dbapi, installation, statements, tx
 from storage.base import utcnow
+from storage.budgets import Check, Guard
 from storage.dbapi import DriverSQL
 from storage.ledger import insert_intent, submission_of
 from storage.models import ItemRow, RunRow
@@ -149,6 +150,7 @@ class ClaimStore:
         max_job_s: float | None = None,
         allow_retry: bool = True,
         reserve: Reservation | None = None,
+        guard: Guard | None = None,
     ) -> Claim | Refusal:
         """Claim the item for `owner` (and intend a paid call if one is due), atomically.
 
@@ -170,6 +172,10 @@ class ClaimStore:
         `max_job_s` has passed. A killed holder's other slots free when its leases expire.
         The slots are counted under a lock per profile (a Postgres advisory lock; SQLite's
         write lock), so concurrent claimers never both take the last one.
+
+        With `guard`, a new paid call is also held against the run's caps and its pipeline's
+        period budgets (`storage.budgets`, under their locks): ``budget`` (its `detail`
+        says which limit, the spend and what is in flight) when it would pass one.
         """
         return self.claim_many(
             [(item_pk, allow_retry)],
@@ -181,6 +187,7 @@ class ClaimStore:
             provider_limit=provider_limit,
             max_job_s=max_job_s,
             reserve=reserve,
+            guard=guard,
         )[0]
 
     def claim_many(
@@ -195,22 +202,27 @@ class ClaimStore:
         provider_limit: int | None = None,
         max_job_s: float | None = None,
         reserve: Reservation | None = None,
+        guard: Guard | None = None,
     ) -> list[Claim | Refusal]:
         """`claim` for several items (pk, allow_retry) in one transaction, in order: one
         write instead of one per item for a dispatcher that fills many slots at once. After
-        the first ``throttled`` refusal the rest are refused the same way, unclaimed."""
-        lock = f"provider:{profile}" if provider_limit is not None else None
+        the first ``throttled`` or ``budget`` refusal the rest are refused the same way,
+        unclaimed."""
+        locks = [f"provider:{profile}"] if provider_limit is not None else []
+        if guard is not None:
+            locks += guard.locks
         slots = None if provider_limit is None else (max(1, provider_limit), max_job_s)
         return self._claim_batch(
             items,
             run_id,
             owner,
-            lock,
+            locks,
             lease_s,
             max_attempts,
             profile,
             slots,
             reserve or Reservation.none(),
+            guard,
         )
 
     def _claim_batch(
@@ -218,15 +230,17 @@ class ClaimStore:
         items: Sequence[tuple[int, bool]],
         run_id: str,
         owner: str,
-        lock: str | None,
+        locks: list[str],
         lease_s: float,
         max_attempts: int,
         profile: str,
         slots: tuple[int, float | None] | None,
         reserve: Reservation,
+        guard: Guard | None,
     ) -> list[Claim | Refusal]:
         answers: list[Claim | Refusal] = []
-        with tx.write(self.engine, lock=lock) as conn:
+        # Every advisory lock first, in the one global order (`storage.locks`); then the run.
+        with tx.write(self.engine, lock=locks) as conn:
             checked = time.monotonic()  # the proof's age counts from before the run is read
             # The run is decided before any item row is locked: cancelling a run locks the
             # run's row and then its items (`RunStore.transition_run`, the sweep), so a claim
@@ -241,11 +255,13 @@ class ClaimStore:
                 # heartbeat's renewal over this owner's items, the sweep's expired ones).
                 dbapi.fetch_all(conn, _LOCK_ITEMS, {"b_items": [pk for pk, _ in items]})
             now = utcnow()  # read with the write lock held (a waited-for lock ages a lease)
+            # read at the batch's first new paid call, then kept in memory
+            money = None if guard is None else Check(conn, guard, now)
             for item_pk, allow_retry in items:
                 if (
                     answers
                     and isinstance(answers[-1], Refusal)
-                    and answers[-1].reason == RefusalReason.THROTTLED
+                    and answers[-1].reason in (RefusalReason.THROTTLED, RefusalReason.BUDGET)
                 ):
                     answers.append(answers[-1])
                     continue
@@ -263,6 +279,7 @@ class ClaimStore:
                         slots=slots,
                         allow_retry=allow_retry,
                         reserve=reserve,
+                        money=money,
                     )
                 )
         return answers
@@ -303,6 +320,7 @@ class ClaimStore:
         slots: tuple[int, float | None] | None,
         allow_retry: bool,
         reserve: Reservation,
+        money: Check | None = None,
     ) -> Claim | Refusal:
         found = dbapi.fetch_one(conn, _ITEM_FOR_UPDATE, {"b_item": item_pk})
         if found is None:
@@ -333,8 +351,15 @@ class ClaimStore:
             and _in_flight(conn, profile, item_pk, now, slots[1]) >= slots[0]
         ):
             return Refusal(RefusalReason.THROTTLED)
+        # A new paid call is held against the run's caps and the period budgets (their
+        # locks were taken with the provider's, before the run and any item row).
+        if sub is None and money is not None and (refused := money.refusal()) is not None:
+            return refused
         lease = now + timedelta(seconds=lease_s)
-        return _take(conn, row, sub, run_id, owner, profile, lease, now, checked, reserve)
+        claim = _take(conn, row, sub, run_id, owner, profile, lease, now, checked, reserve)
+        if sub is None and money is not None:
+            money.took()
+        return claim
 
 
 def _take(

@@ -28,11 +28,12 @@ from sqlalchemy import (
 )
 
 from core.pricing import Reservation
-from core.records import ClaimAction
-from core.runs import Claim, Item, Submission
+from core.records import ClaimAction, RefusalReason
+from core.runs import Claim, Item, Refusal, Submission
 from core.states import ItemState, RunState
 from storage import dbapi, locks, statements, tx
 from storage.base import utcnow
+from storage.budgets import Check, Guard
 from storage.dbapi import DriverSQL
 from storage.ledger import insert_intent, submission_of, withdraw_in
 from storage.models import CostEntryRow, ItemRow, RunRow, SubmissionRow
@@ -69,16 +70,29 @@ class LeaseStore:
         self.engine = engine
 
     def new_attempt(
-        self, claim: Claim, profile: str, *, forced: bool, reserve: Reservation
-    ) -> Submission | None:
-        """A further paid call for a claimed item (operator's --force-resubmit).
+        self,
+        claim: Claim,
+        profile: str,
+        *,
+        forced: bool,
+        reserve: Reservation,
+        guard: Guard | None = None,
+    ) -> Submission | Refusal | None:
+        """A further paid call for a claimed item (a re-buy, the operator's
+        --force-resubmit).
 
         Re-checks, in the same transaction, that the run is running and the claim still
-        ours and live; None if not (stop spending).
+        ours and live; None if not (stop spending). With `guard`, the call is held against
+        the run's caps and its pipeline's period budgets as a claim's is (`storage.budgets`,
+        under the same locks): a ``budget`` `Refusal` when it would pass one.
         """
-        with tx.write(self.engine) as conn:
+        with tx.write(self.engine, lock=None if guard is None else guard.locks) as conn:
             if dbapi.fetch_one(conn, _HOLDS_LOCKED, _holds_params(claim)) is None:
                 return None
+            if guard is not None:
+                refused = Check(conn, guard, utcnow()).refusal()
+                if refused is not None and refused.reason == RefusalReason.BUDGET:
+                    return refused  # (a free price's probe wait is the claim's, not a re-buy's)
             return _intend(conn, claim.item, claim.run_id, profile, forced=forced, reserve=reserve)
 
     def load_claim(

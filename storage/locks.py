@@ -3,7 +3,7 @@
 Every write transaction follows one order, so no two of them wait for each other in a
 cycle (a deadlock: Postgres aborts one of them after ``deadlock_timeout``):
 
-1. **At most one named advisory lock** (Postgres ``pg_advisory_xact_lock`` on a 64-bit key
+1. **Named advisory locks** (Postgres ``pg_advisory_xact_lock`` on a 64-bit key
    derived from the name, `tx.advisory_key`; a *transaction* lock, released by commit or
    rollback: a session lock would survive a rollback and break under transaction pooling),
    taken first, by `tx.write(lock=…)`, `keyed_transaction` or `locked_transaction`:
@@ -13,8 +13,16 @@ cycle (a deadlock: Postgres aborts one of them after ``deadlock_timeout``):
      callers never both see "no run" and both insert;
    - ``provider:{profile}``: a claim that counts a profile's provider slots
      (`storage.claims`), so concurrent claimers never both take the last one;
+   - ``spend:{run_id}`` and ``budget:{pipeline}``: a claim or a re-buy that holds a run's
+     caps or its pipeline's period budgets against its money (`storage.budgets`), so
+     concurrent claimers never both take the last of a budget;
    - ``dispatch:{fingerprint}``, ``approval-wait:{pipeline}:{episode}`` (flows), ``schema``
      (migrations).
+
+   Most transactions take one. The claim takes several (its provider, spend and budget
+   names) and `tx.write` takes them all first, in ascending key order (`tx.advisory_key`):
+   the one global order, so no transaction holding a named lock waits for one that a
+   waiter of its own holds.
 
 2. **Membership locks** ``membership:{episode_pk}`` (`lock_membership`), for several episodes
    in ascending pk: every transaction that changes, or decides from, which runs include an

@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -174,9 +174,11 @@ def advisory_xact_lock(conn: Connection, name: str) -> None:
 
 
 @contextmanager
-def write(engine: Engine, lock: str | None = None) -> Iterator[Connection]:
-    """A write transaction; with `lock`, also serialized with every other transaction that
-    names it (Postgres: an advisory transaction lock taken first; SQLite: its write lock
+def write(engine: Engine, lock: str | Sequence[str] | None = None) -> Iterator[Connection]:
+    """A write transaction; with `lock` (a name, or several), also serialized with every
+    other transaction that names it (Postgres: advisory transaction locks taken first, several
+    in ascending key order, the one global order of `storage.locks`, so two transactions
+    naming overlapping sets never wait for each other in a cycle; SQLite: its write lock
     already serializes every writer)."""
     with (
         tracked_commit() as body_done,
@@ -185,7 +187,9 @@ def write(engine: Engine, lock: str | None = None) -> Iterator[Connection]:
         conn.begin(),
     ):
         if lock is not None and conn.dialect.name == "postgresql":
-            advisory_xact_lock(conn, lock)
+            names = [lock] if isinstance(lock, str) else lock
+            for name in sorted(set(names), key=_lock_key):
+                advisory_xact_lock(conn, name)
         yield conn
         body_done[0] = True
 

@@ -1,0 +1,313 @@
+"""Every cap and every period budget held against money spent, inside the claim (issue 31).
+
+Before a *new paid call* (a claim's ``submit``, a re-buy or a forced resubmit:
+`LeaseStore.new_attempt`) the claim's transaction reads what the run and its pipeline have
+spent and refuses the call (`RefusalReason.BUDGET`, with a reason naming the limit) when it
+would pass a limit. Settling an open submission (collect, reconcile) is never refused: it
+costs nothing new.
+
+- **The run's limits** (`core.planning.RunLimits`: --max-images, --max-cost, else the per-run
+  cap EPISODIC_MAX_RUN_COST), across all the run's resumes and processes: its calls are its
+  submissions (as `RunCounts.paid_submissions`); its spend is the sum of its cost entries
+  plus, for each of its open submissions (intent, accepted, unknown) without one, the larger
+  of its reservation and the *unit*; the next call costs the unit. The unit is the larger of
+  the price's estimate and the largest charge the run has recorded, so a reply's cost above
+  the estimate counts at once, for the next call and for every call in flight.
+  A price whose estimate is 0 (a profile declared free) tells nothing of what the provider
+  bills: while the run has no charge recorded and a call of it is in flight, the next one
+  waits for that charge (``throttled``: asked again shortly) under a money limit, so a free
+  profile whose provider bills in its reply sends one probe call, not a batch.
+- **The pipeline's period budgets** (``pipeline_budgets``: per ISO week, per calendar month,
+  in the pipeline's timezone, `core.periods`): a paid call is dated by its submission's
+  ``created_at``; the period's spend is the sum of the pipeline's cost entries in the
+  budget's currency whose submissions fall in the period, plus the reservations of its open
+  submissions without one (every run, process, flow run and machine together); the next
+  call costs the unit. A profile whose currency is not the budget's is refused (never
+  summed).
+
+Concurrency: the claim takes the advisory locks ``spend:{run}`` and ``budget:{pipeline}``
+together with its provider lock, first and in one global order (`storage.tx.write`,
+`storage.locks`), so two claimers anywhere never both pass on the same remaining money;
+SQLite's write lock serializes every writer already. The reads are hand-written and run on
+the bare driver (`storage.dbapi`), as the claim's own (bench/ledger.py counts them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from sqlalchemy import Connection, Engine, Table, delete
+
+from core.errors import InvalidInput
+from core.money import format_money
+from core.periods import PeriodKind, period_bounds, period_label
+from core.planning import RunLimits
+from core.pricing import Reservation
+from core.records import RefusalReason
+from core.runs import Refusal
+from storage import dbapi, statements, tx
+from storage.base import utcnow
+from storage.dbapi import DriverSQL
+from storage.models import PipelineBudgetRow
+from storage.tx import retry_outages
+
+_budgets: Table = PipelineBudgetRow.__table__  # type: ignore[assignment]
+
+_OPEN = statements.OPEN_SQL.replace("state", "s.state")
+_NO_COST = "NOT EXISTS (SELECT 1 FROM cost_entries k WHERE k.submission_pk = s.id)"
+
+# The run's figures: its calls; its cost entries (count, sum); the unit (the larger of
+# `b_estimate` and its largest charge, computed first by the CTE); and its open submissions
+# without a cost (count, and the sum of their reservations, each counted at least the unit).
+RUN_SPEND = DriverSQL(
+    "WITH c AS (SELECT count(*) AS n, COALESCE(SUM(k.amount_micros), 0) AS spent, "
+    "COALESCE(MAX(k.amount_micros), 0) AS top FROM cost_entries k JOIN submissions s "
+    "ON s.id = k.submission_pk WHERE s.run_id = :b_run), "
+    "u AS (SELECT CASE WHEN c.top > :b_estimate THEN c.top ELSE :b_estimate END AS unit "
+    "FROM c) "
+    "SELECT (SELECT count(*) FROM submissions WHERE run_id = :b_run), c.n, c.spent, u.unit, "
+    "(SELECT count(*) FROM submissions s WHERE s.run_id = :b_run AND "
+    f"{_OPEN} AND {_NO_COST}), "
+    "(SELECT COALESCE(SUM(CASE WHEN s.reserved_micros > u.unit THEN s.reserved_micros "
+    f"ELSE u.unit END), 0) FROM submissions s WHERE s.run_id = :b_run AND {_OPEN} AND "
+    f"{_NO_COST}) FROM c, u"
+)
+
+# The pipeline's budgets and its timezone (the pipeline row exists once it has a budget).
+BUDGETS = DriverSQL(
+    "SELECT b.period, b.amount_micros, b.currency, p.timezone FROM pipeline_budgets b "
+    "JOIN pipelines p ON p.name = b.pipeline WHERE b.pipeline = :b_pipeline ORDER BY b.period"
+)
+
+# One period's spend of a pipeline in one currency: cost entries of submissions dated in
+# [start, end), and the reservations of its open submissions without a cost.
+PERIOD_SPEND = DriverSQL(
+    "SELECT (SELECT COALESCE(SUM(k.amount_micros), 0) FROM cost_entries k "
+    "JOIN submissions s ON s.id = k.submission_pk JOIN episodes e ON e.id = k.episode_pk "
+    "WHERE e.pipeline = :b_pipeline AND k.currency = :b_currency AND "
+    "s.created_at >= :b_start AND s.created_at < :b_end), "
+    "(SELECT COALESCE(SUM(s.reserved_micros), 0) FROM submissions s "
+    "JOIN items i ON i.id = s.item_pk JOIN episodes e ON e.id = i.episode_pk "
+    "WHERE e.pipeline = :b_pipeline AND s.currency = :b_currency AND "
+    f"s.created_at >= :b_start AND s.created_at < :b_end AND {_OPEN} AND {_NO_COST})"
+)
+
+
+def lock_names(run_id: str, pipeline: str | None) -> list[str]:
+    """The advisory locks a claim or a re-buy takes for the money checks (`storage.locks`)."""
+    return [f"spend:{run_id}"] + ([f"budget:{pipeline}"] if pipeline is not None else [])
+
+
+@dataclass(frozen=True, slots=True)
+class Guard:
+    """What one claim holds its new paid calls against: the run's limits and, with
+    `pipeline`, that pipeline's period budgets; `reserve` is what one call is reserved at."""
+
+    run_id: str
+    pipeline: str | None
+    limits: RunLimits
+    reserve: Reservation
+
+    @property
+    def locks(self) -> list[str]:
+        return lock_names(self.run_id, self.pipeline)
+
+
+@dataclass
+class _Period:
+    kind: str
+    label: str
+    budget: int
+    currency: str
+    spent: int
+    in_flight: int
+
+
+@dataclass
+class Check:
+    """The money checks of one transaction: read once at its first new paid call, then kept
+    up to date in memory as the transaction commits intents (`took`)."""
+
+    conn: Connection
+    guard: Guard
+    now: datetime
+    _read: bool = False
+    calls: int = 0
+    charges: int = 0
+    spent: int = 0
+    unit: int = 0
+    open_calls: int = 0
+    in_flight: int = 0
+    periods: list[_Period] = field(default_factory=list)
+
+    def _load(self) -> None:
+        guard = self.guard
+        estimate = guard.reserve.micros
+        found = dbapi.fetch_one(
+            self.conn, RUN_SPEND, {"b_run": guard.run_id, "b_estimate": estimate}
+        )
+        assert found is not None  # an aggregate answers one row
+        self.calls, self.charges, self.spent, self.unit, self.open_calls, self.in_flight = (
+            int(v) for v in found
+        )
+        if guard.pipeline is not None:
+            self.periods = _periods(self.conn, guard.pipeline, self.now)
+        self._read = True
+
+    def refusal(self) -> Refusal | None:
+        """Why the next new paid call may not be made now, or None (see the module)."""
+        if not self._read:
+            self._load()
+        limits, currency = self.guard.limits, self.guard.reserve.currency
+        money = limits.max_cost_micros is not None or bool(self.periods)
+        if money and self.unit == 0 and self.charges == 0 and self.open_calls:
+            return Refusal(RefusalReason.THROTTLED)  # a free price's probe: wait for its bill
+        if limits.max_images is not None and self.calls + 1 > limits.max_images:
+            return _refused(
+                f"--max-images {limits.max_images}: the run has made {self.calls} paid calls"
+            )
+        cur = currency or "USD"
+        if limits.max_cost_micros is not None:
+            cap = limits.max_cost_micros
+            if self.spent + self.in_flight + self.unit > cap:
+                return _refused(
+                    f"{limits.cost_label} {format_money(cap, cur)}: the run has spent "
+                    f"{format_money(self.spent, cur)}, {format_money(self.in_flight, cur)} in "
+                    f"flight, and the next call costs up to {format_money(self.unit, cur)}"
+                )
+        for period in self.periods:
+            if currency is not None and currency != period.currency:
+                return _refused(
+                    f"pipeline {self.guard.pipeline!r} has a {period.kind}ly budget in "
+                    f"{period.currency}, and this profile is priced in {currency}: its "
+                    "calls cannot be counted against it (never summed across currencies)"
+                )
+            if period.spent + period.in_flight + self.unit > period.budget:
+                return _refused(
+                    f"pipeline {self.guard.pipeline!r} {period.kind}ly budget "
+                    f"{format_money(period.budget, period.currency)} ({period.label}): spent "
+                    f"{format_money(period.spent, period.currency)}, "
+                    f"{format_money(period.in_flight, period.currency)} in flight, and the "
+                    f"next call costs up to {format_money(self.unit, period.currency)}"
+                )
+        return None
+
+    def took(self) -> None:
+        """A new paid call's intent was committed in this transaction (at its reservation)."""
+        self.calls += 1
+        self.open_calls += 1
+        self.in_flight += max(self.guard.reserve.micros, self.unit)
+        for period in self.periods:
+            period.in_flight += self.guard.reserve.micros
+
+
+def _refused(detail: str) -> Refusal:
+    return Refusal(RefusalReason.BUDGET, None, detail)
+
+
+def _periods(conn: Connection, pipeline: str, now: datetime) -> list[_Period]:
+    out = []
+    for kind, amount, currency, timezone in dbapi.fetch_all(
+        conn, BUDGETS, {"b_pipeline": pipeline}
+    ):
+        spent, in_flight = period_spend(conn, pipeline, kind, currency, timezone, now)
+        label = period_label(kind, now, ZoneInfo(timezone))
+        out.append(_Period(kind, label, int(amount), currency, spent, in_flight))
+    return out
+
+
+def period_spend(
+    conn: Connection,
+    pipeline: str,
+    kind: PeriodKind,
+    currency: str,
+    timezone: str,
+    now: datetime,
+) -> tuple[int, int]:
+    """(spent, in flight) of `pipeline` in `currency` in the `kind` period containing `now`
+    in `timezone`."""
+    start, end = period_bounds(kind, now, ZoneInfo(timezone))
+    params: dict[str, Any] = {
+        "b_pipeline": pipeline,
+        "b_currency": currency,
+        "b_start": start,
+        "b_end": end,
+    }
+    found = dbapi.fetch_one(conn, PERIOD_SPEND, params)
+    assert found is not None
+    return int(found[0]), int(found[1])
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    pipeline: str
+    period: str
+    amount_micros: int
+    currency: str
+
+
+_BUDGET_ROWS = DriverSQL(
+    "SELECT pipeline, period, amount_micros, currency FROM pipeline_budgets "
+    "ORDER BY pipeline, period"
+)
+_TIMEZONE = DriverSQL("SELECT timezone FROM pipelines WHERE name = :b_pipeline")
+
+
+@retry_outages
+class BudgetStore:
+    """The pipelines' period budgets (``pipeline_budgets``; `episodic pipelines set-budget`)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def standing(self, pipeline: str) -> list[tuple[str, str, int, str, int, int]]:
+        """The pipeline's budgets as they stand now: (period, label, budget, currency,
+        spent, in flight) each."""
+        with tx.read(self.engine) as conn:
+            return [
+                (p.kind, p.label, p.budget, p.currency, p.spent, p.in_flight)
+                for p in _periods(conn, pipeline, utcnow())
+            ]
+
+    def list(self) -> list[Budget]:
+        with tx.read(self.engine) as conn:
+            rows = dbapi.fetch_all(conn, _BUDGET_ROWS, {})
+        return [Budget(r[0], r[1], int(r[2]), r[3]) for r in rows]
+
+    def set(
+        self, pipeline: str, period: PeriodKind, amount_micros: int | None, currency: str
+    ) -> tuple[int, int]:
+        """Record (or with None, clear) the pipeline's `period` budget, under the lock the
+        claims take (`budget:{pipeline}`), unless the current period has already spent more
+        than `amount_micros`. Returns the period's (spent, in flight) in `currency`;
+        raises `InvalidInput` (nothing written) for a budget below what is spent. The
+        pipeline's row exists (`PipelineStore.ensure`)."""
+        with tx.write(self.engine, lock=[f"budget:{pipeline}"]) as conn:
+            found = dbapi.fetch_one(conn, _TIMEZONE, {"b_pipeline": pipeline})
+            if found is None:
+                raise LookupError(f"pipeline {pipeline!r} is not recorded")
+            spent, in_flight = period_spend(conn, pipeline, period, currency, found[0], utcnow())
+            if amount_micros is None:
+                conn.execute(
+                    delete(_budgets).where(
+                        _budgets.c.pipeline == pipeline, _budgets.c.period == period
+                    )
+                )
+                return spent, in_flight
+            if amount_micros < spent:
+                label = period_label(period, utcnow(), ZoneInfo(found[0]))
+                raise InvalidInput(
+                    f"budget {format_money(amount_micros, currency)} per {period} is below "
+                    f"what pipeline {pipeline!r} has already spent this {period} ({label}): "
+                    f"{format_money(spent, currency)}; nothing was changed"
+                )
+            values = {"amount_micros": amount_micros, "currency": currency, "updated_at": utcnow()}
+            conn.execute(
+                tx.insert_for(conn, _budgets)
+                .values(pipeline=pipeline, period=period, **values)
+                .on_conflict_do_update(index_elements=["pipeline", "period"], set_=values)
+            )
+        return spent, in_flight
