@@ -1,0 +1,51 @@
+"""Breaker evidence (issue 31): a period budget must hold against a reply's cost above the
+estimate, as --max-cost does (tests/integration/test_budgets.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine
+
+from tests.http_server import TOKEN, PredictionsServer
+from tests.integration.test_budgets import _cli, _episodes, _ledger
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_free_profile_billed_in_its_reply_never_passes_the_weekly_budget(
+    engine: Engine, database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A `free: true` profile whose HTTP provider bills 0.40 per image in its reply, a weekly
+    budget of 0.80 and no --max-cost, three items at the default concurrency: the provider's
+    bill must never pass 0.80 (found: 1.20 billed, exit 0, on both backends)."""
+    with PredictionsServer(price_micros=400_000, report_cost=True) as server:
+        profiles = tmp_path / "providers.yaml"
+        profiles.write_text(
+            "profiles:\n  paid:\n    kind: http\n"
+            f"    base_url: {server.base_url}\n    credential_env: TEST_IMAGE_TOKEN\n"
+            '    price: {per_image: "0"}\n    free: true\n'
+            "    timeout_s: 2\n    poll_interval_s: 0.05\n"
+        )
+        monkeypatch.setenv("EPISODIC_PROVIDERS_FILE", str(profiles))
+        monkeypatch.setenv("TEST_IMAGE_TOKEN", TOKEN)
+        (episode,) = _episodes(engine, tmp_path, 1, items=3)
+        budget = _cli("pipelines", "set-budget", "weekly", "0.80", "--per", "week")
+        assert budget.returncode == 0, budget
+        done = _cli("generate", episode)
+        assert server.bill_micros <= 800_000, (server.bill_micros, done.returncode, done.stdout)
+        assert done.returncode == 7, done
+        assert server.bill_micros == _ledger(engine)
+
+
+def test_spend_with_a_far_date_is_bad_input_not_an_unexpected_error(
+    engine: Engine, database_url: str
+) -> None:
+    """`episodic spend --until 9999-12-31` is a valid YYYY-MM-DD day: found exit 1,
+    'unexpected OverflowError: date value out of range'; bad or unrepresentable dates are
+    one line and exit 2 (docs/cli.md#spend), or the report of everything."""
+    assert _cli("pipelines", "set-budget", "weekly", "1.00", "--per", "week").returncode == 0
+    far = _cli("spend", "--until", "9999-12-31")
+    assert far.returncode in (0, 2), far
+    assert "unexpected" not in far.stderr, far.stderr
