@@ -49,6 +49,9 @@ def set_budget(
     per: Annotated[str, typer.Option("--per", help="The period: week or month.")] = "week",
     currency: Annotated[str, typer.Option(help="The budget's currency code.")] = "USD",
     clear: Annotated[bool, typer.Option("--clear", help="Remove the period's budget.")] = False,
+    new: Annotated[
+        bool, typer.Option("--new", help="The pipeline has not run yet (no episode, no row).")
+    ] = False,
     as_json: JsonOption = False,
 ) -> None:
     """Set the pipeline's weekly or monthly budget: no item is claimed whose price would take
@@ -60,7 +63,7 @@ def set_budget(
 
     if clear == (amount is not None):
         raise InvalidInput("give an AMOUNT, or --clear to remove the budget (not both)")
-    result = record(context.engine(), context.settings(), pipeline, per, amount, currency)
+    result = record(context.engine(), context.settings(), pipeline, per, amount, currency, new=new)
     if as_json:
         emit_json(result)
     elif result["amount"] is None:

@@ -56,12 +56,24 @@ def set_budget(
     per: str,
     amount: str | None,
     currency: str = "USD",
+    *,
+    new: bool = False,
 ) -> dict[str, Any]:
     """Record the pipeline's weekly or monthly budget (`amount` None: clear it). Every input
     is validated before anything is written (`InvalidInput`, exit 2): a plain decimal of at
-    most six decimals, a known period, a currency code, and not below what the current
-    period has already spent (the overrun is said, not hidden)."""
+    most six decimals, a known period, a currency code, a pipeline the database knows (or
+    the configured one, or `new`: a mistyped name must not budget a pipeline nobody runs
+    while the real one has none), and not below what the current period has already spent
+    (the overrun is said, not hidden)."""
     name = validate_pipeline(pipeline)
+    from storage.spend import known_pipelines
+
+    known = known_pipelines(engine)
+    if not new and name not in known and name != settings.pipeline and known:
+        raise InvalidInput(
+            f"unknown pipeline {name!r} (known: {', '.join(known)}); pass --new to budget a "
+            "pipeline that has not run yet"
+        )
     if per not in PERIOD_KINDS:
         raise InvalidInput(f"invalid period {per!r}: expected one of {', '.join(PERIOD_KINDS)}")
     period: PeriodKind = per

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import date, timedelta
+from datetime import date, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -49,6 +49,18 @@ def check_grouping(by: str) -> str:
     if by not in GROUPINGS:
         raise InvalidInput(f"unknown --by {shown(by)}: expected one of {', '.join(GROUPINGS)}")
     return by
+
+
+def _bound(day: date | None, tz: ZoneInfo) -> datetime | None:
+    """The first instant of `day` in `tz` as a bound, or None (no bound) for no day or a
+    day at the calendar's edge (9999-12-31, 0001-01-01) whose instant is not representable:
+    every recorded call is inside such a bound anyway."""
+    if day is None:
+        return None
+    try:
+        return day_start(day, tz)
+    except OverflowError:
+        return None
 
 
 def check_window(since: date | None, until: date | None) -> None:
@@ -143,8 +155,8 @@ def window_lines(
     """Every pipeline's paid calls of the window, each bounded in its own timezone."""
     lines: list[SpendLine] = []
     for name, tz in chosen.zones.items():
-        start = day_start(since, tz) if since is not None else None
-        end = day_start(until + timedelta(days=1), tz) if until is not None else None
+        start = _bound(since, tz)
+        end = _bound(until + timedelta(days=1) if until not in (None, date.max) else None, tz)
         lines += spend_lines(engine, name, start, end)
     return lines
 

@@ -92,7 +92,18 @@ PERIOD_SPEND = DriverSQL(
     "(SELECT COALESCE(SUM(s.reserved_micros), 0) FROM submissions s "
     "JOIN items i ON i.id = s.item_pk JOIN episodes e ON e.id = i.episode_pk "
     "WHERE e.pipeline = :b_pipeline AND s.currency = :b_currency AND "
-    f"s.created_at >= :b_start AND s.created_at < :b_end AND {_OPEN} AND {_NO_COST})"
+    f"s.created_at >= :b_start AND s.created_at < :b_end AND {_OPEN} AND {_NO_COST}), "
+    # its open calls reserved at nothing (a free price's probes, of any run): while one is
+    # out, no run of the pipeline sends another whose price is 0 (see `Check.refusal`)
+    "(SELECT count(*) FROM submissions s "
+    "JOIN items i ON i.id = s.item_pk JOIN episodes e ON e.id = i.episode_pk "
+    "WHERE e.pipeline = :b_pipeline AND s.reserved_micros = 0 AND "
+    f"s.created_at >= :b_start AND s.created_at < :b_end AND {_OPEN} AND {_NO_COST}), "
+    # its dearest charge: what a free price's call is counted at once any run has one
+    "(SELECT COALESCE(MAX(k.amount_micros), 0) FROM cost_entries k "
+    "JOIN submissions s ON s.id = k.submission_pk JOIN episodes e ON e.id = k.episode_pk "
+    "WHERE e.pipeline = :b_pipeline AND k.currency = :b_currency AND "
+    "s.created_at >= :b_start AND s.created_at < :b_end)"
 )
 
 
@@ -124,6 +135,8 @@ class _Period:
     currency: str
     spent: int
     in_flight: int
+    unpriced_open: int = 0  # open calls of the period reserved at 0 (free prices' probes)
+    top: int = 0  # the period's dearest charge
 
 
 @dataclass
@@ -155,6 +168,9 @@ class Check:
         )
         if guard.pipeline is not None:
             self.periods = _periods(self.conn, guard.pipeline, self.now)
+        if estimate == 0:  # a free price: count each call at the dearest charge yet seen,
+            # in any run of the budget's period (another run's probe showed the bill)
+            self.unit = max([self.unit] + [p.top for p in self.periods])
         self._read = True
 
     def refusal(self) -> Refusal | None:
@@ -163,8 +179,15 @@ class Check:
             self._load()
         limits, currency = self.guard.limits, self.guard.reserve.currency
         money = limits.max_cost_micros is not None or bool(self.periods)
-        if money and self.unit == 0 and self.charges == 0 and self.open_calls:
-            return Refusal(RefusalReason.THROTTLED)  # a free price's probe: wait for its bill
+        if (
+            money
+            and self.unit == 0
+            and (
+                (self.charges == 0 and self.open_calls)
+                or any(p.unpriced_open for p in self.periods)
+            )
+        ):  # a free price's probe is out (this run's, or any run's of the budget's pipeline)
+            return Refusal(RefusalReason.THROTTLED)  # wait for its bill
         if limits.max_images is not None and self.calls + 1 > limits.max_images:
             return _refused(
                 f"--max-images {limits.max_images}: the run has made {self.calls} paid calls"
@@ -195,13 +218,25 @@ class Check:
                 )
         return None
 
+    def reservation(self) -> Reservation:
+        """What the next new paid call is reserved at: the larger of the price's estimate and
+        the run's dearest charge (the unit), so every later check, of this run or of any
+        other run against the same period budget, counts the call in flight at what a reply
+        has shown the provider bills (a free profile billed 0.40 in its replies reserves 0.40
+        from its second call on), not at the price's 0."""
+        if not self._read:
+            self._load()
+        return Reservation(max(self.guard.reserve.micros, self.unit), self.guard.reserve.currency)
+
     def took(self) -> None:
-        """A new paid call's intent was committed in this transaction (at its reservation)."""
+        """A new paid call's intent was committed in this transaction (at `reservation`)."""
+        counted = self.reservation().micros
         self.calls += 1
         self.open_calls += 1
-        self.in_flight += max(self.guard.reserve.micros, self.unit)
+        self.in_flight += counted
         for period in self.periods:
-            period.in_flight += self.guard.reserve.micros
+            period.in_flight += counted
+            period.unpriced_open += int(counted == 0)
 
 
 def _refused(detail: str) -> Refusal:
@@ -213,9 +248,11 @@ def _periods(conn: Connection, pipeline: str, now: datetime) -> list[_Period]:
     for kind, amount, currency, timezone in dbapi.fetch_all(
         conn, BUDGETS, {"b_pipeline": pipeline}
     ):
-        spent, in_flight = period_spend(conn, pipeline, kind, currency, timezone, now)
+        spent, in_flight, unpriced, top = period_spend(
+            conn, pipeline, kind, currency, timezone, now
+        )
         label = period_label(kind, now, ZoneInfo(timezone))
-        out.append(_Period(kind, label, int(amount), currency, spent, in_flight))
+        out.append(_Period(kind, label, int(amount), currency, spent, in_flight, unpriced, top))
     return out
 
 
@@ -226,9 +263,9 @@ def period_spend(
     currency: str,
     timezone: str,
     now: datetime,
-) -> tuple[int, int]:
-    """(spent, in flight) of `pipeline` in `currency` in the `kind` period containing `now`
-    in `timezone`."""
+) -> tuple[int, int, int, int]:
+    """(spent, in flight, open calls reserved at 0, the dearest charge) of `pipeline` in
+    `currency` in the `kind` period containing `now` in `timezone`."""
     start, end = period_bounds(kind, now, ZoneInfo(timezone))
     params: dict[str, Any] = {
         "b_pipeline": pipeline,
@@ -238,7 +275,7 @@ def period_spend(
     }
     found = dbapi.fetch_one(conn, PERIOD_SPEND, params)
     assert found is not None
-    return int(found[0]), int(found[1])
+    return int(found[0]), int(found[1]), int(found[2]), int(found[3])
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,7 +326,9 @@ class BudgetStore:
             found = dbapi.fetch_one(conn, _TIMEZONE, {"b_pipeline": pipeline})
             if found is None:
                 raise LookupError(f"pipeline {pipeline!r} is not recorded")
-            spent, in_flight = period_spend(conn, pipeline, period, currency, found[0], utcnow())
+            spent, in_flight, _, _ = period_spend(
+                conn, pipeline, period, currency, found[0], utcnow()
+            )
             if amount_micros is None:
                 conn.execute(
                     delete(_budgets).where(

@@ -356,6 +356,8 @@ class ClaimStore:
         if sub is None and money is not None and (refused := money.refusal()) is not None:
             return refused
         lease = now + timedelta(seconds=lease_s)
+        if sub is None and money is not None:  # reserved at what every check counts it at
+            reserve = money.reservation()
         claim = _take(conn, row, sub, run_id, owner, profile, lease, now, checked, reserve)
         if sub is None and money is not None:
             money.took()

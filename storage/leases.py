@@ -90,9 +90,11 @@ class LeaseStore:
             if dbapi.fetch_one(conn, _HOLDS_LOCKED, _holds_params(claim)) is None:
                 return None
             if guard is not None:
-                refused = Check(conn, guard, utcnow()).refusal()
+                check = Check(conn, guard, utcnow())
+                refused = check.refusal()
                 if refused is not None and refused.reason == RefusalReason.BUDGET:
                     return refused  # (a free price's probe wait is the claim's, not a re-buy's)
+                reserve = check.reservation()
             return _intend(conn, claim.item, claim.run_id, profile, forced=forced, reserve=reserve)
 
     def load_claim(

@@ -3,6 +3,7 @@ estimate, as --max-cost does (tests/integration/test_budgets.py)."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -14,12 +15,18 @@ from tests.integration.test_budgets import _cli, _episodes, _ledger
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.parametrize("episodes", [1, 4])
 def test_a_free_profile_billed_in_its_reply_never_passes_the_weekly_budget(
-    engine: Engine, database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    engine: Engine,
+    database_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    episodes: int,
 ) -> None:
     """A `free: true` profile whose HTTP provider bills 0.40 per image in its reply, a weekly
     budget of 0.80 and no --max-cost, three items at the default concurrency: the provider's
-    bill must never pass 0.80 (found: 1.20 billed, exit 0, on both backends)."""
+    bill must never pass 0.80 (found: 1.20 billed, exit 0, on both backends). With four
+    episodes' generates started together (four runs, each with its own probe), too."""
     with PredictionsServer(price_micros=400_000, report_cost=True) as server:
         profiles = tmp_path / "providers.yaml"
         profiles.write_text(
@@ -30,13 +37,15 @@ def test_a_free_profile_billed_in_its_reply_never_passes_the_weekly_budget(
         )
         monkeypatch.setenv("EPISODIC_PROVIDERS_FILE", str(profiles))
         monkeypatch.setenv("TEST_IMAGE_TOKEN", TOKEN)
-        (episode,) = _episodes(engine, tmp_path, 1, items=3)
+        ids = _episodes(engine, tmp_path, episodes, items=3)
         budget = _cli("pipelines", "set-budget", "weekly", "0.80", "--per", "week")
         assert budget.returncode == 0, budget
-        done = _cli("generate", episode)
-        assert server.bill_micros <= 800_000, (server.bill_micros, done.returncode, done.stdout)
-        assert done.returncode == 7, done
-        assert server.bill_micros == _ledger(engine)
+        with ThreadPoolExecutor(episodes) as pool:  # separate processes, started together
+            ended = list(pool.map(lambda e: _cli("generate", e), ids))
+        bill = server.bill_micros
+        assert bill <= 800_000, (bill, [(d.returncode, d.stdout, d.stderr) for d in ended])
+        assert {d.returncode for d in ended} <= {0, 7} and 7 in {d.returncode for d in ended}
+        assert bill == _ledger(engine)
 
 
 def test_spend_with_a_far_date_is_bad_input_not_an_unexpected_error(
@@ -49,3 +58,18 @@ def test_spend_with_a_far_date_is_bad_input_not_an_unexpected_error(
     far = _cli("spend", "--until", "9999-12-31")
     assert far.returncode in (0, 2), far
     assert "unexpected" not in far.stderr, far.stderr
+
+
+def test_a_mistyped_pipeline_is_refused_rather_than_budgeted(
+    engine: Engine, database_url: str, tmp_path: Path
+) -> None:
+    """Breaker finding: `set-budget weeklyy 5.00` made a pipeline nobody runs and left the
+    real one without a budget (exit 0). Refused in one line naming the known pipelines,
+    nothing written; `--new` budgets a pipeline that has not run yet."""
+    _episodes(engine, tmp_path, 1, items=1)  # the pipeline `weekly` is known
+    typo = _cli("pipelines", "set-budget", "weeklyy", "5.00", "--per", "week")
+    assert typo.returncode == 2 and "unknown pipeline 'weeklyy'" in typo.stderr, typo
+    assert "weekly" in typo.stderr and len(typo.stderr.strip().splitlines()) == 1
+    assert "weeklyy" not in _cli("pipelines", "list", "--json").stdout
+    fresh = _cli("pipelines", "set-budget", "monthly-digest", "5.00", "--per", "week", "--new")
+    assert fresh.returncode == 0, fresh
