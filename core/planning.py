@@ -44,7 +44,7 @@ class RunOptions:
     # how long an accepted job is collected (polled, downloaded) before the item is left
     # for the next run to collect, at no cost
     collect_timeout_s: float = DEFAULT_COLLECT_TIMEOUT_S
-    # EPISODIC_MAX_RUN_COST in minor units: applies when neither max_images nor max_cost is
+    # EPISODIC_MAX_RUN_COST in micro-units: applies when neither max_images nor max_cost is
     # given (a 100,000-image playlist never starts by default)
     cap_micros: int | None = None
 

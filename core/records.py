@@ -87,7 +87,7 @@ class EpisodeImage:
     media_type: str | None  # image/png, image/jpeg or image/webp (None for a legacy row)
     legacy_path: str | None  # the absolute file of a row written before the media store
     remote_ref: str | None  # the provider's id of the paid call's job
-    cost_micros: int  # what the paid call cost, in minor units of `currency`
+    cost_micros: int  # what the paid call cost, in micro-units of `currency`
     currency: str
 
     @property

@@ -53,7 +53,7 @@ from storage.tx import Database
 @dataclass(frozen=True)
 class Quote:
     """What buying again would cost: ``items`` (their ids) at ``price_micros`` each, in
-    minor units of ``currency``, ``total_micros`` in all, from provider profile ``profile``."""
+    micro-units of ``currency``, ``total_micros`` in all, from provider profile ``profile``."""
 
     episode_id: str
     items: list[str]

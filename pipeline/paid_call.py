@@ -205,7 +205,7 @@ class PaidCall:
             return False
         counts = self.store.counts(claim.run_id)
         still_open = counts.pending + counts.running  # this item among them
-        price = self.provider.capabilities.reserve_micros
+        price = self.reservation.micros
         calls = counts.paid_submissions + still_open
         return budget_breach(calls, counts.cost_micros + price * still_open, options) is None
 

@@ -53,7 +53,7 @@ DEFAULT_COLLECT_TIMEOUT_S = 60.0
 class ItemRestore:
     """What happened to one completed image (`Status`, the module docstring), its store key
     when it is in the store, a one-line detail, and what its paid call cost (``cost_micros``
-    in minor units of ``currency``: what buying it again would cost at the same price)."""
+    in micro-units of ``currency``: what buying it again would cost at the same price)."""
 
     item_id: str
     status: Status

@@ -111,11 +111,6 @@ class Capabilities:
     def currency(self) -> str:
         return self.price.currency
 
-    @property
-    def reserve_micros(self) -> int:
-        """What one paid call is estimated and reserved at before it settles."""
-        return self.price.estimate_micros
-
 
 @dataclass(frozen=True, slots=True)
 class ImageRequest:

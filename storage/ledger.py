@@ -414,7 +414,7 @@ def completed_outputs(engine: Engine, episode_pk: int) -> list[EpisodeImage]:
 
 def ledger_totals(engine: Engine) -> tuple[int, dict[str, int]]:
     """What the whole ledger holds: (paid calls it records: every submission, whatever its
-    outcome, as `episode_spend` counts them; cost in minor units per currency). (0, {}) for a
+    outcome, as `episode_spend` counts them; cost in micro-units per currency). (0, {}) for a
     database without the schema. What `episodic state remove` weighs before removing it."""
     from storage.schema import current_revision
 

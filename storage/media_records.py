@@ -59,7 +59,7 @@ def decided_refusal(episode_id: str, state: str) -> str:
 class RecordedImage:
     """A completed item's image as the ledger records it, with the paid call that made it:
     ``provider_profile`` and ``remote_ref`` (the provider's job, collected again for free),
-    ``cost_micros`` in minor units of ``currency``. ``key``/``size``/``media_type`` are None
+    ``cost_micros`` in micro-units of ``currency``. ``key``/``size``/``media_type`` are None
     for a legacy row, whose file is ``legacy_path``."""
 
     item_pk: int

@@ -15,7 +15,8 @@ from pipeline.allocation import allocate
 from pipeline.generation import record_plan
 from storage.engine import make_engine
 from tests.generation import write_playlist
-from tests.http_server import TOKEN, PredictionsServer
+from tests.http_server import PredictionsServer
+from tests.integration.test_budgets import free_profile_billed_in_replies
 
 pytestmark = pytest.mark.slow
 
@@ -27,15 +28,7 @@ def test_the_flow_stops_buying_at_its_max_cost(
     items, max_cost 0.80: the flow run fails with the budget's message, the provider billed
     0.80 and the ledger says the same; the run is paused, stopped buying."""
     with PredictionsServer(price_micros=400_000, report_cost=True) as server:
-        providers = tmp_path / "providers.yaml"
-        providers.write_text(
-            "profiles:\n  paid:\n    kind: http\n"
-            f"    base_url: {server.base_url}\n    credential_env: TEST_IMAGE_TOKEN\n"
-            '    price: {per_image: "0"}\n    free: true\n    timeout_s: 2\n'
-            "    poll_interval_s: 0.05\n"
-        )
-        monkeypatch.setenv("EPISODIC_PROVIDERS_FILE", str(providers))
-        monkeypatch.setenv("TEST_IMAGE_TOKEN", TOKEN)
+        free_profile_billed_in_replies(server, tmp_path, monkeypatch)
         engine = make_engine(harness)
         try:
             episode = str(

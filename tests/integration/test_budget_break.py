@@ -9,8 +9,13 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine
 
-from tests.http_server import TOKEN, PredictionsServer
-from tests.integration.test_budgets import _cli, _episodes, _ledger
+from tests.http_server import PredictionsServer
+from tests.integration.test_budgets import (
+    _cli,
+    _episodes,
+    _ledger,
+    free_profile_billed_in_replies,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -28,15 +33,7 @@ def test_a_free_profile_billed_in_its_reply_never_passes_the_weekly_budget(
     bill must never pass 0.80 (found: 1.20 billed, exit 0, on both backends). With four
     episodes' generates started together (four runs, each with its own probe), too."""
     with PredictionsServer(price_micros=400_000, report_cost=True) as server:
-        profiles = tmp_path / "providers.yaml"
-        profiles.write_text(
-            "profiles:\n  paid:\n    kind: http\n"
-            f"    base_url: {server.base_url}\n    credential_env: TEST_IMAGE_TOKEN\n"
-            '    price: {per_image: "0"}\n    free: true\n'
-            "    timeout_s: 2\n    poll_interval_s: 0.05\n"
-        )
-        monkeypatch.setenv("EPISODIC_PROVIDERS_FILE", str(profiles))
-        monkeypatch.setenv("TEST_IMAGE_TOKEN", TOKEN)
+        free_profile_billed_in_replies(server, tmp_path, monkeypatch)
         ids = _episodes(engine, tmp_path, episodes, items=3)
         budget = _cli("pipelines", "set-budget", "weekly", "0.80", "--per", "week")
         assert budget.returncode == 0, budget

@@ -59,6 +59,22 @@ def _bill() -> tuple[int, int]:
     return len(jobs), sum(int(e["cost_micros"]) for e in jobs)
 
 
+def free_profile_billed_in_replies(
+    server: PredictionsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Profile ``paid``: a `free: true` http profile (estimate 0) on `server`, whose replies
+    carry what it bills (`report_cost`)."""
+    profiles = tmp_path / "providers.yaml"
+    profiles.write_text(
+        "profiles:\n  paid:\n    kind: http\n"
+        f"    base_url: {server.base_url}\n    credential_env: TEST_IMAGE_TOKEN\n"
+        '    price: {per_image: "0"}\n    free: true\n'
+        "    timeout_s: 2\n    poll_interval_s: 0.05\n"
+    )
+    monkeypatch.setenv("EPISODIC_PROVIDERS_FILE", str(profiles))
+    monkeypatch.setenv("TEST_IMAGE_TOKEN", TOKEN)
+
+
 def _ledger(engine: Engine) -> int:
     with engine.connect() as conn:
         return int(
@@ -156,15 +172,7 @@ def test_a_reply_cost_above_the_estimate_stops_buying_at_once(
     """A `free: true` profile (estimate 0) whose HTTP provider bills 0.40 per image in its
     reply, --max-cost 0.80, eight items: the provider's bill never passes 0.80."""
     with PredictionsServer(price_micros=400_000, report_cost=True) as server:
-        profiles = tmp_path / "providers.yaml"
-        profiles.write_text(
-            "profiles:\n  paid:\n    kind: http\n"
-            f"    base_url: {server.base_url}\n    credential_env: TEST_IMAGE_TOKEN\n"
-            '    price: {per_image: "0"}\n    free: true\n'
-            "    timeout_s: 2\n    poll_interval_s: 0.05\n"
-        )
-        monkeypatch.setenv("EPISODIC_PROVIDERS_FILE", str(profiles))
-        monkeypatch.setenv("TEST_IMAGE_TOKEN", TOKEN)
+        free_profile_billed_in_replies(server, tmp_path, monkeypatch)
         (episode,) = _episodes(engine, tmp_path, 1, items=8)
         done = _cli("generate", episode, "--max-cost", "0.80", "--concurrency", "4")
         assert done.returncode == 7, done

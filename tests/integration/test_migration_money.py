@@ -4,37 +4,17 @@ up to a cent (never down) and upgrading again is exact. On SQLite and Postgres."
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import Engine, inspect, text
 from sqlalchemy.exc import IntegrityError
 
-from storage.engine import make_engine
 from storage.schema import HEAD_REVISION, alembic_config, current_revision, upgrade
-from tests.databases import PostgresDatabases, SqliteDatabases
 
 # amounts in whole cents as a ledger before 0016 holds them: nothing, a cent, a price, the
 # largest one image may cost (10 million units)
 MINOR = [0, 1, 4, 25, 1_000_000_000]
-
-
-@pytest.fixture
-def empty_engine(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
-    if backend == "sqlite":
-        databases: SqliteDatabases = request.getfixturevalue("sqlite_databases")
-        engine = make_engine(databases.fresh(tmp_path / "money", migrated=False))
-        yield engine
-        engine.dispose()
-        return
-    pg: PostgresDatabases = request.getfixturevalue("postgres_databases")
-    name = pg.fresh(migrated=False)
-    engine = make_engine(pg.url(name))
-    yield engine
-    engine.dispose()
-    pg.drop(name)
 
 
 def _to(engine: Engine, revision: str, down: bool = False) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,23 +16,6 @@ from storage.base import Base
 from storage.engine import make_engine
 from storage.installation import ID, installation_id
 from storage.schema import HEAD_REVISION, alembic_config, current_revision, ensure_schema, upgrade
-from tests.databases import PostgresDatabases, SqliteDatabases
-
-
-@pytest.fixture
-def empty_engine(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
-    if backend == "sqlite":
-        databases: SqliteDatabases = request.getfixturevalue("sqlite_databases")
-        engine = make_engine(databases.fresh(tmp_path / "empty", migrated=False))
-        yield engine
-        engine.dispose()
-        return
-    pg: PostgresDatabases = request.getfixturevalue("postgres_databases")
-    name = pg.fresh(migrated=False)
-    engine = make_engine(pg.url(name))
-    yield engine
-    engine.dispose()
-    pg.drop(name)
 
 
 def test_upgrade_head_on_an_empty_database_matches_the_models(empty_engine: Engine) -> None:
