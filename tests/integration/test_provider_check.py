@@ -187,3 +187,38 @@ def test_a_secret_block_without_a_prefect_api_says_how_to_configure_one(
     assert err.count("\n") == 1 and "unexpected" not in err
     assert "export PREFECT_API_URL=" in err and "credential_env" in err
     assert replicate.requests == []
+
+
+def test_the_profiles_init_writes_pass_the_check_against_the_documented_schemas(
+    replicate: ReplicateServer,
+    fal: FalServer,
+    providers_file: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import yaml
+
+    from cli.app import run
+
+    replicate.models = {
+        "black-forest-labs/flux-schnell": REPLICATE_INPUTS,
+        "black-forest-labs/flux-dev": REPLICATE_INPUTS,
+    }
+    fal.models = {"fal-ai/flux/schnell": FAL_INPUTS, "fal-ai/flux/dev": FAL_INPUTS}
+    monkeypatch.delenv("EPISODIC_PROVIDERS_FILE")
+    assert run(["init", "--playlist", str(tmp_path / "playlist.yaml")]) == 0
+    written = yaml.safe_load((tmp_path / "home" / "providers.yaml").read_text())
+    for profile in written["profiles"].values():  # the local servers, as a test's proxy
+        if profile["kind"] == "replicate":
+            profile |= {"base_url": replicate.base_url, "credential_env": "REP_TOKEN"}
+        else:
+            profile |= {"base_url": fal.base_url, "schema_url": fal.schema_url}
+            profile["credential_env"] = "FAL_TOKEN"
+    providers_file.write_text(yaml.safe_dump(written))
+    monkeypatch.setenv("EPISODIC_PROVIDERS_FILE", str(providers_file))
+    for name in written["profiles"]:
+        capsys.readouterr()
+        assert run(["providers", "check", name, "--json"]) == 0, capsys.readouterr()
+        assert json.loads(capsys.readouterr().out)["check"]["ok"] is not False
+    assert not replicate.jobs_made and not fal.jobs_made
