@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sqlalchemy import Engine
 
 from tests.jobs_servers import FAL_INPUTS, REPLICATE_INPUTS, TOKEN, FalServer, ReplicateServer
 
@@ -222,3 +223,31 @@ def test_the_profiles_init_writes_pass_the_check_against_the_documented_schemas(
         assert run(["providers", "check", name, "--json"]) == 0, capsys.readouterr()
         assert json.loads(capsys.readouterr().out)["check"]["ok"] is not False
     assert not replicate.jobs_made and not fal.jobs_made
+
+
+def test_generate_with_a_secret_block_profile_and_no_prefect_api_is_one_line_exit_2(
+    engine: Engine,
+    replicate: ReplicateServer,
+    providers_file: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """generate read credentials from the environment only: "names no credential_env"."""
+    from cli.app import run
+    from tests.generation import new_episode, write_playlist
+
+    providers_file.write_text(
+        "profiles:\n  p:\n    kind: replicate\n    model: black-forest-labs/flux-schnell\n"
+        f"    base_url: {replicate.base_url}\n    credential_secret_block: rep-token\n"
+        '    price: {per_image: "0.003"}\n'
+    )
+    episode = new_episode(engine)
+    episode.plan(write_playlist(tmp_path / "pl", ["a", "b"], profile="p"))
+    monkeypatch.setitem(sys.modules, "prefect.blocks.system", None)  # type: ignore[arg-type]
+    capsys.readouterr()
+    assert run(["generate", episode.episode_id]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "export PREFECT_API_URL=" in err
+    assert "names no credential_env" not in err
+    assert replicate.requests == [] and not replicate.jobs_made
