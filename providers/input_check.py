@@ -49,9 +49,19 @@ def input_properties(schema: object, name: str = "Input") -> dict[str, Any] | No
 
 def request_properties(schema: object, path: str) -> dict[str, Any] | None:
     """The properties of the JSON body ``POST path`` takes in an OpenAPI document (its
-    ``$ref`` into ``components.schemas`` followed), or None."""
-    found: object = schema
-    for key in ("paths", path, "post", "requestBody", "content", "application/json", "schema"):
+    ``$ref`` into ``components.schemas`` followed), or None. A document whose one POST with a
+    body is under another path (an alias of the endpoint) is read there."""
+    paths = schema.get("paths") if isinstance(schema, dict) else None
+    if not isinstance(paths, dict):
+        return None
+    posts = {name: op.get("post") for name, op in paths.items() if isinstance(op, dict)}
+    bodies = [
+        name for name, post in posts.items() if isinstance(post, dict) and post.get("requestBody")
+    ]
+    if path not in bodies and len(bodies) == 1:
+        path = bodies[0]
+    found: object = posts.get(path)
+    for key in ("requestBody", "content", "application/json", "schema"):
         found = found.get(key) if isinstance(found, dict) else None
     if isinstance(found, dict) and isinstance(found.get("$ref"), str):
         ref = found["$ref"]

@@ -251,3 +251,26 @@ def test_generate_with_a_secret_block_profile_and_no_prefect_api_is_one_line_exi
     assert err.count("\n") == 1 and "export PREFECT_API_URL=" in err
     assert "names no credential_env" not in err
     assert replicate.requests == [] and not replicate.jobs_made
+
+
+def test_a_prefect_api_that_does_not_answer_is_one_line_exit_1(
+    replicate: ReplicateServer,
+    providers_file: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import socket
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    providers_file.write_text(
+        "profiles:\n  p:\n    kind: replicate\n    model: black-forest-labs/flux-schnell\n"
+        f"    base_url: {replicate.base_url}\n    credential_secret_block: rep-token\n"
+        '    price: {per_image: "0.003"}\n'
+    )
+    monkeypatch.setenv("PREFECT_API_URL", f"http://127.0.0.1:{port}/api")
+    code, out, err = check(capsys)
+    assert code == 1 and out == ""
+    assert err.count("\n") == 1 and "the Prefect API did not answer" in err
+    assert "unexpected" not in err and replicate.requests == []
