@@ -20,6 +20,7 @@ from cli import (
     demo,
     episodes,
     generate,
+    init,
     legacy,
     maintenance,
     media,
@@ -59,6 +60,8 @@ app.command("sweep")(maintenance.sweep)
 app.command("dispatch")(maintenance.dispatch)
 app.command("replay")(replay.replay)
 app.command("spend")(spend.spend)
+app.command("init")(init.init)
+app.command("schema")(init.schema)
 app.add_typer(episodes.app, name="episodes")
 app.add_typer(runs.app, name="runs")
 app.add_typer(db.app, name="db")

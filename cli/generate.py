@@ -117,9 +117,9 @@ def generate(
     """
     from core.dedup import check_dedup_options
     from pipeline.admission import options_from_request
-    from pipeline.gate import EnvironmentCredentials
     from pipeline.generation import generate as generate_run
     from pipeline.generation import prepare
+    from tasks.credentials import CommandLineCredentials
 
     check_dedup_options(idempotency_key, batch_id, allow_duplicate)
     if resume is not None and hero_candidates is not None:
@@ -165,7 +165,7 @@ def generate(
             name,
             episode_id,
             options,
-            EnvironmentCredentials(),
+            CommandLineCredentials(),
             idempotency_key=idempotency_key,
             batch_id=batch_id,
             allow_duplicate=allow_duplicate,
@@ -186,8 +186,8 @@ def retry(
     """Retry the failed items of EPISODE_ID's latest generation run (or join it if it is
     still running; a run whose process died is taken over; a cancelled run's request is
     asked again)."""
-    from pipeline.gate import EnvironmentCredentials
     from pipeline.generation import retry as retry_run
+    from tasks.credentials import CommandLineCredentials
 
     with run_progress(as_json) as on_start:
         outcome = retry_run(
@@ -195,7 +195,7 @@ def retry(
             context.settings(),
             context.pipeline_name(pipeline),
             episode_id,
-            EnvironmentCredentials(),
+            CommandLineCredentials(),
             force_resubmit=force_resubmit,
             on_start=on_start,
         )
@@ -216,8 +216,8 @@ def resume_run(
     run of that episode; `max_images`/`max_cost`: the run's limits from now on."""
     from core.ids import parse_run_id
     from core.money import parse_money
-    from pipeline.gate import EnvironmentCredentials
     from pipeline.generation import resume
+    from tasks.credentials import CommandLineCredentials
 
     run_id = parse_run_id(run_id)
     max_cost_micros = parse_money(max_cost) if max_cost is not None else None  # exit 2
@@ -226,7 +226,7 @@ def resume_run(
             context.engine(),
             context.settings(),
             run_id,
-            EnvironmentCredentials(),
+            CommandLineCredentials(),
             force_resubmit=force_resubmit,
             on_start=on_start,
             episode_id=episode_id,

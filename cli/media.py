@@ -107,8 +107,8 @@ def restore(
     and with --buy-again bought again (a normal paid run, capped, the cost shown first).
     Exit 0: every image is in the store; 1: some are not; 2: refused; 5: no such episode.
     """
-    from pipeline.gate import EnvironmentCredentials
     from pipeline.restore import restore as restore_episode
+    from tasks.credentials import CommandLineCredentials
 
     if not buy_again and (yes or max_images is not None or max_cost is not None):
         from core.errors import InvalidInput
@@ -125,7 +125,7 @@ def restore(
             context.settings(),
             context.pipeline_name(pipeline),
             episode_id,
-            EnvironmentCredentials(),
+            CommandLineCredentials(),
             collect_timeout_s=float(collect_timeout),
             stop=stop,
             on_plan=start,
@@ -183,7 +183,7 @@ def _buy_again(
     from core.money import parse_money
     from core.planning import RunOptions
     from pipeline.buy_again import Quote, buy_again
-    from pipeline.gate import EnvironmentCredentials
+    from tasks.credentials import CommandLineCredentials
 
     settings = context.settings()
 
@@ -210,7 +210,7 @@ def _buy_again(
             settings,
             context.pipeline_name(pipeline),
             episode_id,
-            EnvironmentCredentials(),
+            CommandLineCredentials(),
             options,
             confirm,
             collect_timeout_s=float(collect_timeout),

@@ -44,9 +44,9 @@ def _cells(row: dict[str, object]) -> tuple[str, ...]:
 def list_profiles(as_json: JsonOption = False) -> None:
     """Every provider profile (built in and from EPISODIC_PROVIDERS_FILE) and its capabilities."""
     from pipeline.provider_check import capability_row
-    from providers.profiles import load_profiles
+    from providers.profiles import configured_profiles
 
-    profiles = load_profiles(context.settings().providers_path)
+    profiles = configured_profiles(context.settings())
     rows = [capability_row(profiles[name]).to_dict() for name in sorted(profiles)]
     if as_json:
         emit_json(rows)
@@ -56,30 +56,25 @@ def list_profiles(as_json: JsonOption = False) -> None:
 
 @app.command("check")
 def check(profile: ProfileArg, as_json: JsonOption = False) -> None:
-    """Validate a profile and verify its credential without spending (a free call where the
-    provider's API has one; otherwise it says it cannot check without spending). The
-    credential comes from its environment variable, or its Prefect Secret block through the
-    configured Prefect API. Exit 0 verified or not checkable, 2 invalid profile or refused
-    credential, 1 no answer."""
+    """Validate a profile and verify what can be verified without spending: the credential
+    (Replicate, http), the model and its pinned version, and every configured input name
+    against the model's input schema (Replicate, fal); fal's key cannot be checked without
+    spending. The credential comes from its environment variable, or its Prefect Secret
+    block through PREFECT_API_URL. Exit 0 verified (or not checkable), 2 invalid profile,
+    refused credential, unknown model or unknown input, 1 no answer."""
     from core.exit_codes import ExitCode
-    from pipeline.gate import EnvironmentCredentials
     from pipeline.provider_check import capability_row, check_profile
-    from providers.profiles import get_profile, load_profiles
+    from providers.profiles import configured_profiles, get_profile
+    from tasks.credentials import CommandLineCredentials
 
     settings = context.settings()
-    chosen = get_profile(load_profiles(settings.providers_path), profile)
+    chosen = get_profile(configured_profiles(context.settings()), profile)
     row = capability_row(chosen).to_dict()
-    if chosen.credential_secret_block:  # read from the Prefect API configured here
-        from tasks.credentials import PrefectSecretCredentials
-
-        result = check_profile(chosen, PrefectSecretCredentials(), settings.home_path)
-    else:
-        result = check_profile(chosen, EnvironmentCredentials(), settings.home_path)
+    result = check_profile(chosen, CommandLineCredentials(), settings.home_path)
     if as_json:
         emit_json({**row, "check": {"ok": result.ok, "message": result.message}})
     else:
         table(None, _COLUMNS, [_cells(row)])
         typer.echo(f"check: {result.message}")
     if result.ok is False:
-        refused = "refused" in result.message
-        raise typer.Exit(int(ExitCode.REFUSED if refused else ExitCode.ERROR))
+        raise typer.Exit(int(ExitCode.REFUSED if result.refused else ExitCode.ERROR))

@@ -143,11 +143,11 @@ def cancel(run_id: RunArg, as_json: JsonOption = False) -> None:
     from core.ids import parse_run_id
     from core.states import RunState
     from pipeline.cancel import cancel_run
-    from pipeline.gate import EnvironmentCredentials
     from storage.runs import RunStore
+    from tasks.credentials import CommandLineCredentials
 
     run_id = parse_run_id(run_id)
-    state, jobs = cancel_run(context.engine(), context.settings(), run_id, EnvironmentCredentials())
+    state, jobs = cancel_run(context.engine(), context.settings(), run_id, CommandLineCredentials())
     if as_json:
         run = _run_dict(RunStore(context.engine()).get_run(run_id))
         emit_json({**run, "provider_cancels": [job.to_dict() for job in jobs]})

@@ -21,7 +21,7 @@ from core.errors import ProviderConfigError
 from core.settings import Settings, load_settings, validate_pipeline
 from deployments.spec import WORK_POOL, deployment_specs, project_version, weekly_spec
 from pipeline.pipelines import pipeline_config
-from providers.profiles import load_profiles
+from providers.profiles import configured_profiles
 from storage.registry import engine_for
 from tasks.results import ensure_result_storage
 
@@ -47,7 +47,7 @@ def prefect_setup(
     config = pipeline_config(engine_for(settings), settings, name)
     limits = [  # enforced by the claims in the database (no Prefect limit to create)
         {"profile": profile.id, "limit": profile.max_concurrency}
-        for profile in load_profiles(settings.providers_path).values()
+        for profile in configured_profiles(settings).values()
     ]
     if work_pool:
         _ensure_process_pool(work_pool)

@@ -35,7 +35,7 @@ from sqlalchemy import Engine
 from core.settings import load_settings
 from pipeline.report import episode_report
 from pipeline.thumbnails import thumbnail_data_uri
-from providers.profiles import load_profiles
+from providers.profiles import configured_profiles
 
 _MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~&])")
 
@@ -156,7 +156,7 @@ def profile_prices() -> dict[str, tuple[int, str]]:
     when the profiles cannot be read (committed then counts the billed cost only)."""
     try:
         settings = load_settings()
-        profiles = load_profiles(settings.providers_path)
+        profiles = configured_profiles(settings)
         return {p.id: (p.pricing.estimate_micros, p.currency) for p in profiles.values()}
     except Exception as exc:  # a view: a broken profiles file is reported elsewhere
         _warn("provider prices not read: %s", _described(exc))

@@ -21,7 +21,7 @@ from core.settings import Settings
 from core.states import RunState
 from pipeline.gate import CredentialSource, GatePass, build_provider, open_gate
 from providers.base import CancelsJobs, Provider, ProviderError
-from providers.profiles import Profile, get_profile, load_profiles
+from providers.profiles import Profile, configured_profiles, get_profile
 from storage.cancels import CancelStore
 from storage.episodes import EpisodeRepository
 from storage.ledger import LedgerStore
@@ -90,7 +90,7 @@ def cancel_run(
     if not jobs:
         return run.state, []
     gate = open_gate(engine, run.pipeline, run.episode_id, "cancel")
-    profiles = load_profiles(settings.providers_path)
+    profiles = configured_profiles(settings)
     answers: list[JobCancel] = []
     providers: dict[str, Provider | str] = {}  # a client, or why it could not be built
     for submission, remote_ref, profile_id in jobs:

@@ -37,7 +37,7 @@ from pipeline.playlists import (
     read_reference_image,
 )
 from pipeline.runner import Runner, mark_generated
-from providers.profiles import Profile, get_profile, load_profiles
+from providers.profiles import Profile, configured_profiles, get_profile
 from storage.admission import AdmissionStore
 from storage.cancels import CancelStore
 from storage.claims import ClaimStore
@@ -148,7 +148,7 @@ def prepare(
                 raise frozen_plan(gate.episode_id, str(gate.episode.state))
             parsed, replan = changed, (changed, references, hero_candidates)
     items = expand(parsed, references, gate.episode_id, gate.pipeline)
-    profile = get_profile(load_profiles(settings.providers_path), parsed.provider_profile)
+    profile = get_profile(configured_profiles(settings), parsed.provider_profile)
     reference = parsed.reference_image_sha256(references)
     if (
         reference is not None

@@ -106,12 +106,14 @@ def capability_row(profile: Profile) -> CapabilityRow:
 
 @dataclass(frozen=True, slots=True)
 class CheckResult:
-    ok: bool | None  # True: verified; False: refused; None: cannot check without spending
+    ok: bool | None  # True: verified; False: refused or no answer; None: not all checkable
     message: str
+    refused: bool = False  # ok False: the profile, credential, model or an input refused
 
 
 def check_profile(profile: Profile, credentials: CredentialSource, state_dir: Path) -> CheckResult:
-    """Verify the profile's credential without spending: the adapter's free call
+    """Verify the profile (its credential, model and input names) without spending: the
+    adapter's free calls
     (`ChecksCredential`), never a submit. A check is not a paid command, so it needs no
     episode's gate. `state_dir`: the installation's home (see `providers.registry`).
     Raises `ProviderConfigError` (no credential, malformed)."""
@@ -126,9 +128,12 @@ def check_profile(profile: Profile, credentials: CredentialSource, state_dir: Pa
             raise CannotCheck(f"the {profile.kind} adapter has no free call that verifies it")
         return CheckResult(True, client.check())
     except CannotCheck as exc:
-        return CheckResult(None, f"cannot check without spending: {exc}")
+        text = str(exc)
+        if "cannot check without spending" not in text and "cannot be checked" not in text:
+            text = f"cannot check without spending: {text}"
+        return CheckResult(None, text)
     except ProviderConfigError as exc:
-        return CheckResult(False, str(exc))
+        return CheckResult(False, str(exc), refused=True)
     except ProviderError as exc:
         return CheckResult(False, f"no answer: {exc}")
     finally:

@@ -37,7 +37,7 @@ from pipeline.gate import CredentialSource, GatePass, build_provider, open_gate
 from pipeline.media import prove_image
 from pipeline.media_view import writable_store
 from providers.base import CollectionPending, Provider, RemoteJobFailed, Stopped
-from providers.profiles import get_profile, load_profiles
+from providers.profiles import configured_profiles, get_profile
 from storage.media import MediaStore
 from storage.media_records import MediaRecords, RecordedImage
 from storage.tx import Database
@@ -219,7 +219,7 @@ def _providers(
     needed = sorted({image.provider_profile for image in images if image.remote_ref})
     if not needed:
         return {}
-    profiles = load_profiles(settings.providers_path)
+    profiles = configured_profiles(settings)
     built: dict[str, Provider] = {}
     try:
         for name in needed:

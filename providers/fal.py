@@ -16,8 +16,10 @@
   legacy apps may send none): the compute time a per_second price is charged on.
 - **Cancel** ``PUT .../requests/{id}/cancel``: ``{"status": "CANCELLATION_REQUESTED" |
   "ALREADY_COMPLETED" | "NOT_FOUND" | "OK"}``.
-- **Check**: fal documents no free endpoint that verifies an ordinary key, so
-  ``episodic providers check`` says it cannot check without spending.
+- **Check**: fal documents no free endpoint that verifies an ordinary key; ``episodic
+  providers check`` verifies the endpoint and its input names against the endpoint's public
+  OpenAPI schema (``https://fal.ai/api/openapi/queue/openapi.json?endpoint_id=...``, the
+  profile's ``schema_url``) and says the key cannot be checked without spending.
 
 Errors on submit, by what they prove (a refused submit has no ``request_id``): 429
 `RateLimited`; any other 4xx but 409 `PermanentProviderError` (401, 403 locked account, 404
@@ -39,6 +41,7 @@ import re
 
 import httpx
 
+from core.errors import ProviderConfigError
 from providers.base import (
     CancelsJobs,
     CannotCheck,
@@ -50,11 +53,14 @@ from providers.base import (
     RemoteJobFailed,
     UnknownOutcome,
 )
+from providers.input_check import check_inputs, request_properties
 from providers.jobs_api import JobsApiClient, NotYet, compute_us_of, read_json
 from providers.profiles import Profile
 from providers.replicate import model_input
 
 QUEUE = "https://queue.fal.run"
+# One endpoint's OpenAPI document (``?endpoint_id=fal-ai/flux/dev``), public and free
+OPENAPI = "https://fal.ai/api/openapi/queue/openapi.json"
 _REQUEST_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,127}")
 _STATUSES = {"IN_QUEUE", "IN_PROGRESS", "COMPLETED"}
 _CANCEL = {"OK", "CANCELLATION_REQUESTED", "ALREADY_COMPLETED", "NOT_FOUND"}
@@ -142,7 +148,35 @@ class FalProvider(JobsApiClient, CancelsJobs, DescribesJobs, ChecksCredential):
         return str(status)
 
     def check(self) -> str:
-        """fal documents no free call that verifies an ordinary key."""
+        """Verify the model and its inputs without spending: the endpoint's OpenAPI schema
+        (``GET {schema_url}?endpoint_id={model}``, public: sent without the key) must exist
+        and take every configured input name. fal documents no free call that verifies an
+        ordinary key, so this ends in `CannotCheck` naming what was verified. Raises
+        `ProviderConfigError` (no such endpoint, an unknown input) or `UnknownOutcome` (no
+        answer)."""
+        url = self.profile.schema_url or OPENAPI
+        try:
+            response = self._files.get(
+                url, params={"endpoint_id": self.model}, follow_redirects=False
+            )
+        except httpx.HTTPError as exc:
+            raise UnknownOutcome(f"schema: {type(exc).__name__}") from None
+        if response.status_code == 404:
+            raise ProviderConfigError(
+                f"profile {self.profile.id!r}: fal has no endpoint {self.model}"
+            )
+        try:
+            schema = read_json(response) if response.status_code == 200 else None
+        except ValueError:
+            schema = None
+        if not isinstance(schema, dict):
+            raise UnknownOutcome(f"schema of {self.model}: HTTP {response.status_code}")
+        properties = request_properties(schema, f"/{self.model}")
+        if properties is None:
+            raise UnknownOutcome(f"schema of {self.model}: no input schema for POST /{self.model}")
+        names = check_inputs(self.profile, properties, f"endpoint {self.model}")
         raise CannotCheck(
-            "fal documents no free call that verifies a key; the first paid submit does"
+            f"endpoint {self.model} takes every configured input ({', '.join(names)}); the "
+            "key cannot be checked without spending (fal documents no free call that "
+            "verifies one: the first paid submit does)"
         )

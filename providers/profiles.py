@@ -56,7 +56,7 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 from urllib.parse import urlsplit
 
 import httpx
@@ -73,6 +73,9 @@ from core.documents import DocumentError, parse_yaml, read_text
 from core.errors import ProviderConfigError
 from core.money import MAX_IMAGE_COST_MICROS, MICROS, micros_from_minor, parse_money
 from core.pricing import MILLION, Basis, Price
+
+if TYPE_CHECKING:
+    from core.settings import Settings
 
 PROFILE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # as a playlist's provider_profile
 INPUT_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"  # a model input's name
@@ -165,6 +168,8 @@ class Profile(BaseModel):
     currency: str = Field(default="USD", pattern="^[A-Z]{3}$")
     max_concurrency: int = Field(default=4, ge=1, le=256, strict=True)
     base_url: str | None = Field(default=None, min_length=1, max_length=2048)
+    # fal only: where an endpoint's OpenAPI schema is read (`providers check`), default fal's
+    schema_url: str | None = Field(default=None, min_length=1, max_length=2048)
     credential_env: str | None = Field(default=None, pattern="^[A-Z_][A-Z0-9_]*$")
     # a Prefect block document name: lowercase letters, digits and dashes
     credential_secret_block: str | None = Field(default=None, pattern="^[a-z0-9-]{1,128}$")
@@ -314,6 +319,8 @@ class Profile(BaseModel):
             )
             if taken:
                 raise ValueError(f"inputs: {', '.join(sorted(map(str, taken)))} is set per item")
+        if self.schema_url is not None and self.kind != "fal":
+            raise ValueError("schema_url: only a fal profile has one")
         if self.version is not None and self.kind != "replicate":
             raise ValueError("version: only a replicate profile has one")
         if self.lookup_by_input and self.kind != "replicate":
@@ -333,7 +340,7 @@ class Profile(BaseModel):
             )
         return self
 
-    @field_validator("base_url")
+    @field_validator("base_url", "schema_url")
     @classmethod
     def _http_origin(cls, value: str | None) -> str | None:
         """An http(s) URL with a host and nothing that could carry a secret or a surprise
@@ -369,9 +376,24 @@ BUILTIN = {
 }
 
 
-def load_profiles(path: Path | None) -> dict[str, Profile]:
+def configured_profiles(settings: Settings) -> dict[str, Profile]:
+    """The profiles this installation's settings name: the built-in ones and those of
+    ``EPISODIC_PROVIDERS_FILE``, which must exist when given (a mistyped path is refused, not
+    read as "only the built-in profiles"); the default ``$EPISODIC_HOME/providers.yaml`` may
+    be absent."""
+    return load_profiles(settings.providers_path, required=settings.providers_file is not None)
+
+
+def load_profiles(path: Path | None, *, required: bool = False) -> dict[str, Profile]:
+    """The built-in profiles and those of the YAML file `path` (absent: none, unless
+    `required`: then `ProviderConfigError`, exit 2)."""
     profiles = dict(BUILTIN)
     try:
+        if path is not None and required and not path.is_file():
+            raise ProviderConfigError(
+                f"EPISODIC_PROVIDERS_FILE: {path} does not exist or is not a file (unset it "
+                "for the state folder's providers.yaml; `episodic init` writes one)"
+            )
         if path is None or not path.exists():
             return profiles
         raw = parse_yaml(read_text(path, max_bytes=MAX_PROFILES_BYTES))

@@ -38,6 +38,7 @@ from typing import Any
 
 import httpx
 
+from core.errors import ProviderConfigError
 from providers.base import (
     CancelsJobs,
     Capabilities,
@@ -48,6 +49,7 @@ from providers.base import (
     RemoteJobFailed,
     UnknownOutcome,
 )
+from providers.input_check import check_inputs, input_properties, shown
 from providers.jobs_api import (
     STATUS_WORD,
     JobsApiClient,
@@ -176,8 +178,12 @@ class ReplicateProvider(JobsApiClient, CancelsJobs, DescribesJobs, ChecksCredent
         return status
 
     def check(self) -> str:
-        """Verify the token without spending (``GET /v1/account``); the account's name.
-        Raises `ProviderConfigError` (refused token) or `UnknownOutcome` (no answer)."""
+        """Verify without spending: the token (``GET /v1/account``), the model (``GET
+        /v1/models/{owner}/{name}``), the pinned version if any (``GET
+        .../versions/{id}``), and every configured input name against the version's
+        OpenAPI schema (``components.schemas.Input.properties``). Raises
+        `ProviderConfigError` (refused token, no such model or version, an unknown input)
+        or `UnknownOutcome` (no answer)."""
         response = self._verify("/account")
         try:
             username = read_json(response).get("username") if response.is_success else None
@@ -185,5 +191,36 @@ class ReplicateProvider(JobsApiClient, CancelsJobs, DescribesJobs, ChecksCredent
             username = None
         if not isinstance(username, str):
             raise UnknownOutcome(f"account: HTTP {response.status_code} without an account")
-        shown = "".join(char for char in username[:100] if char.isprintable())
-        return f"Replicate accepted the token (account {shown or '?'})"
+        account = shown(username) or "?"
+        model = self._found(f"/models/{self.model}", f"model {self.model}")
+        where = f"model {self.model}"
+        version: object = model.get("latest_version")
+        if self.profile.version is not None:
+            version = self._found(
+                f"/models/{self.model}/versions/{self.profile.version}",
+                f"version {self.profile.version} of model {self.model}",
+            )
+            where = f"{self.model} version {self.profile.version[:12]}"
+        schema = version.get("openapi_schema") if isinstance(version, dict) else None
+        properties = input_properties(schema)
+        if properties is None:
+            raise UnknownOutcome(f"{where}: the reply has no input schema")
+        names = check_inputs(self.profile, properties, where)
+        return (
+            f"Replicate accepted the token (account {account}); {where} takes every "
+            f"configured input ({', '.join(names)})"
+        )
+
+    def _found(self, path: str, what: str) -> dict[str, Any]:
+        """A free GET that must answer a JSON object: 404 is `ProviderConfigError` (no such
+        model or version), anything else but 200 `UnknownOutcome`."""
+        response = self._verify(path)
+        if response.status_code == 404:
+            raise ProviderConfigError(f"profile {self.profile.id!r}: Replicate has no {what}")
+        try:
+            body = read_json(response) if response.status_code == 200 else None
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            raise UnknownOutcome(f"{what}: HTTP {response.status_code} without its description")
+        return body

@@ -6,15 +6,20 @@ records whether a credential ever reached it.
 ``ReplicateServer``: ``POST /v1/models/{owner}/{name}/predictions`` and ``POST /v1/predictions``
 (with ``version``), ``GET /v1/predictions/{id}``, ``GET /v1/predictions`` (newest first,
 ``created_after``/``created_before``, ``next`` as an absolute URL with a cursor),
-``POST /v1/predictions/{id}/cancel``, ``GET /v1/account``; ``Authorization: Bearer TOKEN``.
+``POST /v1/predictions/{id}/cancel``, ``GET /v1/account``, ``GET /v1/models/{owner}/{name}``
+(``latest_version.openapi_schema``) and ``.../versions/{id}`` (``models``, ``versions``: the
+known ones and their ``components.schemas.Input.properties``; 404 otherwise);
+``Authorization: Bearer TOKEN``.
 A prediction is ``starting``, then ``processing``, then ``succeeded`` with ``output`` a list
 of URLs (``output_as_string``: one URL).
 
 ``FalServer``: ``POST /{owner}/{app}[/{subpath}]`` (the input as the body), ``GET
 /{owner}/{app}/requests/{id}/status`` (202 ``IN_QUEUE``, 202 ``IN_PROGRESS``, 200
 ``COMPLETED``), ``GET /{owner}/{app}/requests/{id}`` (``images: [{url, ...}]``), ``PUT
-.../cancel``; ``Authorization: Key TOKEN``. Request URLs with the subpath answer 404, as the
-adapter must drop it.
+.../cancel``; ``Authorization: Key TOKEN``; on the files origin (public, no key) the
+endpoint's OpenAPI document ``/api/openapi/queue/openapi.json?endpoint_id=`` (``schema_url``;
+``POST /{endpoint}``'s body a ``$ref`` to its input schema; 404 for an unknown endpoint).
+Request URLs with the subpath answer 404, as the adapter must drop it.
 
 Markers in the prompt, ``:n`` for the first n calls of that prompt and seed (default 1):
 ``[[HTTP_429:n]]``, ``[[REFUSE_422:n]]``, ``[[HTTP_401:n]]`` (refused, nothing made);
@@ -81,6 +86,42 @@ DEFAULT_COMPUTE_S = 2.803618  # a predict_time from Replicate's own cassettes
 _COMPUTE = re.compile(r"\[\[COMPUTE_MS:([0-9]{1,9})\]\]")
 _SIZE = re.compile(r"\[\[SIZE:([0-9]{1,4})x([0-9]{1,4})\]\]")
 BILLINGS = ("per_image", "per_second", "per_megapixel", "per_whole_megapixel")
+# The input properties of the models' published schemas (names as Replicate's
+# black-forest-labs/flux-schnell and fal's fal-ai/flux/dev list them; types abridged)
+REPLICATE_INPUTS = {
+    name: {"type": kind, "title": name.replace("_", " ").title(), "x-order": order}
+    for order, (name, kind) in enumerate(
+        [
+            ("prompt", "string"),
+            ("seed", "integer"),
+            ("go_fast", "boolean"),
+            ("megapixels", "string"),
+            ("num_outputs", "integer"),
+            ("aspect_ratio", "string"),
+            ("output_format", "string"),
+            ("output_quality", "integer"),
+            ("num_inference_steps", "integer"),
+            ("disable_safety_checker", "boolean"),
+            ("image", "string"),
+        ]
+    )
+}
+FAL_INPUTS = {
+    name: {"type": kind, "title": name.replace("_", " ").title()}
+    for name, kind in [
+        ("prompt", "string"),
+        ("image_size", "string"),
+        ("num_inference_steps", "integer"),
+        ("seed", "integer"),
+        ("guidance_scale", "number"),
+        ("sync_mode", "boolean"),
+        ("num_images", "integer"),
+        ("enable_safety_checker", "boolean"),
+        ("output_format", "string"),
+        ("acceleration", "string"),
+    ]
+}
+OPENAPI_PATH = "/api/openapi/queue/openapi.json"
 
 
 @functools.lru_cache(maxsize=64)
@@ -169,6 +210,9 @@ class _JobsServer:
         self.processing_polls = processing_polls
         self.reply: Callable[[str, str], tuple[int, Any] | None] | None = None
         self.lose_creates = 0
+        # the models the API knows (None: every one), each with its input schema's properties
+        self.models: dict[str, dict[str, Any]] | None = None
+        self.versions: dict[str, dict[str, Any]] = {}  # Replicate: pinned version -> inputs
         self.api = _Origin("127.0.0.1", _handler(self, api=True))
         self.files = _Origin(_second_loopback(), _handler(self, api=False))
 
@@ -373,6 +417,8 @@ class ReplicateServer(_JobsServer):
     def get(self, path: str, query: dict[str, list[str]]) -> tuple[int, Any]:
         if path == "/v1/account":
             return 200, {"type": "user", "username": "episodic-test", "name": "Test"}
+        if path.startswith("/v1/models/"):
+            return self.model_reply(path.removeprefix("/v1/models/"))
         if path == "/v1/predictions":
             return 200, self.listing(query)
         job = self.jobs.get(path.removeprefix("/v1/predictions/"))
@@ -380,6 +426,49 @@ class ReplicateServer(_JobsServer):
             return 404, {"title": "Not found", "status": 404, "detail": "no such prediction"}
         self.advance(job)
         return 200, self.prediction(job)
+
+    def model_reply(self, rest: str) -> tuple[int, Any]:
+        """``GET /v1/models/{owner}/{name}`` (with ``latest_version``) or
+        ``.../versions/{id}``, each version with its ``openapi_schema`` as Cog publishes it."""
+        model, _, version = rest.partition("/versions/")
+        inputs = REPLICATE_INPUTS if self.models is None else self.models.get(model)
+        if inputs is None or (version and version not in self.versions):
+            return 404, {"title": "Not found", "status": 404, "detail": "Not found."}
+        if version:
+            return 200, self.version_reply(version, self.versions[version])
+        owner, name = model.split("/", 1)
+        return 200, {
+            "url": f"https://replicate.com/{model}",
+            "owner": owner,
+            "name": name,
+            "visibility": "public",
+            "run_count": 1,
+            "latest_version": self.version_reply("b" * 64, inputs),
+        }
+
+    @staticmethod
+    def version_reply(version: str, inputs: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "id": version,
+            "created_at": "2026-01-01T00:00:00.000000Z",
+            "cog_version": "0.9.4",
+            "openapi_schema": {
+                "openapi": "3.0.2",
+                "info": {"title": "Cog", "version": "0.1.0"},
+                "paths": {"/predictions": {"post": {"summary": "Predict"}}},
+                "components": {
+                    "schemas": {
+                        "Input": {
+                            "type": "object",
+                            "title": "Input",
+                            "required": ["prompt"],
+                            "properties": inputs,
+                        },
+                        "Output": {"type": "array", "items": {"type": "string"}},
+                    }
+                },
+            },
+        }
 
     def listing(self, query: dict[str, list[str]]) -> dict[str, Any]:
         after = query.get("created_after", [""])[0]
@@ -426,6 +515,51 @@ class FalServer(_JobsServer):
     @property
     def base_url(self) -> str:
         return self.api.origin
+
+    @property
+    def schema_url(self) -> str:
+        """fal's per-endpoint OpenAPI document (on the other origin: public, no key)."""
+        return f"{self.files.origin}{OPENAPI_PATH}"
+
+    def openapi(self, endpoint: str) -> tuple[int, Any]:
+        """The OpenAPI 3 document of one endpoint (``?endpoint_id=``), as fal serves it:
+        ``POST /{endpoint}`` takes a ``$ref`` to its input schema in ``components``."""
+        inputs = FAL_INPUTS if self.models is None else self.models.get(endpoint)
+        if inputs is None:
+            return 404, {"detail": f"endpoint {endpoint} not found"}
+        title = "".join(part.title() for part in re.split(r"[/_-]", endpoint)[1:])
+        ref = {"$ref": f"#/components/schemas/{title}Input"}
+        return 200, {
+            "openapi": "3.0.4",
+            "info": {
+                "title": "Queue OpenAPI for " + endpoint,
+                "x-fal-metadata": {"endpointId": endpoint},
+            },
+            "components": {
+                "schemas": {
+                    "QueueStatus": {"type": "object", "properties": {"status": {}}},
+                    f"{title}Input": {
+                        "title": "BaseInput",
+                        "type": "object",
+                        "required": ["prompt"],
+                        "properties": inputs,
+                    },
+                    f"{title}Output": {"type": "object", "properties": {"images": {}}},
+                }
+            },
+            "paths": {
+                f"/{endpoint}/requests/{{request_id}}/status": {"get": {}},
+                f"/{endpoint}": {
+                    "post": {
+                        "requestBody": {
+                            "required": True,
+                            "content": {"application/json": {"schema": ref}},
+                        },
+                        "responses": {"200": {"description": "The request status."}},
+                    }
+                },
+            },
+        }
 
     def create(self, path: str, body: Any) -> tuple[int, Any] | None:
         model = path.strip("/")
@@ -577,6 +711,9 @@ def _handler(server: _JobsServer, *, api: bool) -> type[BaseHTTPRequestHandler]:
             if not api:
                 if url.path.startswith("/files/"):  # outputs need no credential
                     self._send(*server.file(url.path.rsplit("/", 1)[-1].removesuffix(".png")))
+                elif url.path == OPENAPI_PATH and isinstance(server, FalServer):
+                    endpoint = parse_qs(url.query).get("endpoint_id", [""])[0]
+                    self._send(*server.openapi(endpoint))
                 else:
                     self._send(404, {"detail": "not found"})
             elif self._authorized():

@@ -54,6 +54,7 @@ def fal_profile(server: FalServer, **fields: Any) -> Profile:
         "kind": "fal",
         "model": "fal-ai/flux/dev",
         "base_url": server.base_url,
+        "schema_url": server.schema_url,
         "credential_env": "FAL_KEY",
         "cost_per_image_minor": 2,
         "inputs": {"image_size": "landscape_16_9", "num_images": 1},
@@ -204,7 +205,9 @@ def test_replicate_failed_canceled_and_aborted_predictions_and_their_cost(
 
 def test_replicate_check_verifies_the_token_without_spending(replicate: ReplicateServer) -> None:
     assert ReplicateProvider(profile=replicate_profile(replicate), token=TOKEN).check() == (
-        "Replicate accepted the token (account episodic-test)"
+        "Replicate accepted the token (account episodic-test); model "
+        "black-forest-labs/flux-schnell takes every configured input (prompt, seed, "
+        "num_outputs, aspect_ratio)"
     )
     from core.errors import ProviderConfigError
 
@@ -471,6 +474,7 @@ def test_providers_check_verifies_without_spending_and_prints_the_capability_row
         "    cost_per_image_minor: 3\n"
         "  falp:\n    kind: fal\n    model: fal-ai/flux/dev\n"
         f"    base_url: {fal.base_url}\n    credential_env: FAL_TOKEN\n"
+        f"    schema_url: {fal.schema_url}\n"
         "    cost_per_image_minor: 2\n"
     )
     monkeypatch.setenv("EPISODIC_PROVIDERS_FILE", str(tmp_path / "providers.yaml"))
@@ -481,11 +485,12 @@ def test_providers_check_verifies_without_spending_and_prints_the_capability_row
     shown = json.loads(capsys.readouterr().out)
     assert shown["check"] == {
         "ok": True,
-        "message": "Replicate accepted the token (account episodic-test)",
+        "message": "Replicate accepted the token (account episodic-test); model owner/model "
+        "takes every configured input (prompt, seed)",
     }
     assert shown["idempotent_create"] is False and shown["lookup"].startswith("no (")
     assert "lookup_by_input" in shown["lookup"]  # found by input only on one's own account
-    assert [r.path for r in replicate.requests] == ["/v1/account"]
+    assert [r.path for r in replicate.requests] == ["/v1/account", "/v1/models/owner/model"]
     monkeypatch.setenv("REP_TOKEN", "wrong-token")
     assert run(["providers", "check", "rep"]) == 2
     assert "refused the token" in capsys.readouterr().out
@@ -493,8 +498,11 @@ def test_providers_check_verifies_without_spending_and_prints_the_capability_row
     shown = json.loads(capsys.readouterr().out)
     assert (
         shown["check"]["ok"] is None
-        and "cannot check without spending" in shown["check"]["message"]
+        and "the key cannot be checked without spending" in shown["check"]["message"]
     )
+    (schema,) = fal.files.requests  # fal's public schema, read without the key
+    assert schema.path.startswith("/api/openapi/queue/openapi.json?endpoint_id=fal-ai")
+    assert "authorization" not in schema.headers
     assert shown["on_ambiguous_reply"] == "left to an operator (never sent again)"
     assert fal.requests == [] and not replicate.jobs_made  # nothing sent that could spend
     assert run(["providers", "list", "--json"]) == 0
@@ -657,9 +665,10 @@ def test_cancel_asks_for_a_failed_runs_uncollected_jobs_and_says_when_it_could_n
 
 
 def test_a_hostile_account_name_never_reaches_the_terminal_raw(replicate: ReplicateServer) -> None:
-    replicate.reply = lambda kind, path: (200, {"username": "\x1b[2J\x1b[31mPWNED\x07"})
+    hostile = {"username": "\x1b[2J\x1b[31mPWNED\x07"}
+    replicate.reply = lambda kind, path: (200, hostile) if path == "/v1/account" else None
     said = ReplicateProvider(profile=replicate_profile(replicate), token=TOKEN).check()
-    assert said == "Replicate accepted the token (account [2J[31mPWNED)"
+    assert said.startswith("Replicate accepted the token (account [2J[31mPWNED); ")
 
 
 def test_a_number_past_pythons_digit_limit_in_a_yaml_file_is_one_line_exit_2(

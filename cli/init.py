@@ -1,0 +1,73 @@
+"""`episodic init` (the starter files) and `episodic schema` (their JSON Schemas)."""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from cli import context
+from cli.options import JsonOption
+from cli.output import emit_json
+
+
+def init(
+    playlist: Annotated[
+        Path | None,
+        typer.Option(
+            "--playlist",
+            help="Where the playlist skeleton goes [default: playlist.yaml in the project "
+            "folder, else the working directory].",
+        ),
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Write a commented providers file (Replicate and fal profiles with their published
+    prices) where the settings read it (EPISODIC_PROVIDERS_FILE, default
+    $EPISODIC_HOME/providers.yaml) and a playlist skeleton. An existing file is never
+    overwritten: it is kept, and said so (exit 0). Next: `episodic providers check PROFILE`
+    (docs/providers.md, From zero to a first paid run)."""
+    from core.home import mark_state_folder, project_folder
+    from pipeline.starter import write_starter_files
+
+    settings = context.settings()
+    providers = settings.providers_path
+    if providers.parent == settings.home_path:
+        mark_state_folder(settings.home_path)
+    if playlist is None:
+        playlist = (project_folder() or Path.cwd()) / "playlist.yaml"
+    files = write_starter_files(providers, playlist.absolute())
+    if as_json:
+        emit_json({"files": [file.to_dict() for file in files]})
+        return
+    for file in files:
+        said = "wrote" if file.written else "kept (it exists; not overwritten)"
+        typer.echo(f"{file.what}: {said} {file.path}")
+    typer.echo(
+        "next: set REPLICATE_API_TOKEN (https://replicate.com/account/api-tokens) or FAL_KEY "
+        "(https://fal.ai/dashboard/keys), then `episodic providers check "
+        "replicate-flux-schnell`"
+    )
+
+
+class SchemaKind(StrEnum):
+    playlist = "playlist"
+    providers = "providers"
+
+
+def schema(
+    kind: Annotated[
+        SchemaKind, typer.Argument(help="Which file: playlist or providers.", case_sensitive=True)
+    ],
+) -> None:
+    """Print the JSON Schema (draft 2020-12) of a playlist or a providers file, for editors
+    to validate it as it is written (e.g. `episodic schema providers >
+    providers.schema.json`, then `# yaml-language-server: $schema=providers.schema.json` at
+    the top of the file). Unknown fields are flagged; `episodic providers check` and
+    `episodic plan` check the rest."""
+    from pipeline.schemas import json_schema
+
+    typer.echo(json.dumps(json_schema(kind.value), indent=2))

@@ -1,0 +1,129 @@
+"""`episodic init`: the starter files of a project, written where the settings read them
+(the providers file at ``EPISODIC_PROVIDERS_FILE``, default ``$EPISODIC_HOME/providers.yaml``;
+a playlist skeleton for ``episodic plan --playlist``), never over an existing file.
+
+The prices are the providers' published ones (read 2026-12): Replicate's
+black-forest-labs/flux-schnell $0.003 and flux-dev $0.025 per output image; fal's
+fal-ai/flux/schnell $0.003 and fal-ai/flux/dev $0.025 per megapixel, every started megapixel
+billed (``whole_megapixels``). Check them against the providers' pages before a paid run.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from core.errors import InvalidInput
+
+PROVIDERS_TEMPLATE = """\
+# Provider profiles: which paid image API a playlist's `provider_profile` uses, and what an
+# image costs there. Written by `episodic init`; format: docs/providers.md (Profiles).
+# Editors validate this file with the JSON Schema of `episodic schema providers`.
+#
+# Credentials are never written here. Each profile names where its credential is read:
+#   credential_env: REPLICATE_API_TOKEN     an environment variable of the shell or worker
+#   credential_secret_block: replicate-token   a Prefect Secret block (needs PREFECT_API_URL)
+# Replicate tokens: https://replicate.com/account/api-tokens; fal keys:
+# https://fal.ai/dashboard/keys. Then `episodic providers check PROFILE` verifies the token,
+# the model and every input name below without spending anything.
+#
+# Prices are decimal strings (quoted) in USD, the providers' published prices when this file
+# was written: check them on the model's page before the first paid run.
+profiles:
+  replicate-flux-schnell:            # fast and cheap: $0.003 per image
+    kind: replicate
+    model: black-forest-labs/flux-schnell
+    credential_env: REPLICATE_API_TOKEN
+    # credential_secret_block: replicate-token   # instead of credential_env
+    price: {per_image: "0.003"}
+    max_concurrency: 4               # jobs in flight at once, every run and machine
+    inputs: {aspect_ratio: "1:1", num_outputs: 1, output_format: png}
+    prompt_input: prompt             # the model's name for the prompt
+    seed_input: seed                 # the model's name for the seed (null: it takes none)
+
+  replicate-flux-dev:                # better images: $0.025 per image
+    kind: replicate
+    model: black-forest-labs/flux-dev
+    credential_env: REPLICATE_API_TOKEN
+    price: {per_image: "0.025"}
+    max_concurrency: 4
+    inputs: {aspect_ratio: "1:1", num_outputs: 1, output_format: png}
+
+  fal-flux-schnell:                  # $0.003 per started megapixel (1024x768: 1 MP)
+    kind: fal
+    model: fal-ai/flux/schnell
+    credential_env: FAL_KEY
+    price: {per_megapixel: "0.003", whole_megapixels: true, at_most: "1"}
+    max_concurrency: 4
+    inputs: {image_size: landscape_4_3, num_images: 1, output_format: png}
+
+  fal-flux-dev:                      # $0.025 per started megapixel
+    kind: fal
+    model: fal-ai/flux/dev
+    credential_env: FAL_KEY
+    price: {per_megapixel: "0.025", whole_megapixels: true, at_most: "1"}
+    max_concurrency: 4
+    inputs: {image_size: landscape_4_3, num_images: 1, output_format: png}
+"""
+
+PLAYLIST_TEMPLATE = """\
+# A playlist: what each episode generates. Written by `episodic init`; format:
+# docs/playlist.md. Editors validate it with `episodic schema playlist`.
+#   episodic allocate                          # this week's episode id, e.g. 2026-W32-1
+#   episodic plan EPISODE_ID --playlist playlist.yaml
+#   episodic generate EPISODE_ID --plan        # what it would buy, and the estimate
+template:
+  id: weekly-cover
+  version: 1                         # raise it when you change the prompt
+  prompt: "Cinematic cover art for the video '{title}', part {part}, soft light, no text"
+# The profile of providers.yaml that buys the images (`fake`: free, local, for a dry run)
+provider_profile: replicate-flux-schnell
+items:
+  - video_id: v01
+    title: "Morning Harbor"
+    seed: 1001
+  - video_id: v02
+    title: "Glass Forest"
+    parts: [1, 2]                    # two images: part 1 and part 2
+    seed: 1002
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class StarterFile:
+    what: str  # "providers" or "playlist"
+    path: Path
+    written: bool  # False: it existed, and was kept as it is
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "what": self.what,
+            "path": str(self.path),
+            "status": "written" if self.written else "kept",
+        }
+
+
+def write_starter_files(providers: Path, playlist: Path) -> list[StarterFile]:
+    """Write the providers file and the playlist skeleton where absent; an existing file (or
+    one another process makes meanwhile) is kept. Raises `InvalidInput` when a path cannot be
+    written (its folder is a file, no permission)."""
+    return [
+        _write("providers", providers, PROVIDERS_TEMPLATE),
+        _write("playlist", playlist, PLAYLIST_TEMPLATE),
+    ]
+
+
+def _write(what: str, path: Path, text: str) -> StarterFile:
+    if path.exists() or path.is_symlink():
+        return StarterFile(what, path, written=False)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return StarterFile(what, path, written=False)
+    except OSError as exc:
+        raise InvalidInput(f"{what} file {path} cannot be written ({exc.strerror})") from None
+    with os.fdopen(descriptor, "w", encoding="utf-8") as out:
+        out.write(text)
+    return StarterFile(what, path, written=True)
