@@ -7,10 +7,11 @@ letterboxed on the background colour, never stretched) and two caption lines und
 video's title and a small label (item id, or a hero candidate's number). Text is drawn with
 Pillow's built-in scalable font (`ImageFont.load_default(size=...)`, Aileron) and Pillow's
 basic layout, never a font file of the machine, so the same inputs make the same bytes on
-every machine with the same Pillow. That font draws Latin text; a character it has no glyph
-for (Cyrillic, CJK, ...) is drawn as its empty box: the video id beside it still names the
-video, and the approval form (rendered by the browser) shows the title as written. Text too
-wide for its tile is cut and ends with an ellipsis.
+every machine with the same Pillow. That font draws basic Latin only: an accented letter is
+drawn as its base letter (``Café`` as ``Cafe``), a dash as ``-`` (`drawable`), and a
+character of another script (Cyrillic, CJK, ...) as the font's empty box: the video id beside
+it still names the video, and the approval form (rendered by the browser) shows the title as
+written. Text too wide for its tile is cut and ends with an ellipsis.
 
 No database, no Prefect: `compose` takes the rows of tiles and answers the PNG bytes and
 the layout (where each tile, its fitted image and its text went) as data.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import io
 import math
+import unicodedata
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING
@@ -93,6 +95,49 @@ def font(size: int) -> ImageFont.FreeTypeFont:
     return loaded.font_variant(layout_engine=ImageFont.Layout.BASIC)
 
 
+# Stand-ins for characters the built-in font lacks and that have no plain-letter
+# decomposition (an accented letter is drawn as its base letter: `drawable`).
+_STAND_INS = {
+    "\u2010": "-", "\u2011": "-", "\u2012": "-", "\u2013": "-", "\u2014": "-", "\u2015": "-",
+    "\u2022": "\u00b7", "\u00df": "ss", "\u00f8": "o", "\u00d8": "O", "\u00e6": "ae",
+    "\u00c6": "AE", "\u0153": "oe", "\u0152": "OE", "\u0142": "l", "\u0141": "L",
+    "\u0111": "d", "\u0110": "D", "\u00fe": "th", "\u00de": "Th", "\u00d7": "x",
+    "\u20ac": "EUR", "\u00bd": "1/2", "\u00bc": "1/4", "\u00be": "3/4", "\u00a1": "!",
+    "\u00bf": "?", "\u00f7": "/",
+}  # fmt: skip
+
+
+@lru_cache(maxsize=4096)
+def has_glyph(char: str) -> bool:
+    """Whether the built-in font draws `char` as itself, not as its empty box (the glyph a
+    font draws for what it lacks: drawn here for a private-use character, compared)."""
+    from PIL import Image, ImageDraw
+
+    def drawn(text: str) -> bytes:
+        canvas = Image.new("L", (48, 48))
+        ImageDraw.Draw(canvas).text((8, 8), text, fill=255, font=font(16))
+        return canvas.tobytes()
+
+    return drawn(char) != drawn("\U000f0000")
+
+
+def drawable(text: str) -> str:
+    """`text` with each character the built-in font lacks replaced, when it can be, by what
+    it can draw: an accented letter by its base letter (``é`` -> ``e``, by Unicode
+    decomposition), a dash by ``-``, ``ß`` by ``ss``, ... Other scripts (Cyrillic, CJK, ...)
+    stay as they are and are drawn as the font's empty boxes."""
+    out = []
+    for char in text:
+        if has_glyph(char):
+            out.append(char)
+            continue
+        plain = _STAND_INS.get(char) or "".join(
+            part for part in unicodedata.normalize("NFKD", char) if not unicodedata.combining(part)
+        )
+        out.append(plain if plain and all(has_glyph(p) for p in plain) else char)
+    return "".join(out)
+
+
 def fit_text(text: str, face: ImageFont.FreeTypeFont, width: int) -> str:
     """`text` on one line (whitespace runs made one space), cut to fit `width` px and
     ending with an ellipsis when it was cut."""
@@ -141,8 +186,8 @@ def compose(rows: list[list[Tile]], size: TileSize = PREVIEW_TILE) -> tuple[byte
                 thumb = image.convert("RGB").resize((w, h), Image.Resampling.LANCZOS)
             x, y = left + (size.width - w) // 2, top + (size.height - h) // 2
             sheet.paste(thumb, (x, y))
-            title = fit_text(tile.title, title_face, size.width)
-            label = fit_text(tile.label, label_face, size.width)
+            title = fit_text(drawable(tile.title), title_face, size.width)
+            label = fit_text(drawable(tile.label), label_face, size.width)
             text_top = top + size.height + size.gap // 2
             draw.text((left, text_top), title, fill=TEXT, font=title_face)
             draw.text(

@@ -178,3 +178,14 @@ def test_the_same_tiles_make_the_same_bytes() -> None:
     tiles = [Tile(png((320, 180)), "t", "v01.p1"), Tile(checkerboard((90, 160)), "u", "v02.p1")]
     assert contact_sheet.cover(tiles) == contact_sheet.cover(list(tiles))
     assert compose([tiles])[0] == compose([tiles])[0]
+
+
+def test_letters_the_font_lacks_are_drawn_as_their_base_letter_other_scripts_as_boxes() -> None:
+    """Pillow's built-in font has no accented letters and no dashes: before, ``Café — Ü``
+    was drawn ``Caf□ □ □``; now the reader sees ``Cafe - U``."""
+    assert not contact_sheet.has_glyph("é") and contact_sheet.has_glyph("e")
+    title = "Café — Straße über Łódź"
+    assert contact_sheet.drawable(title) == "Cafe - Strasse uber Lodz"
+    assert contact_sheet.drawable("Привет 東京") == "Привет 東京"  # no stand-in: boxes
+    _, (placed,) = compose([[Tile(png((160, 90)), title, "v01.p1")]])
+    assert placed.title == "Cafe - Strasse uber Lodz"
