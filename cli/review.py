@@ -1,4 +1,4 @@
-"""`episodic approve` and `episodic assemble`."""
+"""`episodic preview`, `episodic approve`, `episodic assemble` and `episodic reopen`."""
 
 from __future__ import annotations
 
@@ -138,3 +138,41 @@ def reopen(
                 f"({', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''}): "
                 f"`episodic media restore {result['episode_id']}` fetches them at no cost"
             )
+
+
+def preview(
+    episode_id: EpisodeArg,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            help="Write the contact sheet (PNG) to this file [default: preview.png in the "
+            "episode's folder of the state folder].",
+        ),
+    ] = None,
+    pipeline: PipelineOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Write a contact sheet (PNG) of exactly the images an approval is about, each titled
+    with its video's title and id, hero candidates side by side numbered as --pick numbers
+    them; prints where it is. Works before approval; refused until every planned image is
+    generated."""
+    from pipeline.preview import preview as run_preview
+
+    engine = context.engine(read_only=True)
+    name = context.pipeline_name(pipeline)
+    result = run_preview(
+        engine, context.settings(), name, episode_id, store=context.media_store(engine), out=out
+    )
+    if as_json:
+        emit_json(result)
+    else:
+        heroes = result["heroes"]
+        picks = (
+            f"; hero candidates: {', '.join(f'{v} 1-{n}' for v, n in heroes.items())} "
+            "(approve --pick VIDEO=N)"
+            if heroes
+            else ""
+        )
+        typer.echo(f"{result['episode_id']}: {result['images']} images{picks}")
+        typer.echo(result["path"])

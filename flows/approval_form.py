@@ -9,6 +9,7 @@ by `decide` after the resume, and the reason is shown at the top of the next for
 from __future__ import annotations
 
 import hashlib
+import html
 from typing import Any, Literal
 
 from prefect.input import RunInput
@@ -19,6 +20,7 @@ from core.records import EpisodeImage
 from core.states import EpisodeState
 from flows.artifacts import md_text
 from pipeline.approval import ApprovalContext, approval_digest, hero_outputs
+from pipeline.preview import PlanTexts, plan_texts
 from pipeline.thumbnails import thumbnail_data_uri
 
 MAX_PREVIEWS = 60  # thumbnails inlined in one form; the rest are listed by name
@@ -132,7 +134,9 @@ def approval_form_description(
     refused: str | None = None,
 ) -> str:
     """The form's Markdown: exactly the images the decision is about (the current plan's),
-    as inline previews with their cost, and the reason the last answer was refused."""
+    video by video in plan order, each under its title (from the frozen plan) with its id
+    small beside it, its images as inline previews with their cost, its prompts collapsed;
+    and the reason the last answer was refused."""
     episode_id = context.episode_id
     outputs = context.review_set() if outputs is None else outputs
     paid, costs = context.spend()
@@ -147,7 +151,6 @@ def approval_form_description(
             "",
         ]
     heroes = hero_outputs(outputs)
-    parts = [o for o in outputs if o.candidate is None]
     lines += [
         f"## Approve episode {episode_id}",
         "",
@@ -160,12 +163,16 @@ def approval_form_description(
             f"{'each' if len(heroes) > 1 else 'it'} ships the one candidate you pick below "
             "(the fields *the candidate that ships*).",
         ]
+    texts = plan_texts(context.engine, context.episode_pk, episode_id, context.pipeline)
     shown = 0
-
-    def table(rows: list[EpisodeImage], first: str) -> None:
-        nonlocal shown
-        lines.extend(["", f"| {first} | preview | cost | sha256 |", "|---|---|---|---|"])
-        for o in rows:
+    for video, images in _by_video(outputs).items():
+        title = md_text(texts.title(video), limit=300)
+        candidates = heroes.get(video)
+        pick = f": pick one of {len(candidates)} candidates" if candidates else ""
+        lines += ["", f"### {title} `{video}`{pick}", ""]
+        lines += [f"| {'candidate' if candidates else 'part'} | preview | cost | id |"]
+        lines += ["|---|---|---|---|"]
+        for o in images:
             label = o.item_id
             # the bytes the media store holds, checked against the sha256 paid for: a form
             # on any machine shows what ships
@@ -173,12 +180,35 @@ def approval_form_description(
             shown += 1
             preview = f"![{label}]({uri})" if uri else f"`{o.key or o.legacy_path}`"
             cost = format_money(o.cost_micros, o.currency)
-            name = label if o.candidate is None else f"candidate {o.candidate}"
-            lines.append(f"| {name} | {preview} | {cost} | `{o.sha256[:12]}` |")
-
-    if parts:
-        table(parts, "image")
-    for video, candidates in heroes.items():
-        lines += ["", f"### {video}: pick one of {len(candidates)} candidates"]
-        table(candidates, "candidate")
+            name = f"part {o.part}" if o.candidate is None else f"candidate {o.candidate}"
+            lines.append(f"| {name} | {preview} | {cost} | `{label}` `{o.sha256[:12]}` |")
+        lines += ["", prompts_details(images, texts)]
     return "\n".join(lines)
+
+
+def _by_video(outputs: list[EpisodeImage]) -> dict[str, list[EpisodeImage]]:
+    """`outputs` grouped by video, in plan order."""
+    videos: dict[str, list[EpisodeImage]] = {}
+    for output in outputs:
+        videos.setdefault(output.video_id, []).append(output)
+    return videos
+
+
+def prompts_details(images: list[EpisodeImage], texts: PlanTexts) -> str:
+    """The prompts `images` were generated from, collapsed: one HTML block (Prefect's UI
+    renders a block of HTML through its sanitizer, and `<details>` is allowed), on one line
+    so Markdown ends it at the next blank line; every prompt HTML-escaped (Markdown is not
+    read inside HTML). Candidates of one hero video share their prompt, shown once."""
+    seen: dict[str, list[str]] = {}
+    for image in images:
+        prompt = texts.prompts.get(image.idempotency_key)
+        if prompt is not None:
+            seen.setdefault(prompt, []).append(image.item_id)
+    if not seen:
+        return ""
+    body = "".join(
+        f"<p><code>{html.escape(', '.join(items))}</code> "
+        f"{html.escape(' '.join(prompt.split()))}</p>"
+        for prompt, items in seen.items()
+    )
+    return f"<details><summary>Prompt{'s' if len(seen) > 1 else ''}</summary>{body}</details>"

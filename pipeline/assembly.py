@@ -10,9 +10,8 @@ deterministic (same approved inputs, same bytes), and rerunning it changes nothi
 
 from __future__ import annotations
 
-import io
+import hashlib
 import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -23,16 +22,17 @@ from core.playlist import check_picks
 from core.records import EpisodeImage
 from core.settings import Settings
 from core.states import EpisodeState
+from pipeline import contact_sheet
 from pipeline.approval import hero_outputs, planned_images
+from pipeline.contact_sheet import Tile
 from pipeline.gate import open_gate
 from pipeline.media import prove_image
+from pipeline.preview import plan_texts
 from storage.approvals import ApprovalStore
 from storage.episodes import EpisodeRepository
 from storage.media import MediaStore
 from storage.store_identity import open_verified
 from storage.tx import Database
-
-THUMB = 128
 
 
 def assemble(
@@ -89,7 +89,12 @@ def assemble(
                 )
             ) from None
     shipped = [(o, b) for o, b in images if o.candidate in (None, picks.get(o.video_id))]
-    cover = store.put_image(prove_image(_cover([content for _, content in shipped])))
+    texts = plan_texts(engine, gate.episode_pk, gate.episode_id, gate.pipeline)
+    tiles = [Tile(content, texts.title(o.video_id), o.item_id) for o, content in shipped]
+    cover_bytes = contact_sheet.cover(tiles)
+    if state == EpisodeState.ASSEMBLED:  # assembled before titled covers: keep its bytes
+        cover_bytes = _kept_cover(episodes, gate.episode_pk, cover_bytes, shipped)
+    cover = store.put_image(prove_image(cover_bytes))
     manifest_bytes = _manifest(gate.episode_id, [o for o, _ in shipped], cover, heroes, picks)
     manifest = store.put_document(manifest_bytes)
     media = {"cover": cover, "manifest": manifest}
@@ -140,21 +145,21 @@ def _local_copy(
     return {kind: str(path) for kind, path in named.items()}
 
 
-def _cover(images: list[bytes]) -> bytes:
-    """A grid of thumbnails of `images` (their bytes) in playlist order: same inputs, same
-    PNG bytes."""
-    from PIL import Image
-
-    columns = math.ceil(math.sqrt(len(images)))
-    rows = math.ceil(len(images) / columns)
-    sheet = Image.new("RGB", (columns * THUMB, rows * THUMB), (16, 16, 16))
-    for n, content in enumerate(images):
-        with Image.open(io.BytesIO(content)) as image:
-            thumb = image.convert("RGB").resize((THUMB, THUMB), Image.Resampling.NEAREST)
-        sheet.paste(thumb, ((n % columns) * THUMB, (n // columns) * THUMB))
-    out = io.BytesIO()
-    sheet.save(out, format="PNG", optimize=False)
-    return out.getvalue()
+def _kept_cover(
+    episodes: EpisodeRepository,
+    episode_pk: int,
+    composed: bytes,
+    shipped: list[tuple[EpisodeImage, bytes]],
+) -> bytes:
+    """The cover a reassembly stores: `composed`, unless the episode recorded the cover an
+    earlier assembly made from the same images (`contact_sheet.untitled_cover`, before
+    covers were titled): then those bytes again, so the rerun changes nothing (and puts a
+    lost cover back)."""
+    recorded = episodes.media(episode_pk).get("cover")
+    if recorded is None or recorded.sha256 == hashlib.sha256(composed).hexdigest():
+        return composed
+    earlier = contact_sheet.untitled_cover([content for _, content in shipped])
+    return earlier if hashlib.sha256(earlier).hexdigest() == recorded.sha256 else composed
 
 
 def _manifest(

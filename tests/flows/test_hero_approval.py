@@ -50,12 +50,12 @@ def test_the_form_shows_each_candidate_and_asks_for_each_pick(
     assert (pick_1["type"], pick_1["minimum"], pick_1["maximum"]) == ("integer", 1, 3)
     assert (pick_2["minimum"], pick_2["maximum"]) == (1, 2)
     assert pick_1["title"] == "v01: the candidate that ships"
-    assert "### v01: pick one of 3 candidates" in description
-    assert "### v03: pick one of 2 candidates" in description
+    assert "### a `v01`: pick one of 3 candidates" in description  # its title, then its id
+    assert "### c `v03`: pick one of 2 candidates" in description
     assert description.count("](data:image/jpeg;base64,") == 6  # every candidate and v02
     for label in ("v01.c1", "v01.c2", "v01.c3", "v03.c1", "v03.c2"):
         assert f"| candidate {label[-1]} | ![{label}](data:image/jpeg;base64," in description
-    assert "| v02.p1 |" in description
+    assert "### b `v02`\n" in description and "| part 1 | ![v02.p1](" in description
 
 
 @FORM_ONLY
