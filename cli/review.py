@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from cli import context
 from cli.options import JsonOption, PipelineOption
 from cli.output import emit_json
+
+if TYPE_CHECKING:
+    from pipeline.approval import ApprovalContext
 
 EpisodeArg = Annotated[str, typer.Argument(help="Episode id, e.g. 2026-W32-0 (must exist).")]
 
@@ -34,22 +37,31 @@ def approve(
     as_json: JsonOption = False,
 ) -> None:
     """Approve (or --reject) a generated episode's images. Recorded with who and when.
-    A plan with hero runs is approved with the candidate that ships for each hero video."""
+    A plan with hero runs is approved with the candidate that ships for each hero video.
+    Then the Prefect flow run waiting at the episode's approval form (PREFECT_API_URL) is
+    resumed with this decision, so it goes on (assembles, or ends Rejected); one more line
+    says which run was resumed, or that none was (the decision is recorded either way)."""
     from core.playlist import parse_picks
-    from pipeline.approval import decide
+    from pipeline.approval import approval_context, decide
 
     picks = parse_picks(pick) if pick is not None else None
     engine = context.engine()
+    name = context.pipeline_name(pipeline)
+    store = context.media_store(engine)
     result = decide(
         engine,
-        context.pipeline_name(pipeline),
+        name,
         episode_id,
         approve=not reject,
         by=by,
         note=reason if reject else note,
         labels=("--by", "--reason" if reject else "--note"),
         picks=picks,
-        store=context.media_store(engine),
+        store=store,
+    )
+    # recorded first (the database is the truth), then the waiting run follows it
+    result["resumed"] = _resume_waiting_run(
+        approval_context(engine, name, result["episode_id"], store)
     )
     if as_json:
         emit_json(result)
@@ -62,6 +74,15 @@ def approve(
             else ""
         )
         typer.echo(f"{result['episode_id']} is {verb} {result['state']}{shipped}")
+        typer.echo(f"  prefect: {result['resumed']['message']}")
+
+
+def _resume_waiting_run(approval: ApprovalContext) -> dict[str, Any]:
+    """Resume the Prefect flow run waiting for this (recorded) decision, if any."""
+    import tasks  # noqa: F401  (Prefect defaults before Prefect is imported)
+    from flows.approval_resume import resume_waiting_run
+
+    return resume_waiting_run(approval).as_dict()
 
 
 def assemble(

@@ -19,6 +19,7 @@ from prefect.exceptions import ObjectNotFound
 
 from core.errors import ProviderConfigError
 from core.settings import Settings, load_settings, validate_pipeline
+from deployments.notify import ensure_notifications
 from deployments.spec import WORK_POOL, deployment_specs, project_version, weekly_spec
 from pipeline.pipelines import pipeline_config
 from providers.profiles import configured_profiles
@@ -34,13 +35,18 @@ def prefect_setup(
     mode: Mode | None = None,
     work_pool: str | None = None,
     settings: Settings | None = None,
+    notify: str | None = None,
+    approval_wait_s: int = 4 * 3600,
 ) -> dict[str, Any]:
     """Create or update what the flows rely on; returns what it found and did.
 
     Shape: ``{pipeline, timezone, version, limits: [{profile, limit}], work_pool,
-    result_storage, warnings: [str]}``. Raises `TimezoneMismatch` (this process's
-    EPISODIC_TIMEZONE differs from the recorded one) and `ProviderConfigError` (a deployment
-    of ours is registered the other way, a result storage block that does not load).
+    result_storage, warnings: [str], notifications: [{name, id, changed}]}``. `notify`: the
+    name of a notification block the automations of `deployments.notify` send through (an
+    approval waiting `approval_wait_s`, a failed flow run); None: no automation is touched.
+    Raises `TimezoneMismatch` (this process's EPISODIC_TIMEZONE differs from the recorded
+    one) and `ProviderConfigError` (a deployment of ours is registered the other way, a
+    result storage block that does not load).
     """
     settings = settings or load_settings()
     name = validate_pipeline(pipeline or settings.pipeline)
@@ -52,6 +58,7 @@ def prefect_setup(
     if work_pool:
         _ensure_process_pool(work_pool)
     storage = ensure_result_storage(settings)  # a typo fails here, not mid-run
+    notifications = ensure_notifications(name, notify, approval_wait_s) if notify else []
     if mode is not None:
         _refuse_takeover(mode, name)
     schedulers = scheduling_deployments(name, settings.pipeline)
@@ -64,6 +71,7 @@ def prefect_setup(
         "work_pool": work_pool,
         "result_storage": storage,
         "warnings": warnings,
+        "notifications": notifications,
     }
 
 

@@ -12,6 +12,8 @@ approval together show one form between them.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import (
     FlowRunFilter,
@@ -27,7 +29,9 @@ from prefect.logging import get_run_logger
 from pydantic import ValidationError
 
 from core.errors import CommandNotAllowed, InvalidInput
+from core.states import EpisodeState
 from flows.approval_form import ApprovalInput, approval_input_for, picks_of
+from flows.artifacts import md_text
 from pipeline.approval import ApprovalContext
 
 SUSPENDED_KEYSET = "suspended-"  # Prefect's keyset prefix of a `suspend_flow_run` input
@@ -63,10 +67,26 @@ def ask(
         return None
 
 
-def unread_answer_refusal(approval: ApprovalContext, fired: frozenset[str]) -> str | None:
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """An answer the form was resumed with that the decision on record refused: `reason`
+    (who decided what, when), the `answer` itself and the pause `key` it answered."""
+
+    reason: str
+    answer: ApprovalInput
+    key: str
+
+    def next_key(self) -> str:
+        """The pause key of the form that shows this refusal (the next answer's)."""
+        base, n = self.key.rsplit("-", 1)
+        return f"{base}-{int(n) + 1}"
+
+
+def unread_answer_refusal(approval: ApprovalContext, fired: frozenset[str]) -> Refused | None:
     """This run was resumed with an answer, but the episode was decided before the run
-    came back to record it (another decision won): why that answer is not recorded (None:
-    it is the decision on record, or there is no such answer). `decide` compares it."""
+    came back to record it (another decision won, e.g. on the command line): that answer,
+    refused (None: it is the decision on record, or there is no such answer). `decide`
+    compares it: the same decision records nothing new."""
     prefix = f"approval-{approval.episode_id.lower()}-"
     keys = sorted(
         (k for k in fired if k.startswith(prefix) and k.rsplit("-", 1)[-1].isdigit()),
@@ -78,7 +98,10 @@ def unread_answer_refusal(approval: ApprovalContext, fired: frozenset[str]) -> s
         outputs = approval.review_set()
     except CommandNotAllowed:  # no plan, images not complete or not as paid for
         outputs = []
-    answer = ask(approval_input_for(outputs), keys[-1], 60, fired)
+    # the form with the episode's pick fields, else the refusal form (`ApprovalInput`)
+    answer = ask(approval_input_for(outputs), keys[-1], 60, fired) or ask(
+        ApprovalInput, keys[-1], 60, fired
+    )
     if answer is None:
         return None
     try:
@@ -91,8 +114,35 @@ def unread_answer_refusal(approval: ApprovalContext, fired: frozenset[str]) -> s
             picks_label="the candidate that ships",
         )
     except (InvalidInput, CommandNotAllowed) as exc:
-        return str(exc)
+        return Refused(str(exc), answer, keys[-1])
     return None  # the same decision: nothing to say
+
+
+def refusal_form_description(approval: ApprovalContext, refused: Refused) -> str:
+    """The Markdown of the form a run re-suspends with when its answer lost to the decision
+    on record: that answer was not recorded, who decided what and when, and what to do."""
+    decided = approval.latest_decision()
+    mine = refused.answer
+    on_record = (
+        "reject" if decided is not None and decided.decision == EpisodeState.REJECTED else "approve"
+    )
+    described = decided.describe() if decided else approval.state()
+    return "\n".join(
+        [
+            f"> **Your answer ({md_text(mine.decision)} by {md_text(mine.reviewer)}) was not "
+            f"recorded:** this episode was already {md_text(described)}, before your answer "
+            "arrived (on the command line or in another form).",
+            "",
+            f"## Episode {approval.episode_id}: {md_text(described)}",
+            "",
+            f"The decision on record stands. Answer **{on_record}** (it records nothing new) "
+            f"to let this run go on{' and assemble the episode' if on_record == 'approve' else ''}"
+            "; to change the decision, reopen the episode (`episodic reopen "
+            f"{approval.episode_id} --by NAME --reason TEXT`) and decide it again.",
+            "",
+            f"Why: {md_text(refused.reason)}",
+        ]
+    )
 
 
 def waited_here(tag: str) -> bool:

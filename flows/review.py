@@ -29,10 +29,12 @@ from flows.approval_form import (
     picks_of,
 )
 from flows.approval_wait import (
+    Refused,
     ask,
     claim_approval_wait,
     fired_pause_keys,
     outdated_answer,
+    refusal_form_description,
     unread_answer_refusal,
     waited_here,
 )
@@ -66,9 +68,10 @@ def approval_step(
     A decision stands (DESIGN 7): an episode already approved, assembled or rejected (a
     retry of the run that decided it, a duplicate dispatch, a decision on the command line)
     shows no form; the run follows the decision on record, its log saying who decided, when
-    and why. ``recorded`` then has ``followed`` (that decision, described) and, when this
-    run held an answer that differs from it (the loser of two decisions), ``overruled``: why
-    that answer was not recorded.
+    and why. ``recorded`` then has ``followed`` (that decision, described). A run resumed
+    with that decision (`episodic approve` resumes the waiting run with it) goes on; a run
+    resumed with an answer that differs from it (the loser of two decisions) suspends again
+    with a form saying whose decision stands and that the answer was not recorded.
 
     The decision is bound to the images the form showed: the pause key carries their digest,
     so if the plan or an image changes while the run waits, the resumed run asks again with a
@@ -80,8 +83,10 @@ def approval_step(
     tag = approval.wait_tag()
     fired = fired_pause_keys()
     if state != EpisodeState.GENERATED:
-        overruled = unread_answer_refusal(approval, fired) if waited_here(tag) else None
-        return _follow_record(approval, overruled)
+        lost = unread_answer_refusal(approval, fired) if waited_here(tag) else None
+        if lost is not None:  # decided otherwise before this answer: say so in the form
+            return _refuse_in_form(approval, lost, timeout_s, episode_id, pipeline)
+        return _follow_record(approval)
     outputs = approval.review_set()
     shown = {o.idempotency_key: o.sha256 for o in outputs}
     if not claim_approval_wait(approval):
@@ -111,14 +116,36 @@ def approval_step(
             )
         except (InvalidInput, CommandNotAllowed) as exc:
             if isinstance(exc, CommandNotAllowed) and not isinstance(exc, ImagesChangedSinceShown):
-                if approval.state() in DECIDED_STATES:  # decided elsewhere meanwhile: follow that
-                    return _follow_record(approval, str(exc))
+                if approval.state() in DECIDED_STATES:  # decided elsewhere meanwhile: say so
+                    key = f"approval-{episode_id.lower()}-{digest[:16]}-{attempt}"
+                    lost = Refused(str(exc), answer, key)
+                    return _refuse_in_form(approval, lost, timeout_s, episode_id, pipeline)
                 raise
             refused = str(exc)
             get_run_logger().warning("answer %d refused: %s", attempt + 1, refused)
             continue
         return answer, recorded
     raise InvalidInput(f"episode {episode_id}: {MAX_ANSWERS} answers refused; last: {refused}")
+
+
+def _refuse_in_form(
+    approval: ApprovalContext, refused: Refused, timeout_s: int, episode_id: str, pipeline: str
+) -> tuple[ApprovalInput | None, dict[str, Any] | None]:
+    """An answer that lost to the decision on record is refused visibly: the run suspends
+    again, under the next pause key, with a form saying whose decision stands and that
+    this answer was not recorded (the run does not end green as if nothing happened). The
+    decision on record, answered there (or `episodic approve` again), lets the run go on."""
+    get_run_logger().warning(
+        "episode %s: the answer (%s by %s) was not recorded, the form waits again: %s",
+        episode_id,
+        refused.answer.decision,
+        refused.answer.reviewer,
+        refused.reason,
+    )
+    form = ApprovalInput.with_initial_data(description=refusal_form_description(approval, refused))
+    # suspends: the run exits here and, once answered, starts again from the top
+    ask(form, refused.next_key(), timeout_s, frozenset())
+    return approval_step(episode_id, pipeline, timeout_s)
 
 
 def _follow_record(

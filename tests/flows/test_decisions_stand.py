@@ -101,20 +101,25 @@ def test_the_form_of_an_episode_replanned_after_a_rejection_shows_that_rejection
 
 
 def test_a_form_answer_that_loses_to_another_decision_says_so(harness: str, waiting: Any) -> None:
-    """The form waits; someone rejects on the command line; the form is then answered
-    "approve": the run ends Rejected (the decision that won) and says the answer was not
-    recorded and why, naming the recorded decision. Before, it only followed the record."""
+    """The form waits; someone rejects on the command line (no Prefect API: the run still
+    waits); the form is then answered "approve": the run suspends again with a form saying
+    the answer was not recorded, naming the recorded decision (issue 32: before, the run
+    ended green with only a WARNING). Answering the recorded decision ends it Rejected."""
     engine = make_engine(harness)
     decide(engine, "weekly", "2026-W32-0", approve=False, by="cli", note="wrong prompt")
     engine.dispose()
     answer = {"decision": "approve", "reviewer": "ann"}
     assert _resume(waiting.id, answer) == SetStateStatus.ACCEPT
     state = local.execute(weekly_episode, waiting.id)
-    assert state.is_completed() and state.name == "Rejected", state
-    message = state.message or ""
-    assert "not recorded" in message and "rejected by cli" in message, message
+    assert state.is_paused(), state
+    description = _form(waiting.id)[1]
+    assert "not recorded" in description and "rejected by cli" in description, description
     logs = _logs(waiting.id)
     assert any("not recorded" in m and "rejected by cli" in m for m in logs), logs
+    assert _resume(waiting.id, REJECT) == SetStateStatus.ACCEPT
+    state = local.execute(weekly_episode, waiting.id)
+    assert state.is_completed() and state.name == "Rejected", state
+    assert "rejected by cli" in (state.message or ""), state
     assert _episode_state(harness) == "rejected"
 
 

@@ -349,7 +349,8 @@ def test_a_conflicting_answer_after_a_decision_elsewhere_follows_the_decision(
     harness: str, waiting: Any
 ) -> None:
     """The form waits; someone approves on the command line; the form is then answered
-    "reject": the run follows the recorded approval (assembles) instead of sticking."""
+    "reject": the run does not stick, nor drop the answer silently (issue 32): it waits
+    again with a form saying so; answered with the recorded approval, it assembles."""
     from pipeline.approval import decide
     from storage.approvals import ApprovalStore
 
@@ -357,6 +358,11 @@ def test_a_conflicting_answer_after_a_decision_elsewhere_follows_the_decision(
     decide(engine, "weekly", "2026-W32-0", approve=True, by="cli", note=None)
     answer = {"decision": "reject", "reviewer": "ann", "note": "no"}
     assert _resume(waiting.id, answer) == SetStateStatus.ACCEPT
+    assert local.execute(weekly_episode, waiting.id).is_paused()
+    assert "Your answer (reject by ann) was not recorded" in _form(waiting.id)[1]
+    assert _resume(waiting.id, {"decision": "approve", "reviewer": "ann"}) == (
+        SetStateStatus.ACCEPT
+    )
     state = local.execute(weekly_episode, waiting.id)
     assert state.is_completed() and state.name == "Completed", state
     assert _episode_state(harness) == "assembled"

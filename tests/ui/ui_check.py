@@ -162,6 +162,22 @@ def point_this_process_at(server: PrefectServer, home: Path) -> None:
                 handler.setLevel(logging.WARNING)
 
 
+def the_slot_run(deployment: Any, start: datetime, end: datetime) -> Any:
+    """The one run of the deployment's slot between `start` and `end`, scheduled now. Not
+    every run of the deployment: the server's scheduler adds its future runs (from today on)
+    at any moment, so unpacking them all failed 1 run in 3 ("too many values to unpack")."""
+    from flows import local
+
+    runs = [
+        run
+        for run in local.schedule_slots(deployment, start, end)
+        if run.expected_start_time is not None and start <= run.expected_start_time <= end
+    ]
+    if len(runs) != 1:
+        raise CheckFailed(f"expected one run of the slot {start:%Y-%m-%d}, found {len(runs)}")
+    return runs[0]
+
+
 def suspend_a_run_at_its_approval_form(work: Path) -> tuple[str, int, list[str]]:
     """A weekly slot run of a 3-video playlist (5 images), suspended at its form. Returns the
     flow run id, the number of images of the episode and the previews' labels in the form."""
@@ -177,7 +193,7 @@ def suspend_a_run_at_its_approval_form(work: Path) -> tuple[str, int, list[str]]
     deployment = local.apply_deployment(
         weekly_episode, "ui-check", schedule, parameters={"playlist": str(playlist)}
     )
-    (run,) = local.schedule_slots(deployment, MONDAY, MONDAY + timedelta(days=7, seconds=-1))
+    run = the_slot_run(deployment, MONDAY, MONDAY + timedelta(days=7, seconds=-1))
     state = local.execute(weekly_episode, run.id)
     if not state.is_paused():
         raise CheckFailed(f"the weekly run did not stop at its approval form: {state!r}")
