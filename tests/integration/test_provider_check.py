@@ -269,8 +269,12 @@ def test_a_prefect_api_that_does_not_answer_is_one_line_exit_1(
         f"    base_url: {replicate.base_url}\n    credential_secret_block: rep-token\n"
         '    price: {per_image: "0.003"}\n'
     )
-    monkeypatch.setenv("PREFECT_API_URL", f"http://127.0.0.1:{port}/api")
-    code, out, err = check(capsys)
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    url = f"http://127.0.0.1:{port}/api"
+    monkeypatch.setenv("PREFECT_API_URL", url)  # what the command line reads, and what
+    with temporary_settings(updates={PREFECT_API_URL: url}):  # an imported Prefect has read
+        code, out, err = check(capsys)
     assert code == 1 and out == ""
     assert err.count("\n") == 1 and "the Prefect API did not answer" in err
     assert "unexpected" not in err and replicate.requests == []
