@@ -1,0 +1,105 @@
+"""What `episodic demo` prints: one line per step as it happens, a compact summary, then what
+to open (full paths, each on its own line: never a table cell a terminal's width cuts) and
+what to try next. Nothing here imports Prefect.
+
+Human output only: with ``--json`` the reporter is silent and stdout is the JSON document.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+NEXT_STEPS = (
+    ("episodic demo --ui", "the same in Prefect's UI, one episode waiting for your approval"),
+    ("episodic episodes list", "the episodes and their states"),
+    ("episodic spend", "what the ledger says was paid, per profile"),
+    ("episodic check --all", "the read-only audit (ids, files, ledger, states)"),
+    ("docs/providers.md", "a real provider: Replicate, fal or your own HTTP service"),
+)
+
+
+class Reporter:
+    """Progress lines on stdout (flushed at once: a pipe shows them as they happen)."""
+
+    def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet
+        self.tty = sys.stdout.isatty()
+
+    def line(self, text: str = "") -> None:
+        if not self.quiet:
+            sys.stdout.write(text + "\n")
+            sys.stdout.flush()
+
+    @contextmanager
+    def waiting(self, label: str) -> Iterator[None]:
+        """A spinner with the seconds spent while the block runs (a terminal only)."""
+        if self.quiet or not self.tty:
+            yield
+            return
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        with Progress(
+            SpinnerColumn(), TextColumn(f"  {label}"), TimeElapsedColumn(), transient=True
+        ) as spinner:
+            spinner.add_task(label, total=None)
+            yield
+
+    @contextmanager
+    def progress(self, label: str, total: int, done: Callable[[], int]) -> Iterator[None]:
+        """A progress bar of `done()` out of `total` while the block runs (a terminal only;
+        a pipe has the step's line and its result line)."""
+        if self.quiet or not self.tty or total <= 0:
+            yield
+            return
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+        stop = threading.Event()
+        with Progress(
+            TextColumn("  {task.description}"), BarColumn(), MofNCompleteColumn(), transient=True
+        ) as bar:
+            task = bar.add_task(label, total=total)
+
+            def poll() -> None:
+                while not stop.wait(0.2):
+                    try:
+                        bar.update(task, completed=min(done(), total))
+                    except Exception:  # a busy database: the next poll tries again
+                        continue
+
+            watcher = threading.Thread(target=poll, name="demo-progress", daemon=True)
+            watcher.start()
+            try:
+                yield
+            finally:
+                stop.set()
+                watcher.join()
+
+
+def summary(report: Reporter, story: dict[str, Any], ui: bool = False) -> None:
+    """The episodes (a narrow table that fits 80 columns), then the files to open and the
+    commands to try, each path on its own line."""
+    if report.quiet:
+        return
+    episodes = story["episodes"]
+    report.line()
+    report.line(f"{'episode':<12}{'state':<11}{'paid calls':>11}  cost")
+    for e in episodes:
+        report.line(f"{e['episode_id']:<12}{e['state']:<11}{e['paid_calls']:>11}  {e['cost']}")
+    report.line()
+    report.line("open:")
+    for e in episodes:
+        if e.get("cover_path"):
+            report.line(f"  cover of {e['episode_id']}:")
+            report.line(f"    {e['cover_path']}")
+            report.line(f"  manifest of {e['episode_id']}:")
+            report.line(f"    {e['manifest_path']}")
+    report.line()
+    report.line("try next:")
+    steps = NEXT_STEPS[1:] if ui else NEXT_STEPS  # --ui: the UI's addresses follow
+    width = max(len(command) for command, _ in steps) + 2
+    for command, what in steps:
+        report.line(f"  {command:<{width}}{what}")
