@@ -53,16 +53,10 @@ def demo(
     # Prefect's own console lines (every task run) are off for the story; they still reach
     # the server, so the UI shows them. A user's explicit setting wins.
     os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
-    if ui:
-        from cli import demo_ui
-
-        with demo_ui.local_server(quiet=as_json) as server:
-            _demo(week, playlist, as_json, server)
-        return
-    _demo(week, playlist, as_json, None)
+    _demo(week, playlist, as_json, ui)
 
 
-def _demo(week: str | None, playlist: Path | None, as_json: bool, server: Any) -> None:
+def _demo(week: str | None, playlist: Path | None, as_json: bool, ui: bool) -> None:
     import tasks  # noqa: F401  (Prefect defaults before Prefect is imported)
     from core.ids import WeekId
     from core.settings import load_timezone
@@ -86,6 +80,19 @@ def _demo(week: str | None, playlist: Path | None, as_json: bool, server: Any) -
         "fake provider (nothing leaves this machine)"
     )
     report.line(f"  database {settings.url}")
+    if ui:  # before Prefect is imported: its client then talks to this server
+        from cli import demo_ui
+
+        with demo_ui.local_server(report) as server:
+            _story(week_id, timezone, tz, playlist, report, server)
+        return
+    _story(week_id, timezone, tz, playlist, report, None)
+
+
+def _story(
+    week_id: Any, timezone: str, tz: Any, playlist: Path, report: Reporter, server: Any
+) -> None:
+    settings = context.settings()
     deployment_id, rows = _run(week_id, timezone, tz, playlist.absolute(), report, server)
     episodes = sorted({r["episode_id"] for r in rows if r["episode_id"]})
     from pipeline.generation import record_plan, recorded_plan_summary
@@ -98,7 +105,7 @@ def _demo(week: str | None, playlist: Path | None, as_json: bool, server: Any) -
         from cli import demo_ui
 
         story["ui"] = demo_ui.leave_one_waiting(server, deployment_id, week_id, report)
-    if as_json:
+    if report.quiet:
         emit_json({"week_id": str(week_id), "runs": rows, **story})
     else:
         summary(report, story, ui=server is not None)

@@ -23,13 +23,20 @@ NEXT_STEPS = (
 
 
 class Reporter:
-    """Progress lines on stdout (flushed at once: a pipe shows them as they happen)."""
+    """Progress lines on stdout (flushed at once: a pipe shows them as they happen), one per
+    step; each is also where an interrupt stops the demo."""
 
     def __init__(self, quiet: bool) -> None:
         self.quiet = quiet
         self.tty = sys.stdout.isatty()
 
     def line(self, text: str = "") -> None:
+        """Print a step's line; a Ctrl-C that a flow run swallowed on its way (Prefect's
+        engine answers it inside the run) stops the demo here, at the next step."""
+        from cli.signals import interrupts
+
+        if interrupts.signalled.is_set():
+            raise KeyboardInterrupt
         if not self.quiet:
             sys.stdout.write(text + "\n")
             sys.stdout.flush()

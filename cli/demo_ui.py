@@ -82,13 +82,12 @@ def _healthy(api_url: str) -> bool:
 
 
 @contextmanager
-def local_server(quiet: bool) -> Iterator[LocalServer]:
+def local_server(report: Reporter) -> Iterator[LocalServer]:
     """A `prefect server start` for this command, stopped when the block ends however it
     ends; this process's Prefect client talks to it (set before Prefect is imported)."""
     import tasks  # noqa: F401  (Prefect defaults: PREFECT_HOME in the state folder)
     from core.errors import EpisodicError
 
-    report = Reporter(quiet)
     home = context.settings().home_path
     port = _free_port()
     log_path = home / "prefect-server.log"
@@ -247,6 +246,8 @@ def wait_for_interrupt(server: LocalServer, ui: dict[str, Any], report: Reporter
     flow_run_id = ui["waiting_flow_run_id"]
     try:
         while True:
+            if interrupts.signalled.is_set():  # a Ctrl-C a library swallowed on its way
+                raise KeyboardInterrupt
             time.sleep(POLL_S)
             if not server.alive():
                 from core.errors import EpisodicError
