@@ -76,10 +76,9 @@ def _demo(week: str | None, playlist: Path | None, as_json: bool, ui: bool) -> N
 
         raise InvalidInput(f"playlist {playlist} not found (run from the project folder)")
     report.line(
-        f"episodic demo: the weekly flow for {week_id}, pipeline {settings.pipeline}, "
-        "fake provider (nothing leaves this machine)"
+        f"episodic demo: the weekly flow for {week_id}, pipeline {settings.pipeline}, fake provider"
     )
-    report.line(f"  database {settings.url}")
+    report.line(f"  database {settings.url} (nothing leaves this machine)")
     if ui:  # before Prefect is imported: its client then talks to this server
         from cli import demo_ui
 
@@ -236,7 +235,7 @@ def _run(
             }
         )
         row = rows[-1]
-        again = " again, the same episode" if label.startswith("retry") else ""
+        again = " again" if label.startswith("retry") else ""
         report.line(
             f"  {label} ({row['slot']}, flow run {row['state'].lower()}): "
             f"{row['episode_id'] or 'no episode'}{again}"

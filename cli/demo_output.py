@@ -7,18 +7,20 @@ Human output only: with ``--json`` the reporter is silent and stdout is the JSON
 
 from __future__ import annotations
 
+import shutil
 import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 NEXT_STEPS = (
-    ("episodic demo --ui", "the same in Prefect's UI, one episode waiting for your approval"),
+    ("episodic demo --ui", "the same in Prefect's UI; one run awaits your approval"),
     ("episodic episodes list", "the episodes and their states"),
-    ("episodic spend", "what the ledger says was paid, per profile"),
-    ("episodic check --all", "the read-only audit (ids, files, ledger, states)"),
-    ("docs/providers.md", "a real provider: Replicate, fal or your own HTTP service"),
+    ("episodic spend", "what the ledger says was paid"),
+    ("episodic check --all", "the read-only audit"),
+    ("docs/providers.md", "a real provider: Replicate, fal, HTTP"),
 )
 
 
@@ -86,6 +88,21 @@ class Reporter:
                 watcher.join()
 
 
+def program() -> str:
+    """How to type this command again here: ``episodic`` when that is what the shell finds,
+    else the path that ran it (``.venv/bin/episodic`` after `make demo`, from the project)."""
+    ran = Path(sys.argv[0])
+    if ran.name != "episodic":  # python -m cli.entry, a test calling `run`
+        return "episodic"
+    found = shutil.which("episodic")
+    if found is not None and Path(found).resolve() == ran.resolve():
+        return "episodic"
+    try:
+        return str(ran.absolute().relative_to(Path.cwd()))
+    except ValueError:
+        return str(ran.absolute())
+
+
 def summary(report: Reporter, story: dict[str, Any], ui: bool = False) -> None:
     """The episodes (a narrow table that fits 80 columns), then the files to open and the
     commands to try, each path on its own line."""
@@ -106,7 +123,10 @@ def summary(report: Reporter, story: dict[str, Any], ui: bool = False) -> None:
             report.line(f"    {e['manifest_path']}")
     report.line()
     report.line("try next:")
-    steps = NEXT_STEPS[1:] if ui else NEXT_STEPS  # --ui: the UI's addresses follow
+    me = program()
+    steps = [  # --ui: the UI's addresses follow, no need to suggest it
+        (command.replace("episodic", me, 1), what) for command, what in NEXT_STEPS[ui:]
+    ]
     width = max(len(command) for command, _ in steps) + 2
     for command, what in steps:
         report.line(f"  {command:<{width}}{what}")

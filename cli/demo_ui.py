@@ -106,9 +106,10 @@ def local_server(report: Reporter) -> Iterator[LocalServer]:
     command = [sys.executable, "-m", "prefect", "server", "start", "--host", HOST]
     command += ["--port", str(port), "--analytics-off"]
     report.line(
-        f"starting a Prefect server on http://{HOST}:{port} (log {log_path}; the first start "
-        "migrates its database: 20-30 s)…"
+        f"starting a Prefect server on http://{HOST}:{port} (the first start migrates its "
+        "database: 20-30 s)…"
     )
+    report.line(f"  its log: {log_path}")
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
             command,
