@@ -137,6 +137,15 @@ def local_server(report: Reporter) -> Iterator[LocalServer]:
             time.sleep(0.5)
         os.environ["PREFECT_API_URL"] = server.api_url
         yield server
+    except KeyboardInterrupt:  # Ctrl-C, whenever it comes while the server is up: one line
+        from cli.signals import interrupts
+
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C: it is stopping
+        _drain_prefect()
+        server.stop()
+        sys.stderr.write(f"interrupted: the Prefect server on {server.url} is stopped\n")
+        interrupts.mark_reported()
+        raise typer.Exit(130) from None
     finally:
         _drain_prefect()
         server.stop()
@@ -192,7 +201,7 @@ def leave_one_waiting(
     with get_client(sync_client=True) as client:
         run = client.read_flow_run(run.id)
     state = run.state.name if run.state is not None else "unknown"
-    report.line(f"  {run.name}: {state}, waiting on its approval form (flow run {run.id})")
+    report.line(f"  {run.name}: {state}, waiting on its approval form")
     return {
         "url": server.url,
         "api_url": server.api_url,
@@ -236,6 +245,7 @@ def wait_for_interrupt(server: LocalServer, ui: dict[str, Any], report: Reporter
     from flows import local
     from flows.weekly import weekly_episode
 
+    flow_run_id = ui["waiting_flow_run_id"]
     report.line()
     report.line(f"Prefect UI: {ui['url']}")
     report.line(f"  deployments: {ui['deployments']}")
@@ -244,29 +254,21 @@ def wait_for_interrupt(server: LocalServer, ui: dict[str, Any], report: Reporter
     report.line(f"    {ui['waiting_run']}")
     report.line("answer its form there (Resume); this process runs the rest of the flow run.")
     report.line("Ctrl-C stops the server.")
-    flow_run_id = ui["waiting_flow_run_id"]
-    try:
-        while True:
-            if interrupts.signalled.is_set():  # a Ctrl-C a library swallowed on its way
-                raise KeyboardInterrupt
-            time.sleep(POLL_S)
-            if not server.alive():
-                from core.errors import EpisodicError
+    while True:  # until Ctrl-C (`local_server` answers it)
+        if interrupts.signalled.is_set():  # a Ctrl-C a library swallowed on its way
+            raise KeyboardInterrupt
+        time.sleep(POLL_S)
+        if not server.alive():
+            from core.errors import EpisodicError
 
-                raise EpisodicError(f"the Prefect server stopped (see {server.log_path})")
-            with get_client(sync_client=True) as client:
-                run = client.read_flow_run(flow_run_id)
-            if run.state is not None and run.state.type == StateType.SCHEDULED:
-                report.line(f"answered in the UI: running the rest of {run.name}…")
-                state = local.execute(weekly_episode, run.id)
-                report.line(f"  {run.name}: {state.name}")
-                cover = _assembled_cover(state)
-                if cover is not None:
-                    report.line("  cover:")
-                    report.line(f"    {cover}")
-    except KeyboardInterrupt:
-        _drain_prefect()
-        server.stop()
-        sys.stderr.write(f"interrupted: the Prefect server on {server.url} is stopped\n")
-        interrupts.mark_reported()
-        raise typer.Exit(130) from None
+            raise EpisodicError(f"the Prefect server stopped (see {server.log_path})")
+        with get_client(sync_client=True) as client:
+            run = client.read_flow_run(flow_run_id)
+        if run.state is not None and run.state.type == StateType.SCHEDULED:
+            report.line(f"answered in the UI: running the rest of {run.name}…")
+            state = local.execute(weekly_episode, run.id)
+            report.line(f"  {run.name}: {state.name}")
+            cover = _assembled_cover(state)
+            if cover is not None:
+                report.line("  cover:")
+                report.line(f"    {cover}")
