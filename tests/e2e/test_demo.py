@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -114,6 +115,24 @@ def test_demo_ui_leaves_a_run_waiting_for_approval_and_ctrl_c_stops_the_server(
             assert f"    {cover}" in lines
             assert cover.read_bytes().startswith(b"\x89PNG")
             assert f"    {cover.with_name('manifest.json')}" in lines
+        # An answer given in the form (the UI's Resume) is carried out by the waiting command.
+        answered = len(lines)
+        _api(url, f"/flow_runs/{waiting['id']}/resume",
+             {"run_input": {"decision": "approve", "reviewer": "a tester"}})  # fmt: skip
+        cover = home / "demo" / f"{WEEK}-2" / "cover.png"
+        deadline = time.monotonic() + 120
+        while f"    {cover}" not in lines[answered:] and time.monotonic() < deadline:
+            assert proc.poll() is None, "\n".join(lines[answered:])
+            time.sleep(0.5)
+        assert lines[answered:] == [
+            f"answered in the UI: running the rest of weekly {WEEK}-2…",
+            f"  weekly {WEEK}-2: Completed",
+            "  cover:",
+            f"    {cover}",
+        ]
+        assert cover.is_file()
+        assert _api(url, f"/flow_runs/{waiting['id']}")["state_type"] == "COMPLETED"
+
         server_pids = [p for p in pids_with_env(MARKER, token) if p != proc.pid]
         assert server_pids, "the Prefect server runs as a child process"
 
