@@ -23,16 +23,17 @@ export DO_NOT_TRACK := 1
 bootstrap: $(VENV)/.synced
 
 $(UV):
-	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "Python 3.11+ is required")'
-	$(PYTHON) -m venv $(TOOLS)
-	$(TOOLS)/bin/pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "Python 3.11+ is required")'
+	@$(PYTHON) -m venv $(TOOLS)
+	@$(TOOLS)/bin/pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
 
+# Quiet: uv prints only errors (a failed sync still says why); `make demo` starts with its story.
 $(VENV)/.synced: pyproject.toml uv.lock | $(UV)
-	$(UV) sync --frozen --compile-bytecode
-	touch $@
+	@$(UV) sync --frozen --compile-bytecode --quiet
+	@touch $@
 
-demo: bootstrap  ## the main job: the weekly flow on SQLite + fake provider (WEEK=2026-W32 to pick a week)
-	$(BIN)/episodic demo $(if $(WEEK),--week $(WEEK))
+demo: bootstrap  ## the main job: the weekly flow on SQLite + fake provider (WEEK=2026-W32, UI=1 for --ui)
+	@$(BIN)/episodic demo $(if $(WEEK),--week $(WEEK)) $(if $(UI),--ui)
 
 test: bootstrap  ## the whole test suite (SQLite and the local PostgreSQL server), TEST_WORKERS processes
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup --durations=30

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Annotated
 
 import click
 import typer
@@ -45,6 +46,36 @@ app = typer.Typer(
     add_completion=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            number = version("episodic")
+        except PackageNotFoundError:  # running from a checkout that was never installed
+            number = "unknown (not installed: run `make bootstrap`)"
+        typer.echo(f"episodic {number}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _main(
+    show_version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            "-V",
+            callback=_show_version,
+            is_eager=True,
+            help="Print the installed version (episodic X.Y.Z) and exit.",
+        ),
+    ] = False,
+) -> None:
+    """Durable episodes for recurring, paid work: never pay twice."""
+
+
 app.command("allocate")(allocate_cmd.allocate)
 app.command("plan")(generate.plan)
 app.command("generate")(generate.generate)

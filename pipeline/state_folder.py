@@ -36,10 +36,11 @@ from core.settings import Settings
 
 # What the project creates at the top of a state folder (glob patterns): the ledger and its
 # SQLite companions and lock files, the default media store, Prefect's home, the item
-# results, the episodes' files, the provider profiles, the fake provider's jobs, the marker.
+# results, the episodes' files, the provider profiles, the fake provider's jobs, the marker,
+# and what `episodic demo` leaves: the local copies of its episodes and its server's log.
 STATE_ENTRIES = (
     "episodic.db", "episodic.db-*", "episodic.db.*", "media", "prefect", "results",
-    "episodes", "providers.yaml", "fake-provider", STATE_MARKER,
+    "episodes", "providers.yaml", "fake-provider", STATE_MARKER, "demo", "prefect-server.log",
 )  # fmt: skip
 
 

@@ -6,7 +6,9 @@ import json
 import re
 import subprocess
 import sys
+import tomllib
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -116,6 +118,15 @@ def test_pipelines_are_separate(cli: Cli, database_url: str) -> None:
     assert [e["pipeline"] for e in json.loads(via_env.stdout)] == ["podcast"]
 
 
+@pytest.mark.parametrize("flag", ["--version", "-V"])
+def test_version_prints_the_installed_package_version(cli: Cli, flag: str) -> None:
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    result = cli(flag)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"episodic {pyproject['project']['version']}\n"
+    assert result.stderr == ""
+
+
 @pytest.mark.parametrize(
     "command",
     [
@@ -200,6 +211,7 @@ def test_db_upgrade_on_an_empty_database(
     "args",
     [
         ["--help"],
+        ["--version"],
         ["episodes", "list"],
         ["allocate", "--key", "k", "--week", "2026-W32"],
         ["spend", "--by", "profile", "--json"],
