@@ -17,10 +17,11 @@ from typing import Any
 
 NEXT_STEPS = (
     ("episodic demo --ui", "the same in Prefect's UI; one run awaits your approval"),
-    ("episodic episodes list", "the episodes and their states"),
+    ("episodic preview {episode}", "a contact sheet of an episode's images, titled"),
     ("episodic spend", "what the ledger says was paid"),
     ("episodic check --all", "the read-only audit"),
-    ("docs/providers.md", "a real provider: Replicate, fal, HTTP"),
+    ("episodic init", "your own providers file and playlist, to edit"),
+    ("docs/providers.md", "a real provider from zero: Replicate, fal, HTTP"),
 )
 
 
@@ -124,8 +125,10 @@ def summary(report: Reporter, story: dict[str, Any], ui: bool = False) -> None:
     report.line()
     report.line("try next:")
     me = program()
+    first = episodes[0]["episode_id"] if episodes else "EPISODE_ID"
     steps = [  # --ui: the UI's addresses follow, no need to suggest it
-        (command.replace("episodic", me, 1), what) for command, what in NEXT_STEPS[ui:]
+        (command.replace("episodic", me, 1).format(episode=first), what)
+        for command, what in NEXT_STEPS[ui:]
     ]
     width = max(len(command) for command, _ in steps) + 2
     for command, what in steps:

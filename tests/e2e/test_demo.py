@@ -191,8 +191,8 @@ def test_demo_tells_its_story_line_by_line_and_prints_full_paths(tmp_path: Path)
         assert f"    {cover.with_name('manifest.json')}" in lines
         assert manifest["episode_id"] == episode
     tried = [line.strip() for line in lines[lines.index("try next:") + 1 :]]
-    commands = ["episodic demo --ui", "episodic episodes list", "episodic spend"]
-    commands += ["episodic check --all", "docs/providers.md"]
+    commands = ["episodic demo --ui", f"episodic preview {WEEK}-0", "episodic spend"]
+    commands += ["episodic check --all", "episodic init", "docs/providers.md"]
     assert len(tried) == len(commands)
     # `episodic` as this shell finds it, else the path that ran it (.venv/bin/episodic)
     ran = str(EPISODIC.relative_to(PROJECT))
