@@ -223,12 +223,11 @@ def resume_run(
 ) -> None:
     """Resume `run_id`; with `episode_id`/`pipeline` (`generate E --resume RUN`), only a
     run of that episode; `max_images`/`max_cost`: the run's limits from now on."""
-    from core.ids import parse_run_id
     from core.money import parse_money
     from pipeline.gate import EnvironmentCredentials
     from pipeline.generation import resume
 
-    run_id = parse_run_id(run_id)
+    run_id = context.resolve_run_id(run_id)
     max_cost_micros = parse_money(max_cost) if max_cost is not None else None  # exit 2
     with run_progress(as_json) as on_start:
         outcome = resume(
