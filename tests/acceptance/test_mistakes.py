@@ -3,6 +3,7 @@ the documented exit code, in the project's own words."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -110,3 +111,21 @@ def test_one_playlist_mistake_is_one_line(cli: Cli, database_url: str, tmp_path:
     assert result.stderr.strip().splitlines() == [
         f"error: playlist {playlist}: video v01 (item 1): hero is {{candidates: N}} or false"
     ]
+
+
+@SQLITE_ONLY
+def test_only_takes_video_ids_and_says_a_reversed_range_is_reversed(
+    cli: Cli, database_url: str, tmp_path: Path
+) -> None:
+    assert cli("allocate", "--key", "k", "--week", "2026-W32").returncode == 0
+    playlist = write_playlist(tmp_path / "pl", ["a", "b", "c"])
+    assert cli("plan", "2026-W32-0", "--playlist", str(playlist)).returncode == 0
+    by_id = cli("generate", "2026-W32-0", "--only", "v02,v03", "--plan", "--json")
+    assert by_id.returncode == 0, by_id.stderr
+    assert json.loads(by_id.stdout)["new_calls"] == 2
+    reversed_ = cli("generate", "2026-W32-0", "--only", "3-1", "--plan")
+    assert reversed_.returncode == 2
+    assert "range 3-1 is reversed: write 1-3" in reversed_.stderr, reversed_.stderr
+    unknown = cli("generate", "2026-W32-0", "--only", "v2", "--plan")
+    assert unknown.returncode == 2 and "(close: v02" in unknown.stderr, unknown.stderr
+    assert len(unknown.stderr.strip().splitlines()) == 1
