@@ -7,7 +7,6 @@ one line on stderr and exits with its code (DESIGN 10); set EPISODIC_DEBUG=1 for
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Annotated
 
@@ -35,7 +34,7 @@ from cli import (
     spend,
     state,
 )
-from cli.output import error
+from cli.output import error, one_line, warning
 from cli.signals import interrupts
 
 app = typer.Typer(
@@ -163,13 +162,22 @@ def _is_answer(exc: Exception) -> bool:
 
 
 def _report(exc: Exception) -> int:
-    from core.errors import EpisodicError
+    from core.errors import EpisodicError, PlaylistMistakes
     from core.exit_codes import ExitCode
+    from core.flags import env_flag
 
-    if os.environ.get("EPISODIC_DEBUG"):
+    debug = env_flag("EPISODIC_DEBUG")
+    if debug.warning is not None:
+        warning(debug.warning)
+    if debug.on:
         import traceback
 
         traceback.print_exception(exc)
+    if isinstance(exc, PlaylistMistakes) and len(exc.mistakes) > 1:  # one message, some lines
+        error(exc.header)
+        for mistake in exc.mistakes:
+            sys.stderr.write(f"  {one_line(mistake)}\n")
+        return exc.exit_code
     if isinstance(exc, EpisodicError):
         error(str(exc))
         return exc.exit_code

@@ -37,3 +37,13 @@ def media_store(engine: Engine, *, adopt: bool = False) -> MediaStore:
     from pipeline.media_view import open_store
 
     return open_store(settings(), engine, adopt=adopt)
+
+
+def resolve_run_id(text: str) -> str:
+    """A run id as typed (whole, or a unique prefix of 4+ characters): the whole id.
+    Raises `InvalidInput` (exit 2): malformed, no run starts so, or several do."""
+    from core.ids import parse_run_ref
+    from storage.runs import RunStore
+
+    value, is_prefix = parse_run_ref(text)
+    return RunStore(engine()).run_id_starting(value) if is_prefix else value

@@ -98,7 +98,13 @@ def _story(
 
     for episode_id in episodes:  # the flow runs planned them; slots run by an older demo did not
         if recorded_plan_summary(context.engine(), settings.pipeline, episode_id) is None:
-            record_plan(context.engine(), settings.pipeline, episode_id, playlist.absolute())
+            record_plan(
+                context.engine(),
+                settings.pipeline,
+                episode_id,
+                playlist.absolute(),
+                providers_path=settings.providers_path,
+            )
     story = _paid_story(episodes, settings.pipeline, report)
     if server is not None:
         from cli import demo_ui

@@ -28,7 +28,10 @@ EpisodeArg = Annotated[str, typer.Argument(help="Episode id, e.g. 2026-W32-0 (mu
 
 
 # generate's options
-OnlyOption = Annotated[str | None, typer.Option(help="Only these videos (1-based), e.g. 3,7-9.")]
+OnlyOption = Annotated[
+    str | None,
+    typer.Option(help="Only these videos: ids or 1-based positions, e.g. v03,v05 or 3,7-9."),
+]
 ConcurrencyOption = Annotated[
     int,
     typer.Option(click_type=StrictInt(1, 64), help="Parallel paid calls (capped by the provider)."),
@@ -81,7 +84,13 @@ def plan(
     """Record what EPISODE_ID will generate. Spends nothing."""
     from pipeline.generation import record_plan
 
-    result = record_plan(context.engine(), context.pipeline_name(pipeline), episode_id, playlist)
+    result = record_plan(
+        context.engine(),
+        context.pipeline_name(pipeline),
+        episode_id,
+        playlist,
+        providers_path=context.settings().providers_path,
+    )
     if as_json:
         emit_json(result)
         return
@@ -214,12 +223,11 @@ def resume_run(
 ) -> None:
     """Resume `run_id`; with `episode_id`/`pipeline` (`generate E --resume RUN`), only a
     run of that episode; `max_images`/`max_cost`: the run's limits from now on."""
-    from core.ids import parse_run_id
     from core.money import parse_money
     from pipeline.generation import resume
     from tasks.credentials import CommandLineCredentials
 
-    run_id = parse_run_id(run_id)
+    run_id = context.resolve_run_id(run_id)
     max_cost_micros = parse_money(max_cost) if max_cost is not None else None  # exit 2
     with run_progress(as_json) as on_start:
         outcome = resume(

@@ -31,6 +31,11 @@ def error(message: str) -> None:
     sys.stderr.write(f"error: {one_line(message)}\n")
 
 
+def warning(message: str) -> None:
+    """One line on stderr: ``warning: <message>``."""
+    sys.stderr.write(f"warning: {one_line(message)}\n")
+
+
 def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
     from rich.console import Console
     from rich.table import Table

@@ -11,7 +11,9 @@ from cli.options import JsonOption, PipelineOption, StrictInt
 from cli.output import emit_json, error, table
 
 app = typer.Typer(help="Inspect, resume and cancel generation runs.", no_args_is_help=True)
-RunArg = Annotated[str, typer.Argument(help="Run id (from `episodic runs list`).")]
+RunArg = Annotated[
+    str, typer.Argument(help="Run id (from `episodic runs list`), or its first 4+ characters.")
+]
 
 
 @app.command("list")
@@ -47,12 +49,11 @@ def list_runs(
 @app.command("show")
 def show_run(run_id: RunArg, as_json: JsonOption = False) -> None:
     """Show a run, its counts, cost and items."""
-    from core.ids import parse_run_id
     from core.money import format_money
     from core.states import RunState
     from storage.runs import RunStore
 
-    run_id = parse_run_id(run_id)
+    run_id = context.resolve_run_id(run_id)
     store = RunStore(context.engine())
     run = store.get_run(run_id)
     counts = store.counts(run_id)
@@ -140,13 +141,12 @@ def cancel(run_id: RunArg, as_json: JsonOption = False) -> None:
     where its API allows (each answer is recorded), except a job whose item another live run
     includes: that run collects it. Cancelling a cancelled run asks again."""
     from core.exit_codes import ExitCode
-    from core.ids import parse_run_id
     from core.states import RunState
     from pipeline.cancel import cancel_run
     from storage.runs import RunStore
     from tasks.credentials import CommandLineCredentials
 
-    run_id = parse_run_id(run_id)
+    run_id = context.resolve_run_id(run_id)
     state, jobs = cancel_run(context.engine(), context.settings(), run_id, CommandLineCredentials())
     if as_json:
         run = _run_dict(RunStore(context.engine()).get_run(run_id))

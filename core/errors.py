@@ -154,6 +154,21 @@ class InvalidPlaylist(InvalidInput):
     pass
 
 
+class PlaylistMistakes(InvalidPlaylist):
+    """Every mistake of one playlist: `header` (`playlist FILE: 3 mistakes:`) and one line
+    per mistake. Its text is one line (logs, Prefect); the CLI prints several mistakes one
+    a line under the header (one mistake: its one line)."""
+
+    def __init__(self, source: str, mistakes: list[str]) -> None:
+        count = "1 mistake" if len(mistakes) == 1 else f"{len(mistakes)} mistakes"
+        self.header = f"playlist {source}: {count}:"
+        self.mistakes = mistakes
+        one = len(mistakes) == 1
+        super().__init__(
+            f"playlist {source}: {mistakes[0]}" if one else f"{self.header} {'; '.join(mistakes)}"
+        )
+
+
 class CommandNotAllowed(InvalidInput):
     pass
 

@@ -121,3 +121,28 @@ def parse_run_id(text: str) -> str:
             "e.g. 0d45478b-098c-4a4a-9a52-0d9ecb6a88ed"
         )
     return str(parsed)
+
+
+RUN_PREFIX_MIN = 4  # characters of a run id that name it, when no other run starts so
+_UUID_SHAPE = "xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
+_HEX = frozenset("0123456789abcdef")
+
+
+def parse_run_ref(text: str) -> tuple[str, bool]:
+    """A run id or a prefix of one, as typed: (canonical id, False) for a whole run id, or
+    (lowercase prefix, True) for its first `RUN_PREFIX_MIN`+ characters (hex digits, and
+    '-' where the id has them). Raises `InvalidInput` (exit 2) for anything else."""
+    if isinstance(text, str) and RUN_PREFIX_MIN <= len(text) < len(_UUID_SHAPE):
+        prefix = text.lower()
+        if all(
+            (c == "-") if shape == "-" else (c in _HEX)
+            for c, shape in zip(prefix, _UUID_SHAPE, strict=False)
+        ):
+            return prefix, True
+    try:
+        return parse_run_id(text), False
+    except InvalidInput:
+        raise InvalidInput(
+            f"invalid run id {shown(text)}: expected a run id from `episodic runs list` or its "
+            f"first {RUN_PREFIX_MIN} or more characters, e.g. 0d45478b"
+        ) from None

@@ -399,21 +399,3 @@ def check_picks(
             f"candidate that ships, e.g. {what} {missing[0]}=1"
         )
     return {video_id: picks[video_id] for video_id in heroes}
-
-
-_RANGE = re.compile(r"([1-9][0-9]*)(?:-([1-9][0-9]*))?")
-
-
-def parse_selection(text: str, count: int) -> frozenset[int]:
-    """'3,7-9' -> {3, 7, 8, 9}; numbers are 1-based video positions, checked against count."""
-    chosen: set[int] = set()
-    for chunk in text.split(","):
-        match = _RANGE.fullmatch(chunk.strip())
-        if match is None:
-            raise InvalidInput(f"invalid --only {shown(text)}: expected e.g. 3,7-9")
-        low = int(match[1])
-        high = int(match[2] or low)
-        if high < low or high > count:
-            raise InvalidInput(f"invalid --only {shown(text)}: the playlist has videos 1-{count}")
-        chosen.update(range(low, high + 1))
-    return frozenset(chosen)

@@ -76,7 +76,7 @@ def generate_episode(
     Args:
         episode_id: the episode to generate, e.g. 2026-W32-1 (required; it must exist and
             have a plan).
-        only: a selection of videos such as "1,3-4" (default: all).
+        only: a selection of videos: ids or positions, e.g. "v03,v05" or "1,3-4" (default: all).
         concurrency: items in flight at once in this run (the provider limit still applies).
         max_retries: paid attempts allowed per failed item after the first, across runs.
         max_images: refuse before spending if more than this many images would be paid for.

@@ -36,6 +36,12 @@ def plan_episode_flow(
     with surface("prefect"):
         settings = load_settings()
         name = pipeline or settings.pipeline
-        summary = record_plan(engine_for(settings), name, episode_id, Path(playlist))
+        summary = record_plan(
+            engine_for(settings),
+            name,
+            episode_id,
+            Path(playlist),
+            providers_path=settings.providers_path,
+        )
         get_run_logger().info("plan of %s: %s", episode_id, summary)
         return summary

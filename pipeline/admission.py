@@ -27,8 +27,9 @@ from core.planning import (
     check_budget,
     classify,
 )
-from core.playlist import PlannedItem, parse_selection
+from core.playlist import PlannedItem
 from core.runs import Item, PlanReport
+from core.selection import parse_selection
 from core.settings import Settings
 from core.states import ItemState, RunState
 from pipeline.gate import GatePass
@@ -54,12 +55,14 @@ def options_from_request(
     collect_timeout_s: float = DEFAULT_COLLECT_TIMEOUT_S,
 ) -> RunOptions:
     """The `RunOptions` of a user's request (the CLI's flags, the flow's parameters) for the
-    planned `items`: `only` a selection of videos such as "1,3-4", `max_cost` an amount in
-    the provider's currency ("2.50"); the lease and the per-run cap (EPISODIC_MAX_RUN_COST)
-    come from `settings`. Raises `InvalidInput` for a malformed selection or amount."""
-    videos = max(item.index for item in items)
+    planned `items`: `only` a selection of videos such as "1,3-4" or "v03,v05", `max_cost`
+    an amount in the provider's currency ("2.50"); the lease and the per-run cap
+    (EPISODIC_MAX_RUN_COST) come from `settings`. Raises `InvalidInput` for a malformed
+    selection or amount."""
+    video_ids = {item.index: item.video_id for item in items}
+    ordered = [video_ids.get(n, "") for n in range(1, max(video_ids) + 1)]
     return RunOptions(
-        only=parse_selection(only, videos) if only else None,
+        only=parse_selection(only, ordered) if only else None,
         concurrency=concurrency,
         max_retries=max_retries,
         max_images=max_images,

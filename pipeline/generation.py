@@ -30,6 +30,7 @@ from pipeline.gate import CredentialSource, GatePass, build_provider, open_gate
 from pipeline.media_view import writable_store
 from pipeline.outcomes import RunOutcome, nothing_to_do
 from pipeline.playlists import (
+    check_profile_known,
     load_playlist,
     parse_playlist,
     planned_items,
@@ -63,11 +64,14 @@ class Prepared:
 
 
 def record_plan(
-    engine: Database, pipeline: str, episode_id: str, playlist_path: Path
-) -> dict[str, object]:
-    """`episodic plan`: validate the playlist and record it for an existing episode."""
+    engine: Database, pipeline: str, episode_id: str, playlist_path: Path, *,
+    providers_path: Path | None = None,
+) -> dict[str, object]:  # fmt: skip
+    """`episodic plan` and every planner (flows, demo): validate the playlist and its
+    provider profile (`check_profile_known`), and record it for an existing episode."""
     gate = open_gate(engine, pipeline, episode_id, "plan")
     playlist, references = load_playlist(playlist_path)
+    check_profile_known(playlist, str(playlist_path), providers_path)
     items = planned_items(
         playlist.model_dump(mode="json"), references, gate.episode_id, gate.pipeline
     )

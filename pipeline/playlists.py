@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from core.documents import DocumentError, parse_yaml, read_text
-from core.errors import InvalidPlaylist
+from core.errors import InvalidPlaylist, PlaylistMistakes
 from core.playlist import (
     MAX_REFERENCE_IMAGE_BYTES,
     PlannedItem,
@@ -18,6 +18,9 @@ from core.playlist import (
     expand,
     reference_image_type,
 )
+from core.playlist_errors import playlist_mistakes
+from core.settings import load_settings
+from providers.profiles import load_profiles
 
 MAX_PLAYLIST_BYTES = 5_000_000
 
@@ -82,9 +85,22 @@ def parse_playlist(raw: Any, source: str) -> Playlist:
     try:
         return Playlist.model_validate(raw)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "(top level)"
-        raise InvalidPlaylist(f"{source}: {where}: {first['msg']}") from None
+        raise PlaylistMistakes(source, playlist_mistakes(exc.errors(), raw)) from None
+
+
+def check_profile_known(playlist: Playlist, source: str, providers_path: Path | None) -> None:
+    """Refuse (`InvalidPlaylist`, exit 2) a playlist whose provider profile is none of
+    `providers_path`'s (None: the settings', EPISODIC_PROVIDERS_FILE or the home's), naming
+    it and the known ones: at `plan`, not first at `generate`."""
+    if providers_path is None:
+        providers_path = load_settings().providers_path
+    profiles = load_profiles(providers_path)
+    if playlist.provider_profile not in profiles:
+        raise InvalidPlaylist(
+            f"playlist {source}: provider_profile {playlist.provider_profile!r} is not a "
+            f"provider profile (known: {', '.join(sorted(profiles))}; see "
+            "`episodic providers list`)"
+        )
 
 
 def playlist_sha256(playlist: Playlist) -> str:

@@ -18,11 +18,13 @@ sent again); transport errors map by what they prove (``providers.base``)::
 the output, `RemoteJobFailed`, or `NotYet`; a job merely not done is polled again at
 ``poll_interval_s``, poll and download errors of any kind (transport, 5xx, 429, 401, 404, a
 reply that is not a JSON object, a finished reply without a usable URL) with exponential
-backoff. A download answered 200 is returned whatever its body (an empty one too): whether it
-is an image is the engine's to prove (``NotAnImage``: downloaded again, then failed). Each
-retry polls again, so an expired pre-signed output URL is replaced by a fresh one. At the
-deadline it raises ``CollectionPending`` (free to collect later); an output larger than
-``MAX_IMAGE_BYTES`` raises it at once.
+backoff, except a download refused (401/403: the output URL needs a credential or has
+expired): after ``DOWNLOAD_REFUSALS`` of them (one fresh poll) ``CollectionPending`` at once,
+naming the download's host, never its URL. A download answered 200 is returned whatever its
+body (an empty one too): whether it is an image is the engine's to prove (``NotAnImage``:
+downloaded again, then failed). Each retry polls again, so an expired pre-signed output URL
+is replaced by a fresh one. At the deadline it raises ``CollectionPending`` (free to collect
+later); an output larger than ``MAX_IMAGE_BYTES`` raises it at once.
 
 A lookup believes only the reply (`JobsApiClient._find_one`): it keeps the listed jobs that
 are ours by the reply's own fields (a server that ignores a filter cannot hand us another
@@ -61,6 +63,11 @@ from providers.profiles import Profile
 MAX_IMAGE_BYTES = 50 * 1024 * 1024
 MAX_LOOKUP_PAGES = 20
 MAX_BACKOFF_S = 5.0
+# A download answered 401/403 (the output URL wants a credential, or its signature expired):
+# the first refusal polls again once, for a fresh URL; the second ends the collect at once
+# (`CollectionPending`: paid, never bought again, collected by a later run) instead of
+# retrying in silence until the collect deadline.
+DOWNLOAD_REFUSALS = 2
 
 _TOKEN = re.compile(r"[\x21-\x7e]+")  # printable ASCII: no whitespace, no control characters
 JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:~-]{0,255}")  # safe as one URL path segment
@@ -76,6 +83,11 @@ class NotYet(Exception):
     def __init__(self, reason: str, *, failed: bool = True) -> None:
         super().__init__(reason)
         self.failed = failed
+
+
+class DownloadRefused(NotYet):
+    """A download answered 401 or 403: no credential is ever sent there, so polling on
+    will not change it, except once for a fresh (re-signed) output URL."""
 
 
 class JobsApiClient:
@@ -188,8 +200,20 @@ class JobsApiClient:
             sleep=sleep,
             reraise=True,
         )
+        refusals = 0
+
+        def once(ref: str) -> ImageResult:
+            nonlocal refusals
+            try:
+                return self._collect_once(ref)
+            except DownloadRefused as exc:
+                refusals += 1
+                if refusals >= DOWNLOAD_REFUSALS:
+                    raise CollectionPending(f"remote task {ref}: {exc}") from None
+                raise
+
         try:
-            return retrying(self._collect_once, remote_ref)
+            return retrying(once, remote_ref)
         except NotYet as exc:
             raise CollectionPending(
                 f"remote task {remote_ref} not collected within {deadline_s:g}s: {exc}"
@@ -332,6 +356,12 @@ class JobsApiClient:
             raise NotYet("finished reply without an http(s) output URL")
         try:
             with self._files.stream("GET", url) as response:
+                if response.status_code in (401, 403):
+                    raise DownloadRefused(
+                        f"download from {_host_of(response.request.url)} refused "
+                        f"({response.status_code}): the output URL needs a credential or "
+                        "has expired"
+                    )
                 if not response.is_success:
                     raise NotYet(f"download: HTTP {response.status_code}")
                 content = _read_capped(response)
@@ -388,6 +418,13 @@ def _backoff(interval: float, failures: int) -> float:
     """Exponential backoff with jitter after `failures` errors in a row, capped."""
     exponential: float = interval * 2.0 ** min(failures - 1, 16)
     return min(exponential + _JITTER.uniform(0, interval), MAX_BACKOFF_S)
+
+
+def _host_of(url: httpx.URL) -> str:
+    """Where a download went, as a message may show it: the host (and a port other than
+    the scheme's), never the path nor the query (a pre-signed URL's signature)."""
+    host = url.host if re.fullmatch(r"[A-Za-z0-9.:\[\]-]{1,253}", url.host or "") else "?"
+    return f"{host}:{url.port}" if url.port is not None else host
 
 
 def _read_capped(response: httpx.Response) -> bytes:

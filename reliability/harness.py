@@ -126,10 +126,11 @@ _SIGNALS = [signal.SIGKILL, signal.SIGTERM, signal.SIGINT]
 
 
 def trial_episode(
-    engine: Engine, folder: Path, trial: int, items: int, rng: random.Random
+    engine: Engine, folder: Path, trial: int, items: int, rng: random.Random, profiles: Path
 ) -> tuple[str, str]:
     """An allocated, planned episode of `items` images on the trial's own provider profile
-    (its own limit and slots: trials running at once do not throttle each other)."""
+    (its own limit and slots: trials running at once do not throttle each other), from the
+    providers file `profiles` (`fake_profiles`)."""
     from core.ids import WeekId
     from pipeline.allocation import allocate
     from pipeline.generation import record_plan
@@ -140,7 +141,8 @@ def trial_episode(
         allocate(engine, PIPELINE, WeekId.parse("2026-W32"), f"gen-{trial}").episode.episode_id
     )
     titles = [f"t{trial} item {n} {rng.choice(_MARKERS)}".strip() for n in range(items)]
-    record_plan(engine, PIPELINE, episode_id, write_playlist(folder, titles, profile=profile))
+    playlist = write_playlist(folder, titles, profile=profile)
+    record_plan(engine, PIPELINE, episode_id, playlist, providers_path=profiles)
     return episode_id, profile
 
 

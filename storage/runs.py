@@ -23,7 +23,7 @@ from sqlalchemy import (
     select,
 )
 
-from core.errors import InvalidTransition, RunNotFound
+from core.errors import InvalidInput, InvalidTransition, RunNotFound
 from core.runs import INTERRUPTED, Item, Run, RunCounts
 from core.states import (
     ItemState,
@@ -59,6 +59,30 @@ class RunStore:
         if row is None:
             raise RunNotFound(run_id, database_label(self.engine))
         return _run(row)
+
+    def run_id_starting(self, prefix: str, shown_at_most: int = 10) -> str:
+        """The one run whose id starts with `prefix` (lowercase hex and '-', from
+        `core.ids.parse_run_ref`). Raises `InvalidInput` (exit 2) when none does or several
+        do (the first `shown_at_most` of them listed)."""
+        with tx.read(self.engine) as conn:
+            found = list(
+                conn.execute(
+                    select(_runs.c.id)
+                    .where(_runs.c.id.startswith(prefix, autoescape=True))
+                    .order_by(_runs.c.id)
+                    .limit(shown_at_most + 1)
+                ).scalars()
+            )
+        if not found:
+            raise InvalidInput(f"no run starts with {prefix} (see `episodic runs list`)")
+        if len(found) > 1:
+            more = ", ..." if len(found) > shown_at_most else ""
+            raise InvalidInput(
+                f"run id {prefix} is ambiguous: it starts "
+                f"{'more than ' if more else ''}{min(len(found), shown_at_most)} runs "
+                f"({', '.join(found[:shown_at_most])}{more}): type more of it"
+            )
+        return str(found[0])
 
     def list_runs(
         self, pipeline: str, episode_id: str | None = None, limit: int = 100

@@ -18,8 +18,11 @@ def plan_episode(pipeline: str, episode_id: str, playlist: str) -> dict[str, Any
     """Record the playlist file as the episode's plan, once: when a plan is recorded already
     (a retried or resumed run, which starts again from the top) the file is not read again,
     so editing it while a run waits for approval changes nothing that run ships."""
-    engine = engine_for(load_settings())
+    settings = load_settings()
+    engine = engine_for(settings)
     recorded = recorded_plan_summary(engine, pipeline, episode_id)
     if recorded is not None:
         return recorded
-    return record_plan(engine, pipeline, episode_id, Path(playlist))
+    return record_plan(
+        engine, pipeline, episode_id, Path(playlist), providers_path=settings.providers_path
+    )

@@ -213,6 +213,10 @@ class _JobsServer:
         # the models the API knows (None: every one), each with its input schema's properties
         self.models: dict[str, dict[str, Any]] | None = None
         self.versions: dict[str, dict[str, Any]] = {}  # Replicate: pinned version -> inputs
+        # the files origin answers every download with this status (401/403: the output
+        # URL wants a credential); `output_query` is appended to every output URL
+        self.refuse_downloads: int | None = None
+        self.output_query = ""
         self.api = _Origin("127.0.0.1", _handler(self, api=True))
         self.files = _Origin(_second_loopback(), _handler(self, api=False))
 
@@ -299,9 +303,11 @@ class _JobsServer:
                 self.finish(job, "succeeded")
 
     def output_url(self, job_id: str) -> str:
-        return f"{self.files.origin}/files/{job_id}.png"
+        return f"{self.files.origin}/files/{job_id}.png{self.output_query}"
 
     def file(self, job_id: str) -> tuple[int, Any]:
+        if self.refuse_downloads is not None:
+            return self.refuse_downloads, {"detail": "AccessDenied"}
         job = self.jobs.get(job_id)
         if job is None:
             return 404, {"detail": "no such file"}

@@ -129,7 +129,7 @@ def _under_database_faults(
     gave_up: list[str] = []
     broken: list[str] = []
     for trial in range(trials):
-        episode_id, _ = trial_episode(engine, root / f"pl{trial}", trial, 6, rng)
+        episode_id, _ = trial_episode(engine, root / f"pl{trial}", trial, 6, rng, profiles)
         engine.dispose()  # no pooled connection crosses the fork below
         home = root / f"home{trial}"
         home.mkdir(parents=True)
@@ -217,7 +217,7 @@ def sqlite_locked(backend: Backend, trials: int, rng: random.Random) -> Result:
     profiles = fake_profiles(root, trials)
     wait_s = SQLITE_BUSY_TIMEOUT_MS / 1000
     for trial in range(trials):
-        episode_id, _ = trial_episode(engine, root / f"pl{trial}", trial, 3, rng)
+        episode_id, _ = trial_episode(engine, root / f"pl{trial}", trial, 3, rng, profiles)
         home = root / f"home{trial}"
         home.mkdir(parents=True)
         env = trial_env(home, url, profiles)

@@ -145,6 +145,8 @@ def _trial_plans(
     plans = []
     for trial in range(trials):
         seed = rng.randrange(2**32)
-        episode_id, _ = trial_episode(engine, root / f"pl{trial}", trial, items, rng)
+        episode_id, _ = trial_episode(
+            engine, root / f"pl{trial}", trial, items, rng, root / "providers.yaml"
+        )
         plans.append((trial, episode_id, seed))
     return plans

@@ -687,3 +687,38 @@ def test_a_number_past_pythons_digit_limit_in_a_yaml_file_is_one_line_exit_2(
     assert run(["providers", "list"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1 and "unexpected" not in err
+
+
+# ---------------------------------------------------------------- a download refused
+@pytest.mark.parametrize("kind", ["replicate", "fal"])
+def test_a_download_refused_for_a_credential_ends_the_collect_fast_and_never_buys_again(
+    engine: Engine, database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """A 403 from the output's host is not polled until the collect deadline: one fresh poll
+    (an expired signature gets a new URL), then the item is left to be collected (it was
+    paid), its error naming the host, never the URL's signature; nothing is bought again."""
+    server_type = ReplicateServer if kind == "replicate" else FalServer
+    with server_type() as server:
+        server.refuse_downloads = 403
+        server.output_query = "?X-Amz-Signature=SIGNATURE-NOT-TO-SHOW"
+        episode = _episode(engine, tmp_path, monkeypatch, kind, server.base_url)  # type: ignore[attr-defined]
+        episode.plan(write_playlist(tmp_path / "pl", ["a"], profile="real"))
+        outcome = episode.generate(collect_timeout_s=60.0)
+        assert outcome.exit_code != ExitCode.OK and outcome.counts.completed == 0
+        downloads = [r for r in server.files.requests if r.method == "GET"]
+        assert len(downloads) == 2, downloads  # the first, and one after a fresh poll
+        assert sum(server.jobs_made.values()) == 1
+        with engine.connect() as conn:
+            (error,) = conn.execute(select(ItemRow.error_text)).one()
+        host = server.files.origin.removeprefix("http://")
+        assert (
+            f"download from {host} refused (403): the output URL needs a credential or has "
+            "expired" in error
+        ), error
+        assert "SIGNATURE" not in error and "/files/" not in error, error
+        again = episode.generate(collect_timeout_s=60.0)  # collects again, buys nothing
+        assert again.counts.paid_submissions == 0 and sum(server.jobs_made.values()) == 1
+        server.refuse_downloads = None  # the host lets us in: the paid job is collected
+        done = episode.generate(collect_timeout_s=60.0)
+        assert done.exit_code == ExitCode.OK, done.message
+        assert sum(server.jobs_made.values()) == 1 and done.counts.completed == 1

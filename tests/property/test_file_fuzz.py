@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -125,7 +126,11 @@ def answer(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, st
     assert code in (0, 2), (argv, code, err)
     if code:
         lines = err.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("error: "), (argv, err[:2000])
+        if len(lines) > 1:  # a playlist's several mistakes: the header, then one a line
+            assert re.fullmatch(r"error: playlist .*: \d+ mistakes:", lines[0]), err[:2000]
+            assert len(lines) - 1 == int(lines[0].rsplit(" ", 2)[-2]), err[:2000]
+            assert all(line.startswith("  ") and len(line) < 600 for line in lines[1:]), err
+        assert lines[0].startswith("error: "), (argv, err[:2000])
         assert len(lines[0]) < 600
     return code, err
 

@@ -4,7 +4,8 @@ import pytest
 
 from core.errors import InvalidInput
 from core.money import format_money, parse_money
-from core.playlist import Playlist, expand, item_idempotency_key, parse_selection
+from core.playlist import Playlist, expand, item_idempotency_key
+from core.selection import parse_selection
 
 BASE = dict(
     template_spec_hash="t",
@@ -384,3 +385,29 @@ def test_picks_are_parsed_strictly_and_checked_against_the_plan() -> None:
     ):
         with pytest.raises(InvalidInput, match=message):
             check_picks(picks, heroes)
+
+
+IDS = [f"v{n:02d}" for n in range(1, 13)]
+
+
+def test_a_selection_takes_video_ids_as_well_as_positions() -> None:
+    assert parse_selection("v03,v05", IDS) == {3, 5}
+    assert parse_selection("2-4", IDS) == {2, 3, 4}
+    assert parse_selection(" v12 , 1 ", IDS) == {1, 12}
+
+
+def test_a_reversed_range_says_how_to_write_it() -> None:
+    with pytest.raises(InvalidInput) as raised:
+        parse_selection("3-1", IDS)
+    assert "range 3-1 is reversed: write 1-3" in str(raised.value)
+    assert "videos 1-12" not in str(raised.value)
+
+
+def test_an_unknown_video_id_names_the_close_ones_and_the_valid_ones() -> None:
+    with pytest.raises(InvalidInput) as raised:
+        parse_selection("v3", IDS)
+    message = str(raised.value)
+    assert "no video 'v3' (close: " in message and "v03" in message, message
+    assert "positions 1-12, or ids v01, v02, v03, v04, v05, ..., v12" in message, message
+    with pytest.raises(InvalidInput, match="no video 13; the playlist has videos 1-12"):
+        parse_selection("13", IDS)
