@@ -1,0 +1,102 @@
+"""Breaker (issue 32): `episodic providers check` against replies a real API, a proxy or a
+hostile schema may give. Each test fails on the code as merged (see its docstring)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.http_server import _QuietServer
+from tests.integration.test_provider_check import check, providers_file, replicate, write
+from tests.jobs_servers import REPLICATE_INPUTS, TOKEN, ReplicateServer
+
+__all__ = ["providers_file", "replicate"]  # fixtures, re-used
+
+
+def test_replicate_a_close_match_from_the_schema_is_shown_printable_on_one_line(
+    replicate: ReplicateServer, providers_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The schema's input names come from the provider (or whatever `base_url` answers): the
+    `it takes:` list is made printable, but the `did you mean` hint printed the name raw, so
+    a newline and an ANSI escape sequence reached the terminal, and the one-line message
+    became two lines."""
+    hostile = "aspect_ratio\n\x1b[31mINJECTED"
+    replicate.models = {
+        "black-forest-labs/flux-schnell": {**REPLICATE_INPUTS, hostile: {}},
+    }
+    write(
+        providers_file,
+        "replicate",
+        replicate,
+        "model: black-forest-labs/flux-schnell",
+        'inputs: {aspect_ration: "1:1"}',
+    )
+    code, out, _ = check(capsys)
+    assert code == 2
+    line = out.splitlines()[-1]
+    assert line.startswith("check: profile 'p': input 'aspect_ration'"), out
+    assert "\x1b" not in out
+
+
+class _Drip(BaseHTTPRequestHandler):
+    """Answers every GET with a valid Replicate reply, one byte at a time, a pause between
+    bytes shorter than the profile's timeout_s but, in all, far longer."""
+
+    pause = 0.4
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        if self.path.startswith("/v1/account"):
+            body = json.dumps({"username": "ann"}).encode()
+        else:
+            body = json.dumps({"latest_version": {"openapi_schema": {"components": {
+                "schemas": {"Input": {"properties": REPLICATE_INPUTS}}}}}}).encode()  # fmt: skip
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        try:
+            for byte in body[:40]:
+                self.wfile.write(bytes([byte]))
+                self.wfile.flush()
+                time.sleep(self.pause)
+            self.wfile.write(body[40:])
+        except ConnectionError:
+            pass
+
+
+@pytest.fixture
+def drip() -> Iterator[str]:
+    server = _QuietServer(("127.0.0.1", 0), _Drip)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    server.shutdown()
+    server.server_close()
+
+
+def test_replicate_a_reply_trickling_past_timeout_s_is_no_answer(
+    drip: str, providers_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`timeout_s: 1`, and each reply takes ~16 s, a byte every 0.4 s: httpx's read timeout
+    restarts at every byte, so the check waited for the whole trickle and said verified
+    (exit 0). A server (or a proxy) that drips forever kept `providers check` waiting
+    forever (seen: `timeout_s: 5`, still waiting after 25 s). Expected: "no answer", exit 1."""
+    providers_file.write_text(
+        "profiles:\n  p:\n    kind: replicate\n    model: black-forest-labs/flux-schnell\n"
+        f"    base_url: {drip}\n    credential_env: REP_TOKEN\n"
+        '    price: {per_image: "0.003"}\n    timeout_s: 1\n'
+    )
+    assert TOKEN
+    code, out, _ = check(capsys)
+    assert out.splitlines()[-1].startswith("check: no answer: "), out
+    assert code == 1
