@@ -4,27 +4,9 @@ demand, not item ids and hashes)."""
 
 from __future__ import annotations
 
-from core.records import EpisodeImage
 from flows.approval_form import prompts_details
 from pipeline.preview import PlanTexts
-
-
-def image(video: str, part: int, candidate: int | None = None) -> EpisodeImage:
-    return EpisodeImage(
-        idempotency_key=f"k-{video}-{part}-{candidate}",
-        video_id=video,
-        part=part,
-        candidate=candidate,
-        position=1,
-        key=None,
-        sha256="0" * 64,
-        size=None,
-        media_type="image/png",
-        legacy_path=None,
-        remote_ref=None,
-        cost_micros=0,
-        currency="USD",
-    )
+from tests.images import episode_image as image
 
 
 def test_each_prompt_is_shown_once_escaped_in_one_collapsed_block() -> None:

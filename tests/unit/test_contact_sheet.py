@@ -9,7 +9,6 @@ import io
 
 from PIL import Image, ImageChops
 
-from core.records import EpisodeImage
 from pipeline import contact_sheet
 from pipeline.contact_sheet import (
     BACKGROUND,
@@ -22,6 +21,7 @@ from pipeline.contact_sheet import (
     font,
 )
 from pipeline.preview import PlanTexts, sheet_rows
+from tests.images import episode_image as image
 
 
 def png(size: tuple[int, int], colour: tuple[int, int, int] = (200, 30, 30)) -> bytes:
@@ -93,24 +93,6 @@ def test_images_are_resampled_with_lanczos_not_nearest_neighbour() -> None:
     assert colours is not None
     greys = sum(count for count, value in colours if 40 < value < 215)
     assert greys > 1000, colours[:10]  # nearest-neighbour makes none: only black and white
-
-
-def image(video: str, part: int, candidate: int | None = None) -> EpisodeImage:
-    return EpisodeImage(
-        idempotency_key=f"k-{video}-{part}-{candidate}",
-        video_id=video,
-        part=part,
-        candidate=candidate,
-        position=1,
-        key=None,
-        sha256="0" * 64,
-        size=None,
-        media_type="image/png",
-        legacy_path=None,
-        remote_ref=None,
-        cost_micros=0,
-        currency="USD",
-    )
 
 
 def test_hero_candidates_of_one_video_share_one_row_numbered_as_pick_numbers_them() -> None:
