@@ -57,16 +57,19 @@ bench: bootstrap  ## benchmarks (never part of the tests)
 
 # Not part of `make test`. Installs Debian's chromium and chromium-driver (apt, as root) when
 # missing and the `ui` dependency group (selenium) into .venv, then checks the approval form
-# in the real Prefect UI (the images; a rejection, then Retry); screenshots: .episodic/ui-check.
+# in the real Prefect UI (the images; a rejection, then Retry; the titles and prompts; a decision
+# on the command line resuming the run; a form answer refused after it); screenshots:
+# .episodic/ui-check.
 reliability: bootstrap  ## the fault suite (long: ~17 min); writes docs/reliability.md
 	$(BIN)/python -m reliability
 
-ui-check: bootstrap  ## the approval form in a real browser: the images, a rejection that stands a Retry
+ui-check: bootstrap  ## the approval form in a real browser: images, titles, a rejection that stands a Retry, CLI decisions
 	@test -x /usr/bin/chromium -a -x /usr/bin/chromedriver || \
 	  { DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; }
 	$(UV) sync --frozen --compile-bytecode --group ui
 	$(BIN)/python -m tests.ui.ui_check
+	$(BIN)/python -m tests.ui.decision_check
 	$(BIN)/python -m tests.ui.two_machines_check
 
 clean:  ## build artefacts only: the environment, caches, dist/build; never the state (.episodic)
