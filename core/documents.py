@@ -19,10 +19,26 @@ import json
 import os
 import stat
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator, Strict
 
 MAX_DEPTH = 64  # nesting of mappings and lists; our formats need fewer than 10
 DEFAULT_MAX_BYTES = 5_000_000
+
+
+def _whole_number(value: Any) -> Any:
+    """A float with no fractional part (`seed: 1001.0`) as the int it equals: JSON and its
+    Schema (draft 2020-12 "integer") make no difference between 1.0 and 1, so neither do the
+    loaders; any other value is left for the strict int to refuse (`true`, "4", 1.5)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+WholeInt = Annotated[int, Strict(), BeforeValidator(_whole_number)]
+"""An int field of a file people write: a strict int (never a bool or a string) that also
+takes an integral float, as its JSON Schema ("type": "integer") does."""
 
 
 class DocumentError(ValueError):

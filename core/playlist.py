@@ -13,8 +13,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from core.documents import WholeInt
 from core.errors import InvalidInput
 from core.ids import shown
 from core.settings import UNSCOPED_PIPELINE
@@ -56,7 +57,7 @@ def check_text(text: str, what: str) -> str:
 
 class Template(_Strict):
     id: str = Field(pattern=f"^{_ID}$")
-    version: int = Field(ge=1, le=1_000_000, strict=True)
+    version: WholeInt = Field(ge=1, le=1_000_000, strict=True)
     prompt: str = Field(min_length=1, max_length=4000)
 
     @field_validator("prompt")
@@ -88,14 +89,22 @@ class Template(_Strict):
 class Hero(_Strict):
     """A hero run: the video's one image generated `candidates` times; a reviewer picks one."""
 
-    candidates: int = Field(ge=1, le=MAX_CANDIDATES, strict=True)
+    candidates: WholeInt = Field(ge=1, le=MAX_CANDIDATES, strict=True)
 
 
 class Video(_Strict):
     video_id: str = Field(pattern=f"^{_ID}$")
     title: str = Field(min_length=1, max_length=300)
-    parts: list[StrictInt] = Field(default_factory=lambda: [1], min_length=1, max_length=100)
-    seed: int = Field(ge=0, le=SEED_MODULUS - 1, strict=True)  # `seed: true` is not 1
+    parts: list[WholeInt] = Field(
+        default_factory=lambda: [1],
+        min_length=1,
+        max_length=100,
+        json_schema_extra={
+            "items": {"type": "integer", "minimum": 1, "maximum": MAX_PART},
+            "uniqueItems": True,
+        },
+    )
+    seed: WholeInt = Field(ge=0, le=SEED_MODULUS - 1, strict=True)  # `seed: true` is not 1
     # a hero run for this video; `false`: never, whatever the playlist's `hero` says;
     # None: the playlist's `hero` decides
     hero: Hero | Literal[False] | None = None

@@ -139,9 +139,7 @@ def _local_copy(
     keyed = [(media["cover"].key, media["cover"].sha256)]
     keyed += [(o.key, o.sha256) for o in shipped if o.key is not None]
     for key, sha256 in keyed:
-        dest = out / key
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        store.local_copy(key, dest, sha256=sha256)
+        store.local_copy(key, out / key, sha256=sha256)  # its folder made, one-line errors
     return {kind: str(path) for kind, path in named.items()}
 
 

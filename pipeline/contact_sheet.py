@@ -124,10 +124,13 @@ def has_glyph(char: str) -> bool:
 def drawable(text: str) -> str:
     """`text` with each character the built-in font lacks replaced, when it can be, by what
     it can draw: an accented letter by its base letter (``é`` -> ``e``, by Unicode
-    decomposition), a dash by ``-``, ``ß`` by ``ss``, ... Other scripts (Cyrillic, CJK, ...)
-    stay as they are and are drawn as the font's empty boxes."""
+    decomposition, after composing a decomposed one: ``e`` + U+0301 is ``é``, then ``e``; a
+    lone combining mark is dropped), a dash by ``-``, ``ß`` by ``ss``, ... Other scripts
+    (Cyrillic, CJK, ...) stay as they are and are drawn as the font's empty boxes."""
     out = []
-    for char in text:
+    for char in unicodedata.normalize("NFC", text):  # e + U+0301 (macOS, the web) is é
+        if unicodedata.combining(char) and not has_glyph(char):
+            continue  # a mark with no composed form (q + U+0301): its letter is drawn alone
         if has_glyph(char):
             out.append(char)
             continue

@@ -9,14 +9,13 @@ share one row, numbered as ``approve --pick VIDEO=N`` numbers them.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from core.errors import CommandNotAllowed, InvalidInput
+from core.errors import CommandNotAllowed
 from core.hints import hint
+from core.output_files import write_output
 from core.records import EpisodeImage
 from core.settings import Settings
 from pipeline.approval import hero_outputs, planned_images
@@ -59,10 +58,8 @@ def plan_texts(engine: Database, episode_pk: int, episode_id: str, pipeline: str
 
 def candidate_label(image: EpisodeImage) -> str:
     """A hero candidate's label as `approve --pick` numbers it: ``v01 candidate 2
-    (--pick v01=2)``."""
-    return (
-        f"{image.video_id} candidate {image.candidate} (--pick {image.video_id}={image.candidate})"
-    )
+    (pick v01=2)``; no ``--``: at the label's 12 px (11 on a cover) two dashes read as one."""
+    return f"{image.video_id} candidate {image.candidate} (pick {image.video_id}={image.candidate})"
 
 
 def sheet_rows(images: list[tuple[EpisodeImage, bytes]], texts: PlanTexts) -> list[list[Tile]]:
@@ -151,19 +148,7 @@ def preview(
 
 
 def _write(path: Path, content: bytes) -> None:
-    """Write `content` to `path` whole (a temporary file renamed over it), its folder made
-    when missing; an unwritable place is bad input (exit 2), one line."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if path.is_dir():
-            raise InvalidInput(f"--out {path}: is a folder; name the PNG file to write")
-        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".preview-", suffix=".png")
-        try:
-            with os.fdopen(handle, "wb") as stream:
-                stream.write(content)
-            os.replace(temporary, path)
-        except BaseException:
-            Path(temporary).unlink(missing_ok=True)
-            raise
-    except OSError as exc:
-        raise InvalidInput(f"--out {path}: {exc.strerror or exc}") from None
+    """Write `content` to `path` whole (a temporary file renamed over it, normal
+    permissions), its folder made when missing; an unwritable place, or a target that is
+    not a regular file (a folder, symlink, device, FIFO), is bad input (exit 2), one line."""
+    write_output(path, content, f"--out {path}")

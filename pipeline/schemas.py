@@ -110,7 +110,7 @@ def json_schema(kind: str) -> dict[str, Any]:
             defs["PriceSpec"]["description"] += "seconds, its upper bound at_most."
         defs["Profile"] = profile
         schema = {
-            "type": "object",
+            "type": ["object", "null"],  # an empty file loads: no profiles of its own
             "additionalProperties": False,
             "properties": {
                 "profiles": {

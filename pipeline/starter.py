@@ -115,15 +115,42 @@ def write_starter_files(providers: Path, playlist: Path) -> list[StarterFile]:
 
 
 def _write(what: str, path: Path, text: str) -> StarterFile:
-    if path.exists() or path.is_symlink():
-        return StarterFile(what, path, written=False)
+    """Write `text` to the new file `path`; an existing regular file (or a symlink to one)
+    is kept. Anything else there is refused (InvalidInput, exit 2), never reported kept: a
+    folder (``--playlist .``), a dangling symlink (the loaders refuse it too), a device or
+    FIFO; so is a path whose folder is a file or that cannot be written."""
+    shown = f"{what} file {path}"
+    if path.is_symlink() or path.exists():
+        return _kept(what, path, shown)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # FileExistsError too: a file where its folder goes
+        raise InvalidInput(
+            f"{shown} cannot be written (its folder {path.parent}: {exc.strerror})"
+        ) from None
+    try:
         descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileExistsError:
-        return StarterFile(what, path, written=False)
+    except FileExistsError:  # another process made it meanwhile
+        return _kept(what, path, shown)
     except OSError as exc:
-        raise InvalidInput(f"{what} file {path} cannot be written ({exc.strerror})") from None
+        raise InvalidInput(f"{shown} cannot be written ({exc.strerror})") from None
     with os.fdopen(descriptor, "w", encoding="utf-8") as out:
         out.write(text)
     return StarterFile(what, path, written=True)
+
+
+def _kept(what: str, path: Path, shown: str) -> StarterFile:
+    """`path` exists: kept when it is a regular file (a symlink followed to one), else
+    refused with one line saying what is there instead."""
+    try:
+        if path.is_file():
+            return StarterFile(what, path, written=False)
+        if path.is_symlink() and not path.exists():
+            problem = f"is a symlink to a missing file ({os.readlink(path)})"
+        elif path.is_dir():
+            problem = "is a folder; name a file"
+        else:
+            problem = "is not a regular file (a device, FIFO or socket)"
+    except OSError as exc:
+        problem = f"cannot be read ({exc.strerror})"
+    raise InvalidInput(f"{shown} {problem}: nothing written")

@@ -69,7 +69,7 @@ from pydantic import (
     model_validator,
 )
 
-from core.documents import DocumentError, parse_yaml, read_text
+from core.documents import DocumentError, WholeInt, parse_yaml, read_text
 from core.errors import ProviderConfigError
 from core.money import MAX_IMAGE_COST_MICROS, MICROS, micros_from_minor, parse_money
 from core.pricing import MILLION, Basis, Price
@@ -161,12 +161,12 @@ class Profile(BaseModel):
     kind: Literal["fake", "http", "replicate", "fal"]
     price: PriceSpec | None = None
     # the older form: whole minor units (cents) of `currency` per image
-    cost_per_image_minor: int | None = Field(
+    cost_per_image_minor: WholeInt | None = Field(
         default=None, ge=0, le=MAX_IMAGE_COST_MICROS // 10_000, strict=True
     )
     free: bool = Field(default=False, strict=True)  # a price of 0 is meant
     currency: str = Field(default="USD", pattern="^[A-Z]{3}$")
-    max_concurrency: int = Field(default=4, ge=1, le=256, strict=True)
+    max_concurrency: WholeInt = Field(default=4, ge=1, le=256, strict=True)
     base_url: str | None = Field(default=None, min_length=1, max_length=2048)
     # fal only: where an endpoint's OpenAPI schema is read (`providers check`), default fal's
     schema_url: str | None = Field(default=None, min_length=1, max_length=2048)
@@ -178,8 +178,8 @@ class Profile(BaseModel):
     # The longest one job runs at the provider, in seconds: a job whose sender stopped
     # following it (interrupted, killed, left for later collection) keeps its provider
     # slot until it is collected or this long after it was sent.
-    max_job_s: int = Field(default=60, ge=1, le=86400, strict=True)
-    delay_ms: int | None = Field(default=None, ge=0, le=3_600_000, strict=True)
+    max_job_s: WholeInt = Field(default=60, ge=1, le=86400, strict=True)
+    delay_ms: WholeInt | None = Field(default=None, ge=0, le=3_600_000, strict=True)
     idempotent_create: bool = Field(default=False, strict=True)  # `"yes"` is not true
     lookup: bool = Field(default=True, strict=True)
     # replicate and fal: the model, its inputs, and how far back a lookup looks
@@ -189,7 +189,7 @@ class Profile(BaseModel):
     prompt_input: str = Field(default="prompt", pattern=INPUT_NAME)
     seed_input: str | None = Field(default="seed", pattern=INPUT_NAME)  # None: no seed
     reference_image_input: str | None = Field(default=None, pattern=INPUT_NAME)
-    lookup_window_s: int = Field(default=3600, ge=60, le=86400, strict=True)
+    lookup_window_s: WholeInt = Field(default=3600, ge=60, le=86400, strict=True)
     # replicate only: find a prediction whose create reply was lost by its exact input. Its
     # predictions carry nothing of ours, so this is true only when no other installation
     # (staging beside production) sends this model's predictions from the same account
@@ -386,7 +386,7 @@ def configured_profiles(settings: Settings) -> dict[str, Profile]:
 
 def load_profiles(path: Path | None, *, required: bool = False) -> dict[str, Profile]:
     """The built-in profiles and those of the YAML file `path` (absent: none, unless
-    `required`: then `ProviderConfigError`, exit 2)."""
+    `required`: then `ProviderConfigError`, exit 2; a dangling symlink always is)."""
     profiles = dict(BUILTIN)
     try:
         if path is not None and required and not path.is_file():
@@ -395,6 +395,8 @@ def load_profiles(path: Path | None, *, required: bool = False) -> dict[str, Pro
                 "for the state folder's providers.yaml; `episodic init` writes one)"
             )
         if path is None or not path.exists():
+            if path is not None and path.is_symlink():  # dangling: refused, not "no file"
+                raise ProviderConfigError(f"{path}: a symlink to a missing file; fix or remove it")
             return profiles
         raw = parse_yaml(read_text(path, max_bytes=MAX_PROFILES_BYTES))
     except (DocumentError, OSError) as exc:  # OSError: exists() on a name too long, ...

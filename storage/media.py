@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -51,13 +50,12 @@ from core.media import (
     parse_store_url,
     validate_key,
 )
+from core.output_files import write_output
 from core.settings import Settings
 from storage.media_backends import (
     Backend,
     LocalBackend,
     RemoteBackend,
-    temporary_name,
-    write_synced,
 )
 
 _T = TypeVar("_T")
@@ -255,20 +253,14 @@ class MediaStore:
 
     def local_copy(self, key: str, dest: Path, *, sha256: str | None = None) -> Path:
         """Copy the object under `key` to the file `dest` (atomically: temporary file, fsync,
-        rename), checking it against `sha256` when given (MediaCorrupt if it differs).
-        Returns `dest`. For ``--out DIR``: a local copy, the store stays the record."""
+        rename; a `dest` that is not a regular file is refused, InvalidInput), checking it
+        against `sha256` when given (MediaCorrupt if it differs). Returns `dest`.
+        For ``--out DIR``: a local copy, the store stays the record."""
         content = self.read(key)
         if sha256 is not None and hashlib.sha256(content).hexdigest() != sha256:
             raise MediaCorrupt(key, "its bytes differ from the recorded sha256", url=self._url)
         dest = Path(dest)
-        tmp = temporary_name(dest)
-        try:
-            write_synced(tmp, content)
-            os.replace(tmp, dest)
-        except OSError as exc:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-            raise InvalidInput(f"cannot write {dest}: {exc.strerror or exc}") from None
+        write_output(dest, content, f"cannot write {dest}")  # never over a link or device
         return dest
 
     def _call(self, op: Callable[[], _T], key: str, action: str = "") -> _T:

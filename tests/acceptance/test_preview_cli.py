@@ -60,8 +60,8 @@ def test_preview_prints_where_the_sheet_is_and_refuses_in_one_line(
     assert answer["heroes"] == {"v02": 2} and answer["images"] == 3
     assert [(t["title"], t["label"]) for t in answer["tiles"]] == [
         ("Opening night", "v01.p1"),
-        ("Encore", "v02 candidate 1 (--pick v02=1)"),
-        ("Encore", "v02 candidate 2 (--pick v02=2)"),
+        ("Encore", "v02 candidate 1 (pick v02=1)"),
+        ("Encore", "v02 candidate 2 (pick v02=2)"),
     ]
     refused(cli("preview", "2026-W32-0", "--out", str(tmp_path)), 2, "--out", "is a folder")
     assert cli("approve", "2026-W32-0", "--by", "ann", "--pick", "v02=2").returncode == 0

@@ -13,6 +13,7 @@ import io
 import json
 import multiprocessing
 import os
+import stat
 import threading
 import uuid
 from collections.abc import Iterator
@@ -187,6 +188,24 @@ def test_local_copy_checks_the_hash(target: Target, tmp_path: Path) -> None:
     with pytest.raises(MediaCorrupt):
         store.local_copy(stored.key, out / "other.png", sha256="0" * 64)
     assert sorted(p.name for p in out.iterdir()) == ["cover.png"]
+
+
+def test_local_copy_never_replaces_a_symlink_or_a_fifo(target: Target, tmp_path: Path) -> None:
+    """`assemble --out DIR` where DIR/cover.png is a symlink (or a FIFO): refused, one
+    line, the link and what it points at left as they are (a rename would replace them)."""
+    store = target.open()
+    stored = store.put_image(prove_image(image_bytes()))
+    elsewhere = tmp_path / "elsewhere.png"
+    elsewhere.write_bytes(b"keep")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "cover.png").symlink_to(elsewhere)
+    os.mkfifo(out / "pipe.png")
+    for name in ("cover.png", "pipe.png"):
+        with pytest.raises(InvalidInput, match=r"not a regular file|is a symlink"):
+            store.local_copy(stored.key, out / name, sha256=stored.sha256)
+    assert (out / "cover.png").is_symlink() and elsewhere.read_bytes() == b"keep"
+    assert stat.S_ISFIFO((out / "pipe.png").lstat().st_mode)
 
 
 def test_probe_writes_reads_and_cleans_up(target: Target) -> None:

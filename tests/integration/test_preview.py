@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
+import stat
 from pathlib import Path
 
 import pytest
 from PIL import Image
 from sqlalchemy import Engine
 
-from core.errors import CommandNotAllowed, EpisodeNotFound, ImageNotAsPaid
+from core.errors import CommandNotAllowed, EpisodeNotFound, ImageNotAsPaid, InvalidInput
 from core.settings import load_settings
 from pipeline import contact_sheet
 from pipeline.approval import approval_context, decide, default_store
@@ -66,9 +68,9 @@ def test_preview_before_approval_shows_the_review_set_titled_with_heroes_in_one_
         (0, 0, "v01.p1"),
         (0, 1, "v02.p1"),
         (0, 2, "v02.p2"),
-        (1, 0, "v03 candidate 1 (--pick v03=1)"),
-        (1, 1, "v03 candidate 2 (--pick v03=2)"),
-        (1, 2, "v03 candidate 3 (--pick v03=3)"),
+        (1, 0, "v03 candidate 1 (pick v03=1)"),
+        (1, 1, "v03 candidate 2 (pick v03=2)"),
+        (1, 2, "v03 candidate 3 (pick v03=3)"),
     ]
     titles = [t["title"] for t in tiles]
     assert titles[0].endswith(ELLIPSIS) and LONG.startswith(titles[0][:-1])
@@ -88,6 +90,26 @@ def test_preview_writes_where_out_says_and_again_the_same_bytes(
     again = Path(str(run_preview(generated, first)["path"]))
     default = Path(str(run_preview(generated)["path"]))
     assert first.read_bytes() == again.read_bytes() == default.read_bytes()
+
+
+def test_preview_out_has_normal_permissions_and_never_replaces_a_symlink(
+    generated: Episode, tmp_path: Path
+) -> None:
+    """The sheet is a file like any other (0666 minus the umask, not a temporary file's
+    0600); a symlink at --out is refused, one line, the link and its target kept."""
+    old = os.umask(0o022)
+    try:
+        sheet = Path(str(run_preview(generated, tmp_path / "sheet.png")["path"]))
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(sheet.stat().st_mode) == 0o644
+    kept = tmp_path / "kept.png"
+    kept.write_bytes(b"mine")
+    link = tmp_path / "link.png"
+    link.symlink_to(kept)
+    with pytest.raises(InvalidInput, match=r"^--out .*symlink"):
+        run_preview(generated, link)
+    assert link.is_symlink() and kept.read_bytes() == b"mine"
 
 
 def test_preview_is_refused_without_an_episode_a_plan_or_every_image(

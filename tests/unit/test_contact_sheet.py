@@ -111,11 +111,11 @@ def test_hero_candidates_of_one_video_share_one_row_numbered_as_pick_numbers_the
     assert [[t.label for t in row] for row in rows] == [
         ["v01.p1", "v02.p1", "v02.p2"],
         [
-            "v03 candidate 1 (--pick v03=1)",
-            "v03 candidate 2 (--pick v03=2)",
-            "v03 candidate 3 (--pick v03=3)",
+            "v03 candidate 1 (pick v03=1)",
+            "v03 candidate 2 (pick v03=2)",
+            "v03 candidate 3 (pick v03=3)",
         ],
-        ["v04 candidate 1 (--pick v04=1)", "v04 candidate 2 (--pick v04=2)"],
+        ["v04 candidate 1 (pick v04=1)", "v04 candidate 2 (pick v04=2)"],
     ]
     assert [t.title for t in rows[1]] == ["Three"] * 3
     content, placed = compose(rows)

@@ -239,3 +239,31 @@ def test_the_profiles_docs_show_load_with_the_providers_own_prices(tmp_path: Pat
         "own-model-a40": ("per_second", 725, 30_000_000),  # $0.000725 per second
     }
     assert "read 2026-12-02" in docs and "cost_per_image_minor: 25" not in docs
+
+
+def test_a_dangling_default_providers_symlink_is_refused_not_read_as_no_file(
+    tmp_path: Path,
+) -> None:
+    """The default `$EPISODIC_HOME/providers.yaml` may be absent (built-in profiles only),
+    but a symlink to a missing file is a file meant and lost: refused, one line."""
+    path = tmp_path / "providers.yaml"
+    path.symlink_to(tmp_path / "gone.yaml")
+    with pytest.raises(ProviderConfigError, match="symlink to a missing file") as raised:
+        load_profiles(path, required=False)
+    assert len(str(raised.value).splitlines()) == 1
+    assert "fake" in load_profiles(tmp_path / "absent.yaml", required=False)
+
+
+@pytest.mark.parametrize("field", ["max_concurrency", "max_job_s", "lookup_window_s"])
+def test_an_integral_float_is_the_int_its_json_schema_takes(tmp_path: Path, field: str) -> None:
+    """JSON Schema's "integer" takes 120.0 (it is 120): the loader reads it so, while a
+    fraction, a bool or a string stays refused."""
+    path = tmp_path / "providers.yaml"
+    base = "profiles:\n  mine:\n    kind: fake\n    cost_per_image_minor: 4\n"
+    path.write_text(f"{base}    {field}: 120.0\n")
+    value = getattr(load_profiles(path)["mine"], field)
+    assert value == 120 and type(value) is int
+    for bad in ("120.5", "true", '"120"'):
+        path.write_text(f"{base}    {field}: {bad}\n")
+        with pytest.raises(ProviderConfigError, match=f"field {field}"):
+            load_profiles(path)

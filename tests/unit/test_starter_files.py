@@ -138,3 +138,20 @@ def test_schema_descriptions_say_what_the_fields_mean(capsys: pytest.CaptureFixt
     assert schema["$defs"]["Profile"]["additionalProperties"] is False
     code, _, err = cli(capsys, "schema", "profiles")
     assert code == 2 and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("name", [".", ""])
+def test_init_with_a_playlist_naming_a_folder_is_refused_not_kept(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+) -> None:
+    """`--playlist .` (or ''): the working folder is there, but no playlist is: exit 2 and
+    one line, never "kept"."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("EPISODIC_PROVIDERS_FILE", str(tmp_path / "providers.yaml"))
+    code, out, err = cli(capsys, "init", "--playlist", name, "--json")
+    assert code == 2, out
+    assert err.startswith("error: playlist file ") and "folder" in err, err
+    assert len(err.splitlines()) == 1
