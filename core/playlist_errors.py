@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import reprlib
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -28,8 +29,20 @@ _UNION_BRANCH = re.compile(r"^(literal\[.*\]|[A-Z]\w*|function-\w+\[.*\])$")
 _MAX_SHOWN = 40
 
 
+_REPR = reprlib.Repr()  # keyword arguments only from Python 3.12
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxdict = 2, 4, 4
+_REPR.maxstring = _REPR.maxother = _MAX_SHOWN
+
+
 def _shown(value: Any) -> str:
-    text = repr(value)
+    """`value` in the file's words (YAML's empty, true and false), at most _MAX_SHOWN
+    characters, built without walking all of a large value (`reprlib`: a document of
+    aliases may repeat one list millions of times)."""
+    if value is None:
+        return "empty (nothing written)"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    text = _REPR.repr(value)
     return text if len(text) <= _MAX_SHOWN else f"{text[: _MAX_SHOWN - 3]}..."
 
 

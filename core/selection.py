@@ -36,6 +36,11 @@ def parse_selection(text: str, videos: int | Sequence[str]) -> frozenset[int]:
     """'3,7-9' -> {3, 7, 8, 9}; 'v03,v05' -> {3, 5}: the 1-based positions of the chosen
     videos. `videos`: the plan's video ids in order (or only their count: positions only).
     Raises `InvalidInput`: a reversed range says so, an unknown id names the close ones."""
+    if not text.strip():  # `--only "$PICK"` with PICK unset: never "every video"
+        raise InvalidInput(
+            "invalid --only '': it is empty; name videos (v03,v05), positions (3) or ranges "
+            "(7-9), or leave --only out for every video"
+        )
     ids: Sequence[str] = [""] * videos if isinstance(videos, int) else list(videos)
     count = len(ids)
     position_of = {video_id: n for n, video_id in enumerate(ids, start=1) if video_id}

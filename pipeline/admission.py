@@ -62,7 +62,7 @@ def options_from_request(
     video_ids = {item.index: item.video_id for item in items}
     ordered = [video_ids.get(n, "") for n in range(1, max(video_ids) + 1)]
     return RunOptions(
-        only=parse_selection(only, ordered) if only else None,
+        only=parse_selection(only, ordered) if only is not None else None,  # "": refused
         concurrency=concurrency,
         max_retries=max_retries,
         max_images=max_images,

@@ -20,7 +20,7 @@ from core.playlist import (
 )
 from core.playlist_errors import playlist_mistakes
 from core.settings import load_settings
-from providers.profiles import load_profiles
+from providers.profiles import configured_profiles, load_profiles
 
 MAX_PLAYLIST_BYTES = 5_000_000
 
@@ -92,9 +92,11 @@ def check_profile_known(playlist: Playlist, source: str, providers_path: Path | 
     """Refuse (`InvalidPlaylist`, exit 2) a playlist whose provider profile is none of
     `providers_path`'s (None: the settings', EPISODIC_PROVIDERS_FILE or the home's), naming
     it and the known ones: at `plan`, not first at `generate`."""
-    if providers_path is None:
-        providers_path = load_settings().providers_path
-    profiles = load_profiles(providers_path)
+    settings = load_settings()
+    if providers_path is None or providers_path == settings.providers_path:
+        profiles = configured_profiles(settings)  # a named EPISODIC_PROVIDERS_FILE must exist
+    else:  # a file the caller names must exist too
+        profiles = load_profiles(providers_path, required=True)
     if playlist.provider_profile not in profiles:
         raise InvalidPlaylist(
             f"playlist {source}: provider_profile {playlist.provider_profile!r} is not a "
