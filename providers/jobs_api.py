@@ -429,7 +429,7 @@ def _host_of(url: httpx.URL) -> str:
 
 def _read_capped(response: httpx.Response) -> bytes:
     declared = response.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > MAX_IMAGE_BYTES:
+    if declared.isascii() and declared.isdigit() and int(declared) > MAX_IMAGE_BYTES:
         raise CollectionPending(f"output of {declared} bytes refused (limit {MAX_IMAGE_BYTES})")
     chunks: list[bytes] = []
     size = 0
