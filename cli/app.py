@@ -185,6 +185,10 @@ def _report(exc: Exception) -> int:
     if database_error is not None:
         error(database_error)
         return ExitCode.ERROR
+    prefect_error = _prefect_api_error(exc)
+    if prefect_error is not None:
+        error(prefect_error)
+        return ExitCode.ERROR
     error(f"unexpected {type(exc).__name__}: {exc} (set EPISODIC_DEBUG=1 for a traceback)")
     return ExitCode.ERROR
 
@@ -199,6 +203,24 @@ def _database_error(exc: Exception) -> str | None:
         return None
     first_line = str(exc.orig).strip().splitlines()[0] if exc.orig else type(exc).__name__
     return f"database error: {first_line}"
+
+
+def _prefect_api_error(exc: Exception) -> str | None:
+    """One line for a Prefect API that could not be reached (refused, unresolvable, or
+    silent past the client's timeouts), naming its URL without a password."""
+    if "prefect" not in sys.modules or "httpx" not in sys.modules:
+        return None
+    import httpx
+
+    if not isinstance(exc, (httpx.ConnectError, httpx.TimeoutException)):
+        return None
+    from prefect.settings import get_current_settings
+
+    from core.urls import without_userinfo
+
+    url = get_current_settings().api.url
+    where = f" at {without_userinfo(str(url))}" if url else ""
+    return f"the Prefect API{where} did not answer ({type(exc).__name__})"
 
 
 if __name__ == "__main__":  # python -m cli.app: the console script's path, interrupts included

@@ -60,10 +60,15 @@ def _demo(week: str | None, playlist: Path | None, as_json: bool, ui: bool) -> N
     import tasks  # noqa: F401  (Prefect defaults before Prefect is imported)
     from core.ids import WeekId
     from core.settings import load_timezone
+    from core.urls import without_userinfo
     from pipeline.pipelines import pipeline_config
+    from providers.profiles import configured_profiles
 
     report = Reporter(quiet=as_json)
     settings = context.settings()
+    # A mistyped EPISODIC_PROVIDERS_FILE (or an invalid one) is refused here, in one line,
+    # before a flow runs: inside the flow it would be logged with Prefect's traceback first.
+    configured_profiles(settings)
     timezone = pipeline_config(context.engine(), settings, settings.pipeline).timezone
     tz = load_timezone(timezone)
     week_id = WeekId.parse(week) if week else WeekId.of(datetime.now(tz), tz)
@@ -78,7 +83,7 @@ def _demo(week: str | None, playlist: Path | None, as_json: bool, ui: bool) -> N
     report.line(
         f"episodic demo: the weekly flow for {week_id}, pipeline {settings.pipeline}, fake provider"
     )
-    report.line(f"  database {settings.url} (nothing leaves this machine)")
+    report.line(f"  database {without_userinfo(settings.url)} (nothing leaves this machine)")
     if ui:  # before Prefect is imported: its client then talks to this server
         from cli import demo_ui
 

@@ -30,14 +30,14 @@ def setup(
         ),
     ] = None,
     approval_wait: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--approval-wait",
             metavar="DURATION",
-            help="With --notify: how long an approval waits before the notification, "
-            "e.g. 4h, 30m, 2d (10s to 90d).",
+            help="With --notify (refused without it): how long an approval waits before the "
+            "notification, e.g. 4h, 30m, 2d (10s to 90d) [default: 4h].",
         ),
-    ] = "4h",
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Create or update every limit and pool the flows need; safe to run repeatedly.
@@ -55,12 +55,19 @@ def setup(
 
     from core.errors import InvalidInput
 
-    if work_pool is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}", work_pool):
+    if work_pool is not None and not re.fullmatch(
+        r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}", work_pool, re.ASCII
+    ):
         raise InvalidInput(
             f"--work-pool {work_pool!r}: use 1-100 of A-Z a-z 0-9 _ . - starting with a "
             "letter or digit"
         )
-    wait_s = _approval_wait_s(approval_wait)
+    if approval_wait is not None and notify is None:
+        raise InvalidInput(
+            "--approval-wait only sets when --notify BLOCK notifies a waiting approval: "
+            "add --notify, or drop --approval-wait; nothing was done"
+        )
+    wait_s = _approval_wait_s(approval_wait if approval_wait is not None else "4h")
     if notify is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_./-]{0,199}", notify):
         raise InvalidInput(f"--notify {notify!r}: a block name (A-Z a-z 0-9 _ . - /)")
     import tasks  # noqa: F401  (Prefect defaults before Prefect is imported)
@@ -95,7 +102,7 @@ def _approval_wait_s(text: str) -> int:
 
     from core.errors import InvalidInput
 
-    found = re.fullmatch(r"(\d{1,6})([smhd])", text.strip())
+    found = re.fullmatch(r"(\d{1,6})([smhd])", text.strip(), re.ASCII)
     seconds = (
         int(found.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[found.group(2)]
         if found

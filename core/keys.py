@@ -31,8 +31,10 @@ _UTC_ISO = r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d{6})?Z"
 # A slot key names a whole second, in exactly one spelling (`utc_iso` of a whole second):
 # `…T08:00:00.000000Z` would be a second key, and so a second episode, for the same slot.
 _SLOT_SECOND = r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z"
-_SLOT_RE = re.compile(rf"slot:(?P<pipeline>[a-z0-9][a-z0-9_.-]{{0,62}}):(?P<slot>{_SLOT_SECOND})")
-_LEGACY_RE = re.compile(rf"scheduled:(?P<deployment>.+/.+):(?P<slot>{_UTC_ISO})")
+_SLOT_RE = re.compile(
+    rf"slot:(?P<pipeline>[a-z0-9][a-z0-9_.-]{{0,62}}):(?P<slot>{_SLOT_SECOND})", re.ASCII
+)
+_LEGACY_RE = re.compile(rf"scheduled:(?P<deployment>.+/.+):(?P<slot>{_UTC_ISO})", re.ASCII)
 
 
 @dataclass(frozen=True, slots=True)

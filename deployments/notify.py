@@ -9,9 +9,11 @@ service (`prefect server start` runs it).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+import httpx
 from prefect.client.orchestration import get_client
 from prefect.events.actions import SendNotification
 from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
@@ -108,18 +110,50 @@ def ensure_notifications(pipeline: str, block: str, wait_s: int) -> list[dict[st
             approval_waits(pipeline, block_id, wait_s),
             run_failed(pipeline, block_id),
         ):
-            existing = client.read_automations_by_name(automation.name)
-            if existing:
-                client.update_automation(existing[0].id, automation)
-                for extra in existing[1:]:  # a duplicate made by hand or a race: one stays
-                    client.delete_automation(extra.id)
-                done.append(
-                    {"name": automation.name, "id": str(existing[0].id), "changed": "updated"}
-                )
-            else:
-                created = client.create_automation(automation)
-                done.append({"name": automation.name, "id": str(created), "changed": "created"})
+            done.append(_ensure(client, automation))
     return done
+
+
+def _ensure(client: Any, automation: AutomationCore) -> dict[str, Any]:
+    """Create or update the automation named `automation.name`, leaving exactly one.
+
+    Concurrent setups converge: each keeps the one with the smallest id (every racer picks
+    the same), deletes the others, and after creating reads back by name and deletes the
+    extras (its own included, when another's id is smaller); a duplicate that another setup
+    deleted meanwhile (404) is done."""
+    for _ in range(5):
+        existing = client.read_automations_by_name(automation.name)
+        if existing:
+            keep = min(existing, key=lambda found: str(found.id))
+            if not _found(client.update_automation, keep.id, automation):
+                continue  # deleted meanwhile: look again
+            changed = "updated"
+        else:
+            created = client.create_automation(automation)
+            changed = "created"
+            existing = client.read_automations_by_name(automation.name)
+            if not existing:  # deleted meanwhile (another setup's clean-up): look again
+                continue
+            keep = min(existing, key=lambda found: str(found.id))
+            if str(keep.id) != str(created):
+                changed = "updated"  # another setup's automation stays, ours goes
+        for extra in existing:  # a duplicate made by hand or a race: one stays
+            if extra.id != keep.id:
+                _found(client.delete_automation, extra.id)  # 404: already deleted
+        return {"name": automation.name, "id": str(keep.id), "changed": changed}
+    raise RuntimeError(f"automation {automation.name!r} kept changing under this setup")
+
+
+def _found(call: Callable[..., object], *args: Any) -> bool:
+    """`call(*args)`; False when the server answered 404 (Prefect's client raises for it, even
+    where its own code means to ignore it)."""
+    try:
+        call(*args)
+    except httpx.HTTPStatusError as exc:
+        if exc.response.status_code == 404:
+            return False
+        raise
+    return True
 
 
 def _notification_block(client: Any, block: str) -> Any:

@@ -27,9 +27,10 @@ from prefect.client.schemas.responses import SetStateStatus
 from prefect.settings import get_current_settings
 
 from core.states import EpisodeState
+from flows.prefect_api import TOTAL_DEADLINE_S, PrefectApiSilent, api_label, bounded
 from pipeline.approval import ApprovalContext
 
-_PICK = re.compile(r"pick_\d+")
+_PICK = re.compile(r"pick_\d+", re.ASCII)
 _TITLE = " the candidate that ships"  # `approval_input_for`: "VIDEO: the candidate that ships"
 
 
@@ -56,13 +57,17 @@ def resume_waiting_run(approval: ApprovalContext) -> Resumed:
             None, "no Prefect API configured (PREFECT_API_URL): no waiting flow run was resumed"
         )
     try:
-        return _resume(approval, decided)
-    except Exception as exc:  # an unreachable or refusing server: the decision stands
-        reason = type(exc).__name__
+        return bounded(lambda: _resume(approval, decided))
+    except Exception as exc:  # an unreachable, silent or refusing server: the decision stands
+        reason = (
+            f"within {TOTAL_DEADLINE_S:g} s"
+            if isinstance(exc, PrefectApiSilent)
+            else f"({type(exc).__name__})"
+        )
         return Resumed(
             None,
-            f"the Prefect API at {url} did not answer ({reason}): no waiting flow run "
-            "was resumed; the run resumes with the decision when answered in the UI",
+            f"the Prefect API at {api_label()} did not answer {reason}: the waiting flow run "
+            "was not resumed; run approve again, or answer its form in the UI",
         )
 
 

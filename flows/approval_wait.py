@@ -89,7 +89,13 @@ def unread_answer_refusal(approval: ApprovalContext, fired: frozenset[str]) -> R
     compares it: the same decision records nothing new."""
     prefix = f"approval-{approval.episode_id.lower()}-"
     keys = sorted(
-        (k for k in fired if k.startswith(prefix) and k.rsplit("-", 1)[-1].isdigit()),
+        (
+            k
+            for k in fired
+            if k.startswith(prefix)
+            and k.rsplit("-", 1)[-1].isascii()
+            and k.rsplit("-", 1)[-1].isdigit()
+        ),
         key=lambda k: int(k.rsplit("-", 1)[-1]),
     )
     if not keys:

@@ -53,6 +53,7 @@ from providers.base import (
     RemoteJobFailed,
     UnknownOutcome,
 )
+from providers.bounded_http import MAX_BYTES, MAX_REPLY_BYTES, describe
 from providers.input_check import check_inputs, request_properties
 from providers.jobs_api import JobsApiClient, NotYet, compute_us_of, read_json
 from providers.profiles import Profile
@@ -101,7 +102,7 @@ class FalProvider(JobsApiClient, CancelsJobs, DescribesJobs, ChecksCredential):
         try:
             response = self._api.get(base)
         except httpx.HTTPError as exc:
-            raise NotYet(f"result: {type(exc).__name__}") from None
+            raise NotYet(f"result: {describe(exc)}") from None
         if response.status_code == 422 and self._has_detail(response):  # the model refused
             raise RemoteJobFailed("request failed: HTTP 422", billed=False)
         if not response.is_success:
@@ -142,7 +143,7 @@ class FalProvider(JobsApiClient, CancelsJobs, DescribesJobs, ChecksCredential):
             response = self._api.put(f"/{self.app}/requests/{remote_ref}/cancel")
             status = read_json(response).get("status") if response.status_code < 500 else None
         except (httpx.HTTPError, ValueError, AttributeError) as exc:
-            raise UnknownOutcome(f"cancel: {type(exc).__name__}") from None
+            raise UnknownOutcome(f"cancel: {describe(exc)}") from None
         if status not in _CANCEL:
             raise UnknownOutcome(f"cancel: HTTP {response.status_code}")
         return str(status)
@@ -157,10 +158,13 @@ class FalProvider(JobsApiClient, CancelsJobs, DescribesJobs, ChecksCredential):
         url = self.profile.schema_url or OPENAPI
         try:
             response = self._files.get(
-                url, params={"endpoint_id": self.model}, follow_redirects=False
+                url,
+                params={"endpoint_id": self.model},
+                follow_redirects=False,
+                extensions={MAX_BYTES: MAX_REPLY_BYTES},
             )
         except httpx.HTTPError as exc:
-            raise UnknownOutcome(f"schema: {type(exc).__name__}") from None
+            raise UnknownOutcome(f"schema: {describe(exc)}") from None
         if response.status_code == 404:
             raise ProviderConfigError(
                 f"profile {self.profile.id!r}: fal has no endpoint {self.model}"

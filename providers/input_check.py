@@ -29,7 +29,7 @@ def check_inputs(profile: Profile, properties: dict[str, Any], where: str) -> li
         parts = []
         for name in unknown:
             close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
-            hint = f" (did you mean {', '.join(close)}?)" if close else ""
+            hint = f" (did you mean {', '.join(shown(c) for c in close)}?)" if close else ""
             parts.append(f"{name!r}{hint}")
         field = "input" if len(unknown) == 1 else "inputs"
         raise ProviderConfigError(

@@ -58,6 +58,7 @@ from providers.base import (
     TransientProviderError,
     UnknownOutcome,
 )
+from providers.bounded_http import MAX_REPLY_BYTES, bound, describe
 from providers.profiles import Profile
 
 MAX_IMAGE_BYTES = 50 * 1024 * 1024
@@ -121,23 +122,31 @@ class JobsApiClient:
         timeout = httpx.Timeout(profile.timeout_s, connect=min(10.0, profile.timeout_s))
         try:
             self._origin = httpx.URL(base_url)
-            self._api = httpx.Client(
-                base_url=base_url.rstrip("/"),
-                headers={
-                    "Authorization": f"{self.AUTH_SCHEME} {token}",
-                    "User-Agent": "episodic",
-                },
-                timeout=timeout,
-                transport=transport,
-                follow_redirects=False,
+            self._api = bound(
+                httpx.Client(
+                    base_url=base_url.rstrip("/"),
+                    headers={
+                        "Authorization": f"{self.AUTH_SCHEME} {token}",
+                        "User-Agent": "episodic",
+                    },
+                    timeout=timeout,
+                    transport=transport,
+                    follow_redirects=False,
+                ),
+                profile.timeout_s,
+                MAX_REPLY_BYTES,
             )
         except httpx.InvalidURL:
             raise ProviderConfigError(f"profile {profile.id!r}: invalid base_url") from None
-        self._files = httpx.Client(  # no credential: outputs are public or pre-signed URLs
-            headers={"User-Agent": "episodic"},
-            timeout=timeout,
-            transport=download_transport,
-            follow_redirects=True,
+        self._files = bound(  # no credential: outputs are public or pre-signed URLs
+            httpx.Client(
+                headers={"User-Agent": "episodic"},
+                timeout=timeout,
+                transport=download_transport,
+                follow_redirects=True,
+            ),
+            profile.timeout_s,
+            MAX_IMAGE_BYTES,
         )
 
     KIND: str | None = None  # the profile kind this adapter serves (None: any)
@@ -158,7 +167,7 @@ class JobsApiClient:
         try:
             response = self._api.get(path, params=params)
         except httpx.HTTPError as exc:
-            raise UnknownOutcome(f"check: {type(exc).__name__}") from None
+            raise UnknownOutcome(f"check: {describe(exc)}") from None
         if response.status_code in (401, 403):
             raise ProviderConfigError(
                 f"profile {self.profile.id!r}: the provider refused the token (HTTP "
@@ -276,7 +285,7 @@ class JobsApiClient:
         try:
             response = self._api.get(url, params=params)
         except _HTTP_FAILURES as exc:
-            raise UnknownOutcome(f"lookup: {type(exc).__name__}") from None
+            raise UnknownOutcome(f"lookup: {describe(exc)}") from None
         if response.status_code != 200:
             raise UnknownOutcome(f"lookup: HTTP {response.status_code}")
         try:
@@ -302,11 +311,11 @@ class JobsApiClient:
         try:
             return self._api.post(path, json=body, headers=headers)
         except _NEVER_SENT as exc:
-            raise TransientProviderError(f"create not sent: {type(exc).__name__}") from None
+            raise TransientProviderError(f"create not sent: {describe(exc)}") from None
         except _NOT_SENDABLE as exc:
-            raise PermanentProviderError(f"create not sent: {type(exc).__name__}") from None
+            raise PermanentProviderError(f"create not sent: {describe(exc)}") from None
         except httpx.HTTPError as exc:  # the request may have left the machine
-            raise UnknownOutcome(f"create sent, no reply: {type(exc).__name__}") from None
+            raise UnknownOutcome(f"create sent, no reply: {describe(exc)}") from None
 
     @staticmethod
     def _created(response: httpx.Response, field: str, usable: re.Pattern[str], what: str) -> str:
@@ -337,7 +346,7 @@ class JobsApiClient:
         try:
             response = self._api.get(path)
         except _HTTP_FAILURES as exc:
-            raise NotYet(f"poll: {type(exc).__name__}") from None
+            raise NotYet(f"poll: {describe(exc)}") from None
         if not response.is_success and response.status_code not in accept:
             raise NotYet(f"poll: HTTP {response.status_code}")
         try:
@@ -367,7 +376,7 @@ class JobsApiClient:
                 content = _read_capped(response)
                 media_type = response.headers.get("content-type", "application/octet-stream")
         except (*_HTTP_FAILURES, ValueError) as exc:  # ValueError: a host IDNA cannot encode
-            raise NotYet(f"download: {type(exc).__name__}") from None
+            raise NotYet(f"download: {describe(exc)}") from None
         # A 200 is the provider's answer, whatever its body: an empty one is not an image
         # (`pipeline.media.prove_image`), downloaded again and then failed with its charge,
         # never polled until the collect deadline as if the job were not done.
@@ -429,7 +438,7 @@ def _host_of(url: httpx.URL) -> str:
 
 def _read_capped(response: httpx.Response) -> bytes:
     declared = response.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > MAX_IMAGE_BYTES:
+    if declared.isascii() and declared.isdigit() and int(declared) > MAX_IMAGE_BYTES:
         raise CollectionPending(f"output of {declared} bytes refused (limit {MAX_IMAGE_BYTES})")
     chunks: list[bytes] = []
     size = 0

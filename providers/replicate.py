@@ -49,6 +49,7 @@ from providers.base import (
     RemoteJobFailed,
     UnknownOutcome,
 )
+from providers.bounded_http import describe
 from providers.input_check import check_inputs, input_properties, shown
 from providers.jobs_api import (
     STATUS_WORD,
@@ -172,7 +173,7 @@ class ReplicateProvider(JobsApiClient, CancelsJobs, DescribesJobs, ChecksCredent
             response = self._api.post(f"/predictions/{remote_ref}/cancel")
             status = read_json(response).get("status") if response.is_success else None
         except (httpx.HTTPError, ValueError, AttributeError) as exc:
-            raise UnknownOutcome(f"cancel: {type(exc).__name__}") from None
+            raise UnknownOutcome(f"cancel: {describe(exc)}") from None
         if not isinstance(status, str) or not STATUS_WORD.fullmatch(status):
             raise UnknownOutcome(f"cancel: HTTP {response.status_code}")
         return status
