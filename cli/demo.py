@@ -60,7 +60,6 @@ def _demo(week: str | None, playlist: Path | None, as_json: bool, ui: bool) -> N
     import tasks  # noqa: F401  (Prefect defaults before Prefect is imported)
     from core.ids import WeekId
     from core.settings import load_timezone
-    from core.urls import without_userinfo
     from pipeline.pipelines import pipeline_config
     from providers.profiles import configured_profiles
 
@@ -80,6 +79,40 @@ def _demo(week: str | None, playlist: Path | None, as_json: bool, ui: bool) -> N
         from core.errors import InvalidInput
 
         raise InvalidInput(f"playlist {playlist} not found (run from the project folder)")
+    lock = _one_demo_at_a_time(settings.home_path)
+    try:
+        _tell(week_id, settings, playlist, report, timezone, tz, ui)
+    finally:
+        lock.release()
+
+
+def _one_demo_at_a_time(home: Path) -> Any:
+    """The state folder's demo lock (`demo/running.lock`), held for the whole demo by the
+    caller, or refused at once (exit 2): two demos on one state folder share its Prefect
+    database, and each would register the deployment's schedule and leave its own episode
+    waiting (found by a breaker: the Monday slot ran twice and 14 more images were paid)."""
+    from filelock import FileLock, Timeout
+
+    from core.errors import CommandNotAllowed
+
+    folder = home / "demo"
+    folder.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(folder / "running.lock"), timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise CommandNotAllowed(
+            f"another `episodic demo` is running on the state folder {home} (with --ui its "
+            "server stays up until Ctrl-C there): wait for it or stop it, then run this again"
+        ) from None
+    return lock
+
+
+def _tell(
+    week_id: Any, settings: Any, playlist: Path, report: Reporter, timezone: str, tz: Any, ui: bool
+) -> None:
+    from core.urls import without_userinfo
+
     report.line(
         f"episodic demo: the weekly flow for {week_id}, pipeline {settings.pipeline}, fake provider"
     )

@@ -58,26 +58,31 @@ class _Demo:
         self.proc.wait(timeout=120)
 
 
-def test_two_demo_uis_at_once_tell_both_slots_and_pay_for_one_waiting_episode(
+def test_a_second_demo_on_one_state_folder_is_refused_while_the_first_runs(
     tmp_path: Path,
 ) -> None:
+    """Decided: one demo per state folder at a time (`demo/running.lock`). The second,
+    started while the first one's server is up, is refused at once in one line (exit 2)
+    and buys nothing; the first tells both slots and leaves one episode waiting."""
     home = tmp_path / "home"
     env = merged_env(
         {"EPISODIC_HOME": str(home), "EPISODIC_DATABASE_URL": f"sqlite:///{home / 'episodic.db'}"}
     )
     first = _Demo(env)
     time.sleep(1)  # the reproduction's stagger (a second terminal); no assertion on time
-    demos = [first, _Demo(env)]
+    second = _Demo(env)
     try:
-        for demo in demos:
-            assert demo.ready.wait(timeout=500), "\n".join(demo.lines[-30:])
+        assert second.proc.wait(timeout=300) == 2, "\n".join(second.lines[-30:])
+        assert second.proc.stderr is not None
+        err = second.proc.stderr.read()
+        assert err.count("\n") == 1 and "another `episodic demo` is running" in err, err
+        assert first.ready.wait(timeout=500), "\n".join(first.lines[-30:])
     finally:
-        for demo in demos:
+        for demo in (first, second):
             demo.stop()
-    for demo in demos:
-        story = [line for line in demo.lines if line.startswith("  slot ")]
-        assert any(line.startswith("  slot 2 (Thu ") for line in story), story
-        assert any(f"{WEEK}-1" in line for line in story), story
+    story = [line for line in first.lines if line.startswith("  slot ")]
+    assert any(line.startswith("  slot 2 (Thu ") for line in story), story
+    assert any(f"{WEEK}-1" in line for line in story), story
     listed = subprocess.run(
         [str(EPISODIC), "episodes", "list", "--week", WEEK, "--json"],
         env=env,
