@@ -127,9 +127,26 @@ def summary(report: Reporter, story: dict[str, Any], ui: bool = False) -> None:
     me = program()
     first = episodes[0]["episode_id"] if episodes else "EPISODE_ID"
     steps = [  # --ui: the UI's addresses follow, no need to suggest it
-        (command.replace("episodic", me, 1).format(episode=first), what)
+        (_readable(command.replace("episodic", me, 1).format(episode=first)), what)
         for command, what in NEXT_STEPS[ui:]
     ]
     width = max(len(command) for command, _ in steps) + 2
     for command, what in steps:
         report.line(f"  {command:<{width}}{what}")
+
+
+def _readable(step: str) -> str:
+    """A step naming a file of the project (``docs/...``) as a path that opens from here:
+    relative in the project folder, else absolute."""
+    if not step.startswith("docs/"):
+        return step
+    from core.home import project_folder
+
+    project = project_folder()
+    if project is None:
+        return step
+    path = project / step
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)

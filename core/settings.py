@@ -155,6 +155,17 @@ class Settings(BaseSettings):
     def _empty_home_is_unset(cls, value: object) -> object:
         return default_home() if value == "" else value
 
+    @field_validator("providers_file", mode="before")
+    @classmethod
+    def _providers_file(cls, value: object) -> object:
+        """An empty EPISODIC_PROVIDERS_FILE is unset (the state folder's providers.yaml); a
+        leading ``~`` is the user's home, as a shell would have expanded it."""
+        if isinstance(value, str):
+            if not value.strip():
+                return None
+            return Path(value).expanduser()
+        return value
+
     @field_validator("home")
     @classmethod
     def _check_home(cls, value: Path) -> Path:

@@ -89,3 +89,18 @@ def test_a_media_url_with_credentials_is_refused_without_repeating_them(
     with pytest.raises(InvalidInput, match="EPISODIC_MEDIA_URL") as caught:
         load_settings()
     assert "wJalrSECRET" not in str(caught.value) and "AKIAEXAMPLEKEY" not in str(caught.value)
+
+
+def test_an_empty_providers_file_is_unset_and_a_tilde_is_the_home(
+    monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
+    """Issue 32 (breaker): EPISODIC_PROVIDERS_FILE="" was the path "." ("does not exist");
+    "~/p.yaml" was a folder named "~" in the working directory."""
+    monkeypatch.setenv("EPISODIC_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HOME", str(tmp_path / "me"))
+    monkeypatch.setenv("EPISODIC_PROVIDERS_FILE", "")
+    settings = load_settings()
+    assert settings.providers_file is None
+    assert settings.providers_path == tmp_path / "home" / "providers.yaml"
+    monkeypatch.setenv("EPISODIC_PROVIDERS_FILE", "~/p.yaml")
+    assert load_settings().providers_path == tmp_path / "me" / "p.yaml"
