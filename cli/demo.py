@@ -14,6 +14,7 @@ from cli import context
 from cli.demo_output import Reporter, summary
 from cli.options import JsonOption
 from cli.output import emit_json
+from core.hints import counted
 
 DEMO_CRON = "0 9 * * 1,4"  # two releases a week: Monday and Thursday 09:00
 
@@ -199,7 +200,8 @@ def _paid_story(episodes: list[str], pipeline: str, report: Reporter) -> dict[st
         steps.append({"step": label, "episode_id": episode_id, **result})
         note = " (never pays twice)" if again and not result["paid_submissions"] else ""
         report.line(
-            f"  {result['paid_submissions']} new paid calls, {result['skipped']} skipped{note}"
+            f"  {counted(result['paid_submissions'], 'new paid call')}, "
+            f"{result['skipped']} skipped{note}"
         )
     report.line(f"approving {', '.join(episodes)} (on the command line, for the demo), assembling…")
     media = {}

@@ -18,6 +18,7 @@ from cli.options import (
 )
 from cli.output import emit_json
 from cli.run_output import report_outcome, run_progress
+from core.hints import counted
 
 if TYPE_CHECKING:
     from core.planning import RunOptions
@@ -274,7 +275,7 @@ def _print_plan(report: dict[str, object], as_json: bool) -> None:
         return
     hero = int(str(report.get("hero_calls", 0)))
     typer.echo(
-        f"plan: {report['new_calls']} new paid calls"
+        f"plan: {counted(int(str(report['new_calls'])), 'new paid call')}"
         + (f" ({hero} of them hero candidates)" if hero else "")
         + f", {report['skipped']} skipped (done), "
         f"{report['to_collect']} to collect, {report['to_reconcile']} to reconcile, "

@@ -28,3 +28,9 @@ def surface(name: Surface) -> Iterator[None]:
         yield
     finally:
         _surface.reset(token)
+
+
+def counted(number: int, noun: str, plural: str | None = None) -> str:
+    """`number` and `noun`, in the plural unless it is one: ``counted(1, "item")`` is
+    "1 item", ``counted(3, "new paid call")`` "3 new paid calls"."""
+    return f"{number} {noun if number == 1 else (plural or noun + 's')}"

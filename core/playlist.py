@@ -79,7 +79,9 @@ class Template(_Strict):
             raise ValueError("empty placeholder {}: name the field, e.g. {title}")
         unknown = fields - PROMPT_FIELDS
         if unknown:
-            raise ValueError(f"unknown placeholders {sorted(unknown)}; use {sorted(PROMPT_FIELDS)}")
+            named = ", ".join(f"{{{name}}}" for name in sorted(unknown))
+            known = ", ".join(f"{{{name}}}" for name in sorted(PROMPT_FIELDS))
+            raise ValueError(f"unknown placeholder {named}; the prompt can use {known}")
         return prompt
 
     def spec_hash(self) -> str:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.exit_codes import ExitCode
-from core.hints import hint
+from core.hints import counted, hint
 from core.planning import RunOptions
 from core.runs import REPLANNED, PlanReport, RunCounts, budget_stopped, store_stopped
 from core.states import RunState
@@ -61,7 +61,11 @@ def run_ended(
             message += f" (followed items in progress by run {', '.join(followed)})"
     elif state == RunState.FAILED:
         code = ExitCode.PARTIAL if counts.completed or skipped else ExitCode.RUN_FAILED
-        what = f"{counts.failed} items failed" if code == ExitCode.PARTIAL else "every item failed"
+        what = (
+            f"{counted(counts.failed, 'item')} failed"
+            if code == ExitCode.PARTIAL
+            else "every item failed"
+        )
         message = f"run {run_id}: {what}; resume with: {resume}"
     elif state == RunState.CANCELLED:
         code = ExitCode.INTERRUPTED
@@ -111,8 +115,9 @@ def nothing_to_do(gate: GatePass, report: PlanReport, options: RunOptions) -> Ru
         max_retries = options.max_retries
         code = ExitCode.PARTIAL if report.skipped else ExitCode.RUN_FAILED
         message = (
-            f"{gate.episode_id}: {report.exhausted} items failed {options.max_attempts} times "
-            "and are out of retries; "
+            f"{gate.episode_id}: {counted(report.exhausted, 'item')} failed "
+            f"{options.max_attempts} times and {'is' if report.exhausted == 1 else 'are'} out "
+            "of retries; "
             + hint(
                 f"run `episodic generate {gate.episode_id} --max-retries "
                 f"{max_retries + 1}` to allow another paid attempt",

@@ -29,6 +29,7 @@ from contextlib import suppress
 from dataclasses import dataclass, field, replace
 
 from core.errors import CommandNotAllowed, InvalidTransition
+from core.hints import counted
 from core.planning import RunOptions
 from core.records import ItemResult
 from core.runs import BUDGET_STOPPED, INTERRUPTED, Claim, Item
@@ -196,7 +197,7 @@ class Runner:
         if done:
             state = self._move(run_id, RunState.COMPLETED)
         else:
-            state = self._move(run_id, RunState.FAILED, f"{counts.failed} items failed")
+            state = self._move(run_id, RunState.FAILED, f"{counted(counts.failed, 'item')} failed")
         return self._outcome(run_id, state, skipped, followed)
 
     def reopen(self, run_id: str, lease_s: float) -> RunState:

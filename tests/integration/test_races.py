@@ -389,7 +389,7 @@ def test_a_run_is_not_concluded_while_another_process_holds_one_of_its_items(
     finished_at = time.monotonic()
     assert released_at and finished_at >= released_at[0]  # it waited for the other claim
     assert outcome.counts.running == 0 and outcome.counts.failed == 1
-    assert outcome.exit_code == 6 and "1 items failed" in outcome.message
+    assert outcome.exit_code == 6 and "1 item failed" in outcome.message
 
 
 SLOTS: dict[str, Any] = {"lease_s": 1, "max_attempts": 3, "profile": "fake", "provider_limit": 8}
