@@ -13,6 +13,7 @@ from tests.http_server import PredictionsServer
 from tests.integration.test_budgets import (
     _cli,
     _episodes,
+    _fake,
     _ledger,
     free_profile_billed_in_replies,
 )
@@ -58,11 +59,12 @@ def test_spend_with_a_far_date_is_bad_input_not_an_unexpected_error(
 
 
 def test_a_mistyped_pipeline_is_refused_rather_than_budgeted(
-    engine: Engine, database_url: str, tmp_path: Path
+    engine: Engine, database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Breaker finding: `set-budget weeklyy 5.00` made a pipeline nobody runs and left the
     real one without a budget (exit 0). Refused in one line naming the known pipelines,
     nothing written; `--new` budgets a pipeline that has not run yet."""
+    _fake(tmp_path, monkeypatch, "0.01")  # the profile `paid`: plan refuses an unknown one
     _episodes(engine, tmp_path, 1, items=1)  # the pipeline `weekly` is known
     typo = _cli("pipelines", "set-budget", "weeklyy", "5.00", "--per", "week")
     assert typo.returncode == 2 and "unknown pipeline 'weeklyy'" in typo.stderr, typo
