@@ -78,7 +78,15 @@ def approve(
 
 
 def _resume_waiting_run(approval: ApprovalContext) -> dict[str, Any]:
-    """Resume the Prefect flow run waiting for this (recorded) decision, if any."""
+    """Resume the Prefect flow run waiting for this (recorded) decision, if any. Without
+    PREFECT_API_URL (as `replay` and `sweep` read it) there is no run to resume, and Prefect
+    is not imported (about 2 s of a command that runs no flow)."""
+    import os
+
+    from pipeline.approval import NO_PREFECT_API
+
+    if not os.environ.get("PREFECT_API_URL"):
+        return {"flow_run": None, "message": NO_PREFECT_API}
     import tasks  # noqa: F401  (Prefect defaults before Prefect is imported)
     from flows.approval_resume import resume_waiting_run
 

@@ -28,7 +28,7 @@ from prefect.settings import get_current_settings
 
 from core.states import EpisodeState
 from flows.prefect_api import TOTAL_DEADLINE_S, PrefectApiSilent, api_label, bounded
-from pipeline.approval import ApprovalContext
+from pipeline.approval import NO_PREFECT_API, ApprovalContext
 
 _PICK = re.compile(r"pick_\d+", re.ASCII)
 _TITLE = " the candidate that ships"  # `approval_input_for`: "VIDEO: the candidate that ships"
@@ -53,9 +53,7 @@ def resume_waiting_run(approval: ApprovalContext) -> Resumed:
         return Resumed(None, "no decision on record: no waiting flow run was resumed")
     url = get_current_settings().api.url
     if not url:
-        return Resumed(
-            None, "no Prefect API configured (PREFECT_API_URL): no waiting flow run was resumed"
-        )
+        return Resumed(None, NO_PREFECT_API)
     try:
         return bounded(lambda: _resume(approval, decided))
     except Exception as exc:  # an unreachable, silent or refusing server: the decision stands

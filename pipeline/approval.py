@@ -44,6 +44,10 @@ from storage.plans import PlanStore
 from storage.store_identity import open_verified
 from storage.tx import Database
 
+#: What a decision outside the form says when no Prefect API is configured to resume the run
+#: waiting for it (`episodic approve` without PREFECT_API_URL; the decision is recorded).
+NO_PREFECT_API = "no Prefect API configured (PREFECT_API_URL): no waiting flow run was resumed"
+
 
 def validate_person(name: str, what: str = "--by") -> str:
     """A person's name as recorded with a decision: 1-100 printable characters, no controls.
