@@ -3,7 +3,7 @@
 For 1, 4 and 16 concurrent OS processes, on SQLite (filelock + BEGIN IMMEDIATE) and on
 Postgres (pg_advisory_xact_lock), every process allocates new keys in one ISO week:
 
-- ours: `pipeline.allocation.allocate` (SQLAlchemy engine, tenacity wrapper, validation);
+- ours: `episodic.pipeline.allocation.allocate` (SQLAlchemy engine, tenacity wrapper, validation);
 - baseline: one raw sqlite3 / psycopg connection per process issuing the same lock, the same
   two selects and the same two inserts by hand.
 
@@ -34,9 +34,9 @@ CONCURRENCY = (1, 4, 16)
 
 # ---------------------------------------------------------------- workers (child processes)
 def _ours(url: str, keys: list[str], ready: Any, go: Any, out: Any) -> None:
-    from core.ids import WeekId
-    from pipeline.allocation import allocate
-    from storage.engine import make_engine
+    from episodic.core.ids import WeekId
+    from episodic.pipeline.allocation import allocate
+    from episodic.storage.engine import make_engine
 
     engine = make_engine(url)
     week = WeekId.parse(WEEK)
@@ -52,7 +52,7 @@ def _ours(url: str, keys: list[str], ready: Any, go: Any, out: Any) -> None:
 
 
 def _raw_sqlite_step(conn: Any, lock: Any, key: str) -> None:
-    from storage.locks import LOCK_POLL_INTERVAL_S
+    from episodic.storage.locks import LOCK_POLL_INTERVAL_S
 
     with lock.acquire(poll_interval=LOCK_POLL_INTERVAL_S):
         conn.execute("BEGIN IMMEDIATE")
@@ -117,8 +117,8 @@ def _baseline(url: str, keys: list[str], ready: Any, go: Any, out: Any) -> None:
 
         from filelock import FileLock
 
-        from storage.engine import make_engine
-        from storage.locks import pipeline_lock_path
+        from episodic.storage.engine import make_engine
+        from episodic.storage.locks import pipeline_lock_path
 
         lock = FileLock(pipeline_lock_path(make_engine(url), "weekly"))
         conn: Any = sqlite3.connect(str(parsed.database), timeout=30, isolation_level=None)
@@ -135,7 +135,7 @@ def _baseline(url: str, keys: list[str], ready: Any, go: Any, out: Any) -> None:
     else:
         import psycopg
 
-        from storage.tx import advisory_key
+        from episodic.storage.tx import advisory_key
 
         conn = psycopg.connect(
             parsed.set(drivername="postgresql").render_as_string(hide_password=False)
@@ -205,8 +205,8 @@ class Databases:
             self.names: list[str] = []
 
     def fresh(self) -> str:
-        from storage.engine import make_engine
-        from storage.schema import upgrade
+        from episodic.storage.engine import make_engine
+        from episodic.storage.schema import upgrade
 
         self.count += 1
         if self.backend == "sqlite":

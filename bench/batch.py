@@ -61,11 +61,11 @@ def _playlist(folder: Path, videos: int) -> Path:
 
 
 def _setup_episode(url: str, folder: Path, videos: int) -> str:
-    from core.ids import WeekId
-    from pipeline.allocation import allocate
-    from pipeline.generation import record_plan
-    from storage.engine import make_engine
-    from storage.schema import upgrade
+    from episodic.core.ids import WeekId
+    from episodic.pipeline.allocation import allocate
+    from episodic.pipeline.episode_plan import record_plan
+    from episodic.storage.engine import make_engine
+    from episodic.storage.schema import upgrade
 
     engine = make_engine(url)
     upgrade(engine)
@@ -80,8 +80,8 @@ def _setup_episode(url: str, folder: Path, videos: int) -> str:
 
 
 def _run_makespan(url: str) -> float:
-    from storage.engine import make_engine
-    from storage.runs import RunStore
+    from episodic.storage.engine import make_engine
+    from episodic.storage.runs import RunStore
 
     engine = make_engine(url)
     (run,) = RunStore(engine).list_runs("weekly")
@@ -113,11 +113,11 @@ def _bench_home(tmp: Path, name: str, items: int, url: str | None = None) -> tup
     home.mkdir(parents=True)
     (home / "providers.yaml").write_text(BENCH_PROFILE)
     url = url or f"sqlite:///{home / 'episodic.db'}"
-    from core.ids import WeekId
-    from pipeline.allocation import allocate
-    from pipeline.generation import record_plan
-    from storage.engine import make_engine
-    from storage.schema import upgrade
+    from episodic.core.ids import WeekId
+    from episodic.pipeline.allocation import allocate
+    from episodic.pipeline.episode_plan import record_plan
+    from episodic.storage.engine import make_engine
+    from episodic.storage.schema import upgrade
     from tests.generation import write_playlist
 
     os.environ["EPISODIC_PROVIDERS_FILE"] = str(home / "providers.yaml")
@@ -148,7 +148,7 @@ def _cli(home: Path, episode: str, concurrency: int, env: dict[str, str]) -> tup
     command's wall time."""
     start = time.perf_counter()
     subprocess.run(
-        [sys.executable, "-m", "cli.app", "generate", episode, "--concurrency",
+        [sys.executable, "-m", "episodic.cli.app", "generate", episode, "--concurrency",
          str(concurrency), "--json"],
         env=env, check=True, stdout=subprocess.DEVNULL,
     )  # fmt: skip
@@ -295,15 +295,15 @@ def bench_planning(tmp: Path, backends: dict[str, Any]) -> None:
     print("\n(c) planning a resume of 100,000 items, 99% complete (target < 1 s)")
     from sqlalchemy import update
 
-    from core.planning import RunOptions
-    from core.playlist import PlannedItem
-    from pipeline.admission import plan
-    from pipeline.gate import open_gate
-    from providers.profiles import BUILTIN
-    from storage.admission import AdmissionStore
-    from storage.engine import make_engine
-    from storage.models import ItemRow
-    from storage.plans import PlanStore
+    from episodic.core.planning import RunOptions
+    from episodic.core.playlist import PlannedItem
+    from episodic.pipeline.admission import plan
+    from episodic.pipeline.gate import open_gate
+    from episodic.providers.profiles import BUILTIN
+    from episodic.storage.admission import AdmissionStore
+    from episodic.storage.engine import make_engine
+    from episodic.storage.models import ItemRow
+    from episodic.storage.plans import PlanStore
 
     for name, make_url in backends.items():
         url = make_url()

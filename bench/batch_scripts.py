@@ -3,7 +3,7 @@ templates): the sleeping floor, the same-work floor and the `generate_episode` f
 prints its makespan and the CPU time its process spent meanwhile."""
 
 FLOOR = """
-import tasks, time
+import episodic.tasks, time
 from prefect import flow, task
 from prefect.task_runners import ThreadPoolTaskRunner
 
@@ -54,9 +54,9 @@ print(time.perf_counter() - t, time.process_time() - cpu)
 """
 
 FLOW = """
-import tasks, time
+import episodic.tasks, time
 from prefect import flow
-from flows.generate import generate_episode
+from episodic.flows.generate import generate_episode
 
 HEARTBEATS = {heartbeats}
 if not HEARTBEATS:  # see --prefect-heartbeats: the floor and the flow are measured alike
@@ -88,16 +88,16 @@ print(time.perf_counter() - t, time.process_time() - cpu)
 """
 
 SAME_WORK = """
-import tasks, time
+import episodic.tasks, time
 from pathlib import Path
 from prefect import flow, task
 from prefect.cache_policies import INPUTS
 from prefect.task_runners import ThreadPoolTaskRunner
-from pipeline.media import prove_image
-from providers.base import ImageRequest
-from core.pricing import Price
-from providers.fake import FakeProvider
-from storage.media import MediaStore
+from episodic.pipeline.media import prove_image
+from episodic.providers.base import ImageRequest
+from episodic.core.pricing import Price
+from episodic.providers.fake import FakeProvider
+from episodic.storage.media import MediaStore
 
 HEARTBEATS = {heartbeats}
 if not HEARTBEATS:  # as in the sleeping floor (see --prefect-heartbeats)

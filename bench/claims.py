@@ -1,7 +1,7 @@
 """Claiming overhead (issue 7) against the bookkeeping rate of the same database, same run.
 
 For each backend (SQLite: a temp file under a temp EPISODIC_HOME; Postgres: a throwaway
-database created on the local server, migrated with `storage.schema.upgrade` and dropped at
+database created on the local server, migrated with `episodic.storage.schema.upgrade` and dropped at
 the end), in one run:
 
 1. baseline: the raw rate of single-row committed inserts into a scratch table of the same
@@ -63,13 +63,13 @@ def _claim_worker(
     """Walk the items: claim, accept, complete what this process gets; skip refusals."""
     from sqlalchemy import text
 
-    from core.media import StoredMedia, content_key
-    from core.pricing import Price
-    from core.runs import Claim
-    from pipeline.runner import new_owner
-    from storage.claims import ClaimStore
-    from storage.engine import make_engine
-    from storage.ledger import LedgerStore
+    from episodic.core.media import StoredMedia, content_key
+    from episodic.core.pricing import Price
+    from episodic.core.runs import Claim
+    from episodic.pipeline.runner import new_owner
+    from episodic.storage.claims import ClaimStore
+    from episodic.storage.engine import make_engine
+    from episodic.storage.ledger import LedgerStore
 
     engine = make_engine(url)
     with engine.connect() as conn:  # connect outside the clock
@@ -112,8 +112,8 @@ def _generate_worker(barrier: Any, url: str, episode_id: str, results: Any) -> N
     """One whole `generate` of the episode (its own run; claims split the items)."""
     from sqlalchemy import text
 
-    from providers.fake import render_png
-    from storage.engine import make_engine
+    from episodic.providers.fake import render_png
+    from episodic.storage.engine import make_engine
     from tests.generation import Episode
 
     engine = make_engine(url)
@@ -173,9 +173,9 @@ def _new_episode(engine: Any, home: Path, key: str, count: int) -> Any:
 
 def _running_run(episode: Any) -> tuple[str, int, list[int]]:
     """A run of every planned item, moved to running (as tests/integration/test_races.py)."""
-    from core.states import ItemState, RunState
-    from storage.episodes import EpisodeRepository
-    from storage.runs import RunStore
+    from episodic.core.states import ItemState, RunState
+    from episodic.storage.episodes import EpisodeRepository
+    from episodic.storage.runs import RunStore
     from tests.generation import new_run
 
     store = RunStore(episode.engine)
@@ -190,7 +190,7 @@ def _ledger_check(engine: Any, episode_pk: int, expected: int) -> list[str]:
     """Every item completed, with exactly one submission (succeeded) and one cost entry."""
     from sqlalchemy import func, select
 
-    from storage.models import CostEntryRow, ItemRow, SubmissionRow
+    from episodic.storage.models import CostEntryRow, ItemRow, SubmissionRow
 
     with engine.connect() as conn:
         states = Counter(
@@ -281,7 +281,7 @@ def bench_claims(backend: str, url: str, engine: Any, home: Path, items: int) ->
 def bench_engine(backend: str, url: str, engine: Any, home: Path, images: int) -> list[Row]:
     from sqlalchemy import select
 
-    from storage.models import EpisodeRow
+    from episodic.storage.models import EpisodeRow
 
     rows = []
     for processes in PROCESSES:
@@ -381,8 +381,8 @@ def _raw_insert_rate(url: str, rows: int) -> float:
 
 
 def bench_backend(backend: str, url: str, home: Path, items: int, images: int) -> list[Row]:
-    from storage.engine import make_engine
-    from storage.schema import upgrade
+    from episodic.storage.engine import make_engine
+    from episodic.storage.schema import upgrade
 
     home.mkdir(parents=True, exist_ok=True)
     os.environ.update(

@@ -12,7 +12,7 @@ dropped at the end), in one run:
 3. the dedup decision: `AdmissionStore.admit(…, create=False)` for a random existing fingerprint
    (the whole choke point: the per-fingerprint lock, the window read, the answer; nothing
    written), `--samples` times: p50, p99 and the ratios to the baseline (target: p50 < 3x);
-4. the sweep (`pipeline.sweep`) over the table: first `--dry-run`, then for real; seconds,
+4. the sweep (`episodic.pipeline.sweep`) over the table: first `--dry-run`, then for real; seconds,
    and the number of runs it reaped (must be the 1% stale; target: under 5 s).
 
 A benchmark, never a test: nothing here asserts a timing.
@@ -76,16 +76,16 @@ def _percentiles(samples: list[float]) -> tuple[float, float]:
 def bench_backend(backend: str, url: str, home: Path, runs: int, samples: int) -> dict[str, Any]:
     from sqlalchemy import select, text
 
-    from core.dedup import RunRequest
-    from core.ids import WeekId
-    from core.settings import load_settings
-    from pipeline.allocation import allocate
-    from pipeline.sweep import sweep
-    from storage.admission import AdmissionStore, DedupPolicy
-    from storage.engine import make_engine
-    from storage.episodes import EpisodeRepository
-    from storage.models import RunRow
-    from storage.schema import upgrade
+    from episodic.core.dedup import RunRequest
+    from episodic.core.ids import WeekId
+    from episodic.core.settings import load_settings
+    from episodic.pipeline.allocation import allocate
+    from episodic.pipeline.sweep import sweep
+    from episodic.storage.admission import AdmissionStore, DedupPolicy
+    from episodic.storage.engine import make_engine
+    from episodic.storage.episodes import EpisodeRepository
+    from episodic.storage.models import RunRow
+    from episodic.storage.schema import upgrade
 
     home.mkdir(parents=True, exist_ok=True)
     os.environ.update(EPISODIC_HOME=str(home), EPISODIC_DATABASE_URL=url)

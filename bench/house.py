@@ -10,7 +10,7 @@ one at the top): ``import a.b`` (an edge to ``a.b``), ``from a.b import name`` (
 and relative forms. ``from pkg import mod``, `mod` a module, is an edge to ``pkg.mod`` and
 one to ``pkg``: the statement reads the package's namespace, so a package whose
 ``__init__`` imports `mod` while `mod` imports from the package is a cycle (the one
-``storage/__init__.py`` -> ``storage.engine`` -> ``storage`` was). A cycle is reported once,
+``storage/__init__.py`` -> ``episodic.storage.engine`` -> ``storage`` was). A cycle is reported once,
 as a strongly connected component of more than one module.
 
 Run: .venv/bin/python -m bench.house [--json] [--root DIR]
@@ -71,11 +71,24 @@ class Function:
     lines: int
 
 
+# The product's folders, each a subpackage of the one import package `episodic`.
+PRODUCT = frozenset(PACKAGES) - {"reliability"}
+
+
 def module_name(path: Path, root: Path) -> str:
+    """The dotted name `path` imports as: ``episodic.storage.runs`` for ``storage/runs.py``."""
     parts = list(path.relative_to(root).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
+    if parts and parts[0] in PRODUCT:
+        parts.insert(0, "episodic")
     return ".".join(parts)
+
+
+def package_of(module: str) -> str:
+    """The folder a module lives in: ``storage`` for ``episodic.storage.runs``."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "episodic" and len(parts) > 1 else parts[0]
 
 
 def product_modules(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]:
@@ -281,7 +294,7 @@ def report(root: Path = ROOT) -> dict[str, object]:
     sizes = {name: line_count(path) for name, path in modules.items()}
     by_package: dict[str, dict[str, int]] = {}
     for name, lines in sizes.items():
-        package = by_package.setdefault(name.split(".")[0], {"modules": 0, "lines": 0})
+        package = by_package.setdefault(package_of(name), {"modules": 0, "lines": 0})
         package["modules"] += 1
         package["lines"] += lines
     long_functions = sorted(

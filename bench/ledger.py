@@ -6,7 +6,7 @@ still holds right before the call is the claim's own transaction when the call f
 once, as here; see `Runner._holds`.) The floor is raw SQL through the bare driver (sqlite3,
 psycopg, same pragmas) issuing the same commits per item on the project's own tables and
 indexes: the same reads (the run, the item, the provider's slots, the run's spend and the
-pipeline's period budgets, with their advisory locks on Postgres: `storage.budgets`; both
+pipeline's period budgets, with their advisory locks on Postgres: `episodic.storage.budgets`; both
 sides run under a weekly budget, so its period read is counted too), UPDATEs and INSERTs, not
 single-row inserts; around them, the same work that is not bookkeeping, done inline (the
 fake provider's submit and collect, the image written atomically), so the ratio is what
@@ -42,12 +42,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _episode(url: str, home: Path, items: int, key: str) -> tuple[str, int]:
     """A planned episode of `items` images; returns (episode id, episode pk)."""
-    from core.ids import WeekId
-    from pipeline.allocation import allocate
-    from pipeline.generation import record_plan
-    from storage.engine import make_engine
-    from storage.episodes import EpisodeRepository
-    from storage.schema import upgrade
+    from episodic.core.ids import WeekId
+    from episodic.pipeline.allocation import allocate
+    from episodic.pipeline.episode_plan import record_plan
+    from episodic.storage.engine import make_engine
+    from episodic.storage.episodes import EpisodeRepository
+    from episodic.storage.schema import upgrade
     from tests.generation import write_playlist
 
     engine = make_engine(url)
@@ -62,11 +62,11 @@ def _episode(url: str, home: Path, items: int, key: str) -> tuple[str, int]:
 
 def engine_rate(url: str, home: Path, items: int, concurrency: int, tag: str = "") -> float:
     """Items per second through the engine (zero-latency fake provider)."""
-    from core.planning import RunOptions
-    from core.settings import load_settings
-    from pipeline.gate import EnvironmentCredentials
-    from pipeline.generation import generate
-    from storage.engine import make_engine
+    from episodic.core.planning import RunOptions
+    from episodic.core.settings import load_settings
+    from episodic.pipeline.gate import EnvironmentCredentials
+    from episodic.pipeline.generation import generate
+    from episodic.storage.engine import make_engine
 
     episode, _ = _episode(url, home, items, f"engine-c{concurrency}{tag}")
     engine = make_engine(url)
@@ -85,7 +85,7 @@ def _floor_items(
     url: str, home: Path, items: int, concurrency: int, tag: str = ""
 ) -> tuple[str, list[int], int]:
     """A run with pending items to drive by raw SQL (set up through the project's API)."""
-    from storage.engine import make_engine
+    from episodic.storage.engine import make_engine
     from tests.generation import Episode, new_run
 
     episode, pk = _episode(url, home, items, f"floor-c{concurrency}{tag}")
@@ -128,11 +128,11 @@ def floor_rate(url: str, home: Path, items: int, concurrency: int, tag: str = ""
     queue = list(item_pks)
     guard = threading.Lock()
 
-    from pipeline.media import write_atomically
-    from providers.base import ImageRequest
-    from providers.fake import FakeProvider
-    from storage.budgets import BUDGETS, PERIOD_SPEND, RUN_SPEND
-    from storage.tx import advisory_key
+    from episodic.pipeline.media import write_atomically
+    from episodic.providers.base import ImageRequest
+    from episodic.providers.fake import FakeProvider
+    from episodic.storage.budgets import BUDGETS, PERIOD_SPEND, RUN_SPEND
+    from episodic.storage.tx import advisory_key
 
     def sql(statement: Any) -> str:
         return str(statement.sqlite if sqlite else statement.pg)
@@ -179,7 +179,7 @@ def floor_rate(url: str, home: Path, items: int, concurrency: int, tag: str = ""
                     f"created_at > {p} AND item_pk != {p}) AS slots",
                     (now, item, now - timedelta(seconds=60), item),
                 )
-                # the run's caps and the pipeline's budgets (`storage.budgets`)
+                # the run's caps and the pipeline's budgets (`episodic.storage.budgets`)
                 c.execute(sql(RUN_SPEND), {"b_run": run_id, "b_estimate": 40_000}).fetchone()
                 for _period, _amount, currency, _tz in c.execute(
                     sql(BUDGETS), {"b_pipeline": "weekly"}
@@ -255,13 +255,13 @@ def floor_rate(url: str, home: Path, items: int, concurrency: int, tag: str = ""
 
 def _budget(url: str) -> None:
     """A weekly budget far above the bench's spend on pipeline weekly (both sides read it)."""
-    from pipeline.pipelines import set_budget
-    from storage.engine import make_engine
-    from storage.schema import upgrade
+    from episodic.pipeline.pipelines import set_budget
+    from episodic.storage.engine import make_engine
+    from episodic.storage.schema import upgrade
 
     engine = make_engine(url)
     upgrade(engine)
-    from core.settings import load_settings
+    from episodic.core.settings import load_settings
 
     set_budget(engine, load_settings(), "weekly", "week", "999999.00")
     engine.dispose()

@@ -126,8 +126,8 @@ def _killed_then_retried(
 
 
 def bench_backend(backend: str, url: str, home: Path, args: argparse.Namespace) -> list[Row]:
-    from storage.engine import make_engine
-    from storage.schema import upgrade
+    from episodic.storage.engine import make_engine
+    from episodic.storage.schema import upgrade
 
     home.mkdir(parents=True, exist_ok=True)
     profiles = home / "providers.yaml"

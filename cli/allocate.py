@@ -6,9 +6,9 @@ from typing import Annotated
 
 import typer
 
-from cli import context
-from cli.options import JsonOption, PipelineOption
-from cli.output import emit_json
+from episodic.cli import context
+from episodic.cli.options import JsonOption, PipelineOption
+from episodic.cli.output import emit_json
 
 
 def allocate(
@@ -29,11 +29,11 @@ def allocate(
     """Allocate the episode owned by KEY (or find it again). Exit 3 if KEY owns another week."""
     from datetime import datetime
 
-    from core.errors import InvalidInput
-    from core.ids import WeekId
-    from core.keys import validate_key
-    from pipeline.allocation import allocate as allocate_episode
-    from pipeline.allocation import resolve_week
+    from episodic.core.errors import InvalidInput
+    from episodic.core.ids import WeekId
+    from episodic.core.keys import validate_key
+    from episodic.pipeline.allocation import allocate as allocate_episode
+    from episodic.pipeline.allocation import resolve_week
 
     if (week is None) == (at is None):
         raise InvalidInput("give exactly one of --week or --at")
@@ -47,11 +47,11 @@ def allocate(
             raise InvalidInput(f"--at {at!r} has no UTC offset (e.g. +02:00 or Z)")
     validate_key(key)
     name = context.pipeline_name(pipeline)
-    from pipeline.pipelines import pipeline_timezone
+    from episodic.pipeline.pipelines import pipeline_timezone
 
     tz = pipeline_timezone(context.engine(), context.settings(), name)
     week_id = resolve_week(week, moment, tz)
-    from core.keys import SlotKey
+    from episodic.core.keys import SlotKey
 
     named = SlotKey.parse(key)
     if named is not None and WeekId.of(named.moment, tz) != week_id:

@@ -2,7 +2,7 @@
 
 Commands import their dependencies lazily; `episodic --help` and the read-only commands never
 import Prefect. Errors are mapped to exit codes in one place, `main()`: a domain error prints
-one line on stderr and exits with its code (DESIGN 10); set EPISODIC_DEBUG=1 for tracebacks.
+one line on stderr and exits with its code; set EPISODIC_DEBUG=1 for tracebacks.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Annotated
 import click
 import typer
 
-from cli import allocate as allocate_cmd
-from cli import (
+from episodic.cli import allocate as allocate_cmd
+from episodic.cli import (
     check,
     db,
     demo,
@@ -34,8 +34,8 @@ from cli import (
     spend,
     state,
 )
-from cli.output import error, one_line, warning
-from cli.signals import interrupts
+from episodic.cli.output import error, one_line, warning
+from episodic.cli.signals import interrupts
 
 app = typer.Typer(
     name="episodic",
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def run(argv: list[str] | None = None) -> int:
     """Run the CLI and return its exit code (never raises, never prints a traceback)."""
-    from core.exit_codes import ExitCode
+    from episodic.core.exit_codes import ExitCode
 
     args = sys.argv[1:] if argv is None else argv
     interrupts.begin_command()
@@ -156,15 +156,15 @@ def run(argv: list[str] | None = None) -> int:
 
 
 def _is_answer(exc: Exception) -> bool:
-    from core.errors import EpisodicError
+    from episodic.core.errors import EpisodicError
 
     return isinstance(exc, EpisodicError)
 
 
 def _report(exc: Exception) -> int:
-    from core.errors import EpisodicError, PlaylistMistakes
-    from core.exit_codes import ExitCode
-    from core.flags import env_flag
+    from episodic.core.errors import EpisodicError, PlaylistMistakes
+    from episodic.core.exit_codes import ExitCode
+    from episodic.core.flags import env_flag
 
     debug = env_flag("EPISODIC_DEBUG")
     if debug.warning is not None:
@@ -216,14 +216,14 @@ def _prefect_api_error(exc: Exception) -> str | None:
         return None
     from prefect.settings import get_current_settings
 
-    from core.urls import without_userinfo
+    from episodic.core.urls import without_userinfo
 
     url = get_current_settings().api.url
     where = f" at {without_userinfo(str(url))}" if url else ""
     return f"the Prefect API{where} did not answer ({type(exc).__name__})"
 
 
-if __name__ == "__main__":  # python -m cli.app: the console script's path, interrupts included
+if __name__ == "__main__":  # python -m episodic.cli.app: the console script's path, interrupts too
     import runpy
 
-    runpy.run_module("cli.entry", run_name="__main__", alter_sys=True)
+    runpy.run_module("episodic.cli.entry", run_name="__main__", alter_sys=True)

@@ -6,9 +6,9 @@ from typing import Annotated
 
 import typer
 
-from cli import context
-from cli.options import JsonOption, PipelineOption
-from cli.output import emit_json
+from episodic.cli import context
+from episodic.cli.options import JsonOption, PipelineOption
+from episodic.cli.output import emit_json
 
 
 def check(
@@ -30,20 +30,33 @@ def check(
 
     Warnings (a slot that several deployments asked for; images still in local files from
     before the media store) are listed but do not change the exit code."""
-    from core.errors import InvalidInput
-    from pipeline.admission import dedup_policy
-    from pipeline.check import Finding, check_episodes, legacy_warnings
-    from pipeline.check_spend import verify_spend
-    from pipeline.slot_warnings import schedule_warnings
+    from episodic.core.errors import InvalidInput
+    from episodic.pipeline.admission import dedup_policy
+    from episodic.pipeline.check import Finding, check_episodes, legacy_warnings
+    from episodic.pipeline.check_spend import verify_spend
+    from episodic.pipeline.slot_warnings import schedule_warnings
 
     if (episode_id is None) == (not check_all):
         raise InvalidInput("give an EPISODE_ID or --all")
     engine = context.engine(read_only=True)
     name = context.pipeline_name(pipeline)
-    store = context.media_store(engine)
+    store = context.media_store(engine, read_only=True)
     findings = check_episodes(
         engine, name, episode_id, dedup_policy(context.settings()), store=store
     )
+    from episodic.storage.store_identity import marker_missing
+
+    if marker_missing(engine, store):  # read on at the recorded address; nothing may write
+        findings.insert(
+            0,
+            Finding(
+                f"media store {store.describe()}",
+                "marker",
+                "its episodic-store.json is missing: every command that stores media is "
+                "refused until `episodic media restore-marker` checks a sample of its images "
+                "and writes it again",
+            ),
+        )
     spend = verify_spend(engine, name)
     findings += [Finding(f"pipeline {name}", "spend", problem) for problem in spend.problems]
     warnings = schedule_warnings(engine, name, episode_id)

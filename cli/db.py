@@ -6,9 +6,9 @@ from typing import Annotated
 
 import typer
 
-from cli import context
-from cli.options import JsonOption
-from cli.output import emit_json
+from episodic.cli import context
+from episodic.cli.options import JsonOption
+from episodic.cli.output import emit_json
 
 app = typer.Typer(help="Manage the database schema.", no_args_is_help=True)
 
@@ -16,10 +16,10 @@ app = typer.Typer(help="Manage the database schema.", no_args_is_help=True)
 @app.command("upgrade")
 def upgrade(as_json: JsonOption = False) -> None:
     """Apply Alembic migrations up to the newest revision (safe to run repeatedly)."""
-    from storage.engine import make_engine
-    from storage.installation import find
-    from storage.schema import current_revision
-    from storage.schema import upgrade as run_upgrade
+    from episodic.storage.engine import make_engine
+    from episodic.storage.installation import find
+    from episodic.storage.schema import current_revision
+    from episodic.storage.schema import upgrade as run_upgrade
 
     settings = context.settings()
     engine = make_engine(settings.url)
@@ -39,9 +39,9 @@ def upgrade(as_json: JsonOption = False) -> None:
 @app.command("current")
 def current(as_json: JsonOption = False) -> None:
     """Print the schema revision of the database."""
-    from storage.engine import make_engine
-    from storage.installation import find
-    from storage.schema import HEAD_REVISION, current_revision
+    from episodic.storage.engine import make_engine
+    from episodic.storage.installation import find
+    from episodic.storage.schema import HEAD_REVISION, current_revision
 
     engine = make_engine(context.settings().url)
     revision = current_revision(engine)
@@ -67,8 +67,8 @@ RenewOption = Annotated[
 def installation(renew: RenewOption = False, as_json: JsonOption = False) -> None:
     """Print this database's installation id, the prefix of every reference it sends to a
     provider (docs/providers.md); --renew makes a new one."""
-    from storage.installation import installation_id
-    from storage.installation import renew as renew_id
+    from episodic.storage.installation import installation_id
+    from episodic.storage.installation import renew as renew_id
 
     engine = context.engine()  # at head (the embedded default upgrades itself), else exit 1
     if renew:

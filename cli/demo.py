@@ -10,11 +10,11 @@ from typing import Annotated, Any
 
 import typer
 
-from cli import context
-from cli.demo_output import Reporter, summary
-from cli.options import JsonOption
-from cli.output import emit_json
-from core.hints import counted
+from episodic.cli import context
+from episodic.cli.demo_output import Reporter, summary
+from episodic.cli.options import JsonOption
+from episodic.cli.output import emit_json
+from episodic.core.hints import counted
 
 DEMO_CRON = "0 9 * * 1,4"  # two releases a week: Monday and Thursday 09:00
 
@@ -27,7 +27,7 @@ def demo(
         Path | None,
         typer.Option(
             help="Playlist the weekly deployment plans from "
-            "[default: the project's examples/playlist.yaml]."
+            "[default: the example playlist episodic ships, examples/playlist.yaml]."
         ),
     ] = None,
     ui: Annotated[
@@ -58,11 +58,11 @@ def demo(
 
 
 def _demo(week: str | None, playlist: Path | None, as_json: bool, ui: bool) -> None:
-    import tasks  # noqa: F401  (Prefect defaults before Prefect is imported)
-    from core.ids import WeekId
-    from core.settings import load_timezone
-    from pipeline.pipelines import pipeline_config
-    from providers.profiles import configured_profiles
+    import episodic.tasks  # noqa: F401  (Prefect defaults before Prefect is imported)
+    from episodic.core.ids import WeekId
+    from episodic.core.settings import load_timezone
+    from episodic.pipeline.pipelines import pipeline_config
+    from episodic.providers.profiles import configured_profiles
 
     report = Reporter(quiet=as_json)
     settings = context.settings()
@@ -72,12 +72,12 @@ def _demo(week: str | None, playlist: Path | None, as_json: bool, ui: bool) -> N
     timezone = pipeline_config(context.engine(), settings, settings.pipeline).timezone
     tz = load_timezone(timezone)
     week_id = WeekId.parse(week) if week else WeekId.of(datetime.now(tz), tz)
-    if playlist is None:  # the project's example, wherever the command starts (as its state)
-        from core.home import project_folder
+    if playlist is None:  # the example the package ships, wherever the command starts
+        from episodic.core.resources import example_playlist
 
-        playlist = (project_folder() or Path.cwd()) / "examples" / "playlist.yaml"
+        playlist = example_playlist()
     if not playlist.is_file():
-        from core.errors import InvalidInput
+        from episodic.core.errors import InvalidInput
 
         raise InvalidInput(f"playlist {playlist} not found (run from the project folder)")
     lock = _one_demo_at_a_time(settings.home_path)
@@ -94,7 +94,7 @@ def _one_demo_at_a_time(home: Path) -> Any:
     waiting (found by a breaker: the Monday slot ran twice and 14 more images were paid)."""
     from filelock import FileLock, Timeout
 
-    from core.errors import CommandNotAllowed
+    from episodic.core.errors import CommandNotAllowed
 
     folder = home / "demo"
     folder.mkdir(parents=True, exist_ok=True)
@@ -112,14 +112,14 @@ def _one_demo_at_a_time(home: Path) -> Any:
 def _tell(
     week_id: Any, settings: Any, playlist: Path, report: Reporter, timezone: str, tz: Any, ui: bool
 ) -> None:
-    from core.urls import without_userinfo
+    from episodic.core.urls import without_userinfo
 
     report.line(
         f"episodic demo: the weekly flow for {week_id}, pipeline {settings.pipeline}, fake provider"
     )
     report.line(f"  database {without_userinfo(settings.url)} (nothing leaves this machine)")
     if ui:  # before Prefect is imported: its client then talks to this server
-        from cli import demo_ui
+        from episodic.cli import demo_ui
 
         with demo_ui.local_server(report) as server:
             _story(week_id, timezone, tz, playlist, report, server)
@@ -133,7 +133,7 @@ def _story(
     settings = context.settings()
     deployment_id, rows = _run(week_id, timezone, tz, playlist.absolute(), report, server)
     episodes = sorted({r["episode_id"] for r in rows if r["episode_id"]})
-    from pipeline.generation import record_plan, recorded_plan_summary
+    from episodic.pipeline.episode_plan import record_plan, recorded_plan_summary
 
     for episode_id in episodes:  # the flow runs planned them; slots run by an older demo did not
         if recorded_plan_summary(context.engine(), settings.pipeline, episode_id) is None:
@@ -146,7 +146,7 @@ def _story(
             )
     story = _paid_story(episodes, settings.pipeline, report)
     if server is not None:
-        from cli import demo_ui
+        from episodic.cli import demo_ui
 
         story["ui"] = demo_ui.leave_one_waiting(server, deployment_id, week_id, report)
     if report.quiet:
@@ -154,7 +154,7 @@ def _story(
     else:
         summary(report, story, ui=server is not None)
     if server is not None:
-        from cli import demo_ui
+        from episodic.cli import demo_ui
 
         demo_ui.wait_for_interrupt(server, story["ui"], report)
         return
@@ -163,15 +163,15 @@ def _story(
 
 
 def _paid_story(episodes: list[str], pipeline: str, report: Reporter) -> dict[str, Any]:
-    from core.money import format_totals
-    from flows.generate import generate_episode
-    from pipeline.approval import decide
-    from pipeline.assembly import assemble
-    from pipeline.check import check_episodes
-    from pipeline.generation import recorded_plan_summary
-    from storage.episodes import EpisodeRepository
-    from storage.ledger import LedgerStore
-    from storage.runs import RunStore
+    from episodic.core.money import format_totals
+    from episodic.flows.generate import generate_episode
+    from episodic.pipeline.approval import decide
+    from episodic.pipeline.assembly import assemble
+    from episodic.pipeline.check import check_episodes
+    from episodic.pipeline.episode_plan import recorded_plan_summary
+    from episodic.storage.episodes import EpisodeRepository
+    from episodic.storage.ledger import LedgerStore
+    from episodic.storage.runs import RunStore
 
     engine = context.engine()
     settings = context.settings()
@@ -207,8 +207,10 @@ def _paid_story(episodes: list[str], pipeline: str, report: Reporter) -> dict[st
     media = {}
     for episode_id in episodes:
         decide(engine, pipeline, episode_id, approve=True, by="demo", note="approved by make demo")
-        out = settings.home_path / "demo" / episode_id
-        media[episode_id] = assemble(engine, settings, pipeline, episode_id, out=out)
+        out = settings.home_path / "demo" / episode_id  # the demo's own folder, not a user's
+        media[episode_id] = assemble(
+            engine, settings, pipeline, episode_id, out=out, out_is_ours=True
+        )
     findings = [f.to_dict() for f in check_episodes(context.engine(read_only=True), pipeline)]
     report.line(f"episodic check --all: {findings if findings else 'clean'}")
     episodes_store = EpisodeRepository(engine)
@@ -242,8 +244,8 @@ def _run(
     from prefect.client.schemas.objects import StateType
     from prefect.schedules import Cron
 
-    from flows import local
-    from flows.weekly import weekly_episode
+    from episodic.flows import local
+    from episodic.flows.weekly import weekly_episode
 
     start = datetime.combine(week_id.monday(), time(0), tz)
     if server is None:  # Prefect starts its ephemeral server at the first API call

@@ -36,7 +36,7 @@ class Reporter:
     def line(self, text: str = "") -> None:
         """Print a step's line; a Ctrl-C that a flow run swallowed on its way (Prefect's
         engine answers it inside the run) stops the demo here, at the next step."""
-        from cli.signals import interrupts
+        from episodic.cli.signals import interrupts
 
         if interrupts.signalled.is_set():
             raise KeyboardInterrupt
@@ -93,7 +93,7 @@ def program() -> str:
     """How to type this command again here: ``episodic`` when that is what the shell finds,
     else the path that ran it (``.venv/bin/episodic`` after `make demo`, from the project)."""
     ran = Path(sys.argv[0])
-    if ran.name != "episodic":  # python -m cli.entry, a test calling `run`
+    if ran.name != "episodic":  # python -m episodic.cli.entry, a test calling `run`
         return "episodic"
     found = shutil.which("episodic")
     if found is not None and Path(found).resolve() == ran.resolve():
@@ -140,7 +140,7 @@ def _readable(step: str) -> str:
     relative in the project folder, else absolute."""
     if not step.startswith("docs/"):
         return step
-    from core.home import project_folder
+    from episodic.core.home import project_folder
 
     project = project_folder()
     if project is None:

@@ -27,8 +27,8 @@ from typing import Any
 
 import typer
 
-from cli import context
-from cli.demo_output import Reporter
+from episodic.cli import context
+from episodic.cli.demo_output import Reporter
 
 HOST = "127.0.0.1"
 STARTUP_TIMEOUT_S = 300  # the first start migrates Prefect's database (20-30 s on 2 cores)
@@ -85,8 +85,8 @@ def _healthy(api_url: str) -> bool:
 def local_server(report: Reporter) -> Iterator[LocalServer]:
     """A `prefect server start` for this command, stopped when the block ends however it
     ends; this process's Prefect client talks to it (set before Prefect is imported)."""
-    import tasks  # noqa: F401  (Prefect defaults: PREFECT_HOME in the state folder)
-    from core.errors import EpisodicError
+    import episodic.tasks  # noqa: F401  (Prefect defaults: PREFECT_HOME in the state folder)
+    from episodic.core.errors import EpisodicError
 
     home = context.settings().home_path
     port = _free_port()
@@ -138,7 +138,7 @@ def local_server(report: Reporter) -> Iterator[LocalServer]:
         os.environ["PREFECT_API_URL"] = server.api_url
         yield server
     except KeyboardInterrupt:  # Ctrl-C, whenever it comes while the server is up: one line
-        from cli.signals import interrupts
+        from episodic.cli.signals import interrupts
 
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C: it is stopping
         _drain_prefect()
@@ -169,7 +169,7 @@ def _waiting_run(deployment_id: Any) -> Any | None:
     earlier `demo --ui`): shown again rather than paying for another episode."""
     from prefect.client.schemas.objects import StateType
 
-    from flows import local
+    from episodic.flows import local
 
     for run in local.deployment_flow_runs(deployment_id):
         if run.state is not None and run.state.type == StateType.PAUSED:
@@ -183,8 +183,8 @@ def leave_one_waiting(
     """One weekly flow run with generation on, suspended on its approval form."""
     from prefect.client.orchestration import get_client
 
-    from flows import local
-    from flows.weekly import weekly_episode
+    from episodic.flows import local
+    from episodic.flows.weekly import weekly_episode
 
     run = _waiting_run(deployment_id)
     if run is None:
@@ -222,15 +222,16 @@ def _assembled_cover(state: Any) -> str | None:
     settings = context.settings()
     if not isinstance(episode_id, str):
         return None
-    from pipeline.assembly import assemble
-    from storage.episodes import EpisodeRepository
+    from episodic.pipeline.assembly import assemble
+    from episodic.storage.episodes import EpisodeRepository
 
     engine = context.engine()
     pk = EpisodeRepository(engine).episode_pk(settings.pipeline, episode_id)
     if EpisodeRepository(engine).state(pk) != "assembled":
         return None
-    out = settings.home_path / "demo" / episode_id
-    local = assemble(engine, settings, settings.pipeline, episode_id, out=out).get("local", {})
+    out = settings.home_path / "demo" / episode_id  # the demo's own folder, not a user's
+    assembled = assemble(engine, settings, settings.pipeline, episode_id, out=out, out_is_ours=True)
+    local = assembled.get("local", {})
     cover = local.get("cover")
     return str(cover) if cover is not None else None
 
@@ -241,9 +242,9 @@ def wait_for_interrupt(server: LocalServer, ui: dict[str, Any], report: Reporter
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.objects import StateType
 
-    from cli.signals import interrupts
-    from flows import local
-    from flows.weekly import weekly_episode
+    from episodic.cli.signals import interrupts
+    from episodic.flows import local
+    from episodic.flows.weekly import weekly_episode
 
     flow_run_id = ui["waiting_flow_run_id"]
     report.line()
@@ -259,7 +260,7 @@ def wait_for_interrupt(server: LocalServer, ui: dict[str, Any], report: Reporter
             raise KeyboardInterrupt
         time.sleep(POLL_S)
         if not server.alive():
-            from core.errors import EpisodicError
+            from episodic.core.errors import EpisodicError
 
             raise EpisodicError(f"the Prefect server stopped (see {server.log_path})")
         with get_client(sync_client=True) as client:

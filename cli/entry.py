@@ -8,7 +8,7 @@ starts, a handler only records the signal; `main` then answers it. What remains 
 start and its finding of this module (about 10 ms here), before any line of episodic runs.
 
 Importing this module replaces the process's SIGINT and SIGTERM handlers: only the console
-script (and ``python -m cli.entry``) imports it."""
+script (and ``python -m episodic.cli.entry``) imports it."""
 
 import _signal  # type: ignore[import-not-found]  # no stub; `signal` would import enum first
 import sys
@@ -48,7 +48,7 @@ def quiet_interrupts(unraisable: object) -> None:
 def main() -> None:
     """Run the command line (`cli.app.main`); exit 130 with ``error: interrupted`` on stderr if
     SIGINT or SIGTERM arrived outside the command's own handling (before it, or in the
-    moment between this function's handling and `cli.app.main`'s), at most one line however
+    moment between this function's handling and `episodic.cli.app.main`'s), at most one line however
     many signals arrive."""
     global _armed
     sys.unraisablehook = quiet_interrupts
@@ -56,7 +56,7 @@ def main() -> None:
         _armed = True
         if _signalled:  # arrived between this module's first line and now
             raise KeyboardInterrupt
-        from cli.app import main as app_main
+        from episodic.cli.app import main as app_main
 
         if _SIGINT_OURS:  # the command's own handling from here
             _signal.signal(_signal.SIGINT, _signal.default_int_handler)
@@ -81,15 +81,15 @@ def main() -> None:
 
 
 def _command_answered() -> bool:
-    """Whether an interrupt reached the command's own handling (`cli.signals`, which
-    `cli.app` imports, may be missing, or half imported when the interrupt cut its import
+    """Whether an interrupt reached the command's own handling (`episodic.cli.signals`, which
+    `episodic.cli.app` imports, may be missing, or half imported when the interrupt cut its import
     short)."""
-    interrupts = getattr(sys.modules.get("cli.signals"), "interrupts", None)
+    interrupts = getattr(sys.modules.get("episodic.cli.signals"), "interrupts", None)
     return interrupts is not None and bool(interrupts.answered())
 
 
 def _as_module() -> None:
-    """``python -m cli.entry``: as `main`, but an interrupted command's exit code is final.
+    """``python -m episodic.cli.entry``: as `main`, but an interrupted command's exit code is final.
     Under ``-m`` CPython ends a process by SIGINT (-2) instead of with its exit code when a
     KeyboardInterrupt once crossed one of its C-level evaluations, even one handled since
     (measured: 5 single signals in 60 ended -2 after ``error: interrupted``); the console
@@ -108,5 +108,5 @@ def _as_module() -> None:
         raise
 
 
-if __name__ == "__main__":  # python -m cli.entry
+if __name__ == "__main__":  # python -m episodic.cli.entry
     _as_module()

@@ -6,9 +6,9 @@ from typing import Annotated
 
 import typer
 
-from cli import context
-from cli.options import JsonOption, PipelineOption
-from cli.output import emit_json, table
+from episodic.cli import context
+from episodic.cli.options import JsonOption, PipelineOption
+from episodic.cli.output import emit_json, table
 
 app = typer.Typer(help="Inspect episodes.", no_args_is_help=True)
 
@@ -20,9 +20,9 @@ def list_episodes(
     as_json: JsonOption = False,
 ) -> None:
     """List the pipeline's episodes, oldest week first."""
-    from core.ids import WeekId
-    from storage.engine import database_label
-    from storage.episodes import EpisodeRepository
+    from episodic.core.ids import WeekId
+    from episodic.storage.engine import database_label
+    from episodic.storage.episodes import EpisodeRepository
 
     week_id = WeekId.parse(week) if week is not None else None
     name = context.pipeline_name(pipeline)
@@ -60,12 +60,14 @@ def show_episode(
     pipeline: PipelineOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Show one episode, its history and its media: each completed image, cover and
-    manifest by its media store key, and whether the store holds it. Exit 5 if it does not
-    exist."""
-    from core.ids import EpisodeId
-    from pipeline.media_view import episode_media
-    from storage.episodes import EpisodeRepository
+    """Show one episode, its spend (every run, per currency), its history and its media:
+    each completed image, cover and manifest by its media store key, and whether the store
+    holds it. Exit 5 if it does not exist."""
+    from episodic.core.ids import EpisodeId
+    from episodic.core.money import format_totals
+    from episodic.pipeline.media_view import episode_media
+    from episodic.storage.episodes import EpisodeRepository
+    from episodic.storage.ledger import LedgerStore
 
     parsed = EpisodeId.parse(episode_id)
     name = context.pipeline_name(pipeline)
@@ -73,12 +75,17 @@ def show_episode(
     repository = EpisodeRepository(engine)
     episode = repository.get(name, parsed)
     history = repository.history(name, parsed)
-    store = context.media_store(engine)
-    media = episode_media(engine, store, repository.episode_pk(name, str(parsed)))
+    store = context.media_store(engine, read_only=True)
+    episode_pk = repository.episode_pk(name, str(parsed))
+    media = episode_media(engine, store, episode_pk)
+    paid, costs = LedgerStore(engine).episode_spend(episode_pk)  # every run, per currency
     if as_json:
         emit_json(
             {
                 **episode.to_dict(),
+                "paid_submissions": paid,
+                "costs": {currency: costs[currency] for currency in sorted(costs)},
+                "cost": format_totals(costs),
                 "history": [event.to_dict() for event in history],
                 "media_store": store.describe(),
                 "media": media,
@@ -87,6 +94,7 @@ def show_episode(
         return
     for label, value in episode.to_dict().items():
         typer.echo(f"{label:>15}: {value}")
+    typer.echo(f"{'spend':>15}: {format_totals(costs)} ({paid} paid calls, every run)")
     typer.echo(f"{'media store':>15}: {store.describe()}")
     table(
         "history",

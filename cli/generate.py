@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from cli import context
-from cli.options import (
+from episodic.cli import context
+from episodic.cli.options import (
     AllowDuplicateOption,
     BatchIdOption,
     IdempotencyKeyOption,
@@ -16,14 +16,14 @@ from cli.options import (
     PipelineOption,
     StrictInt,
 )
-from cli.output import emit_json
-from cli.run_output import report_outcome, run_progress
-from core.hints import counted
+from episodic.cli.output import emit_json
+from episodic.cli.run_output import report_outcome, run_progress
+from episodic.core.hints import counted
 
 if TYPE_CHECKING:
-    from core.planning import RunOptions
-    from pipeline.generation import Prepared
-    from storage.tx import Database
+    from episodic.core.planning import RunOptions
+    from episodic.pipeline.generation import Prepared
+    from episodic.storage.tx import Database
 
 EpisodeArg = Annotated[str, typer.Argument(help="Episode id, e.g. 2026-W32-0 (must exist).")]
 
@@ -83,7 +83,7 @@ def plan(
     as_json: JsonOption = False,
 ) -> None:
     """Record what EPISODE_ID will generate. Spends nothing."""
-    from pipeline.generation import record_plan
+    from episodic.pipeline.episode_plan import record_plan
 
     result = record_plan(
         context.engine(),
@@ -125,15 +125,15 @@ def generate(
 
     An identical request while a run of it is active joins that run (deduplicated).
     """
-    from core.dedup import check_dedup_options
-    from pipeline.admission import options_from_request
-    from pipeline.generation import generate as generate_run
-    from pipeline.generation import prepare
-    from tasks.credentials import CommandLineCredentials
+    from episodic.core.dedup import check_dedup_options
+    from episodic.pipeline.admission import options_from_request
+    from episodic.pipeline.generation import generate as generate_run
+    from episodic.pipeline.generation import prepare
+    from episodic.tasks.credentials import CommandLineCredentials
 
     check_dedup_options(idempotency_key, batch_id, allow_duplicate)
     if resume is not None and hero_candidates is not None:
-        from core.errors import InvalidInput
+        from episodic.core.errors import InvalidInput
 
         raise InvalidInput(
             "--resume continues a run as it was admitted; --hero-candidates changes the plan "
@@ -196,8 +196,8 @@ def retry(
     """Retry the failed items of EPISODE_ID's latest generation run (or join it if it is
     still running; a run whose process died is taken over; a cancelled run's request is
     asked again)."""
-    from pipeline.generation import retry as retry_run
-    from tasks.credentials import CommandLineCredentials
+    from episodic.pipeline.generation import retry as retry_run
+    from episodic.tasks.credentials import CommandLineCredentials
 
     with run_progress(as_json) as on_start:
         outcome = retry_run(
@@ -224,9 +224,9 @@ def resume_run(
 ) -> None:
     """Resume `run_id`; with `episode_id`/`pipeline` (`generate E --resume RUN`), only a
     run of that episode; `max_images`/`max_cost`: the run's limits from now on."""
-    from core.money import parse_money
-    from pipeline.generation import resume
-    from tasks.credentials import CommandLineCredentials
+    from episodic.core.money import parse_money
+    from episodic.pipeline.generation import resume
+    from episodic.tasks.credentials import CommandLineCredentials
 
     run_id = context.resolve_run_id(run_id)
     max_cost_micros = parse_money(max_cost) if max_cost is not None else None  # exit 2
@@ -249,10 +249,10 @@ def resume_run(
 def _show_plan(engine: Database, prepared: Prepared, options: RunOptions, as_json: bool) -> None:
     """`generate --plan`: what the run would do and cost, refused past the budget; spends
     nothing."""
-    from core.planning import check_budget
-    from pipeline.admission import check_period_budgets
-    from pipeline.admission import plan as make_plan
-    from storage.plans import PlanStore
+    from episodic.core.planning import check_budget
+    from episodic.pipeline.admission import check_period_budgets
+    from episodic.pipeline.admission import plan as make_plan
+    from episodic.storage.plans import PlanStore
 
     report = make_plan(PlanStore(engine), prepared.gate, prepared.items, options, prepared.profile)
     check_budget(report, options)

@@ -9,9 +9,9 @@ from typing import Annotated
 
 import typer
 
-from cli import context
-from cli.options import JsonOption
-from cli.output import emit_json
+from episodic.cli import context
+from episodic.cli.options import JsonOption
+from episodic.cli.output import emit_json
 
 
 def init(
@@ -30,15 +30,27 @@ def init(
     $EPISODIC_HOME/providers.yaml) and a playlist skeleton. An existing file is never
     overwritten: it is kept, and said so (exit 0). Next: `episodic providers check PROFILE`
     (docs/providers.md, From zero to a first paid run)."""
-    from core.home import mark_state_folder, project_folder
-    from pipeline.starter import write_starter_files
+    from episodic.core.home import mark_state_folder, project_folder
+    from episodic.core.output_files import RecordPaths
+    from episodic.pipeline.starter import write_starter_files
 
     settings = context.settings()
     providers = settings.providers_path
+    # every file init writes is checked against the record before any is written: the
+    # providers file goes where the settings read it (EPISODIC_PROVIDERS_FILE names any
+    # path), the state folder included, but never over the ledger, its -wal/-shm/-journal
+    # (SQLite would take a YAML -journal for a hot journal) or into the media store
+    named = " (EPISODIC_PROVIDERS_FILE)" if settings.providers_file is not None else ""
+    RecordPaths.of(settings, state_folder=False, providers_file=False).refuse(
+        providers, f"providers file {providers}{named}"
+    )
+    if playlist is None:  # the default place: the state folder is no harm, the rest is
+        playlist = (project_folder() or Path.cwd()) / "playlist.yaml"
+        RecordPaths.of(settings, state_folder=False).refuse(playlist, f"playlist {playlist}")
+    else:  # a user-named file never goes over (or into) the record
+        RecordPaths.of(settings).refuse(playlist, f"--playlist {playlist}")
     if providers.parent == settings.home_path:
         mark_state_folder(settings.home_path)
-    if playlist is None:
-        playlist = (project_folder() or Path.cwd()) / "playlist.yaml"
     files = write_starter_files(providers, playlist.absolute())
     if as_json:
         emit_json({"files": [file.to_dict() for file in files]})
@@ -68,6 +80,6 @@ def schema(
     providers.schema.json`, then `# yaml-language-server: $schema=providers.schema.json` at
     the top of the file). Unknown fields are flagged; `episodic providers check` and
     `episodic plan` check the rest."""
-    from pipeline.schemas import json_schema
+    from episodic.pipeline.schemas import json_schema
 
     typer.echo(json.dumps(json_schema(kind.value), indent=2))

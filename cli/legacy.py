@@ -7,9 +7,9 @@ from typing import Annotated
 
 import typer
 
-from cli import context
-from cli.options import JsonOption, PipelineOption
-from cli.output import emit_json, table
+from episodic.cli import context
+from episodic.cli.options import JsonOption, PipelineOption
+from episodic.cli.output import emit_json, table
 
 
 def migrate_legacy(
@@ -23,7 +23,7 @@ def migrate_legacy(
     as_json: JsonOption = False,
 ) -> None:
     """Import legacy weekly episodes as versioned ids; idempotent; never builds a provider."""
-    from pipeline.legacy import migrate
+    from episodic.pipeline.legacy import migrate
 
     report = migrate(
         context.engine(),

@@ -8,12 +8,17 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from cli import context
-from cli.options import AllowDuplicateOption, IdempotencyKeyOption, JsonOption, PipelineOption
-from cli.output import emit_json, table
+from episodic.cli import context
+from episodic.cli.options import (
+    AllowDuplicateOption,
+    IdempotencyKeyOption,
+    JsonOption,
+    PipelineOption,
+)
+from episodic.cli.output import emit_json, table
 
 if TYPE_CHECKING:
-    from core.settings import Settings
+    from episodic.core.settings import Settings
 
 
 class DispatchCommand(StrEnum):
@@ -44,8 +49,8 @@ def sweep(
 
     Never touches completed work or a submission; safe to run at any time, also twice at once.
     """
-    from pipeline.sweep import BUCKET_MEANING
-    from pipeline.sweep import sweep as run_sweep
+    from episodic.pipeline.sweep import BUCKET_MEANING
+    from episodic.pipeline.sweep import sweep as run_sweep
 
     settings = context.settings()
     report = run_sweep(context.engine(), settings, dry_run=dry_run)
@@ -83,8 +88,8 @@ def _prefect_buckets(settings: Settings, dry_run: bool) -> dict[str, tuple[list[
     """The Prefect side of the sweep, bucket -> (ids moved, what it means): this project's
     flow runs stuck past the pending TTL (cancelled), and flow and task runs a dead process
     left Running (crashed)."""
-    import tasks  # noqa: F401  (Prefect defaults before Prefect is imported)
-    from flows.maintenance import (
+    import episodic.tasks  # noqa: F401  (Prefect defaults before Prefect is imported)
+    from episodic.flows.maintenance import (
         GHOST_BUCKET,
         GHOST_MEANING,
         PREFECT_BUCKET,
@@ -92,7 +97,7 @@ def _prefect_buckets(settings: Settings, dry_run: bool) -> dict[str, tuple[list[
         cancel_stuck_flow_runs,
         crash_ghost_runs,
     )
-    from pipeline.admission import dedup_policy
+    from episodic.pipeline.admission import dedup_policy
 
     stuck: list[object] = list(cancel_stuck_flow_runs(settings.pending_ttl_s, dry_run=dry_run))
     ghosts: list[object] = list(
@@ -115,8 +120,8 @@ def dispatch(
     (created within EPISODIC_DEDUP_WINDOW_S) it is returned instead (deduplicated). Needs
     PREFECT_API_URL and the deployments (`episodic serve` or `prefect deploy`).
     """
-    import tasks  # noqa: F401  (Prefect defaults before Prefect is imported)
-    from flows.dispatch import dispatch as start
+    import episodic.tasks  # noqa: F401  (Prefect defaults before Prefect is imported)
+    from episodic.flows.dispatch import dispatch as start
 
     result = start(
         context.engine(),

@@ -1,4 +1,5 @@
-"""`episodic media restore|import`: what was paid for is put back in the media store, free.
+"""`episodic media restore|import|restore-marker`: what was paid for is put back in the
+media store, free; a store that lost its marker is proven the database's and marked again.
 
 Exit codes: 0 every image (or legacy file) is in the store; 1 some are not (each listed
 with why); 2 refused (a malformed id or a store that cannot be written: before anything is
@@ -15,13 +16,13 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from cli import context
-from cli.options import JsonOption, PipelineOption, StrictInt
-from cli.output import emit_json, one_line
-from cli.signals import interrupts
+from episodic.cli import context
+from episodic.cli.options import JsonOption, PipelineOption, StrictInt
+from episodic.cli.output import emit_json, one_line
+from episodic.cli.signals import interrupts
 
 if TYPE_CHECKING:
-    from pipeline.restore import RestoreReport
+    from episodic.pipeline.restore import RestoreReport
 
 _Start = Callable[[int], None]
 _Advance = Callable[[], None]
@@ -107,11 +108,11 @@ def restore(
     and with --buy-again bought again (a normal paid run, capped, the cost shown first).
     Exit 0: every image is in the store; 1: some are not; 2: refused; 5: no such episode.
     """
-    from pipeline.restore import restore as restore_episode
-    from tasks.credentials import CommandLineCredentials
+    from episodic.pipeline.restore import restore as restore_episode
+    from episodic.tasks.credentials import CommandLineCredentials
 
     if not buy_again and (yes or max_images is not None or max_cost is not None):
-        from core.errors import InvalidInput
+        from episodic.core.errors import InvalidInput
 
         raise InvalidInput("--yes, --max-images and --max-cost go with --buy-again")
     stop = threading.Event()
@@ -137,7 +138,7 @@ def restore(
         _print_restore(report)
         lost = report.not_served_cost()
         if lost:
-            from core.money import format_money
+            from episodic.core.money import format_money
 
             priced = " + ".join(format_money(minor, cur) for cur, minor in sorted(lost.items()))
             typer.echo(
@@ -179,11 +180,11 @@ def _buy_again(
     a terminal or taken with --yes (else refused, exit 2), then the paid run."""
     import sys
 
-    from core.errors import CommandNotAllowed
-    from core.money import parse_money
-    from core.planning import RunOptions
-    from pipeline.buy_again import Quote, buy_again
-    from tasks.credentials import CommandLineCredentials
+    from episodic.core.errors import CommandNotAllowed
+    from episodic.core.money import parse_money
+    from episodic.core.planning import RunOptions
+    from episodic.pipeline.buy_again import Quote, buy_again
+    from episodic.tasks.credentials import CommandLineCredentials
 
     settings = context.settings()
 
@@ -226,7 +227,7 @@ def _buy_again(
         if report.earlier_plan:
             typer.echo(f"not bought again (from an earlier plan): {', '.join(report.earlier_plan)}")
         if report.outcome is not None:
-            from core.money import format_money
+            from episodic.core.money import format_money
 
             counts = report.outcome.counts
             cost = format_money(counts.cost_micros, counts.currency)
@@ -264,7 +265,7 @@ def import_media(
     if source is not None:
         _move(source, as_json)
         return
-    from pipeline.media_import import import_legacy_media
+    from episodic.pipeline.media_import import import_legacy_media
 
     with _progress(as_json, "importing legacy media") as (start, advance):
         report = import_legacy_media(
@@ -288,13 +289,16 @@ def import_media(
 
 
 def _move(source: str, as_json: bool) -> None:
-    from pipeline.store_move import move_store
+    from episodic.pipeline.store_move import move_store
 
     with _progress(as_json, "copying media") as (start, advance):
         report = move_store(
-            context.engine(), context.settings(), source, on_plan=start,
+            context.engine(),
+            context.settings(),
+            source,
+            on_plan=start,
             on_object=lambda _o: advance(),
-        )  # fmt: skip
+        )
     if as_json:
         emit_json(report.to_dict())
     else:
@@ -312,3 +316,48 @@ def _move(source: str, as_json: bool) -> None:
             f"{': ' + counts if counts else ''}; {done}"
         )
     raise typer.Exit(0 if report.moved else 1)
+
+
+@app.command("restore-marker")
+def restore_marker(
+    sample: Annotated[
+        int,
+        typer.Option(
+            click_type=StrictInt(1, 1_000_000),
+            help="How many recorded objects to check in the store (spread over all of them).",
+        ),
+    ] = 20,
+    as_json: JsonOption = False,
+) -> None:
+    """Write the media store's lost marker (episodic-store.json) again, after proving the
+    store is this database's: the configured store must be at the recorded address and
+    hold a sample of the recorded objects with their recorded sha256. Pays nothing; writes
+    nothing else. Exit 0: the marker is there (written, or it already was); 2: refused
+    (nothing recorded, another address, another store's marker, or a sampled object
+    missing or changed: nothing was written)."""
+    from episodic.core.errors import CommandNotAllowed
+    from episodic.storage.media import MediaStore
+    from episodic.storage.store_identity import restore_marker as restore
+
+    engine = context.engine()
+    store = MediaStore.from_settings(context.settings())
+    store.check_root()
+    report = restore(engine, store, sample)
+    if report.problems:
+        shown = ", ".join(f"{key}: {why}" for key, why in report.problems[:3])
+        more = ", ..." if len(report.problems) > 3 else ""
+        raise CommandNotAllowed(
+            f"media store {report.store}: {len(report.problems)} of {len(report.sampled)} "
+            f"sampled recorded objects are not there as recorded ({shown}{more}): it is not "
+            "this database's store, or it lost images; nothing was written"
+        )
+    if as_json:
+        emit_json(report.to_dict())
+        return
+    if report.written:
+        typer.echo(
+            f"media store {report.store}: {len(report.sampled)} of {report.recorded} recorded "
+            "objects checked, each with its recorded sha256; its marker is written again"
+        )
+    else:
+        typer.echo(f"media store {report.store}: its marker is there; nothing to do")

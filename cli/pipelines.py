@@ -6,9 +6,9 @@ from typing import Annotated, Any
 
 import typer
 
-from cli import context
-from cli.options import JsonOption
-from cli.output import emit_json, table
+from episodic.cli import context
+from episodic.cli.options import JsonOption
+from episodic.cli.output import emit_json, table
 
 app = typer.Typer(
     help="Pipelines and their recorded timezone (the one weeks are computed in).",
@@ -19,7 +19,7 @@ app = typer.Typer(
 @app.command("list")
 def list_pipelines(as_json: JsonOption = False) -> None:
     """Pipelines with their recorded timezone."""
-    from pipeline.pipelines import list_pipelines as listing
+    from episodic.pipeline.pipelines import list_pipelines as listing
 
     rows = listing(context.engine())
     if as_json:
@@ -58,8 +58,8 @@ def set_budget(
     the period's spend (paid + in flight, every run and machine) over it (ISO weeks and
     calendar months in the pipeline's timezone). A budget below what the period has already
     spent is refused."""
-    from core.errors import InvalidInput
-    from pipeline.pipelines import set_budget as record
+    from episodic.core.errors import InvalidInput
+    from episodic.pipeline.pipelines import set_budget as record
 
     if clear == (amount is not None):
         raise InvalidInput("give an AMOUNT, or --clear to remove the budget (not both)")
@@ -87,7 +87,7 @@ def set_timezone(
     Redeploy afterwards (`episodic serve` or `prefect deploy --all`) so the weekly schedules
     follow, and give workers the same EPISODIC_TIMEZONE or none.
     """
-    from pipeline.pipelines import set_timezone as change
+    from episodic.pipeline.pipelines import set_timezone as change
 
     result = change(context.engine(), pipeline, timezone)
     if as_json:

@@ -6,8 +6,8 @@ from typing import Annotated
 
 import typer
 
-from cli.options import JsonOption, PipelineOption
-from cli.output import emit_json
+from episodic.cli.options import JsonOption, PipelineOption
+from episodic.cli.output import emit_json
 
 app = typer.Typer(help="The Prefect side of the project.", no_args_is_help=True)
 
@@ -53,7 +53,7 @@ def setup(
     """
     import re
 
-    from core.errors import InvalidInput
+    from episodic.core.errors import InvalidInput
 
     if work_pool is not None and not re.fullmatch(
         r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}", work_pool, re.ASCII
@@ -70,9 +70,9 @@ def setup(
     wait_s = _approval_wait_s(approval_wait if approval_wait is not None else "4h")
     if notify is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_./-]{0,199}", notify):
         raise InvalidInput(f"--notify {notify!r}: a block name (A-Z a-z 0-9 _ . - /)")
-    import tasks  # noqa: F401  (Prefect defaults before Prefect is imported)
-    from cli import context
-    from deployments.setup import prefect_setup
+    import episodic.tasks  # noqa: F401  (Prefect defaults before Prefect is imported)
+    from episodic.cli import context
+    from episodic.deployments.setup import prefect_setup
 
     result = prefect_setup(
         context.pipeline_name(pipeline),
@@ -100,7 +100,7 @@ def _approval_wait_s(text: str) -> int:
     """--approval-wait as seconds (no Prefect import: a bad value is refused at once)."""
     import re
 
-    from core.errors import InvalidInput
+    from episodic.core.errors import InvalidInput
 
     found = re.fullmatch(r"(\d{1,6})([smhd])", text.strip(), re.ASCII)
     seconds = (

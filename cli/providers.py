@@ -7,9 +7,9 @@ from typing import Annotated
 
 import typer
 
-from cli import context
-from cli.options import JsonOption
-from cli.output import emit_json, table
+from episodic.cli import context
+from episodic.cli.options import JsonOption
+from episodic.cli.output import emit_json, table
 
 app = typer.Typer(
     help="Provider profiles: capabilities and credential checks.", no_args_is_help=True
@@ -43,8 +43,8 @@ def _cells(row: dict[str, object]) -> tuple[str, ...]:
 @app.command("list")
 def list_profiles(as_json: JsonOption = False) -> None:
     """Every provider profile (built in and from EPISODIC_PROVIDERS_FILE) and its capabilities."""
-    from pipeline.provider_check import capability_row
-    from providers.profiles import configured_profiles
+    from episodic.pipeline.provider_check import capability_row
+    from episodic.providers.profiles import configured_profiles
 
     profiles = configured_profiles(context.settings())
     rows = [capability_row(profiles[name]).to_dict() for name in sorted(profiles)]
@@ -62,10 +62,10 @@ def check(profile: ProfileArg, as_json: JsonOption = False) -> None:
     spending. The credential comes from its environment variable, or its Prefect Secret
     block through PREFECT_API_URL. Exit 0 verified (or not checkable), 2 invalid profile,
     refused credential, unknown model or unknown input, 1 no answer."""
-    from core.exit_codes import ExitCode
-    from pipeline.provider_check import capability_row, check_profile
-    from providers.profiles import configured_profiles, get_profile
-    from tasks.credentials import CommandLineCredentials
+    from episodic.core.exit_codes import ExitCode
+    from episodic.pipeline.provider_check import capability_row, check_profile
+    from episodic.providers.profiles import configured_profiles, get_profile
+    from episodic.tasks.credentials import CommandLineCredentials
 
     settings = context.settings()
     chosen = get_profile(configured_profiles(context.settings()), profile)

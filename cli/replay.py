@@ -9,9 +9,9 @@ from zoneinfo import ZoneInfo
 
 import typer
 
-from cli import context
-from cli.options import JsonOption, PipelineOption
-from cli.output import emit_json
+from episodic.cli import context
+from episodic.cli.options import JsonOption, PipelineOption
+from episodic.cli.output import emit_json
 
 
 def replay(
@@ -59,15 +59,15 @@ def replay(
     pays nothing twice. Here: allocate, plan, generate, then approve with `episodic
     approve`. With --deployment: a flow run of that deployment, run by its workers.
     """
-    from core.keys import parse_slot
+    from episodic.core.keys import parse_slot
 
     moment = parse_slot(slot)  # bad input: refused before anything else
     name = context.pipeline_name(pipeline)
-    import tasks  # noqa: F401  (Prefect defaults before Prefect is imported)
+    import episodic.tasks  # noqa: F401  (Prefect defaults before Prefect is imported)
 
     if deployment is not None:
         if playlist is not None or not generate:
-            from core.errors import InvalidInput
+            from episodic.core.errors import InvalidInput
 
             raise InvalidInput("--playlist and --no-generate are the deployment's parameters")
         _replay_on_deployment(slot, moment, name, deployment, off_schedule, as_json)
@@ -81,7 +81,7 @@ def _replay_on_deployment(
     """The replay as a flow run of `deployment`, run by its workers (they allocate the slot's
     episode and wait for approval in the UI)."""
     _needs_server()
-    from flows.replay import deployment_crons, replay_on_deployment
+    from episodic.flows.replay import deployment_crons, replay_on_deployment
 
     if not off_schedule:
         _check_on_schedule(slot, moment, deployment_crons(deployment), deployment)
@@ -107,20 +107,20 @@ def _replay_here(
 ) -> None:
     """The replay in this process: allocate, plan (from `playlist`, else the weekly
     deployment's when the episode has no plan), generate; the next step is printed."""
-    from core.states import EpisodeState
-    from deployments.spec import DEFAULT_PLAYLIST, WEEKLY_SLOTS
-    from flows.replay import replay_here
+    from episodic.core.states import EpisodeState
+    from episodic.deployments.spec import DEFAULT_PLAYLIST, WEEKLY_SLOTS
+    from episodic.flows.replay import replay_here
 
     if not off_schedule:
-        from pipeline.pipelines import pipeline_timezone
-        from storage.registry import engine_for
+        from episodic.pipeline.pipelines import pipeline_timezone
+        from episodic.storage.registry import engine_for
 
         zone = pipeline_timezone(engine_for(context.settings()), context.settings(), name)
         crons = [(cron, str(zone)) for _, cron in WEEKLY_SLOTS]
         _check_on_schedule(slot, moment, crons, "the weekly schedule")
 
     if playlist is not None and not playlist.is_file():
-        from core.errors import InvalidInput
+        from episodic.core.errors import InvalidInput
 
         raise InvalidInput(f"--playlist {playlist} not found")
     default = Path(DEFAULT_PLAYLIST)  # relative: the project folder's, as on a worker
@@ -145,7 +145,7 @@ def _check_on_schedule(
     the moment against."""
     from cronsim import CronSim
 
-    from core.errors import InvalidInput
+    from episodic.core.errors import InvalidInput
 
     if not crons:
         return
@@ -163,7 +163,7 @@ def _check_on_schedule(
 def _needs_server() -> None:
     import os
 
-    from core.errors import InvalidInput
+    from episodic.core.errors import InvalidInput
 
     if not os.environ.get("PREFECT_API_URL"):
         from prefect.settings import get_current_settings

@@ -7,12 +7,12 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from cli import context
-from cli.options import JsonOption, PipelineOption
-from cli.output import emit_json
+from episodic.cli import context
+from episodic.cli.options import JsonOption, PipelineOption
+from episodic.cli.output import emit_json
 
 if TYPE_CHECKING:
-    from pipeline.approval import ApprovalContext
+    from episodic.pipeline.approval import ApprovalContext
 
 EpisodeArg = Annotated[str, typer.Argument(help="Episode id, e.g. 2026-W32-0 (must exist).")]
 
@@ -41,8 +41,8 @@ def approve(
     Then the Prefect flow run waiting at the episode's approval form (PREFECT_API_URL) is
     resumed with this decision, so it goes on (assembles, or ends Rejected); one more line
     says which run was resumed, or that none was (the decision is recorded either way)."""
-    from core.playlist import parse_picks
-    from pipeline.approval import approval_context, decide
+    from episodic.core.playlist import parse_picks
+    from episodic.pipeline.approval import approval_context, decide
 
     picks = parse_picks(pick) if pick is not None else None
     engine = context.engine()
@@ -83,12 +83,12 @@ def _resume_waiting_run(approval: ApprovalContext) -> dict[str, Any]:
     is not imported (about 2 s of a command that runs no flow)."""
     import os
 
-    from pipeline.approval import NO_PREFECT_API
+    from episodic.pipeline.approval import NO_PREFECT_API
 
     if not os.environ.get("PREFECT_API_URL"):
         return {"flow_run": None, "message": NO_PREFECT_API}
-    import tasks  # noqa: F401  (Prefect defaults before Prefect is imported)
-    from flows.approval_resume import resume_waiting_run
+    import episodic.tasks  # noqa: F401  (Prefect defaults before Prefect is imported)
+    from episodic.flows.approval_resume import resume_waiting_run
 
     return resume_waiting_run(approval).as_dict()
 
@@ -108,7 +108,7 @@ def assemble(
 ) -> None:
     """Assemble an approved episode (cover, manifest, in the media store); rerunning it
     changes nothing."""
-    from pipeline.assembly import assemble as run_assembly
+    from episodic.pipeline.assembly import assemble as run_assembly
 
     engine = context.engine()
     result = run_assembly(
@@ -142,7 +142,7 @@ def reopen(
     """Undo a decision, recorded: unfreeze an approved or assembled episode's plan (the
     approval is reset), or send a rejected episode back for review as it is. History keeps
     the earlier plan and decision. Then (plan,) generate and decide it again."""
-    from pipeline.approval import reopen as run_reopen
+    from episodic.pipeline.approval import reopen as run_reopen
 
     engine = context.engine()
     store = context.media_store(engine)
@@ -186,12 +186,17 @@ def preview(
     with its video's title and id, hero candidates side by side numbered as --pick numbers
     them; prints where it is. Works before approval; refused until every planned image is
     generated."""
-    from pipeline.preview import preview as run_preview
+    from episodic.pipeline.preview import preview as run_preview
 
     engine = context.engine(read_only=True)
     name = context.pipeline_name(pipeline)
     result = run_preview(
-        engine, context.settings(), name, episode_id, store=context.media_store(engine), out=out
+        engine,
+        context.settings(),
+        name,
+        episode_id,
+        store=context.media_store(engine, read_only=True),
+        out=out,
     )
     if as_json:
         emit_json(result)

@@ -1,7 +1,7 @@
 """How a generation run is shown: its progress bar while it works, and its outcome.
 
 `episodic generate`, `retry` and `runs resume` show a run alike. An interrupt tells the run
-directly (`cli.signals`), and the outcome, interrupted included, is the command's own
+directly (`episodic.cli.signals`), and the outcome, interrupted included, is the command's own
 answer: the console script adds no line after it.
 """
 
@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from cli.output import emit_json
-from cli.signals import interrupts
+from episodic.cli.output import emit_json
+from episodic.cli.signals import interrupts
 
 if TYPE_CHECKING:
-    from pipeline.generation import OnStart
-    from pipeline.outcomes import RunOutcome
-    from pipeline.runner import Runner
+    from episodic.pipeline.generation import OnStart
+    from episodic.pipeline.outcomes import RunOutcome
+    from episodic.pipeline.runner import Runner
 
 
 @contextmanager
@@ -60,7 +60,7 @@ def run_progress(as_json: bool) -> Iterator[OnStart]:
 
 
 def report_outcome(outcome: RunOutcome, as_json: bool) -> None:
-    from core.money import format_money
+    from episodic.core.money import format_money
 
     interrupts.mark_reported()
     if as_json:

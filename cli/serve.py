@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from cli.options import PipelineOption
+from episodic.cli.options import PipelineOption
 
 
 def serve(
@@ -23,8 +23,8 @@ def serve(
     Prefect's local ephemeral server. Refuses to take over deployments `prefect deploy`
     registered for a work pool.
     """
-    import tasks  # noqa: F401  (Prefect defaults before Prefect is imported)
-    from cli import context
-    from deployments.serve import serve_all
+    import episodic.tasks  # noqa: F401  (Prefect defaults before Prefect is imported)
+    from episodic.cli import context
+    from episodic.deployments.serve import serve_all
 
     serve_all(context.pipeline_name(pipeline), playlist)

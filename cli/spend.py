@@ -8,9 +8,9 @@ from typing import Annotated, Any
 
 import typer
 
-from cli import context
-from cli.options import JsonOption
-from cli.output import emit_json, table
+from episodic.cli import context
+from episodic.cli.options import JsonOption
+from episodic.cli.output import emit_json, table
 
 CSV_COLUMNS = [
     "row",
@@ -53,8 +53,8 @@ def spend(
 
     A paid call is dated by when it was committed, in its pipeline's timezone (the rule the
     period budgets use): weeks are ISO weeks (Monday to Sunday), months calendar months."""
-    from core.errors import InvalidInput
-    from pipeline.spend import check_grouping, check_window, parse_day, spend_report
+    from episodic.core.errors import InvalidInput
+    from episodic.pipeline.spend import check_grouping, check_window, parse_day, spend_report
 
     if as_json and as_csv:
         raise InvalidInput("give --json or --csv, not both")
@@ -82,7 +82,7 @@ def _write_csv(report: dict[str, Any]) -> None:
 
 
 def _print_table(report: dict[str, Any]) -> None:
-    from core.money import format_money
+    from episodic.core.money import format_money
 
     by = report["by"]
     window = ", ".join(

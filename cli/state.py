@@ -6,9 +6,9 @@ from typing import Annotated
 
 import typer
 
-from cli import context
-from cli.options import JsonOption
-from cli.output import emit_json
+from episodic.cli import context
+from episodic.cli.options import JsonOption
+from episodic.cli.output import emit_json
 
 app = typer.Typer(
     help="The state folder: the embedded ledger, paid images, Prefect home, results.",
@@ -20,7 +20,7 @@ app = typer.Typer(
 def show(as_json: JsonOption = False) -> None:
     """Print where the state folder and the ledger are, and what the ledger holds (paid
     calls, money). Creates nothing."""
-    from pipeline.state_folder import inspect_state
+    from episodic.pipeline.state_folder import inspect_state
 
     folder = inspect_state(context.settings())
     if as_json:
@@ -59,7 +59,7 @@ def remove(
     dropped, and the local folder holds the images it records as paid); and for a SQLite
     ledger outside the state folder. `make clean-state` runs it.
     """
-    from pipeline.state_folder import remove_state
+    from episodic.pipeline.state_folder import remove_state
 
     folder = remove_state(context.settings(), yes=yes, including_paid=including_paid)
     if as_json:

@@ -1,4 +1,4 @@
-"""Request fingerprints for dispatch dedup (DESIGN 6). Pure functions, no I/O.
+"""Request fingerprints for dispatch dedup. Pure functions, no I/O.
 
 Every way of starting work (CLI, Python API, Prefect flows, `episodic dispatch`) describes its
 request as a `RunRequest`. Its *fingerprint* names "the same request": the caller's explicit
@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.errors import InvalidInput
+from episodic.core.errors import InvalidInput
 
 _KEY_RE = re.compile(r"[\x21-\x7e]{1,255}")  # printable ASCII, no spaces (an HTTP header value)
 _BATCH_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from core.ids import EpisodeId, WeekId
+from episodic.core.ids import EpisodeId, WeekId
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,7 +34,7 @@ Errors are mapped to exit codes in one place (`exit_code` on the class); the CLI
 
 from __future__ import annotations
 
-from core.exit_codes import ExitCode
+from episodic.core.exit_codes import ExitCode
 
 
 class EpisodicError(Exception):
@@ -69,7 +69,7 @@ def _looked_in(database: str | None) -> str:
 
 class EpisodeNotFound(EpisodicError, LookupError):
     """No such episode in the pipeline. ``database`` names where it was looked for (a SQLite
-    file's path, or a URL without its password: `storage.engine.database_label`), so a
+    file's path, or a URL without its password: `episodic.storage.engine.database_label`), so a
     command started with another state folder or URL says which one it read."""
 
     exit_code = ExitCode.NOT_FOUND

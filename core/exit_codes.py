@@ -1,4 +1,4 @@
-"""Process exit codes (DESIGN section 10). The single source of truth for their meaning."""
+"""Process exit codes. The single source of truth for their meaning."""
 
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ empty ledger there and pay again for what is already paid, so the default is anc
   blank values and control characters in either variable.
 
 Only `mark_state_folder` creates anything (the state folder, with its marker file, when the
-project makes it); `core.settings` validates the rest.
+project makes it); `episodic.core.settings` validates the rest.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ import sys
 import unicodedata
 from pathlib import Path
 
-from core.errors import InvalidInput
+from episodic.core.errors import InvalidInput
 
 STATE_FOLDER = ".episodic"
 # Written into a state folder when this project creates it: what `episodic state remove`

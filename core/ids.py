@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta, tzinfo
 
-from core.errors import InvalidEpisodeId, InvalidInput, InvalidWeekId
+from episodic.core.errors import InvalidEpisodeId, InvalidInput, InvalidWeekId
 
 # ASCII digits only: `\d` would also accept other scripts' digits.
 _WEEK_RE = re.compile(r"([0-9]{4})-W([0-9]{2})")

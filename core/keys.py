@@ -1,4 +1,4 @@
-"""Allocation keys: the stable identity of one logical invocation (DESIGN section 3).
+"""Allocation keys: the stable identity of one logical invocation.
 
 Every retry of one invocation must produce the same key, so a key is built only from facts
 that survive retries: the pipeline and its scheduled slot for scheduler-created runs, the
@@ -19,8 +19,8 @@ import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from core.errors import InvalidInput, NoInvocationIdentity
-from core.settings import validate_pipeline
+from episodic.core.errors import InvalidInput, NoInvocationIdentity
+from episodic.core.settings import validate_pipeline
 
 MAX_KEY_LENGTH = 512
 MIN_SLOT_YEAR, MAX_SLOT_YEAR = 1970, 9998  # a slot's ISO week must exist on both sides

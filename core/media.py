@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 from urllib.parse import unquote, urlsplit
 
-from core.errors import InvalidInput
-from core.home import has_control_character
+from episodic.core.errors import InvalidInput
+from episodic.core.home import has_control_character
 
 # The image types a paid image may be: what the providers we speak to answer with
 # (Replicate's default is WEBP, fal's JPEG). Value: the key's extension.
@@ -68,7 +68,7 @@ def validate_key(key: str) -> str:
 
 @dataclass(frozen=True)
 class ProvenImage:
-    """Bytes that decoded in full as one of `IMAGE_TYPES` (`pipeline.media.prove_image`).
+    """Bytes that decoded in full as one of `IMAGE_TYPES` (`episodic.pipeline.media.prove_image`).
 
     ``content`` is the proven bytes themselves (not shown in ``repr``), so what is stored is
     what was proven; ``sha256`` (hex) and ``size`` (bytes) are theirs; ``width`` and
@@ -109,7 +109,7 @@ ProblemKind = Literal["missing", "size", "sha256", "not_an_image"]
 class MediaProblem:
     """Why an object is not what was recorded: ``missing`` (no object under the key),
     ``size`` (another number of bytes), ``sha256`` (same size, other bytes), ``not_an_image``
-    (the recorded bytes, yet they do not decode: `pipeline.media.audit_image`)."""
+    (the recorded bytes, yet they do not decode: `episodic.pipeline.media.audit_image`)."""
 
     key: str
     kind: ProblemKind
@@ -181,7 +181,7 @@ def parse_store_url(url: str) -> StoreUrl:
     credential (`refuse_credentials`), ``file://`` naming a host or no folder, a bucket
     name with capitals or other characters S3 and GCS refuse, or ``.``, ``..`` or empty
     segments in an object store's prefix (a literal key prefix there, a parent folder
-    elsewhere: never both). Whether the scheme is supported is `storage.media`'s answer."""
+    elsewhere: never both). Whether the scheme is supported is `episodic.storage.media`'s answer."""
     if has_control_character(url) or has_control_character(unquote(url)):
         raise InvalidInput("the media store URL contains a control character")
     if not url.strip():

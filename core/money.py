@@ -13,8 +13,8 @@ from __future__ import annotations
 import re
 from decimal import Decimal
 
-from core.errors import InvalidInput
-from core.ids import shown
+from episodic.core.errors import InvalidInput
+from episodic.core.ids import shown
 
 MICRO_DIGITS = 6  # the decimals an amount or a price may have
 MICROS = 10**MICRO_DIGITS  # micro-units per unit of a currency

@@ -19,7 +19,7 @@ from __future__ import annotations
 from datetime import UTC, date, datetime, timedelta, tzinfo
 from typing import Literal, get_args
 
-from core.ids import WeekId
+from episodic.core.ids import WeekId
 
 PeriodKind = Literal["week", "month"]
 PERIOD_KINDS: tuple[PeriodKind, ...] = get_args(PeriodKind)

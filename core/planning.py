@@ -1,4 +1,4 @@
-"""What a paid generation run is asked to do (DESIGN 5): its options, how each item is
+"""What a paid generation run is asked to do: its options, how each item is
 classified before the run, and the one budget rule (a plan's guard and a re-buy obey it).
 
 Plain data and rules; the admission (`pipeline.admission`) and the run (`pipeline.runner`)
@@ -12,10 +12,10 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, Literal
 
-from core.errors import BudgetExceeded
-from core.money import format_money, micros_from_minor
-from core.runs import ItemSnapshot, PlanReport
-from core.states import ItemState, SubmissionState
+from episodic.core.errors import BudgetExceeded
+from episodic.core.money import format_money, micros_from_minor
+from episodic.core.runs import ItemSnapshot, PlanReport
+from episodic.core.states import ItemState, SubmissionState
 
 DEFAULT_LEASE_S = 30.0
 DEFAULT_COLLECT_TIMEOUT_S = 600.0
@@ -122,6 +122,7 @@ class Classification(StrEnum):
     RECONCILE = "reconcile"
     RETRY = "retry"
     EXHAUSTED = "exhausted"
+    LOST = "lost"  # its paid output is gone at the provider: only buy-again buys it again
 
 
 PAID = frozenset({Classification.NEW, Classification.RETRY})
@@ -129,9 +130,9 @@ PAID = frozenset({Classification.NEW, Classification.RETRY})
 
 
 def classify(snapshot: ItemSnapshot | None, options: RunOptions, now: datetime) -> Classification:
-    """The planning rules of DESIGN 5, for one item (None: not in the database yet).
+    """The planning rules, for one item (None: not in the database yet).
 
-    Advisory: what a run *would* do. The claim (`storage.claims`) decides atomically.
+    Advisory: what a run *would* do. The claim (`episodic.storage.claims`) decides atomically.
     """
     if snapshot is None:
         return Classification.NEW
@@ -144,6 +145,8 @@ def classify(snapshot: ItemSnapshot | None, options: RunOptions, now: datetime) 
         return Classification.COLLECT
     if snapshot.open_submission in (SubmissionState.INTENT, SubmissionState.UNKNOWN):
         return Classification.RECONCILE
+    if snapshot.output_gone:  # paid for; buying it again is `media restore --buy-again`'s
+        return Classification.LOST
     if snapshot.attempts >= options.max_attempts:
         return Classification.EXHAUSTED
     return Classification.NEW if snapshot.attempts == 0 else Classification.RETRY

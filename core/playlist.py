@@ -15,10 +15,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from core.documents import WholeInt
-from core.errors import InvalidInput
-from core.ids import shown
-from core.settings import UNSCOPED_PIPELINE
+from episodic.core.documents import WholeInt
+from episodic.core.errors import InvalidInput
+from episodic.core.ids import shown
+from episodic.core.settings import UNSCOPED_PIPELINE
 
 _ID = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
 # C0 and C1 controls (NUL, ESC, CSI) and bidirectional overrides; tab and newlines are text
@@ -137,8 +137,12 @@ class Video(_Strict):
         return self
 
 
-REFERENCE_IMAGE_TYPES = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg",
-                         ".webp": "image/webp"}  # fmt: skip
+REFERENCE_IMAGE_TYPES = {
+    ".png": "image/png",
+    ".jpg": "image/jpeg",
+    ".jpeg": "image/jpeg",
+    ".webp": "image/webp",
+}
 MAX_REFERENCE_IMAGE_BYTES = 10 * 1024 * 1024
 
 
@@ -336,9 +340,11 @@ def expand(
         )
         for part, candidate in slots:
             prompt = playlist.template.prompt.format(
-                title=video.title, part="" if part is None else part, video_id=video.video_id,
+                title=video.title,
+                part="" if part is None else part,
+                video_id=video.video_id,
                 index=index,
-            )  # fmt: skip
+            )
             if len(prompt) > MAX_PROMPT_CHARS:
                 where = f"part {part}" if part is not None else "hero image"
                 raise InvalidInput(

@@ -19,12 +19,18 @@ _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _ID_RULE = "1 to 64 letters, digits, '_', '.' or '-', starting with a letter or digit"
 # the fields each level of a playlist takes (unknown ones are named with the close matches)
 FIELDS: dict[str, tuple[str, ...]] = {
-    "playlist": ("template", "provider_profile", "reference_assets", "reference_image", "hero",
-                 "items"),
+    "playlist": (
+        "template",
+        "provider_profile",
+        "reference_assets",
+        "reference_image",
+        "hero",
+        "items",
+    ),
     "template": ("id", "version", "prompt"),
     "video": ("video_id", "title", "parts", "seed", "hero"),
     "hero": ("candidates",),
-}  # fmt: skip
+}
 _UNION_BRANCH = re.compile(r"^(literal\[.*\]|[A-Z]\w*|function-\w+\[.*\])$")
 _MAX_SHOWN = 40
 
@@ -148,8 +154,7 @@ def playlist_mistakes(errors: Sequence[Mapping[str, Any]], raw: Any) -> list[str
             # the `false` branch of `hero: {candidates: N} | false`: the mapping branch's
             # mistake says it better, when there is one
             prefix = tuple(loc[: next(i for i, p in enumerate(loc) if str(p).startswith("lit"))])
-            if any(tuple(e["loc"][: len(prefix)]) == prefix and e is not error
-                   for e in errors):  # fmt: skip
+            if any(tuple(e["loc"][: len(prefix)]) == prefix and e is not error for e in errors):
                 continue
         if error["type"] == "value_error" and "appears twice" in str(error.get("ctx", {})):
             continue  # found below, with the items' positions

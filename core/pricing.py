@@ -1,6 +1,6 @@
 """What a paid call costs: a profile's price, its basis, and the charge of a delivered image.
 
-A price is a unit price in micro-units (`core.money`) and the basis it is charged on:
+A price is a unit price in micro-units (`episodic.core.money`) and the basis it is charged on:
 
 =====================  ===================================  ====================================
 basis                  quantity measured (recorded)         charge
@@ -17,7 +17,7 @@ basis                  quantity measured (recorded)         charge
 
 Every charge is rounded *up* to a whole micro-unit (a provider never bills less than its
 rate), so it is an integer and `charge_of` recomputes it exactly from what the ledger
-records beside it: basis, quantity and unit price (`pipeline.check`).
+records beside it: basis, quantity and unit price (`episodic.pipeline.check`).
 
 Before paying, the engine knows no quantity: a price's `estimate_quantity` is the profile's
 stated upper bound (megapixels an image is at most; seconds a job runs at most), and

@@ -11,11 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from core.playlist import item_label
+from episodic.core.playlist import item_label
 
 
 class ClaimAction(StrEnum):
-    """What the holder of a claim does next (`core.runs.Claim.action`)."""
+    """What the holder of a claim does next (`episodic.core.runs.Claim.action`)."""
 
     SUBMIT = "submit"  # a new intent was committed with the claim: make the paid call
     COLLECT = "collect"  # an accepted job: fetch its output (free)
@@ -23,7 +23,7 @@ class ClaimAction(StrEnum):
 
 
 class RefusalReason(StrEnum):
-    """Why an item could not be claimed (`core.runs.Refusal.reason`)."""
+    """Why an item could not be claimed (`episodic.core.runs.Refusal.reason`)."""
 
     DONE = "done"  # completed
     BUSY = "busy"  # another live holder (`Refusal.holder_run`)
@@ -37,6 +37,12 @@ class RefusalReason(StrEnum):
     # the next paid call would take the run's spend (--max-cost, --max-images, the per-run
     # cap) or its pipeline's period budget over the limit (`Refusal.detail` says which)
     BUDGET = "budget"
+    # a claim that may only settle an open submission (a recovery's first pass, a run that
+    # stopped buying at a limit) found none: the item needs a new paid call, not made now
+    SETTLE_ONLY = "settle only"
+    # failed, its paid output deleted at the provider before it was collected: buying it
+    # again pays twice, which only `media restore --buy-again` does (it quotes and asks)
+    LOST = "lost"
 
 
 class ItemResult(StrEnum):
@@ -51,8 +57,12 @@ class ItemResult(StrEnum):
     # provider slot, so a throttled executor collects it again before it waits for a slot
     COLLECT_LATER = "collect later"
     # accepted, but the media store could not take its image: collected later, free; the
-    # run stops buying (paused, `core.runs.STORE_STOPPED`) in every process
+    # run stops buying (paused, `episodic.core.runs.STORE_STOPPED`) in every process
     NOT_STORED = "not stored"
+    # the provider throttled past the bound it is waited out for: nothing was sent, the item
+    # is pending again; the run stops buying (paused, `core.runs.THROTTLE_STOPPED`) in every
+    # process
+    THROTTLED = "throttled"
     TAKEN_OVER = "taken over"  # another holder took the item over and completes it
 
 
@@ -71,7 +81,7 @@ class EventKind(StrEnum):
 class EpisodeImage:
     """One completed, paid-for image of an episode: the one place an image's facts live.
 
-    Built by the ledger (`storage.ledger.completed_outputs`: a completed item with its
+    Built by the ledger (`episodic.storage.ledger.completed_outputs`: a completed item with its
     succeeded submission and that call's cost) and read, never rebuilt, by approval, the
     approval form and assembly; a manifest or a form names the fields it shows itself.
     """
@@ -81,7 +91,7 @@ class EpisodeImage:
     part: int  # 0 for a hero candidate
     candidate: int | None  # 1..N for a hero candidate, None for a part of a video
     position: int  # 1-based position of the video in the playlist it was planned from
-    key: str | None  # its media store key (`core.media.content_key`); None: legacy row
+    key: str | None  # its media store key (`episodic.core.media.content_key`); None: legacy row
     sha256: str  # hex digest of the image's bytes, recorded when it was paid for
     size: int | None  # bytes (None for a legacy row)
     media_type: str | None  # image/png, image/jpeg or image/webp (None for a legacy row)

@@ -6,9 +6,9 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
-from core.playlist import item_label
-from core.records import ClaimAction, RefusalReason
-from core.states import ItemState
+from episodic.core.playlist import item_label
+from episodic.core.records import ClaimAction, RefusalReason
+from episodic.core.states import ItemState
 
 INTERRUPTED = "interrupted"
 """The error of an item its holder gave up when its process was interrupted (Ctrl-C,
@@ -49,6 +49,31 @@ BUDGET_STOPPED = f"{STORE_STOPPED} budget reached:"
 or a period budget (``stopped buying: budget reached: --max-cost 0.80 USD: …``): the
 `STORE_STOPPED` flavour, so no process reopens it; `runs resume` with a bigger limit, or a
 raised budget, goes on."""
+
+
+PRICE_STOPPED = f"{STORE_STOPPED} charge above the price:"
+"""The start of the error text of a run paused because the provider billed one of its calls
+above its price's stated bound (``stopped buying: charge above the price: job … charged
+0.05 USD, …``): the `STORE_STOPPED` flavour; every later call of that price would be
+reserved below what the provider bills, so the run buys nothing more until the price is
+corrected and the run resumed."""
+
+
+def price_stopped(error_text: str | None) -> bool:
+    """The run's error text says a charge above its price's bound paused it (`PRICE_STOPPED`)."""
+    return (error_text or "").startswith(PRICE_STOPPED)
+
+
+THROTTLE_STOPPED = f"{STORE_STOPPED} throttled:"
+"""The start of the error text of a run paused because its provider throttled it past the
+bound it is waited out for (``stopped buying: throttled: provider profile 'flux' ...``): the
+`STORE_STOPPED` flavour, so no process reopens it; nothing was paid for what it did not buy,
+and `runs resume` goes on once the provider takes calls again."""
+
+
+def throttle_stopped(error_text: str | None) -> bool:
+    """The run's error text says it was paused by a provider's throttle (`THROTTLE_STOPPED`)."""
+    return (error_text or "").startswith(THROTTLE_STOPPED)
 
 
 def budget_stopped(error_text: str | None) -> bool:
@@ -99,7 +124,7 @@ class Submission:
 
 def claim_live(state: str, lease_expires_at: datetime | None, now: datetime) -> bool:
     """An item is held by a live claim: running under a lease that ends after `now` (its
-    holder renews it). Evaluated on rows in memory; `storage.statements.held_by_live_claim`
+    holder renews it). Evaluated on rows in memory; `episodic.storage.predicates.held_by_live_claim`
     is the same rule in SQL."""
     return state == ItemState.RUNNING and lease_expires_at is not None and lease_expires_at > now
 
@@ -113,6 +138,9 @@ class ItemSnapshot:
     lease_expires_at: datetime | None  # a running item's claim is live until then
     open_submission: str | None  # state of a submission without outcome: intent/accepted/unknown
     claim_run_id: str | None = None
+    # failed, its newest paid call's output deleted at the provider: only `media restore
+    # --buy-again` buys it again (`episodic.storage.provider_outputs`)
+    output_gone: bool = False
 
     def held(self, now: datetime) -> bool:
         """Running under a live claim: its holder is alive and will finish it."""
@@ -121,7 +149,7 @@ class ItemSnapshot:
 
 @dataclass(frozen=True, slots=True)
 class Claim:
-    """The right to work on one item, held by `owner` until `lease` expires (DESIGN 5).
+    """The right to work on one item, held by `owner` until `lease` expires.
 
     `action` says what the holder does next (`ClaimAction`: submit, collect or reconcile).
     """
@@ -145,6 +173,9 @@ class Refusal:
     reason: RefusalReason
     holder_run: str | None = None
     detail: str | None = None  # a ``budget`` refusal: the limit, the spend, what is in flight
+    # a ``throttled`` refusal at the provider profile's recorded throttle: the moment it
+    # takes new paid calls again (`episodic.storage.throttles`)
+    until: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +208,7 @@ class PlanReport:
     new_keys: tuple[str, ...] = field(default=(), repr=False)
     reuse_keys: tuple[str, ...] = field(default=(), repr=False)
     hero_calls: int = 0  # of new_calls: candidates of hero images
+    lost: int = 0  # failed, their paid output gone at the provider: left to buy-again
 
     @property
     def has_work(self) -> bool:

@@ -11,8 +11,8 @@ import difflib
 import re
 from collections.abc import Sequence
 
-from core.errors import InvalidInput
-from core.ids import shown
+from episodic.core.errors import InvalidInput
+from episodic.core.ids import shown
 
 _RANGE = re.compile(r"([0-9]+)(?:-([0-9]+))?")
 _SHOWN_IDS = 6  # the valid ids an error lists: the first few and the last

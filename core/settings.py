@@ -11,8 +11,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from core.errors import InvalidInput
-from core.home import default_home, has_control_character, project_folder, resolve_home
+from episodic.core.errors import InvalidInput
+from episodic.core.home import default_home, has_control_character, project_folder, resolve_home
 
 _PIPELINE_RE = re.compile(r"[a-z0-9][a-z0-9_.-]{0,62}")
 # The pipeline whose item keys and folders predate pipeline scoping: they stay unscoped, so
@@ -136,7 +136,7 @@ class Settings(BaseSettings):
     @field_validator("max_run_cost")
     @classmethod
     def _check_cap(cls, value: str) -> str:
-        from core.money import parse_money
+        from episodic.core.money import parse_money
 
         try:
             parse_money(value)
@@ -146,7 +146,7 @@ class Settings(BaseSettings):
 
     @property
     def max_run_cost_micros(self) -> int:
-        from core.money import parse_money
+        from episodic.core.money import parse_money
 
         return parse_money(self.max_run_cost)
 
@@ -214,7 +214,7 @@ class Settings(BaseSettings):
     def _check_media_url(cls, value: str | None) -> str | None:
         if value is None:
             return None
-        from core.media import parse_store_url
+        from episodic.core.media import parse_store_url
 
         try:
             parse_store_url(value)
@@ -240,7 +240,7 @@ class Settings(BaseSettings):
     @property
     def timezone_explicit(self) -> bool:
         """True when EPISODIC_TIMEZONE was given (not the UTC default): it must then agree
-        with the pipeline's recorded timezone (`pipeline.pipelines`)."""
+        with the pipeline's recorded timezone (`episodic.pipeline.pipelines`)."""
         return "timezone" in self.model_fields_set
 
     @property

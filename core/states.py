@@ -1,4 +1,4 @@
-"""Every state machine of the ledger: runs, items, submissions and episodes (DESIGN 5).
+"""Every state machine of the ledger: runs, items, submissions and episodes.
 
 Each table is what the storage statements do, no more: every statement that moves a state
 carries a label ``# <machine>: <sources> -> <target>`` (`storage.statements`), and a unit test
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from core.errors import InvalidTransition
+from episodic.core.errors import InvalidTransition
 
 
 class RunState(StrEnum):
@@ -62,15 +62,21 @@ RUN_TRANSITIONS: dict[RunState, frozenset[RunState]] = {
 # cancelled (a run that includes it again claims it; admission restarts it to pending
 # first, a resumed run of its own may claim it as it is) and running, when its holder's
 # lease expired (a takeover) or the holder is the claimer itself. A running item is given up
-# (-> failed, resumable) by its holder or by the sweep once its lease expired. Only a pending
+# (-> failed, resumable) by its holder or by the sweep once its lease expired, or put back
+# (-> pending) by its holder when nothing was sent for it and nothing failed: a provider's
+# throttle past the bound paused the run before its call (its intent withdrawn). Only a pending
 # item is cancelled (no live run includes it): a running one stays with its holder. A
 # completed item whose image the store lost and the provider no longer serves goes back to
 # pending, only by `media restore --buy-again` (the loss recorded in `lost_outputs`, its
 # paid call kept as succeeded): a new paid attempt, admitted and capped like any other.
 ITEM_TRANSITIONS: dict[ItemState, frozenset[ItemState]] = {
     ItemState.PENDING: frozenset({ItemState.RUNNING, ItemState.CANCELLED}),
-    ItemState.RUNNING: frozenset({ItemState.RUNNING, ItemState.COMPLETED, ItemState.FAILED}),
-    ItemState.FAILED: frozenset({ItemState.RUNNING}),
+    ItemState.RUNNING: frozenset(
+        {ItemState.RUNNING, ItemState.COMPLETED, ItemState.FAILED, ItemState.PENDING}
+    ),
+    # failed -> pending: `media restore --buy-again`, confirmed, for an output gone at the
+    # provider (refused to every other claim until then)
+    ItemState.FAILED: frozenset({ItemState.RUNNING, ItemState.PENDING}),
     ItemState.COMPLETED: frozenset({ItemState.PENDING}),
     ItemState.CANCELLED: frozenset({ItemState.PENDING, ItemState.RUNNING}),
 }

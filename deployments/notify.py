@@ -18,7 +18,8 @@ from prefect.client.orchestration import get_client
 from prefect.events.actions import SendNotification
 from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
 
-from core.errors import InvalidInput
+from episodic.core.errors import InvalidInput
+from episodic.deployments.spec import pipeline_tag
 
 #: the flows of this project, whose failures are notified
 FLOW_NAMES = (
@@ -37,18 +38,28 @@ def automation_names(pipeline: str) -> tuple[str, str]:
 
 
 def approval_waits(pipeline: str, block_id: Any, wait_s: int) -> AutomationCore:
-    """Fires once per flow run that stays Suspended (or Paused) at an approval form of
-    `pipeline` for `wait_s` seconds: the runs carrying the wait tag
-    (`ApprovalContext.wait_tag`: ``episodic-approval:PIPELINE/EPISODE/ROW``)."""
+    """Fires once per flow run of `pipeline` (tagged ``pipeline:PIPELINE``) that stays
+    Suspended (or Paused: our flows pause only at an approval form) for `wait_s` seconds.
+
+    It matches the pipeline tag the run carries from its creation (the deployment's tags,
+    `episodic.deployments.spec.DeploymentSpec.tags`, which Prefect copies onto every run: scheduled,
+    Quick run, Retry), never the approval tag the flow adds just before it suspends: the
+    server builds an event's related resources, tags included, from a copy of the run cached
+    when the run first changed state (``PREFECT_API_EVENTS_RELATED_RESOURCE_CACHE_TTL``,
+    five minutes by default), so a tag added later is missing from the Suspended event of a
+    run's first wait. Only state-change events count, before and after the wait: a
+    heartbeat the run's process sent as it exited would otherwise end the wait unseen."""
     name, _ = automation_names(pipeline)
     return AutomationCore(
         name=name,
         description=f"An approval of pipeline {pipeline} has waited {wait_s} s (episodic).",
         trigger=EventTrigger(
-            match={"prefect.resource.id": "prefect.flow-run.*"},
+            # state changes only: a run's heartbeat (no state type) arriving after it
+            # suspended would count as "it moved on" and silence the notification
+            match={"prefect.resource.id": "prefect.flow-run.*", "prefect.state-type": "*"},
             match_related={
                 "prefect.resource.role": "tag",
-                "prefect.resource.id": f"prefect.tag.episodic-approval:{pipeline}/*",
+                "prefect.resource.id": f"prefect.tag.{pipeline_tag(pipeline)}",
             },
             after={"prefect.flow-run.Suspended", "prefect.flow-run.Paused"},
             expect={"prefect.flow-run.*"},
@@ -159,14 +170,24 @@ def _found(call: Callable[..., object], *args: Any) -> bool:
 def _notification_block(client: Any, block: str) -> Any:
     """The id of the notification block named `block` (``NAME`` or ``TYPE-SLUG/NAME``)."""
     slug, _, name = block.rpartition("/")
-    found = [
+    named = [
         doc
         for doc in client.read_block_documents(limit=200, include_secrets=False)
-        if doc.name == name
-        and (not slug or (doc.block_type and doc.block_type.slug == slug))
-        and doc.block_schema is not None
-        and "notify" in (doc.block_schema.capabilities or [])
+        if doc.name == name and (not slug or (doc.block_type and doc.block_type.slug == slug))
     ]
+    found = [
+        doc
+        for doc in named
+        if doc.block_schema is not None and "notify" in (doc.block_schema.capabilities or [])
+    ]
+    if not found and named:  # a block of that name that cannot send notifications
+        kinds = ", ".join(sorted(f"{d.block_type.slug}/{d.name}" for d in named if d.block_type))
+        raise InvalidInput(
+            f"--notify {block!r}: {kinds} cannot send notifications (a block type without "
+            "the 'notify' capability, such as the plain Webhook block); save a notification "
+            "block instead: Custom Webhook (custom-webhook), Slack Webhook, Microsoft Teams "
+            "Webhook or Email"
+        )
     if not found:
         raise InvalidInput(
             f"--notify {block!r}: no notification block of that name on the Prefect server "

@@ -1,6 +1,6 @@
 """Serve every deployment of this project from one process (`episodic serve`).
 
-The deployments are `deployments.spec` (the same as `prefect.yaml`); `prefect_setup` runs
+The deployments are `episodic.deployments.spec` (the same as `prefect.yaml`); `prefect_setup` runs
 first (limits, the pipeline's recorded timezone the weekly schedules use). Each schedule has
 a `slug`, so redeploying keeps its schedule id stable and already scheduled slots are not
 duplicated.
@@ -15,8 +15,8 @@ from prefect import Flow, serve
 from prefect.deployments.runner import RunnerDeployment
 from prefect.schedules import Cron, Interval, Schedule
 
-from deployments.setup import prefect_setup
-from deployments.spec import (
+from episodic.deployments.setup import prefect_setup
+from episodic.deployments.spec import (
     DEFAULT_PLAYLIST,
     SWEEP_EVERY_S,
     SWEEP_SLUG,
@@ -25,11 +25,11 @@ from deployments.spec import (
     deployment_specs,
     project_version,
 )
-from flows.generate import generate_episode
-from flows.maintenance import cancel_stale
-from flows.plan import plan_episode_flow
-from flows.review import approve_episode, assemble_episode
-from flows.weekly import weekly_episode
+from episodic.flows.generate import generate_episode
+from episodic.flows.maintenance import cancel_stale
+from episodic.flows.plan import plan_episode_flow
+from episodic.flows.review import approve_episode, assemble_episode
+from episodic.flows.weekly import weekly_episode
 
 FLOWS: dict[str, Flow[Any, Any]] = {
     "weekly-episode": weekly_episode,
@@ -76,7 +76,7 @@ def serve_all(pipeline: str | None = None, playlist: str = DEFAULT_PLAYLIST) -> 
     a file from here: every weekly run would fail on it."""
     from pathlib import Path
 
-    from core.errors import InvalidInput
+    from episodic.core.errors import InvalidInput
 
     if not Path(playlist).is_file():
         raise InvalidInput(

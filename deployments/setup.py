@@ -17,14 +17,14 @@ from typing import Any, Literal
 from prefect.client.orchestration import get_client
 from prefect.exceptions import ObjectNotFound
 
-from core.errors import ProviderConfigError
-from core.settings import Settings, load_settings, validate_pipeline
-from deployments.notify import ensure_notifications
-from deployments.spec import WORK_POOL, deployment_specs, project_version, weekly_spec
-from pipeline.pipelines import pipeline_config
-from providers.profiles import configured_profiles
-from storage.registry import engine_for
-from tasks.results import ensure_result_storage
+from episodic.core.errors import ProviderConfigError
+from episodic.core.settings import Settings, load_settings, validate_pipeline
+from episodic.deployments.notify import ensure_notifications
+from episodic.deployments.spec import WORK_POOL, deployment_specs, project_version, weekly_spec
+from episodic.pipeline.pipelines import pipeline_config
+from episodic.providers.profiles import configured_profiles
+from episodic.storage.registry import engine_for
+from episodic.tasks.results import ensure_result_storage
 
 Mode = Literal["serve", "deploy"]
 
@@ -42,7 +42,7 @@ def prefect_setup(
 
     Shape: ``{pipeline, timezone, version, limits: [{profile, limit}], work_pool,
     result_storage, warnings: [str], notifications: [{name, id, changed}]}``. `notify`: the
-    name of a notification block the automations of `deployments.notify` send through (an
+    name of a notification block the automations of `episodic.deployments.notify` send through (an
     approval waiting `approval_wait_s`, a failed flow run); None: no automation is touched.
     Raises `TimezoneMismatch` (this process's EPISODIC_TIMEZONE differs from the recorded
     one) and `ProviderConfigError` (a deployment of ours is registered the other way, a

@@ -41,7 +41,13 @@ class DeploymentSpec:
         return f"{self.flow_name}/{self.name}"
 
     def tags(self, pipeline: str) -> list[str]:
-        return [TAG, f"pipeline:{pipeline}"]
+        return [TAG, pipeline_tag(pipeline)]
+
+
+def pipeline_tag(pipeline: str) -> str:
+    """The tag every deployment of `pipeline` carries, so every run of it carries it from
+    creation: ``pipeline:weekly`` (what the notification automations match on)."""
+    return f"pipeline:{pipeline}"
 
 
 def deployment_specs(
@@ -51,7 +57,7 @@ def deployment_specs(
         DeploymentSpec(
             "weekly",
             "weekly-episode",
-            "flows.weekly:weekly_episode",
+            "episodic.flows.weekly:weekly_episode",
             "Twice a week (Mon + Thu 09:00 in the pipeline's timezone): allocate the slot's "
             "episode, plan it from the playlist, generate its images (paid, never twice), "
             "wait for a person's approval, assemble.",
@@ -61,14 +67,14 @@ def deployment_specs(
         DeploymentSpec(
             "plan",
             "plan-episode",
-            "flows.plan:plan_episode_flow",
+            "episodic.flows.plan:plan_episode_flow",
             "Record a playlist as an existing episode's plan (spends nothing).",
             {"pipeline": pipeline},
         ),
         DeploymentSpec(
             "generate",
             "generate-episode",
-            "flows.generate:generate_episode",
+            "episodic.flows.generate:generate_episode",
             "Generate a planned episode's images (episode_id required); finished images are "
             "never paid again, and a run started twice joins the first.",
             {"pipeline": pipeline},
@@ -76,14 +82,14 @@ def deployment_specs(
         DeploymentSpec(
             "approve",
             "approve-episode",
-            "flows.review:approve_episode",
+            "episodic.flows.review:approve_episode",
             "Wait for a person's decision on a generated episode: the form shows its images.",
             {"pipeline": pipeline},
         ),
         DeploymentSpec(
             "assemble",
             "assemble-episode",
-            "flows.review:assemble_episode",
+            "episodic.flows.review:assemble_episode",
             "Assemble an approved episode from exactly the approved images (reruns change "
             "nothing).",
             {"pipeline": pipeline},
@@ -91,7 +97,7 @@ def deployment_specs(
         DeploymentSpec(
             "sweep",
             "sweep",
-            "flows.maintenance:cancel_stale",
+            "episodic.flows.maintenance:cancel_stale",
             "Every 5 minutes: expired leases → failed (resumable), never-started runs and "
             "stuck flow runs → cancelled.",
             schedule="sweep",

@@ -30,9 +30,9 @@ def setup(pipeline: str | None = None, work_pool: str | None = None) -> dict[str
     deploy added to a pipeline that now has more than one ("this deploy adds a second
     deployment scheduling pipeline P (FLOW/DEPLOYMENT): ...").
     """
-    import tasks  # noqa: F401  (Prefect defaults before anything else)
-    from core.settings import load_settings
-    from deployments.setup import prefect_setup, schedulers_by_pipeline
+    import episodic.tasks  # noqa: F401  (Prefect defaults before anything else)
+    from episodic.core.settings import load_settings
+    from episodic.deployments.setup import prefect_setup, schedulers_by_pipeline
 
     result = prefect_setup(pipeline, mode="deploy", work_pool=work_pool)
     for warning in result["warnings"]:
@@ -41,8 +41,9 @@ def setup(pipeline: str | None = None, work_pool: str | None = None) -> dict[str
     if not _watching:  # `prefect deploy --all` runs the step once per deployment
         _watching = True
         default_pipeline = load_settings().pipeline
-        atexit.register(_warn_of_added_schedulers, schedulers_by_pipeline(default_pipeline),
-                        default_pipeline)  # fmt: skip
+        atexit.register(
+            _warn_of_added_schedulers, schedulers_by_pipeline(default_pipeline), default_pipeline
+        )
     return {
         "timezone": result["timezone"],
         "version": result["version"],
@@ -66,7 +67,7 @@ def _warn_of_added_schedulers(before: dict[str, list[str]], default_pipeline: st
     """At the deploying process's exit: warn of the deployments it added to a pipeline's
     schedulers, once the pipeline has more than one. Never raises (the deploy is done)."""
     try:
-        from deployments.setup import schedulers_by_pipeline
+        from episodic.deployments.setup import schedulers_by_pipeline
 
         after = schedulers_by_pipeline(default_pipeline)
     except Exception as exc:  # the server went away, ...: say so, the deploy's result stands
@@ -84,7 +85,7 @@ def added_scheduler_warnings(
 ) -> list[str]:
     """One warning per pipeline that ``after`` (`schedulers_by_pipeline` once a deploy is
     done) has more than one scheduler of, some of them not in ``before`` (added by it)."""
-    from deployments.setup import multiple_schedulers_warning
+    from episodic.deployments.setup import multiple_schedulers_warning
 
     warnings = []
     for pipeline, schedulers in sorted(after.items()):
@@ -113,7 +114,7 @@ def project_directory() -> dict[str, str]:
     elsewhere), else the folder this package is installed from (an editable install such as
     `uv sync` in a clone). Relative parameters (the weekly playlist) then mean the same as on
     the command line; the state folder is the project's wherever a process starts
-    (`core.home`). Raises `FileNotFoundError` naming the folder when it is not a project
+    (`episodic.core.home`). Raises `FileNotFoundError` naming the folder when it is not a project
     folder, or the value when it is relative.
     """
     configured = os.environ.get("EPISODIC_PROJECT_DIR")

@@ -6,7 +6,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from providers.fake import render_png
+from episodic.providers.fake import render_png
 
 ROOT = Path(__file__).resolve().parent / "legacy"
 

@@ -1,3 +1,3 @@
 """Prefect flows. Importing `tasks` first applies this project's Prefect defaults."""
 
-import tasks  # noqa: F401  (must run before the first `import prefect`)
+import episodic.tasks  # noqa: F401  (must run before the first `import prefect`)

@@ -15,13 +15,13 @@ from typing import Any, Literal
 from prefect.input import RunInput
 from pydantic import ConfigDict, Field, create_model
 
-from core.money import format_money, format_totals
-from core.records import EpisodeImage
-from core.states import EpisodeState
-from flows.artifacts import md_text
-from pipeline.approval import ApprovalContext, approval_digest, hero_outputs
-from pipeline.preview import PlanTexts, plan_texts
-from pipeline.thumbnails import thumbnail_data_uri
+from episodic.core.money import format_money, format_totals
+from episodic.core.records import EpisodeImage
+from episodic.core.states import EpisodeState
+from episodic.flows.artifacts import md_text
+from episodic.pipeline.approval import ApprovalContext, approval_digest, hero_outputs
+from episodic.pipeline.preview import PlanTexts, plan_texts
+from episodic.pipeline.thumbnails import thumbnail_data_uri
 
 MAX_PREVIEWS = 60  # thumbnails inlined in one form; the rest are listed by name
 

@@ -26,9 +26,9 @@ from prefect.client.schemas.objects import FlowRun, StateType
 from prefect.client.schemas.responses import SetStateStatus
 from prefect.settings import get_current_settings
 
-from core.states import EpisodeState
-from flows.prefect_api import TOTAL_DEADLINE_S, PrefectApiSilent, api_label, bounded
-from pipeline.approval import NO_PREFECT_API, ApprovalContext
+from episodic.core.states import EpisodeState
+from episodic.flows.prefect_api import TOTAL_DEADLINE_S, PrefectApiSilent, api_label, bounded
+from episodic.pipeline.approval import NO_PREFECT_API, ApprovalContext
 
 _PICK = re.compile(r"pick_\d+", re.ASCII)
 _TITLE = " the candidate that ships"  # `approval_input_for`: "VIDEO: the candidate that ships"

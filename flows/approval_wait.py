@@ -28,11 +28,11 @@ from prefect.input import keyset_from_base_key
 from prefect.logging import get_run_logger
 from pydantic import ValidationError
 
-from core.errors import CommandNotAllowed, InvalidInput
-from core.states import EpisodeState
-from flows.approval_form import ApprovalInput, approval_input_for, picks_of
-from flows.artifacts import md_text
-from pipeline.approval import ApprovalContext
+from episodic.core.errors import CommandNotAllowed, InvalidInput
+from episodic.core.states import EpisodeState
+from episodic.flows.approval_form import ApprovalInput, approval_input_for, picks_of
+from episodic.flows.artifacts import md_text
+from episodic.pipeline.approval import ApprovalContext
 
 SUSPENDED_KEYSET = "suspended-"  # Prefect's keyset prefix of a `suspend_flow_run` input
 

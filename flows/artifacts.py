@@ -1,6 +1,6 @@
 """Artifacts that describe the episode, not the last run (keys `episode-{id}-{what}`).
 
-Every figure comes from the ledger (`pipeline.report.episode_report`): a resume that pays
+Every figure comes from the ledger (`episodic.pipeline.report.episode_report`): a resume that pays
 nothing shows the episode's cumulative paid calls and cost, and a finished episode reads 100%.
 """
 
@@ -32,10 +32,10 @@ from prefect.logging import get_run_logger
 from prefect.utilities.context import get_task_and_flow_run_ids
 from sqlalchemy import Engine
 
-from core.settings import load_settings
-from pipeline.report import episode_report
-from pipeline.thumbnails import thumbnail_data_uri
-from providers.profiles import configured_profiles
+from episodic.core.settings import load_settings
+from episodic.pipeline.report import episode_report
+from episodic.pipeline.thumbnails import thumbnail_data_uri
+from episodic.providers.profiles import configured_profiles
 
 _MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~&])")
 
@@ -108,7 +108,7 @@ def week_spend_key(pipeline: str, week_id: str) -> str:
 def week_spend_rows(report: dict[str, Any], week_id: str) -> list[dict[str, Any]]:
     """The week's spend table: one row per profile and currency, then a total per currency
     (never summed across currencies), exact amounts."""
-    from core.money import format_money
+    from episodic.core.money import format_money
 
     def row(profile: str, figures: dict[str, Any]) -> dict[str, Any]:
         currency = figures["currency"]
@@ -132,7 +132,7 @@ def publish_week_spend(
     """The pipeline's spend in ISO week `week_id` (its timezone; `episodic spend --by
     profile` of that week) as a table artifact, one card per flow run; returns the report
     (None when it could not be read: a view is never the run's failure)."""
-    from pipeline.spend import week_spend
+    from episodic.pipeline.spend import week_spend
 
     try:
         report = week_spend(engine, pipeline, week_id)

@@ -13,7 +13,7 @@ Cancelled: `settle_hook` settles again whatever the process could not (it was ki
 provider did not answer). An in-process generate subflow of a cancelled weekly run is
 finalized by its own engine, which runs its `on_cancellation` hook in the flow-run process.
 
-Both settle with `pipeline.cancel.settle_cancelled` (the runs the flow run worked on, found
+Both settle with `episodic.pipeline.cancel.settle_cancelled` (the runs the flow run worked on, found
 by the links `link_flow_run` records: `pipeline.flow_links`), which asks the provider once per
 job that still runs, keeps a job another live run collects, records each answer; the run's
 log says what was cancelled, what still bills and the one command that settles it, and the
@@ -35,13 +35,18 @@ from prefect.context import FlowRunContext
 from prefect.logging.loggers import flow_run_logger
 from sqlalchemy import Engine
 
-from core.settings import Settings, load_settings
-from flows.artifacts import publish_spend
-from flows.maintenance import stdlib_utc
-from pipeline.cancel import Settlement, settle_cancelled
-from pipeline.flow_links import LINK_MARGIN, flow_run_chains, link_flow_runs, runs_linked_to
-from storage.registry import engine_for
-from tasks.credentials import PrefectSecretCredentials
+from episodic.core.settings import Settings, load_settings
+from episodic.flows.artifacts import publish_spend
+from episodic.flows.maintenance import stdlib_utc
+from episodic.pipeline.cancel import Settlement, settle_cancelled
+from episodic.pipeline.flow_links import (
+    LINK_MARGIN,
+    flow_run_chains,
+    link_flow_runs,
+    runs_linked_to,
+)
+from episodic.storage.registry import engine_for
+from episodic.tasks.credentials import PrefectSecretCredentials
 
 _CHAIN_MAX = 8  # flow runs above this one: a subflow's parents, and theirs
 _SHARED_LOOKBACK = timedelta(days=7)  # links of other flow runs of a run: as old as a run lives

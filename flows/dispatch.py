@@ -1,4 +1,4 @@
-"""`episodic dispatch`: start a deployment's flow run once per request (DESIGN 6).
+"""`episodic dispatch`: start a deployment's flow run once per request.
 
 The door for automation (cron jobs, webhooks, a person clicking twice): a request is the
 deployment plus its parameters, fingerprinted like a run request (`core.dedup`). Dispatchers
@@ -35,13 +35,13 @@ from prefect.exceptions import ObjectNotFound
 from prefect.settings import get_current_settings
 from sqlalchemy import Engine
 
-from core.dedup import RunRequest, check_dedup_options, parse_idempotency_key
-from core.errors import IdempotencyKeyReused, InvalidInput, ProviderConfigError
-from core.settings import Settings
-from pipeline.dispatch import one_dispatcher
-from pipeline.gate import open_gate
+from episodic.core.dedup import RunRequest, check_dedup_options, parse_idempotency_key
+from episodic.core.errors import IdempotencyKeyReused, InvalidInput, ProviderConfigError
+from episodic.core.settings import Settings
+from episodic.pipeline.dispatch import one_dispatcher
+from episodic.pipeline.gate import open_gate
 
-# command → (flow name, deployment name): `deployments.spec` (serve and prefect.yaml).
+# command → (flow name, deployment name): `episodic.deployments.spec` (serve and prefect.yaml).
 DEPLOYMENTS = {
     "generate": ("generate-episode", "generate"),
     "approve": ("approve-episode", "approve"),

@@ -24,23 +24,23 @@ from prefect.logging import get_run_logger
 from pydantic import Field
 from sqlalchemy import Engine
 
-from core.errors import EpisodicError
-from core.exit_codes import ExitCode
-from core.hints import surface
-from core.records import ItemResult
-from core.settings import load_settings
-from flows.artifacts import EpisodeProgress, publish_spend
-from flows.cancellation import link_flow_run, settle_hook, settle_in_flow
-from flows.params import EpisodeIdParam, Flag, KeyParam, PipelineParam, episode_run_name
-from pipeline.admission import options_from_request
-from pipeline.generation import generate, prepare
-from pipeline.outcomes import RunOutcome
-from pipeline.runner import Runner
-from storage.registry import engine_for
-from tasks.credentials import PrefectSecretCredentials
-from tasks.executor import prefect_executor
-from tasks.results import result_storage
-from tasks.runners import configured_task_runner
+from episodic.core.errors import EpisodicError
+from episodic.core.exit_codes import ExitCode
+from episodic.core.hints import surface
+from episodic.core.records import ItemResult
+from episodic.core.settings import load_settings
+from episodic.flows.artifacts import EpisodeProgress, publish_spend
+from episodic.flows.cancellation import link_flow_run, settle_hook, settle_in_flow
+from episodic.flows.params import EpisodeIdParam, Flag, KeyParam, PipelineParam, episode_run_name
+from episodic.pipeline.admission import options_from_request
+from episodic.pipeline.generation import generate, prepare
+from episodic.pipeline.outcomes import RunOutcome
+from episodic.pipeline.runner import Runner
+from episodic.storage.registry import engine_for
+from episodic.tasks.credentials import PrefectSecretCredentials
+from episodic.tasks.executor import prefect_executor
+from episodic.tasks.results import result_storage
+from episodic.tasks.runners import configured_task_runner
 
 
 class GenerationFailed(EpisodicError):

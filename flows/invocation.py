@@ -1,4 +1,4 @@
-"""Who is asking: the current flow run, as a `core.keys.Invocation`.
+"""Who is asking: the current flow run, as a `episodic.core.keys.Invocation`.
 
 Read from the flow run context, never from `prefect.runtime.flow_run.scheduled_start_time`
 (outside a flow run that silently returns *now*).
@@ -9,7 +9,7 @@ from __future__ import annotations
 from prefect.client.orchestration import get_client
 from prefect.context import FlowRunContext
 
-from core.keys import Invocation
+from episodic.core.keys import Invocation
 
 
 def current_invocation() -> Invocation | None:

@@ -1,6 +1,6 @@
-"""`cancel_stale` (flow `sweep`): the scheduled sweep (DESIGN 6), and its Prefect buckets.
+"""`cancel_stale` (flow `sweep`): the scheduled sweep, and its Prefect buckets.
 
-The database buckets are `pipeline.sweep`; this adds the ones only Prefect can see:
+The database buckets are `episodic.pipeline.sweep`; this adds the ones only Prefect can see:
 
 - ``stuck_flow_runs``: flow runs of this project's deployments stuck in Scheduled
   (including Late) or Pending for longer than the pending TTL (no worker took them),
@@ -46,12 +46,12 @@ from prefect.logging import get_run_logger
 from prefect.states import Cancelled, Crashed
 from sqlalchemy import Engine
 
-from core.settings import load_settings
-from flows.params import Flag
-from pipeline.admission import dedup_policy
-from pipeline.flow_links import crashed_messages, orphan_message, orphan_messages
-from pipeline.sweep import BUCKET_MEANING, sweep
-from storage.registry import engine_for
+from episodic.core.settings import load_settings
+from episodic.flows.params import Flag
+from episodic.pipeline.admission import dedup_policy
+from episodic.pipeline.flow_links import crashed_messages, orphan_message, orphan_messages
+from episodic.pipeline.sweep import BUCKET_MEANING, sweep
+from episodic.storage.registry import engine_for
 
 PROJECT_FLOWS = (
     "weekly-episode",

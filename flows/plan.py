@@ -8,11 +8,11 @@ from typing import Any
 from prefect import flow
 from prefect.logging import get_run_logger
 
-from core.hints import surface
-from core.settings import load_settings
-from flows.params import EpisodeIdParam, PipelineParam, Playlist, episode_run_name
-from pipeline.generation import record_plan
-from storage.registry import engine_for
+from episodic.core.hints import surface
+from episodic.core.settings import load_settings
+from episodic.flows.params import EpisodeIdParam, PipelineParam, Playlist, episode_run_name
+from episodic.pipeline.episode_plan import record_plan
+from episodic.storage.registry import engine_for
 
 
 @flow(

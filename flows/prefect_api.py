@@ -16,7 +16,7 @@ from prefect.settings import (
     temporary_settings,
 )
 
-from core.urls import without_userinfo
+from episodic.core.urls import without_userinfo
 
 T = TypeVar("T")
 

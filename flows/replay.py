@@ -1,5 +1,5 @@
 """Replay a pipeline's scheduled slot: its weekly chain, with the identity its scheduled run
-has (`core.keys.slot_key`), so a repeat, or a replay of a slot the scheduler already ran,
+has (`episodic.core.keys.slot_key`), so a repeat, or a replay of a slot the scheduler already ran,
 returns the same episode and pays nothing twice.
 
 Prefect has no start-now for a Scheduled run, and its Quick run, Copy to new run and
@@ -23,12 +23,12 @@ from typing import Any
 from prefect.client.orchestration import get_client
 from prefect.exceptions import ObjectNotFound
 
-from core.errors import InvalidInput
-from core.keys import slot_key
-from core.settings import Settings
-from flows.weekly import FLOW_NAME, weekly_episode
-from pipeline.gate import open_gate
-from storage.registry import engine_for
+from episodic.core.errors import InvalidInput
+from episodic.core.keys import slot_key
+from episodic.core.settings import Settings
+from episodic.flows.weekly import FLOW_NAME, weekly_episode
+from episodic.pipeline.gate import open_gate
+from episodic.storage.registry import engine_for
 
 
 @dataclass(frozen=True, slots=True)

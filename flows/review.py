@@ -1,9 +1,9 @@
 """Approval and assembly from Prefect: the `approve-episode` and `assemble-episode` flows.
 
 `approval_step` waits for a person inside a deployment's top-level flow run: it suspends the
-run (no worker is held) with the typed form of `flows.approval_form`, which shows the
+run (no worker is held) with the typed form of `episodic.flows.approval_form`, which shows the
 episode's images themselves (inline thumbnails), their cost, and any reason the previous
-answer was refused; `flows.approval_wait` keeps one waiting run per episode and reads the
+answer was refused; `episodic.flows.approval_wait` keeps one waiting run per episode and reads the
 answers a run was resumed with. A refused answer re-suspends the run under the next pause
 key with the reason at the top of the form.
 """
@@ -18,17 +18,17 @@ from prefect.logging import get_run_logger
 from prefect.states import Completed
 from pydantic import Field
 
-from core.errors import CommandNotAllowed, ImagesChangedSinceShown, InvalidInput
-from core.settings import load_settings
-from core.states import DECIDED_STATES, EpisodeState
-from flows.approval_form import (
+from episodic.core.errors import CommandNotAllowed, ImagesChangedSinceShown, InvalidInput
+from episodic.core.settings import load_settings
+from episodic.core.states import DECIDED_STATES, EpisodeState
+from episodic.flows.approval_form import (
     ApprovalInput,
     approval_form_description,
     approval_input_for,
     form_digest,
     picks_of,
 )
-from flows.approval_wait import (
+from episodic.flows.approval_wait import (
     Refused,
     ask,
     claim_approval_wait,
@@ -38,18 +38,18 @@ from flows.approval_wait import (
     unread_answer_refusal,
     waited_here,
 )
-from flows.artifacts import publish_assembly, publish_decision, publish_spend
-from flows.params import EpisodeIdParam, PipelineParam, episode_run_name
-from pipeline.approval import (
+from episodic.flows.artifacts import publish_assembly, publish_decision, publish_spend
+from episodic.flows.params import EpisodeIdParam, PipelineParam, episode_run_name
+from episodic.pipeline.approval import (
     ApprovalContext,
     approval_context,
     approval_digest,
     decision_stands_hint,
     waiting_state,
 )
-from pipeline.assembly import assemble
-from pipeline.media_view import open_store, preview_bytes
-from storage.registry import engine_for
+from episodic.pipeline.assembly import assemble
+from episodic.pipeline.media_view import open_store, preview_bytes
+from episodic.storage.registry import engine_for
 
 DAY_S = 24 * 3600
 MAX_ANSWERS = 50  # refused answers per form before the run gives up (a bot, not a person)
@@ -65,7 +65,7 @@ def approval_step(
     run joins it instead of showing a second form. Refused before suspending unless the
     episode is generated or decided.
 
-    A decision stands (DESIGN 7): an episode already approved, assembled or rejected (a
+    A decision stands: an episode already approved, assembled or rejected (a
     retry of the run that decided it, a duplicate dispatch, a decision on the command line)
     shows no form; the run follows the decision on record, its log saying who decided, when
     and why. ``recorded`` then has ``followed`` (that decision, described). A run resumed

@@ -2,7 +2,7 @@
 
 Derive the invocation's allocation key (the pipeline's scheduled slot, or flow run id, or
 the explicit parameter), compute the ISO week of the slot in the pipeline's timezone
-(recorded in the database: `pipeline.pipelines`), allocate. Every retry of the flow run,
+(recorded in the database: `episodic.pipeline.pipelines`), allocate. Every retry of the flow run,
 every flow run re-created for the slot, a run of another deployment scheduling the same
 pipeline at the same moment and a replay of the slot (`allocation_key=slot:…`, `episodic
 replay`) get the same episode. With a playlist the run
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import re
+from datetime import UTC
 from typing import Annotated, Any
 
 from prefect import flow
@@ -24,29 +25,30 @@ from prefect.context import FlowRunContext
 from prefect.logging import get_run_logger
 from pydantic import Field
 
-from core.errors import InvalidInput, NoInvocationIdentity, ScheduleOutOfDate
-from core.hints import surface
-from core.ids import WeekId
-from core.keys import SlotKey, derive_allocation_key
-from core.settings import load_settings, validate_pipeline
-from flows.artifacts import publish_week_spend
-from flows.cancellation import settle_hook
-from flows.generate import generate_episode
-from flows.invocation import current_invocation
-from flows.params import Flag, KeyParam, PipelineParam, PlaylistParam, WeekParam
-from flows.review import DAY_S, approval_step, assemble_step, decision_state
-from pipeline.pipelines import pipeline_timezone
-from storage.registry import engine_for
-from tasks.allocate import allocate_episode
-from tasks.plan import plan_episode
+from episodic.core.errors import InvalidInput, NoInvocationIdentity, ScheduleOutOfDate
+from episodic.core.hints import surface
+from episodic.core.ids import WeekId
+from episodic.core.keys import SlotKey, derive_allocation_key
+from episodic.core.settings import load_settings, validate_pipeline
+from episodic.flows.artifacts import publish_week_spend
+from episodic.flows.cancellation import settle_hook
+from episodic.flows.generate import generate_episode
+from episodic.flows.invocation import current_invocation
+from episodic.flows.params import Flag, KeyParam, PipelineParam, PlaylistParam, WeekParam
+from episodic.flows.review import DAY_S, approval_step, assemble_step, decision_state
+from episodic.pipeline.pipelines import pipeline_timezone
+from episodic.storage.registry import engine_for
+from episodic.tasks.allocate import allocate_episode
+from episodic.tasks.plan import plan_episode
 
 FLOW_NAME = "weekly-episode"
 
 
 def weekly_run_name() -> str:
     """`weekly 2026-W32` for an explicit week, else the slot (UTC: the scheduled one, or the
-    one a replay's allocation key names) until allocation renames the run after its
-    episode."""
+    one a replay's allocation key names), else `weekly manual run 2026-08-03 09:00 UTC` for
+    a run a person started (Quick run, `prefect deployment run`): no slot is involved. The
+    name holds until allocation renames the run after its episode."""
     from prefect.runtime import flow_run
 
     parameters = flow_run.parameters
@@ -60,8 +62,12 @@ def weekly_run_name() -> str:
     named = SlotKey.parse(key) if isinstance(key, str) else None
     if named is not None:
         return f"{pipeline} slot {named.moment:%Y-%m-%d %H:%M} UTC (replay)"
-    start = flow_run.scheduled_start_time
-    return f"{pipeline} slot {start.strftime('%Y-%m-%d %H:%M')} UTC"
+    start = flow_run.scheduled_start_time.astimezone(UTC)
+    context = FlowRunContext.get()
+    run = context.flow_run if context is not None else None
+    if run is not None and not run.auto_scheduled:
+        return f"{pipeline} manual run {start:%Y-%m-%d %H:%M} UTC"
+    return f"{pipeline} slot {start:%Y-%m-%d %H:%M} UTC"
 
 
 @flow(
@@ -154,14 +160,21 @@ def _weekly(
     if playlist is None:
         return episode_id
     planned = plan_episode(pipeline_name, episode_id, playlist)
-    logger.info("plan of %s: %s", episode_id, planned)
+    logger.info(
+        "plan of %s %s: %d images for %d videos, provider profile %s, template %s",
+        episode_id,
+        "recorded" if planned["recorded"] else "as recorded before",
+        planned["images"],
+        planned["videos"],
+        planned["provider_profile"],
+        planned["template"],
+    )
     if not generate:
         return episode_id
-    try:
-        generated = generate_episode(episode_id=episode_id, pipeline=pipeline_name)
+    try:  # the generate subflow logs its outcome and the episode's figures in words
+        generate_episode(episode_id=episode_id, pipeline=pipeline_name)
     finally:  # the week's spend, whatever the generation's end (a budget refusal too)
         publish_week_spend(engine_for(settings), pipeline_name, str(week_id))
-    logger.info("generation of %s: %s", episode_id, generated)
     if not wait_for_approval:
         return episode_id
     answer, recorded = approval_step(episode_id, pipeline_name, approval_timeout_s)

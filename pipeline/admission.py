@@ -1,7 +1,7 @@
-"""Plan → admitted run (DESIGN 5, 6): the options a request asks for, what a run would do,
+"""Plan → admitted run: the options a request asks for, what a run would do,
 the request as dedup sees it, and the one way a generation run comes to exist.
 
-Plain Python, no Prefect. The run itself is worked by `pipeline.runner`.
+Plain Python, no Prefect. The run itself is worked by `episodic.pipeline.runner`.
 """
 
 from __future__ import annotations
@@ -10,16 +10,16 @@ import hashlib
 import uuid
 from collections.abc import Sequence
 
-from core.dedup import (
+from episodic.core.dedup import (
     Admission,
     RunRequest,
     check_dedup_options,
     parse_batch_id,
     parse_idempotency_key,
 )
-from core.errors import BudgetExceeded, CommandNotAllowed
-from core.money import format_money, parse_money
-from core.planning import (
+from episodic.core.errors import BudgetExceeded, CommandNotAllowed
+from episodic.core.money import format_money, parse_money
+from episodic.core.planning import (
     DEFAULT_COLLECT_TIMEOUT_S,
     PAID,
     Classification,
@@ -27,19 +27,19 @@ from core.planning import (
     check_budget,
     classify,
 )
-from core.playlist import PlannedItem
-from core.runs import Item, PlanReport
-from core.selection import parse_selection
-from core.settings import Settings
-from core.states import ItemState, RunState
-from pipeline.gate import GatePass
-from providers.profiles import Profile
-from storage.admission import AdmissionStore, DedupPolicy
-from storage.base import utcnow
-from storage.budgets import BudgetStore
-from storage.plans import PlanRecord, PlanStore
-from storage.runs import RunStore
-from storage.tx import Database
+from episodic.core.playlist import PlannedItem
+from episodic.core.runs import Item, PlanReport
+from episodic.core.selection import parse_selection
+from episodic.core.settings import Settings
+from episodic.core.states import ItemState, RunState
+from episodic.pipeline.gate import GatePass
+from episodic.providers.profiles import Profile
+from episodic.storage.admission import AdmissionStore, DedupPolicy
+from episodic.storage.base import utcnow
+from episodic.storage.budgets import BudgetStore
+from episodic.storage.plans import PlanRecord, PlanStore
+from episodic.storage.runs import RunStore
+from episodic.storage.tx import Database
 
 
 def options_from_request(
@@ -108,6 +108,7 @@ def plan(
         to_collect=tally[Classification.COLLECT],
         to_reconcile=tally[Classification.RECONCILE],
         exhausted=tally[Classification.EXHAUSTED],
+        lost=tally[Classification.LOST],
         estimated_cost_micros=paid * profile.pricing.estimate_micros,
         currency=profile.currency,
         new_keys=tuple(new_keys),
@@ -116,8 +117,12 @@ def plan(
     )
 
 
-# What a run's process works on: everything but completed and exhausted items.
-_WORKED = frozenset(Classification) - {Classification.SKIP, Classification.EXHAUSTED}
+# What a run's process works on: everything but completed, exhausted and gone items.
+_WORKED = frozenset(Classification) - {
+    Classification.SKIP,
+    Classification.EXHAUSTED,
+    Classification.LOST,
+}
 
 
 def runnable_items(
@@ -199,7 +204,7 @@ def admit_run(
     """The one way a generation run comes to exist (CLI, Python API, Prefect flows).
 
     Call it last, after validation, the budget guard and the credential check (a refused
-    request writes nothing). An active run of the same request (DESIGN 6) is reused and the
+    request writes nothing). An active run of the same request is reused and the
     answer says ``deduplicated``; with nothing to do (every item completed or out of
     retries) no run is created and the answer has no run id.
     `plan_id`: the recorded plan `items` come from (the run is admitted for it, and refused

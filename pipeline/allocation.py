@@ -16,10 +16,10 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from core.episodes import Allocation
-from core.ids import WeekId
-from storage.allocator import Allocator
-from storage.tx import Database, is_transient
+from episodic.core.episodes import Allocation
+from episodic.core.ids import WeekId
+from episodic.storage.allocator import Allocator
+from episodic.storage.tx import Database, is_transient
 
 
 def resolve_week(week: str | None, at: datetime | None, tz: ZoneInfo) -> WeekId:

@@ -1,11 +1,11 @@
-"""Deciding a generated episode (DESIGN 7): who decided what, and when.
+"""Deciding a generated episode: who decided what, and when.
 
 A decision is bound to the images it is about (the current plan's completed images, each
 file checked against the sha256 the ledger paid for), and it stands: the other decision is
 refused until the plan changes or the episode is reopened, with who decided, when and why.
 `approval_context` gives a Prefect flow what deciding needs without a store of its own.
 
-Images are read from the media store (`storage.media.MediaStore`) by their recorded key, so
+Images are read from the media store (`episodic.storage.media.MediaStore`) by their recorded key, so
 a decision taken on another machine than the one that paid sees the same bytes; a row from
 before the store (only a ``legacy_path``) is read from that local file, as it always was.
 """
@@ -20,29 +20,29 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.errors import (
+from episodic.core.errors import (
     CommandNotAllowed,
     ImageNotAsPaid,
     ImagesChangedSinceShown,
     InvalidInput,
     MediaMissing,
 )
-from core.hints import hint
-from core.ids import EpisodeId
-from core.playlist import check_picks, check_text
-from core.records import EpisodeImage
-from core.settings import load_settings
-from core.states import DECIDED_STATES, REOPENABLE_STATES, EpisodeState
-from pipeline.gate import GatePass, open_gate
-from pipeline.playlists import planned_items
-from storage.approvals import ApprovalStore, RecordedDecision
-from storage.episodes import EpisodeRepository
-from storage.ledger import LedgerStore, completed_outputs
-from storage.locks import keyed_transaction
-from storage.media import MediaStore
-from storage.plans import PlanStore
-from storage.store_identity import open_verified
-from storage.tx import Database
+from episodic.core.hints import hint
+from episodic.core.ids import EpisodeId
+from episodic.core.playlist import check_picks, check_text
+from episodic.core.records import EpisodeImage
+from episodic.core.settings import load_settings
+from episodic.core.states import DECIDED_STATES, REOPENABLE_STATES, EpisodeState
+from episodic.pipeline.gate import GatePass, open_gate
+from episodic.pipeline.playlists import planned_items
+from episodic.storage.approvals import ApprovalStore, RecordedDecision
+from episodic.storage.episodes import EpisodeRepository
+from episodic.storage.ledger import LedgerStore, completed_outputs
+from episodic.storage.locks import keyed_transaction
+from episodic.storage.media import MediaStore
+from episodic.storage.plans import PlanStore
+from episodic.storage.store_identity import open_verified
+from episodic.storage.tx import Database
 
 #: What a decision outside the form says when no Prefect API is configured to resume the run
 #: waiting for it (`episodic approve` without PREFECT_API_URL; the decision is recorded).

@@ -1,4 +1,4 @@
-"""Assembling an approved episode (DESIGN 7).
+"""Assembling an approved episode.
 
 Assembly reads the approved images from the media store (each checked against the sha256
 paid for), composes the cover from them and writes a manifest that names every image by its
@@ -15,24 +15,25 @@ import json
 from pathlib import Path
 from typing import Any
 
-from core.errors import CommandNotAllowed, InvalidInput
-from core.hints import hint
-from core.media import StoredMedia
-from core.playlist import check_picks
-from core.records import EpisodeImage
-from core.settings import Settings
-from core.states import EpisodeState
-from pipeline import contact_sheet
-from pipeline.approval import hero_outputs, planned_images
-from pipeline.contact_sheet import Tile
-from pipeline.gate import open_gate
-from pipeline.media import prove_image
-from pipeline.preview import plan_texts
-from storage.approvals import ApprovalStore
-from storage.episodes import EpisodeRepository
-from storage.media import MediaStore
-from storage.store_identity import open_verified
-from storage.tx import Database
+from episodic.core.errors import CommandNotAllowed, InvalidInput
+from episodic.core.hints import hint
+from episodic.core.media import StoredMedia
+from episodic.core.output_files import RecordPaths
+from episodic.core.playlist import check_picks
+from episodic.core.records import EpisodeImage
+from episodic.core.settings import Settings
+from episodic.core.states import EpisodeState
+from episodic.pipeline import contact_sheet
+from episodic.pipeline.approval import hero_outputs, planned_images
+from episodic.pipeline.contact_sheet import Tile
+from episodic.pipeline.gate import open_gate
+from episodic.pipeline.media import prove_image
+from episodic.pipeline.preview import plan_texts
+from episodic.storage.approvals import ApprovalStore
+from episodic.storage.episodes import EpisodeRepository
+from episodic.storage.media import MediaStore
+from episodic.storage.store_identity import open_verified
+from episodic.storage.tx import Database
 
 
 def assemble(
@@ -43,15 +44,22 @@ def assemble(
     *,
     store: MediaStore | None = None,
     out: Path | None = None,
+    out_is_ours: bool = False,
 ) -> dict[str, Any]:
     """Compose the cover and the manifest of an approved episode from the images in `store`
     (default: the settings' media store), store them, record their keys and hashes.
 
     `out`: also copy the episode to this local folder: ``cover.png``, ``manifest.json``,
     and every object the manifest names under its key (so the manifest's keys resolve
-    inside the folder). Returns the episode id, state, whether anything changed, the
+    inside the folder). `out` is a path a user named (`assemble --out`): never the record,
+    nor anywhere in the state folder. `out_is_ours`: `out` is a folder the project chose in
+    the state folder (the demo's): only the ledger, providers file and media store are
+    refused. Returns the episode id, state, whether anything changed, the
     cover's and manifest's store keys and sha256, the store, the number of images, and with
     `out` the local copies' paths (``local``)."""
+    keep = RecordPaths.of(settings, state_folder=not out_is_ours)
+    if out is not None:  # never over the record: refused before anything is stored
+        keep.refuse(Path(out), f"--out {out}")
     store = store if store is not None else open_verified(settings, engine, adopt=True)
     gate = open_gate(engine, pipeline, episode_id, "assemble")
     review = ApprovalStore(engine)
@@ -118,28 +126,33 @@ def assemble(
         **({"picks": picks} if heroes else {}),
     }
     if out is not None:
-        result["local"] = _local_copy(store, Path(out), media, [o for o, _ in shipped])
+        result["local"] = _local_copy(store, Path(out), media, [o for o, _ in shipped], keep)
     return result
 
 
 def _local_copy(
-    store: MediaStore, out: Path, media: dict[str, StoredMedia], shipped: list[EpisodeImage]
+    store: MediaStore,
+    out: Path,
+    media: dict[str, StoredMedia],
+    shipped: list[EpisodeImage],
+    keep: RecordPaths,
 ) -> dict[str, str]:
     """Copy the episode from `store` to the folder `out`, each object checked against its
     sha256: the cover and manifest by name, and the cover and shipped images under their
     keys (what the manifest names). Returns kind -> local path of the cover and manifest.
-    A shipped legacy row (no key) is not copied; its manifest entry names its local file."""
+    A shipped legacy row (no key) is not copied; its manifest entry names its local file.
+    No copy writes over the record (`keep`: each file is checked, the folder was)."""
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise InvalidInput(f"--out {out}: {exc.strerror or exc}") from None
     named = {"cover": out / "cover.png", "manifest": out / "manifest.json"}
     for kind, stored in media.items():
-        store.local_copy(stored.key, named[kind], sha256=stored.sha256)
+        store.local_copy(stored.key, named[kind], sha256=stored.sha256, keep=keep)
     keyed = [(media["cover"].key, media["cover"].sha256)]
     keyed += [(o.key, o.sha256) for o in shipped if o.key is not None]
     for key, sha256 in keyed:
-        store.local_copy(key, out / key, sha256=sha256)  # its folder made, one-line errors
+        store.local_copy(key, out / key, sha256=sha256, keep=keep)  # folder made, one line
     return {kind: str(path) for kind, path in named.items()}
 
 

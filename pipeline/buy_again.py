@@ -3,7 +3,7 @@ again, as a normal paid call; everything it still serves is restored free first.
 
 In this order, so that nothing is bought before everything that can refuse has refused:
 
-1. `pipeline.restore.restore`: every completed image the store lost is collected again from
+1. `episodic.pipeline.restore.restore`: every completed image the store lost is collected again from
    its recorded job (free). Only the items it reports ``not_served`` are candidates.
 2. A candidate from an earlier plan than the current one is not bought (a generate of the
    current plan would never run it); a decided episode (approved, assembled, rejected) is
@@ -11,13 +11,16 @@ In this order, so that nothing is bought before everything that can refuse has r
    ones decided on, and what was approved is exactly what ships.
 3. The quote (count, price per image of the current plan's profile, the exact total) is
    checked against the caps (``--max-cost``/``--max-images``, else EPISODIC_MAX_RUN_COST:
-   `core.planning.budget_breach`, the rule every run obeys), then shown to `confirm`;
+   `episodic.core.planning.budget_breach`, the rule every run obeys), then shown to `confirm`;
    refused (`BudgetExceeded`) or not confirmed (`CommandNotAllowed`): nothing written.
 4. `MediaRecords.lose`: each candidate goes completed -> pending in one transaction, its lost
    output recorded (`lost_outputs`: which submission, key, sha256, when, why), its paid call
-   kept as succeeded with its cost; a generated episode goes back to allocated.
+   kept as succeeded with its cost; a generated episode goes back to allocated. Each item
+   whose output the provider deleted before it was collected (failed, and refused by every
+   resume, retry and generate: `episodic.storage.provider_outputs`) goes failed -> pending:
+   the confirmation was the decision to pay for it twice.
 5. A buy-again run whose process died (killed: running, its lease expired, holding items
-   recorded lost) is taken over and finished first (`pipeline.generation.resume`, the
+   recorded lost) is taken over and finished first (`episodic.pipeline.generation.resume`, the
    takeover every dead run gets: its accepted jobs are collected free, its intents
    reconciled, within the caps that run was confirmed with).
 6. `pipeline.generation.generate` with ``--only`` the videos of every item recorded lost and
@@ -35,19 +38,26 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from core.errors import BudgetExceeded, CommandNotAllowed
-from core.money import format_money
-from core.planning import RunOptions, budget_breach
-from core.settings import Settings
-from core.states import DECIDED_STATES
-from pipeline.admission import dedup_policy
-from pipeline.executors import ItemExecutor, thread_pool_executor
-from pipeline.gate import CredentialSource, open_gate
-from pipeline.generation import Prepared, generate, prepare, resume
-from pipeline.outcomes import RunOutcome
-from pipeline.restore import DEFAULT_COLLECT_TIMEOUT_S, OnItem, OnPlan, RestoreReport, restore
-from storage.media_records import MediaRecords, RecordedImage, decided_refusal
-from storage.tx import Database
+from episodic.core.errors import BudgetExceeded, CommandNotAllowed
+from episodic.core.money import format_money
+from episodic.core.planning import RunOptions, budget_breach
+from episodic.core.settings import Settings
+from episodic.core.states import DECIDED_STATES
+from episodic.pipeline.admission import dedup_policy
+from episodic.pipeline.executors import ItemExecutor, thread_pool_executor
+from episodic.pipeline.gate import CredentialSource, open_gate
+from episodic.pipeline.generation import Prepared, generate, prepare, resume
+from episodic.pipeline.outcomes import RunOutcome
+from episodic.pipeline.restore import (
+    DEFAULT_COLLECT_TIMEOUT_S,
+    OnItem,
+    OnPlan,
+    RestoreReport,
+    restore,
+)
+from episodic.storage.media_records import MediaRecords, RecordedImage, decided_refusal
+from episodic.storage.provider_outputs import ProviderOutputs
+from episodic.storage.tx import Database
 
 
 @dataclass(frozen=True)
@@ -185,6 +195,8 @@ def buy_again(
     if wanted:
         lost = records.lose(gate.episode_pk, wanted, _REASON)
         report.lost = [image.item_id for image in wanted if image.item_pk in lost.item_pks]
+    # outputs gone at the provider: failed and refused to every other run; now confirmed
+    ProviderOutputs(engine).buy_again(gate.episode_pk, _GONE_REASON)
     dead = records.dead_runs_buying_lost(gate.episode_pk, dedup_policy(settings).fallback_lease_s)
     for run_id in dead:  # a buy-again killed mid-run: taken over, finished
         report.outcome = resume(engine, settings, run_id, credentials, executor=executor)
@@ -253,3 +265,4 @@ def _check_caps(quote: Quote, options: RunOptions, settings: Settings) -> None:
 
 
 _REASON = "media restore --buy-again: missing from the store, not served by its provider"
+_GONE_REASON = "media restore --buy-again: its output was deleted at the provider"

@@ -7,8 +7,16 @@ cancelled prediction).
 Each cancel asked is recorded in the ledger (an episode event ``provider_cancel`` with the
 submission, the remote reference and the provider's answer). The submissions stay
 ``accepted``: a cancelled job may still finish, and a later run collects it, or records its
-failure, at no new cost. Cancelling an already cancelled run asks again for the jobs still
-accepted (calls that were in flight when the run was first cancelled).
+failure, at no new cost; but a job the provider answers has ended without an output
+(``canceled``, ``failed``) whose price does not bill such jobs (`Profile.bills_failures`)
+is closed failed at once, with no cost, so its reservation stops counting against the caps
+and budgets; one whose price bills them (the time it ran: Replicate's hardware-time models,
+https://replicate.com/pricing; a ``canceled`` prediction is charged,
+https://replicate.com/changelog/2025-10-16-prediction-deadlines, for the time its
+``metrics.predict_time`` reports, https://replicate.com/docs/topics/predictions/lifecycle) is
+polled once and closed failed at that charge (`_settle_billed`). Cancelling an already
+cancelled run asks again for the jobs still accepted (calls that were in flight when the run
+was first cancelled).
 """
 
 from __future__ import annotations
@@ -16,17 +24,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from core.errors import EpisodicError, InvalidTransition
-from core.settings import Settings
-from core.states import RunState
-from pipeline.gate import CredentialSource, GatePass, build_provider, open_gate
-from providers.base import CancelsJobs, Provider, ProviderError
-from providers.profiles import Profile, configured_profiles, get_profile
-from storage.cancels import CancelStore
-from storage.episodes import EpisodeRepository
-from storage.ledger import LedgerStore
-from storage.runs import RunStore
-from storage.tx import Database
+from episodic.core.errors import EpisodicError, InvalidTransition
+from episodic.core.settings import Settings
+from episodic.core.states import RunState
+from episodic.pipeline.gate import CredentialSource, GatePass, build_provider, open_gate
+from episodic.pipeline.prices import failure_charge
+from episodic.providers.base import CancelsJobs, Provider, ProviderError, RemoteJobFailed
+from episodic.providers.profiles import Profile, configured_profiles, get_profile
+from episodic.storage.cancels import CancelStore
+from episodic.storage.episodes import EpisodeRepository
+from episodic.storage.ledger import LedgerStore
+from episodic.storage.runs import RunStore
+from episodic.storage.tx import Database
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +115,10 @@ def cancel_run(
         answer = _ask(gate, profiles, profile_id, remote_ref, providers, settings, credentials)
         cancels.record_provider_cancel(run_id, submission, remote_ref, profile_id, answer)
         answers.append(JobCancel(submission, remote_ref, profile_id, answer))
+        if _ended_unbilled(profiles, profile_id, answer):
+            ledger.close_failed(submission, f"{answer} at the provider on cancel: not billed")
+        elif _ended_billed(profiles, profile_id, answer):
+            _settle_billed(gate, ledger, submission, remote_ref, profiles[profile_id], providers)
     for provider in providers.values():
         if not isinstance(provider, str):
             provider.close()
@@ -124,7 +137,7 @@ def _ask(
     if profile_id not in providers:
         try:
             profile = get_profile(profiles, profile_id)
-            providers[profile_id] = build_provider(gate, profile, credentials, settings.home_path)
+            providers[profile_id] = build_provider(gate, profile, credentials, settings)
         except EpisodicError as exc:
             providers[profile_id] = f"not asked: {exc}"[:200]  # said for each of its jobs
     provider = providers[profile_id]
@@ -136,6 +149,67 @@ def _ask(
         return str(provider.cancel(remote_ref))
     except ProviderError as exc:
         return f"unknown: {exc}"[:200]
+
+
+ENDED_ANSWERS = frozenset({"canceled", "cancelled", "failed"})
+"""The job has ended at the provider without an output (Replicate's terminal statuses)."""
+
+
+def _ended_unbilled(profiles: dict[str, Profile], profile_id: str, answer: str) -> bool:
+    """The provider's answer says the job ended without an output, and its profile's price
+    says such a job is not billed (`Profile.bills_failures`): its submission is closed at
+    once, with no cost, so its reservation stops counting against the caps and budgets
+    although nobody polls it again. A price that bills them (the time a job ran) leaves it
+    accepted: the next run collects its charge."""
+    profile = profiles.get(profile_id)
+    return (
+        profile is not None
+        and not profile.bills_failures
+        and answer.strip().lower() in ENDED_ANSWERS
+    )
+
+
+def _ended_billed(profiles: dict[str, Profile], profile_id: str, answer: str) -> bool:
+    """The provider's answer says the job ended without an output, and its profile's price
+    bills such a job (the time it ran: Replicate's hardware-time models)."""
+    profile = profiles.get(profile_id)
+    return (
+        profile is not None and profile.bills_failures and answer.strip().lower() in ENDED_ANSWERS
+    )
+
+
+def _settle_billed(
+    gate: GatePass,
+    ledger: LedgerStore,
+    submission: int,
+    remote_ref: str,
+    profile: Profile,
+    providers: dict[str, Provider | str],
+) -> None:
+    """Poll a job that ended billed once, and close it failed with the charge its reply
+    states (`pipeline.prices.failure_charge`: the time it ran), so the ledger holds what the
+    provider bills and its reservation stops counting although nobody polls it again.
+
+    One poll, no wait: a reply that is not terminal yet (or no answer) leaves the job
+    accepted, and the next run's collect, or a later cancel, records its charge. A poll that
+    finds an output (the job finished after all) is left for the next run to collect: it is
+    paid, and a cancel stores nothing."""
+    provider = providers.get(profile.id)
+    if provider is None or isinstance(provider, str):
+        return
+    try:
+        provider.collect(remote_ref, deadline_s=0.0, should_stop=lambda: False)
+    except RemoteJobFailed as exc:
+        charge = failure_charge(provider.capabilities.price, profile, exc)
+        said = "billed" if charge is not None else "not billed"
+        ledger.close_failed(
+            submission,
+            f"{' '.join(str(exc).split())[:200]} at the provider on cancel: {said}",
+            episode_pk=gate.episode_pk,
+            charge=charge,
+        )
+    except ProviderError:
+        return  # not terminal yet, or no answer: a later collect records it
 
 
 CANCELLED_ANSWERS = frozenset({"canceled", "cancelled", "cancellation_requested"})

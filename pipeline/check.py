@@ -1,8 +1,8 @@
-"""`episodic check`: a read-only audit of episodes, their files and the ledger (DESIGN 7).
+"""`episodic check`: a read-only audit of episodes, their files and the ledger.
 
 It opens the database read-only (SQLite ``mode=ro``, Postgres read-only transactions) and
 only reads files; each problem is one finding. Clean: exit 0; findings: exit 1. The rows come
-as plain records of one snapshot per episode (`storage.audit`).
+as plain records of one snapshot per episode (`episodic.storage.audit`).
 
 The rules it audits (a completed item has exactly one succeeded submission, an item held by
 a live claim, an accepted job left uncollected, which cancel answers leave nothing to
@@ -11,7 +11,7 @@ them: an auditor that shares a predicate with the code it audits is blind to a b
 The one exception is a run's liveness, read with the choke point's own SQL predicate
 (`RunRecord.active`), so that `check` and the dedup agree on which run may still finish.
 
-Media are read from the media store (`storage.media.MediaStore`) by their recorded keys:
+Media are read from the media store (`episodic.storage.media.MediaStore`) by their recorded keys:
 every completed image, cover and manifest must be in it, hold exactly the recorded size and
 sha256, and decode (an image in full with Pillow, a manifest as JSON), each rule checked
 here on the bytes themselves. A row from before the store (only a local ``path``) is checked
@@ -26,10 +26,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from core.errors import EpisodicError, InvalidInput
-from core.ids import EpisodeId
-from core.playlist import PlannedItem, check_picks, hero_candidates, item_label
-from core.states import (
+from episodic.core.errors import EpisodicError, InvalidInput
+from episodic.core.ids import EpisodeId
+from episodic.core.playlist import PlannedItem, check_picks, hero_candidates, item_label
+from episodic.core.states import (
     FROZEN_PLAN_STATES,
     UNSETTLED_SUBMISSION_STATES,
     EpisodeState,
@@ -37,12 +37,13 @@ from core.states import (
     RunState,
     SubmissionState,
 )
-from pipeline.check_media import MediaAudit, Recorded, legacy_media
-from pipeline.check_spend import check_costs
-from pipeline.playlists import planned_items
-from storage.admission import DedupPolicy
-from storage.approvals import approved_picks
-from storage.audit import (
+from episodic.pipeline.check_lost import check_lost_at_provider
+from episodic.pipeline.check_media import MediaAudit, Recorded, legacy_media
+from episodic.pipeline.check_spend import check_costs, check_reservations
+from episodic.pipeline.playlists import planned_items
+from episodic.storage.admission import DedupPolicy
+from episodic.storage.approvals import approved_picks
+from episodic.storage.audit import (
     CostRecord,
     EpisodeRecord,
     ItemRecord,
@@ -52,9 +53,9 @@ from storage.audit import (
     list_episodes,
     snapshot,
 )
-from storage.base import utcnow
-from storage.media import MediaStore
-from storage.tx import Database
+from episodic.storage.base import utcnow
+from episodic.storage.media import MediaStore
+from episodic.storage.tx import Database
 
 NEEDS_ALL_IMAGES = {EpisodeState.GENERATED, EpisodeState.APPROVED, EpisodeState.ASSEMBLED}
 
@@ -94,15 +95,15 @@ def check_episodes(
     answer raises its MediaStoreError: an outage is not a finding about the media."""
     policy = policy or DedupPolicy()
     if store is None:
-        from core.settings import load_settings
-        from pipeline.media_view import open_store
+        from episodic.core.settings import load_settings
+        from episodic.pipeline.media_view import open_store
 
         store = open_store(load_settings(), engine)
     wanted = None if episode_id is None else str(EpisodeId.parse(episode_id))
     episodes = list_episodes(engine, pipeline, wanted)
     if episode_id is not None and not episodes:
-        from core.errors import EpisodeNotFound
-        from storage.engine import database_label
+        from episodic.core.errors import EpisodeNotFound
+        from episodic.storage.engine import database_label
 
         raise EpisodeNotFound(pipeline, episode_id, database_label(engine))
     findings: list[Finding] = []
@@ -154,6 +155,7 @@ def _check_one(
     }
     _check_liveness(add, runs, items, now)
     _check_ledger(add, subs, costs, held, cancel_answers)
+    check_lost_at_provider(add, episode, items, subs, costs)
     try:
         _check_states(
             add,
@@ -236,13 +238,17 @@ def _check_ledger(
             add(
                 "ledger",
                 f"provider job {sub.remote_ref} ({sub.client_reference}) was accepted but never "
-                "collected: `episodic retry` collects it at no cost",
+                "collected: `episodic retry` collects it at no cost while the provider keeps "
+                "its output (Replicate and fal: about an hour); once it is gone, retry records "
+                "it lost and says how to buy it again",
             )
         elif sub.state in UNSETTLED_SUBMISSION_STATES:
             add(
                 "ledger",
                 f"submission {sub.client_reference} may have made a provider job that the "
-                "ledger does not know (acceptance unknown): `episodic retry` asks the provider",
+                "ledger does not know (acceptance unknown): `episodic retry` asks the provider "
+                "where it can; else find the job there and `episodic runs adopt RUN ITEM --job "
+                "ID` (pays nothing)",
             )
     refs = Counter((s.provider_profile, s.remote_ref) for s in subs if s.remote_ref)
     for (profile, ref), times in refs.items():
@@ -254,6 +260,7 @@ def _check_ledger(
         if cost.amount_micros < 0:
             add("ledger", f"cost entry {cost.id} is negative")
     check_costs(add, costs)  # each amount follows from its basis, quantity and unit price
+    check_reservations(add, subs, costs)  # and none passes what its call was counted at
 
 
 def _check_liveness(
@@ -394,16 +401,21 @@ def _check_manifest(
     for video, candidates in heroes.items():
         entry = listed[video]
         if picks.get(video) is not None and entry["picked"] != picks[video]:
-            add("picks", f"manifest ships {video} candidate {entry['picked']}, the approval "
-                f"picked {picks[video]}")  # fmt: skip
+            add(
+                "picks",
+                f"manifest ships {video} candidate {entry['picked']}, the approval "
+                f"picked {picks[video]}",
+            )
         keys = [c.idempotency_key for c in candidates]
         if [c["idempotency_key"] for c in entry["candidates"]] != keys:
             add("picks", f"manifest's candidates of {video} are not the plan's")
             continue
         for c in entry["candidates"]:
             if output.get(c["idempotency_key"]) != c["sha256"]:
-                add("picks", f"manifest's {video} candidate {c['candidate']} is not the "
-                    "ledger's image")  # fmt: skip
+                add(
+                    "picks",
+                    f"manifest's {video} candidate {c['candidate']} is not the ledger's image",
+                )
         picked = keys[entry["picked"] - 1] if 1 <= entry["picked"] <= len(keys) else None
         if picked not in shipped or len(shipped & set(keys)) != 1:
             add("picks", f"manifest does not ship exactly {video}'s picked candidate")

@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from core.errors import InvalidInput, MediaMissing
-from core.ids import EpisodeId
-from storage.admission import DedupPolicy
-from storage.audit import ItemRecord, MediaRecord, list_episodes, snapshot
-from storage.media import MediaStore
-from storage.tx import Database
+from episodic.core.errors import InvalidInput, MediaMissing
+from episodic.core.ids import EpisodeId
+from episodic.storage.admission import DedupPolicy
+from episodic.storage.audit import ItemRecord, MediaRecord, list_episodes, snapshot
+from episodic.storage.media import MediaStore
+from episodic.storage.tx import Database
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,8 +87,11 @@ class MediaAudit:
                 return None
             content = file.read_bytes()
         if recorded.size is not None and len(content) != recorded.size:
-            add("files", f"{label} does not match its recorded size ({len(content)} bytes, "
-                f"{recorded.size} recorded): {where}")  # fmt: skip
+            add(
+                "files",
+                f"{label} does not match its recorded size ({len(content)} bytes, "
+                f"{recorded.size} recorded): {where}",
+            )
             return content
         if hashlib.sha256(content).hexdigest() != recorded.sha256:
             add("files", f"{label} does not match its recorded sha256: {where}")

@@ -1,9 +1,10 @@
-"""`check`'s money audits: every cost entry follows from its basis, and `spend` adds up.
+"""`check`'s money audits: every cost entry follows from its basis, none passes what its
+call was reserved at, and `spend` adds up.
 
 A cost entry records its amount beside the basis, the measured quantity and the unit price
-it was charged from (`core.pricing`): the amount is recomputed from those three
+it was charged from (`episodic.core.pricing`): the amount is recomputed from those three
 (`charge_of`, the engine's own rule, stated once) and an entry whose amount does not follow
-is a finding. The spend report's totals (`pipeline.spend`) are held, for every grouping,
+is a finding. The spend report's totals (`episodic.pipeline.spend`) are held, for every grouping,
 against the ledger's own SQL aggregate of the pipeline's cost entries, read at the same
 moment: each currency's paid calls and exact total must be equal.
 """
@@ -15,13 +16,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from core.money import amount_text, format_money
-from core.periods import PERIOD_KINDS, PeriodKind, period_bounds, period_label
-from core.pricing import charge_of
-from pipeline.spend import GROUPINGS, Pipelines, group_lines, totals_of
-from storage.audit import CostRecord
-from storage.spend import SpendLine, audited_spend, known_pipelines
-from storage.tx import Database
+from episodic.core.money import amount_text, format_money
+from episodic.core.periods import PERIOD_KINDS, PeriodKind, period_bounds, period_label
+from episodic.core.pricing import charge_of
+from episodic.pipeline.spend import GROUPINGS, Pipelines, group_lines, totals_of
+from episodic.storage.audit import CostRecord, SubmissionRecord
+from episodic.storage.spend import SpendLine, audited_spend, known_pipelines
+from episodic.storage.tx import Database
 
 
 def check_costs(add: Callable[[str, str], None], costs: Sequence[CostRecord]) -> None:
@@ -41,6 +42,32 @@ def check_costs(add: Callable[[str, str], None], costs: Sequence[CostRecord]) ->
                 f"({cost.basis}: quantity {cost.quantity} at "
                 f"{format_money(cost.unit_price_micros, cost.currency)})",
             )
+
+
+def check_reservations(
+    add: Callable[[str, str], None], subs: Sequence[SubmissionRecord], costs: Sequence[CostRecord]
+) -> None:
+    """A finding for each charge above what its call was reserved at (the price's bound, or
+    a charge seen before it): the caps and budgets counted that call below what the provider
+    billed, so its price's bound is wrong. A call reserved at 0 (a free price) states none."""
+    reserved = {s.id: (s.reserved_micros, s.client_reference) for s in subs}
+    for cost in costs:
+        bound, reference = reserved.get(cost.submission_pk, (0, ""))
+        if 0 < bound < cost.amount_micros and _follows(cost):  # else `check_costs` says it
+            add(
+                "cost",
+                f"submission {reference} was charged "
+                f"{format_money(cost.amount_micros, cost.currency)}, above the "
+                f"{format_money(bound, cost.currency)} its caps and budgets counted it at: "
+                "correct its profile's price (at_most, or the price itself)",
+            )
+
+
+def _follows(cost: CostRecord) -> bool:
+    try:
+        return charge_of(cost.basis, cost.unit_price_micros, cost.quantity) == cost.amount_micros
+    except ValueError:
+        return False
 
 
 @dataclass
@@ -72,7 +99,7 @@ class SpendCheck:
 def verify_spend(engine: Database, pipeline: str) -> SpendCheck:
     """The report's totals of the pipeline by each grouping, against the ledger's sums;
     and each week's and month's row against the ledger's sum of that period's bounds
-    (`core.periods.period_bounds`, the budgets' window), so labels and bounds agree."""
+    (`episodic.core.periods.period_bounds`, the budgets' window), so labels and bounds agree."""
     result = SpendCheck(pipeline)
     if pipeline not in known_pipelines(engine):
         return result

@@ -98,13 +98,35 @@ def font(size: int) -> ImageFont.FreeTypeFont:
 # Stand-ins for characters the built-in font lacks and that have no plain-letter
 # decomposition (an accented letter is drawn as its base letter: `drawable`).
 _STAND_INS = {
-    "\u2010": "-", "\u2011": "-", "\u2012": "-", "\u2013": "-", "\u2014": "-", "\u2015": "-",
-    "\u2022": "\u00b7", "\u00df": "ss", "\u00f8": "o", "\u00d8": "O", "\u00e6": "ae",
-    "\u00c6": "AE", "\u0153": "oe", "\u0152": "OE", "\u0142": "l", "\u0141": "L",
-    "\u0111": "d", "\u0110": "D", "\u00fe": "th", "\u00de": "Th", "\u00d7": "x",
-    "\u20ac": "EUR", "\u00bd": "1/2", "\u00bc": "1/4", "\u00be": "3/4", "\u00a1": "!",
-    "\u00bf": "?", "\u00f7": "/",
-}  # fmt: skip
+    "\u2010": "-",
+    "\u2011": "-",
+    "\u2012": "-",
+    "\u2013": "-",
+    "\u2014": "-",
+    "\u2015": "-",
+    "\u2022": "\u00b7",
+    "\u00df": "ss",
+    "\u00f8": "o",
+    "\u00d8": "O",
+    "\u00e6": "ae",
+    "\u00c6": "AE",
+    "\u0153": "oe",
+    "\u0152": "OE",
+    "\u0142": "l",
+    "\u0141": "L",
+    "\u0111": "d",
+    "\u0110": "D",
+    "\u00fe": "th",
+    "\u00de": "Th",
+    "\u00d7": "x",
+    "\u20ac": "EUR",
+    "\u00bd": "1/2",
+    "\u00bc": "1/4",
+    "\u00be": "3/4",
+    "\u00a1": "!",
+    "\u00bf": "?",
+    "\u00f7": "/",
+}
 
 
 @lru_cache(maxsize=4096)

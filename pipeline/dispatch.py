@@ -1,4 +1,4 @@
-"""The database side of `episodic dispatch` (`flows.dispatch`): dispatchers of one request
+"""The database side of `episodic dispatch` (`episodic.flows.dispatch`): dispatchers of one request
 serialized across processes and machines, so two of them never both start a flow run."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from storage.locks import keyed_transaction
-from storage.tx import Database
+from episodic.storage.locks import keyed_transaction
+from episodic.storage.tx import Database
 
 
 @contextmanager

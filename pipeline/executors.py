@@ -3,7 +3,7 @@
 One dispatch machine (`dispatch`) drives every executor; an executor is only its `Lanes`:
 how its items are started and how their endings are reported. The CLI's executor is
 `thread_pool_executor` (a worker thread claims its item, then runs it); the Prefect flow's
-(`tasks.executor`) claims batches and runs each item as a cached task. Both claim an item
+(`episodic.tasks.executor`) claims batches and runs each item as a cached task. Both claim an item
 before any work on it (`ItemJob`), keep an item refused only for a provider slot and ask for
 it again (`claim_next`, `collect_first`), and stop dispatching on `stop`.
 """
@@ -16,11 +16,11 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, Literal, Protocol
 
-from core.records import ItemResult, RefusalReason
-from core.runs import INTERRUPTED, Claim, Item
+from episodic.core.records import ItemResult, RefusalReason
+from episodic.core.runs import INTERRUPTED, Claim, Item
 
 if TYPE_CHECKING:
-    from pipeline.runner import Runner
+    from episodic.pipeline.runner import Runner
 
 Progress = Callable[[Item, ItemResult], None]
 """Told how each item this process worked ended."""
@@ -225,8 +225,8 @@ def dispatch(
                     queue.appendleft(item)
                     throttled = True
                 elif answer is not None:
-                    if answer is ItemResult.NOT_STORED:  # the run is paused: buy no more
-                        stop.set()
+                    if answer in (ItemResult.NOT_STORED, ItemResult.THROTTLED):
+                        stop.set()  # the run is paused: buy no more
                     offered.clear()  # an item of ours ended: what is collectible may differ
                     job.waiting(False)
                     progress(item, answer)

@@ -1,6 +1,6 @@
 """The ledger's side of a Prefect flow run: which runs it worked on, and what a dead one left.
 
-A flow run that starts a run records the link (`storage.flow_runs`); a cancelled flow run's
+A flow run that starts a run records the link (`episodic.storage.flow_runs`); a cancelled flow run's
 hook settles the runs linked to it (`flows.cancellation`), and the sweep finalizes a flow run
 left Running by a dead process with a message that says what it left at the provider
 (`flows.maintenance`). Nothing here knows Prefect: flow run ids are opaque strings and their
@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 
-from storage.flow_runs import FlowRunLinks, RunLife, dead
-from storage.tx import Database
+from episodic.storage.flow_runs import FlowRunLinks, RunLife, dead
+from episodic.storage.tx import Database
 
 LINK_MARGIN = timedelta(minutes=5)  # clock skew between Prefect's server and the database
 
@@ -45,7 +45,7 @@ def crashed_messages(
     engine: Database, fallback_lease_s: float, started: dict[str, datetime]
 ) -> dict[str, str]:
     """Of the flow runs left Running (`started`: flow run id -> when it started), those whose
-    process is gone (`storage.flow_runs.dead`: a run it worked on lost its lease and no
+    process is gone (`episodic.storage.flow_runs.dead`: a run it worked on lost its lease and no
     process holds any of them), each with its Crashed message."""
     lives = _lives(engine, fallback_lease_s, started)
     return {

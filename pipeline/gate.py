@@ -1,27 +1,28 @@
-"""The execution gate (DESIGN 4): no paid command reads a credential or builds a provider
+"""The execution gate: no paid command reads a credential or builds a provider
 client for an episode that does not exist.
 
 The order is structural: `build_provider` accepts only a `GatePass`, and only `open_gate`
 can make one (after parsing the id and loading the episode). The one other caller of
 `providers.registry.build_client` is ``episodic providers check``, which builds a client for
-a free call and never calls what spends (`pipeline.provider_check`).
+a free call and never calls what spends (`episodic.pipeline.provider_check`).
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Protocol
 
-from core.episodes import Episode
-from core.errors import ProviderConfigError
-from core.ids import EpisodeId
-from providers.base import Provider
-from providers.profiles import Profile
-from providers.registry import build_client
-from storage.episodes import EpisodeRepository
-from storage.tx import Database
+from episodic.core.episodes import Episode
+from episodic.core.errors import ProviderConfigError
+from episodic.core.ids import EpisodeId
+from episodic.core.output_files import RecordPaths
+from episodic.core.settings import Settings
+from episodic.providers.base import Provider
+from episodic.providers.profiles import Profile
+from episodic.providers.registry import build_client, refuse_record
+from episodic.storage.episodes import EpisodeRepository
+from episodic.storage.tx import Database
 
 _GATE_TOKEN = object()
 PAID_COMMANDS = frozenset({"generate", "retry", "resume"})
@@ -78,16 +79,19 @@ def check_credential(profile: Profile, value: str, source: str) -> str:
 
 
 def build_provider(
-    gate: GatePass, profile: Profile, credentials: CredentialSource, state_dir: Path
+    gate: GatePass, profile: Profile, credentials: CredentialSource, settings: Settings
 ) -> Provider:
     """The client of a paid command: the credential is read, and the client built (by
-    `providers.registry.build_client`, the one place any client is built), only for the
+    `episodic.providers.registry.build_client`, the one place any client is built), only for the
     `GatePass` of an episode that exists. Raises `ProviderConfigError` (no credential, a
-    profile the adapter cannot use) and `TypeError` without a real `GatePass`."""
+    profile the adapter cannot use), `InvalidInput` (the fake's job store or event log named
+    onto the record of `settings`' installation: `episodic.providers.fake.refuse_record`) and
+    `TypeError` without a real `GatePass`."""
     if not isinstance(gate, GatePass) or gate._token is not _GATE_TOKEN:
         raise TypeError("build_provider needs the GatePass of a successful open_gate()")
+    refuse_record(profile, RecordPaths.of(settings, state_folder=False))
     credential = credentials.read(profile) if profile.needs_credential else None
     if profile.kind == "http" and credential is not None and profile.base_url is None:
         # a paid command's own words (`providers check` says the adapter's "needs base_url")
         raise ProviderConfigError(f"http profile {profile.id!r} needs base_url and a credential")
-    return build_client(profile, credential, state_dir)
+    return build_client(profile, credential, settings.home_path)

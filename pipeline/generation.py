@@ -6,18 +6,17 @@ import base64
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from pathlib import Path
 
-from core.dedup import Admission
-from core.errors import CommandNotAllowed, ProviderConfigError, frozen_plan
-from core.hints import hint
-from core.ids import EpisodeId
-from core.planning import RunOptions, check_budget
-from core.playlist import PlannedItem, Playlist, expand
-from core.runs import PlanReport
-from core.settings import Settings
-from core.states import FROZEN_PLAN_STATES, RunState
-from pipeline.admission import (
+from episodic.core.dedup import Admission
+from episodic.core.errors import CommandNotAllowed, ProviderConfigError, frozen_plan
+from episodic.core.hints import hint
+from episodic.core.ids import EpisodeId
+from episodic.core.planning import RunOptions, check_budget
+from episodic.core.playlist import PlannedItem, Playlist, expand
+from episodic.core.runs import PlanReport
+from episodic.core.settings import Settings
+from episodic.core.states import FROZEN_PLAN_STATES, RunState
+from episodic.pipeline.admission import (
     admit_run,
     check_period_budgets,
     dedup_policy,
@@ -25,29 +24,25 @@ from pipeline.admission import (
     prepare_resume,
     run_request,
 )
-from pipeline.executors import ItemExecutor, thread_pool_executor
-from pipeline.gate import CredentialSource, GatePass, build_provider, open_gate
-from pipeline.media_view import writable_store
-from pipeline.outcomes import RunOutcome, nothing_to_do
-from pipeline.playlists import (
-    check_profile_known,
-    load_playlist,
+from episodic.pipeline.executors import ItemExecutor, thread_pool_executor
+from episodic.pipeline.gate import CredentialSource, GatePass, build_provider, open_gate
+from episodic.pipeline.media_view import writable_store
+from episodic.pipeline.outcomes import RunOutcome, nothing_to_do
+from episodic.pipeline.playlists import (
     parse_playlist,
-    planned_items,
     playlist_sha256,
-    read_reference_image,
 )
-from pipeline.runner import Runner, mark_generated
-from providers.profiles import Profile, configured_profiles, get_profile
-from storage.admission import AdmissionStore
-from storage.cancels import CancelStore
-from storage.claims import ClaimStore
-from storage.episodes import EpisodeRepository
-from storage.leases import LeaseStore
-from storage.ledger import LedgerStore
-from storage.plans import PlanRecord, PlanStore
-from storage.runs import RunStore
-from storage.tx import Database
+from episodic.pipeline.runner import Runner, mark_generated
+from episodic.providers.profiles import Profile, configured_profiles, get_profile
+from episodic.storage.admission import AdmissionStore
+from episodic.storage.cancels import CancelStore
+from episodic.storage.claims import ClaimStore
+from episodic.storage.episodes import EpisodeRepository
+from episodic.storage.leases import LeaseStore
+from episodic.storage.ledger import LedgerStore
+from episodic.storage.plans import PlanRecord, PlanStore
+from episodic.storage.runs import RunStore
+from episodic.storage.tx import Database
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,61 +56,6 @@ class Prepared:
     # differs from the recorded one: the items come from it, and it is recorded when the run
     # is admitted (`plan_id` is then the plan it was derived from)
     replan: tuple[Playlist, list[str], int] | None = None
-
-
-def record_plan(
-    engine: Database, pipeline: str, episode_id: str, playlist_path: Path, *,
-    providers_path: Path | None = None,
-) -> dict[str, object]:  # fmt: skip
-    """`episodic plan` and every planner (flows, demo): validate the playlist and its
-    provider profile (`check_profile_known`), and record it for an existing episode."""
-    gate = open_gate(engine, pipeline, episode_id, "plan")
-    playlist, references = load_playlist(playlist_path)
-    check_profile_known(playlist, str(playlist_path), providers_path)
-    items = planned_items(
-        playlist.model_dump(mode="json"), references, gate.episode_id, gate.pipeline
-    )
-    stored = PlanStore(engine).record_plan(  # frozen check and state change: one transaction
-        gate.episode_pk,
-        playlist.model_dump(mode="json"),
-        playlist_sha256(playlist),
-        references,
-        str(playlist_path),
-        read_reference_image(playlist_path, playlist, references),
-    )
-    return {
-        "episode_id": gate.episode_id,
-        "recorded": stored,
-        "videos": len(playlist.items),
-        "images": len(items),
-        "provider_profile": playlist.provider_profile,
-        "template": f"{playlist.template.id} v{playlist.template.version}",
-    }
-
-
-def recorded_plan_summary(
-    engine: Database, pipeline: str, episode_id: str
-) -> dict[str, object] | None:
-    """The recorded plan of an episode, summarised as `record_plan` answers, or None.
-
-    A resumed Prefect run uses it instead of reading the playlist file again: what was
-    planned (and then approved) is what the run continues with.
-    """
-    gate = open_gate(engine, pipeline, episode_id, "plan")
-    recorded = PlanStore(engine).latest_plan(gate.episode_pk)
-    if recorded is None:
-        return None
-    playlist, references = recorded
-    items = planned_items(playlist, references, gate.episode_id, gate.pipeline)
-    template = playlist.get("template", {})
-    return {
-        "episode_id": gate.episode_id,
-        "recorded": False,
-        "videos": len(playlist.get("items", [])),
-        "images": len(items),
-        "provider_profile": playlist.get("provider_profile", "fake"),
-        "template": f"{template.get('id')} v{template.get('version')}",
-    }
 
 
 def prepare(
@@ -199,7 +139,7 @@ def build_runner(
         media_type, content = found
         reference_image = f"data:{media_type};base64,{base64.b64encode(content).decode()}"
     media = writable_store(settings, engine)  # fail closed before the credential is read
-    provider = build_provider(prepared.gate, prepared.profile, credentials, settings.home_path)
+    provider = build_provider(prepared.gate, prepared.profile, credentials, settings)
     return Runner(
         store=RunStore(engine),
         claims=ClaimStore(engine),
@@ -368,7 +308,7 @@ def resume(
     admission = prepare_resume(store, AdmissionStore(engine), run_id, dedup_policy(settings))
     if on_start is not None:
         on_start(run, run_id)
-    return run.execute(run_id, options, 0, deduplicated=admission.deduplicated)
+    return run.execute(run_id, options, 0, joined_live=admission.deduplicated)
 
 
 def retry(
@@ -423,7 +363,7 @@ def retry(
 def _already_completed(store: RunStore, prepared: Prepared, run_id: str) -> RunOutcome:
     """A completed run answers at once, and the episode is marked generated if a crash
     came between the run's completion and that step (credential-free)."""
-    from core.exit_codes import ExitCode
+    from episodic.core.exit_codes import ExitCode
 
     _mark_generated(store.engine, prepared, run_id, prepared.plan_id)
     counts = store.counts(run_id)
@@ -444,7 +384,7 @@ def _with_decision(engine: Database, gate: GatePass, outcome: RunOutcome) -> Run
     """A generate that had nothing to do on a rejected episode says that the rejection
     stands (who, when, why) and how to undo it, instead of leaving the reader to think the
     episode now waits for a decision."""
-    from pipeline.approval import rejection_note
+    from episodic.pipeline.approval import rejection_note
 
     note = rejection_note(engine, gate.episode_pk, gate.episode_id)
     return outcome if note is None else replace(outcome, message=f"{outcome.message}; {note}")

@@ -19,10 +19,10 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING
 
-from core.states import RunState
+from episodic.core.states import RunState
 
 if TYPE_CHECKING:
-    from pipeline.runner import Runner
+    from episodic.pipeline.runner import Runner
 
 REOPENED = (RunState.FAILED, RunState.PAUSED)
 """States a renewal may find the run in while this process still works: it reopens it."""

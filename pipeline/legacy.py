@@ -30,24 +30,24 @@ from pydantic import (
     model_validator,
 )
 
-from core.documents import DocumentError, parse_json, read_text
-from core.errors import InvalidInput, NotAnImage
-from core.ids import WeekId
-from core.media import StoredMedia
-from core.money import MAX_IMAGE_COST_MICROS, MICROS_PER_MINOR, micros_from_minor
-from core.playlist import (
+from episodic.core.documents import DocumentError, parse_json, read_text
+from episodic.core.errors import InvalidInput, NotAnImage
+from episodic.core.ids import WeekId
+from episodic.core.media import StoredMedia
+from episodic.core.money import MAX_IMAGE_COST_MICROS, MICROS_PER_MINOR, micros_from_minor
+from episodic.core.playlist import (
     MAX_IMAGES_PER_PLAN,
     MAX_PART,
     PlannedItem,
     canonical_json,
     no_control_characters,
 )
-from core.settings import Settings
-from core.states import EpisodeState
-from pipeline.allocation import allocate
-from pipeline.media import prove_image
-from storage.episodes import EpisodeRepository
-from storage.legacy import (
+from episodic.core.settings import Settings
+from episodic.core.states import EpisodeState
+from episodic.pipeline.allocation import allocate
+from episodic.pipeline.media import prove_image
+from episodic.storage.episodes import EpisodeRepository
+from episodic.storage.legacy import (
     ImportedDecision,
     ImportedEpisode,
     ImportedImage,
@@ -56,8 +56,8 @@ from storage.legacy import (
     record_import,
     top_sequence,
 )
-from storage.media import MediaStore
-from storage.tx import Database
+from episodic.storage.media import MediaStore
+from episodic.storage.tx import Database
 
 TOOL_VERSION = "episodic-migrate-legacy/1"
 _ID = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"

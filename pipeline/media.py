@@ -1,7 +1,7 @@
 """The images of a run: the proof that downloaded bytes are an image, and keeping them in
 the media store before anything is completed.
 
-The order every paid image follows (`pipeline.paid_call`): download, prove it is an image
+The order every paid image follows (`episodic.pipeline.paid_call`): download, prove it is an image
 (`prove_image`: its media type from the bytes, never from the reply's header or a file
 name), write it to the media store under its content key and verify what the store holds
 (`keep_image`), and only then complete the item in the ledger. The key is derived from the
@@ -20,9 +20,9 @@ from pathlib import Path
 
 from PIL import Image, ImageFile, UnidentifiedImageError
 
-from core.errors import MediaMissing, NotAnImage
-from core.media import MediaProblem, ProvenImage, StoredMedia, content_problem
-from storage.media import MediaStore
+from episodic.core.errors import MediaMissing, NotAnImage
+from episodic.core.media import MediaProblem, ProvenImage, StoredMedia, content_problem
+from episodic.storage.media import MediaStore
 
 # Pillow's format names of the types a paid image may be, and their media types.
 _FORMATS = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp"}

@@ -23,14 +23,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from core.errors import MediaStoreError, NotAnImage
-from core.media import StoredMedia
-from core.settings import Settings
-from pipeline.media import prove_image
-from pipeline.media_view import writable_store
-from storage.media import MediaStore
-from storage.media_records import LegacyFile, MediaRecords
-from storage.tx import Database
+from episodic.core.errors import MediaStoreError, NotAnImage
+from episodic.core.media import StoredMedia
+from episodic.core.settings import Settings
+from episodic.pipeline.media import prove_image
+from episodic.pipeline.media_view import writable_store
+from episodic.storage.media import MediaStore
+from episodic.storage.media_records import LegacyFile, MediaRecords
+from episodic.storage.tx import Database
 
 ImportStatus = Literal["imported", "missing", "differs", "not_an_image", "store_failed"]
 MAX_LEGACY_BYTES = 64 * 1024 * 1024  # an image or manifest; anything larger is not ours

@@ -12,24 +12,33 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from core.errors import CommandNotAllowed, InvalidInput, MediaStoreError, MediaStoreUnavailable
-from core.settings import Settings
-from storage.episodes import EpisodeRepository
-from storage.ledger import completed_outputs
-from storage.media import MediaStore
-from storage.store_identity import verify
-from storage.tx import Database
+from episodic.core.errors import (
+    CommandNotAllowed,
+    InvalidInput,
+    MediaStoreError,
+    MediaStoreUnavailable,
+)
+from episodic.core.settings import Settings
+from episodic.storage.episodes import EpisodeRepository
+from episodic.storage.ledger import completed_outputs
+from episodic.storage.media import MediaStore
+from episodic.storage.store_identity import verify
+from episodic.storage.tx import Database
 
 
-def open_store(settings: Settings, engine: Database, *, adopt: bool = False) -> MediaStore:
+def open_store(
+    settings: Settings, engine: Database, *, adopt: bool = False, read_only: bool = False
+) -> MediaStore:
     """The media store `settings` name (EPISODIC_MEDIA_URL), opened once per command or
     flow step. Refused (`MediaStoreMisconfigured`, exit 2, one line) when it is a local
     folder that does not exist (a wrong folder is not a store that lost every image), and
     (`WrongMediaStore`) unless it is the store the database records (``adopt``: a step that
-    writes media records it when none is; `storage.store_identity`)."""
+    writes media records it when none is; ``read_only``: a command that only reads and
+    reports goes on at the recorded address whose marker is missing;
+    `episodic.storage.store_identity`)."""
     store = MediaStore.from_settings(settings)
     store.check_root()
-    verify(engine, store, adopt=adopt)
+    verify(engine, store, adopt=adopt, read_only=read_only)
     return store
 
 

@@ -1,14 +1,18 @@
 """The one place a provider is called: one claimed item, taken as far as it goes, never paid
-for twice (DESIGN 5).
+for twice.
 
-A claim says what its holder does next (`core.records.ClaimAction`):
+A claim says what its holder does next (`episodic.core.records.ClaimAction`):
 
 - **submit**: the claim committed the intent of a paid call. Right before the call the
   claim is checked (`PaidCall.holds`); then the call is sent. Only what provably created
   nothing (never sent, 429) is sent again, with backoff, each try after a check. An answer
   whose acceptance is unknown is *resolved* without a new paid call as far as the
   provider's promises go (a lookup by our client reference, or the same create again when
-  the provider honours idempotent creates); otherwise the item is released as unknown.
+  the provider honours idempotent creates: `episodic.pipeline.resolve`); otherwise the item is
+  released as unknown. A create the provider throttled is waited out with every worker of
+  the profile, or, past the bound, withdrawn (nothing paid), its item put back pending and
+  the run paused (`episodic.pipeline.throttle`); a further attempt (a re-buy, --force-resubmit)
+  waits for the profile's recorded throttle the same way before its intent is made.
 - **collect**: an accepted job is collected (polled, downloaded), free.
 - **reconcile**: an intent or unknown from before is resolved the same way; resubmitted
   only on the operator's `--force-resubmit`.
@@ -25,6 +29,8 @@ store cannot keep what it buys. A job
 cancelled at the
 provider by the cancel of another run (one that decided before this run included the item)
 is bought again (`PaidCall.buy_again`) only within the item's attempts and the run's budget.
+An accepted job whose output the provider proves deleted (`OutputGone`) is closed failed
+with its charge and recorded lost at once (`episodic.pipeline.gone`).
 """
 
 from __future__ import annotations
@@ -35,38 +41,45 @@ from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
 
-from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
-
-from core.errors import InvalidTransition, MediaStoreError, NotAnImage
-from core.hints import hint
-from core.media import ProvenImage
-from core.planning import RunOptions, budget_breach
-from core.pricing import Reservation
-from core.records import ClaimAction, ItemResult
-from core.runs import BUDGET_STOPPED, INTERRUPTED, STORE_STOPPED, Claim, Refusal, Submission
-from core.states import RunState
-from pipeline.gate import GatePass
-from pipeline.media import keep_image, prove_image
-from providers.base import (
+from episodic.core.errors import InvalidTransition, MediaStoreError, NotAnImage
+from episodic.core.media import ProvenImage
+from episodic.core.planning import RunOptions, budget_breach
+from episodic.core.pricing import Charge, Reservation
+from episodic.core.records import ClaimAction, ItemResult
+from episodic.core.runs import (
+    BUDGET_STOPPED,
+    INTERRUPTED,
+    STORE_STOPPED,
+    Claim,
+    Refusal,
+    Submission,
+)
+from episodic.core.states import RunState
+from episodic.pipeline.gate import GatePass
+from episodic.pipeline.gone import LostAtProvider, record_gone
+from episodic.pipeline.media import keep_image, prove_image
+from episodic.pipeline.prices import above_price, failure_charge
+from episodic.pipeline.resolve import reason, resolve
+from episodic.pipeline.throttle import Throttled, send, wait_until
+from episodic.pipeline.unknowns import unknown_text
+from episodic.providers.base import (
     CollectionPending,
-    DescribesJobs,
     ImageRequest,
     NotCreated,
+    OutputGone,
     Provider,
-    ProviderError,
     RemoteJobFailed,
     Stopped,
-    TransientProviderError,
     UnknownOutcome,
 )
-from providers.profiles import Profile
-from storage.budgets import Guard
-from storage.cancels import CancelStore
-from storage.leases import LeaseStore
-from storage.ledger import LedgerStore
-from storage.media import MediaStore
-from storage.runs import RunStore
-from storage.tx import database_cause
+from episodic.providers.profiles import Profile
+from episodic.storage.budgets import Guard
+from episodic.storage.cancels import CancelStore
+from episodic.storage.leases import LeaseStore
+from episodic.storage.ledger import LedgerStore
+from episodic.storage.media import MediaStore
+from episodic.storage.runs import RunStore
+from episodic.storage.throttles import ThrottleStore
 
 # A claim proved (ours, live, run running) by its own transaction less than this long ago
 # needs no second check before its paid call (`PaidCall.holds`).
@@ -82,20 +95,11 @@ class _NotStored(Exception):
 
 
 class _OverBudget(Exception):
-    """A re-buy or a forced resubmit would pass a cap or a budget (`storage.budgets`)."""
+    """A re-buy or a forced resubmit would pass a cap or a budget (`episodic.storage.budgets`)."""
 
 
 class _NotAnImageOutput(Exception):
     """The accepted job's output is still not an image after `DOWNLOAD_ATTEMPTS`."""
-
-
-def reason(exc: BaseException) -> str:
-    """One line for the ledger and the run (a driver's message, not SQLAlchemy's wrapping
-    with its statement and background link)."""
-    cause = database_cause(exc)
-    text = f"database error: {cause}" if cause is not None else str(exc)
-    line = next((part.strip() for part in text.splitlines() if part.strip()), "")
-    return (line or type(exc).__name__)[:500]
 
 
 @dataclass
@@ -112,6 +116,8 @@ class PaidCall:
     media: MediaStore
     stop: threading.Event
     reference_image: str | None = None  # the plan's reference image, a data: URI
+    throttles: ThrottleStore | None = None  # the profile's shared throttle (None: this call's)
+    price_breach: str | None = None  # the first charge above the price's bound, in words
 
     def process(self, claim: Claim, options: RunOptions) -> ItemResult:
         """Take one claimed item as far as it goes; returns what happened. Never pays twice."""
@@ -159,9 +165,14 @@ class PaidCall:
             )
             self.stop_buying(claim.run_id, str(exc))
             return ItemResult.NOT_STORED
-        except _NotAnImageOutput as exc:
+        except (_NotAnImageOutput, LostAtProvider) as exc:
             self.leases.release(claim, str(exc))
             return ItemResult.FAILED
+        except Throttled as exc:  # nothing sent: the run pauses, in every process; the item
+            # did not fail (its intent was withdrawn): it is still to buy, as before its claim
+            self.leases.put_back(claim, f"not bought yet: {exc}")
+            self.stop_buying(claim.run_id, str(exc), exc.flavour)
+            return ItemResult.THROTTLED
         except _OverBudget as exc:  # nothing sent: the run stops buying, in every process
             self.leases.release(claim, f"not bought: {exc}")
             self.stop_buying(claim.run_id, str(exc), BUDGET_STOPPED)
@@ -210,19 +221,29 @@ class PaidCall:
         return budget_breach(calls, counts.cost_micros + price * still_open, options) is None
 
     def guard(self, run_id: str, options: RunOptions) -> Guard:
-        """What every new paid call of the run is held against (`storage.budgets`)."""
-        return Guard(run_id, self.gate.pipeline, options.limits, self.reservation)
+        """What every new paid call of the run is held against (`episodic.storage.budgets`)."""
+        limits, window = options.limits, self.profile.max_job_s
+        return Guard(run_id, self.gate.pipeline, limits, self.reservation, self.profile.id, window)
 
     def _new_attempt(self, claim: Claim, options: RunOptions, *, forced: bool) -> Submission:
         """A further paid call's intent (a re-buy, --force-resubmit), within the caps and
         budgets; `Stopped` when the run stopped or the claim was lost, `_OverBudget`."""
-        fresh = self.leases.new_attempt(
-            claim,
-            self.profile.id,
-            forced=forced,
-            reserve=self.reservation,
-            guard=self.guard(claim.run_id, options),
-        )
+        waited = 0.0
+        while True:
+            fresh = self.leases.new_attempt(
+                claim,
+                self.profile.id,
+                forced=forced,
+                reserve=self.reservation,
+                guard=self.guard(claim.run_id, options),
+            )
+            if not (isinstance(fresh, Refusal) and fresh.until is not None):
+                break
+            # the provider throttles the profile (any worker heard it): the call waits for
+            # its moment as a claim's does, or the run pauses past the bound (`Throttled`)
+            held = None if self.throttles is None else self.throttles.holding(self.profile.id)
+            said = held[1] if held is not None else "throttled"
+            waited += wait_until(fresh.until, said, waited, self.stop, self.profile.id)
         if isinstance(fresh, Refusal):
             raise _OverBudget(fresh.detail or "a cap or budget")
         if fresh is None:  # the run stopped or the claim was lost: spend nothing
@@ -259,14 +280,15 @@ class PaidCall:
             raise Stopped()
         try:
             remote_ref: str = self._retry_not_created(claim, lambda: self.provider.submit(request))
-        except Stopped:  # between tries that provably created nothing: nothing was sent
+        except (Stopped, Throttled):  # between tries that provably created nothing
             self.ledger.withdraw(claim, submission)
             raise
         except UnknownOutcome as exc:
             self.ledger.mark_unknown(submission.pk, reason(exc))
-            found = self._resolve(claim, submission, request)
+            found, looked = self._resolve(claim, submission, request)
             if found is None:
-                self.leases.release(claim, self._unknown_text(claim, submission, reason(exc)))
+                why = reason(exc) + (f"; {looked}" if looked else "")
+                self.leases.release(claim, self._unknown_text(claim, submission, why))
                 return None
             return submission.pk, found
         except NotCreated as exc:
@@ -284,71 +306,37 @@ class PaidCall:
         """An intent or unknown from before: ask the provider; resubmit only when forced."""
         submission = claim.submission
         assert submission is not None
-        found = self._resolve(claim, submission, self.request(claim, submission))
+        found, looked = self._resolve(claim, submission, self.request(claim, submission))
         if found is not None:
             return submission.pk, found
         if not options.force_resubmit:
             self.ledger.mark_unknown(submission.pk, "acceptance unknown")
-            self.leases.release(claim, self._unknown_text(claim, submission, "no reply recorded"))
+            why = "no reply recorded" + (f"; {looked}" if looked else "")
+            self.leases.release(claim, self._unknown_text(claim, submission, why))
             return None
         if not self.ledger.refuse(claim, submission.pk, "abandoned by operator (--force-resubmit)"):
             raise Stopped()  # taken over (or settled meanwhile): the new holder decides
         return self._send(claim, self._new_attempt(claim, options, forced=True))
 
-    def _resolve(self, claim: Claim, submission: Submission, request: ImageRequest) -> str | None:
-        """Settle an unknown without a new paid call, as far as the provider's promises go.
-
-        An idempotent resend may still be the call that makes the one job (the first create
-        never reached the provider), so it is a paid call: the claim is checked first."""
-        caps = self.provider.capabilities
-        if not (caps.can_lookup or caps.idempotent_create):
-            return None
-        for delay in (0.0, 0.2, 0.5, 1.0):
-            if self.stop.wait(delay):
-                return None
-            try:
-                remote_ref = None
-                if caps.can_lookup:
-                    remote_ref = self.provider.lookup(submission.client_reference, request)
-                if remote_ref is None and caps.idempotent_create:
-                    # the same create, same key: the provider returns the job it made, or
-                    # makes the one job this submission stands for
-                    if not self.leases.still_holds(claim):
-                        return None  # cancelled or taken over: it stays unknown, unsent
-                    remote_ref = self.provider.submit(request)
-            except (UnknownOutcome, TransientProviderError):
-                continue
-            except ProviderError:  # refused or failed: it will not settle this way
-                return None
-            if remote_ref is not None and self.ledger.accept(submission.pk, remote_ref):
-                return remote_ref
-            if remote_ref is not None:  # another submission's job: never ours
-                return None
-        return None
+    def _resolve(
+        self, claim: Claim, submission: Submission, request: ImageRequest
+    ) -> tuple[str | None, str]:
+        """Settle an unknown without a new paid call (`episodic.pipeline.resolve`)."""
+        return resolve(
+            self.provider,
+            self.ledger,
+            self.leases,
+            claim,
+            submission,
+            request,
+            self.stop,
+            self.profile.id,
+            self.throttles,
+        )
 
     def _unknown_text(self, claim: Claim, submission: Submission, why: str) -> str:
-        caps = self.provider.capabilities
-        run = claim.run_id
-        if caps.can_lookup or caps.idempotent_create:
-            again = hint(
-                f"`episodic runs resume {run}`",
-                f"running the generate deployment again for {self.gate.episode_id}",
-            )
-            return (
-                f"acceptance unknown ({why}); not resubmitted: {again} asks the provider "
-                "again; only after checking the provider yourself: `episodic runs resume "
-                f"{run} --force-resubmit`"
-            )
-        where = (  # a provider whose jobs carry no reference of ours says where to look
-            self.provider.how_to_find(self.request(claim, submission))
-            if isinstance(self.provider, DescribesJobs)
-            else f"client reference {submission.client_reference}"
-        )
-        return (
-            f"acceptance unknown ({why}); provider profile {self.profile.id!r} can neither "
-            f"look jobs up nor dedupe creates: look for {where} at the provider, then "
-            f"`episodic runs resume {run} --force-resubmit` if it is not there"
-        )
+        request, episode = self.request(claim, submission), self.gate.episode_id
+        return unknown_text(self.provider, self.profile.id, episode, claim, request, why)
 
     def _collect(
         self, claim: Claim, submission_pk: int, remote_ref: str, options: RunOptions
@@ -364,17 +352,19 @@ class PaidCall:
                 result = self.provider.collect(
                     remote_ref, deadline_s=options.collect_timeout_s, should_stop=self.stop.is_set
                 )
+            except OutputGone as exc:
+                why, pks = reason(exc), (submission_pk, claim.item.pk)
+                text = record_gone(self.ledger.engine, self.gate, price, *pks, why, exc.compute_us)
+                raise LostAtProvider(text) from None
             except RemoteJobFailed as exc:
+                failed = failure_charge(price, self.profile, exc)
                 self.ledger.close_failed(
                     submission_pk,
                     f"remote job failed: {reason(exc)}",
                     episode_pk=self.gate.episode_pk,
-                    charge=price.settle(
-                        reported_micros=exc.reported_micros, compute_us=exc.compute_us
-                    )
-                    if exc.billed
-                    else None,
+                    charge=failed,
                 )
+                self.hold_to_price(claim.run_id, remote_ref, failed)
                 raise
             try:
                 image: ProvenImage = prove_image(result.content)
@@ -386,31 +376,34 @@ class PaidCall:
                     f"job {remote_ref[:80]}: the provider's output is {exc.reason} "
                     f"({DOWNLOAD_ATTEMPTS} downloads); not completed"
                 )
-                self.ledger.close_failed(
-                    submission_pk,
-                    text,
-                    episode_pk=self.gate.episode_pk,
-                    charge=price.settle(
-                        reported_micros=result.reported_micros, compute_us=result.compute_us
-                    ),
+                charge = price.settle(
+                    reported_micros=result.reported_micros, compute_us=result.compute_us
                 )
+                self.ledger.close_failed(
+                    submission_pk, text, episode_pk=self.gate.episode_pk, charge=charge
+                )
+                self.hold_to_price(claim.run_id, remote_ref, charge)
                 raise _NotAnImageOutput(text) from None
         try:
             stored = keep_image(self.media, image)
         except MediaStoreError as exc:
             raise _NotStored(reason(exc)) from None
-        completed = self.ledger.complete(
-            claim,
-            submission_pk,
-            self.gate.episode_pk,
-            stored,
-            price.settle(
-                reported_micros=result.reported_micros,
-                compute_us=result.compute_us,
-                pixels=image.width * image.height,
-            ),
+        charge = price.settle(
+            reported_micros=result.reported_micros,
+            compute_us=result.compute_us,
+            pixels=image.width * image.height,
         )
+        completed = self.ledger.complete(claim, submission_pk, self.gate.episode_pk, stored, charge)
+        if completed:
+            self.hold_to_price(claim.run_id, remote_ref, charge)
         return ItemResult.COMPLETED if completed else ItemResult.TAKEN_OVER
+
+    def hold_to_price(self, run_id: str, remote_ref: str, charge: Charge | None) -> None:
+        """Remember a charge above the price's bound (`prices.above_price`): every claim of
+        the run then refuses new calls (`episodic.storage.budgets`); the `Runner` pauses it so."""
+        why = above_price(self.provider.capabilities.price, self.profile, remote_ref, charge)
+        if why is not None and self.price_breach is None:
+            self.price_breach = why
 
     def holds(self, claim: Claim) -> bool:
         """The check right before a paid call: the claim is ours, live, and its run running.
@@ -425,22 +418,6 @@ class PaidCall:
         return self.leases.still_holds(claim)
 
     def _retry_not_created(self, claim: Claim, call: Callable[[], str]) -> str:
-        """Send again only what provably created nothing (never sent, 429), with backoff;
-        every try after a backoff checks the claim again first (a cancel or a lost lease
-        during the wait stops it: `Stopped`)."""
-        tries = 0
-
-        def attempt() -> str:
-            nonlocal tries
-            tries += 1
-            if self.stop.is_set() or (tries > 1 and not self.leases.still_holds(claim)):
-                raise Stopped()
-            return call()
-
-        retrying = Retrying(
-            retry=retry_if_exception_type(TransientProviderError),
-            stop=stop_after_attempt(4),
-            wait=wait_exponential_jitter(multiplier=0.05, max=2.0),
-            reraise=True,
-        )
-        return retrying(attempt)
+        """Send again only what provably created nothing (`episodic.pipeline.throttle.send`)."""
+        holds = lambda: self.leases.still_holds(claim)  # noqa: E731
+        return send(call, holds, self.stop, self.profile.id, self.throttles)

@@ -1,7 +1,7 @@
 """One timezone truth per pipeline.
 
 A pipeline's timezone decides which ISO week a slot belongs to, so every scheduler, worker and
-CLI must use the same one. It lives in the database (`storage.pipelines`): the first use
+CLI must use the same one. It lives in the database (`episodic.storage.pipelines`): the first use
 records EPISODIC_TIMEZONE (UTC when unset); later, a process whose EPISODIC_TIMEZONE is set
 to another zone refuses (`TimezoneMismatch`, exit 2) instead of allocating other weeks, and a
 process without the variable simply uses the recorded zone. `set_timezone` is the only way
@@ -14,13 +14,13 @@ import re
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from core.errors import InvalidInput, TimezoneMismatch
-from core.money import amount_text, format_money, parse_money
-from core.periods import PERIOD_KINDS, PeriodKind
-from core.settings import Settings, load_timezone, validate_pipeline
-from storage.budgets import BudgetStore
-from storage.pipelines import PipelineConfig, PipelineStore
-from storage.tx import Database
+from episodic.core.errors import InvalidInput, TimezoneMismatch
+from episodic.core.money import amount_text, format_money, parse_money
+from episodic.core.periods import PERIOD_KINDS, PeriodKind
+from episodic.core.settings import Settings, load_timezone, validate_pipeline
+from episodic.storage.budgets import BudgetStore
+from episodic.storage.pipelines import PipelineConfig, PipelineStore
+from episodic.storage.tx import Database
 
 
 def pipeline_config(engine: Database, settings: Settings, pipeline: str) -> PipelineConfig:
@@ -66,7 +66,7 @@ def set_budget(
     while the real one has none), and not below what the current period has already spent
     (the overrun is said, not hidden)."""
     name = validate_pipeline(pipeline)
-    from storage.spend import known_pipelines
+    from episodic.storage.spend import known_pipelines
 
     known = known_pipelines(engine)
     if not new and name not in known and name != settings.pipeline and known:

@@ -8,9 +8,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from core.documents import DocumentError, parse_yaml, read_text
-from core.errors import InvalidPlaylist, PlaylistMistakes
-from core.playlist import (
+from episodic.core.documents import DocumentError, parse_yaml, read_text
+from episodic.core.errors import InvalidPlaylist, PlaylistMistakes
+from episodic.core.playlist import (
     MAX_REFERENCE_IMAGE_BYTES,
     PlannedItem,
     Playlist,
@@ -18,9 +18,9 @@ from core.playlist import (
     expand,
     reference_image_type,
 )
-from core.playlist_errors import playlist_mistakes
-from core.settings import load_settings
-from providers.profiles import configured_profiles, load_profiles
+from episodic.core.playlist_errors import playlist_mistakes
+from episodic.core.settings import load_settings
+from episodic.providers.profiles import configured_profiles, load_profiles
 
 MAX_PLAYLIST_BYTES = 5_000_000
 

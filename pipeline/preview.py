@@ -1,6 +1,6 @@
 """`episodic preview`: a contact sheet of exactly what an approval is about, before it.
 
-The images are the review set the approval uses (`pipeline.approval.planned_images`: the
+The images are the review set the approval uses (`episodic.pipeline.approval.planned_images`: the
 current plan's completed images, read from the media store and checked against the sha256
 paid for), so the sheet made on any machine with the store shows what would ship. Each tile
 carries the video's title from the frozen plan and its item id; a hero video's candidates
@@ -13,19 +13,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from core.errors import CommandNotAllowed
-from core.hints import hint
-from core.output_files import write_output
-from core.records import EpisodeImage
-from core.settings import Settings
-from pipeline.approval import hero_outputs, planned_images
-from pipeline.contact_sheet import Tile, compose
-from pipeline.gate import GatePass, open_gate
-from pipeline.playlists import parse_playlist, planned_items
-from storage.ledger import completed_outputs
-from storage.media import MediaStore
-from storage.plans import PlanStore
-from storage.tx import Database
+from episodic.core.errors import CommandNotAllowed
+from episodic.core.hints import hint
+from episodic.core.output_files import RecordPaths, write_output
+from episodic.core.records import EpisodeImage
+from episodic.core.settings import Settings
+from episodic.pipeline.approval import hero_outputs, planned_images
+from episodic.pipeline.contact_sheet import Tile, compose
+from episodic.pipeline.gate import GatePass, open_gate
+from episodic.pipeline.playlists import parse_playlist, planned_items
+from episodic.storage.ledger import completed_outputs
+from episodic.storage.media import MediaStore
+from episodic.storage.plans import PlanStore
+from episodic.storage.tx import Database
 
 PREVIEW_FILE = "preview.png"
 PARTS_PER_ROW = 4
@@ -120,6 +120,11 @@ def preview(
     is completed (before approval, which is its point). Refused (exit 2, nothing written):
     no plan; images not completed (named); an image missing from `store` or not the bytes
     paid for. An unknown episode is exit 5."""
+    # a user-named file never writes over the record (refused before anything is read);
+    # the default place is the project's own, in the episode's folder of the state folder
+    keep = RecordPaths.of(settings) if out is not None else RecordPaths()
+    if out is not None:
+        keep.refuse(out, f"--out {out}")
     gate = open_gate(engine, pipeline, episode_id, "preview")
     missing = missing_images(engine, gate)
     if missing:
@@ -134,7 +139,7 @@ def preview(
     content, placed = compose(sheet_rows(images, texts))
     path = out if out is not None else default_path(settings, pipeline, gate.episode_id)
     path = path.expanduser().absolute()
-    _write(path, content)
+    _write(path, content, keep)
     outputs = [image for image, _ in images]
     return {
         "episode_id": gate.episode_id,
@@ -147,8 +152,9 @@ def preview(
     }
 
 
-def _write(path: Path, content: bytes) -> None:
+def _write(path: Path, content: bytes, keep: RecordPaths) -> None:
     """Write `content` to `path` whole (a temporary file renamed over it, normal
-    permissions), its folder made when missing; an unwritable place, or a target that is
-    not a regular file (a folder, symlink, device, FIFO), is bad input (exit 2), one line."""
-    write_output(path, content, f"--out {path}")
+    permissions), its folder made when missing; an unwritable place, a part of the record
+    (`keep`), or a target that is not a regular file (a folder, symlink, device, FIFO), is
+    bad input (exit 2), one line."""
+    write_output(path, content, f"--out {path}", keep=keep)

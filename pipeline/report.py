@@ -6,15 +6,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from core.ids import EpisodeId
-from core.money import add_to, format_money, format_totals
-from pipeline.cancel import cancelled_answer, stopped
-from pipeline.playlists import planned_items
-from storage.cancels import CancelStore
-from storage.episodes import EpisodeRepository
-from storage.ledger import LedgerStore, completed_outputs
-from storage.plans import PlanStore
-from storage.tx import Database
+from episodic.core.ids import EpisodeId
+from episodic.core.money import add_to, format_money, format_totals
+from episodic.pipeline.cancel import cancelled_answer, stopped
+from episodic.pipeline.playlists import planned_items
+from episodic.storage.cancels import CancelStore
+from episodic.storage.episodes import EpisodeRepository
+from episodic.storage.ledger import LedgerStore, completed_outputs
+from episodic.storage.plans import PlanStore
+from episodic.storage.tx import Database
 
 
 def episode_report(

@@ -30,17 +30,17 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Literal, overload
 
-from core.errors import MediaStoreError, NotAnImage
-from core.media import ProvenImage
-from core.settings import Settings
-from pipeline.gate import CredentialSource, GatePass, build_provider, open_gate
-from pipeline.media import prove_image
-from pipeline.media_view import writable_store
-from providers.base import CollectionPending, Provider, RemoteJobFailed, Stopped
-from providers.profiles import configured_profiles, get_profile
-from storage.media import MediaStore
-from storage.media_records import MediaRecords, RecordedImage
-from storage.tx import Database
+from episodic.core.errors import MediaStoreError, NotAnImage
+from episodic.core.media import ProvenImage
+from episodic.core.settings import Settings
+from episodic.pipeline.gate import CredentialSource, GatePass, build_provider, open_gate
+from episodic.pipeline.media import prove_image
+from episodic.pipeline.media_view import writable_store
+from episodic.providers.base import CollectionPending, Provider, RemoteJobFailed, Stopped
+from episodic.providers.profiles import configured_profiles, get_profile
+from episodic.storage.media import MediaStore
+from episodic.storage.media_records import MediaRecords, RecordedImage
+from episodic.storage.tx import Database
 
 Status = Literal[
     "present", "imported", "restored", "differs", "not_an_image", "not_served", "store_failed"
@@ -223,9 +223,7 @@ def _providers(
     built: dict[str, Provider] = {}
     try:
         for name in needed:
-            built[name] = build_provider(
-                gate, get_profile(profiles, name), credentials, settings.home_path
-            )
+            built[name] = build_provider(gate, get_profile(profiles, name), credentials, settings)
     except BaseException:
         for provider in built.values():
             provider.close()

@@ -1,18 +1,18 @@
-"""One process's part in a run (DESIGN 5): claim the run's items, work them, then conclude
+"""One process's part in a run: claim the run's items, work them, then conclude
 the run. No Prefect.
 
 The CLI and the Prefect flow share the `Runner`; they differ only in the `ItemExecutor` that
 runs the per-item work (`pipeline.executors.thread_pool_executor`, or cached Prefect tasks in
-`tasks.executor`).
+`episodic.tasks.executor`).
 
 How a run spends money exactly once:
 
-- **Claims.** Before any paid call the executor *claims* the item (`storage.claims`): one
+- **Claims.** Before any paid call the executor *claims* the item (`episodic.storage.claims`): one
   transaction checks the run is running, takes the item with a lease and commits the intent
   of the paid call. Several runs, processes or Prefect workers on one episode split its
   items; an item held by another live claim is *followed* (this run waits for it and reports
   it completed when its holder finishes), never bought twice.
-- **Leases and heartbeats** (`pipeline.heartbeat`): a cancel or a pause from anywhere stops
+- **Leases and heartbeats** (`episodic.pipeline.heartbeat`): a cancel or a pause from anywhere stops
   this process at the next item. A killed holder's lease expires and another run takes over;
   the intent it left behind is reconciled, never resubmitted.
 - **The paid call** (`pipeline.paid_call`): errors by what they prove (`providers.base`):
@@ -28,31 +28,41 @@ from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass, field, replace
 
-from core.errors import CommandNotAllowed, InvalidTransition
-from core.hints import counted
-from core.planning import RunOptions
-from core.records import ItemResult
-from core.runs import BUDGET_STOPPED, INTERRUPTED, Claim, Item
-from core.states import RunState
-from pipeline.admission import runnable_items
-from pipeline.executors import ItemExecutor, thread_pool_executor
-from pipeline.gate import GatePass
-from pipeline.heap import freeze_for_run, thaw_after_run
-from pipeline.heartbeat import Heartbeat
-from pipeline.outcomes import RunOutcome, run_ended
-from pipeline.paid_call import PaidCall, reason
-from pipeline.share import Share
-from pipeline.share import new_owner as new_owner  # (re-exported: tests, bench)
-from providers.base import Provider
-from providers.profiles import Profile
-from storage.cancels import CancelStore
-from storage.claims import ClaimStore
-from storage.episodes import EpisodeRepository
-from storage.leases import LeaseStore
-from storage.ledger import LedgerStore
-from storage.media import MediaStore
-from storage.plans import PlanStore
-from storage.runs import RunStore
+from episodic.core.errors import CommandNotAllowed, InvalidTransition
+from episodic.core.hints import counted
+from episodic.core.planning import RunOptions
+from episodic.core.records import ItemResult
+from episodic.core.runs import (
+    BUDGET_STOPPED,
+    INTERRUPTED,
+    PRICE_STOPPED,
+    STORE_STOPPED,
+    Claim,
+    Item,
+)
+from episodic.core.states import RunState
+from episodic.pipeline.admission import runnable_items
+from episodic.pipeline.executors import ItemExecutor, thread_pool_executor
+from episodic.pipeline.gate import GatePass
+from episodic.pipeline.heap import freeze_for_run, thaw_after_run
+from episodic.pipeline.heartbeat import Heartbeat
+from episodic.pipeline.outcomes import RunOutcome, Worked, run_ended
+from episodic.pipeline.paid_call import PaidCall
+from episodic.pipeline.resolve import reason
+from episodic.pipeline.share import Share
+from episodic.pipeline.share import new_owner as new_owner  # (re-exported: tests, bench)
+from episodic.providers.base import Provider
+from episodic.providers.profiles import Profile
+from episodic.storage.budgets import PRICE_MARK
+from episodic.storage.cancels import CancelStore
+from episodic.storage.claims import ClaimStore
+from episodic.storage.episodes import EpisodeRepository
+from episodic.storage.leases import LeaseStore
+from episodic.storage.ledger import LedgerStore
+from episodic.storage.media import MediaStore
+from episodic.storage.plans import PlanStore
+from episodic.storage.runs import RunStore
+from episodic.storage.throttles import ThrottleStore
 
 
 @dataclass
@@ -71,7 +81,7 @@ class Runner:
     gate: GatePass
     provider: Provider
     profile: Profile
-    media: MediaStore  # where paid images are kept (`pipeline.media.keep_image`)
+    media: MediaStore  # where paid images are kept (`episodic.pipeline.media.keep_image`)
     executor: ItemExecutor = thread_pool_executor
     stop: threading.Event = field(default_factory=threading.Event)
     # Set with `stop` by this process's own interrupt (Ctrl-C, SIGTERM) when the caller can
@@ -99,6 +109,7 @@ class Runner:
             self.media,
             self.stop,
             self.reference_image,
+            ThrottleStore(self.claims.engine),
         )
 
     def process(self, claim: Claim, options: RunOptions) -> ItemResult:
@@ -106,29 +117,49 @@ class Runner:
         return self.paid.process(claim, options)
 
     def execute(
-        self, run_id: str, options: RunOptions, skipped: int = 0, *, deduplicated: bool = False
+        self,
+        run_id: str,
+        options: RunOptions,
+        skipped: int = 0,
+        *,
+        deduplicated: bool = False,
+        joined_live: bool = False,
     ) -> RunOutcome:
         """Run (or join) `run_id` until its items are done, failed, or it is stopped.
 
-        `deduplicated` only labels the outcome (the caller's request joined an existing run).
+        `deduplicated` only labels the outcome (the caller's request was answered by an
+        existing run). `joined_live`: a resume found the run live (its lease not yet
+        expired); its outcome says ``deduplicated`` only when another process really did
+        some of the work while this one ran (an item held elsewhere that this process did
+        not work to its end). A resume of a run whose process was killed finds its lease
+        still live, takes its items over once their leases run out and does all the work:
+        nothing was working on it, and its outcome does not say it joined a working run.
         """
         items = runnable_items(self.store, self.plans, self.gate.episode_pk, run_id, options)
         job = Share(self, run_id, new_owner(), options)
         ended = self._start(run_id, job.owner, options.lease_s)
         if ended is not None:  # the run we joined finished meanwhile: its outcome is ours
-            return replace(self._outcome(run_id, ended, skipped, ()), deduplicated=deduplicated)
+            outcome = self._outcome(run_id, ended, skipped, ())
+            return replace(outcome, deduplicated=deduplicated or joined_live)
         heartbeat = Heartbeat(self, job.owner, run_id, options.lease_s, self.stop)
         heartbeat.start()
         freeze_for_run()  # no full garbage collection walks the whole heap mid-run
         interrupted = False
         concurrency = max(1, min(options.concurrency, self.provider.capabilities.max_concurrency))
+
+        def progress(item: Item, result: ItemResult) -> None:
+            job.ended(item, result)
+            self.on_progress(item, result)
+
         try:
+            everything = items
+            items = self._settle_first(run_id, job, items, concurrency, progress)
             while items:
                 job.busy.clear()
-                self.executor(items, job, concurrency, self.stop, self.on_progress)
-                if self.stop.is_set() or job.over_budget is not None:
+                self.executor(items, job, concurrency, self.stop, progress)
+                if self.stop.is_set():
                     break
-                items, follow = self._next_pass(run_id, job, items)
+                items, follow = self._next_pass(run_id, job, items, everything)
                 if follow:
                     self.stop.wait(self.follow_poll_s)
         except KeyboardInterrupt:  # Ctrl-C or SIGTERM of this process: it pauses the run
@@ -151,16 +182,49 @@ class Runner:
         if self.stop.is_set():
             interrupted = interrupted or self.interrupted.is_set()
             outcome = self._stopped(run_id, job.owner, skipped, followed, interrupted)
-        elif job.over_budget is not None:
+        elif job.over_budget is not None or self.paid.price_breach is not None:
             outcome = self._over_budget(run_id, job, skipped, followed)
         else:
             outcome = self.finish(run_id, skipped, followed)
-        return replace(outcome, deduplicated=deduplicated)
+        shared = joined_live and bool(job.held_elsewhere - job.worked_here)
+        return replace(outcome, deduplicated=deduplicated or shared)
 
-    def _next_pass(self, run_id: str, job: Share, items: list[Item]) -> tuple[list[Item], bool]:
+    def _settle_first(
+        self,
+        run_id: str,
+        job: Share,
+        items: list[Item],
+        concurrency: int,
+        progress: Callable[[Item, ItemResult], None],
+    ) -> list[Item]:
+        """Recovery collects first: before anything is bought, a pass over the items that
+        have a submission open (an accepted job, an unanswered intent, an unknown outcome:
+        left by a killed or interrupted process, or by this run's earlier attempts) whose
+        claims only settle (`Share.settle_only`): collecting costs nothing new, and every
+        later decision about buying (the caps, the budgets) then counts what these jobs
+        really cost rather than their reservations. An item held by another live claim is
+        left to the passes after, which follow it (and collect it once its holder's lease
+        runs out, whatever the budget). Returns the items still to work."""
+        job.open_items = self.store.with_open_submission(run_id)
+        first = [it for it in items if it.pk in job.open_items]
+        if not first:
+            return items
+        job.settle_only = True
+        try:
+            self.executor(first, job, concurrency, self.stop, progress)
+        finally:
+            job.settle_only = False
+        return [it for it in items if it.pk not in job.finished]
+
+    def _next_pass(
+        self, run_id: str, job: Share, items: list[Item], everything: list[Item]
+    ) -> tuple[list[Item], bool]:
         """After a pass over `items`: the items of the next pass (none: this process is
         done with the run), and whether they are followed (polled after a wait) rather
-        than worked at once."""
+        than worked at once. Once it stopped buying at a limit (`Share.over_budget`), a
+        process still follows what other claims hold and collects what is left open of
+        `everything` (the run's items it listed) and not worked here yet, once each: a job
+        accepted at the provider is never left behind by a run that stops at its budget."""
         if job.busy:  # held by other live claims: finished, taken over, or given up
             job.no_retry.update(job.busy)
             waiting = set(job.busy)
@@ -171,6 +235,12 @@ class Runner:
         held = self.store.held_elsewhere(run_id, job.owner)
         if held:
             return held, True
+        if job.over_budget is not None:
+            job.open_items = self.store.with_open_submission(run_id)
+            done = job.finished | job.tried_open  # worked here already: not asked again
+            left = [it for it in everything if it.pk in job.open_items and it.pk not in done]
+            job.tried_open.update(it.pk for it in left)
+            return left, False
         # What a process of this run (this one too) gave up unfinished: this one finishes
         # it, once each.
         unfinished = [it for it in self.store.unfinished(run_id) if it.pk not in job.taken_back]
@@ -270,25 +340,44 @@ class Runner:
     ) -> RunOutcome:
         """A claim refused a new paid call at a cap or a budget and this process's calls in
         flight are done: the run is paused with the reason (`BUDGET_STOPPED`: no process
-        reopens it; `runs resume` with a bigger limit goes on), unless nothing is left."""
+        reopens it; `runs resume` with a bigger limit goes on), unless nothing is left. A
+        charge above the price's bound pauses it even then (`PRICE_STOPPED`): the price is
+        wrong for every later call, and the run's line and `runs show` must say so."""
         counts = self.store.counts(run_id)
-        if not (counts.failed or counts.pending or counts.running):
+        done = not (counts.failed or counts.pending or counts.running)
+        if done and self.paid.price_breach is None:
             return self.finish(run_id, skipped, followed)
+        if done:
+            self.mark_generated(run_id)
         self.leases.release_all(job.owner, INTERRUPTED)
-        why = f"{BUDGET_STOPPED} {job.over_budget}"[:2000]
-        return self._outcome(run_id, self._move(run_id, RunState.PAUSED, why), skipped, followed)
+        if self.paid.price_breach is not None:  # a charge this process saw, with its job
+            why = f"{PRICE_STOPPED} {self.paid.price_breach}"[:2000]
+        elif (job.over_budget or "").startswith(PRICE_MARK):  # seen by another process
+            why = f"{STORE_STOPPED} {job.over_budget}"[:2000]
+        else:
+            why = f"{BUDGET_STOPPED} {job.over_budget}"[:2000]
+        state = self._move(run_id, RunState.PAUSED, why)
+        return self._outcome(run_id, state, skipped, followed, job)
 
     def mark_generated(self, run_id: str | None) -> None:
         """The episode is generated once every image of its current plan is completed."""
         mark_generated(self.episodes, self.gate.episode_pk, self.planned_keys, run_id, self.plan_id)
 
     def _outcome(
-        self, run_id: str, state: RunState, skipped: int, followed: tuple[str, ...]
+        self,
+        run_id: str,
+        state: RunState,
+        skipped: int,
+        followed: tuple[str, ...],
+        job: Share | None = None,
     ) -> RunOutcome:
         counts = self.store.counts(run_id)
         if state == RunState.COMPLETED:
             self.mark_generated(run_id)
-        return run_ended(self.store, self.gate, run_id, state, counts, skipped, followed)
+        here = None if job is None else Worked(job.completed_here, job.collected_earlier)
+        return run_ended(
+            self.store, self.gate, run_id, state, counts, skipped, followed, self.profile, here
+        )
 
 
 def mark_generated(

@@ -1,6 +1,6 @@
 """JSON Schemas (draft 2020-12) of the files people write: the playlist and the providers
-file, from the pydantic models that read them (`core.playlist.Playlist`,
-`providers.profiles.Profile`), for editors to validate a file as it is typed
+file, from the pydantic models that read them (`episodic.core.playlist.Playlist`,
+`episodic.providers.profiles.Profile`), for editors to validate a file as it is typed
 (``episodic schema playlist|providers``). Extras are refused in the models, so every object
 says ``additionalProperties: false``: a mistyped field is flagged where it is written.
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from core.playlist import Playlist
-from providers.profiles import Profile
+from episodic.core.playlist import Playlist
+from episodic.providers.profiles import Profile
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
 KINDS = ("playlist", "providers")
@@ -38,7 +38,7 @@ _PROFILE_FIELDS = {
     "max_job_s": "The longest one job runs at the provider, in seconds.",
     "delay_ms": "fake only: milliseconds each job takes.",
     "idempotent_create": "http only: the provider honours Idempotency-Key on create.",
-    "lookup": "http only: a job can be found by the client reference we sent.",
+    "lookup": "http only: the provider looks a job up by the client reference it carries.",
     "model": "replicate: owner/name; fal: owner/app with its subpath (fal-ai/flux/dev).",
     "version": "replicate only: the model version to pin (64 hex digits).",
     "inputs": "Constant model inputs sent with every item, named as the model names them.",
@@ -56,6 +56,9 @@ _PRICE_FIELDS = {
     "whole_megapixels": "per_megapixel: every started megapixel is billed (fal's rule).",
     "at_most": "The most megapixels or seconds an image takes: what estimates and budgets "
     "reserve before it exists.",
+    "failed": "Whether a job that ends failed or cancelled is billed (billed or free); by "
+    "default as the provider documents it: fal and Replicate's models billed by output free, "
+    "per-second prices and the http protocol billed.",
 }
 _PLAYLIST_FIELDS = {
     "template": "The prompt template every item is generated from.",

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from core.ids import EpisodeId
-from core.keys import SlotKey
-from pipeline.check import Finding
-from storage.allocator import SLOT_EVENTS, asked_by
-from storage.audit import SlotEpisode, snapshot
-from storage.tx import Database
+from episodic.core.ids import EpisodeId
+from episodic.core.keys import SlotKey
+from episodic.pipeline.check import Finding
+from episodic.storage.allocator import SLOT_EVENTS, asked_by
+from episodic.storage.audit import SlotEpisode, snapshot
+from episodic.storage.tx import Database
 
 
 def schedule_warnings(
@@ -21,7 +21,7 @@ def schedule_warnings(
     """Slots of the pipeline that more than one deployment asked for: two deployments of
     the weekly flow schedule one pipeline (a copy, a renamed one left behind). Each slot is
     still one episode, paid once; the warning says which deployments to keep one of. From
-    the database alone: the deployments the allocation recorded (`storage.allocator`) and
+    the database alone: the deployments the allocation recorded (`episodic.storage.allocator`) and
     those old-format keys name. With `episode_id`, the slots of that episode only."""
     wanted = None if episode_id is None else str(EpisodeId.parse(episode_id))
     with snapshot(engine) as reader:

@@ -1,7 +1,7 @@
 """`episodic spend`: what the ledger says was spent, grouped, exactly.
 
 Each paid call is dated by its submission's ``created_at`` in its pipeline's timezone, by
-`core.periods` (the rule the period budgets use, so the report and the budgets agree): a
+`episodic.core.periods` (the rule the period budgets use, so the report and the budgets agree): a
 week is an ISO week (``2026-W49``), a month a calendar month (``2026-12``). ``--since`` is
 inclusive and ``--until`` is inclusive too (the whole day), both dates in the pipeline's
 timezone. Currencies are never summed: a group with calls in two currencies is two rows.
@@ -21,13 +21,13 @@ from datetime import date, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from core.errors import InvalidInput
-from core.ids import WeekId, shown
-from core.money import amount_text
-from core.periods import day_start, period_label
-from core.settings import load_timezone, validate_pipeline
-from storage.spend import SpendLine, known_pipelines, spend_lines
-from storage.tx import Database
+from episodic.core.errors import InvalidInput
+from episodic.core.ids import WeekId, shown
+from episodic.core.money import amount_text
+from episodic.core.periods import day_start, period_label
+from episodic.core.settings import load_timezone, validate_pipeline
+from episodic.storage.spend import SpendLine, known_pipelines, spend_lines
+from episodic.storage.tx import Database
 
 GROUPINGS = ("week", "month", "episode", "profile", "pipeline")
 _DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")

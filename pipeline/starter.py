@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.errors import InvalidInput
+from episodic.core.errors import InvalidInput
 
 PROVIDERS_TEMPLATE = """\
 # Provider profiles: which paid image API a playlist's `provider_profile` uses, and what an

@@ -10,7 +10,7 @@ results. Removing it forgets what was bought: a later run pays again. So `remove
 - refuses a SQLite ledger outside the state folder (``EPISODIC_DATABASE_URL`` pointing
   elsewhere), and a folder that holds the project, the user's home or is a filesystem root;
 - removes only a state folder: one that holds the ledger ``episodic.db`` or the marker
-  (`core.home.STATE_MARKER`) the project writes when it creates the folder, and nothing at
+  (`episodic.core.home.STATE_MARKER`) the project writes when it creates the folder, and nothing at
   its top level that the project does not create there (`STATE_ENTRIES`): a user's folder
   that ``EPISODIC_HOME`` names by mistake, or a folder of the project's own code
   (``EPISODIC_HOME=core``), is refused naming one of its files;
@@ -29,19 +29,29 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.errors import InvalidInput
-from core.home import STATE_MARKER, project_folder
-from core.money import format_money
-from core.settings import Settings
+from episodic.core.errors import InvalidInput
+from episodic.core.home import STATE_MARKER, project_folder
+from episodic.core.money import format_money
+from episodic.core.settings import Settings
 
 # What the project creates at the top of a state folder (glob patterns): the ledger and its
 # SQLite companions and lock files, the default media store, Prefect's home, the item
 # results, the episodes' files, the provider profiles, the fake provider's jobs, the marker,
 # and what `episodic demo` leaves: the local copies of its episodes and its server's log.
 STATE_ENTRIES = (
-    "episodic.db", "episodic.db-*", "episodic.db.*", "media", "prefect", "results",
-    "episodes", "providers.yaml", "fake-provider", STATE_MARKER, "demo", "prefect-server.log",
-)  # fmt: skip
+    "episodic.db",
+    "episodic.db-*",
+    "episodic.db.*",
+    "media",
+    "prefect",
+    "results",
+    "episodes",
+    "providers.yaml",
+    "fake-provider",
+    STATE_MARKER,
+    "demo",
+    "prefect-server.log",
+)
 
 
 @dataclass(frozen=True)
@@ -59,8 +69,9 @@ class StateFolder:
 
     def holdings(self) -> str:
         """``14 paid calls (3.50 USD)``: what the ledger holds, in words."""
-        money = ", ".join(format_money(amount, currency) for currency, amount in sorted(
-            self.spent.items()))  # fmt: skip
+        money = ", ".join(
+            format_money(amount, currency) for currency, amount in sorted(self.spent.items())
+        )
         calls = f"{self.paid_calls} paid call{'' if self.paid_calls == 1 else 's'}"
         return f"{calls} ({money})" if money else calls
 
@@ -79,7 +90,7 @@ class StateFolder:
 def inspect_state(settings: Settings) -> StateFolder:
     """Where the state lives and what its ledger holds. A server database's holdings are
     not read (0): it is never removed here. Raises `InvalidInput` for a bad URL."""
-    from storage.engine import database_label, make_engine, normalize_url, sqlite_path
+    from episodic.storage.engine import database_label, make_engine, normalize_url, sqlite_path
 
     url = normalize_url(settings.url)
     home = settings.home_path
@@ -92,7 +103,7 @@ def inspect_state(settings: Settings) -> StateFolder:
     )
     if folder.sqlite_file is None or not folder.sqlite_file.is_file():
         return folder
-    from storage.ledger import ledger_totals
+    from episodic.storage.ledger import ledger_totals
 
     engine = make_engine(url, read_only=True)
     try:

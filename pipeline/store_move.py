@@ -16,19 +16,19 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
-from core.errors import (
+from episodic.core.errors import (
     CommandNotAllowed,
     MediaMissing,
     MediaStoreError,
     MediaStoreUnavailable,
     NotAnImage,
 )
-from core.media import DOCUMENT_TYPES
-from core.settings import Settings
-from pipeline.media import prove_image
-from storage import store_identity
-from storage.media import MediaStore
-from storage.tx import Database
+from episodic.core.media import DOCUMENT_TYPES
+from episodic.core.settings import Settings
+from episodic.pipeline.media import prove_image
+from episodic.storage import store_identity
+from episodic.storage.media import MediaStore
+from episodic.storage.tx import Database
 
 CopyStatus = Literal["copied", "missing", "differs", "store_failed"]
 

@@ -1,11 +1,11 @@
-"""`episodic sweep` and the `cancel_stale` flow's database part (DESIGN 6). No Prefect."""
+"""`episodic sweep` and the `cancel_stale` flow's database part. No Prefect."""
 
 from __future__ import annotations
 
-from core.settings import Settings
-from pipeline.admission import dedup_policy
-from storage.sweep import BUCKETS, Sweeper, SweepReport
-from storage.tx import Database
+from episodic.core.settings import Settings
+from episodic.pipeline.admission import dedup_policy
+from episodic.storage.sweep import BUCKETS, Sweeper, SweepReport
+from episodic.storage.tx import Database
 
 __all__ = ["BUCKETS", "BUCKET_MEANING", "SweepReport", "sweep"]
 

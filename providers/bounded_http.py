@@ -14,9 +14,12 @@ error. A request may lower its cap with ``extensions={MAX_BYTES: n}``.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from urllib.parse import quote
 
 import httpx
+
+from episodic.core.provider_text import problem_words, provider_words
 
 MAX_REPLY_BYTES = 5 * 1024 * 1024  # a JSON reply: a job, a page of jobs, a model's schema
 MAX_BYTES = "episodic_max_bytes"  # a request extension: this request's own cap
@@ -34,6 +37,43 @@ class ReplyTooLarge(httpx.TransportError):
 def describe(exc: Exception) -> str:
     """How a message names a transport failure: ours say what happened, httpx's by type."""
     return str(exc) if isinstance(exc, ReplyTooSlow | ReplyTooLarge) else type(exc).__name__
+
+
+def reply_words(response: httpx.Response, secrets: Iterable[str]) -> str:
+    """What a refusal's body says (its problem document's title and detail, `problem_words`:
+    bounded, one printable line, `secrets` struck out); "" when it says nothing readable."""
+    try:
+        body = response.json()
+    except (ValueError, RecursionError, httpx.HTTPError):
+        return ""
+    return problem_words(body, secrets=secrets)
+
+
+def shown_url(url: httpx.URL | str, *, secrets: Iterable[str]) -> str:
+    """Where a request went, as a message may show it: scheme, host, port and path, never a
+    user, password or query (a credential or a signature may ride there); at most 200
+    characters of printable ASCII. A path is text the profile wrote (its ``base_url``) and
+    may hold the token itself (a gateway-style URL): every one of `secrets` (as written and
+    percent-encoded) and anything shaped like a credential is struck (`provider_words`)."""
+    try:
+        parsed = url if isinstance(url, httpx.URL) else httpx.URL(url)
+        port = f":{parsed.port}" if parsed.port is not None else ""
+        text = f"{parsed.scheme}://{parsed.host}{port}{parsed.path}"
+    except (httpx.InvalidURL, ValueError, TypeError):
+        return "?"
+    text = "".join(c if "!" <= c <= "~" else "?" for c in text)
+    struck = [quote(secret, safe="") for secret in secrets] + list(secrets)
+    return provider_words(text, secrets=sorted(struck, key=len, reverse=True), limit=200)
+
+
+def unreached(exc: httpx.HTTPError, fallback: httpx.URL | str, *, secrets: Iterable[str]) -> str:
+    """A transport failure that names the URL it could not reach: ``could not reach
+    http://host:port/path (ConnectError)``, the profile's `secrets` struck from it."""
+    try:
+        url: httpx.URL | str = exc.request.url
+    except RuntimeError:  # an error raised before a request was attached
+        url = fallback
+    return f"could not reach {shown_url(url, secrets=secrets)} ({describe(exc)})"
 
 
 def bound(client: httpx.Client, deadline_s: float, max_bytes: int) -> httpx.Client:

@@ -61,15 +61,17 @@ from decimal import ROUND_CEILING, Decimal
 from pathlib import Path
 from typing import Any
 
-from core.errors import ProviderConfigError
-from core.pricing import Price
-from providers.base import (
+from episodic.core.errors import ProviderConfigError
+from episodic.core.output_files import RecordPaths
+from episodic.core.pricing import Price
+from episodic.providers.base import (
     CancelsJobs,
     Capabilities,
     CollectionPending,
     ImageRequest,
     ImageResult,
     PermanentProviderError,
+    RecordedElsewhere,
     RemoteJobFailed,
     StopCheck,
     Stopped,
@@ -93,6 +95,17 @@ def log_event(event: str, **fields: Any) -> None:
     line = json.dumps({"event": event, "at": time.time(), "pid": os.getpid(), **fields})
     with _log_guard, open(path, "a", encoding="utf-8") as handle:
         handle.write(line + "\n")
+
+
+def refuse_record(record: RecordPaths) -> None:
+    """Raise `InvalidInput` (exit 2, before any job) when ``EPISODIC_FAKE_PROVIDER_LOG`` or
+    ``EPISODIC_FAKE_PROVIDER_DIR`` names a part of the installation's `record` (its ledger,
+    providers file or media store): the fake appends its events and writes its jobs there,
+    and neither may write over what the record is."""
+    for name in ("EPISODIC_FAKE_PROVIDER_LOG", "EPISODIC_FAKE_PROVIDER_DIR"):
+        raw = os.environ.get(name, "")
+        if raw.strip():
+            record.refuse(Path(raw), f"{name}={raw[:200]}")
 
 
 def _compute_us(prompt: str) -> int:
@@ -306,7 +319,13 @@ class FakeProvider(CancelsJobs):
                     quantity = quantity.to_integral_value(rounding=ROUND_CEILING)
         return int((unit * quantity).to_integral_value(rounding=ROUND_CEILING))
 
-    def lookup(self, client_reference: str, request: ImageRequest | None = None) -> str | None:
+    def lookup(
+        self,
+        client_reference: str,
+        request: ImageRequest | None = None,
+        *,
+        recorded: RecordedElsewhere | None = None,
+    ) -> str | None:
         log_event("lookup", client_reference=client_reference)
         remote_ref = self._remote_ref(client_reference)
         path = self._job_path(remote_ref)

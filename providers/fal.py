@@ -7,13 +7,24 @@
   left to an operator (the adapter declares neither capability, and never sends again).
 - **Collect**: the status, result and cancel URLs use the owner and app only, without the
   subpath (``fal-ai/flux/requests/{id}/status``). ``IN_QUEUE`` and ``IN_PROGRESS`` (HTTP 202)
-  are polled again; ``COMPLETED`` with ``error`` or ``error_type`` is a failed request;
+  are polled again; ``COMPLETED`` with ``error`` or ``error_type`` is a failed request
+  (its ``error`` text in the message, sanitized: `episodic.core.provider_text`);
   otherwise the result ``GET .../requests/{id}`` holds ``images: [{url, ...}]``, downloaded
   without the credential (fal's CDN). A result answered 422 with a ``detail`` (the model's
-  validation or content error) is a failed request too; any other error is polled again.
+  validation or content error) is a failed request too, its ``detail`` in the message;
+  any other error is polled again,
+  but a result answered 404 after a COMPLETED status, twice in a row (a fresh status poll
+  between), is `OutputGone`: "fal keeps the result for 1 hour after the request completes"
+  (6 minutes for a result of 10 KB or more; https://fal.ai/docs/inference-api/queue/result),
+  and the media on fal's CDN lives as long as the request's
+  ``X-Fal-Object-Lifecycle-Preference`` says (https://fal.ai/docs/model-apis/data-retention):
+  a delivery answered 404 again after a fresh poll is `OutputGone` too (`providers.jobs_api`).
+  `episodic.providers.retention` (the result's hour) is what `runs show` tells an operator.
   The COMPLETED status carries ``metrics.inference_time`` ("Seconds the runner spent
   processing (only when COMPLETED)", https://docs.fal.ai/documentation/model-apis/inference/queue;
   legacy apps may send none): the compute time a per_second price is charged on.
+- **Verify** a request an operator found (``episodic runs adopt``): its status (the app
+  knows it, COMPLETED without error) and its result's echo of the seed and prompt.
 - **Cancel** ``PUT .../requests/{id}/cancel``: ``{"status": "CANCELLATION_REQUESTED" |
   "ALREADY_COMPLETED" | "NOT_FOUND" | "OK"}``.
 - **Check**: fal documents no free endpoint that verifies an ordinary key; ``episodic
@@ -38,11 +49,13 @@ to the nearest megapixel", ``whole_megapixels: true``), or per second of the rep
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import httpx
 
-from core.errors import ProviderConfigError
-from providers.base import (
+from episodic.core.errors import ProviderConfigError
+from episodic.core.provider_text import provider_words, result_refused_text
+from episodic.providers.base import (
     CancelsJobs,
     CannotCheck,
     Capabilities,
@@ -50,14 +63,24 @@ from providers.base import (
     DescribesJobs,
     ImageRequest,
     ImageResult,
+    NotOurJob,
+    RecordedElsewhere,
     RemoteJobFailed,
     UnknownOutcome,
+    VerifiesJobs,
 )
-from providers.bounded_http import MAX_BYTES, MAX_REPLY_BYTES, describe
-from providers.input_check import check_inputs, request_properties
-from providers.jobs_api import JobsApiClient, NotYet, compute_us_of, read_json
-from providers.profiles import Profile
-from providers.replicate import model_input
+from episodic.providers.bounded_http import (
+    MAX_BYTES,
+    MAX_REPLY_BYTES,
+    describe,
+    reply_words,
+    unreached,
+)
+from episodic.providers.compute_time import compute_us_of
+from episodic.providers.input_check import check_inputs, request_properties
+from episodic.providers.jobs_api import DownloadMissing, JobsApiClient, NotYet, read_json
+from episodic.providers.profiles import Profile
+from episodic.providers.replicate import model_input
 
 QUEUE = "https://queue.fal.run"
 # One endpoint's OpenAPI document (``?endpoint_id=fal-ai/flux/dev``), public and free
@@ -67,10 +90,11 @@ _STATUSES = {"IN_QUEUE", "IN_PROGRESS", "COMPLETED"}
 _CANCEL = {"OK", "CANCELLATION_REQUESTED", "ALREADY_COMPLETED", "NOT_FOUND"}
 
 
-class FalProvider(JobsApiClient, CancelsJobs, DescribesJobs, ChecksCredential):
+class FalProvider(JobsApiClient, CancelsJobs, DescribesJobs, ChecksCredential, VerifiesJobs):
     KIND = "fal"
     AUTH_SCHEME = "Key"
     DEFAULT_BASE_URL = QUEUE
+    GONE_AFTER_MISSES = 2  # its outputs are deleted after an hour (module docstring)
 
     @property
     def app(self) -> str:
@@ -98,13 +122,24 @@ class FalProvider(JobsApiClient, CancelsJobs, DescribesJobs, ChecksCredential):
             label = state if isinstance(state, str) and state in _STATUSES else "?"
             raise NotYet(f"status {label}", failed=False)
         if status.get("error") or status.get("error_type"):
-            raise RemoteJobFailed("request failed", billed=False)  # fal bills successes only
+            said = provider_words(
+                status.get("error") or status.get("error_type"), secrets=self._secrets
+            )
+            raise RemoteJobFailed(  # fal bills successes only
+                "request failed" + (f": {said}" if said else ""), billed=False
+            )
         try:
             response = self._api.get(base)
         except httpx.HTTPError as exc:
             raise NotYet(f"result: {describe(exc)}") from None
         if response.status_code == 422 and self._has_detail(response):  # the model refused
-            raise RemoteJobFailed("request failed: HTTP 422", billed=False)
+            said = reply_words(response, self._secrets)
+            raise RemoteJobFailed(result_refused_text(422, said), billed=False)
+        if response.status_code in (404, 410):  # COMPLETED, yet no result: kept an hour only
+            raise DownloadMissing(
+                f"result: HTTP {response.status_code}",
+                compute_us=compute_us_of(status, "inference_time"),
+            )
         if not response.is_success:
             raise NotYet(f"result: HTTP {response.status_code}")
         try:
@@ -124,8 +159,57 @@ class FalProvider(JobsApiClient, CancelsJobs, DescribesJobs, ChecksCredential):
             return False
         return isinstance(body, dict) and "detail" in body
 
-    def lookup(self, client_reference: str, request: ImageRequest | None = None) -> str | None:
+    def lookup(
+        self,
+        client_reference: str,
+        request: ImageRequest | None = None,
+        *,
+        recorded: RecordedElsewhere | None = None,
+    ) -> str | None:
         raise UnknownOutcome("lookup: fal's queue cannot find a request by anything we sent")
+
+    def verify_job(self, remote_ref: str, request: ImageRequest) -> str:
+        """A request an operator found (fal's request history) is this item's only when the
+        app's queue knows it (``GET .../requests/{id}/status``: the app, not the endpoint's
+        subpath, is what the URL proves), it completed without an error, and its result
+        echoes the item's ``seed`` (and ``prompt``, where the model echoes it, as FLUX
+        does). fal's queue shows a request's input nowhere else: a request still queued or
+        running, or a model whose result echoes neither, cannot be verified and is refused;
+        a failed request has nothing to collect (and fal does not bill it)."""
+        if not _REQUEST_ID.fullmatch(remote_ref):
+            raise NotOurJob(f"{provider_words(remote_ref, limit=80)!r} is not a fal request id")
+        base = f"/{self.app}/requests/{remote_ref}"
+        status = self._read(f"{base}/status", remote_ref)
+        state = status.get("status")
+        if state != "COMPLETED":
+            label = state if isinstance(state, str) and state in _STATUSES else "?"
+            raise NotOurJob(
+                f"request {remote_ref} is {label}: fal shows a request's input only in its "
+                "result (the seed it echoes); adopt it once it completed"
+            )
+        if status.get("error") or status.get("error_type"):
+            raise NotOurJob(f"request {remote_ref} failed at fal: nothing to collect (not billed)")
+        result = self._read(base, remote_ref)
+        checked = []
+        if self.profile.seed_input is not None and "seed" in result:
+            if result.get("seed") != request.seed:
+                raise NotOurJob(f"request {remote_ref}'s seed is not item {request.item_id}'s")
+            checked.append(f"seed {request.seed}")
+        if "prompt" in result:
+            if result.get("prompt") != request.prompt:
+                raise NotOurJob(f"request {remote_ref}'s prompt is not item {request.item_id}'s")
+            checked.append("the item's prompt")
+        if not checked:
+            raise NotOurJob(
+                f"request {remote_ref}'s result echoes neither the seed nor the prompt: it "
+                "cannot be verified as this item's"
+            )
+        return f"request {remote_ref} to {self.app}: {', '.join(checked)}"
+
+    def _read(self, path: str, remote_ref: str) -> dict[str, Any]:
+        """A free GET of a request's status or result: its JSON object; 404 `NotOurJob`."""
+        missing = f"fal has no request {remote_ref} of {self.app} for this key"
+        return self._read_free(path, missing, f"request {remote_ref}")
 
     def how_to_find(self, request: ImageRequest) -> str:
         """Where an operator finds a request whose submit reply was lost (fal requests carry
@@ -164,7 +248,7 @@ class FalProvider(JobsApiClient, CancelsJobs, DescribesJobs, ChecksCredential):
                 extensions={MAX_BYTES: MAX_REPLY_BYTES},
             )
         except httpx.HTTPError as exc:
-            raise UnknownOutcome(f"schema: {describe(exc)}") from None
+            raise UnknownOutcome(f"schema: {unreached(exc, url, secrets=self._secrets)}") from None
         if response.status_code == 404:
             raise ProviderConfigError(
                 f"profile {self.profile.id!r}: fal has no endpoint {self.model}"

@@ -3,15 +3,23 @@ returns an ``id``, ``GET /predictions/{id}`` polls it, ``GET /predictions?client
 finds a job we sent, and the output URL is downloaded (the shared client: `providers.jobs_api`).
 
 Every create carries an ``Idempotency-Key`` (the submission's client reference) and is sent
-once. A create's reply, by what it proves (``providers.base``; transport errors: see
-``providers.jobs_api``)::
+once. A create's reply, by what it proves (``episodic.providers.base``; transport errors: see
+``episodic.providers.jobs_api``)::
 
-    429                                         RateLimited
+    429, or 503 with Retry-After (any value)    RateLimited (`jobs_api.throttle_of`)
     400, 401, 403, 404, 405, other 4xx          PermanentProviderError
     422 validation                              PermanentProviderError
     422 whose body mentions idempotency, 409    UnknownOutcome
-    3xx, 5xx (502, 504, ...)                    UnknownOutcome
+    3xx, 5xx (502, 504, 503 without Retry-After) UnknownOutcome
     2xx without JSON or without a valid id      UnknownOutcome
+
+A 503 with ``Retry-After`` is the server's "come back later": nothing was made, the create is
+sent again after the wait (`episodic.pipeline.throttle`), by the rule every adapter reads a create's
+reply with. A gateway in front of the server that made the job and then answered 503 with
+``Retry-After`` breaks that promise: the create sent again carries the same
+``Idempotency-Key``, so a server that honours it (``idempotent_create: true``) answers with the
+job it made; one that does not would make a second. Such a server declares
+``idempotent_create`` (and honours it), or its gateway sends no ``Retry-After`` after a create.
 
 ``collect``: ``succeeded`` is downloaded, ``failed`` and ``canceled`` raise
 ``RemoteJobFailed``; ``starting``, ``processing`` and any status we do not know are polled
@@ -31,29 +39,34 @@ from typing import Any
 
 import httpx
 
-from core.money import MAX_IMAGE_COST_MICROS, MICROS_PER_MINOR
-from providers.base import (
+from episodic.core.money import MAX_IMAGE_COST_MICROS, MICROS_PER_MINOR
+from episodic.core.provider_text import provider_words, refused_text
+from episodic.providers.base import (
     Capabilities,
     ChecksCredential,
     ImageRequest,
     ImageResult,
+    NotOurJob,
     PermanentProviderError,
-    RateLimited,
+    RecordedElsewhere,
     RemoteJobFailed,
     UnknownOutcome,
+    VerifiesJobs,
 )
-from providers.jobs_api import (
+from episodic.providers.bounded_http import reply_words
+from episodic.providers.compute_time import compute_us_of
+from episodic.providers.jobs_api import (
     JOB_ID,
     JobsApiClient,
     NotYet,
-    compute_us_of,
     read_json,
     shown_status,
+    throttle_of,
 )
-from providers.profiles import Profile
+from episodic.providers.profiles import Profile
 
 
-class HttpProvider(JobsApiClient, ChecksCredential):
+class HttpProvider(JobsApiClient, ChecksCredential, VerifiesJobs):
     """Our own predictions protocol (see the module docstring)."""
 
     KIND = "http"
@@ -75,16 +88,34 @@ class HttpProvider(JobsApiClient, ChecksCredential):
         response = self._create(
             "/predictions", body, headers={"Idempotency-Key": request.client_reference}
         )
-        return _created_id(response)
+        return _created_id(response, self._secrets)
 
-    def lookup(self, client_reference: str, request: ImageRequest | None = None) -> str | None:
+    def lookup(
+        self,
+        client_reference: str,
+        request: ImageRequest | None = None,
+        *,
+        recorded: RecordedElsewhere | None = None,
+    ) -> str | None:
         return self._find_one(
             "/predictions",
             {"client_reference": client_reference},
             lambda entry: entry.get("client_reference") == client_reference,
             JOB_ID,
             "job",
+            recorded,
         )
+
+    def verify_job(self, remote_ref: str, request: ImageRequest) -> str:
+        """A job an operator found is this item's submission's when ``GET
+        /predictions/{id}`` (free) answers it with our ``client_reference``."""
+        if not JOB_ID.fullmatch(remote_ref):
+            raise NotOurJob("not a job id")
+        missing = f"the provider has no job {remote_ref}"
+        job = self._read_free(f"/predictions/{remote_ref}", missing, f"job {remote_ref}")
+        if job.get("client_reference") != request.client_reference:
+            raise NotOurJob(f"job {remote_ref} carries another client reference")
+        return f"job {remote_ref}: client reference {request.client_reference}"
 
     def check(self) -> str:
         """Verify the token without spending: a lookup of a reference no job has (``GET
@@ -99,8 +130,9 @@ class HttpProvider(JobsApiClient, ChecksCredential):
         job = self._get_json(f"/predictions/{remote_ref}")
         status = job.get("status")
         if status in ("failed", "canceled"):
+            said = provider_words(job.get("error"), secrets=self._secrets)
             raise RemoteJobFailed(
-                f"remote task {status}",
+                f"remote task {status}" + (f": {said}" if said else ""),
                 reported_micros=_reported(job),
                 compute_us=compute_us_of(job),
             )
@@ -123,7 +155,7 @@ def _reported(job: dict[str, Any]) -> int | None:
     return None
 
 
-def _created_id(response: httpx.Response) -> str:
+def _created_id(response: httpx.Response, secrets: tuple[str, ...]) -> str:
     code = response.status_code
     if response.is_success:
         try:
@@ -135,13 +167,16 @@ def _created_id(response: httpx.Response) -> str:
         if not isinstance(job_id, str) or not JOB_ID.fullmatch(job_id):
             raise UnknownOutcome(f"create: HTTP {code} without a valid id: job unknown")
         return job_id
-    if code == 429:
-        raise RateLimited("create: HTTP 429 rate limited")
+    throttled = throttle_of(response, secrets)  # waited out for its Retry-After
+    if throttled is not None:
+        raise throttled
     if code == 422 and "idempot" in response.text.lower():
         raise UnknownOutcome("create: HTTP 422 (idempotency key in use): a job may exist")
     if code == 409:
         raise UnknownOutcome("create: HTTP 409 (conflict): a job may exist")
-    if 400 <= code < 500:  # body not echoed: it may hold secrets
-        kind = " (validation)" if code == 422 else ""
-        raise PermanentProviderError(f"create refused: HTTP {code}{kind}")
+    if 400 <= code < 500:  # its words only, sanitized: the raw body may hold secrets
+        said = reply_words(response, secrets)
+        if code == 422:
+            said = f"validation: {said}" if said else "validation"
+        raise PermanentProviderError(refused_text(code, said), status=code)
     raise UnknownOutcome(f"create: HTTP {code}: a job may exist")

@@ -8,8 +8,8 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
-from core.errors import ProviderConfigError
-from providers.profiles import Profile
+from episodic.core.errors import ProviderConfigError
+from episodic.providers.profiles import Profile
 
 
 def configured_inputs(profile: Profile) -> list[str]:

@@ -4,10 +4,11 @@
 Credentials go to the provider's origin only: the API client never follows redirects, a
 ``next`` link to another origin is refused, and outputs are downloaded by a second client that
 carries no credential at all (pre-signed URLs, even on the provider's own origin). Error texts
-carry a status or an exception type, never a response body nor the token.
+carry a status or an exception type, and the provider's own words (`episodic.core.provider_text`:
+bounded, printable, the token struck out); never a raw response body nor the token.
 
 A create is sent once (`JobsApiClient._create` never retries: the engine decides what may be
-sent again); transport errors map by what they prove (``providers.base``)::
+sent again); transport errors map by what they prove (``episodic.providers.base``)::
 
     create never sent      ConnectError, ConnectTimeout, PoolTimeout   TransientProviderError
                            LocalProtocolError, UnsupportedProtocol,
@@ -15,22 +16,38 @@ sent again); transport errors map by what they prove (``providers.base``)::
     create sent, no reply  read/write timeout, dropped connection      UnknownOutcome
 
 ``collect`` polls until the deadline with tenacity: each adapter's ``_collect_once`` answers
-the output, `RemoteJobFailed`, or `NotYet`; a job merely not done is polled again at
+the output, `RemoteJobFailed`, `OutputGone` (the reply itself says the output was removed),
+or `NotYet`; a job merely not done is polled again at
 ``poll_interval_s``, poll and download errors of any kind (transport, 5xx, 429, 401, 404, a
 reply that is not a JSON object, a finished reply without a usable URL) with exponential
 backoff, except a download refused (401/403: the output URL needs a credential or has
 expired): after ``DOWNLOAD_REFUSALS`` of them (one fresh poll) ``CollectionPending`` at once,
-naming the download's host, never its URL. A download answered 200 is returned whatever its
+naming the download's host, never its URL; on an adapter whose provider deletes outputs
+(``GONE_AFTER_MISSES``), that many downloads answered 404/410 in a row, each after a fresh
+poll, are `OutputGone` at once (the job was paid; its output will never come back). A poll
+answered 429 or 503 waits its ``Retry-After`` (at most ``MAX_RETRY_AFTER_S``, within the
+deadline). A download answered 200 is returned whatever its
 body (an empty one too): whether it is an image is the engine's to prove (``NotAnImage``:
 downloaded again, then failed). Each retry polls again, so an expired pre-signed output URL
 is replaced by a fresh one. At the deadline it raises ``CollectionPending`` (free to collect
 later); an output larger than ``MAX_IMAGE_BYTES`` raises it at once.
 
-A lookup believes only the reply (`JobsApiClient._find_one`): it keeps the listed jobs that
-are ours by the reply's own fields (a server that ignores a filter cannot hand us another
-item's job), follows at most ``MAX_LOOKUP_PAGES`` same-origin ``next`` links, and answers
-``None`` (no such job), the id (exactly one) or ``UnknownOutcome`` (two jobs, an unusable
-reply, any HTTP or transport error).
+A create answered 429, or 503 with a ``Retry-After`` header of any value, made nothing:
+`RateLimited` with the wait (None when the value is not a form `episodic.providers.replies` accepts:
+the caller backs off briefly) and the provider's words (`pipeline.paid_call`). A 503 is "the
+server is currently unable to handle the request ... The server MAY send a Retry-After header
+field to suggest an appropriate amount of time for the client to wait before retrying"
+(RFC 9110 section 15.6.4, https://www.rfc-editor.org/rfc/rfc9110#section-15.6.4): with the
+header it is the provider's "come back later"; a 503 without it stays an unknown outcome.
+Every adapter reads a create's reply by this one rule (`throttle_of`). A gateway that made the
+job and then answered 503 with ``Retry-After`` would break it: the create sent again after the
+wait is the same call (the http adapter's carries the same ``Idempotency-Key``, so a provider
+that honours it, ``idempotent_create``, answers with the job it made instead of a second).
+
+A lookup believes only the reply (`episodic.providers.lookups.FindsJobs`, the client's lookup half):
+``None`` (no such job), the id (exactly one, never one the ledger records for another
+submission) or ``UnknownOutcome`` (`AmbiguousLookup`: two remain; an unusable reply, any
+HTTP or transport error).
 """
 
 from __future__ import annotations
@@ -38,19 +55,19 @@ from __future__ import annotations
 import random
 import re
 import time
-from collections.abc import Callable
-from decimal import ROUND_CEILING, Decimal, InvalidOperation
 from typing import Any
 
 import httpx
 from tenacity import RetryCallState, Retrying, retry_if_exception_type
 
-from core.errors import ProviderConfigError
-from core.pricing import MAX_QUANTITY, MILLION
-from providers.base import (
+from episodic.core.errors import ProviderConfigError
+from episodic.core.provider_text import refused_text
+from episodic.providers.base import (
     Capabilities,
     CollectionPending,
     ImageResult,
+    NotOurJob,
+    OutputGone,
     PermanentProviderError,
     RateLimited,
     StopCheck,
@@ -58,32 +75,47 @@ from providers.base import (
     TransientProviderError,
     UnknownOutcome,
 )
-from providers.bounded_http import MAX_REPLY_BYTES, bound, describe
-from providers.profiles import Profile
+from episodic.providers.bounded_http import MAX_REPLY_BYTES, bound, describe, reply_words, unreached
+from episodic.providers.compute_time import compute_us_of as compute_us_of  # its adapters' import
+from episodic.providers.lookups import FindsJobs
+from episodic.providers.profiles import Profile
+from episodic.providers.replies import MAX_RETRY_AFTER_S, host_of, read_capped
+from episodic.providers.replies import STATUS_WORD as STATUS_WORD  # (re-exported, as the others)
+from episodic.providers.replies import read_json as read_json
+from episodic.providers.replies import retry_after as retry_after
+from episodic.providers.replies import shown_status as shown_status
 
 MAX_IMAGE_BYTES = 50 * 1024 * 1024
-MAX_LOOKUP_PAGES = 20
 MAX_BACKOFF_S = 5.0
-# A download answered 401/403 (the output URL wants a credential, or its signature expired):
-# the first refusal polls again once, for a fresh URL; the second ends the collect at once
-# (`CollectionPending`: paid, never bought again, collected by a later run) instead of
-# retrying in silence until the collect deadline.
+# Downloads answered 401/403 before the collect ends (`CollectionPending`), one fresh poll
+# between: the output URL wants a credential, or its signature expired (module docstring).
 DOWNLOAD_REFUSALS = 2
-
 _TOKEN = re.compile(r"[\x21-\x7e]+")  # printable ASCII: no whitespace, no control characters
 JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:~-]{0,255}")  # safe as one URL path segment
-STATUS_WORD = re.compile(r"[a-z_]{1,32}")  # a job status safe to repeat in a message
 _NEVER_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 _NOT_SENDABLE = (httpx.LocalProtocolError, httpx.UnsupportedProtocol, httpx.InvalidURL)
 _HTTP_FAILURES = (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError)
 
 
 class NotYet(Exception):
-    """This collect attempt did not get the output; ``failed``: an error, not just not done."""
+    """This collect attempt did not get the output; ``failed``: an error, not just not done;
+    ``retry_after_s``: the provider asked us to wait this long before asking again."""
 
-    def __init__(self, reason: str, *, failed: bool = True) -> None:
+    def __init__(
+        self, reason: str, *, failed: bool = True, retry_after_s: float | None = None
+    ) -> None:
         super().__init__(reason)
         self.failed = failed
+        self.retry_after_s = retry_after_s
+
+
+class DownloadMissing(NotYet):
+    """A download answered 404 or 410: the output URL names nothing any more (deleted after
+    the provider's retention), unless a fresh poll gives another URL."""
+
+    def __init__(self, reason: str, *, compute_us: int | None = None) -> None:
+        super().__init__(reason)
+        self.compute_us = compute_us
 
 
 class DownloadRefused(NotYet):
@@ -91,7 +123,7 @@ class DownloadRefused(NotYet):
     will not change it, except once for a fresh (re-signed) output URL."""
 
 
-class JobsApiClient:
+class JobsApiClient(FindsJobs):
     """The shared part of a jobs API adapter (the module docstring states its rules): the
     API client with the credential, the download client without it, the collect loop,
     capped downloads and same-origin pagination. Subclasses speak one API: they give
@@ -99,6 +131,9 @@ class JobsApiClient:
 
     AUTH_SCHEME = "Bearer"  # the Authorization header's scheme
     DEFAULT_BASE_URL: str | None = None
+    # Downloads answered 404/410 in a row, each after a fresh poll, that prove the output
+    # deleted (`OutputGone`); None: the provider documents no deletion, ridden out.
+    GONE_AFTER_MISSES: int | None = None
 
     def __init__(
         self,
@@ -118,6 +153,7 @@ class JobsApiClient:
                 "(empty, or holds whitespace, control or non-ASCII characters)"
             )
         self.profile = profile
+        self._secrets = (token,)  # struck from any provider text a message shows
         self.capabilities = self._capabilities(profile)
         timeout = httpx.Timeout(profile.timeout_s, connect=min(10.0, profile.timeout_s))
         try:
@@ -167,7 +203,9 @@ class JobsApiClient:
         try:
             response = self._api.get(path, params=params)
         except httpx.HTTPError as exc:
-            raise UnknownOutcome(f"check: {describe(exc)}") from None
+            raise UnknownOutcome(
+                unreached(exc, f"{self._api.base_url}{path}", secrets=self._secrets)
+            ) from None
         if response.status_code in (401, 403):
             raise ProviderConfigError(
                 f"profile {self.profile.id!r}: the provider refused the token (HTTP "
@@ -190,6 +228,9 @@ class JobsApiClient:
             error = state.outcome.exception() if state.outcome else None
             failures = failures + 1 if isinstance(error, NotYet) and error.failed else 0
             seconds = _backoff(interval, failures) if failures else interval
+            asked = getattr(error, "retry_after_s", None)
+            if asked is not None:  # the provider said when: never sooner, at most the bound
+                seconds = max(seconds, min(asked, MAX_RETRY_AFTER_S))
             return max(0.0, min(seconds, give_up - time.monotonic()))
 
         def sleep(seconds: float) -> None:
@@ -210,15 +251,29 @@ class JobsApiClient:
             reraise=True,
         )
         refusals = 0
+        misses = 0  # in a row, each after a fresh poll
 
         def once(ref: str) -> ImageResult:
-            nonlocal refusals
+            nonlocal refusals, misses
             try:
                 return self._collect_once(ref)
             except DownloadRefused as exc:
                 refusals += 1
+                misses = 0
                 if refusals >= DOWNLOAD_REFUSALS:
                     raise CollectionPending(f"remote task {ref}: {exc}") from None
+                raise
+            except DownloadMissing as exc:
+                misses += 1
+                if self.GONE_AFTER_MISSES is not None and misses >= self.GONE_AFTER_MISSES:
+                    raise OutputGone(
+                        f"remote task {ref}: output gone at the provider ({exc}, again after "
+                        "a fresh poll)",
+                        compute_us=exc.compute_us,
+                    ) from None
+                raise
+            except NotYet:
+                misses = 0
                 raise
 
         try:
@@ -227,74 +282,6 @@ class JobsApiClient:
             raise CollectionPending(
                 f"remote task {remote_ref} not collected within {deadline_s:g}s: {exc}"
             ) from None
-
-    def _same_origin(self, page_url: httpx.URL, link: object) -> httpx.URL:
-        """The next page's URL, only on the provider's origin (it gets the credential)."""
-        try:
-            target = page_url.join(link) if isinstance(link, str) else None
-        except (httpx.InvalidURL, ValueError):  # ValueError: a host IDNA cannot encode
-            target = None
-        origin = self._origin
-        if target is None or (target.scheme, target.host, target.port) != (
-            origin.scheme,
-            origin.host,
-            origin.port,
-        ):
-            raise UnknownOutcome("lookup: next link is not on the provider's origin")
-        return target
-
-    def _find_one(
-        self,
-        path: str,
-        params: dict[str, str],
-        ours: Callable[[dict[str, Any]], bool],
-        usable: re.Pattern[str],
-        what: str,
-    ) -> str | None:
-        """The id of the one listed `what` for which `ours` holds, across same-origin
-        ``next`` pages of ``{"results": [...]}``; None when there is none. `UnknownOutcome`
-        when two match, a match has no `usable` id, the reply is unusable, or there are more
-        than `MAX_LOOKUP_PAGES` pages: believed only from the reply, never from a filter."""
-        found: set[str] = set()
-        url: str | httpx.URL = path
-        query: dict[str, str] | None = params
-        for _ in range(MAX_LOOKUP_PAGES):
-            page, page_url = self._lookup_page(url, query)
-            results = page.get("results")
-            if not isinstance(results, list):
-                raise UnknownOutcome("lookup: reply without a results list")
-            for entry in results:
-                if isinstance(entry, dict) and ours(entry):
-                    job_id = entry.get("id")
-                    if not isinstance(job_id, str) or not usable.fullmatch(job_id):
-                        raise UnknownOutcome(f"lookup: a {what} matching ours has no usable id")
-                    found.add(job_id)
-            link = page.get("next")
-            if link is None or link == "":
-                break
-            url, query = self._same_origin(page_url, link), None
-        else:
-            raise UnknownOutcome(f"lookup: more than {MAX_LOOKUP_PAGES} pages of {what}s")
-        if len(found) > 1:
-            raise UnknownOutcome(f"lookup: {len(found)} {what}s match ours: ambiguous")
-        return next(iter(found), None)
-
-    def _lookup_page(
-        self, url: str | httpx.URL, params: dict[str, str] | None
-    ) -> tuple[dict[str, Any], httpx.URL]:
-        try:
-            response = self._api.get(url, params=params)
-        except _HTTP_FAILURES as exc:
-            raise UnknownOutcome(f"lookup: {describe(exc)}") from None
-        if response.status_code != 200:
-            raise UnknownOutcome(f"lookup: HTTP {response.status_code}")
-        try:
-            page = read_json(response)
-        except ValueError:
-            raise UnknownOutcome("lookup: reply is not JSON") from None
-        if not isinstance(page, dict):
-            raise UnknownOutcome("lookup: reply is not a JSON object")
-        return page, response.request.url
 
     def _collect_once(self, remote_ref: str) -> ImageResult:
         """One poll: the output, or `NotYet` (polled again), or `RemoteJobFailed`."""
@@ -317,12 +304,13 @@ class JobsApiClient:
         except httpx.HTTPError as exc:  # the request may have left the machine
             raise UnknownOutcome(f"create sent, no reply: {describe(exc)}") from None
 
-    @staticmethod
-    def _created(response: httpx.Response, field: str, usable: re.Pattern[str], what: str) -> str:
+    def _created(
+        self, response: httpx.Response, field: str, usable: re.Pattern[str], what: str
+    ) -> str:
         """A create's reply for an API without idempotency keys, by what it proves: the new
-        `what`'s id from `field` of a 2xx; 429 `RateLimited`; any other 4xx but 409
-        `PermanentProviderError` (refused: no id); 409, 3xx, 5xx or a 2xx without a usable
-        id `UnknownOutcome`."""
+        `what`'s id from `field` of a 2xx; 429, or 503 with ``Retry-After``, `RateLimited`;
+        any other 4xx but 409 `PermanentProviderError` (refused: no id; the provider's
+        words); 409, 3xx, 5xx or a 2xx without a usable id `UnknownOutcome`."""
         code = response.status_code
         if response.is_success:
             try:
@@ -332,13 +320,35 @@ class JobsApiClient:
             if not isinstance(made, str) or not usable.fullmatch(made):
                 raise UnknownOutcome(f"create: HTTP {code} without a valid {what} id")
             return made
-        if code == 429:
-            raise RateLimited("create: HTTP 429 throttled")
+        throttled = throttle_of(response, self._secrets)
+        if throttled is not None:
+            raise throttled
         if code == 409:
             raise UnknownOutcome(f"create: HTTP 409 (conflict): a {what} may exist")
         if 400 <= code < 500:  # a refusal document, no id: nothing was made
-            raise PermanentProviderError(f"create refused: HTTP {code}")
+            said = reply_words(response, self._secrets)
+            raise PermanentProviderError(refused_text(code, said), status=code)
         raise UnknownOutcome(f"create: HTTP {code}: a {what} may exist")
+
+    def _read_free(self, path: str, missing: str, what: str) -> dict[str, Any]:
+        """A free GET of one job (an operator's job to verify): its JSON object. Raises
+        `NotOurJob` with `missing` on 404, `UnknownOutcome` on no reply (naming the URL) or
+        any other answer that is not a JSON object (`what` names the job in it)."""
+        try:
+            response = self._api.get(path)
+        except httpx.HTTPError as exc:
+            raise UnknownOutcome(
+                unreached(exc, f"{self._api.base_url}{path}", secrets=self._secrets)
+            ) from None
+        if response.status_code == 404:
+            raise NotOurJob(missing)
+        try:
+            body = read_json(response) if response.is_success else None
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            raise UnknownOutcome(f"{what}: HTTP {response.status_code}")
+        return body
 
     def _get_json(self, path: str, *, accept: tuple[int, ...] = ()) -> dict[str, Any]:
         """A poll's JSON object, or `NotYet` (transport error, a status that is not 2xx nor
@@ -348,7 +358,10 @@ class JobsApiClient:
         except _HTTP_FAILURES as exc:
             raise NotYet(f"poll: {describe(exc)}") from None
         if not response.is_success and response.status_code not in accept:
-            raise NotYet(f"poll: HTTP {response.status_code}")
+            raise NotYet(
+                f"poll: HTTP {response.status_code}",
+                retry_after_s=retry_after(response) if response.status_code in (429, 503) else None,
+            )
         try:
             job = read_json(response)
         except ValueError:
@@ -367,56 +380,41 @@ class JobsApiClient:
             with self._files.stream("GET", url) as response:
                 if response.status_code in (401, 403):
                     raise DownloadRefused(
-                        f"download from {_host_of(response.request.url)} refused "
+                        f"download from {host_of(response.request.url)} refused "
                         f"({response.status_code}): the output URL needs a credential or "
                         "has expired"
                     )
+                if response.status_code in (404, 410):
+                    raise DownloadMissing(
+                        f"download from {host_of(response.request.url)}: HTTP "
+                        f"{response.status_code}",
+                        compute_us=compute_us,
+                    )
                 if not response.is_success:
                     raise NotYet(f"download: HTTP {response.status_code}")
-                content = _read_capped(response)
+                content = read_capped(response, MAX_IMAGE_BYTES)
                 media_type = response.headers.get("content-type", "application/octet-stream")
         except (*_HTTP_FAILURES, ValueError) as exc:  # ValueError: a host IDNA cannot encode
             raise NotYet(f"download: {describe(exc)}") from None
         # A 200 is the provider's answer, whatever its body: an empty one is not an image
-        # (`pipeline.media.prove_image`), downloaded again and then failed with its charge,
+        # (`episodic.pipeline.media.prove_image`), downloaded again and then failed with its charge,
         # never polled until the collect deadline as if the job were not done.
         return ImageResult(content, media_type.split(";")[0].strip(), reported_micros, compute_us)
 
 
-def compute_us_of(job: dict[str, Any], field: str = "predict_time") -> int | None:
-    """The job's compute time in microseconds, from ``metrics.<field>`` (seconds:
-    ``predict_time`` as Replicate and our http protocol report it, ``inference_time`` in
-    fal's COMPLETED status); None when absent, null, not a finite number in range (0 to
-    `MAX_QUANTITY` microseconds; old Replicate replies carry negative figures) or a boolean.
-    Exact: the number's own decimal digits, rounded up to a whole microsecond, never
-    through float arithmetic."""
-    metrics = job.get("metrics")
-    value = metrics.get(field) if isinstance(metrics, dict) else None
-    if isinstance(value, bool) or not isinstance(value, int | float):
+def throttle_of(response: httpx.Response, secrets: tuple[str, ...]) -> RateLimited | None:
+    """The `RateLimited` a create's reply proves, or None: 429, or 503 with a ``Retry-After``
+    of any value (the module docstring's rule, every adapter's), with the wait it asked for
+    (None: a value `episodic.providers.replies` does not accept, a short backoff) and its words."""
+    code = response.status_code
+    if not (code == 429 or (code == 503 and "retry-after" in response.headers)):
         return None
-    try:
-        seconds = Decimal(repr(value))
-    except InvalidOperation:
-        return None
-    if not seconds.is_finite() or seconds < 0:
-        return None
-    micros = int((seconds * MILLION).to_integral_value(rounding=ROUND_CEILING))
-    return micros if micros <= MAX_QUANTITY else None
-
-
-def read_json(response: httpx.Response) -> Any:
-    """The reply's JSON; any reply we cannot decode (not JSON, not UTF-8, an integer of
-    thousands of digits, nesting deep enough to exhaust the parser's stack) is ValueError."""
-    try:
-        return response.json()
-    except RecursionError:
-        raise ValueError("reply nested too deeply") from None
-
-
-def shown_status(status: object) -> str:
-    """A job status as a message may show it: the word itself, or ``?`` when the reply's
-    status is not a short lowercase word (it came from the provider: never echoed raw)."""
-    return status if isinstance(status, str) and STATUS_WORD.fullmatch(status) else "?"
+    said = reply_words(response, secrets)
+    return RateLimited(
+        f"create: HTTP {code} throttled" + (f": {said}" if said else ""),
+        retry_after_s=retry_after(response),
+        detail=said,
+    )
 
 
 # Our own generator: the application's global `random` state stays its own.
@@ -427,24 +425,3 @@ def _backoff(interval: float, failures: int) -> float:
     """Exponential backoff with jitter after `failures` errors in a row, capped."""
     exponential: float = interval * 2.0 ** min(failures - 1, 16)
     return min(exponential + _JITTER.uniform(0, interval), MAX_BACKOFF_S)
-
-
-def _host_of(url: httpx.URL) -> str:
-    """Where a download went, as a message may show it: the host (and a port other than
-    the scheme's), never the path nor the query (a pre-signed URL's signature)."""
-    host = url.host if re.fullmatch(r"[A-Za-z0-9.:\[\]-]{1,253}", url.host or "") else "?"
-    return f"{host}:{url.port}" if url.port is not None else host
-
-
-def _read_capped(response: httpx.Response) -> bytes:
-    declared = response.headers.get("content-length", "")
-    if declared.isascii() and declared.isdigit() and int(declared) > MAX_IMAGE_BYTES:
-        raise CollectionPending(f"output of {declared} bytes refused (limit {MAX_IMAGE_BYTES})")
-    chunks: list[bytes] = []
-    size = 0
-    for chunk in response.iter_bytes():
-        size += len(chunk)
-        if size > MAX_IMAGE_BYTES:
-            raise CollectionPending(f"output larger than {MAX_IMAGE_BYTES} bytes refused")
-        chunks.append(chunk)
-    return b"".join(chunks)

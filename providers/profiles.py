@@ -19,12 +19,12 @@ Built in: ``fake`` (the deterministic fake provider). More profiles come from a 
 A profile names where its credential lives; it never contains the credential itself.
 
 What an ``http`` profile promises about its provider (the engine's handling of an unknown
-create outcome follows it, see ``providers.base.Capabilities``):
+create outcome follows it, see ``episodic.providers.base.Capabilities``):
 
 - ``idempotent_create`` (default false): the provider honours the ``Idempotency-Key`` header on
   create, so sending the same create again never makes a second job. Declare it only when the
   provider documents it; false means an unknown outcome is never answered by sending again;
-- ``lookup`` (default true): a job can be found by the client reference we sent
+- ``lookup`` (default true): the provider looks a job up by the client reference it carries
   (``GET /predictions?client_reference=...``); false leaves unknown outcomes to an operator
   unless ``idempotent_create`` is set.
 
@@ -38,8 +38,14 @@ Prices (``price``, decimal strings of up to six decimals, in ``currency``; `core
 every started megapixel, fal's rule), ``per_second`` on the compute time the provider reports
 for the job (only kinds whose API reports one: `MEASURES_COMPUTE`). ``at_most`` is the upper
 bound an image takes before it is paid (megapixels; seconds, default ``max_job_s``): what
-``--plan``, the caps and the budgets reserve. A price of 0 needs ``free: true``. The older
-``cost_per_image_minor: 5`` (whole cents per image) still means exactly that.
+``--plan``, the caps and the budgets reserve. A megapixel price's bound is raised to the size
+the profile's inputs ask for, known before buying (``width`` and ``height`` inputs, fal's
+``image_size`` presets and ``{width, height}`` object: `episodic.providers.prices.known_size`; the
+inputs are read by `episodic.providers.model_inputs`). A charge above the bound pauses the
+run (`episodic.pipeline.prices`). ``failed: free | billed`` says whether a job that ends failed or
+cancelled is billed; by default as the kind's provider documents it (`bills_failures`). A
+price of 0 needs ``free: true``. The older ``cost_per_image_minor: 5`` (whole cents per
+image) still means exactly that.
 
 The builtin ``fake`` profile ignores both: the fake provider declares its own (it honours
 idempotency and can look jobs up).
@@ -53,7 +59,6 @@ one installation could adopt, collect and cancel the other's prediction (docs/pr
 
 from __future__ import annotations
 
-import math
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -69,89 +74,30 @@ from pydantic import (
     model_validator,
 )
 
-from core.documents import DocumentError, WholeInt, parse_yaml, read_text
-from core.errors import ProviderConfigError
-from core.money import MAX_IMAGE_COST_MICROS, MICROS, micros_from_minor, parse_money
-from core.pricing import MILLION, Basis, Price
+from episodic.core.documents import DocumentError, WholeInt, parse_yaml, read_text
+from episodic.core.errors import ProviderConfigError
+from episodic.core.money import MAX_IMAGE_COST_MICROS, micros_from_minor, parse_money
+from episodic.core.pricing import MILLION, Basis, Price
+from episodic.providers.model_inputs import (
+    INPUT_NAME,
+    InputValue,
+    check_for_kind,
+    check_values,
+    size_objects,
+)
+from episodic.providers.prices import PriceSpec, known_size
 
 if TYPE_CHECKING:
-    from core.settings import Settings
+    from episodic.core.settings import Settings
 
 PROFILE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # as a playlist's provider_profile
-INPUT_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"  # a model input's name
 # Replicate: owner/name; fal: owner/app with an optional subpath (fal-ai/flux/dev)
 MODEL_ID = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}(/[A-Za-z0-9][A-Za-z0-9._-]{0,99}){1,3}$"
-InputValue = str | int | float | bool  # a constant model input (strings up to 1000 chars)
 MAX_PROFILES_BYTES = 1_000_000
 # The kinds whose API reports a job's compute time (a per_second price needs it): the fake
 # and our http protocol (``metrics.predict_time``), Replicate (``metrics.predict_time``),
 # fal (``metrics.inference_time`` in the COMPLETED status).
 MEASURES_COMPUTE = frozenset({"fake", "http", "replicate", "fal"})
-MAX_AT_MOST = 10**6  # megapixels or seconds an image may be bounded by
-
-
-class PriceSpec(BaseModel):
-    """A profile's ``price``: one basis with its unit price (a decimal string), and the
-    upper bound of its quantity (``at_most``)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    per_image: str | None = None
-    per_megapixel: str | None = None
-    per_second: str | None = None
-    whole_megapixels: bool = Field(default=False, strict=True)
-    at_most: str | None = None
-
-    @field_validator("per_image", "per_megapixel", "per_second", "at_most", mode="before")
-    @classmethod
-    def _quoted(cls, value: object) -> object:
-        """A YAML number (``0.003`` unquoted) is a float before we see it: refused, never
-        read through binary floating point."""
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            raise ValueError(
-                f'{value!r} is a number; write it as a quoted decimal string, e.g. "{value}"'
-            )
-        return value
-
-    @model_validator(mode="after")
-    def _one_basis(self) -> PriceSpec:
-        given = [b for b in ("per_image", "per_megapixel", "per_second") if getattr(self, b)]
-        if len(given) != 1:
-            raise ValueError(
-                "give exactly one of per_image, per_megapixel, per_second (a decimal string "
-                'such as "0.003")'
-            )
-        for name in given + (["at_most"] if self.at_most is not None else []):
-            value = getattr(self, name)
-            if not isinstance(value, str):
-                raise ValueError(f"{name}: write the amount as a quoted decimal string")
-            micros = parse_money(value, name)  # InvalidInput is a ValueError
-            if micros > MAX_IMAGE_COST_MICROS:
-                raise ValueError(f"{name}: {value} is above what one image may cost")
-        if self.whole_megapixels and self.per_megapixel is None:
-            raise ValueError("whole_megapixels: only a per_megapixel price has it")
-        if self.per_image is not None and self.at_most is not None:
-            raise ValueError("at_most: a per_image price is the most an image costs already")
-        if self.per_megapixel is not None and self.at_most is None:
-            raise ValueError(
-                "at_most: a per_megapixel price needs the most megapixels an image has "
-                '(e.g. "1.05"), which estimates and budgets reserve before the image exists'
-            )
-        if self.at_most is not None and not 0 < parse_money(self.at_most) <= MAX_AT_MOST * MICROS:
-            raise ValueError(f"at_most: more than 0 and at most {MAX_AT_MOST}")
-        return self
-
-    @property
-    def basis(self) -> Basis:
-        if self.per_image is not None:
-            return "per_image"
-        if self.per_megapixel is not None:
-            return "per_whole_megapixel" if self.whole_megapixels else "per_megapixel"
-        return "per_second"
-
-    @property
-    def unit_micros(self) -> int:
-        return parse_money(self.per_image or self.per_megapixel or self.per_second or "")
 
 
 class Profile(BaseModel):
@@ -195,20 +141,10 @@ class Profile(BaseModel):
     # (staging beside production) sends this model's predictions from the same account
     lookup_by_input: bool = Field(default=False, strict=True)
 
-    @field_validator("inputs")
-    @classmethod
-    def _constant_inputs(cls, value: dict[str, InputValue]) -> dict[str, InputValue]:
-        """Names as model inputs are named; values finite numbers, booleans or short text."""
-        for name, item in value.items():
-            if not re.fullmatch(INPUT_NAME, name):
-                raise ValueError(f"input name {_clipped(repr(name))} is not an input name")
-            if isinstance(item, float) and not math.isfinite(item):
-                raise ValueError(f"input {name}: numbers must be finite")
-            if isinstance(item, int) and abs(item) > 2**53:  # what JSON carries exactly
-                raise ValueError(f"input {name}: integers are at most 2^53 in size")
-            if isinstance(item, str) and len(item) > 1000:
-                raise ValueError(f"input {name}: text longer than 1000 characters")
-        return value
+    # the file's inputs, read strictly (`providers.model_inputs`): a size object first, then
+    # the type check, then names and values
+    _size_objects = field_validator("inputs", mode="before")(size_objects)
+    _constant_inputs = field_validator("inputs")(check_values)
 
     @model_validator(mode="after")
     def _priced(self) -> Profile:
@@ -225,6 +161,11 @@ class Profile(BaseModel):
             )
         if unit != 0 and self.free:
             raise ValueError("free: true with a price above 0; keep one")
+        if self.kind == "fal" and self.price is not None and self.price.failed == "billed":
+            raise ValueError(
+                "price.failed: fal bills successful outputs only; a failed request is never "
+                "billed (docs/providers.md)"
+            )
         if self.basis == "per_second" and self.kind not in MEASURES_COMPUTE:
             raise ValueError(
                 f"price: per_second needs the job's compute time, which the {self.kind} API "
@@ -244,8 +185,30 @@ class Profile(BaseModel):
         return self.price.unit_micros
 
     @property
+    def bills_failures(self) -> bool:
+        """Whether a job that ends failed or cancelled at the provider is billed: the price's
+        ``failed`` when given, else the kind's documented rule (docs/providers.md): fal bills
+        successful outputs only; Replicate bills its official models (per image, per
+        megapixel) by output and its hardware-time models (per second) for the time a job
+        ran, failed or cancelled; the fake and the http protocol bill failures."""
+        if self.price is not None and self.price.failed is not None:
+            return self.price.failed == "billed"
+        if self.kind == "fal":
+            return False
+        if self.kind == "replicate":
+            return self.basis == "per_second"
+        return True
+
+    @property
+    def known_size(self) -> tuple[int, int, str] | None:
+        """The image size the profile's constant inputs ask for (`prices.known_size`)."""
+        return known_size(self.kind, dict(self.inputs))
+
+    @property
     def pricing(self) -> Price:
-        """The price as the engine charges it (`core.pricing.Price`)."""
+        """The price as the engine charges it (`episodic.core.pricing.Price`). A megapixel price's
+        bound is the larger of ``at_most`` and the size its inputs ask for (`known_size`):
+        what the image is known to take before it is bought."""
         if self.basis == "per_image":
             bound = 1
         elif self.basis == "per_second":
@@ -254,12 +217,15 @@ class Profile(BaseModel):
         else:  # megapixels, as pixels
             assert self.price is not None and self.price.at_most is not None
             bound = parse_money(self.price.at_most)
+            known = self.known_size
+            if known is not None:
+                bound = max(bound, known[0] * known[1])
         return Price(self.basis, self.unit_micros, self.currency, bound)
 
     @property
     def price_text(self) -> str:
         """'0.003 USD per image', '0.025 USD per started megapixel (at most 1.05)'."""
-        from core.money import format_money
+        from episodic.core.money import format_money
 
         per = {
             "per_image": "per image",
@@ -269,12 +235,13 @@ class Profile(BaseModel):
         }[self.basis]
         return f"{format_money(self.unit_micros, self.currency)} {per}"
 
-    def estimate_text(self, calls: int) -> str:
-        """What ``--plan`` says of `calls` paid calls: an estimate, with its basis and bound
-        ('estimated 0.075 USD: 3 x at most 1 started megapixel at 0.025 USD')."""
+    @property
+    def estimate_basis_text(self) -> str:
+        """What one call is estimated on: '1 image at 0.003 USD', 'at most 2 started
+        megapixels at 0.025 USD (image_size square_hd (1024x1024))'."""
         from decimal import Decimal
 
-        from core.money import format_money
+        from episodic.core.money import format_money
 
         price = self.pricing
         # pixels / 10^6 (megapixels), microseconds / 10^6 (seconds): '1', '1.05', '20'
@@ -288,11 +255,22 @@ class Profile(BaseModel):
             "per_whole_megapixel": f"at most {bound} started megapixel{s}",
             "per_second": f"at most {bound} second{s} of compute",
         }[price.basis]
-        total = format_money(calls * price.estimate_micros, self.currency)
-        unit = format_money(self.unit_micros, self.currency)
+        known = self.known_size
+        raised = known is not None and known[0] * known[1] == price.estimate_quantity
+        sized = (
+            f" ({known[2]})" if known is not None and raised and "megapixel" in price.basis else ""
+        )
+        return f"{each} at {format_money(self.unit_micros, self.currency)}{sized}"
+
+    def estimate_text(self, calls: int) -> str:
+        """What ``--plan`` says of `calls` paid calls: an estimate, with its basis and bound
+        ('estimated 0.075 USD: 3 x at most 1 started megapixel at 0.025 USD')."""
+        from episodic.core.money import format_money
+
+        total = format_money(calls * self.pricing.estimate_micros, self.currency)
         return (
-            f"estimated {total}: {calls} x {each} at {unit} (an estimate: each image is "
-            "charged on what it really is)"
+            f"estimated {total}: {calls} x {self.estimate_basis_text} (an estimate: each image "
+            "is charged on what it really is)"
         )
 
     @model_validator(mode="after")
@@ -314,11 +292,8 @@ class Profile(BaseModel):
                     f"{', '.join(sorted(declared))}: a {self.kind} profile does not declare "
                     "this; the adapter states what the API promises (docs/providers.md)"
                 )
-            taken = {self.prompt_input, self.seed_input, self.reference_image_input} & set(
-                self.inputs
-            )
-            if taken:
-                raise ValueError(f"inputs: {', '.join(sorted(map(str, taken)))} is set per item")
+            per_item = (self.prompt_input, self.seed_input, self.reference_image_input)
+            check_for_kind(self.kind, self.inputs, [n for n in per_item if n is not None])
         if self.schema_url is not None and self.kind != "fal":
             raise ValueError("schema_url: only a fal profile has one")
         if self.version is not None and self.kind != "replicate":

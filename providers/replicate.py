@@ -7,8 +7,17 @@
 - **Collect** ``GET /v1/predictions/{id}``: ``starting`` and ``processing`` are polled again;
   ``succeeded`` is downloaded (``output`` is a URL or a list of them, on Replicate's delivery
   host: fetched without the credential); ``failed`` and ``canceled`` raise `RemoteJobFailed`
-  at the profile's price (Replicate bills the time a prediction ran); ``aborted`` (a deadline
-  passed before it started) raises it at no cost.
+  at the profile's price (Replicate bills the time a prediction ran), with the prediction's
+  own ``error`` text in the message (``CUDA out of memory``: sanitized, `core.provider_text`);
+  ``aborted`` (a deadline passed before it started) raises it at no cost. A ``succeeded``
+  prediction whose reply says ``data_removed: true`` (its output was deleted: "For
+  predictions created through the API, all input parameters, output values, output files,
+  and logs are automatically removed after an hour",
+  https://replicate.com/docs/topics/predictions/data-retention) raises `OutputGone` at
+  once, and so does a delivery answered 404 again after a fresh poll
+  (`episodic.providers.jobs_api`): the prediction was billed, and collecting it can never succeed.
+  `episodic.providers.retention` (one hour from the prediction's creation) is what `runs show` tells
+  an operator of a paused run's accepted jobs.
 - **Lookup** (an unknown create), only with the profile's ``lookup_by_input: true``: a
   prediction carries nothing of ours that a listing returns (its create takes ``version``,
   ``input`` and webhook settings only: no metadata, no idempotency key, no reference), so
@@ -21,6 +30,8 @@
   Replicate removes an API prediction's input after an hour, so the window is at most the
   profile's ``lookup_window_s``.
 - **Cancel** ``POST /v1/predictions/{id}/cancel``; **check** ``GET /v1/account`` (free).
+- **Verify** a prediction an operator found (``episodic runs adopt``): ``GET
+  /v1/predictions/{id}`` (free): this model (and pinned version), exactly the item's input.
 
 Errors on create, by what they prove (Replicate answers a refused create with a problem
 document, never a prediction): 429 `RateLimited`; any other 4xx `PermanentProviderError`
@@ -38,28 +49,33 @@ from typing import Any
 
 import httpx
 
-from core.errors import ProviderConfigError
-from providers.base import (
+from episodic.core.errors import ProviderConfigError
+from episodic.core.provider_text import provider_words
+from episodic.providers.base import (
     CancelsJobs,
     Capabilities,
     ChecksCredential,
     DescribesJobs,
     ImageRequest,
     ImageResult,
+    NotOurJob,
+    OutputGone,
+    RecordedElsewhere,
     RemoteJobFailed,
     UnknownOutcome,
+    VerifiesJobs,
 )
-from providers.bounded_http import describe
-from providers.input_check import check_inputs, input_properties, shown
-from providers.jobs_api import (
+from episodic.providers.bounded_http import describe
+from episodic.providers.compute_time import compute_us_of
+from episodic.providers.input_check import check_inputs, input_properties, shown
+from episodic.providers.jobs_api import (
     STATUS_WORD,
     JobsApiClient,
     NotYet,
-    compute_us_of,
     read_json,
     shown_status,
 )
-from providers.profiles import Profile
+from episodic.providers.profiles import Profile
 
 API = "https://api.replicate.com/v1"
 _PREDICTION_ID = re.compile(r"[a-z0-9]{1,64}")
@@ -69,7 +85,11 @@ def model_input(profile: Profile, request: ImageRequest) -> dict[str, Any]:
     """The model's input for one item: the profile's constant inputs, the prompt and, when
     the model takes them, the seed and the plan's reference image (a data: URI), under the
     names the profile maps them to."""
-    values: dict[str, Any] = dict(profile.inputs)
+    # a size object copied: the request never shares the profile's own mapping
+    values: dict[str, Any] = {
+        name: dict(value) if isinstance(value, dict) else value
+        for name, value in profile.inputs.items()
+    }
     values[profile.prompt_input] = request.prompt
     if profile.seed_input is not None:
         values[profile.seed_input] = request.seed
@@ -78,10 +98,11 @@ def model_input(profile: Profile, request: ImageRequest) -> dict[str, Any]:
     return values
 
 
-class ReplicateProvider(JobsApiClient, CancelsJobs, DescribesJobs, ChecksCredential):
+class ReplicateProvider(JobsApiClient, CancelsJobs, DescribesJobs, ChecksCredential, VerifiesJobs):
     KIND = "replicate"
     AUTH_SCHEME = "Bearer"
     DEFAULT_BASE_URL = API
+    GONE_AFTER_MISSES = 2  # its outputs are deleted after an hour (module docstring)
 
     def _capabilities(self, profile: Profile) -> Capabilities:
         return Capabilities(
@@ -109,18 +130,31 @@ class ReplicateProvider(JobsApiClient, CancelsJobs, DescribesJobs, ChecksCredent
         if status == "aborted":  # its deadline passed before it started: not billed
             raise RemoteJobFailed("prediction aborted before it started", billed=False)
         if status in ("failed", "canceled"):
+            said = provider_words(prediction.get("error"), secrets=self._secrets)
             raise RemoteJobFailed(
-                f"prediction {status}",
+                f"prediction {status}" + (f": {said}" if said else ""),
                 compute_us=compute_us_of(prediction),
                 cancelled=status == "canceled",
             )
         if status != "succeeded":
             raise NotYet(f"status {shown_status(status)}", failed=False)
+        if prediction.get("data_removed") is True:
+            raise OutputGone(
+                f"prediction {remote_ref}: output removed by Replicate (data_removed: its "
+                "outputs are kept one hour)",
+                compute_us=compute_us_of(prediction),
+            )
         output = prediction.get("output")
         url = output[0] if isinstance(output, list) and output else output
         return self._fetch_output(url, compute_us=compute_us_of(prediction))
 
-    def lookup(self, client_reference: str, request: ImageRequest | None = None) -> str | None:
+    def lookup(
+        self,
+        client_reference: str,
+        request: ImageRequest | None = None,
+        *,
+        recorded: RecordedElsewhere | None = None,
+    ) -> str | None:
         if not self.capabilities.can_lookup or request is None:
             raise UnknownOutcome(
                 "lookup: a Replicate prediction carries nothing of ours; finding it by its "
@@ -134,6 +168,7 @@ class ReplicateProvider(JobsApiClient, CancelsJobs, DescribesJobs, ChecksCredent
             lambda entry: self._ours(entry, wanted),
             _PREDICTION_ID,
             "prediction",
+            recorded,
         )
 
     def _ours(self, entry: dict[str, Any], wanted: dict[str, Any]) -> bool:
@@ -153,6 +188,40 @@ class ReplicateProvider(JobsApiClient, CancelsJobs, DescribesJobs, ChecksCredent
         if self.profile.version is not None:
             return entry.get("version") == self.profile.version
         return entry.get("model") == self.model
+
+    def verify_job(self, remote_ref: str, request: ImageRequest) -> str:
+        """A prediction an operator found (``GET /v1/predictions/{id}``, free) is this
+        item's only when it is of this model (and pinned version) and its ``input`` is
+        exactly the item's (prompt, seed and the profile's constant inputs; a reference
+        image is not compared: Replicate may keep it as a URL of its own). Replicate removes
+        an API prediction's input (and output) an hour after it ends: such a prediction
+        cannot be verified, and is refused."""
+        if not _PREDICTION_ID.fullmatch(remote_ref):
+            raise NotOurJob(f"{shown(remote_ref)!r} is not a Replicate prediction id")
+        missing = f"Replicate has no prediction {remote_ref} on this account"
+        entry = self._read_free(f"/predictions/{remote_ref}", missing, f"prediction {remote_ref}")
+        if self.profile.version is not None:
+            if entry.get("version") != self.profile.version:
+                raise NotOurJob(
+                    f"prediction {remote_ref} is not of version {self.profile.version[:12]} "
+                    f"of {self.model}"
+                )
+        elif entry.get("model") != self.model:
+            found = provider_words(entry.get("model"), secrets=self._secrets, limit=80)
+            raise NotOurJob(f"prediction {remote_ref} is of model {found or '?'}, not {self.model}")
+        wanted = model_input(self.profile, request)
+        if not isinstance(entry.get("input"), dict) or not entry["input"]:
+            raise NotOurJob(
+                f"prediction {remote_ref} no longer shows its input (Replicate removes it an "
+                "hour after the prediction ends): it cannot be verified as this item's"
+            )
+        if not self._ours(entry, wanted):
+            raise NotOurJob(
+                f"prediction {remote_ref}'s input is not item {request.item_id}'s (prompt, "
+                "seed or the profile's inputs differ)"
+            )
+        seed = f", seed {request.seed}" if self.profile.seed_input is not None else ""
+        return f"prediction {remote_ref}: model {self.model}, the item's prompt{seed}"
 
     def how_to_find(self, request: ImageRequest) -> str:
         """Where an operator finds a prediction whose create reply was lost (predictions

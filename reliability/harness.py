@@ -105,7 +105,7 @@ class Backend:
 
 
 def open_engine(url: str) -> Engine:
-    from storage.engine import make_engine
+    from episodic.storage.engine import make_engine
 
     return make_engine(url)
 
@@ -131,9 +131,9 @@ def trial_episode(
     """An allocated, planned episode of `items` images on the trial's own provider profile
     (its own limit and slots: trials running at once do not throttle each other), from the
     providers file `profiles` (`fake_profiles`)."""
-    from core.ids import WeekId
-    from pipeline.allocation import allocate
-    from pipeline.generation import record_plan
+    from episodic.core.ids import WeekId
+    from episodic.pipeline.allocation import allocate
+    from episodic.pipeline.episode_plan import record_plan
     from tests.generation import write_playlist
 
     profile = f"fake-t{trial}"
@@ -356,12 +356,13 @@ def generate_trial(
     `titles` on profile ``{prefix}-t{trial}`` when `folder` is given, and generate it
     through the Python API at `concurrency`: the run the provider and store scenarios
     fault."""
-    from core.ids import WeekId
-    from core.planning import RunOptions
-    from core.settings import load_settings
-    from pipeline.allocation import allocate
-    from pipeline.gate import EnvironmentCredentials
-    from pipeline.generation import generate, record_plan
+    from episodic.core.ids import WeekId
+    from episodic.core.planning import RunOptions
+    from episodic.core.settings import load_settings
+    from episodic.pipeline.allocation import allocate
+    from episodic.pipeline.episode_plan import record_plan
+    from episodic.pipeline.gate import EnvironmentCredentials
+    from episodic.pipeline.generation import generate
     from tests.generation import write_playlist
 
     key = f"{prefix}-{trial}"

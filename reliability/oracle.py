@@ -5,7 +5,7 @@ in plain SQL of this module.
 
 These encodings are **independent of the product's predicates on purpose**: nothing here
 imports `storage` or `pipeline` (no "held by a live claim", no "open submission", no state
-group of `core.states`). An auditor that shares a predicate with the code it audits is
+group of `episodic.core.states`). An auditor that shares a predicate with the code it audits is
 blind to a bug in it: a wrong predicate would make the product and its audit agree.
 """
 
@@ -78,7 +78,7 @@ def jobs_per_item(home: Path) -> Counter[str]:
     state folder under `home`, mapped to items by the `submit` its log records first. Not its
     `job_created` log lines: a SIGKILL can land between a job's creation and that line (the
     fake provider runs in the killed process), and the count would miss a job that exists."""
-    from providers.fake import jobs_folder
+    from episodic.providers.fake import jobs_folder
 
     log, jobs = home / "provider.jsonl", jobs_folder(home)  # EPISODIC_FAKE_PROVIDER_DIR
     if not log.exists():
@@ -131,7 +131,7 @@ def leftovers(
             {"p": pk},
         ).all()
     if media_root is None:
-        from core.settings import load_settings
+        from episodic.core.settings import load_settings
 
         media_root = Path(load_settings().media_store_url)
     lost = sum(

@@ -1,4 +1,4 @@
-"""The write choke point (DESIGN 6): a request becomes a run here, and only here.
+"""The write choke point: a request becomes a run here, and only here.
 
 `AdmissionStore.admit` reuses an active run of the same request (dedup), takes over a dead or
 paused one, or creates one, in one transaction serialized per request fingerprint; `join`
@@ -17,16 +17,16 @@ from typing import Any, TypeVar
 
 from sqlalchemy import ColumnElement, Connection, Engine, Table, and_, insert, or_, select, update
 
-from core.dedup import Admission, RunRequest
-from core.errors import CommandNotAllowed, IdempotencyKeyReused, StorageError
-from core.playlist import PlannedItem
-from core.states import LIVE_RUN_STATES, ItemState, RunState
-from storage import locks, statements, tx
-from storage.base import utcnow
-from storage.locks import keyed_transaction
-from storage.models import ItemRow, RunItemRow, RunRow
-from storage.plans import PlanRecord, record_plan_in
-from storage.tx import idempotent, retry_outages
+from episodic.core.dedup import Admission, RunRequest
+from episodic.core.errors import CommandNotAllowed, IdempotencyKeyReused, StorageError
+from episodic.core.playlist import PlannedItem
+from episodic.core.states import LIVE_RUN_STATES, ItemState, RunState
+from episodic.storage import locks, predicates, statements, tx
+from episodic.storage.base import utcnow
+from episodic.storage.locks import keyed_transaction
+from episodic.storage.models import ItemRow, RunItemRow, RunRow
+from episodic.storage.plans import PlanRecord, record_plan_in
+from episodic.storage.tx import idempotent, retry_outages
 
 _runs: Table = RunRow.__table__  # type: ignore[assignment]
 _items: Table = ItemRow.__table__  # type: ignore[assignment]
@@ -50,9 +50,9 @@ def active_run(now: datetime, policy: DedupPolicy) -> ColumnElement[bool]:
     return or_(
         and_(
             _runs.c.state == RunState.PENDING,
-            ~statements.pending_expired(now, policy.pending_ttl_s),
+            ~predicates.pending_expired(now, policy.pending_ttl_s),
         ),
-        statements.live_run(now, policy.fallback_lease_s),
+        predicates.live_run(now, policy.fallback_lease_s),
     )
 
 
@@ -76,7 +76,7 @@ class AdmissionStore:
         plan_id: int | None = None,
         replan: PlanRecord | None = None,
     ) -> Admission:
-        """The write choke point (DESIGN 6): reuse an active run of the same request, or
+        """The write choke point: reuse an active run of the same request, or
         create one, in one transaction serialized per fingerprint.
 
         `run_id` is the id a created run gets, chosen by the caller before the call: a retry
@@ -110,7 +110,7 @@ class AdmissionStore:
             made = _made_already(conn, run_id, fingerprint)
             if create and made is not None:  # a retry after a lost COMMIT: the run it made
                 return made
-            if plan_id is not None and statements.newest_plan_id(conn, episode_pk) != plan_id:
+            if plan_id is not None and predicates.newest_plan_id(conn, episode_pk) != plan_id:
                 raise CommandNotAllowed(
                     "the episode was re-planned while this run was being prepared; "
                     "nothing was spent: run the command again"

@@ -1,4 +1,4 @@
-"""Retry-safe episode allocation (DESIGN section 3).
+"""Retry-safe episode allocation.
 
 Under the pipeline lock, in one transaction:
 
@@ -27,17 +27,17 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, Row, Table, bindparam, func, insert, select
 
-from core.episodes import Allocation, Episode
-from core.errors import AllocationConflict, InvalidInput
-from core.ids import EpisodeId, WeekId
-from core.keys import SlotKey, slot_key, validate_key
-from core.records import EventKind
-from core.settings import validate_pipeline
-from core.states import EpisodeState
-from storage.base import utcnow
-from storage.locks import LOCK_TIMEOUT_S, locked_transaction
-from storage.models import EpisodeEventRow, EpisodeRow
-from storage.tx import retry_outages
+from episodic.core.episodes import Allocation, Episode
+from episodic.core.errors import AllocationConflict, InvalidInput
+from episodic.core.ids import EpisodeId, WeekId
+from episodic.core.keys import SlotKey, slot_key, validate_key
+from episodic.core.records import EventKind
+from episodic.core.settings import validate_pipeline
+from episodic.core.states import EpisodeState
+from episodic.storage.base import utcnow
+from episodic.storage.locks import LOCK_TIMEOUT_S, locked_transaction
+from episodic.storage.models import EpisodeEventRow, EpisodeRow
+from episodic.storage.tx import retry_outages
 
 _episodes: Table = EpisodeRow.__table__  # type: ignore[assignment]
 _events: Table = EpisodeEventRow.__table__  # type: ignore[assignment]

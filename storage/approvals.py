@@ -8,12 +8,12 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, Table, insert, select
 
-from core.states import DECIDED_STATES, EpisodeState
-from storage import tx
-from storage.base import utcnow
-from storage.episodes import move_episode
-from storage.models import ApprovalRow, EpisodeEventRow, EpisodeRow
-from storage.tx import retry_outages
+from episodic.core.states import DECIDED_STATES, EpisodeState
+from episodic.storage import tx
+from episodic.storage.base import utcnow
+from episodic.storage.episodes import move_episode
+from episodic.storage.models import ApprovalRow, EpisodeEventRow, EpisodeRow
+from episodic.storage.tx import retry_outages
 
 _episodes: Table = EpisodeRow.__table__  # type: ignore[assignment]
 _events: Table = EpisodeEventRow.__table__  # type: ignore[assignment]

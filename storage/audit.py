@@ -1,9 +1,9 @@
-"""The read-only snapshot `episodic check` audits (`pipeline.check`): the rows it reads, as
+"""The read-only snapshot `episodic check` audits (`episodic.pipeline.check`): the rows it reads, as
 plain records, each episode's in one snapshot transaction.
 
 Only reads: the statements are the ones the audit has always issued, in the same order. What
 the rows mean (a completed item has one succeeded submission, an accepted job is collected,
-...) is judged by `pipeline.check` alone, in its own encodings of the rules.
+...) is judged by `episodic.pipeline.check` alone, in its own encodings of the rules.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine, exists, select
 
-from core.records import EventKind
-from storage.admission import DedupPolicy, active_run
-from storage.approvals import latest_approval
-from storage.base import utcnow
-from storage.models import (
+from episodic.core.records import EventKind
+from episodic.storage.admission import DedupPolicy, active_run
+from episodic.storage.approvals import latest_approval
+from episodic.storage.base import utcnow
+from episodic.storage.models import (
     CostEntryRow,
     EpisodeEventRow,
     EpisodeMediaRow,
@@ -31,7 +31,7 @@ from storage.models import (
     RunRow,
     SubmissionRow,
 )
-from storage.plans import newest_plan
+from episodic.storage.plans import newest_plan
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +70,7 @@ class SubmissionRecord:
     provider_profile: str
     remote_ref: str | None
     output_lost: bool  # its output was recorded lost (`lost_outputs`) and bought again
+    reserved_micros: int = 0  # what the caps and budgets counted the call at before its bill
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +98,9 @@ class MediaRecord:
 class RunRecord:
     id: str
     state: str
-    active: bool  # `storage.admission.active_run` when it was read: the choke point's liveness
+    active: (
+        bool  # `episodic.storage.admission.active_run` when it was read: the choke point's liveness
+    )
     created_at: datetime
     started_at: datetime | None
     heartbeat_at: datetime | None

@@ -1,4 +1,4 @@
-"""Every cap and every period budget held against money spent, inside the claim (issue 31).
+"""Every cap and every period budget held against money spent, inside the claim.
 
 Before a *new paid call* (a claim's ``submit``, a re-buy or a forced resubmit:
 `LeaseStore.new_attempt`) the claim's transaction reads what the run and its pipeline have
@@ -10,58 +10,72 @@ costs nothing new.
   cap EPISODIC_MAX_RUN_COST), across all the run's resumes and processes: its calls are its
   submissions (as `RunCounts.paid_submissions`); its spend is the sum of its cost entries
   plus, for each of its open submissions (intent, accepted, unknown) without one, the larger
-  of its reservation and the *unit*; the next call costs the unit. The unit is the larger of
-  the price's estimate and the largest charge the run has recorded, so a reply's cost above
-  the estimate counts at once, for the next call and for every call in flight.
-  A price whose estimate is 0 (a profile declared free) tells nothing of what the provider
-  bills: while the run has no charge recorded and a call of it is in flight, the next one
-  waits for that charge (``throttled``: asked again shortly) under a money limit, so a free
-  profile whose provider bills in its reply sends one probe call, not a batch.
+  of its reservation and the *unit*; the next call costs the unit.
+- **The unit** is what a new paid call is reserved at, and what every call of the same price
+  in flight counts at: the larger of the price's estimate, the largest charge the run has
+  recorded, and the largest charge the provider has billed for the same price (the same
+  provider profile, in its currency) on calls made in the last 31 days (`PRICE_MEMORY`,
+  longer than any budget period) by any run, pipeline, process or machine. So a reply that
+  bills above the estimate counts at once, for the next call of every run and every call in
+  flight, and a new run starts from what the provider billed the runs before it.
+- **A price not billed yet** is probed: under a money limit (a cap or a period budget), while
+  the price has no recorded charge and a call of it is open without one (any run's, made
+  within the profile's ``max_job_s``: a job older than that is not waited for, as the
+  provider slots count it), the next call waits (``throttled``: asked again shortly) for
+  that call's bill. Concurrent runs of a new price thus send one call, not a batch, before they know
+  what it bills. A price whose estimate is 0 (a profile declared free) is the same case: its
+  calls then count at the dearest charge of the budget's period, of any run.
+- **A charge above the price's bound**: once the run has recorded a charge above the price's
+  estimate (``at_most``, the known size, the price of one image; a free price states none),
+  every new call of the run is refused (``charge above the price:``, `PRICE_MARK`) in every
+  process: each then collects what it has in flight and the run is paused
+  (`episodic.core.runs.PRICE_STOPPED`) until the price is corrected.
 - **The pipeline's period budgets** (``pipeline_budgets``: per ISO week, per calendar month,
-  in the pipeline's timezone, `core.periods`): a paid call is dated by its submission's
+  in the pipeline's timezone, `episodic.core.periods`): a paid call is dated by its submission's
   ``created_at``; the period's spend is the sum of the pipeline's cost entries in the
   budget's currency whose submissions fall in the period, plus the reservations of its open
-  submissions without one (every run, process, flow run and machine together); the next
-  call costs the unit. A profile whose currency is not the budget's is refused (never
-  summed).
+  submissions without one (every run, process, flow run and machine together; one of the
+  claim's own price counted at least at the unit); the next call costs the unit. A profile
+  whose currency is not the budget's is refused (never summed).
 
 Concurrency: the claim takes the advisory locks ``spend:{run}`` and ``budget:{pipeline}``
-together with its provider lock, first and in one global order (`storage.tx.write`,
-`storage.locks`), so two claimers anywhere never both pass on the same remaining money;
+together with its provider lock, first and in one global order (`episodic.storage.tx.write`,
+`episodic.storage.locks`), so two claimers anywhere never both pass on the same remaining money;
 SQLite's write lock serializes every writer already. The reads are hand-written and run on
-the bare driver (`storage.dbapi`), as the claim's own (bench/ledger.py counts them).
+the bare driver (`episodic.storage.dbapi`), as the claim's own (bench/ledger.py counts them).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
 from sqlalchemy import Connection, Engine, Table, delete
 
-from core.errors import InvalidInput
-from core.money import format_money
-from core.periods import PeriodKind, period_bounds, period_label
-from core.planning import RunLimits
-from core.pricing import Reservation
-from core.records import RefusalReason
-from core.runs import Refusal
-from storage import dbapi, statements, tx
-from storage.base import utcnow
-from storage.dbapi import DriverSQL
-from storage.models import PipelineBudgetRow
-from storage.tx import retry_outages
+from episodic.core.errors import InvalidInput
+from episodic.core.money import format_money
+from episodic.core.periods import PeriodKind, period_bounds, period_label
+from episodic.core.planning import RunLimits
+from episodic.core.pricing import Reservation
+from episodic.core.records import RefusalReason
+from episodic.core.runs import Refusal
+from episodic.storage import dbapi, predicates, tx
+from episodic.storage.base import utcnow
+from episodic.storage.dbapi import DriverSQL
+from episodic.storage.models import PipelineBudgetRow
+from episodic.storage.tx import retry_outages
 
 _budgets: Table = PipelineBudgetRow.__table__  # type: ignore[assignment]
 
-_OPEN = statements.OPEN_SQL.replace("state", "s.state")
+_OPEN = predicates.OPEN_SQL.replace("state", "s.state")
 _NO_COST = "NOT EXISTS (SELECT 1 FROM cost_entries k WHERE k.submission_pk = s.id)"
 
 # The run's figures: its calls; its cost entries (count, sum); the unit (the larger of
 # `b_estimate` and its largest charge, computed first by the CTE); and its open submissions
 # without a cost (count, and the sum of their reservations, each counted at least the unit).
+# `b_estimate` comes in already raised to the price's dearest recorded charge (`PRICE_SEEN`).
 RUN_SPEND = DriverSQL(
     "WITH c AS (SELECT count(*) AS n, COALESCE(SUM(k.amount_micros), 0) AS spent, "
     "COALESCE(MAX(k.amount_micros), 0) AS top FROM cost_entries k JOIN submissions s "
@@ -73,8 +87,26 @@ RUN_SPEND = DriverSQL(
     f"{_OPEN} AND {_NO_COST}), "
     "(SELECT COALESCE(SUM(CASE WHEN s.reserved_micros > u.unit THEN s.reserved_micros "
     f"ELSE u.unit END), 0) FROM submissions s WHERE s.run_id = :b_run AND {_OPEN} AND "
-    f"{_NO_COST}) FROM c, u"
+    f"{_NO_COST}), c.top FROM c, u"
 )
+
+# What the provider has billed for this price: the charges in its currency of the profile's
+# calls made since `b_since` (every run, pipeline, process and machine): their count and the
+# dearest; and the profile's calls in flight now without a charge yet whose item a live claim
+# holds (someone is following them: their bill comes soon).
+PRICE_SEEN = DriverSQL(
+    "SELECT count(*), COALESCE(MAX(k.amount_micros), 0) FROM cost_entries k "
+    "JOIN submissions s ON s.id = k.submission_pk WHERE s.provider_profile = :b_profile "
+    "AND k.currency = :b_currency AND s.created_at >= :b_since"
+)
+PRICE_PROBES = DriverSQL(
+    "SELECT count(*) FROM submissions s "
+    f"WHERE s.provider_profile = :b_profile AND {_OPEN} AND {_NO_COST} AND "
+    "s.created_at >= :b_since AND s.created_at > :b_recent"
+)
+# How far back a price's charges are evidence of what it bills: longer than any budget
+# period (a calendar month), so every period's charges are among them.
+PRICE_MEMORY = timedelta(days=31)
 
 # The pipeline's budgets and its timezone (the pipeline row exists once it has a budget).
 BUDGETS = DriverSQL(
@@ -89,7 +121,10 @@ PERIOD_SPEND = DriverSQL(
     "JOIN submissions s ON s.id = k.submission_pk JOIN episodes e ON e.id = k.episode_pk "
     "WHERE e.pipeline = :b_pipeline AND k.currency = :b_currency AND "
     "s.created_at >= :b_start AND s.created_at < :b_end), "
-    "(SELECT COALESCE(SUM(s.reserved_micros), 0) FROM submissions s "
+    # (a call of the claim's own price counts at least at its unit: what it may be billed)
+    "(SELECT COALESCE(SUM(CASE WHEN s.provider_profile = :b_profile AND "
+    "s.reserved_micros < :b_unit THEN :b_unit ELSE s.reserved_micros END), 0) "
+    "FROM submissions s "
     "JOIN items i ON i.id = s.item_pk JOIN episodes e ON e.id = i.episode_pk "
     "WHERE e.pipeline = :b_pipeline AND s.currency = :b_currency AND "
     f"s.created_at >= :b_start AND s.created_at < :b_end AND {_OPEN} AND {_NO_COST}), "
@@ -121,6 +156,10 @@ class Guard:
     pipeline: str | None
     limits: RunLimits
     reserve: Reservation
+    profile: str | None = None  # the provider profile whose price `reserve` is
+    # how long a call of a price never billed is waited for before the next goes (the
+    # profile's `max_job_s`: a job older than that is not coming back soon, as the slots)
+    probe_window_s: float = 60.0
 
     @property
     def locks(self) -> list[str]:
@@ -155,21 +194,45 @@ class Check:
     open_calls: int = 0
     in_flight: int = 0
     periods: list[_Period] = field(default_factory=list)
+    price_charges: int = 0  # charges recorded for the profile's price (`PRICE_SEEN`)
+    price_probes: int = 0  # its calls in flight without a charge, made within the window
+    run_top: int = 0  # the run's own dearest charge
 
     def _load(self) -> None:
         guard = self.guard
         estimate = guard.reserve.micros
+        currency = guard.reserve.currency
+        if guard.profile is not None and currency is not None:
+            since = self.now - PRICE_MEMORY
+            seen = {"b_profile": guard.profile, "b_currency": currency, "b_since": since}
+            found = dbapi.fetch_one(self.conn, PRICE_SEEN, seen)
+            assert found is not None
+            self.price_charges, dearest = int(found[0]), int(found[1])
+            estimate = max(estimate, dearest)  # what the provider has shown it bills
+            if self.price_charges == 0:
+                recent = self.now - timedelta(seconds=guard.probe_window_s)
+                self.price_probes = int(
+                    dbapi.scalar(self.conn, PRICE_PROBES, {**seen, "b_recent": recent})
+                )
         found = dbapi.fetch_one(
             self.conn, RUN_SPEND, {"b_run": guard.run_id, "b_estimate": estimate}
         )
         assert found is not None  # an aggregate answers one row
-        self.calls, self.charges, self.spent, self.unit, self.open_calls, self.in_flight = (
-            int(v) for v in found
-        )
+        (
+            self.calls,
+            self.charges,
+            self.spent,
+            self.unit,
+            self.open_calls,
+            self.in_flight,
+            self.run_top,
+        ) = (int(v) for v in found)
         if guard.pipeline is not None:
-            self.periods = _periods(self.conn, guard.pipeline, self.now)
-        if estimate == 0:  # a free price: count each call at the dearest charge yet seen,
-            # in any run of the budget's period (another run's probe showed the bill)
+            self.periods = _periods(
+                self.conn, guard.pipeline, self.now, profile=guard.profile, unit=self.unit
+            )
+        if guard.reserve.micros == 0:  # a free price: count each call at the dearest charge
+            # yet seen, in any run of the budget's period (another run's probe showed the bill)
             self.unit = max([self.unit] + [p.top for p in self.periods])
         self._read = True
 
@@ -188,6 +251,19 @@ class Check:
             )
         ):  # a free price's probe is out (this run's, or any run's of the budget's pipeline)
             return Refusal(RefusalReason.THROTTLED)  # wait for its bill
+        if money and self.price_charges == 0 and self.charges == 0 and self.price_probes:
+            # a price the provider has never billed yet under a money limit: one call of it
+            # is out (in any run), and its bill shows what every later call is counted at
+            return Refusal(RefusalReason.THROTTLED)
+        bound = self.guard.reserve.micros
+        if 0 < bound < self.run_top:  # the provider billed this run above what its price says
+            return _refused(
+                f"{PRICE_MARK} the provider charged one call of this run "
+                f"{format_money(self.run_top, currency or 'USD')}, above the "
+                f"{format_money(bound, currency or 'USD')} that provider profile "
+                f"{self.guard.profile!r} states a call costs at most; correct its price in "
+                "the providers file"
+            )
         if limits.max_images is not None and self.calls + 1 > limits.max_images:
             return _refused(
                 f"--max-images {limits.max_images}: the run has made {self.calls} paid calls"
@@ -219,11 +295,10 @@ class Check:
         return None
 
     def reservation(self) -> Reservation:
-        """What the next new paid call is reserved at: the larger of the price's estimate and
-        the run's dearest charge (the unit), so every later check, of this run or of any
-        other run against the same period budget, counts the call in flight at what a reply
-        has shown the provider bills (a free profile billed 0.40 in its replies reserves 0.40
-        from its second call on), not at the price's 0."""
+        """What the next new paid call is reserved at: the unit (the module), so every later
+        check, of this run or of any other run against the same period budget, counts the
+        call in flight at what a reply has shown the provider bills (a free profile billed
+        0.40 in its replies reserves 0.40 from its second call on), not at the price's 0."""
         if not self._read:
             self._load()
         return Reservation(max(self.guard.reserve.micros, self.unit), self.guard.reserve.currency)
@@ -234,22 +309,30 @@ class Check:
         self.calls += 1
         self.open_calls += 1
         self.in_flight += counted
+        self.price_probes += 1
         for period in self.periods:
             period.in_flight += counted
             period.unpriced_open += int(counted == 0)
+
+
+PRICE_MARK = "charge above the price:"
+"""How a refusal's detail starts when a charge of the run passed its price's bound (the run
+is then paused as `episodic.core.runs.PRICE_STOPPED`, not as a budget reached)."""
 
 
 def _refused(detail: str) -> Refusal:
     return Refusal(RefusalReason.BUDGET, None, detail)
 
 
-def _periods(conn: Connection, pipeline: str, now: datetime) -> list[_Period]:
+def _periods(
+    conn: Connection, pipeline: str, now: datetime, *, profile: str | None = None, unit: int = 0
+) -> list[_Period]:
     out = []
     for kind, amount, currency, timezone in dbapi.fetch_all(
         conn, BUDGETS, {"b_pipeline": pipeline}
     ):
         spent, in_flight, unpriced, top = period_spend(
-            conn, pipeline, kind, currency, timezone, now
+            conn, pipeline, kind, currency, timezone, now, profile=profile, unit=unit
         )
         label = period_label(kind, now, ZoneInfo(timezone))
         out.append(_Period(kind, label, int(amount), currency, spent, in_flight, unpriced, top))
@@ -263,15 +346,21 @@ def period_spend(
     currency: str,
     timezone: str,
     now: datetime,
+    *,
+    profile: str | None = None,
+    unit: int = 0,
 ) -> tuple[int, int, int, int]:
     """(spent, in flight, open calls reserved at 0, the dearest charge) of `pipeline` in
-    `currency` in the `kind` period containing `now` in `timezone`."""
+    `currency` in the `kind` period containing `now` in `timezone`; an open call of
+    `profile` counts in flight at least at `unit`."""
     start, end = period_bounds(kind, now, ZoneInfo(timezone))
     params: dict[str, Any] = {
         "b_pipeline": pipeline,
         "b_currency": currency,
         "b_start": start,
         "b_end": end,
+        "b_profile": profile,
+        "b_unit": unit,
     }
     found = dbapi.fetch_one(conn, PERIOD_SPEND, params)
     assert found is not None

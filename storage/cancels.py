@@ -9,12 +9,12 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, Table, func, insert, select
 
-from core.records import EventKind
-from storage import statements, tx
-from storage.base import utcnow
-from storage.models import EpisodeEventRow, RunRow, SubmissionRow
-from storage.runs import lock_membership_of_runs
-from storage.tx import retry_outages
+from episodic.core.records import EventKind
+from episodic.storage import predicates, tx
+from episodic.storage.base import utcnow
+from episodic.storage.models import EpisodeEventRow, RunRow, SubmissionRow
+from episodic.storage.runs import lock_membership_of_runs
+from episodic.storage.tx import retry_outages
 
 _runs: Table = RunRow.__table__  # type: ignore[assignment]
 _subs: Table = SubmissionRow.__table__  # type: ignore[assignment]
@@ -119,7 +119,7 @@ def _wanted_elsewhere(
     paused) includes: submission pk -> that run's id (the oldest such run). Cancelling
     such a job at the provider would make that run pay for the item again (a provider
     may bill a cancelled job: Replicate does)."""
-    other = statements.live_memberships([run_id]).subquery()
+    other = predicates.live_memberships([run_id]).subquery()
     rows = conn.execute(
         select(_subs.c.id, func.min(other.c.run_id))
         .join(other, other.c.item_pk == _subs.c.item_pk)

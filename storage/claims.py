@@ -1,4 +1,4 @@
-"""Claims on items (DESIGN 5: claims and leases, not checks).
+"""Claims on items (claims and leases, not checks).
 
 A worker *claims* an item before any paid call: one transaction locks the item row (``SELECT …
 FOR NO KEY UPDATE`` on Postgres, which excludes every other claim but not the foreign-key checks
@@ -6,7 +6,7 @@ of rows that refer to the item; SQLite's ``BEGIN IMMEDIATE`` already serializes 
 the run is still running, decides what the holder does next, records the claim (owner, run,
 lease expiry) and, for a new paid call, counts the attempt and commits the submission *intent*
 (`storage.ledger`) in the same transaction. Every later write of the holder is guarded by its
-ownership (``… WHERE claim_owner = :owner AND state = 'running'``; `storage.leases`,
+ownership (``… WHERE claim_owner = :owner AND state = 'running'``; `episodic.storage.leases`,
 `storage.ledger`) and answers False when someone else has taken the item over. So any number
 of runs, processes or Prefect workers on one episode split its items, and each item is
 submitted once.
@@ -22,31 +22,34 @@ from typing import Any, NamedTuple
 
 from sqlalchemy import Connection, Engine, Table
 
-from core.pricing import Reservation
-from core.records import ClaimAction, RefusalReason
-from core.runs import Claim, Refusal, claim_live, store_stopped
-from core.states import ItemState, RunState, SubmissionState
-from storage import dbapi, installation, statements, tx
-from storage.base import utcnow
-from storage.budgets import Check, Guard
-from storage.dbapi import DriverSQL
-from storage.ledger import insert_intent, submission_of
-from storage.models import ItemRow, RunRow
-from storage.runs import item_from_row
-from storage.tx import retry_outages
+from episodic.core.pricing import Reservation
+from episodic.core.records import ClaimAction, RefusalReason
+from episodic.core.runs import Claim, Refusal, claim_live, store_stopped
+from episodic.core.states import ItemState, RunState, SubmissionState
+from episodic.storage import dbapi, installation, predicates, statements, tx
+from episodic.storage.base import utcnow
+from episodic.storage.budgets import Check, Guard
+from episodic.storage.dbapi import DriverSQL
+from episodic.storage.ledger import insert_intent, submission_of
+from episodic.storage.models import ItemRow, RunRow
+from episodic.storage.provider_outputs import output_gone
+from episodic.storage.runs import item_from_row
+from episodic.storage.slots import in_flight
+from episodic.storage.throttles import ClaimThrottle
+from episodic.storage.tx import retry_outages
 
 _runs: Table = RunRow.__table__  # type: ignore[assignment]
 _items: Table = ItemRow.__table__  # type: ignore[assignment]
 
 # The claim's reads, hand-written and run on the bare driver (storage/dbapi.py): through
 # SQLAlchemy Core each cost about ten times the driver's own time (bench/ledger.py). Its
-# writes are `storage.statements`'.
+# writes are `episodic.storage.statements`'.
 
 # The run's state and, for a run admitted for a recorded plan, whether that plan is still
 # the episode's newest (a re-planned episode's older runs pay for nothing more).
 _RUN_STATE = DriverSQL(
     "SELECT r.state, r.plan_id IS NOT NULL AND r.plan_id <> "
-    f"{statements.newest_plan_sql('r.episode_pk')}, r.error_text FROM runs r WHERE r.id = :b_run"
+    f"{predicates.newest_plan_sql('r.episode_pk')}, r.error_text FROM runs r WHERE r.id = :b_run"
 )
 
 
@@ -108,23 +111,7 @@ def _sub_row(found: Sequence[Any] | None) -> _SubRow | None:
 
 _OPEN_SUB = DriverSQL(
     "SELECT id, item_pk, attempt, client_reference, state, remote_ref FROM submissions "
-    f"WHERE item_pk = :b_item AND {statements.OPEN_SQL} ORDER BY id DESC LIMIT 1"
-)
-
-
-# The slots a profile's jobs take: its items running under a live lease, and the items with
-# an open submission of the profile made within its `max_job_s` (a job the provider accepted
-# runs there whatever became of the claim that sent it: an interrupted or killed holder, a
-# job left for later collection). An item with both counts once.
-_RUNNING_SLOTS = (
-    "SELECT id AS item FROM items WHERE claim_profile = :b_profile AND "
-    f"{statements.LIVE_CLAIM_SQL} AND id != :b_item"
-)
-_IN_FLIGHT = DriverSQL(f"SELECT count(*) FROM ({_RUNNING_SLOTS}) AS slots")
-_IN_FLIGHT_WITH_JOBS = DriverSQL(
-    f"SELECT count(*) FROM ({_RUNNING_SLOTS} UNION SELECT item_pk AS item FROM submissions "
-    f"WHERE provider_profile = :b_profile AND {statements.OPEN_SQL} AND created_at > :b_since "
-    "AND item_pk != :b_item) AS slots"
+    f"WHERE item_pk = :b_item AND {predicates.OPEN_SQL} ORDER BY id DESC LIMIT 1"
 )
 
 
@@ -151,6 +138,7 @@ class ClaimStore:
         allow_retry: bool = True,
         reserve: Reservation | None = None,
         guard: Guard | None = None,
+        settle_only: bool = False,
     ) -> Claim | Refusal:
         """Claim the item for `owner` (and intend a paid call if one is due), atomically.
 
@@ -158,9 +146,12 @@ class ClaimStore:
         media store failure), ``reopen`` (it
         is failed or paused: concluded, reaped or interrupted elsewhere; the caller, which
         still has work, may reopen it), ``done``,
-        ``busy`` (another owner's lease is live), ``exhausted`` (``max_attempts`` paid
+        ``busy`` (another owner's lease is live), ``lost`` (failed, its paid output gone
+        at the provider: `episodic.storage.provider_outputs`), ``exhausted`` (``max_attempts`` paid
         calls made and none open), ``throttled`` (`provider_limit` slots of `profile` are
-        taken, in any run, process or machine: see below) and, with
+        taken, in any run, process or machine: see below; or the provider refused the
+        profile for now and the moment it gave to ask again, `episodic.storage.throttles`, is still
+        to come) and, with
         ``allow_retry=False`` (a run following another run's work), ``failed`` (its holder
         gave it up: not retried by a follower).
 
@@ -174,8 +165,12 @@ class ClaimStore:
         write lock), so concurrent claimers never both take the last one.
 
         With `guard`, a new paid call is also held against the run's caps and its pipeline's
-        period budgets (`storage.budgets`, under their locks): ``budget`` (its `detail`
+        period budgets (`episodic.storage.budgets`, under their locks): ``budget`` (its `detail`
         says which limit, the spend and what is in flight) when it would pass one.
+
+        With `settle_only`, the item is claimed only to settle its open submission (collect
+        an accepted job, reconcile an intent or an unknown outcome: nothing new is paid);
+        one that would need a new paid call is refused ``settle only``.
         """
         return self.claim_many(
             [(item_pk, allow_retry)],
@@ -188,6 +183,7 @@ class ClaimStore:
             max_job_s=max_job_s,
             reserve=reserve,
             guard=guard,
+            settle_only=settle_only,
         )[0]
 
     def claim_many(
@@ -203,11 +199,14 @@ class ClaimStore:
         max_job_s: float | None = None,
         reserve: Reservation | None = None,
         guard: Guard | None = None,
+        settle_only: bool = False,
     ) -> list[Claim | Refusal]:
         """`claim` for several items (pk, allow_retry) in one transaction, in order: one
         write instead of one per item for a dispatcher that fills many slots at once. After
-        the first ``throttled`` or ``budget`` refusal the rest are refused the same way,
-        unclaimed."""
+        the first ``throttled`` refusal the rest are refused the same way, unclaimed; after
+        the first ``budget`` refusal the rest are claimed only to settle what they have open
+        (collecting costs nothing new), and a new paid call is refused ``budget`` as the
+        first was."""
         locks = [f"provider:{profile}"] if provider_limit is not None else []
         if guard is not None:
             locks += guard.locks
@@ -223,6 +222,7 @@ class ClaimStore:
             slots,
             reserve or Reservation.none(),
             guard,
+            settle_only,
         )
 
     def _claim_batch(
@@ -237,8 +237,10 @@ class ClaimStore:
         slots: tuple[int, float | None] | None,
         reserve: Reservation,
         guard: Guard | None,
+        settle_only: bool,
     ) -> list[Claim | Refusal]:
         answers: list[Claim | Refusal] = []
+        over: Refusal | None = None  # the batch's first budget refusal
         # Every advisory lock first, in the one global order (`storage.locks`); then the run.
         with tx.write(self.engine, lock=locks) as conn:
             checked = time.monotonic()  # the proof's age counts from before the run is read
@@ -257,31 +259,41 @@ class ClaimStore:
             now = utcnow()  # read with the write lock held (a waited-for lock ages a lease)
             # read at the batch's first new paid call, then kept in memory
             money = None if guard is None else Check(conn, guard, now)
+            throttle = ClaimThrottle(conn, profile, now)
             for item_pk, allow_retry in items:
                 if (
                     answers
                     and isinstance(answers[-1], Refusal)
-                    and answers[-1].reason in (RefusalReason.THROTTLED, RefusalReason.BUDGET)
+                    and answers[-1].reason == RefusalReason.THROTTLED
                 ):
                     answers.append(answers[-1])
                     continue
-                answers.append(
-                    self._claim_in(
-                        conn,
-                        now,
-                        checked,
-                        item_pk,
-                        run_id,
-                        owner,
-                        lease_s=lease_s,
-                        max_attempts=max_attempts,
-                        profile=profile,
-                        slots=slots,
-                        allow_retry=allow_retry,
-                        reserve=reserve,
-                        money=money,
-                    )
+                answer = self._claim_in(
+                    conn,
+                    now,
+                    checked,
+                    item_pk,
+                    run_id,
+                    owner,
+                    lease_s=lease_s,
+                    max_attempts=max_attempts,
+                    profile=profile,
+                    slots=slots,
+                    allow_retry=allow_retry,
+                    reserve=reserve,
+                    money=money,
+                    settle_only=settle_only or over is not None,
+                    throttle=throttle,
                 )
+                if isinstance(answer, Refusal) and answer.reason == RefusalReason.BUDGET:
+                    over = over or answer
+                elif (
+                    over is not None
+                    and isinstance(answer, Refusal)
+                    and answer.reason == RefusalReason.SETTLE_ONLY
+                ):
+                    answer = over  # a new paid call, refused at the limit as the first was
+                answers.append(answer)
         return answers
 
     @staticmethod
@@ -321,6 +333,8 @@ class ClaimStore:
         allow_retry: bool,
         reserve: Reservation,
         money: Check | None = None,
+        settle_only: bool = False,
+        throttle: ClaimThrottle | None = None,
     ) -> Claim | Refusal:
         found = dbapi.fetch_one(conn, _ITEM_FOR_UPDATE, {"b_item": item_pk})
         if found is None:
@@ -337,10 +351,14 @@ class ClaimStore:
             if row.attempts
             else None
         )
+        if sub is None and row.state == ItemState.FAILED and output_gone(conn, item_pk):
+            return Refusal(RefusalReason.LOST, row.claim_run_id)
         if sub is None and row.attempts >= max_attempts:
             return Refusal(RefusalReason.EXHAUSTED)
         if sub is None and not allow_retry and row.state == ItemState.FAILED:
             return Refusal(RefusalReason.FAILED, row.claim_run_id)
+        if sub is None and settle_only:  # nothing open to settle: it needs a new paid call
+            return Refusal(RefusalReason.SETTLE_ONLY)
         # An item with a submission open already holds its slot (the count below is of the
         # *other* items): settling it (collect, reconcile) takes no new one, and frees one.
         # Only a new paid call waits for a slot; so a run whose slots are held by its own
@@ -348,9 +366,13 @@ class ClaimStore:
         if (
             sub is None
             and slots is not None
-            and _in_flight(conn, profile, item_pk, now, slots[1]) >= slots[0]
+            and in_flight(conn, profile, item_pk, now, slots[1]) >= slots[0]
         ):
             return Refusal(RefusalReason.THROTTLED)
+        # The provider refused this profile for now (any worker heard it): no new paid call
+        # until the moment it gave; settling an open submission needs no create.
+        if sub is None and throttle is not None and throttle.held():
+            return Refusal(RefusalReason.THROTTLED, until=throttle.until)
         # A new paid call is held against the run's caps and the period budgets (their
         # locks were taken with the provider's, before the run and any item row).
         if sub is None and money is not None and (refused := money.refusal()) is not None:
@@ -401,14 +423,3 @@ def _take(
         conn, item, run_id, profile, attempt, now, forced=False, reserve=reserve
     )
     return Claim(item, run_id, owner, ClaimAction.SUBMIT, submission, token, checked)
-
-
-def _in_flight(
-    conn: Connection, profile: str, item_pk: int, now: datetime, max_job_s: float | None
-) -> int:
-    """The slots of `profile` taken by other items than this one (see `ClaimStore.claim`)."""
-    params: dict[str, Any] = {"b_profile": profile, "b_now": now, "b_item": item_pk}
-    if max_job_s is None:
-        return int(dbapi.scalar(conn, _IN_FLIGHT, params))
-    params["b_since"] = now - timedelta(seconds=max_job_s)
-    return int(dbapi.scalar(conn, _IN_FLIGHT_WITH_JOBS, params))

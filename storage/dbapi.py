@@ -7,10 +7,10 @@ costs 15-100 µs of interpreter time (cache key, parameter and result processing
 times the driver's own; with 8 or 32 items at once on two cores that time, held under the
 interpreter lock and SQLite's writer lock, was what limited a run (`bench/ledger.py`,
 docs/performance.md). Here those statements are hand-written SQL executed on the DBAPI
-cursor of the SQLAlchemy connection that `storage.tx` opened:
+cursor of the SQLAlchemy connection that `episodic.storage.tx` opened:
 
 - SQLAlchemy still owns the pool, the transaction (``BEGIN IMMEDIATE`` on SQLite, COMMIT),
-  and `storage.tx` its outage retries and commit tracking; only statement execution is
+  and `episodic.storage.tx` its outage retries and commit tracking; only statement execution is
   replaced;
 - a driver error is raised as SQLAlchemy's `DBAPIError` subclass for it (`IntegrityError`,
   `OperationalError`, ...), with the connection invalidated when the dialect says it was
@@ -35,7 +35,7 @@ from typing import Any
 from sqlalchemy import Connection, Dialect
 from sqlalchemy.exc import DBAPIError
 
-from storage.base import UTCDateTime
+from episodic.storage.base import UTCDateTime
 
 _SQLITE_FORMAT = "%Y-%m-%d %H:%M:%S.%f"  # SQLAlchemy's SQLite DATETIME storage format
 _PARAM = re.compile(r"(?<![:\w]):([a-z_][a-z0-9_]*)")

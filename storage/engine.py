@@ -17,9 +17,9 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, Connection, make_url
 from sqlalchemy.exc import ArgumentError
 
-from core.errors import InvalidInput
-from storage import dbapi
-from storage.dbapi import DriverSQL
+from episodic.core.errors import InvalidInput
+from episodic.storage import dbapi
+from episodic.storage.dbapi import DriverSQL
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 PG_LOCK_TIMEOUT_MS = 60_000  # bounds every lock wait, the pipeline's advisory lock included
@@ -112,7 +112,7 @@ def _sqlite_engine(url: URL, *, read_only: bool, **kwargs: Any) -> Engine:
     path = sqlite_path(url)
     if read_only:
         if not path.is_file():  # a reader never creates one; say which file it looked for
-            from core.errors import StorageError
+            from episodic.core.errors import StorageError
 
             raise StorageError(f"no database at {path}: the SQLite file does not exist")
         url = url.set(database=f"file:{path}?mode=ro", query={"uri": "true"})
@@ -120,7 +120,7 @@ def _sqlite_engine(url: URL, *, read_only: bool, **kwargs: Any) -> Engine:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            from core.errors import InvalidInput
+            from episodic.core.errors import InvalidInput
 
             raise InvalidInput(
                 f"SQLite database {path}: its folder cannot be created ({exc.strerror})"

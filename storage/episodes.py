@@ -14,16 +14,22 @@ from typing import Any
 from sqlalchemy import Connection, Engine, Table, insert, select
 from sqlalchemy.orm import Session
 
-from core.episodes import Episode, EpisodeEvent
-from core.errors import EpisodeNotFound
-from core.ids import EpisodeId, WeekId
-from core.media import StoredMedia
-from core.states import EpisodeState, ItemState, check_episode_transition, sources_of
-from storage import statements, tx
-from storage.base import utcnow
-from storage.engine import database_label
-from storage.models import EpisodeEventRow, EpisodeMediaRow, EpisodePlanRow, EpisodeRow, ItemRow
-from storage.tx import idempotent, retry_outages
+from episodic.core.episodes import Episode, EpisodeEvent
+from episodic.core.errors import EpisodeNotFound
+from episodic.core.ids import EpisodeId, WeekId
+from episodic.core.media import StoredMedia
+from episodic.core.states import EpisodeState, ItemState, check_episode_transition, sources_of
+from episodic.storage import predicates, statements, tx
+from episodic.storage.base import utcnow
+from episodic.storage.engine import database_label
+from episodic.storage.models import (
+    EpisodeEventRow,
+    EpisodeMediaRow,
+    EpisodePlanRow,
+    EpisodeRow,
+    ItemRow,
+)
+from episodic.storage.tx import idempotent, retry_outages
 
 _episodes: Table = EpisodeRow.__table__  # type: ignore[assignment]
 _events: Table = EpisodeEventRow.__table__  # type: ignore[assignment]
@@ -111,7 +117,7 @@ class EpisodeRepository:
             state = conn.execute(
                 select(_episodes.c.state).where(_episodes.c.id == episode_pk).with_for_update()
             ).scalar_one()
-            if plan_id is not None and statements.newest_plan_id(conn, episode_pk) != plan_id:
+            if plan_id is not None and predicates.newest_plan_id(conn, episode_pk) != plan_id:
                 return False
             completed = set(
                 conn.execute(

@@ -23,11 +23,11 @@ from typing import Any
 
 from sqlalchemy import Engine, Table, func, insert, select
 
-from core.records import EventKind
-from core.states import ItemState, RunState, SubmissionState
-from storage import statements, tx
-from storage.base import utcnow
-from storage.models import (
+from episodic.core.records import EventKind
+from episodic.core.states import ItemState, RunState, SubmissionState
+from episodic.storage import predicates, tx
+from episodic.storage.base import utcnow
+from episodic.storage.models import (
     EpisodeEventRow,
     EpisodeRow,
     ItemRow,
@@ -139,7 +139,7 @@ class FlowRunLinks:
         if not run_ids:
             return {}
         now = utcnow()
-        alive = statements.live_run(now, self.fallback_lease_s)
+        alive = predicates.live_run(now, self.fallback_lease_s)
         accepted = _per_run(
             conn,
             select(_members.c.run_id, func.count(_subs.c.id))

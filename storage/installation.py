@@ -25,15 +25,15 @@ import secrets
 
 from sqlalchemy import Connection, Engine, inspect, text
 
-from core.errors import SchemaNotCurrent
-from storage import statements, tx
-from storage.base import utcnow
+from episodic.core.errors import SchemaNotCurrent
+from episodic.storage import statements, tx
+from episodic.storage.base import utcnow
 
 ID = re.compile(r"[0-9a-f]{16}")
 _READ = text("SELECT id FROM installation WHERE singleton = 1")
 _RENEW = text("UPDATE installation SET id = :b_id, created_at = :b_now WHERE singleton = 1")
 # The original's media store is not the copy's: the copy records its own at its first write
-# (`storage.store_identity`), or the original's again when told to use it.
+# (`episodic.storage.store_identity`), or the original's again when told to use it.
 _FORGET_STORE = text("DELETE FROM media_store")
 
 
@@ -68,7 +68,7 @@ def renew(engine: Engine) -> tuple[str, str, int]:
     transaction (``disowned`` of them): this database never collects, reconciles or cancels
     them, and its next run of their items buys its own. The media store the original
     recorded is forgotten too: the copy adopts the store it is configured with at its first
-    write (one that holds the copied images, if it has any: `storage.store_identity`)."""
+    write (one that holds the copied images, if it has any: `episodic.storage.store_identity`)."""
     new = secrets.token_hex(8)
     now = utcnow()
     with tx.write(engine) as conn:
@@ -89,5 +89,5 @@ def renew(engine: Engine) -> tuple[str, str, int]:
 
 def reference(installation: str, item_key: str, attempt: int) -> str:
     """The client reference of paid call `attempt` of an item (what
-    `storage.statements.REFERENCE_SQL` builds in SQL)."""
+    `episodic.storage.statements.REFERENCE_SQL` builds in SQL)."""
     return f"{installation}-{item_key}-{attempt}"

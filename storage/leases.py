@@ -3,7 +3,9 @@
 The holder proves its claim before every paid call (`LeaseStore.still_holds`: the claim is its
 own, live, and its run is running), renews it with the run's lease (the heartbeat), and gives
 it back as failed (resumable) when it stops: one item, every item of an owner, or a claim whose
-task never started (its intent withdrawn: nothing was sent). A claim's lease is what lets
+task never started (its intent withdrawn: nothing was sent); or as pending when nothing was
+sent for it and nothing failed (a provider's throttle paused the run before its call: `put_back`).
+A claim's lease is what lets
 another process take over the item of a holder that died.
 """
 
@@ -27,18 +29,19 @@ from sqlalchemy import (
     update,
 )
 
-from core.pricing import Reservation
-from core.records import ClaimAction, RefusalReason
-from core.runs import Claim, Item, Refusal, Submission
-from core.states import ItemState, RunState
-from storage import dbapi, locks, statements, tx
-from storage.base import utcnow
-from storage.budgets import Check, Guard
-from storage.dbapi import DriverSQL
-from storage.ledger import insert_intent, submission_of, withdraw_in
-from storage.models import CostEntryRow, ItemRow, RunRow, SubmissionRow
-from storage.runs import item_from_row
-from storage.tx import idempotent, retry_outages
+from episodic.core.pricing import Reservation
+from episodic.core.records import ClaimAction, RefusalReason
+from episodic.core.runs import Claim, Item, Refusal, Submission
+from episodic.core.states import ItemState, RunState
+from episodic.storage import dbapi, locks, predicates, statements, tx
+from episodic.storage.base import utcnow
+from episodic.storage.budgets import Check, Guard
+from episodic.storage.dbapi import DriverSQL
+from episodic.storage.ledger import insert_intent, submission_of, withdraw_in
+from episodic.storage.models import CostEntryRow, ItemRow, RunRow, SubmissionRow
+from episodic.storage.runs import item_from_row
+from episodic.storage.throttles import ClaimThrottle
+from episodic.storage.tx import idempotent, retry_outages
 
 _runs: Table = RunRow.__table__  # type: ignore[assignment]
 _items: Table = ItemRow.__table__  # type: ignore[assignment]
@@ -57,7 +60,7 @@ _COUNT_ATTEMPT = (
 # locked on Postgres where the caller then writes under it).
 _HOLDS_SQL = (
     "SELECT id FROM items WHERE id = :b_item AND claim_owner = :b_owner AND "
-    f"{statements.LIVE_CLAIM_SQL} AND EXISTS (SELECT 1 FROM runs WHERE runs.id = :b_run "
+    f"{predicates.LIVE_CLAIM_SQL} AND EXISTS (SELECT 1 FROM runs WHERE runs.id = :b_run "
     "AND runs.state = 'running')"
 )
 _HOLDS = DriverSQL(_HOLDS_SQL)
@@ -84,11 +87,17 @@ class LeaseStore:
         Re-checks, in the same transaction, that the run is running and the claim still
         ours and live; None if not (stop spending). With `guard`, the call is held against
         the run's caps and its pipeline's period budgets as a claim's is (`storage.budgets`,
-        under the same locks): a ``budget`` `Refusal` when it would pass one.
+        under the same locks): a ``budget`` `Refusal` when it would pass one. While the
+        provider throttles `profile` (`episodic.storage.throttles`, any worker heard it) a
+        ``throttled`` `Refusal` whose `until` is the moment it takes calls again, as a
+        claim's.
         """
         with tx.write(self.engine, lock=None if guard is None else guard.locks) as conn:
             if dbapi.fetch_one(conn, _HOLDS_LOCKED, _holds_params(claim)) is None:
                 return None
+            throttle = ClaimThrottle(conn, profile, utcnow())
+            if throttle.held():
+                return Refusal(RefusalReason.THROTTLED, until=throttle.until)
             if guard is not None:
                 check = Check(conn, guard, utcnow())
                 refused = check.refusal()
@@ -121,7 +130,7 @@ class LeaseStore:
                     _items.c.id == item_pk,
                     _items.c.claim_owner == owner,
                     _items.c.claim_token == token,
-                    statements.held_by_live_claim(now),
+                    predicates.held_by_live_claim(now),
                     exists().where(
                         and_(_runs.c.id == run_id, _runs.c.state == RunState.RUNNING.value)
                     ),
@@ -162,7 +171,7 @@ class LeaseStore:
             )
             # Only live leases: an expired one may already count as a free provider slot (or
             # be taken over); it is not revived.
-            renewed = and_(_items.c.claim_owner == owner, statements.held_by_live_claim(now))
+            renewed = and_(_items.c.claim_owner == owner, predicates.held_by_live_claim(now))
             conn.execute(
                 update(_items)
                 .where(locks.in_id_order(_items, renewed), renewed)
@@ -173,6 +182,15 @@ class LeaseStore:
     def release(self, claim: Claim, error_text: str) -> bool:
         """The holder gives the item up as failed (resumable); False if it was not ours."""
         return bool(self._give_up(_items.c.id == claim.item.pk, claim.owner, error_text))
+
+    @idempotent
+    def put_back(self, claim: Claim, note: str) -> bool:
+        """The holder gives the item back as pending, not failed: nothing was sent for it
+        (its intent withdrawn) and nothing failed, e.g. a provider's throttle paused the run
+        before its call. `note` says why it is still to buy. False if it was not ours."""
+        params = {"b_item": claim.item.pk, "b_owner": claim.owner, "b_note": note[:2000]}
+        with tx.write(self.engine) as conn:
+            return bool(dbapi.rowcount(conn, statements.PUT_BACK_ITEM, params))
 
     @idempotent
     def give_back_unreceived(self, owner: str, item_pks: Sequence[int], since: datetime) -> int:

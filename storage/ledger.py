@@ -16,16 +16,16 @@ from typing import Any
 from sqlalchemy import Connection, Engine, Select, Table, exists, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
-from core.media import StoredMedia
-from core.pricing import Charge, Reservation
-from core.records import EpisodeImage
-from core.runs import Claim, Item, Submission
-from core.states import ItemState, SubmissionState
-from storage import dbapi, statements, tx
-from storage.base import utcnow
-from storage.dbapi import DriverSQL
-from storage.models import CostEntryRow, ItemRow, LostOutputRow, RunItemRow, SubmissionRow
-from storage.tx import idempotent, retry_outages
+from episodic.core.media import StoredMedia
+from episodic.core.pricing import Charge, Reservation
+from episodic.core.records import EpisodeImage
+from episodic.core.runs import Claim, Item, Submission
+from episodic.core.states import ItemState, SubmissionState
+from episodic.storage import dbapi, statements, tx
+from episodic.storage.base import utcnow
+from episodic.storage.dbapi import DriverSQL
+from episodic.storage.models import CostEntryRow, ItemRow, LostOutputRow, RunItemRow, SubmissionRow
+from episodic.storage.tx import idempotent, retry_outages
 
 _items: Table = ItemRow.__table__  # type: ignore[assignment]
 _subs: Table = SubmissionRow.__table__  # type: ignore[assignment]
@@ -89,6 +89,20 @@ class LedgerStore:
                 )
         except IntegrityError:
             return False
+
+    def recorded_elsewhere(self, remote_ref: str, submission_pk: int) -> bool:
+        """Whether the ledger records the provider's job `remote_ref` for a submission other
+        than `submission_pk` (another item's, another episode's, or an earlier attempt's):
+        a lookup or an operator's adoption never takes it for this one."""
+        with tx.read(self.engine) as conn:
+            return (
+                conn.execute(
+                    select(_subs.c.id)
+                    .where(_subs.c.remote_ref == remote_ref, _subs.c.id != submission_pk)
+                    .limit(1)
+                ).first()
+                is not None
+            )
 
     @idempotent
     def mark_unknown(self, submission_pk: int, reason: str) -> None:
@@ -416,7 +430,7 @@ def ledger_totals(engine: Engine) -> tuple[int, dict[str, int]]:
     """What the whole ledger holds: (paid calls it records: every submission, whatever its
     outcome, as `episode_spend` counts them; cost in micro-units per currency). (0, {}) for a
     database without the schema. What `episodic state remove` weighs before removing it."""
-    from storage.schema import current_revision
+    from episodic.storage.schema import current_revision
 
     if current_revision(engine) is None:
         return 0, {}
@@ -426,3 +440,8 @@ def ledger_totals(engine: Engine) -> tuple[int, dict[str, int]]:
             select(_costs.c.currency, func.sum(_costs.c.amount_micros)).group_by(_costs.c.currency)
         ).all()
     return int(calls), {str(currency): int(amount) for currency, amount in spent}
+
+
+record_cost = (
+    _record_cost  # (the one way a cost entry is written: `episodic.storage.provider_outputs`)
+)

@@ -1,4 +1,4 @@
-"""What an import of the legacy weekly layout (`pipeline.legacy`) reads and writes.
+"""What an import of the legacy weekly layout (`episodic.pipeline.legacy`) reads and writes.
 
 An imported episode is written whole in one transaction: its run, items, submissions (in
 this installation's reference form, the provider profile ``legacy``), costs, media, the
@@ -15,13 +15,13 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, func, insert, select
 
-from core.media import StoredMedia
-from core.playlist import PlannedItem
-from core.records import EventKind
-from core.states import EpisodeState
-from storage import installation, tx
-from storage.episodes import move_episode
-from storage.models import (
+from episodic.core.media import StoredMedia
+from episodic.core.playlist import PlannedItem
+from episodic.core.records import EventKind
+from episodic.core.states import EpisodeState
+from episodic.storage import installation, tx
+from episodic.storage.episodes import move_episode
+from episodic.storage.models import (
     ApprovalRow,
     CostEntryRow,
     EpisodeEventRow,

@@ -9,12 +9,12 @@ cycle (a deadlock: Postgres aborts one of them after ``deadlock_timeout``):
    taken first, by `tx.write(lock=…)`, `keyed_transaction` or `locked_transaction`:
 
    - ``pipeline:{name}``: one writer at a time per pipeline (allocation, `storage.pipelines`);
-   - ``run:{fingerprint}``: admitting a run of one request (`storage.admission`), so two
+   - ``run:{fingerprint}``: admitting a run of one request (`episodic.storage.admission`), so two
      callers never both see "no run" and both insert;
    - ``provider:{profile}``: a claim that counts a profile's provider slots
-     (`storage.claims`), so concurrent claimers never both take the last one;
+     (`episodic.storage.claims`), so concurrent claimers never both take the last one;
    - ``spend:{run_id}`` and ``budget:{pipeline}``: a claim or a re-buy that holds a run's
-     caps or its pipeline's period budgets against its money (`storage.budgets`), so
+     caps or its pipeline's period budgets against its money (`episodic.storage.budgets`), so
      concurrent claimers never both take the last of a budget;
    - ``dispatch:{fingerprint}``, ``approval-wait:{pipeline}:{episode}`` (flows), ``schema``
      (migrations).
@@ -55,9 +55,9 @@ from pathlib import Path
 from filelock import FileLock
 from sqlalchemy import ColumnElement, Connection, Engine, Table, select
 
-from storage.engine import sqlite_path, writer_lock
-from storage.tx import advisory_xact_lock, tracked_commit
-from storage.tx import write as write_transaction
+from episodic.storage.engine import sqlite_path, writer_lock
+from episodic.storage.tx import advisory_xact_lock, tracked_commit
+from episodic.storage.tx import write as write_transaction
 
 LOCK_TIMEOUT_S = 60.0
 # filelock polls a held lock; its default 50 ms poll turned a 1 ms critical section into tens

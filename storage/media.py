@@ -7,7 +7,7 @@ S3's endpoint, credentials and region are read by botocore itself from the AWS v
 (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
 ``AWS_DEFAULT_REGION``, or a profile); the URL never carries a credential.
 
-Every write is put-if-absent under ``core.media.content_key`` (sha256 + the proven media
+Every write is put-if-absent under ``episodic.core.media.content_key`` (sha256 + the proven media
 type): the same key holds the same bytes by construction, so concurrent writers of one image
 leave one intact object and nothing ever overwrites other bytes. After writing, the store
 re-reads the object and checks its size and sha256 before it answers: a `StoredMedia` is
@@ -15,7 +15,7 @@ bytes the store verifiably holds. A local folder writes to a temporary file in t
 directory, fsyncs it, links it into place (which fails if the key exists) and fsyncs the
 directory; a failure removes the temporary file.
 
-Errors are `core.errors.MediaStoreError`s that say whether trying again may help
+Errors are `episodic.core.errors.MediaStoreError`s that say whether trying again may help
 (`MediaStoreUnavailable`: outage, 5xx, timeout, full disk) or not
 (`MediaStoreMisconfigured`: no such bucket or folder, access denied, wrong credentials).
 Their messages name the store by `describe()` and never by a credential.
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TypeVar
 from urllib.parse import urlsplit
 
-from core.errors import (
+from episodic.core.errors import (
     InvalidInput,
     MediaCorrupt,
     MediaMissing,
@@ -39,8 +39,8 @@ from core.errors import (
     MediaStoreMisconfigured,
     MediaStoreUnavailable,
 )
-from core.home import anchored, has_control_character, mark_state_folder
-from core.media import (
+from episodic.core.home import anchored, has_control_character, mark_state_folder
+from episodic.core.media import (
     DOCUMENT_TYPES,
     MediaProblem,
     ProvenImage,
@@ -50,9 +50,9 @@ from core.media import (
     parse_store_url,
     validate_key,
 )
-from core.output_files import write_output
-from core.settings import Settings
-from storage.media_backends import (
+from episodic.core.output_files import RecordPaths, write_output
+from episodic.core.settings import Settings
+from episodic.storage.media_backends import (
     Backend,
     LocalBackend,
     RemoteBackend,
@@ -65,6 +65,18 @@ _REMOTE |= {"az": "adlfs", "abfs": "adlfs", "abfss": "adlfs"}
 _CONTAINER_SCHEMES = frozenset({"az", "abfs", "abfss"})
 _PROBE_DIR = ".probe"
 MARKER = "episodic-store.json"  # the store's identity (storage.store_identity), at its root
+
+
+def not_a_marker(url: str, what: str) -> MediaStoreMisconfigured:
+    """The refusal of a store whose `MARKER` is not one (`what` it is instead): one line with
+    the way on, which never deletes what is there."""
+    return MediaStoreMisconfigured(
+        f"media store {url}: its {MARKER} is not a store marker ({what}): move it out of "
+        "the store (episodic never deletes what it did not write); then `episodic media "
+        "restore-marker` checks a sample of this database's images and writes the marker "
+        "again",
+        url=url,
+    )
 
 
 def public_url(url: str) -> str:
@@ -105,7 +117,7 @@ class MediaStore:
         """The store at `url`. ``create``: make a local folder (and its parents) if missing
         (the default store inside the state folder); otherwise a missing folder is refused
         at `probe` and `check_root`. A relative folder is the project's, as a relative
-        ``EPISODIC_HOME`` (`core.home.anchored`), never the working directory's. Raises
+        ``EPISODIC_HOME`` (`episodic.core.home.anchored`), never the working directory's. Raises
         InvalidInput for a URL that names no store unambiguously (`parse_store_url`), and
         MediaStoreMisconfigured for an unknown scheme or a scheme whose package is not
         installed."""
@@ -237,11 +249,14 @@ class MediaStore:
 
     def read_marker(self) -> bytes | None:
         """The store's marker object (`MARKER`), or None when it has none. A store that
-        cannot answer raises (MediaStoreMisconfigured for a missing folder or bucket)."""
+        cannot answer raises (MediaStoreMisconfigured for a missing folder or bucket, or a
+        folder where the marker would be: `not_a_marker`)."""
         self._backend.check_root()
         try:
             return self._call(lambda: self._backend.read(MARKER), MARKER, "read")
         except MediaMissing:
+            if self._backend.occupied(MARKER):
+                raise not_a_marker(self.describe(), "a folder or a special file") from None
             return None
 
     def write_marker(self, content: bytes) -> bool:
@@ -251,16 +266,19 @@ class MediaStore:
         write = lambda: self._backend.write_new(MARKER, content, "application/json")  # noqa: E731
         return self._call(write, MARKER, "write")
 
-    def local_copy(self, key: str, dest: Path, *, sha256: str | None = None) -> Path:
+    def local_copy(
+        self, key: str, dest: Path, *, keep: RecordPaths, sha256: str | None = None
+    ) -> Path:
         """Copy the object under `key` to the file `dest` (atomically: temporary file, fsync,
         rename; a `dest` that is not a regular file is refused, InvalidInput), checking it
         against `sha256` when given (MediaCorrupt if it differs). Returns `dest`.
-        For ``--out DIR``: a local copy, the store stays the record."""
+        For ``--out DIR``: a local copy, the store stays the record, and `dest` is never a
+        part of it (`keep`: the ledger, the state folder, this store...: InvalidInput)."""
         content = self.read(key)
         if sha256 is not None and hashlib.sha256(content).hexdigest() != sha256:
             raise MediaCorrupt(key, "its bytes differ from the recorded sha256", url=self._url)
         dest = Path(dest)
-        write_output(dest, content, f"cannot write {dest}")  # never over a link or device
+        write_output(dest, content, f"cannot write {dest}", keep=keep)  # nor a link, device
         return dest
 
     def _call(self, op: Callable[[], _T], key: str, action: str = "") -> _T:

@@ -1,7 +1,7 @@
 """The media store's backends: a local folder, and object stores through fsspec.
 
-`storage.media.MediaStore` is the one user; each backend lets its library's errors escape
-and maps them once in `classify` (transient or configuration, see `storage.media`).
+`episodic.storage.media.MediaStore` is the one user; each backend lets its library's errors escape
+and maps them once in `classify` (transient or configuration, see `episodic.storage.media`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from core.errors import (
+from episodic.core.errors import (
     MediaMissing,
     MediaStoreError,
     MediaStoreMisconfigured,
@@ -24,11 +24,21 @@ from core.errors import (
 # Error codes of S3 and its look-alikes that no retry cures.
 _CONFIG_CODES = frozenset(
     {
-        "AccessDenied", "AllAccessDisabled", "InvalidAccessKeyId", "SignatureDoesNotMatch",
-        "NoSuchBucket", "InvalidBucketName", "AuthorizationHeaderMalformed", "403",
-        "AccountProblem", "InvalidToken", "ExpiredToken", "PermanentRedirect", "301",
+        "AccessDenied",
+        "AllAccessDisabled",
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "NoSuchBucket",
+        "InvalidBucketName",
+        "AuthorizationHeaderMalformed",
+        "403",
+        "AccountProblem",
+        "InvalidToken",
+        "ExpiredToken",
+        "PermanentRedirect",
+        "301",
     }
-)  # fmt: skip
+)
 _TRANSIENT_NAMES = {
     "FSTimeoutError": "timed out",
     "ReadTimeoutError": "timed out",
@@ -59,6 +69,11 @@ class Backend:
 
     def exists(self, key: str) -> bool:
         raise NotImplementedError
+
+    def occupied(self, key: str) -> bool:
+        """Something that is not an object is where `key`'s object would be (a folder on a
+        local store); an object store holds objects only."""
+        return False
 
     def delete(self, key: str) -> None:
         raise NotImplementedError
@@ -127,6 +142,10 @@ class LocalBackend(Backend):
 
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
+
+    def occupied(self, key: str) -> bool:
+        path = self._path(key)
+        return (path.exists() or path.is_symlink()) and not path.is_file()
 
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)

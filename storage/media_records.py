@@ -16,15 +16,15 @@ from typing import Literal
 
 from sqlalchemy import Engine, Table, and_, insert, or_, select, update
 
-from core.errors import CommandNotAllowed
-from core.media import StoredMedia
-from core.playlist import item_label
-from core.states import DECIDED_STATES, EpisodeState, ItemState
-from storage import dbapi, statements, tx
-from storage.base import utcnow
-from storage.episodes import move_episode
-from storage.ledger import completed_images
-from storage.models import (
+from episodic.core.errors import CommandNotAllowed
+from episodic.core.media import StoredMedia
+from episodic.core.playlist import item_label
+from episodic.core.states import DECIDED_STATES, EpisodeState, ItemState
+from episodic.storage import dbapi, predicates, statements, tx
+from episodic.storage.base import utcnow
+from episodic.storage.episodes import move_episode
+from episodic.storage.ledger import completed_images
+from episodic.storage.models import (
     CostEntryRow,
     EpisodeMediaRow,
     EpisodeRow,
@@ -34,7 +34,7 @@ from storage.models import (
     RunRow,
     SubmissionRow,
 )
-from storage.tx import idempotent, retry_outages
+from episodic.storage.tx import idempotent, retry_outages
 
 _items: Table = ItemRow.__table__  # type: ignore[assignment]
 _subs: Table = SubmissionRow.__table__  # type: ignore[assignment]
@@ -233,7 +233,7 @@ class MediaRecords:
 
     def dead_runs_buying_lost(self, episode_pk: int, fallback_lease_s: float) -> list[str]:
         """The episode's running runs that no process renews any more (their lease expired:
-        `statements.expired_run`, as the sweep judges them), created after the loss of an
+        `predicates.expired_run`, as the sweep judges them), created after the loss of an
         item they include was recorded, that item not completed again: a buy-again whose
         process died (never an older run that merely included the item once). Oldest
         first."""
@@ -246,7 +246,7 @@ class MediaRecords:
                 .join(_items, _items.c.id == _members.c.item_pk)
                 .where(
                     _runs.c.episode_pk == episode_pk,
-                    statements.expired_run(utcnow(), fallback_lease_s),
+                    predicates.expired_run(utcnow(), fallback_lease_s),
                     _runs.c.created_at >= _lost.c.lost_at,
                     _items.c.state != ItemState.COMPLETED,
                 )

@@ -18,9 +18,9 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
-from core.episodes import Episode, EpisodeEvent
-from core.ids import EpisodeId, WeekId
-from storage.base import Base, utcnow
+from episodic.core.episodes import Episode, EpisodeEvent
+from episodic.core.ids import EpisodeId, WeekId
+from episodic.storage.base import Base, utcnow
 
 # BigInteger primary keys that still autoincrement on SQLite (where only INTEGER does).
 BigIntPK = BigInteger().with_variant(Integer(), "sqlite")
@@ -114,7 +114,7 @@ class RunRow(Base):
     command: Mapped[str] = mapped_column(String(32))
     state: Mapped[str] = mapped_column(String(16), index=True)
     params: Mapped[dict[str, Any]] = mapped_column(JSON)
-    # Dispatch dedup (DESIGN 6): the request's fingerprint (explicit key or a digest of
+    # Dispatch dedup: the request's fingerprint (explicit key or a digest of
     # pipeline, episode, command and canonical parameters) and the digest of its parameters.
     fingerprint: Mapped[str | None] = mapped_column(String(64))
     request_sha256: Mapped[str | None] = mapped_column(String(64))
@@ -168,7 +168,7 @@ class ItemRow(Base):
     # The absolute path of an image written before the media store (legacy rows only).
     output_path: Mapped[str | None] = mapped_column(String(1024))
     force_resubmit: Mapped[bool] = mapped_column(default=False)
-    # The claim (DESIGN 5): only the holder may submit; liveness is "lease not expired".
+    # The claim: only the holder may submit; liveness is "lease not expired".
     claim_owner: Mapped[str | None] = mapped_column(String(64), index=True)
     claim_run_id: Mapped[str | None] = mapped_column(String(36))
     # The provider profile a running item holds a slot of (the cross-process provider limit:
@@ -239,7 +239,7 @@ class SubmissionRow(Base):
 
 class CostEntryRow(Base):
     """What one paid call cost (micro-units of `currency`), with the basis it was charged
-    on, the measured quantity and the unit price it follows from (`core.pricing`)."""
+    on, the measured quantity and the unit price it follows from (`episodic.core.pricing`)."""
 
     __tablename__ = "cost_entries"
     __table_args__ = (
@@ -344,7 +344,7 @@ class PipelineRow(Base):
 class PipelineBudgetRow(Base):
     """A pipeline's budget for one period kind (``week`` or ``month``, in the pipeline's
     timezone): no item is claimed whose reservation would take the period's spend over
-    `amount_micros` (`storage.budgets`). Set by `episodic pipelines set-budget`."""
+    `amount_micros` (`episodic.storage.budgets`). Set by `episodic pipelines set-budget`."""
 
     __tablename__ = "pipeline_budgets"
     __table_args__ = (
@@ -386,3 +386,16 @@ class MediaStoreRow(Base):
     store_id: Mapped[str] = mapped_column(String(36))
     url: Mapped[str] = mapped_column(String(2000))
     recorded_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class ProviderThrottleRow(Base):
+    """A provider profile the provider refused for now (429, or 503 with ``Retry-After``):
+    no new paid call of it is claimed before `not_before` (`episodic.storage.throttles`,
+    `episodic.storage.claims`); `detail` is the provider's own words."""
+
+    __tablename__ = "provider_throttles"
+
+    profile: Mapped[str] = mapped_column(String(64), primary_key=True)
+    not_before: Mapped[datetime]
+    detail: Mapped[str] = mapped_column(String(500))
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -8,10 +8,10 @@ from typing import Any
 
 from sqlalchemy import Engine, insert, select, update
 
-from storage.base import utcnow
-from storage.locks import keyed_transaction
-from storage.models import PipelineRow
-from storage.tx import retry_outages
+from episodic.storage.base import utcnow
+from episodic.storage.locks import keyed_transaction
+from episodic.storage.models import PipelineRow
+from episodic.storage.tx import retry_outages
 
 
 @dataclass(frozen=True)

@@ -12,14 +12,21 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, Table, insert, select
 
-from core.errors import frozen_plan
-from core.runs import ItemSnapshot
-from core.states import FROZEN_PLAN_STATES, EpisodeState, ItemState
-from storage import statements, tx
-from storage.base import utcnow
-from storage.episodes import move_episode
-from storage.models import EpisodePlanRow, EpisodeRow, ItemRow, ReferenceImageRow, SubmissionRow
-from storage.tx import retry_outages
+from episodic.core.errors import frozen_plan
+from episodic.core.runs import ItemSnapshot
+from episodic.core.states import FROZEN_PLAN_STATES, EpisodeState, ItemState
+from episodic.storage import predicates, tx
+from episodic.storage.base import utcnow
+from episodic.storage.episodes import move_episode
+from episodic.storage.models import (
+    EpisodePlanRow,
+    EpisodeRow,
+    ItemRow,
+    ReferenceImageRow,
+    SubmissionRow,
+)
+from episodic.storage.provider_outputs import gone_items
+from episodic.storage.tx import retry_outages
 
 _episodes: Table = EpisodeRow.__table__  # type: ignore[assignment]
 _plans: Table = EpisodePlanRow.__table__  # type: ignore[assignment]
@@ -98,7 +105,7 @@ class PlanStore:
         return None if row is None else (str(row.media_type), bytes(row.content))
 
     def snapshots(self, episode_pk: int) -> ItemIndex:
-        """Every item of the episode, set-based: three queries however many items there are.
+        """Every item of the episode, set-based: four queries however many items there are.
 
         Completed items (the bulk of a resume) are fetched as bare keys; only the rest are
         fetched with the details planning needs.
@@ -122,10 +129,11 @@ class PlanStore:
                     .where(
                         _items.c.episode_pk == episode_pk,
                         _items.c.state != done,
-                        _subs.c.state.in_(statements.OPEN),
+                        _subs.c.state.in_(predicates.OPEN),
                     )
                 )
             }
+            gone = gone_items(conn, episode_pk)
             rows = conn.execute(
                 select(
                     _items.c.id,
@@ -143,6 +151,7 @@ class PlanStore:
                 row.lease_expires_at,
                 open_subs.get(row.id),
                 row.claim_run_id,
+                row.id in gone,
             )
             for row in rows
         }
@@ -153,7 +162,7 @@ def newest_plan(conn: Connection, episode_pk: int) -> tuple[int, dict[str, Any],
     """`PlanStore.current_plan` in the caller's transaction (a snapshot's reader)."""
     row = conn.execute(
         select(_plans.c.id, _plans.c.playlist, _plans.c.reference_sha256).where(
-            _plans.c.id == statements.newest_plan(episode_pk).scalar_subquery()
+            _plans.c.id == predicates.newest_plan(episode_pk).scalar_subquery()
         )
     ).first()
     return None if row is None else (int(row[0]), dict(row[1]), list(row[2]))
@@ -172,7 +181,7 @@ def record_plan_in(conn: Connection, episode_pk: int, record: PlanRecord) -> tup
         raise frozen_plan(episode_id, state)
     latest = conn.execute(
         select(_plans.c.id, _plans.c.playlist_sha256, _plans.c.reference_sha256).where(
-            _plans.c.id == statements.newest_plan(episode_pk).scalar_subquery()
+            _plans.c.id == predicates.newest_plan(episode_pk).scalar_subquery()
         )
     ).first()
     if record.reference_image is not None:

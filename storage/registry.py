@@ -6,10 +6,10 @@ import threading
 
 from sqlalchemy import Engine
 
-from core.home import mark_state_folder
-from core.settings import Settings
-from storage.engine import make_engine, normalize_url, sqlite_path
-from storage.schema import ensure_schema
+from episodic.core.home import mark_state_folder
+from episodic.core.settings import Settings
+from episodic.storage.engine import make_engine, normalize_url, sqlite_path
+from episodic.storage.schema import ensure_schema
 
 _engines: dict[tuple[str, bool], Engine] = {}
 _guard = threading.Lock()

@@ -23,18 +23,25 @@ from sqlalchemy import (
     select,
 )
 
-from core.errors import InvalidInput, InvalidTransition, RunNotFound
-from core.runs import INTERRUPTED, Item, Run, RunCounts
-from core.states import (
+from episodic.core.errors import InvalidInput, InvalidTransition, RunNotFound
+from episodic.core.runs import INTERRUPTED, Item, Run, RunCounts
+from episodic.core.states import (
     ItemState,
     RunState,
     SubmissionState,
 )
-from storage import locks, statements, tx
-from storage.base import utcnow
-from storage.engine import database_label
-from storage.models import CostEntryRow, EpisodeRow, ItemRow, RunItemRow, RunRow, SubmissionRow
-from storage.tx import idempotent, retry_outages
+from episodic.storage import locks, predicates, statements, tx
+from episodic.storage.base import utcnow
+from episodic.storage.engine import database_label
+from episodic.storage.models import (
+    CostEntryRow,
+    EpisodeRow,
+    ItemRow,
+    RunItemRow,
+    RunRow,
+    SubmissionRow,
+)
+from episodic.storage.tx import idempotent, retry_outages
 
 _episodes: Table = EpisodeRow.__table__  # type: ignore[assignment]
 _runs: Table = RunRow.__table__  # type: ignore[assignment]
@@ -62,7 +69,7 @@ class RunStore:
 
     def run_id_starting(self, prefix: str, shown_at_most: int = 10) -> str:
         """The one run whose id starts with `prefix` (lowercase hex and '-', from
-        `core.ids.parse_run_ref`). Raises `InvalidInput` (exit 2) when none does or several
+        `episodic.core.ids.parse_run_ref`). Raises `InvalidInput` (exit 2) when none does or several
         do (the first `shown_at_most` of them listed)."""
         with tx.read(self.engine) as conn:
             found = list(
@@ -190,7 +197,7 @@ class RunStore:
         works on them now)."""
         return self._members_where(
             run_id,
-            statements.held_by_live_claim(utcnow()),
+            predicates.held_by_live_claim(utcnow()),
             _items.c.claim_owner != owner,
         )
 
@@ -204,7 +211,7 @@ class RunStore:
         take it on."""
         open_sub = exists().where(
             _subs.c.item_pk == _items.c.id,
-            _subs.c.state.in_(statements.OPEN),
+            _subs.c.state.in_(predicates.OPEN),
         )
         return self._members_where(
             run_id,
@@ -212,6 +219,26 @@ class RunStore:
             _items.c.error_text == INTERRUPTED,
             ~open_sub,
         )
+
+    def with_open_submission(self, run_id: str) -> set[int]:
+        """The pks of the run's unfinished items with a submission open (an intent, an
+        accepted job, an unknown outcome) of any run: what a recovery settles before it
+        buys anything, and what a run stopped at a limit left uncollected."""
+        open_sub = exists().where(
+            _subs.c.item_pk == _items.c.id, _subs.c.state.in_(predicates.OPEN)
+        )
+        with tx.read(self.engine) as conn:
+            return set(
+                conn.execute(
+                    select(_items.c.id)
+                    .join(_members, _members.c.item_pk == _items.c.id)
+                    .where(
+                        _members.c.run_id == run_id,
+                        _items.c.state != ItemState.COMPLETED,
+                        open_sub,
+                    )
+                ).scalars()
+            )
 
     def collectible(self, run_id: str, profile: str) -> list[Item]:
         """The run's items whose submission of `profile` holds a provider slot that this run
@@ -233,7 +260,7 @@ class RunStore:
                 .where(
                     _members.c.run_id == run_id,
                     _items.c.state != ItemState.COMPLETED,
-                    ~statements.held_by_live_claim(now),
+                    ~predicates.held_by_live_claim(now),
                     exists().where(
                         _subs.c.item_pk == _items.c.id,
                         _subs.c.provider_profile == profile,
@@ -311,7 +338,7 @@ def cancel_orphaned_items(conn: Connection, run_ids: Sequence[str], now: datetim
         return 0
     lock_membership_of_runs(conn, run_ids)  # held already by callers that follow the order
     members = select(_members.c.item_pk).where(_members.c.run_id.in_(list(run_ids)))
-    orphaned = statements.orphaned_pending(members, run_ids)
+    orphaned = predicates.orphaned_pending(members, run_ids)
     return int(conn.execute(statements.cancel_orphaned(orphaned, now)).rowcount)
 
 

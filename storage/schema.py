@@ -12,16 +12,16 @@ from typing import TYPE_CHECKING
 from filelock import FileLock
 from sqlalchemy import Engine, inspect, text
 
-from core.errors import SchemaNotCurrent
-from storage.engine import sqlite_path
-from storage.tx import advisory_xact_lock, retry_outage
+from episodic.core.errors import SchemaNotCurrent
+from episodic.storage.engine import sqlite_path
+from episodic.storage.tx import advisory_xact_lock, retry_outage
 
 if TYPE_CHECKING:
     from alembic.config import Config
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 # Kept in step with the newest file in migrations/versions (a test checks it).
-HEAD_REVISION = "0016"
+HEAD_REVISION = "0017"
 
 
 @retry_outage  # a process started while the server restarts waits for it

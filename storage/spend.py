@@ -1,6 +1,6 @@
 """The ledger's reads behind `episodic spend` and `check`'s spend totals.
 
-Every line is one paid call, dated by its submission's ``created_at`` (`core.periods`: the
+Every line is one paid call, dated by its submission's ``created_at`` (`episodic.core.periods`: the
 same date the period budgets count it by): a billed call (its cost entry) or a call in
 flight (an open submission, counted at what it was reserved at). Read-only; one snapshot per
 call of `spend_lines`.
@@ -15,10 +15,10 @@ from datetime import datetime
 
 from sqlalchemy import Connection, Engine, Table, distinct, func, select
 
-from core.states import OPEN_SUBMISSION_STATES
-from storage import tx
-from storage.models import CostEntryRow, EpisodeRow, ItemRow, PipelineRow, SubmissionRow
-from storage.tx import retry_outage
+from episodic.core.states import OPEN_SUBMISSION_STATES
+from episodic.storage import tx
+from episodic.storage.models import CostEntryRow, EpisodeRow, ItemRow, PipelineRow, SubmissionRow
+from episodic.storage.tx import retry_outage
 
 _subs: Table = SubmissionRow.__table__  # type: ignore[assignment]
 _costs: Table = CostEntryRow.__table__  # type: ignore[assignment]

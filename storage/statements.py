@@ -6,31 +6,29 @@ A label is the comment line right above a statement::
 
 with `machine` one of run, item, submission, episode; ``(new)`` as the source of an insert;
 ``(deleted)`` as the target of a delete; ``*`` for a statement whose sources are taken from
-`core.states` for its target (`sources_of`); and a qualifier in parentheses after a state
+`episodic.core.states` for its target (`sources_of`); and a qualifier in parentheses after a state
 (``running(expired)``) that the guard adds. `tests/unit/test_statements.py` checks each
-label against `core.states`, each move of its tables against the labels, and that no other
+label against `episodic.core.states`, each move of its tables against the labels, and that no other
 storage module moves a state: the tables are what these statements do.
 
 Each statement is guarded: its ``WHERE`` repeats the source states (and the claim, lease or
 run it depends on), and the caller checks the rowcount, since reading a state in Python and
 then writing it is a race under Postgres READ COMMITTED. The paid path's statements are
-hand-written and run on the bare driver (`storage.dbapi`: through SQLAlchemy Core each cost
+hand-written and run on the bare driver (`episodic.storage.dbapi`: through SQLAlchemy Core each cost
 about ten times the driver's own time, bench/ledger.py); the others are SQLAlchemy Core,
 built per call with the values they set. The rooms run them in their transactions, under
-the lock order of `storage.locks`. `pipeline/check.py` and the reliability oracle keep
+the lock order of `episodic.storage.locks`. `pipeline/check.py` and the reliability oracle keep
 their own encodings of these rules on purpose (docs/architecture.md, "Two notes")."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
     ColumnElement,
-    Connection,
     Delete,
-    Select,
     Table,
     Update,
     and_,
@@ -38,143 +36,31 @@ from sqlalchemy import (
     exists,
     func,
     literal,
-    or_,
     select,
     text,
     update,
 )
 
-from core.runs import REPLANNED, STORE_STOPPED
-from core.states import (
-    LIVE_RUN_STATES,
-    OPEN_SUBMISSION_STATES,
-    UNSETTLED_SUBMISSION_STATES,
+from episodic.core.runs import REPLANNED, STORE_STOPPED
+from episodic.core.states import (
     EpisodeState,
     ItemState,
     RunState,
     SubmissionState,
     sources_of,
 )
-from storage.dbapi import DriverSQL, states_sql
-from storage.locks import in_id_order
-from storage.models import (
-    CostEntryRow,
-    EpisodePlanRow,
-    EpisodeRow,
-    ItemRow,
-    RunItemRow,
-    RunRow,
-    SubmissionRow,
-)
+from episodic.storage import models
+from episodic.storage.dbapi import DriverSQL
+from episodic.storage.locks import in_id_order
+from episodic.storage.predicates import OPEN, UNSETTLED, UNSETTLED_SQL
 
-_episodes: Table = EpisodeRow.__table__  # type: ignore[assignment]
-_plans: Table = EpisodePlanRow.__table__  # type: ignore[assignment]
-_runs: Table = RunRow.__table__  # type: ignore[assignment]
-_items: Table = ItemRow.__table__  # type: ignore[assignment]
-_members: Table = RunItemRow.__table__  # type: ignore[assignment]
-_subs: Table = SubmissionRow.__table__  # type: ignore[assignment]
-_costs: Table = CostEntryRow.__table__  # type: ignore[assignment]
-
-OPEN = [s.value for s in OPEN_SUBMISSION_STATES]
-UNSETTLED = [s.value for s in UNSETTLED_SUBMISSION_STATES]
-OPEN_SQL = states_sql(OPEN)
-UNSETTLED_SQL = states_sql(UNSETTLED)
-
-# ------------------------------------------------------------------ shared predicates
-# Each rule once; every query that decides by one composes it from here. A rule the paid
-# path's hand-written SQL needs has its text form beside the Core one, and a rule evaluated on
-# rows in memory its Python form (`core.runs.claim_live`, below `core`'s layer);
-# `tests/integration/test_predicates.py` checks on both backends that the forms agree.
-
-# An item held by a live claim, in hand-written SQL (`ClaimStore.claim`'s slot count, the
-# proof before a paid call): the item runs under a lease that is live at ``:b_now``.
-LIVE_CLAIM_SQL = "state = 'running' AND lease_expires_at > :b_now"
-
-
-def held_by_live_claim(now: datetime) -> ColumnElement[bool]:
-    """An item running under a lease live at `now`: `core.runs.claim_live` in SQL. Never NULL
-    (no lease: not held), so its negation (``~``) is exactly the items no live claim holds."""
-    return and_(
-        _items.c.state == ItemState.RUNNING,
-        _items.c.lease_expires_at.is_not(None),
-        _items.c.lease_expires_at > now,
-    )
-
-
-def lease_expired(now: datetime) -> ColumnElement[bool]:
-    """A running item whose lease ran out before `now` (or none was recorded): reapable. (A
-    lease ending exactly at `now` is neither held nor expired: the next sweep reaps it.)"""
-    return and_(
-        _items.c.state == ItemState.RUNNING,
-        or_(_items.c.lease_expires_at < now, _items.c.lease_expires_at.is_(None)),
-    )
-
-
-def run_alive(now: datetime, fallback_lease_s: float) -> ColumnElement[bool]:
-    """A running run's lease is live: renewed by a heartbeat, or (no lease recorded) its
-    latest sign of life ``COALESCE(heartbeat_at, started_at, created_at)`` is recent."""
-    return or_(
-        _runs.c.lease_expires_at >= now,
-        and_(
-            _runs.c.lease_expires_at.is_(None),
-            func.coalesce(_runs.c.heartbeat_at, _runs.c.started_at, _runs.c.created_at)
-            >= now - timedelta(seconds=fallback_lease_s),
-        ),
-    )
-
-
-def live_run(now: datetime, fallback_lease_s: float) -> ColumnElement[bool]:
-    """A running run some process still works on (`run_alive`)."""
-    return and_(_runs.c.state == RunState.RUNNING, run_alive(now, fallback_lease_s))
-
-
-def expired_run(now: datetime, fallback_lease_s: float) -> ColumnElement[bool]:
-    """A running run no process renews any more (`run_alive` is false): the sweep fails it."""
-    return and_(_runs.c.state == RunState.RUNNING, ~run_alive(now, fallback_lease_s))
-
-
-def pending_expired(now: datetime, pending_ttl_s: float) -> ColumnElement[bool]:
-    """A run created over `pending_ttl_s` seconds before `now`: one still pending never started
-    in time (the sweep cancels it; ``~`` is a pending run still admissible for dedup)."""
-    return _runs.c.created_at < now - timedelta(seconds=pending_ttl_s)
-
-
-def newest_plan(episode_pk: Any) -> Select[tuple[Any]]:
-    """The id of the episode's newest plan (highest id; NULL: none), as a query or, with
-    ``.scalar_subquery()``, a value in another statement (never correlated to it)."""
-    return select(func.max(_plans.c.id)).where(_plans.c.episode_pk == episode_pk).correlate(None)
-
-
-def newest_plan_sql(episode_pk: str) -> str:
-    """`newest_plan` in hand-written SQL, for the episode whose pk is the SQL `episode_pk`."""
-    return f"(SELECT max(p.id) FROM episode_plans p WHERE p.episode_pk = {episode_pk})"
-
-
-def newest_plan_id(conn: Connection, episode_pk: int) -> int | None:
-    """The id of the episode's newest recorded plan (None: none)."""
-    newest = conn.execute(newest_plan(episode_pk)).scalar()
-    return None if newest is None else int(newest)
-
-
-def live_memberships(excluding: Sequence[str] = ()) -> Select[tuple[str, int]]:
-    """(run_id, item_pk) of every live run but those in `excluding`: they keep items alive."""
-    query = (
-        select(_members.c.run_id, _members.c.item_pk)
-        .join(_runs, _runs.c.id == _members.c.run_id)
-        .where(_runs.c.state.in_(LIVE_RUN_STATES))
-    )
-    return query.where(_members.c.run_id.not_in(list(excluding))) if excluding else query
-
-
-def orphaned_pending(candidates: Select[Any], excluding: Sequence[str] = ()) -> ColumnElement[bool]:
-    """The pending items among `candidates` (item pks) no live run but `excluding` (runs
-    cancelled or failed in the same transaction) includes: nothing will run them."""
-    return and_(
-        _items.c.id.in_(candidates),
-        _items.c.id.not_in(select(live_memberships(excluding).subquery().c.item_pk)),
-        _items.c.state == ItemState.PENDING,
-    )
-
+_episodes: Table = models.EpisodeRow.__table__  # type: ignore[assignment]
+_plans: Table = models.EpisodePlanRow.__table__  # type: ignore[assignment]
+_runs: Table = models.RunRow.__table__  # type: ignore[assignment]
+_items: Table = models.ItemRow.__table__  # type: ignore[assignment]
+_members: Table = models.RunItemRow.__table__  # type: ignore[assignment]
+_subs: Table = models.SubmissionRow.__table__  # type: ignore[assignment]
+_costs: Table = models.CostEntryRow.__table__  # type: ignore[assignment]
 
 # ------------------------------------------------------------------ runs
 
@@ -265,6 +151,15 @@ LOSE_OUTPUT = DriverSQL(
 )
 
 
+# `media restore --buy-again`, confirmed: an output gone at the provider is bought again
+# (`episodic.storage.provider_outputs`; `lost_outputs` keeps the loss).
+# item: failed -> pending
+BUY_GONE_AGAIN = DriverSQL(
+    "UPDATE items SET state = 'pending', error_text = :b_reason WHERE id = :b_item "
+    "AND state = 'failed'"
+)
+
+
 # item: running -> failed
 def give_up_items(which: ColumnElement[bool], owner: str, error_text: str, now: datetime) -> Update:
     """`owner`'s running items among `which` become failed (resumable), locked in id order."""
@@ -281,10 +176,17 @@ def give_up_items(which: ColumnElement[bool], owner: str, error_text: str, now: 
     )
 
 
+# Nothing was sent for the item and nothing failed (a throttle paused its run): to buy.
+# item: running -> pending
+PUT_BACK_ITEM = DriverSQL(
+    "UPDATE items SET state = 'pending', error_text = :b_note, lease_expires_at = NULL, "
+    "finished_at = NULL WHERE id = :b_item AND claim_owner = :b_owner AND state = 'running'"
+)
+
 # ------------------------------------------------------------------ submissions
 
 # A new submission's client reference: this installation's id, the item's key and the
-# attempt (Python twin: `storage.installation.reference`), built in the INSERT from the
+# attempt (Python twin: `episodic.storage.installation.reference`), built in the INSERT from the
 # database's own row: no process caches the id, so a `renew` takes effect at once everywhere.
 REFERENCE_SQL = "(SELECT id FROM installation WHERE singleton = 1) || '-' || :b_ref"
 

@@ -19,23 +19,38 @@ holds some of the first of them; otherwise the store is refused as the wrong one
 
 `move` is the one way to another store on purpose (`episodic media import --from URL`, after
 it copied every recorded object): it replaces the row, guarded by the old store id.
+
+A recorded store whose marker was deleted (its images all there) has one way back,
+`restore_marker` (`episodic media restore-marker`): the configured store must be at the
+recorded address and hold a sample of the recorded objects with their recorded sha256; then
+the marker is written again with the recorded store id (put-if-absent), so every machine
+sharing the database finds it as before. Until then, commands that only read and report
+(`verify(read_only=True)`: `check`, `episodes show`, `preview`) go on at the recorded address
+(every byte they read is checked against its recorded sha256 anyway); everything that writes
+or buys is refused.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlalchemy import Engine, Table, select, update
 
-from core.errors import MediaStoreMisconfigured, WrongMediaStore
-from core.settings import Settings
-from core.states import ItemState
-from storage import tx
-from storage.base import utcnow
-from storage.media import MARKER, MediaStore
-from storage.models import EpisodeMediaRow, ItemRow, MediaStoreRow
+from episodic.core.errors import (
+    CommandNotAllowed,
+    MediaMissing,
+    MediaStoreMisconfigured,
+    WrongMediaStore,
+)
+from episodic.core.settings import Settings
+from episodic.core.states import ItemState
+from episodic.storage import tx
+from episodic.storage.base import utcnow
+from episodic.storage.media import MARKER, MediaStore, not_a_marker
+from episodic.storage.models import EpisodeMediaRow, ItemRow, MediaStoreRow
 
 _store: Table = MediaStoreRow.__table__  # type: ignore[assignment]
 _items: Table = ItemRow.__table__  # type: ignore[assignment]
@@ -60,15 +75,16 @@ def marker_id(store: MediaStore) -> str | None:
     content = store.read_marker()
     if content is None:
         return None
+    if not content.strip():
+        raise not_a_marker(store.describe(), "it is empty")
     try:
-        found = json.loads(content)["store_id"]
-        return str(uuid.UUID(str(found)))
+        body = json.loads(content)
+    except (ValueError, RecursionError):
+        raise not_a_marker(store.describe(), "it is not JSON") from None
+    try:
+        return str(uuid.UUID(str(body["store_id"])))
     except (ValueError, KeyError, TypeError):
-        raise MediaStoreMisconfigured(
-            f"media store {store.describe()}: its {MARKER} is not a store marker "
-            "(not written by episodic): look at it before using this store",
-            url=store.describe(),
-        ) from None
+        raise not_a_marker(store.describe(), "it holds no store id") from None
 
 
 def ensure_marker(store: MediaStore) -> str:
@@ -88,15 +104,21 @@ def ensure_marker(store: MediaStore) -> str:
     return written
 
 
-def verify(engine: Engine, store: MediaStore, *, adopt: bool) -> RecordedStore | None:
+def verify(
+    engine: Engine, store: MediaStore, *, adopt: bool, read_only: bool = False
+) -> RecordedStore | None:
     """Refuse (`WrongMediaStore`) a store that is not the recorded one; with nothing
-    recorded and ``adopt``, record this one (module docstring). Returns the recorded store
-    (None: nothing recorded and not adopting)."""
+    recorded and ``adopt``, record this one (module docstring). ``read_only``: a command
+    that only reads and reports goes on at the recorded address when the marker is missing
+    (`marker_missing` says so). Returns the recorded store (None: nothing recorded and not
+    adopting)."""
     have = recorded(engine)
     if have is not None:
         mine = marker_id(store)
+        if mine is None and read_only and store.describe() == have.url:
+            return have
         if mine != have.store_id:
-            raise _wrong(store, have, "has no marker" if mine is None else "has another marker")
+            raise _wrong(store, have, mine)
         return have
     if not adopt:
         return None
@@ -117,7 +139,7 @@ def verify(engine: Engine, store: MediaStore, *, adopt: bool) -> RecordedStore |
         )
     have = recorded(engine)
     if have is None or have.store_id != mine:  # another process adopted another store
-        raise _wrong(store, have or RecordedStore("", "?"), "has another marker")
+        raise _wrong(store, have or RecordedStore("", "?"), mine)
     return have
 
 
@@ -159,13 +181,115 @@ def recorded_keys(engine: Engine, limit: int = 5) -> list[str]:
     return keys
 
 
-def _wrong(store: MediaStore, have: RecordedStore, why: str) -> WrongMediaStore:
-    return WrongMediaStore(
-        f"media store {store.describe()} is not this database's media store {have.url} (it "
-        f"{why} {MARKER}): set EPISODIC_MEDIA_URL to the recorded store, or move to this one "
-        f"on purpose with `episodic media import --from {have.url}`; nothing was bought",
-        url=store.describe(),
-    )
+def _wrong(store: MediaStore, have: RecordedStore, mine: str | None) -> WrongMediaStore:
+    """The refusal of `store` (its marker's id `mine`, None: no marker) by a database that
+    records `have`, naming each store once and the command that can work."""
+    here = store.describe()
+    if mine is None and here == have.url:
+        text = (
+            f"media store {here} is this database's recorded store, but its marker {MARKER} "
+            "is missing: if it still holds this database's images, `episodic media "
+            "restore-marker` checks a sample of them and writes the marker again"
+        )
+    elif here == have.url:
+        text = (
+            f"media store {here} holds another store's {MARKER}: it is not the store this "
+            "database recorded at that address; set EPISODIC_MEDIA_URL to the store that "
+            "holds this database's images"
+        )
+    else:
+        what = "has no marker" if mine is None else "holds another store's marker"
+        text = (
+            f"the configured media store {here} is not this database's recorded store "
+            f"{have.url} (it {what} {MARKER}): set EPISODIC_MEDIA_URL to the recorded one, "
+            f"or move on purpose with `episodic media import --from {have.url}`"
+        )
+    return WrongMediaStore(f"{text}; nothing was bought", url=here)
+
+
+def marker_missing(engine: Engine, store: MediaStore) -> bool:
+    """True when `store` is at the recorded store's address and has no marker (a read-only
+    command went on: `verify`)."""
+    have = recorded(engine)
+    return have is not None and store.describe() == have.url and marker_id(store) is None
+
+
+@dataclass
+class MarkerReport:
+    """What `restore_marker` checked: the store, how many objects the database records, the
+    keys it sampled, the problems found (key, why), and whether the marker was written
+    (False with no problem: it was already there)."""
+
+    store: str
+    recorded: int
+    sampled: list[str] = field(default_factory=list)
+    problems: list[tuple[str, str]] = field(default_factory=list)
+    written: bool = False
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "store": self.store,
+            "recorded_objects": self.recorded,
+            "sampled": len(self.sampled),
+            "problems": [{"key": key, "problem": why} for key, why in self.problems],
+            "written": self.written,
+        }
+
+
+def sample_of(objects: list[tuple[str, str, str]], size: int) -> list[tuple[str, str, str]]:
+    """Up to `size` of `objects`, spread evenly from the first to the last (deterministic:
+    the same database samples the same keys)."""
+    if len(objects) <= size:
+        return list(objects)
+    if size == 1:
+        return [objects[0]]
+    step = (len(objects) - 1) / (size - 1)
+    return [objects[round(n * step)] for n in range(size)]
+
+
+def restore_marker(engine: Engine, store: MediaStore, sample: int) -> MarkerReport:
+    """Write the recorded store's marker again in `store` (module docstring) once a sample
+    of `sample` recorded objects was found there with its recorded sha256. Refused
+    (`CommandNotAllowed`, exit 2, nothing written) when nothing is recorded, `store` is not
+    at the recorded address, or holds another store's marker; a sample that does not match
+    is reported (`problems`) and nothing is written."""
+    have = recorded(engine)
+    if have is None:
+        raise CommandNotAllowed(
+            "this database records no media store yet: there is no marker to restore (the "
+            "next command that stores media adopts the configured store)"
+        )
+    here = store.describe()
+    if here != have.url:
+        raise CommandNotAllowed(
+            f"the configured media store {here} is not this database's recorded store "
+            f"{have.url}: set EPISODIC_MEDIA_URL={have.url} to restore its marker; nothing "
+            "was written"
+        )
+    mine = marker_id(store)
+    objects = recorded_objects(engine)
+    report = MarkerReport(here, len(objects))
+    if mine == have.store_id:
+        return report  # already there: nothing to do
+    if mine is not None:
+        raise _wrong(store, have, mine)
+    for key, sha256, _media_type in sample_of(objects, sample):
+        report.sampled.append(key)
+        try:
+            held = store.read(key)
+        except MediaMissing:
+            report.problems.append((key, "missing"))
+            continue
+        if hashlib.sha256(held).hexdigest() != sha256:
+            report.problems.append((key, "its bytes are not the recorded ones"))
+    if report.problems:
+        return report
+    body = {"store_id": have.store_id, "created": utcnow().isoformat(), "restored": True}
+    store.write_marker(json.dumps(body, sort_keys=True).encode())
+    if marker_id(store) != have.store_id:  # another marker was written meanwhile
+        raise _wrong(store, have, marker_id(store))
+    report.written = True
+    return report
 
 
 def recorded_objects(engine: Engine) -> list[tuple[str, str, str]]:

@@ -1,4 +1,4 @@
-"""The stale sweep (DESIGN 6): the safety net for whatever the choke point let through.
+"""The stale sweep: the safety net for whatever the choke point let through.
 
 Buckets, each a guarded bulk move along an allowed transition:
 
@@ -34,13 +34,13 @@ from sqlalchemy import (
     select,
 )
 
-from core.states import ItemState, RunState
-from storage import locks, statements, tx
-from storage.admission import DedupPolicy
-from storage.base import utcnow
-from storage.models import ItemRow, RunItemRow, RunRow
-from storage.runs import cancel_orphaned_items, lock_membership_of_runs
-from storage.tx import retry_outages
+from episodic.core.states import ItemState, RunState
+from episodic.storage import locks, predicates, statements, tx
+from episodic.storage.admission import DedupPolicy
+from episodic.storage.base import utcnow
+from episodic.storage.models import ItemRow, RunItemRow, RunRow
+from episodic.storage.runs import cancel_orphaned_items, lock_membership_of_runs
+from episodic.storage.tx import retry_outages
 
 _runs: Table = RunRow.__table__  # type: ignore[assignment]
 _items: Table = ItemRow.__table__  # type: ignore[assignment]
@@ -68,7 +68,7 @@ class SweepReport:
 
 def _stale_pending(now: datetime, policy: DedupPolicy) -> ColumnElement[bool]:
     return and_(
-        _runs.c.state == RunState.PENDING, statements.pending_expired(now, policy.pending_ttl_s)
+        _runs.c.state == RunState.PENDING, predicates.pending_expired(now, policy.pending_ttl_s)
     )
 
 
@@ -80,7 +80,7 @@ def _orphans(conn: Connection, episode_pks: list[int] | None = None) -> list[tup
         .join(_runs, _runs.c.id == _members.c.run_id)
         .where(_runs.c.state == RunState.CANCELLED)
     )
-    query = select(_items.c.id, _items.c.episode_pk).where(statements.orphaned_pending(cancelled))
+    query = select(_items.c.id, _items.c.episode_pk).where(predicates.orphaned_pending(cancelled))
     if episode_pks is not None:
         query = query.where(_items.c.episode_pk.in_(episode_pks))
     return [(int(pk), int(ep)) for pk, ep in conn.execute(query.order_by(_items.c.id))]
@@ -106,7 +106,7 @@ class Sweeper:
         """Run every bucket once; returns what each moved. Safe to run concurrently."""
         now = utcnow()
         report = SweepReport(dry_run, now, {bucket: [] for bucket in BUCKETS})
-        expired = statements.expired_run(now, policy.fallback_lease_s)
+        expired = predicates.expired_run(now, policy.fallback_lease_s)
         self._bucket(
             report,
             "expired_runs",
@@ -116,7 +116,7 @@ class Sweeper:
             before=lock_membership_of_runs,  # before the runs' rows: locks.lock_membership
             after=lambda conn, ids: cancel_orphaned_items(conn, ids, now),
         )
-        item_expired = statements.lease_expired(now)
+        item_expired = predicates.lease_expired(now)
         self._bucket(
             report,
             "expired_items",

@@ -28,8 +28,8 @@ from sqlalchemy import Connection, Engine, Table
 from sqlalchemy.exc import DBAPIError, OperationalError
 from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential_jitter
 
-from storage import dbapi
-from storage.engine import writer_lock
+from episodic.storage import dbapi
+from episodic.storage.engine import writer_lock
 
 OUTAGE_S = 30.0
 """How long a store call waits for the database to come back (seconds)."""
@@ -168,7 +168,7 @@ _lock_key = functools.lru_cache(maxsize=1024)(advisory_key)
 def advisory_xact_lock(conn: Connection, name: str) -> None:
     """PostgreSQL: take the transaction lock named `name` (held until commit or rollback;
     the wait is bounded by the connection's lock_timeout). On the bare driver
-    (`storage.dbapi`): through SQLAlchemy Core this statement cost a third of a claim's
+    (`episodic.storage.dbapi`): through SQLAlchemy Core this statement cost a third of a claim's
     transaction (bench/batch.py)."""
     dbapi.fetch_one(conn, _ADVISORY_XACT_LOCK, {"b_key": _lock_key(name)})
 
@@ -177,7 +177,7 @@ def advisory_xact_lock(conn: Connection, name: str) -> None:
 def write(engine: Engine, lock: str | Sequence[str] | None = None) -> Iterator[Connection]:
     """A write transaction; with `lock` (a name, or several), also serialized with every
     other transaction that names it (Postgres: advisory transaction locks taken first, several
-    in ascending key order, the one global order of `storage.locks`, so two transactions
+    in ascending key order, the one global order of `episodic.storage.locks`, so two transactions
     naming overlapping sets never wait for each other in a cycle; SQLite: its write lock
     already serializes every writer)."""
     with (

@@ -1,5 +1,5 @@
 """Prefect tasks: thin wrappers over `pipeline` and `storage`."""
 
-from tasks import _prefect_env
+from episodic.tasks import _prefect_env
 
 _prefect_env.configure()

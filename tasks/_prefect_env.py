@@ -18,8 +18,11 @@ from pathlib import Path
 def configure() -> None:
     if "prefect" in sys.modules:  # too late to change what Prefect read at import
         return
-    from core.errors import InvalidInput
-    from core.home import mark_state_folder, resolve_home  # no Prefect, no third-party import
+    from episodic.core.errors import InvalidInput
+    from episodic.core.home import (  # no Prefect, no third-party import
+        mark_state_folder,
+        resolve_home,
+    )
 
     try:
         home = resolve_home(os.environ.get("EPISODIC_HOME"))

@@ -8,10 +8,10 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.logging import get_run_logger
 
-from core.ids import WeekId
-from core.settings import load_settings
-from pipeline.allocation import allocate
-from storage.registry import engine_for
+from episodic.core.ids import WeekId
+from episodic.core.settings import load_settings
+from episodic.pipeline.allocation import allocate
+from episodic.storage.registry import engine_for
 
 
 @task(name="allocate-episode", cache_policy=NO_CACHE, retries=0)

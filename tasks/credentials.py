@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import os
 
-from core.errors import EpisodicError, ProviderConfigError
-from providers.profiles import Profile
+from episodic.core.errors import EpisodicError, ProviderConfigError
+from episodic.providers.profiles import Profile
 
 
 class PrefectUnreachable(EpisodicError):
@@ -25,7 +25,7 @@ class PrefectSecretCredentials:
     def read(self, profile: Profile) -> str:
         if profile.credential_secret_block:
             return read_secret_block(profile)
-        from pipeline.gate import EnvironmentCredentials
+        from episodic.pipeline.gate import EnvironmentCredentials
 
         return EnvironmentCredentials().read(profile)
 
@@ -37,7 +37,7 @@ class CommandLineCredentials:
     how to configure one."""
 
     def read(self, profile: Profile) -> str:
-        from pipeline.gate import EnvironmentCredentials
+        from episodic.pipeline.gate import EnvironmentCredentials
 
         block = profile.credential_secret_block
         if block and os.environ.get("PREFECT_API_URL"):
@@ -63,7 +63,7 @@ def read_secret_block(profile: Profile) -> str:
     import httpx
     from prefect.blocks.system import Secret
 
-    from pipeline.gate import check_credential
+    from episodic.pipeline.gate import check_credential
 
     block = profile.credential_secret_block
     assert block is not None

@@ -1,5 +1,5 @@
 """The Prefect flow's executor: each claimed item runs as a `generate_item` task (the lanes
-of `pipeline.executors.dispatch`)."""
+of `episodic.pipeline.executors.dispatch`)."""
 
 from __future__ import annotations
 
@@ -17,14 +17,14 @@ from prefect.futures import PrefectFuture
 from prefect.task_runners import ThreadPoolTaskRunner
 from prefect.utilities.annotations import quote
 
-from core.planning import RunOptions
-from core.records import ItemResult
-from core.runs import Claim, Item
-from core.settings import load_settings
-from pipeline.executors import Answer, ItemJob, Progress, claim_next, dispatch
-from tasks.generate import generate_item, ledger_ref
-from tasks.process import PROCESS, LocalFlow
-from tasks.results import load_result_storage, result_storage
+from episodic.core.planning import RunOptions
+from episodic.core.records import ItemResult
+from episodic.core.runs import Claim, Item
+from episodic.core.settings import load_settings
+from episodic.pipeline.executors import Answer, ItemJob, Progress, claim_next, dispatch
+from episodic.tasks.generate import generate_item, ledger_ref
+from episodic.tasks.process import PROCESS, LocalFlow
+from episodic.tasks.results import load_result_storage, result_storage
 
 
 def prefect_executor(
@@ -42,7 +42,7 @@ def prefect_executor(
     """Claims each item, then runs it as a `generate_item` task, `concurrency` at a time,
     with results in `storage` (default: `result_storage` of the current settings), on the
     flow's task runner (threads, or Dask workers anywhere): the one dispatch machine
-    (`pipeline.executors.dispatch`) driving `_TaskLanes`."""
+    (`episodic.pipeline.executors.dispatch`) driving `_TaskLanes`."""
     context = FlowRunContext.get()
     in_process = context is not None and isinstance(context.task_runner, ThreadPoolTaskRunner)
     storage = storage or result_storage(load_settings())
@@ -155,8 +155,8 @@ class _TaskLanes:
         for kind, what in pending:
             if kind == "worked":
                 pk, outcome = what
-                if outcome == ItemResult.NOT_STORED:  # the run is paused: claim no more
-                    self.stop.set()
+                if outcome in (ItemResult.NOT_STORED, ItemResult.THROTTLED):
+                    self.stop.set()  # the run is paused: claim no more
                 if any(item.pk == pk for item, _ in self.running.values()):
                     self.worked.add(pk)
                 continue

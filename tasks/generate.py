@@ -2,16 +2,16 @@
 cached by idempotency key.
 
 `generate_item` caches its result under ``generate-item-{sha256 of "{idempotency key}:{ledger
-row}@{installation id}"}`` with results persisted in `tasks.results.result_storage`
+row}@{installation id}"}`` with results persisted in `episodic.tasks.results.result_storage`
 (EPISODIC_RESULT_STORAGE, else a remote media store's block, else EPISODIC_HOME/results),
 so a retried or re-created flow run skips an item that already finished without asking the
 database or the provider. Only a completed item returns: any other outcome raises, so it is
 never cached.
 
-Items run anywhere. The flow claims each item (`storage.claims`) before its task exists (an
+Items run anywhere. The flow claims each item (`episodic.storage.claims`) before its task exists (an
 item held by another run is followed by the runner, not run as a task that would fail), and
 the task carries only ids: it rebuilds the claim and its runner from the database and the
-environment (EPISODIC_DATABASE_URL, the provider profile, its credential; `tasks.process`),
+environment (EPISODIC_DATABASE_URL, the provider profile, its credential; `episodic.tasks.process`),
 so it runs the same in the flow's threads, on a Dask worker, or on another machine. The
 provider's limit of items in flight is part of the claim (a slot is a running item with a
 live lease, counted per profile across every run and process), so no Prefect concurrency
@@ -27,10 +27,10 @@ from prefect import task
 from prefect.context import TaskRunContext
 from prefect.states import Cancelled
 
-from core.planning import RunOptions
-from core.records import ClaimAction, ItemResult
-from core.runs import Item
-from tasks.process import ItemNotCompleted, handed_claim, item_runner, item_worked
+from episodic.core.planning import RunOptions
+from episodic.core.records import ClaimAction, ItemResult
+from episodic.core.runs import Item
+from episodic.tasks.process import ItemNotCompleted, handed_claim, item_runner, item_worked
 
 
 def item_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:

@@ -8,9 +8,9 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from core.settings import load_settings
-from pipeline.generation import record_plan, recorded_plan_summary
-from storage.registry import engine_for
+from episodic.core.settings import load_settings
+from episodic.pipeline.episode_plan import record_plan, recorded_plan_summary
+from episodic.storage.registry import engine_for
 
 
 @task(name="plan-episode", cache_policy=NO_CACHE)

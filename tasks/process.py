@@ -1,6 +1,6 @@
 """What one process keeps across item tasks: `PROCESS`, one registry with `clear()`.
 
-Item tasks carry ids only (`tasks.generate`), so each rebuilds what it works with: the
+Item tasks carry ids only (`episodic.tasks.generate`), so each rebuilds what it works with: the
 runner of its episode (cached per database, pipeline and episode), the settings (read again
 only when an ``EPISODIC_*`` variable changed), and, when the task runs in the flow's own
 process, the flow dispatching it (`LocalFlow`, found by the claim's owner).
@@ -14,11 +14,11 @@ import threading
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from core.records import ItemResult
-from core.runs import Claim
-from core.settings import Settings, load_settings
-from pipeline.runner import Runner
-from tasks.credentials import PrefectSecretCredentials
+from episodic.core.records import ItemResult
+from episodic.core.runs import Claim
+from episodic.core.settings import Settings, load_settings
+from episodic.pipeline.runner import Runner
+from episodic.tasks.credentials import PrefectSecretCredentials
 
 
 class ItemNotCompleted(Exception):
@@ -122,8 +122,8 @@ def item_runner(
     rebuilt from the current plan, and a claim made under a profile that is no longer the
     plan's raises `ItemNotCompleted` (its intent names a provider this plan no longer uses).
     """
-    from pipeline.generation import build_runner, prepare
-    from storage.registry import engine_for
+    from episodic.pipeline.generation import build_runner, prepare
+    from episodic.storage.registry import engine_for
 
     local = PROCESS.local_flow(owner)
     if local is not None and profile in (None, local.runner.profile.id):

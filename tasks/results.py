@@ -18,8 +18,8 @@ from urllib.parse import urlsplit
 from prefect.exceptions import ObjectNotFound
 from prefect.filesystems import WritableFileSystem
 
-from core.errors import ProviderConfigError
-from core.settings import Settings
+from episodic.core.errors import ProviderConfigError
+from episodic.core.settings import Settings
 
 RESULTS_PREFIX = "prefect-results"
 _BLOCK_TYPE = "remote-file-system"

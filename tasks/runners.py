@@ -14,8 +14,8 @@ from typing import Any
 
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from core.errors import InvalidInput
-from core.settings import Settings, load_settings
+from episodic.core.errors import InvalidInput
+from episodic.core.settings import Settings, load_settings
 
 
 def task_runner_for(settings: Settings) -> Any:

@@ -18,8 +18,8 @@ os.environ["DO_NOT_TRACK"] = "1"
 import pytest  # noqa: E402
 from sqlalchemy import Engine  # noqa: E402
 
-from storage.engine import make_engine  # noqa: E402
-from storage.registry import dispose_all  # noqa: E402
+from episodic.storage.engine import make_engine  # noqa: E402
+from episodic.storage.registry import dispose_all  # noqa: E402
 from tests import sqllog  # noqa: E402
 from tests.databases import PostgresDatabases, SqliteDatabases, require_postgres  # noqa: E402
 from tests.media_targets import media  # noqa: E402, F401 (a fixture: the media store on both backends)

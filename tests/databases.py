@@ -16,8 +16,8 @@ import pytest
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 
-from storage.engine import make_engine
-from storage.schema import upgrade
+from episodic.storage.engine import make_engine
+from episodic.storage.schema import upgrade
 
 DEFAULT_PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,17 +16,18 @@ from typing import Any
 import yaml
 from sqlalchemy import Engine
 
-from core.dedup import Admission
-from core.ids import WeekId
-from core.planning import RunOptions
-from core.settings import Settings, load_settings
-from pipeline.allocation import allocate
-from pipeline.gate import EnvironmentCredentials
-from pipeline.generation import build_runner, generate, prepare, record_plan
-from pipeline.outcomes import RunOutcome
-from storage.admission import AdmissionStore
-from storage.plans import PlanStore
-from storage.runs import RunStore
+from episodic.core.dedup import Admission
+from episodic.core.ids import WeekId
+from episodic.core.planning import RunOptions
+from episodic.core.settings import Settings, load_settings
+from episodic.pipeline.allocation import allocate
+from episodic.pipeline.episode_plan import record_plan
+from episodic.pipeline.gate import EnvironmentCredentials
+from episodic.pipeline.generation import build_runner, generate, prepare
+from episodic.pipeline.outcomes import RunOutcome
+from episodic.storage.admission import AdmissionStore
+from episodic.storage.plans import PlanStore
+from episodic.storage.runs import RunStore
 
 
 def write_playlist(
@@ -71,8 +74,9 @@ def write_playlist(
     return path
 
 
-def provider_log() -> list[dict[str, Any]]:
-    path = os.environ["EPISODIC_FAKE_PROVIDER_LOG"]
+def provider_log(path: str | None = None) -> list[dict[str, Any]]:
+    """The fake provider's log: `path`, default EPISODIC_FAKE_PROVIDER_LOG."""
+    path = path or os.environ["EPISODIC_FAKE_PROVIDER_LOG"]
     if not Path(path).exists():
         return []
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line]
@@ -80,14 +84,14 @@ def provider_log() -> list[dict[str, Any]]:
 
 def stored_image(key: str) -> bytes:
     """The bytes the media store of this environment's settings holds under `key`."""
-    from storage.media import MediaStore
+    from episodic.storage.media import MediaStore
 
     return MediaStore.from_settings(load_settings()).read(key)
 
 
 def store_file(key: str) -> Path:
     """The file under which this environment's local media store keeps `key`."""
-    from storage.media import MediaStore
+    from episodic.storage.media import MediaStore
 
     root = Path(MediaStore.from_settings(load_settings()).describe())
     return root.joinpath(*key.split("/"))
@@ -101,7 +105,7 @@ def stored_image_file(
     at `url` records."""
     from sqlalchemy import text
 
-    from storage.engine import make_engine
+    from episodic.storage.engine import make_engine
 
     engine = make_engine(url)
     try:
@@ -126,7 +130,7 @@ def image_keys(engine: Engine) -> list[tuple[str, str, int, str]]:
 
     from sqlalchemy import text
 
-    from core.media import content_key
+    from episodic.core.media import content_key
 
     with engine.connect() as conn:
         rows = conn.execute(
@@ -176,7 +180,7 @@ class Episode:
     def resume(self, run_id: str, **overrides: Any) -> RunOutcome:
         from dataclasses import replace
 
-        from pipeline.admission import dedup_policy, prepare_resume
+        from episodic.pipeline.admission import dedup_policy, prepare_resume
 
         store = RunStore(self.engine)
         run = store.get_run(run_id)
@@ -198,7 +202,7 @@ def admit(
 ) -> Admission:
     """The choke point alone (plan, budget, admission; nothing executed), with dedup options
     (idempotency_key, batch_id, allow_duplicate)."""
-    from pipeline.admission import admit_run, dedup_policy, plan, run_request
+    from episodic.pipeline.admission import admit_run, dedup_policy, plan, run_request
 
     settings = load_settings()
     prepared = prepare(engine, settings, "weekly", episode_id, "generate")
@@ -249,7 +253,7 @@ def made_jobs_per_key(home: Path | None = None) -> Counter[str]:
     not `jobs_per_key`: the fake runs in the killed process, and a kill between a job's
     creation and its `job_created` log line leaves a job the log does not show (a second
     payment could then hide behind it). The same count as the fault suite's."""
-    from providers.fake import jobs_folder
+    from episodic.providers.fake import jobs_folder
 
     folder = jobs_folder(home or Path(os.environ["EPISODIC_HOME"]))  # EPISODIC_FAKE_PROVIDER_DIR
     return Counter(
@@ -288,3 +292,79 @@ def until_jobs(process: subprocess.Popen[str], jobs: int, timeout_s: float = 60)
         assert process.poll() is None, process.communicate()
         assert time.monotonic() < deadline, "generate made no progress"
         time.sleep(0.05)
+
+
+def jobs_of_process(pid: int, log: list[dict[str, Any]] | None = None) -> int:
+    """Jobs process `pid` made at the fake provider (its log, default this environment's)."""
+    log = provider_log() if log is None else log
+    return sum(1 for e in log if e["event"] == "job_created" and e["pid"] == pid)
+
+
+def outstanding_of_process(pid: int, log: list[dict[str, Any]] | None = None) -> int:
+    """Jobs process `pid` made at the fake provider and did not collect (its log)."""
+    log = provider_log() if log is None else log
+    made = {e["remote_ref"] for e in log if e["event"] == "job_created" and e["pid"] == pid}
+    taken = {e["remote_ref"] for e in log if e["event"] == "collect" and e["pid"] == pid}
+    return len(made - taken)
+
+
+def signal_storm(
+    episodes: list[str],
+    sig: signal.Signals,
+    *,
+    env: dict[str, str] | None = None,
+    victims: int = 2,
+    pause: Callable[[], float] | None = None,
+    required: bool = True,
+) -> list[tuple[str, bool, int, str]]:
+    """A real `episodic generate E --json --concurrency 3` of each of `episodes`, started
+    together with `env` (default this environment); the first `victims` of them seen with a
+    job accepted at the fake provider and not yet collected get `sig`. With `pause`, a
+    process is signalled `pause()` seconds after it is first seen so (a random moment while
+    its jobs are at the provider), if it still has a job there then, else it waits for its
+    next one. Returns (episode, signalled, exit code, stderr) of each, the signalled first;
+    fails (unless `required` is False) if fewer than `victims` processes had a job at the
+    provider to be signalled in before every process ended."""
+    from tests.acceptance.conftest import EPISODIC
+
+    assert EPISODIC is not None
+    env = os.environ.copy() if env is None else env
+    log_path = env["EPISODIC_FAKE_PROVIDER_LOG"]
+    processes = [
+        subprocess.Popen(
+            [EPISODIC, "generate", e, "--json", "--concurrency", "3"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for e in episodes
+    ]
+    signalled: set[int] = set()
+    due: dict[int, float] = {}  # pid -> when it is signalled if its job is still out
+    deadline = time.monotonic() + 120
+    while (
+        len(signalled) < victims
+        and time.monotonic() < deadline
+        and any(p.poll() is None for p in processes)
+    ):
+        log = provider_log(log_path)
+        now = time.monotonic()
+        for process in processes:
+            pid = process.pid
+            if pid in signalled or process.poll() is not None:
+                continue
+            if not outstanding_of_process(pid, log):
+                due.pop(pid, None)
+                continue
+            if now < due.setdefault(pid, now + (pause() if pause else 0)):
+                continue
+            process.send_signal(sig)
+            signalled.add(pid)
+            if len(signalled) == victims:
+                break
+        time.sleep(0.02)
+    ended = [(p, e, *p.communicate(timeout=240)) for p, e in zip(processes, episodes, strict=True)]
+    assert not required or len(signalled) == victims, f"{len(signalled)} of {victims} signalled"
+    ended.sort(key=lambda one: one[0].pid not in signalled)
+    return [(e, p.pid in signalled, p.returncode, err) for p, e, _out, err in ended]

@@ -9,6 +9,8 @@ job for polls and downloads.
 Create, refused and no job made: ``[[HTTP_429:n]]``, ``[[HTTP_500:n]]``, ``[[REFUSE_422:n]]``
 (validation). Create, job made, then: ``[[CREATED_502:n]]``, ``[[CREATED_504:n]]``,
 ``[[CREATED_409:n]]``, ``[[CREATED_422_IDEMPOTENCY:n]]`` (an idempotency-key problem),
+``[[CREATED_503:n]]`` (503 with ``Retry-After: retry_after``: a gateway that answers "come back
+later" after the server made the job),
 ``[[MALFORMED_CREATE:n]]`` (201 with a body that is not JSON), ``[[ACCEPT_DROP:n]]`` (connection
 closed without a reply), ``[[SLOW_MS:n]]`` (every reply after n ms).
 Collect: ``[[POLL_QUEUED:n]]`` (status ``queued``), ``[[POLL_401:n]]``, ``[[POLL_500:n]]``,
@@ -27,6 +29,10 @@ reply carries its cost, ``cost_micros``: ``price_micros``), ``compute_s`` (a fin
 reply carries ``metrics.predict_time``, seconds; the bill is then ``price_micros`` per second
 of it, rounded up to a micro-unit, counted when the job finishes). Both servers record every request
 in ``requests``.
+
+Throttles: ``throttled_calls`` (create calls, numbered per Idempotency-Key from 1) are answered
+``throttle_status`` (429 or 503) with ``Retry-After: retry_after`` before anything is made;
+``create_log`` holds (``time.monotonic()``, status) of every create, in order.
 
 ``reply`` (for fuzzing): a callable ``(kind, path) -> (status, body) | None`` asked before each
 answer (kind: ``create``, ``poll``, ``list`` or ``file``); a non-None answer is sent instead
@@ -50,7 +56,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlparse
 
-from providers.fake import render_png
+from episodic.providers.fake import render_png
 
 TOKEN = "test-token-not-a-secret"
 IDEMPOTENCY_PROBLEM = {
@@ -62,6 +68,7 @@ _CREATED_FAULTS = (
     ("CREATED_504", 504, {"detail": "gateway timeout"}),
     ("CREATED_409", 409, {"detail": "conflict"}),
     ("CREATED_422_IDEMPOTENCY", 422, IDEMPOTENCY_PROBLEM),
+    ("CREATED_503", 503, {"detail": "service unavailable"}),
 )
 
 
@@ -162,6 +169,10 @@ class PredictionsServer(_Http):
         self.files = FileServer(self) if output_host else None
         self.faults_off = False  # set True to end every collect fault (the CDN caught up)
         self.reply: Callable[[str, str], tuple[int, Any] | None] | None = None
+        self.throttled_calls: set[int] = set()  # per key: answered 429/503, nothing made
+        self.throttle_status = 429
+        self.retry_after = "1"
+        self.create_log: list[tuple[float, int]] = []  # (time.monotonic(), status)
         super().__init__(self, "127.0.0.1", api=True)
 
     @property
@@ -314,10 +325,15 @@ def _handler(server: PredictionsServer, http: _Http, api: bool) -> type[BaseHTTP
             headers = {name.lower(): value for name, value in self.headers.items()}
             http.requests.append(Seen(self.command, self.path, headers))
 
-        def _send(self, code: int, body: Any) -> None:
+        def _send(self, code: int, body: Any, retry_after: str | None = None) -> None:
             data = body if isinstance(body, bytes) else json.dumps(body).encode()
             png = data.startswith(b"\x89PNG")
+            if self.command == "POST":
+                with server.lock:
+                    server.create_log.append((time.monotonic(), code))
             self.send_response(code)
+            if retry_after is not None:
+                self.send_header("Retry-After", retry_after)
             self.send_header("Content-Type", "image/png" if png else "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
@@ -345,6 +361,10 @@ def _handler(server: PredictionsServer, http: _Http, api: bool) -> type[BaseHTTP
                 calls = server.create_calls[key]
             if server.on_create is not None:
                 server.on_create(prompt, calls)
+            if calls in server.throttled_calls:
+                code = server.throttle_status
+                self._send(code, {"detail": "throttled"}, retry_after=server.retry_after)
+                return
             for name, code in (("HTTP_429", 429), ("HTTP_500", 500), ("REFUSE_422", 422)):
                 if _hits(prompt, name, calls):
                     self._send(code, {"detail": name.lower()})
@@ -362,7 +382,8 @@ def _handler(server: PredictionsServer, http: _Http, api: bool) -> type[BaseHTTP
                 return
             for name, code, problem in _CREATED_FAULTS:
                 if _hits(prompt, name, calls):
-                    self._send(code, problem)
+                    wait = server.retry_after if code == 503 else None
+                    self._send(code, problem, retry_after=wait)
                     return
             if _hits(prompt, "MALFORMED_CREATE", calls):
                 self._send(201, b"<html>created</html>")

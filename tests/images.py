@@ -3,7 +3,7 @@ with placeholder store fields, for code that lays images out or names them."""
 
 from __future__ import annotations
 
-from core.records import EpisodeImage
+from episodic.core.records import EpisodeImage
 
 
 def episode_image(video: str, part: int, candidate: int | None = None) -> EpisodeImage:

@@ -22,9 +22,14 @@ endpoint's OpenAPI document ``/api/openapi/queue/openapi.json?endpoint_id=`` (``
 Request URLs with the subpath answer 404, as the adapter must drop it.
 
 Markers in the prompt, ``:n`` for the first n calls of that prompt and seed (default 1):
-``[[HTTP_429:n]]``, ``[[REFUSE_422:n]]``, ``[[HTTP_401:n]]`` (refused, nothing made);
+``[[HTTP_429:n]]``, ``[[REFUSE_422:n]]``, ``[[HTTP_401:n]]``, ``[[HTTP_402:n]]`` (refused,
+nothing made: a problem document ``{title, status, detail}``, or ``problems[code]`` when set,
+as Replicate answers an account without credit);
 ``[[CREATED_502:n]]`` (made, then 502), ``[[ACCEPT_DROP:n]]`` (made, connection closed);
-``[[REMOTE_FAIL]]`` (the job fails), ``[[ABORTED]]`` (Replicate: aborted before it started).
+``[[REMOTE_FAIL]]`` (the job fails, with ``failure_text`` as its ``error``),
+``[[ABORTED]]`` (Replicate: aborted before it started), ``[[RESULT_422]]`` (fal: the request
+completes, and its result answers 422 with a validation ``detail``, as `providers.fal` reads
+the queue's result: the model refused the input after the queue took it).
 ``jobs_made`` counts jobs per (prompt, seed): what the provider would bill.
 ``lose_creates = n``: the next n creates (any prompt) are answered 502 by a gateway before
 they reach the API: nothing is made, and the client cannot tell (an unknown outcome).
@@ -47,6 +52,19 @@ models: per output image), ``per_second`` (Replicate's time-billed models: the p
 ``per_whole_megapixel`` (fal: every started megapixel of the output; a failed request is
 never billed, fal's rule, and neither is a job whose output was never made).
 
+Retention, on a stand-in clock (``clock``, seconds, moved only by the test: ``pass_time(s)``):
+with ``retention_s`` set, a job made ``retention_s`` or more before ``clock`` has lost its
+output, as the providers document it: its file answers 404, and with ``removal =
+"data_removed"`` (the default) Replicate's prediction reads ``output: null, data_removed:
+true`` and fal's result answers 404; with ``removal = "delivery"`` only the file is gone.
+
+Throttles (Replicate's documented 429: ``{"detail": "Request was throttled. ..."}`` with
+``Retry-After``): ``throttle_creates = n`` answers the next n creates 429 with ``Retry-After:
+retry_after`` (nothing made); ``throttle_window_s = s`` answers every create 429 for s seconds
+(real time) from the first create after it was set, with the seconds left as ``Retry-After``;
+``throttle_polls = n`` answers the next n polls 429. ``create_log``: (``time.monotonic()``,
+status) of every create request, in order.
+
 ``reply`` (for fuzzing): a callable ``(kind, path) -> (status, body) | None`` asked before each
 answer (kind: ``create``, ``poll``, ``result`` (fal), ``list``); a non-None answer is sent
 instead (``bytes`` as they are, anything else as JSON). A create it answers still makes the job.
@@ -61,6 +79,7 @@ import json
 import re
 import socket
 import threading
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
@@ -70,7 +89,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlparse
 
-from providers.fake import render_output
+from episodic.providers.fake import render_output
 from tests.http_server import Seen, _hits, _QuietServer, _second_loopback
 
 TOKEN = "jobs-token-not-a-secret"
@@ -210,6 +229,8 @@ class _JobsServer:
         self.processing_polls = processing_polls
         self.reply: Callable[[str, str], tuple[int, Any] | None] | None = None
         self.lose_creates = 0
+        self.failure_text = "the model crashed"  # a failed job's ``error``, as the API says it
+        self.problems: dict[int, Any] = {}  # a refusal's body per status, instead of ours
         # the models the API knows (None: every one), each with its input schema's properties
         self.models: dict[str, dict[str, Any]] | None = None
         self.versions: dict[str, dict[str, Any]] = {}  # Replicate: pinned version -> inputs
@@ -217,6 +238,15 @@ class _JobsServer:
         # URL wants a credential); `output_query` is appended to every output URL
         self.refuse_downloads: int | None = None
         self.output_query = ""
+        self.clock = 0.0  # the stand-in clock retention is counted on (`pass_time`)
+        self.retention_s: float | None = None
+        self.removal = "data_removed"
+        self.throttle_creates = 0
+        self.throttle_window_s: float | None = None
+        self._window_until: float | None = None
+        self.retry_after = "1"
+        self.throttle_polls = 0
+        self.create_log: list[tuple[float, int]] = []
         self.api = _Origin("127.0.0.1", _handler(self, api=True))
         self.files = _Origin(_second_loopback(), _handler(self, api=False))
 
@@ -232,6 +262,39 @@ class _JobsServer:
     def __exit__(self, *exc: object) -> None:
         self.api.stop()
         self.files.stop()
+
+    def pass_time(self, seconds: float) -> None:
+        """Move the stand-in clock retention is counted on."""
+        self.clock += seconds
+
+    def gone(self, job: dict[str, Any]) -> bool:
+        """The job's output was deleted (its retention passed on the stand-in clock)."""
+        return self.retention_s is not None and self.clock - job["made_at"] >= self.retention_s
+
+    def throttled(self) -> tuple[int, Any, dict[str, str]] | None:
+        """A create answered 429 by the throttle (nothing made), or None."""
+        with self.lock:
+            now = time.monotonic()
+            if self.throttle_window_s is not None and self._window_until is None:
+                self._window_until = now + self.throttle_window_s
+            if self._window_until is not None and now < self._window_until:
+                wait = str(max(1, int(self._window_until - now + 0.999)))
+            elif self.throttle_creates > 0:
+                self.throttle_creates -= 1
+                wait = self.retry_after
+            else:
+                return None
+        unit = "second" if wait == "1" else "seconds"
+        body = {"detail": f"Request was throttled. Expected available in {wait} {unit}."}
+        return 429, body, {"Retry-After": wait}
+
+    def poll_throttled(self) -> tuple[int, Any, dict[str, str]] | None:
+        with self.lock:
+            if self.throttle_polls <= 0:
+                return None
+            self.throttle_polls -= 1
+        body = {"detail": "Request was throttled. Your rate limit resets in ~1s."}
+        return 429, body, {"Retry-After": self.retry_after}
 
     def authorized(self, header: str | None) -> bool:
         return header == f"{self.AUTH} {TOKEN}"
@@ -249,6 +312,7 @@ class _JobsServer:
             "created_at": datetime.now(UTC).isoformat().replace("+00:00", "Z"),
             "size": self.size_of(inputs),
             "compute_s": self.compute_of(str(inputs.get("prompt"))),
+            "made_at": self.clock,
         }
         with self.lock:
             self.jobs[job_id] = job
@@ -309,7 +373,7 @@ class _JobsServer:
         if self.refuse_downloads is not None:
             return self.refuse_downloads, {"detail": "AccessDenied"}
         job = self.jobs.get(job_id)
-        if job is None:
+        if job is None or self.gone(job):
             return 404, {"detail": "no such file"}
         prompt, seed = str(job["input"].get("prompt")), int(job["input"].get("seed", 0))
         width, height = job["size"]
@@ -329,9 +393,15 @@ class _JobsServer:
         with self.lock:
             self.create_calls[(prompt, int(inputs.get("seed", 0)))] += 1
             calls = self.create_calls[(prompt, int(inputs.get("seed", 0)))]
-        for name, code in (("HTTP_429", 429), ("REFUSE_422", 422), ("HTTP_401", 401)):
+        for name, code in (
+            ("HTTP_429", 429),
+            ("REFUSE_422", 422),
+            ("HTTP_401", 401),
+            ("HTTP_402", 402),
+        ):
             if _hits(prompt, name, calls):
-                return code, {"title": name, "status": code, "detail": name.lower()}
+                default = {"title": name, "status": code, "detail": name.lower()}
+                return code, self.problems.get(code, default)
         return None
 
     def after_made(self, inputs: dict[str, Any]) -> str | None:
@@ -387,12 +457,14 @@ class ReplicateServer(_JobsServer):
             "cancel": f"{self.base_url}/predictions/{job['id']}/cancel",
         }
         reply["output"] = None
-        reply["error"] = "the model crashed" if job["status"] == "failed" else None
+        reply["error"] = self.failure_text if job["status"] == "failed" else None
         if job["status"] in ("succeeded", "failed", "canceled"):  # terminated: its metrics
             reply["metrics"] = {"predict_time": job["compute_s"], "total_time": job["compute_s"]}
         if job["status"] == "succeeded":
             url = self.output_url(job["id"])
             reply["output"] = url if self.output_as_string else [url]
+            if self.gone(job) and self.removal == "data_removed":
+                reply.update(output=None, input={}, data_removed=True)
         return reply
 
     def create(self, path: str, body: Any) -> tuple[int, Any] | None:
@@ -508,7 +580,8 @@ class FalServer(_JobsServer):
     AUTH = "Key"
 
     def billed(self, job: dict[str, Any], status: str) -> bool:
-        return status == "succeeded"  # "You pay only for successful outputs" (fal)
+        # "You pay only for successful outputs" (fal): a result the model refused has none
+        return status == "succeeded" and "[[RESULT_422]]" not in str(job["input"].get("prompt"))
 
     def size_of(self, inputs: dict[str, Any]) -> tuple[int, int]:
         if _SIZE.search(str(inputs.get("prompt"))) or self.size is not None:
@@ -615,13 +688,18 @@ class FalServer(_JobsServer):
                 return 202, {"status": "IN_PROGRESS", "request_id": job["id"]}
             reply: dict[str, Any] = {"status": "COMPLETED", "request_id": job["id"]}
             if status in ("failed", "canceled", "aborted"):
-                reply.update(error="the request failed", error_type="runner_failed")
+                reply.update(error=self.failure_text, error_type="runner_failed")
             else:
                 reply.update(metrics={"inference_time": job["compute_s"]}, logs=None)
             return 200, reply
         if rest == "":
+            if self.gone(job) and self.removal == "data_removed":  # kept an hour only
+                return 404, {"detail": "request not found"}
             if job["status"] != "succeeded":
                 return 400, {"detail": "request not completed", "error_type": "bad_request"}
+            if "[[RESULT_422]]" in str(job["input"].get("prompt")):
+                detail = [{"loc": ["body", "image_size"], "msg": "value is not a valid preset"}]
+                return 422, {"detail": detail}
             return 200, {
                 "images": [
                     {
@@ -663,11 +741,13 @@ def _handler(server: _JobsServer, *, api: bool) -> type[BaseHTTPRequestHandler]:
                 Seen(self.command, self.path, headers)
             )
 
-        def _send(self, code: int, body: Any) -> None:
+        def _send(self, code: int, body: Any, headers: dict[str, str] | None = None) -> None:
             data = body if isinstance(body, bytes) else json.dumps(body).encode()
             self.send_response(code)
             kind = _media_type(data) if isinstance(body, bytes) else "application/json"
             self.send_header("Content-Type", kind)
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
@@ -695,12 +775,17 @@ def _handler(server: _JobsServer, *, api: bool) -> type[BaseHTTPRequestHandler]:
                 return
             elif urlparse(self.path).path.endswith("/cancel"):
                 self._send(*server.cancel("POST", urlparse(self.path).path))
+            elif (throttle := server.throttled()) is not None:
+                server.create_log.append((time.monotonic(), 429))
+                self._send(*throttle)
             elif (reply := server.create(urlparse(self.path).path, body)) is None:
                 self.close_connection = True
                 self.connection.shutdown(socket.SHUT_RDWR)  # made, but the caller never hears
             elif (forced := server.forced("create", self.path)) is not None:
+                server.create_log.append((time.monotonic(), forced[0]))
                 self._send(*forced)
             else:
+                server.create_log.append((time.monotonic(), reply[0]))
                 self._send(*reply)
 
         def do_PUT(self) -> None:
@@ -723,7 +808,12 @@ def _handler(server: _JobsServer, *, api: bool) -> type[BaseHTTPRequestHandler]:
                 else:
                     self._send(404, {"detail": "not found"})
             elif self._authorized():
-                forced = server.forced(server.kind_of(url.path), self.path)
+                kind = server.kind_of(url.path)
+                throttle = server.poll_throttled() if kind == "poll" else None
+                if throttle is not None:
+                    self._send(*throttle)
+                    return
+                forced = server.forced(kind, self.path)
                 self._send(*(forced or server.get(url.path, parse_qs(url.query))))
 
     return Handler

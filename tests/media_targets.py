@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from storage.media import MediaStore
+from episodic.storage.media import MediaStore
 from tests.s3_server import S3Server
 
 MEDIA_KINDS = ["local", "s3"]

@@ -116,7 +116,7 @@ class PrivateCluster:
 
     def create_database(self, name: str) -> str:
         """A new, migrated database; returns its URL."""
-        from storage.schema import upgrade
+        from episodic.storage.schema import upgrade
 
         admin = create_engine(self.url(), isolation_level="AUTOCOMMIT")
         with admin.connect() as conn:

@@ -4,7 +4,7 @@ The copy holds the project's packages and its ``pyproject.toml`` (what marks a c
 virtualenv of its own (``python -m venv``) whose code is the copy's: a ``.pth`` puts the copy
 first on ``sys.path`` and adds this checkout's ``site-packages`` for the locked dependencies
 (nothing is downloaded). Its ``.venv/bin/episodic`` is the console script an editable install
-writes, so ``core/__file__`` resolves into the copy exactly as in a clone after ``uv sync``.
+writes, so ``episodic.core.__file__`` resolves into the copy as in a clone after ``uv sync``.
 `make_site_install` is the other kind: the packages inside a virtualenv's ``site-packages``,
 as ``pip install .`` leaves them.
 """
@@ -37,9 +37,12 @@ class ProjectCopy:
 
 
 def make_project_copy(dest: Path) -> ProjectCopy:
-    """Copy the project to ``dest`` (which must not exist) and install it there."""
+    """Copy the project to ``dest`` (which must not exist) and install it there: the folders
+    and ``episodic/`` with its links to them, as in a clone."""
     dest.mkdir(parents=True)
     _copy_packages(dest)
+    shutil.copytree(PROJECT / "episodic", dest / "episodic", symlinks=True)
+    shutil.copytree(PROJECT / "examples", dest / "examples")
     shutil.copy2(PROJECT / "pyproject.toml", dest / "pyproject.toml")
     site = _venv(dest / ".venv")
     (site / "00_episodic_copy.pth").write_text(f"{dest}\n{_DEPENDENCIES}")
@@ -48,10 +51,13 @@ def make_project_copy(dest: Path) -> ProjectCopy:
 
 def make_site_install(dest: Path) -> ProjectCopy:
     """A non-editable install (what ``pip install .`` makes): a virtualenv at ``dest`` whose
-    ``site-packages`` holds the packages themselves (``dest/.venv``), and no checkout."""
+    ``site-packages`` holds the package itself (``episodic/core``, ...: ``dest/.venv``), and
+    no checkout."""
     dest.mkdir(parents=True)
     site = _venv(dest / ".venv")
-    _copy_packages(site)
+    _copy_packages(site / "episodic")
+    shutil.copy2(PROJECT / "episodic" / "__init__.py", site / "episodic" / "__init__.py")
+    shutil.copytree(PROJECT / "examples", site / "episodic" / "examples")
     (site / "00_episodic_deps.pth").write_text(_DEPENDENCIES)
     return _with_console_script(ProjectCopy(dest))
 
@@ -77,7 +83,7 @@ def _venv(venv: Path) -> Path:
 
 def _with_console_script(copy: ProjectCopy) -> ProjectCopy:
     copy.episodic.write_text(
-        f"#!{copy.python}\nimport sys\nfrom cli.entry import main\nsys.exit(main())\n"
+        f"#!{copy.python}\nimport sys\nfrom episodic.cli.entry import main\nsys.exit(main())\n"
     )
     copy.episodic.chmod(0o755)
     return copy

@@ -68,7 +68,7 @@ from typing import Any
 
 ENV = "EPISODIC_SQL_LOG"
 CHILD_ENV = "SQLLOG_CHILD_DIR"
-BARE_DRIVER_MODULE = "storage.dbapi"  # storage.hot on 7b46ebf (its copy there says so)
+BARE_DRIVER_MODULE = "episodic.storage.dbapi"  # storage.hot on 7b46ebf (its copy there says so)
 BARE_DRIVER_FUNCTIONS = ("fetch_one", "fetch_all", "rowcount")
 SITE_DIR = Path(__file__).with_name("sqllog_site")
 OUTSIDE = "<session>"

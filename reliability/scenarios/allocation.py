@@ -16,8 +16,8 @@ from reliability.harness import PIPELINE, Backend, Result, open_engine, record_a
 
 def _allocate_forever(url: str, prefix: str, out: Any) -> None:  # pragma: no cover - child
     """A forked child: allocate new keys in two weeks until killed, reporting each."""
-    from core.ids import WeekId
-    from pipeline.allocation import allocate
+    from episodic.core.ids import WeekId
+    from episodic.pipeline.allocation import allocate
 
     engine = open_engine(url)
     weeks = [WeekId.parse("2026-W32"), WeekId.parse("2026-W33")]
@@ -33,8 +33,8 @@ def alloc_crash(backend: Backend, trials: int, rng: random.Random) -> Result:
     """kill -9 / SIGTERM of an allocating process at a random moment, `trials` times: no
     partial episode, no gap or duplicate, a retry of a reported key gets its episode, and the
     next allocation proceeds within a second."""
-    from core.ids import EpisodeId, WeekId
-    from pipeline.allocation import allocate
+    from episodic.core.ids import EpisodeId, WeekId
+    from episodic.pipeline.allocation import allocate
 
     result = Result("alloc-crash", backend.name)
     url = backend.fresh()

@@ -37,8 +37,8 @@ from reliability.harness import (
 def _allocate_through_faults(url: str, prefix: str, out: Any) -> None:  # pragma: no cover
     """A forked child: allocate new keys until killed, reporting each allocation, and each
     error that survived the callers' own retries (tenacity) as ("error", text)."""
-    from core.ids import WeekId
-    from pipeline.allocation import allocate
+    from episodic.core.ids import WeekId
+    from episodic.pipeline.allocation import allocate
 
     engine = open_engine(url)
     week = WeekId.parse("2026-W40")
@@ -206,7 +206,7 @@ def sqlite_locked(backend: Backend, trials: int, rng: random.Random) -> Result:
     generate`, started meanwhile, have given up after the busy timeout (30 s): each ends with
     one clear line (exit 1, "database is locked"), `PRAGMA integrity_check` is ok, nothing is
     half-written, and both succeed once the lock is gone."""
-    from storage.engine import SQLITE_BUSY_TIMEOUT_MS
+    from episodic.storage.engine import SQLITE_BUSY_TIMEOUT_MS
 
     result = Result("sqlite-locked", backend.name)
     url = backend.fresh()

@@ -75,7 +75,7 @@ def generate_crash(backend: Backend, trials: int, rng: random.Random) -> Result:
 
 
 _FLOW = (
-    "from flows.generate import generate_episode\n"
+    "from episodic.flows.generate import generate_episode\n"
     "generate_episode(episode_id={episode!r}, concurrency=3)\n"
 )
 

@@ -57,7 +57,7 @@ def store_faults(backend: Backend, trials: int, rng: random.Random) -> Result:
                     os.environ.update({**s3.env(), "AWS_ENDPOINT_URL": proxy.endpoint})
                     os.environ["EPISODIC_MEDIA_URL"] = media_url
                     # each trial's store is new (a bucket, a tmpfs): so is its database,
-                    # which records the store it writes to (`storage.store_identity`)
+                    # which records the store it writes to (`episodic.storage.store_identity`)
                     url = backend.fresh()
                     engine = open_engine(url)
                     made, first, injected = _trial(engine, root, trial, store, local, result)

@@ -1,11 +1,11 @@
-"""Alembic environment: always run with a connection handed in by `storage.schema`."""
+"""Alembic environment: always run with a connection handed in by `episodic.storage.schema`."""
 
 from __future__ import annotations
 
 from alembic import context
 
-from storage import models  # noqa: F401  (registers the tables on Base.metadata)
-from storage.base import Base
+from episodic.storage import models  # noqa: F401  (registers the tables on Base.metadata)
+from episodic.storage.base import Base
 
 connection = context.config.attributes.get("connection")
 if connection is None:

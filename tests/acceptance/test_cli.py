@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from storage.schema import HEAD_REVISION
+from episodic.storage.schema import HEAD_REVISION
 
 Cli = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -220,7 +220,7 @@ def test_db_upgrade_on_an_empty_database(
 def test_commands_that_run_no_flow_never_import_prefect(database_url: str, args: list[str]) -> None:
     probe = (
         "import sys\n"
-        "from cli.app import run\n"
+        "from episodic.cli.app import run\n"
         f"code = run({args!r})\n"
         "assert 'prefect' not in sys.modules, 'prefect was imported'\n"
         "sys.exit(code)\n"
@@ -264,3 +264,27 @@ def test_the_pipeline_timezone_is_recorded_once_and_a_disagreeing_process_refuse
     assert again.stdout.strip() == "2026-W45-0 (new)"  # Sunday 23:30 UTC, now on purpose
     bad = cli("pipelines", "set-timezone", "weekly", "Mars/Base")
     assert bad.returncode == 2 and "unknown timezone" in bad.stderr
+
+
+def test_episodes_show_gives_the_episodes_spend_as_the_provider_billed_it(
+    cli: Cli, database_url: str, tmp_path: Path
+) -> None:
+    """`episodes show` (and --json) gives what the episode cost over every run, per
+    currency: the fake provider's own bill (its job files), not a figure of one run."""
+    from tests.generation import provider_log, write_playlist
+
+    log = str(tmp_path / "provider.jsonl")
+    fake = {"EPISODIC_FAKE_PROVIDER_LOG": log}
+    assert cli("allocate", "--key", "k", "--week", "2026-W32").returncode == 0
+    playlist = write_playlist(tmp_path / "pl", ["a", "b", "c"])
+    assert cli("plan", "2026-W32-0", "--playlist", str(playlist)).returncode == 0
+    assert cli("generate", "2026-W32-0", "--only", "v01", env=fake).returncode == 0
+    assert cli("generate", "2026-W32-0", env=fake).returncode == 0  # a second run: two more
+    jobs = [e for e in provider_log(log) if e["event"] == "job_created"]
+    billed = sum(int(job["cost_micros"]) for job in jobs)
+    assert len(jobs) == 3 and billed > 0
+
+    shown = json.loads(cli("episodes", "show", "2026-W32-0", "--json").stdout)
+    assert shown["paid_submissions"] == 3 and shown["costs"] == {"USD": billed}
+    human = cli("episodes", "show", "2026-W32-0").stdout
+    assert f"spend: {billed / 1_000_000:.2f} USD (3 paid calls, every run)" in human

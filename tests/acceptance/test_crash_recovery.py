@@ -97,6 +97,21 @@ def test_kill_9_leaves_a_running_run_that_one_command_finishes(
     _assert_finished_once(cli, episode)
 
 
+def until_outstanding(process: subprocess.Popen[str], jobs: int, timeout_s: float = 60) -> None:
+    """Wait until `process` holds `jobs` accepted jobs it has not collected (the fake's own
+    log); fails if it ends first or makes no progress."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        log = provider_log()
+        made = {e["remote_ref"] for e in log if e["event"] == "job_created"}
+        taken = {e["remote_ref"] for e in log if e["event"] == "collect"}
+        if len(made - taken) >= jobs:
+            return
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, "generate made no progress"
+        time.sleep(0.05)
+
+
 SLOW_PROFILE = (
     "profiles:\n  slow:\n    kind: fake\n    cost_per_image_minor: 4\n"
     "    max_concurrency: 2\n    delay_ms: 1500\n    max_job_s: 60\n"
@@ -115,8 +130,8 @@ def test_recovery_after_kill_9_collects_the_dead_processs_jobs_before_any_new_cr
     collected the dead jobs last. Now it collects them as soon as the leases run out,
     before any new create: the order is asserted at the provider, never a duration; one
     job per item, counted in the provider's job store."""
-    from storage.engine import make_engine
-    from storage.runs import RunStore
+    from episodic.storage.engine import make_engine
+    from episodic.storage.runs import RunStore
 
     profiles = tmp_path / "providers.yaml"
     profiles.write_text(SLOW_PROFILE)
@@ -126,10 +141,19 @@ def test_recovery_after_kill_9_collects_the_dead_processs_jobs_before_any_new_cr
     playlist = write_playlist(tmp_path / "pl", [f"t{n}" for n in range(6)], profile="slow")
     assert cli("plan", "2026-W32-0", "--playlist", str(playlist)).returncode == 0
     process = generate_in_background("2026-W32-0", "--json", "--concurrency", "2")
-    until_jobs(process, 2)  # the profile's whole limit is at the provider
+    until_outstanding(process, 2)  # the profile's whole limit is at the provider
     process.kill()
     process.communicate(timeout=60)
-    dead = {e["remote_ref"] for e in provider_log() if e["event"] == "job_created"}
+    # The jobs the killed process left accepted: made, not collected by it (a profile never
+    # billed before sends its first call alone, so that one may be collected already).
+    made_by_it = {e["remote_ref"] for e in provider_log() if e["event"] == "job_created"}
+    collected = {
+        e["remote_ref"]
+        for e in provider_log()
+        if e["event"] == "collect" and e["pid"] == process.pid
+    }
+    dead = made_by_it - collected
+    assert dead, "the killed process left no accepted job behind"
     dead_refs = {e["client_reference"] for e in provider_log() if e["event"] == "submit"}
     engine = make_engine(database_url)
     [run] = RunStore(engine).list_runs("weekly")  # read directly: the leases are still live
@@ -153,7 +177,7 @@ def test_recovery_after_kill_9_collects_the_dead_processs_jobs_before_any_new_cr
         or (e["event"] == "submit" and e["client_reference"] not in dead_refs)
     ]
     assert order[0] == "collect-dead", order  # before it bought anything new
-    assert order.count("create-new") == 4, order
+    assert order.count("create-new") == 6 - len(made_by_it), order
 
 
 def test_after_kill_9_check_reports_the_dead_run_and_the_sweep_reaps_it(

@@ -2,7 +2,7 @@
 the reviewer picks the one that ships.
 
 Money is counted at the fake provider (its own log of the jobs it made), on SQLite and on
-Postgres. Commands run in this process through the CLI's own entry point (`cli.app.run`:
+Postgres. Commands run in this process through the CLI's own entry point (`episodic.cli.app.run`:
 the same parsing, exit codes and one-line errors as the installed command, without the
 interpreter's start-up per call); interrupts are real signals to a real `episodic generate`
 process, and the run a plan shrinks under is a real process too.
@@ -37,7 +37,7 @@ EPISODE = "2026-W32-0"
 @pytest.fixture
 def cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Cli:
     """`episodic ARGS` in this process: (exit code, stdout, stderr) as the command gives."""
-    from cli.app import run
+    from episodic.cli.app import run
 
     def call(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
         with monkeypatch.context() as scoped:
@@ -196,7 +196,7 @@ def _assembled(cli: Cli, pick: int) -> tuple[bytes, dict[str, object]]:
 
 def _store_file(key: str) -> Path:
     """The local media store's file under `key` (to tamper with it behind the store)."""
-    from core.settings import load_settings
+    from episodic.core.settings import load_settings
 
     return load_settings().home_path / "media" / key
 
@@ -243,8 +243,8 @@ def test_check_finds_an_approval_without_picks_and_a_manifest_that_ships_another
 ) -> None:
     from sqlalchemy import update
 
-    from storage.engine import make_engine
-    from storage.models import EpisodeEventRow
+    from episodic.storage.engine import make_engine
+    from episodic.storage.models import EpisodeEventRow
 
     _planned(cli, tmp_path, hero={1: 2})
     _ok(cli("generate", EPISODE, "--json"))

@@ -191,7 +191,7 @@ def test_an_interrupt_while_the_command_starts_is_one_line_never_a_traceback(
 ) -> None:
     """Ctrl-C in the first half second (while the CLI imports its modules) printed a Python
     traceback (found by a fresh tester; then by CI under load, 0.05 s after the start, while
-    `cli.entry` imported `typing` before its handlers were in). Now any moment from the
+    `episodic.cli.entry` imported `typing` before its handlers were in). Now any moment from the
     console script's first statements gives at most one line and exit 130 (or the command's
     answer if it finished first)."""
     episodic = str(Path(sys.executable).parent / "episodic")
@@ -227,10 +227,10 @@ def test_an_interrupt_between_the_console_scripts_import_and_main_is_one_line(
     a SIGINT there was a KeyboardInterrupt traceback). The command must not run."""
     code = (
         "import os, signal\n"
-        "import cli.entry\n"
+        "import episodic.cli.entry\n"
         f"os.kill(os.getpid(), {int(signum)})\n"
         "for _ in range(100000): pass  # the handler runs here\n"
-        "cli.entry.main()\n"
+        "episodic.cli.entry.main()\n"
     )
     done = _python_c(code)
     assert done.stderr == "error: interrupted\n", done.stderr
@@ -242,18 +242,18 @@ def test_an_interrupt_between_the_console_script_and_the_commands_handling_is_on
     answered: bool,
 ) -> None:
     """An interrupt in the moment after the console script handed over and before
-    `cli.app.main` took it (or a second signal that cut the command's own handling short)
+    `episodic.cli.app.main` took it (or a second signal that cut the command's own handling short)
     escaped both and printed a traceback (found by a fresh tester with a hook that sends
     the signal at that line). The console script answers it: one line and exit 130, or no
     line when the command's own handling had already begun to answer."""
     code = (
-        "import cli.entry, cli.app, cli.signals\n"
+        "import episodic.cli.entry, episodic.cli.app, episodic.cli.signals\n"
         "def main(argv=None):\n"
         f"    if {answered}:\n"
-        "        cli.signals.interrupts.tell_listeners()  # the command's own handling took it\n"
+        "        episodic.cli.signals.interrupts.tell_listeners()\n"
         "    raise KeyboardInterrupt\n"
-        "cli.app.main = main\n"
-        "cli.entry.main()\n"
+        "episodic.cli.app.main = main\n"
+        "episodic.cli.entry.main()\n"
     )
     done = _python_c(code)
     assert done.returncode == 130, done.stderr
@@ -266,7 +266,7 @@ def test_a_second_signal_while_the_console_script_answers_the_first_is_ignored()
     answer's first statement; the one line is written once."""
     code = (
         "import os, signal, sys\n"
-        "import cli.entry\n"
+        "import episodic.cli.entry\n"
         "real = sys.stderr.write\n"
         "def write(text):\n"
         "    os.kill(os.getpid(), signal.SIGTERM)\n"
@@ -275,18 +275,18 @@ def test_a_second_signal_while_the_console_script_answers_the_first_is_ignored()
         "    return real(text)\n"
         "sys.stderr.write = write\n"
         "os.kill(os.getpid(), signal.SIGINT)\n"
-        "cli.entry.main()\n"
+        "episodic.cli.entry.main()\n"
     )
     done = _python_c(code)
     assert done.stderr == "error: interrupted\n", done.stderr
     assert done.returncode == 130
 
 
-@pytest.mark.parametrize("module", ["cli.entry", "cli.app"])
+@pytest.mark.parametrize("module", ["episodic.cli.entry", "episodic.cli.app"])
 def test_python_m_cli_entry_ends_an_interrupted_command_with_its_exit_code(
     module: str, tmp_path: Path
 ) -> None:
-    """Under ``python -m cli.entry`` an interrupted command said ``error: interrupted`` and
+    """Under ``python -m episodic.cli.entry`` an interrupted command said ``error: interrupted`` and
     then the process died by SIGINT (-2) instead of exiting 130, about one time in twelve
     (found by a fresh tester): CPython's ``-m`` path ends the process by SIGINT when a
     KeyboardInterrupt once crossed one of its C-level evaluations, even a handled one."""
@@ -320,14 +320,16 @@ def test_a_sigint_the_parent_ignores_stays_ignored(tmp_path: Path) -> None:
 
 
 def test_importing_the_console_script_imports_nothing_before_its_handlers() -> None:
-    """Every module `cli.entry` needs before its handlers are in was already loaded by the
+    """Every module `episodic.cli.entry` needs before its handlers are in was already loaded by the
     interpreter's start, so no import machinery (where an interrupt would surface as a
-    traceback) runs before them."""
+    traceback) runs before them but that of its own packages, `episodic` and `episodic.cli`,
+    whose `__init__` modules import nothing."""
     code = (
         "import sys\n"
         "before = set(sys.modules)\n"
-        "import cli.entry\n"
-        "print(sorted(set(sys.modules) - before - {'cli', 'cli.entry'}))\n"
+        "import episodic.cli.entry\n"
+        "packages = {'episodic', 'episodic.cli', 'episodic.cli.entry'}\n"
+        "print(sorted(set(sys.modules) - before - packages))\n"
     )
     done = _python_c(code)
     assert done.returncode == 0, done.stderr
@@ -338,7 +340,7 @@ def test_an_interrupt_inside_a_callback_during_start_up_is_one_line_never_a_trac
     """A SIGTERM that landed inside a weakref callback while the CLI imported its modules was
     printed as "Exception ignored ... KeyboardInterrupt" with a traceback, and the command went
     on (found by CI under load, 1 time in 6 moments x 2 signals). The signal here is sent from
-    such a callback in the middle of importing `cli.app`."""
+    such a callback in the middle of importing `episodic.cli.app`."""
     code = (
         "import importlib.abc, importlib.util, os, signal, sys, time, weakref\n"
         "class Loader(importlib.abc.Loader):\n"
@@ -356,11 +358,11 @@ def test_an_interrupt_inside_a_callback_during_start_up_is_one_line_never_a_trac
         "        module.main = lambda: print('the command ran')\n"
         "class Finder(importlib.abc.MetaPathFinder):\n"
         "    def find_spec(self, name, path, target=None):\n"
-        "        if name == 'cli.app':\n"
+        "        if name == 'episodic.cli.app':\n"
         "            return importlib.util.spec_from_loader(name, Loader())\n"
         "sys.meta_path.insert(0, Finder())\n"
-        "import cli.entry\n"
-        "cli.entry.main()\n"
+        "import episodic.cli.entry\n"
+        "episodic.cli.entry.main()\n"
     )
     done = _python_c(code)
     assert done.stderr == "error: interrupted\n", done.stderr
@@ -372,7 +374,7 @@ def test_an_interrupt_outside_the_commands_own_handling_is_the_same_one_line() -
     printed a Python traceback (found by CI under load, 1 time in 6 moments x 2 signals).
     The console script's `main` now answers any interrupt outside `run` the same way."""
     code = (
-        "import cli.app as app\n"
+        "import episodic.cli.app as app\n"
         "def interrupted(argv):\n"
         "    raise KeyboardInterrupt\n"
         "app.run = interrupted\n"
@@ -389,8 +391,8 @@ def test_an_interrupt_a_library_wrapped_in_its_own_error_is_still_an_interrupt()
     exit 1 (the fault suite, 1 in 55 trials). Once a SIGINT or SIGTERM has arrived, an
     unexpected error on the way out is the interrupt: one line, exit 130. Real signals."""
     code = (
-        "import os, signal, cli.app as app\n"
-        "from cli.app import app as typer_app\n"
+        "import os, signal, episodic.cli.app as app\n"
+        "from episodic.cli.app import app as typer_app\n"
         "@typer_app.command('boom')\n"
         "def boom() -> None:\n"
         "    try:\n"
@@ -416,8 +418,8 @@ def test_a_signal_after_the_command_finished_ends_it_with_its_answer_and_no_trac
     traceback (the fault suite, 1 in 55 trials). The command's answer stands: the process
     ends with it at once, silently. Real signals, with a thread the shutdown waits for."""
     code = (
-        "import threading, time, cli.app as app\n"
-        "from cli.app import app as typer_app\n"
+        "import threading, time, episodic.cli.app as app\n"
+        "from episodic.cli.app import app as typer_app\n"
         "@typer_app.command('linger')\n"
         "def linger() -> None:\n"
         "    threading.Thread(target=time.sleep, args=(30,)).start()\n"
@@ -442,8 +444,8 @@ def test_an_interrupt_typer_answers_inside_a_command_is_said_in_one_line() -> No
     that landed while a command ran). It is the same one line as every interrupt now, and a
     command that reports its own interrupted outcome (generate) gets no second one."""
     code = (
-        "import os, signal, cli.app as app\n"
-        "from cli.app import app as typer_app\n"
+        "import os, signal, episodic.cli.app as app\n"
+        "from episodic.cli.app import app as typer_app\n"
         "@typer_app.command('ctrl-c')\n"
         "def ctrl_c() -> None:\n"
         "    os.kill(os.getpid(), signal.SIG{sig})\n"
@@ -462,8 +464,8 @@ def test_a_signal_while_exit_hooks_run_lets_them_finish_and_keeps_the_answer() -
     a fresh tester's late-signal sweep). From the exit hooks on, signals are ignored: the
     hooks finish (a database pool is closed) and the command's exit code stands."""
     code = (
-        "import atexit, time, cli.app as app\n"
-        "from cli.app import app as typer_app\n"
+        "import atexit, time, episodic.cli.app as app\n"
+        "from episodic.cli.app import app as typer_app\n"
         "def hook() -> None:\n"
         "    print('hook', flush=True); time.sleep(1.0); print('hook done', flush=True)\n"
         "@typer_app.command('done')\n"

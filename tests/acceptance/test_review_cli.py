@@ -32,7 +32,7 @@ def test_two_fresh_homes_assemble_identical_bytes(cli: Cli, tmp_path: Path) -> N
         for step in steps:
             result = cli(*step, env=env)
             assert result.returncode == 0, (step, result.stderr)
-        folder = tmp_path / machine / "copy"  # the local copy; the store holds the record
+        folder = tmp_path / f"{machine}-copy"  # a local copy (never in the state folder)
         assembled = json.loads(
             cli("assemble", "2026-W32-0", "--out", str(folder), "--json", env=env).stdout
         )

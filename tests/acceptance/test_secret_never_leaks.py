@@ -69,7 +69,7 @@ def test_the_provider_secret_appears_nowhere_but_in_its_requests(
     for path in home.rglob("*"):  # images, manifests, the SQLite database, logs, state
         if path.is_file():
             assert TOKEN.encode() not in path.read_bytes(), path
-    from storage.engine import make_engine
+    from episodic.storage.engine import make_engine
 
     engine = make_engine(database_url)
     with engine.connect() as conn:

@@ -119,7 +119,7 @@ def test_prefect_home_follows_the_state_folder(project: ProjectCopy, tmp_path: P
     """The Prefect defaults our commands set (`tasks._prefect_env`) land in the same folder."""
     cwd = tmp_path / "elsewhere"
     cwd.mkdir()
-    probe = "import os, tasks; print(os.environ['PREFECT_HOME'])"
+    probe = "import os, episodic.tasks; print(os.environ['PREFECT_HOME'])"
     result = subprocess.run([str(project.python), "-c", probe], cwd=cwd, env=run_env(),
                             capture_output=True, text=True, timeout=120)  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -247,7 +247,7 @@ def test_remove_refuses_a_folder_holding_the_project(cli: Cli, tmp_path: Path) -
 
 
 def _fake_project(folder: Path) -> Path:
-    """A folder `core.home` recognises as an episodic project (its pyproject.toml)."""
+    """A folder `episodic.core.home` recognises as an episodic project (its pyproject.toml)."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "pyproject.toml").write_text('[project]\nname = "episodic"\n')
     return folder

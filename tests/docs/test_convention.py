@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import typer.main
 
-from cli.app import app
+from episodic.cli.app import app
 from tests.docs.blocks import Block, convention_errors, shell_blocks, synopsis_errors
 from tests.docs.session import SESSION_TOKEN_VAR, BlockResult, FileSession
 from tests.e2e.stack import pids_with_env

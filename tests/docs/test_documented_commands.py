@@ -143,7 +143,7 @@ def test_documented_block_runs_as_written(
 def test_illustration_says_why_and_names_real_commands(block: Block) -> None:
     import typer.main
 
-    from cli.app import app
+    from episodic.cli.app import app
 
     errors = convention_errors(block) + synopsis_errors(block, typer.main.get_command(app))
     assert not errors, "\n".join(errors)

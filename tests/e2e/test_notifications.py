@@ -6,34 +6,18 @@ once. Re-running the setup updates the two automations instead of adding duplica
 
 from __future__ import annotations
 
-import json
 import sys
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.e2e.stack import PrefectServer, api_request, run_cli
+from tests.e2e.webhook import SAVE_BLOCK, hook, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 PROJECT = Path(__file__).resolve().parents[2]
-WAIT_S = 120.0  # at most, for a notification to arrive (polled, not a timing assertion)
-
-SAVE_BLOCK = """
-import sys
-from prefect.blocks.notifications import CustomWebhookNotificationBlock
-CustomWebhookNotificationBlock(
-    name="ops", url=sys.argv[1], allow_private_urls=True,
-    json_data={"subject": "{{subject}}", "body": "{{body}}"},
-).save("ops", overwrite=True)
-"""
-
 SUSPEND_A_RUN = """
 from prefect import flow
 from prefect.client.orchestration import get_client
@@ -42,52 +26,23 @@ from prefect.states import Running, Suspended
 @flow(name="weekly-episode")
 def weekly_episode() -> None: ...
 
+# tagged as the product tags its runs: the deployment's tags at creation, the approval tag
+# just before it suspends (`flows.approval_wait.claim_approval_wait`), after the run's first
+# state events made the server cache its tags
+# (two runs, as the two slots of a week wait at once, each its own notification)
 with get_client(sync_client=True) as client:
-    run = client.create_flow_run(
-        weekly_episode, name="weekly 2026-W32-0",
-        tags=["episodic-approval:weekly/2026-W32-0/0123456789ab"],
-    )
-    client.set_flow_run_state(run.id, Running(), force=True)
-    client.set_flow_run_state(run.id, Suspended(timeout_seconds=3600, pause_key="k"), force=True)
-print(run.id)
+    for episode in ("2026-W32-0", "2026-W32-1"):
+        run = client.create_flow_run(
+            weekly_episode, name=f"weekly {episode}", tags=["episodic", "pipeline:weekly"]
+        )
+        client.set_flow_run_state(run.id, Running(), force=True)
+        approval = f"episodic-approval:weekly/{episode}/0123456789ab"
+        client.update_flow_run(run.id, tags=["episodic", "pipeline:weekly", approval])
+        suspended = Suspended(timeout_seconds=3600, pause_key="k")
+        client.set_flow_run_state(run.id, suspended, force=True)
 """
 
-FAIL_A_RUN = "from flows.review import approve_episode; approve_episode(episode_id='nope')"
-
-
-@contextmanager
-def hook() -> Iterator[tuple[str, list[dict[str, Any]]]]:
-    """A local HTTP server recording the JSON bodies POSTed to it: (url, received)."""
-    received: list[dict[str, Any]] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args: object) -> None:
-            pass
-
-        def do_POST(self) -> None:
-            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            received.append(json.loads(body or b"{}"))
-            self.send_response(200)
-            self.end_headers()
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/hook", received
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-def _wait_for(received: list[dict[str, Any]], word: str, count: int) -> list[dict[str, Any]]:
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        found = [r for r in received if word in str(r.get("subject"))]
-        if len(found) >= count:
-            return found
-        time.sleep(1)
-    return [r for r in received if word in str(r.get("subject"))]
+FAIL_A_RUN = "from episodic.flows.review import approve_episode; approve_episode(episode_id='nope')"
 
 
 def _automations(server: PrefectServer) -> list[str]:
@@ -122,16 +77,17 @@ def test_setup_notifies_a_failed_run_and_an_approval_that_waited(tmp_path: Path)
         suspended = run_cli([SUSPEND_A_RUN], env, PROJECT, program=python)
         assert suspended.returncode == 0, suspended.stderr[-3000:]
 
-        failures = _wait_for(received, "flow run", 1)
-        waits = _wait_for(received, "an approval waits", 1)
+        failures = wait_for(received, "flow run", 1)
+        waits = wait_for(received, "an approval waits", 2)
         time.sleep(15)  # longer than the wait again: a second notification would be here
         failures = [r for r in received if "flow run" in str(r.get("subject"))]
         waits = [r for r in received if "an approval waits" in str(r.get("subject"))]
         assert len(failures) == 1, received
         assert "Failed" in failures[0]["subject"], failures
-        assert len(waits) == 1, received
-        assert "weekly 2026-W32-0" in waits[0]["subject"], waits
-        assert "episodic approve" in waits[0]["body"], waits
+        assert len(waits) == 2, received  # one per waiting run
+        subjects = sorted(str(w["subject"]) for w in waits)
+        assert "weekly 2026-W32-0" in subjects[0] and "weekly 2026-W32-1" in subjects[1], waits
+        assert all("episodic approve" in w["body"] for w in waits), waits
 
 
 def test_setup_refuses_a_bad_wait_and_an_unknown_block(tmp_path: Path) -> None:
@@ -149,3 +105,19 @@ def test_setup_refuses_a_bad_wait_and_an_unknown_block(tmp_path: Path) -> None:
                           program="episodic")  # fmt: skip
         assert unknown.returncode == 2, unknown.stdout + unknown.stderr
         assert "no notification block" in unknown.stderr, unknown.stderr
+        saved = run_cli(
+            [
+                "-c",
+                "from prefect.blocks.webhook import Webhook; "
+                "Webhook(url='http://127.0.0.1:9/hook').save('hook')",
+            ],
+            env,
+            PROJECT,
+            program=sys.executable,
+        )
+        assert saved.returncode == 0, saved.stderr[-2000:]
+        plain = run_cli(["prefect", "setup", "--notify", "hook"], env, PROJECT, program="episodic")
+        assert plain.returncode == 2, plain.stdout + plain.stderr
+        assert len(plain.stderr.strip().splitlines()) == 1, plain.stderr
+        assert "webhook/hook cannot send notifications" in plain.stderr, plain.stderr
+        assert "Custom Webhook (custom-webhook)" in plain.stderr, plain.stderr

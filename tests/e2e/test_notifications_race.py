@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from tests.e2e.stack import PrefectServer, api_request, run_cli
-from tests.e2e.test_notifications import PROJECT, SAVE_BLOCK, hook
+from tests.e2e.test_notifications import PROJECT
+from tests.e2e.webhook import SAVE_BLOCK, hook
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -31,7 +32,7 @@ def _setup_after(barrier: Any, env: dict[str, str], results: Any) -> None:
     os.environ.update(env)
     from prefect.client.orchestration import get_client
 
-    from deployments.notify import ensure_notifications
+    from episodic.deployments.notify import ensure_notifications
 
     with get_client(sync_client=True) as client:
         client.read_block_documents(limit=1)

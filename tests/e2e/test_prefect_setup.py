@@ -19,8 +19,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 PROJECT = Path(__file__).resolve().parents[2]
 WEEKLY = "flows/weekly.py:weekly_episode"
-WEEKLY_MODULE = "flows.weekly:weekly_episode"
-BUILD_STEP = "from deployments.steps import setup; setup('weekly', 'episodic')"
+WEEKLY_MODULE = "episodic.flows.weekly:weekly_episode"
+BUILD_STEP = "from episodic.deployments.steps import setup; setup('weekly', 'episodic')"
 
 
 def test_setup_prints_what_it_did_and_warns_of_a_second_weekly_deployment(

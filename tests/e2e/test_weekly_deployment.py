@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -43,6 +44,7 @@ from tests.e2e.stack import (
     wait_for_flow_run,
     wait_for_flow_runs,
 )
+from tests.e2e.webhook import SAVE_BLOCK, hook, wait_for
 from tests.generation import item_key_of
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.postgres]
@@ -78,8 +80,8 @@ def _billed_jobs_per_item(path: Path, home: Path) -> Counter[str]:
 
 
 def _episodes(url: str) -> dict[str, tuple[str, str]]:
-    from storage.engine import make_engine
-    from storage.episodes import EpisodeRepository
+    from episodic.storage.engine import make_engine
+    from episodic.storage.episodes import EpisodeRepository
 
     engine = make_engine(url)
     try:
@@ -145,12 +147,22 @@ def test_weekly_deployments_on_a_server_with_two_workers(
         "EPISODIC_FAKE_DELAY_MS": "300",
         "EPISODIC_PENDING_TTL_S": str(30 * 24 * 3600),  # backfilled slots are weeks "late"
     }
-    with PrefectServer(tmp_path / "stack", database_url=prefect_database) as server:
+    with (
+        PrefectServer(tmp_path / "stack", database_url=prefect_database) as server,
+        hook() as notifications,
+    ):
         deployer = server.env({**episodic, "EPISODIC_TIMEZONE": "Europe/Berlin"})
         upgraded = run_cli(["db", "upgrade"], deployer, PROJECT, program="episodic")
         assert upgraded.returncode == 0, upgraded.stderr
+        saved = run_cli(
+            [SAVE_BLOCK, notifications[0]], deployer, PROJECT, program=[sys.executable, "-c"]
+        )
+        assert saved.returncode == 0, saved.stderr[-3000:]
         setup = run_cli(
-            ["prefect", "setup", "--work-pool", "episodic", "--json"],
+            [
+                *("prefect", "setup", "--work-pool", "episodic"),
+                *("--notify", "ops", "--approval-wait", "10s", "--json"),
+            ],
             deployer,
             PROJECT,
             program="episodic",
@@ -177,11 +189,12 @@ def test_weekly_deployments_on_a_server_with_two_workers(
                            ("assemble-episode", "assemble"), ("sweep", "sweep")]:  # fmt: skip
             assert read_deployment(server, flow, name)["version"] == weekly["version"]
 
+        slots = _week_46_slots(server, weekly, prefect_database)  # before a worker takes them
         workers = [
             Worker(server, "episodic", cwd=tmp_path, extra_env=episodic).start() for _ in range(2)
         ]
         try:
-            _story(server, weekly, provider_log, database, episodic)
+            _story(server, weekly, slots, provider_log, database, episodic, notifications[1])
         finally:
             for worker in workers:
                 worker.stop()
@@ -204,22 +217,55 @@ def test_weekly_deployments_on_a_server_with_two_workers(
         assert len(_episodes(database)) == 3  # nothing allocated by the refusing worker
 
 
-def _story(
-    server: PrefectServer,
-    weekly: dict[str, Any],
-    provider_log: Path,
-    database: str,
-    episodic: dict[str, str],
-) -> None:
-    from core.keys import slot_key as key_of
+def _week_46_slots(
+    server: PrefectServer, weekly: dict[str, Any], prefect_database: str
+) -> list[dict[str, Any]]:
+    """Both weekly slots of week 46, created by the server's scheduler endpoint, dated as the
+    scheduler service makes a weekly slot's run: days before it starts.
 
-    # 1. Both slots of week 46, and a duplicate dispatch of the first slot.
+    Prefect's server inserts scheduled runs without a state event, yet links a run's next
+    state event to that Scheduled state when the state is less than five minutes old; its
+    triggers service then holds every later event of the run (the Suspended one too) up to
+    15 minutes for the missing one. Runs made seconds before they start, as here, would be
+    notified that late; so their Scheduled states are dated a day back in the server's
+    database, as the scheduler service's runs are."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
     end = WEEK_46 + dt.timedelta(days=7)
     runs_now = trigger_scheduler(server, weekly["id"], start_time=WEEK_46, end_time=end)
     slots = [  # the scheduler service has also scheduled the coming weeks: not these
         r for r in runs_now if WEEK_46 <= dt.datetime.fromisoformat(r["expected_start_time"]) < end
     ]
     assert len(slots) == 2, slots
+    url = make_url(prefect_database).set(drivername="postgresql+psycopg")
+    engine = create_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "UPDATE flow_run_state SET timestamp = timestamp - interval '1 day' "
+                    "WHERE flow_run_id = ANY(CAST(:ids AS uuid[]))"
+                ),
+                {"ids": [r["id"] for r in slots]},
+            )
+    finally:
+        engine.dispose()
+    return slots
+
+
+def _story(
+    server: PrefectServer,
+    weekly: dict[str, Any],
+    slots: list[dict[str, Any]],
+    provider_log: Path,
+    database: str,
+    episodic: dict[str, str],
+    notified: list[dict[str, Any]],
+) -> None:
+    from episodic.core.keys import slot_key as key_of
+
+    # 1. Both slots of week 46, and a duplicate dispatch of the first slot.
     monday, thursday = slots
     slot = dt.datetime.fromisoformat(monday["expected_start_time"])
     slot_key = key_of("weekly", slot)  # the slot's identity: a replay of it
@@ -239,6 +285,14 @@ def _story(
     assert joined[0]["state_name"] == "Joined"
     assert settled[1]["state_type"] == "PAUSED"
     assert first in read_flow_run(server, waiting_first[0]["id"])["name"]
+    # Each run's first wait is notified (`--notify ops --approval-wait 10s`), once, at the
+    # webhook: the automation matches a tag the run carries from its creation.
+    waits = wait_for(notified, "an approval waits", 2)
+    names = sorted(str(r["subject"]) for r in waits)
+    expected = [read_flow_run(server, r["id"])["name"] for r in (waiting_first[0], settled[1])]
+    assert len(waits) == 2 and all(
+        any(name in subject for subject in names) for name in expected
+    ), (names, expected)
 
     # 2. The forms: an empty reviewer is refused before the run resumes; approve assembles.
     for run in (waiting_first[0], settled[1]):

@@ -103,14 +103,11 @@ class TwoMachines:
         """The weekly chain on A's worker alone, until it suspends at its approval form; then
         A's worker stops and A's folder is deleted. Returns the flow run id."""
         weekly = read_deployment(self.server, "weekly-episode", "weekly")
+        shipped = _images_in(self.a.folder)  # the project's own example files
         with self._worker(self.a):
             run = create_flow_run(self.server, weekly["id"], parameters={"week": week})
             wait_for_flow_run(self.server, run["id"], ("PAUSED",), timeout=WAIT_S)
-        local = [
-            p
-            for p in self.a.folder.rglob("*")
-            if p.suffix.lower() in IMAGE_SUFFIXES and ".venv" not in p.parts
-        ]
+        local = sorted(_images_in(self.a.folder) - shipped)
         if local:  # what A bought lives in the store, not on A
             raise TwoMachinesFailed(f"machine A kept images in its folder: {local[:3]}")
         shutil.rmtree(self.a.folder)
@@ -121,7 +118,7 @@ class TwoMachines:
         JPEG that decodes, each the thumbnail of an image object in the S3 store."""
         from PIL import Image
 
-        from pipeline.thumbnails import thumbnail_data_uri
+        from episodic.pipeline.thumbnails import thumbnail_data_uri
 
         run = read_flow_run(self.server, flow_run_id)
         keyset = (run.get("state") or {}).get("state_details", {}).get("run_input_keyset")
@@ -266,11 +263,7 @@ def story(stack: TwoMachines, week: str = "2026-W46", look: Look | None = None) 
 def _machine(name: str, work: Path, shared: dict[str, str], server: PrefectServer) -> Machine:
     copy = make_project_copy(work / f"machine-{name}")
     shutil.copy2(PROJECT / "prefect.yaml", copy.folder / "prefect.yaml")
-    shutil.copytree(
-        PROJECT / "examples",
-        copy.folder / "examples",
-        ignore=shutil.ignore_patterns("legacy", "__pycache__"),
-    )
+    # make_project_copy copied examples/ (the example playlist is package data)
     env = {k: v for k, v in server.env(shared).items() if not k.startswith("EPISODIC_")}
     env.update(shared)
     env["PREFECT_HOME"] = str(copy.folder / ".episodic" / "prefect")  # this machine's own
@@ -341,3 +334,12 @@ def _deployed_from(a: Machine) -> None:
         raise TwoMachinesFailed(
             f"prefect deploy --all on A: {deployed.stdout[-3000:]}{deployed.stderr[-3000:]}"
         )
+
+
+def _images_in(folder: Path) -> set[Path]:
+    """Every image file under `folder`, outside its virtualenv."""
+    return {
+        p
+        for p in folder.rglob("*")
+        if p.suffix.lower() in IMAGE_SUFFIXES and ".venv" not in p.parts
+    }

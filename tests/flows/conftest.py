@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-import tasks  # noqa: F401  (Prefect defaults first)
+import episodic.tasks  # noqa: F401  (Prefect defaults first)
 
 
 @pytest.fixture(scope="session")

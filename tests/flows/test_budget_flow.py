@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from core.ids import WeekId
-from flows.generate import generate_episode
-from pipeline.allocation import allocate
-from pipeline.generation import record_plan
-from storage.engine import make_engine
+from episodic.core.ids import WeekId
+from episodic.flows.generate import generate_episode
+from episodic.pipeline.allocation import allocate
+from episodic.pipeline.episode_plan import record_plan
+from episodic.storage.engine import make_engine
 from tests.generation import write_playlist
 from tests.http_server import PredictionsServer
 from tests.integration.test_budgets import free_profile_billed_in_replies

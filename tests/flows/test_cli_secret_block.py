@@ -32,7 +32,7 @@ def test_providers_check_reads_a_secret_block_through_the_configured_prefect_api
     from prefect.blocks.system import Secret
     from prefect.settings import PREFECT_API_URL
 
-    from cli.app import run
+    from episodic.cli.app import run
 
     Secret(value=TOKEN).save("rep-token", overwrite=True)
     monkeypatch.setenv("PREFECT_API_URL", str(PREFECT_API_URL.value()))

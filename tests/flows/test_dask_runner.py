@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine
 
-from core.ids import WeekId
-from flows.generate import generate_episode
-from pipeline.allocation import allocate
+from episodic.core.ids import WeekId
+from episodic.flows.generate import generate_episode
+from episodic.pipeline.allocation import allocate
 from tests.flows.test_generate_flow import plan
 from tests.generation import jobs_per_key, provider_log
 

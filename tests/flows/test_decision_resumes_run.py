@@ -21,12 +21,12 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.responses import SetStateStatus
 from prefect.settings import PREFECT_API_URL
 
-from flows import local
-from flows.weekly import weekly_episode
-from pipeline.approval import decide
-from storage.approvals import ApprovalStore
-from storage.engine import make_engine
-from storage.episodes import EpisodeRepository
+from episodic.flows import local
+from episodic.flows.weekly import weekly_episode
+from episodic.pipeline.approval import decide
+from episodic.storage.approvals import ApprovalStore
+from episodic.storage.engine import make_engine
+from episodic.storage.episodes import EpisodeRepository
 from tests.flows import test_decisions_stand, test_hero_approval
 from tests.flows.test_prefect_path import _episode_state, _form, _resume
 

@@ -20,11 +20,11 @@ from prefect.client.schemas.responses import SetStateStatus
 from prefect.logging.handlers import APILogWorker
 from prefect.states import Scheduled
 
-from flows import local
-from flows.weekly import weekly_episode
-from pipeline.approval import decide
-from pipeline.generation import record_plan
-from storage.engine import make_engine
+from episodic.flows import local
+from episodic.flows.weekly import weekly_episode
+from episodic.pipeline.approval import decide
+from episodic.pipeline.episode_plan import record_plan
+from episodic.storage.engine import make_engine
 from tests.flows.test_prefect_path import MONDAY, _deploy, _episode_state, _form, _resume
 from tests.generation import submissions_per_item, write_playlist
 

@@ -17,15 +17,15 @@ from prefect.client.orchestration import get_client
 from prefect.states import Completed, Scheduled
 from sqlalchemy import Engine
 
-from core.errors import EpisodeNotFound, IdempotencyKeyReused
-from core.ids import WeekId
-from core.settings import load_settings
-from flows.dispatch import dispatch
-from flows.generate import generate_episode
-from flows.maintenance import cancel_stale, cancel_stuck_flow_runs
-from flows.review import assemble_episode
-from pipeline.allocation import allocate
-from storage.engine import make_engine
+from episodic.core.errors import EpisodeNotFound, IdempotencyKeyReused
+from episodic.core.ids import WeekId
+from episodic.core.settings import load_settings
+from episodic.flows.dispatch import dispatch
+from episodic.flows.generate import generate_episode
+from episodic.flows.maintenance import cancel_stale, cancel_stuck_flow_runs
+from episodic.flows.review import assemble_episode
+from episodic.pipeline.allocation import allocate
+from episodic.storage.engine import make_engine
 
 pytestmark = pytest.mark.slow
 

@@ -11,12 +11,12 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 from sqlalchemy import create_engine, select
 
-from core.ids import WeekId
-from core.runs import Claim
-from flows.generate import generate_episode
-from pipeline.allocation import allocate
-from pipeline.generation import record_plan
-from tasks.generate import generate_item
+from episodic.core.ids import WeekId
+from episodic.core.runs import Claim
+from episodic.flows.generate import generate_episode
+from episodic.pipeline.allocation import allocate
+from episodic.pipeline.episode_plan import record_plan
+from episodic.tasks.generate import generate_item
 from tests.generation import (
     Episode,
     jobs_per_key,
@@ -42,7 +42,7 @@ def episode(harness: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> st
 
 
 def plan(url: str, episode_id: str, folder: Path, titles: list[str]) -> None:
-    from storage.engine import make_engine
+    from episodic.storage.engine import make_engine
 
     engine = make_engine(url)
     record_plan(engine, "weekly", episode_id, write_playlist(folder, titles))
@@ -88,8 +88,8 @@ def test_a_finished_item_is_a_cache_hit_without_the_database_or_provider(
 
     @flow
     def recreated() -> object:  # a re-created flow run asking for the same item again
-        from core.settings import load_settings
-        from tasks.results import result_storage
+        from episodic.core.settings import load_settings
+        from episodic.tasks.results import result_storage
 
         key, ledger_ref = _only_item(harness)
         item = generate_item.with_options(result_storage=result_storage(load_settings()))
@@ -109,10 +109,10 @@ def test_a_copied_database_given_its_own_installation_id_never_reads_the_origina
     creation time); with its own installation id (`db installation --renew`) the item's
     cache key differs, so a task asked for it in staging never reads production's "already
     done" from a shared result store. Before, the key was the row alone: a cache hit."""
-    from core.settings import load_settings
-    from storage.engine import make_engine
-    from storage.installation import renew
-    from tasks.results import result_storage
+    from episodic.core.settings import load_settings
+    from episodic.storage.engine import make_engine
+    from episodic.storage.installation import renew
+    from episodic.tasks.results import result_storage
 
     plan(harness, episode, tmp_path / "p", ["a"])
     generate_episode(episode_id=episode)
@@ -140,7 +140,7 @@ def _copy_of(url: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
     from sqlalchemy import make_url, text
 
-    from storage.registry import dispose_all
+    from episodic.storage.registry import dispose_all
     from tests.databases import terminate_other_sessions
 
     dispose_all()
@@ -161,10 +161,10 @@ def _copy_of(url: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 def _only_item(url: str) -> tuple[str, str]:
-    from storage.engine import make_engine
-    from storage.installation import installation_id
-    from storage.runs import RunStore
-    from tasks.generate import ledger_ref
+    from episodic.storage.engine import make_engine
+    from episodic.storage.installation import installation_id
+    from episodic.storage.runs import RunStore
+    from episodic.tasks.generate import ledger_ref
 
     engine = make_engine(url)
     store = RunStore(engine)
@@ -214,7 +214,7 @@ def test_the_flow_reads_the_credential_from_a_secret_block_and_pays_over_http(
             allocate(engine, "weekly", WeekId.parse("2026-W32"), "secret").episode.episode_id
         )
         engine.dispose()
-        from storage.engine import make_engine
+        from episodic.storage.engine import make_engine
 
         db = make_engine(harness)
         record_plan(
@@ -290,7 +290,7 @@ def test_cancelling_the_flow_run_pauses_the_run_and_resume_pays_once(
         "EPISODIC_FAKE_DELAY_MS": "2000",
     }
     code = (
-        "import tasks\nfrom flows.generate import generate_episode\n"
+        "import episodic.tasks\nfrom episodic.flows.generate import generate_episode\n"
         f"generate_episode(episode_id={episode!r}, concurrency=2)\n"
     )
     process = subprocess.Popen(
@@ -307,8 +307,8 @@ def test_cancelling_the_flow_run_pauses_the_run_and_resume_pays_once(
     process.send_signal(signal.SIGTERM)
     process.communicate(timeout=90)
 
-    from storage.engine import make_engine
-    from storage.runs import RunStore
+    from episodic.storage.engine import make_engine
+    from episodic.storage.runs import RunStore
 
     engine = make_engine(harness)
     store = RunStore(engine)
@@ -319,7 +319,7 @@ def test_cancelling_the_flow_run_pauses_the_run_and_resume_pays_once(
     assert any(i.error_text == "interrupted" and i.state == "failed" for i in items)
     before = submissions_per_item()
     resumed = subprocess.run(
-        [sys.executable, "-m", "cli.app", "runs", "resume", run.run_id, "--json"],
+        [sys.executable, "-m", "episodic.cli.app", "runs", "resume", run.run_id, "--json"],
         env={**os.environ, "EPISODIC_FAKE_DELAY_MS": "0"},
         capture_output=True,
         text=True,
@@ -381,10 +381,10 @@ def test_an_item_task_that_fails_before_its_work_leaves_no_intent_behind(
     # the claim and takes the item back once (nothing was sent); when that fails too, the
     # next run submits the item normally instead of reconciling it (which a provider that
     # can neither look jobs up nor dedupe creates would leave to an operator).
-    import tasks.generate as item_tasks
-    from core.errors import ProviderConfigError
-    from storage.engine import make_engine
-    from storage.models import SubmissionRow
+    import episodic.tasks.generate as item_tasks
+    from episodic.core.errors import ProviderConfigError
+    from episodic.storage.engine import make_engine
+    from episodic.storage.models import SubmissionRow
 
     plan(harness, episode, tmp_path / "p", ["a", "b"])
     real = item_tasks.item_runner
@@ -417,7 +417,7 @@ def test_a_worker_rebuilds_its_engine_when_the_episode_moves_to_another_profile(
     # A long-lived worker (a Dask process) caches each episode's engine. A claim made under
     # another provider profile (the episode was re-planned) gets an engine for the current
     # plan; a claim made under the profile the plan no longer uses is refused before it loads.
-    from tasks.process import ItemNotCompleted, item_runner
+    from episodic.tasks.process import ItemNotCompleted, item_runner
 
     profiles = tmp_path / "providers.yaml"
     profiles.write_text(
@@ -468,7 +468,7 @@ def test_the_progress_artifact_is_published_off_the_dispatching_thread(
     import threading
     import time
 
-    import flows.artifacts as artifacts
+    import episodic.flows.artifacts as artifacts
 
     plan(harness, episode, tmp_path / "p", ["a", "b", "c", "d"])
     in_flight, release = threading.Event(), threading.Event()
@@ -493,7 +493,7 @@ def test_the_progress_artifact_is_published_off_the_dispatching_thread(
     monkeypatch.setattr(artifacts, "upsert_artifact", create)
     monkeypatch.setattr(artifacts, "update_progress_artifact", slow_update)
     monkeypatch.setattr(artifacts.EpisodeProgress, "MIN_INTERVAL_S", 0.0)
-    from storage.engine import make_engine
+    from episodic.storage.engine import make_engine
 
     engine = make_engine(harness)
 
@@ -521,7 +521,7 @@ def test_the_progress_artifact_is_published_off_the_dispatching_thread(
 def test_a_progress_artifact_that_cannot_be_published_never_fails_the_run(
     harness: str, episode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import flows.artifacts as artifacts
+    import episodic.flows.artifacts as artifacts
 
     def broken(*args: object, **kwargs: object) -> object:
         raise RuntimeError("the API is down")
@@ -578,7 +578,7 @@ def test_no_progress_update_follows_the_final_figure(
 
     from prefect.artifacts import Artifact
 
-    import flows.artifacts as artifacts
+    import episodic.flows.artifacts as artifacts
 
     plan(harness, episode, tmp_path / "p", ["a", "b"])
     from prefect.artifacts import create_progress_artifact
@@ -600,7 +600,7 @@ def test_no_progress_update_follows_the_final_figure(
 
     monkeypatch.setattr(artifacts, "upsert_artifact", create)
     monkeypatch.setattr(artifacts, "update_progress_artifact", slow_update)
-    from storage.engine import make_engine
+    from episodic.storage.engine import make_engine
 
     engine = make_engine(harness)
     key = f"episode-{episode.lower()}-progress"
@@ -670,21 +670,21 @@ def test_buying_a_cancelled_job_anew_keeps_to_the_per_run_cap_on_both_paths(
     no --max-cost or --max-images given): the item fails and nothing is bought, through the
     Python API and through the flow alike. (The flow built its options apart and its item
     tasks ran without the cap: they bought the item again.) Counted at the fake provider."""
-    from core.planning import RunOptions
-    from core.settings import load_settings
-    from core.states import RunState
-    from pipeline.cancel import cancel_run
-    from pipeline.gate import EnvironmentCredentials
-    from pipeline.generation import generate
-    from pipeline.runner import new_owner
-    from providers.base import ImageRequest
-    from providers.fake import FakeProvider
-    from storage.claims import ClaimStore
-    from storage.engine import make_engine
-    from storage.leases import LeaseStore
-    from storage.ledger import LedgerStore
-    from storage.models import ItemRow
-    from storage.runs import RunStore
+    from episodic.core.planning import RunOptions
+    from episodic.core.settings import load_settings
+    from episodic.core.states import RunState
+    from episodic.pipeline.cancel import cancel_run
+    from episodic.pipeline.gate import EnvironmentCredentials
+    from episodic.pipeline.generation import generate
+    from episodic.pipeline.runner import new_owner
+    from episodic.providers.base import ImageRequest
+    from episodic.providers.fake import FakeProvider
+    from episodic.storage.claims import ClaimStore
+    from episodic.storage.engine import make_engine
+    from episodic.storage.leases import LeaseStore
+    from episodic.storage.ledger import LedgerStore
+    from episodic.storage.models import ItemRow
+    from episodic.storage.runs import RunStore
     from tests.generation import new_run
 
     engine = make_engine(harness)

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from prefect.client.schemas.responses import SetStateStatus
 
-from flows import local
-from flows.weekly import weekly_episode
-from storage.approvals import ApprovalStore
-from storage.engine import make_engine
-from storage.episodes import EpisodeRepository
+from episodic.flows import local
+from episodic.flows.weekly import weekly_episode
+from episodic.storage.approvals import ApprovalStore
+from episodic.storage.engine import make_engine
+from episodic.storage.episodes import EpisodeRepository
 from tests.flows.test_prefect_path import MONDAY, _deploy, _episode_state, _form, _resume
 from tests.generation import jobs_per_key, stored_image, write_playlist
 
@@ -125,8 +125,8 @@ def test_reordering_the_hero_videos_while_the_form_waits_asks_again(
     names the videos its fields stand for: the old answer is not applied, a new form asks."""
     import yaml
 
-    from pipeline.generation import record_plan
-    from storage.episodes import EpisodeRepository
+    from episodic.pipeline.episode_plan import record_plan
+    from episodic.storage.episodes import EpisodeRepository
     from tests.generation import Episode
 
     engine = make_engine(harness)

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from prefect import flow
 
-from flows.generate import generate_episode
-from tasks.generate import generate_item
+from episodic.flows.generate import generate_episode
+from episodic.tasks.generate import generate_item
 from tests.flows.test_generate_flow import plan
 from tests.generation import provider_log, submissions_per_item
 from tests.s3_server import S3Server
@@ -26,8 +26,8 @@ pytestmark = pytest.mark.slow
 def episode(harness: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     from sqlalchemy import create_engine
 
-    from core.ids import WeekId
-    from pipeline.allocation import allocate
+    from episodic.core.ids import WeekId
+    from episodic.pipeline.allocation import allocate
 
     monkeypatch.setenv("EPISODIC_FAKE_PROVIDER_LOG", str(tmp_path / "provider.jsonl"))
     engine = create_engine(harness)
@@ -57,9 +57,9 @@ def test_setup_saves_the_media_stores_result_block_idempotently(
     from prefect.blocks.core import Block
     from prefect.filesystems import RemoteFileSystem
 
-    from core.settings import load_settings
-    from deployments.setup import prefect_setup
-    from tasks.results import media_results, result_storage
+    from episodic.core.settings import load_settings
+    from episodic.deployments.setup import prefect_setup
+    from episodic.tasks.results import media_results, result_storage
 
     shared = media_results(load_settings())
     assert shared is not None and shared.basepath == f"s3://{s3_media}/media/prefect-results"
@@ -84,8 +84,8 @@ def test_setup_saves_the_media_stores_result_block_idempotently(
 def test_an_explicit_result_storage_setting_wins_over_the_media_store(
     harness: str, s3_media: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from core.settings import load_settings
-    from tasks.results import result_storage
+    from episodic.core.settings import load_settings
+    from episodic.tasks.results import result_storage
 
     monkeypatch.setenv("EPISODIC_RESULT_STORAGE", "local-file-system/ours")
     assert result_storage(load_settings()) == "local-file-system/ours"
@@ -112,9 +112,9 @@ def test_a_flow_run_on_another_machine_finds_the_results_in_the_media_store(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from core.settings import load_settings
-    from deployments.setup import prefect_setup
-    from tasks.results import result_storage
+    from episodic.core.settings import load_settings
+    from episodic.deployments.setup import prefect_setup
+    from episodic.tasks.results import result_storage
 
     prefect_setup()
     plan(harness, episode, tmp_path / "p", ["a", "b"])
@@ -142,10 +142,10 @@ def test_a_flow_run_on_another_machine_finds_the_results_in_the_media_store(
 
 
 def _first_item(url: str) -> tuple[str, str]:
-    from storage.engine import make_engine
-    from storage.installation import installation_id
-    from storage.runs import RunStore
-    from tasks.generate import ledger_ref
+    from episodic.storage.engine import make_engine
+    from episodic.storage.installation import installation_id
+    from episodic.storage.runs import RunStore
+    from episodic.tasks.generate import ledger_ref
 
     engine = make_engine(url)
     store = RunStore(engine)

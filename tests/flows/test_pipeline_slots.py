@@ -16,12 +16,12 @@ import pytest
 from prefect.schedules import Cron
 from sqlalchemy import update
 
-from flows import local
-from flows.weekly import weekly_episode
-from pipeline.slot_warnings import schedule_warnings
-from storage.engine import make_engine
-from storage.episodes import EpisodeRepository
-from storage.models import EpisodeRow
+from episodic.flows import local
+from episodic.flows.weekly import weekly_episode
+from episodic.pipeline.slot_warnings import schedule_warnings
+from episodic.storage.engine import make_engine
+from episodic.storage.episodes import EpisodeRepository
+from episodic.storage.models import EpisodeRow
 from tests.generation import made_jobs_per_key, write_playlist
 
 pytestmark = pytest.mark.slow
@@ -65,6 +65,11 @@ def test_two_deployments_scheduling_one_pipeline_get_one_episode_and_pay_once(
     assert local.execute(weekly_episode, second.id).result() == "2026-W32-0"
     (joined,) = [r for r in caplog.records if "scheduled by 2 deployments" in r.getMessage()]
     assert str(getattr(joined, "flow_run_id", None)) == str(second.id)  # the run that joined
+    said = [r.getMessage() for r in caplog.records]
+    assert "plan of 2026-W32-0 recorded: 2 images for 2 videos, provider profile fake" in (
+        " ".join(said)
+    )
+    assert not [m for m in said if "{'" in m or "': " in m]  # words, never a Python dict
     assert episodes(harness) == {"slot:weekly:2026-08-03T09:00:00Z": "2026-W32-0"}
     jobs = made_jobs_per_key()
     assert len(jobs) == 2 and set(jobs.values()) == {1}  # one provider job per image

@@ -20,10 +20,10 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.responses import SetStateStatus
 from prefect.schedules import Cron
 
-from flows import local
-from flows.weekly import weekly_episode
-from storage.engine import make_engine
-from storage.episodes import EpisodeRepository
+from episodic.flows import local
+from episodic.flows.weekly import weekly_episode
+from episodic.storage.engine import make_engine
+from episodic.storage.episodes import EpisodeRepository
 from tests.generation import submissions_per_item, write_playlist
 
 pytestmark = pytest.mark.slow
@@ -193,7 +193,7 @@ def test_artifacts_describe_the_episode_not_the_last_run(harness: str, waiting: 
     cost, progress reads 100%, and the assembly record shows the cover."""
     from prefect.artifacts import Artifact
 
-    from flows.generate import generate_episode
+    from episodic.flows.generate import generate_episode
 
     generate_episode(episode_id="2026-W32-0")  # a resume with nothing to do
     cost = Artifact.get("episode-2026-w32-0-cost")
@@ -210,7 +210,7 @@ def test_artifacts_describe_the_episode_not_the_last_run(harness: str, waiting: 
 
 
 def test_flow_runs_are_named_after_the_episode(harness: str, waiting: Any) -> None:
-    from flows.generate import generate_episode
+    from episodic.flows.generate import generate_episode
 
     with get_client(sync_client=True) as client:
         assert client.read_flow_run(waiting.id).name == "weekly 2026-W32-0 · Mon 09:00 UTC"
@@ -223,9 +223,9 @@ def test_flow_runs_are_named_after_the_episode(harness: str, waiting: Any) -> No
 def test_failure_messages_in_prefect_name_the_deployment_not_a_cli_command(
     harness: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from core.ids import WeekId
-    from flows.generate import generate_episode
-    from pipeline.allocation import allocate
+    from episodic.core.ids import WeekId
+    from episodic.flows.generate import generate_episode
+    from episodic.pipeline.allocation import allocate
 
     engine = make_engine(harness)
     allocate(engine, "weekly", WeekId.parse("2026-W32"), "unplanned")
@@ -245,7 +245,7 @@ def test_the_week_comes_from_the_recorded_timezone_even_without_the_variable(
 ) -> None:
     """The seed's case: Monday 00:30 Berlin (ISO week 46) on a worker without
     EPISODIC_TIMEZONE was allocated as 2026-W45. The zone recorded for the pipeline wins."""
-    from pipeline.pipelines import set_timezone
+    from episodic.pipeline.pipelines import set_timezone
 
     engine = make_engine(harness)
     set_timezone(engine, "weekly", "Europe/Berlin")
@@ -261,7 +261,7 @@ def test_the_week_comes_from_the_recorded_timezone_even_without_the_variable(
 def test_a_worker_whose_timezone_disagrees_refuses_before_allocating(
     harness: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pipeline.pipelines import set_timezone
+    from episodic.pipeline.pipelines import set_timezone
 
     engine = make_engine(harness)
     set_timezone(engine, "weekly", "Europe/Berlin")
@@ -281,9 +281,9 @@ def test_setup_is_idempotent_and_serve_and_deploy_never_take_over_each_other(
 ) -> None:
     from prefect.client.schemas.actions import WorkPoolCreate
 
-    from core.errors import ProviderConfigError
-    from deployments.serve import all_deployments
-    from deployments.setup import prefect_setup
+    from episodic.core.errors import ProviderConfigError
+    from episodic.deployments.serve import all_deployments
+    from episodic.deployments.setup import prefect_setup
 
     monkeypatch.setenv("EPISODIC_TIMEZONE", "Europe/Berlin")
     first = prefect_setup(mode="serve")
@@ -326,7 +326,7 @@ def test_a_run_of_an_already_decided_episode_follows_the_decision_without_a_form
 ) -> None:
     """Decided on the command line while the form waited: a duplicate run of the episode
     shows no empty form; it follows the decision (approve: assembles) and ends green."""
-    from pipeline.approval import decide
+    from episodic.pipeline.approval import decide
 
     engine = make_engine(harness)
     decide(engine, "weekly", "2026-W32-0", approve=True, by="cli", note=None)
@@ -351,8 +351,8 @@ def test_a_conflicting_answer_after_a_decision_elsewhere_follows_the_decision(
     """The form waits; someone approves on the command line; the form is then answered
     "reject": the run does not stick, nor drop the answer silently (issue 32): it waits
     again with a form saying so; answered with the recorded approval, it assembles."""
-    from pipeline.approval import decide
-    from storage.approvals import ApprovalStore
+    from episodic.pipeline.approval import decide
+    from episodic.storage.approvals import ApprovalStore
 
     engine = make_engine(harness)
     decide(engine, "weekly", "2026-W32-0", approve=True, by="cli", note=None)
@@ -374,7 +374,7 @@ def test_a_conflicting_answer_after_a_decision_elsewhere_follows_the_decision(
 def test_an_answer_to_a_form_whose_images_changed_is_explained(
     harness: str, waiting: Any, tmp_path: Path
 ) -> None:
-    from pipeline.generation import record_plan
+    from episodic.pipeline.episode_plan import record_plan
 
     engine = make_engine(harness)
     record_plan(engine, "weekly", "2026-W32-0", write_playlist(tmp_path / "b", ["a", "NEW"]))
@@ -414,7 +414,7 @@ def test_a_scheduled_run_refuses_when_the_schedule_is_in_another_zone_than_the_r
 ) -> None:
     """`pipelines set-timezone` without a redeploy: the run refuses instead of allocating
     its slot in another week."""
-    from pipeline.pipelines import set_timezone
+    from episodic.pipeline.pipelines import set_timezone
 
     engine = make_engine(harness)
     set_timezone(engine, "weekly", "Pacific/Honolulu")
@@ -431,9 +431,9 @@ def test_a_scheduled_run_refuses_when_the_schedule_is_in_another_zone_than_the_r
 def test_serve_refuses_a_playlist_it_cannot_read_and_another_pipeline_s_deployments(
     harness: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from core.errors import InvalidInput, ProviderConfigError
-    from deployments.serve import all_deployments, serve_all
-    from deployments.setup import prefect_setup
+    from episodic.core.errors import InvalidInput, ProviderConfigError
+    from episodic.deployments.serve import all_deployments, serve_all
+    from episodic.deployments.setup import prefect_setup
 
     monkeypatch.chdir(tmp_path)
     with pytest.raises(InvalidInput, match=r"playlist examples/playlist\.yaml not found"):

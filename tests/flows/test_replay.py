@@ -16,8 +16,8 @@ import pytest
 from prefect.client.orchestration import get_client
 from prefect.schedules import Cron
 
-from flows import local
-from flows.weekly import weekly_episode
+from episodic.flows import local
+from episodic.flows.weekly import weekly_episode
 from tests.acceptance.conftest import EPISODIC
 from tests.generation import made_jobs_per_key, write_playlist
 

@@ -11,8 +11,8 @@ from uuid import uuid4
 import pytest
 from prefect.schedules import Cron
 
-from flows import local
-from flows.weekly import weekly_episode
+from episodic.flows import local
+from episodic.flows.weekly import weekly_episode
 
 pytestmark = pytest.mark.slow
 
@@ -49,3 +49,25 @@ def test_lines_after_the_rename_and_every_line_of_a_retry_carry_the_episode_name
     assert local.retry(weekly_episode, run.id).result() == "2026-W32-0"
     retried = names(caplog, run.id)
     assert retried and {line_name for line_name, _ in retried} == {EPISODE_NAME}, retried
+
+
+def test_a_run_a_person_started_is_named_a_manual_run_not_a_slot(
+    harness: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Quick run (created from the deployment, not by its schedule) has no slot: its name
+    says it is a manual run until allocation renames it after its episode."""
+    from prefect.client.orchestration import get_client
+
+    caplog.set_level(logging.INFO)
+    name = f"manual-{uuid4().hex[:8]}"
+    deployment = local.apply_deployment(
+        weekly_episode, name, Cron("0 9 * * 1", timezone="UTC", slug=f"{name}-monday")
+    )
+    with get_client(sync_client=True) as client:  # what the UI's Quick run does
+        run = client.create_flow_run_from_deployment(deployment)
+    assert not run.auto_scheduled
+    local.execute(weekly_episode, run.id)
+    lines = names(caplog, run.id)
+    first = lines[0][0]
+    assert first.startswith("weekly manual run ") and first.endswith(" UTC"), lines[0]
+    assert "slot" not in first

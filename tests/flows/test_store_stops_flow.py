@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, text
 
-from core.ids import WeekId
-from flows.generate import generate_episode
-from pipeline.allocation import allocate
-from pipeline.generation import record_plan
-from storage.engine import make_engine
+from episodic.core.ids import WeekId
+from episodic.flows.generate import generate_episode
+from episodic.pipeline.allocation import allocate
+from episodic.pipeline.episode_plan import record_plan
+from episodic.storage.engine import make_engine
 from tests.fs_faults import can_mount, read_only_folder
 from tests.generation import image_keys, jobs_per_key, write_playlist
 

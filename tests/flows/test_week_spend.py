@@ -11,10 +11,10 @@ import pytest
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 
-from core.ids import WeekId
-from core.money import format_money
-from flows.artifacts import week_spend_key
-from flows.weekly import weekly_episode
+from episodic.core.ids import WeekId
+from episodic.core.money import format_money
+from episodic.flows.artifacts import week_spend_key
+from episodic.flows.weekly import weekly_episode
 from tests.generation import provider_log, write_playlist
 
 pytestmark = pytest.mark.slow

@@ -16,10 +16,10 @@ from prefect.client.orchestration import get_client
 from prefect.flow_runs import resume_flow_run
 from prefect.schedules import Cron
 
-from flows import local
-from flows.weekly import weekly_episode
-from storage.engine import make_engine
-from storage.episodes import EpisodeRepository
+from episodic.flows import local
+from episodic.flows.weekly import weekly_episode
+from episodic.storage.engine import make_engine
+from episodic.storage.episodes import EpisodeRepository
 from tests.generation import provider_log, stored_image, submissions_per_item, write_playlist
 
 pytestmark = pytest.mark.slow
@@ -99,7 +99,7 @@ def test_editing_the_playlist_while_the_run_waits_changes_nothing_it_ships(
     file. Approve assembles exactly the images the reviewer saw; nothing more is paid."""
     import json
 
-    from storage.approvals import ApprovalStore
+    from episodic.storage.approvals import ApprovalStore
 
     write_playlist(tmp_path / "pl", ["a", "EDITED WHILE WAITING", "extra"])  # same file
     paid_before = dict(submissions_per_item())
@@ -124,7 +124,7 @@ def test_a_replan_while_the_run_waits_makes_it_ask_again_instead_of_approving(
     """Another operator re-plans the waiting episode: the reviewer's answer was about the
     old images, so the resumed run (which generates the new plan) asks again with a new form;
     nothing is approved or assembled that the form did not show."""
-    from pipeline.generation import record_plan
+    from episodic.pipeline.episode_plan import record_plan
 
     engine = make_engine(harness)
     record_plan(engine, "weekly", "2026-W32-0", write_playlist(tmp_path / "b", ["a", "NEW"]))
@@ -146,9 +146,9 @@ def test_reject_from_the_ui_records_it_and_does_not_assemble(harness: str, suspe
 
 
 def test_review_flows_refuse_episodes_in_the_wrong_state(harness: str) -> None:
-    from core.ids import WeekId
-    from flows.review import approve_episode, assemble_episode
-    from pipeline.allocation import allocate
+    from episodic.core.ids import WeekId
+    from episodic.flows.review import approve_episode, assemble_episode
+    from episodic.pipeline.allocation import allocate
 
     engine = make_engine(harness)
     allocate(engine, "weekly", WeekId.parse("2026-W32"), "never-generated")

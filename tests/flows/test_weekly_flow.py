@@ -17,12 +17,12 @@ from prefect.client.orchestration import get_client
 from prefect.schedules import Cron
 from sqlalchemy import create_engine
 
-import tasks.allocate
-from core.errors import NoInvocationIdentity
-from core.ids import WeekId
-from flows import local
-from flows.weekly import weekly_episode
-from storage.episodes import EpisodeRepository
+import episodic.tasks.allocate
+from episodic.core.errors import NoInvocationIdentity
+from episodic.core.ids import WeekId
+from episodic.flows import local
+from episodic.flows.weekly import weekly_episode
+from episodic.storage.episodes import EpisodeRepository
 
 pytestmark = pytest.mark.slow
 
@@ -74,7 +74,7 @@ def test_flow_retries_after_a_crash_past_the_commit_get_the_same_episode(
     harness: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The first attempt commits the allocation, then dies; Prefect's retry finds it again."""
-    real_allocate = tasks.allocate.allocate
+    real_allocate = episodic.tasks.allocate.allocate
     calls: list[bool] = []
 
     def crash_after_first_commit(*args, **kwargs):  # type: ignore[no-untyped-def]
@@ -84,7 +84,7 @@ def test_flow_retries_after_a_crash_past_the_commit_get_the_same_episode(
             raise RuntimeError("worker lost after the commit")
         return allocation
 
-    monkeypatch.setattr(tasks.allocate, "allocate", crash_after_first_commit)
+    monkeypatch.setattr(episodic.tasks.allocate, "allocate", crash_after_first_commit)
     (monday, _thursday) = slots(deploy("retrying"))
     state = local.execute(weekly_episode.with_options(retry_delay_seconds=0), monday.id)
     assert state.is_completed()
@@ -152,8 +152,8 @@ def test_a_conflicting_explicit_key_fails_the_flow_and_writes_nothing(harness: s
 
 
 def test_the_key_cannot_be_derived_outside_a_flow_run() -> None:
-    from core.keys import derive_allocation_key
-    from flows.invocation import current_invocation
+    from episodic.core.keys import derive_allocation_key
+    from episodic.flows.invocation import current_invocation
 
     assert current_invocation() is None
     with pytest.raises(NoInvocationIdentity):
@@ -161,8 +161,8 @@ def test_the_key_cannot_be_derived_outside_a_flow_run() -> None:
 
 
 def test_the_weekly_flow_plans_from_a_playlist_parameter(harness: str, tmp_path: Path) -> None:
-    from storage.engine import make_engine
-    from storage.plans import PlanStore
+    from episodic.storage.engine import make_engine
+    from episodic.storage.plans import PlanStore
     from tests.generation import write_playlist
 
     playlist = write_playlist(tmp_path / "pl", ["a", "b"])

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import sys
 
-from core.ids import WeekId
-from pipeline.allocation import allocate
-from storage.engine import make_engine
+from episodic.core.ids import WeekId
+from episodic.pipeline.allocation import allocate
+from episodic.storage.engine import make_engine
 
 
 def main() -> None:

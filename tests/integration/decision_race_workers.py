@@ -18,9 +18,9 @@ def pick_worker(
 ) -> None:
     """Per trial: decide one generated episode (`decision` "approve" with `picks`, or
     "reject") at the same moment as another process; answers (episode, outcome, message)."""
-    from core.errors import CommandNotAllowed
-    from pipeline.approval import decide
-    from storage.engine import make_engine
+    from episodic.core.errors import CommandNotAllowed
+    from episodic.pipeline.approval import decide
+    from episodic.storage.engine import make_engine
 
     engine = make_engine(url)
     out: list[Any] = []

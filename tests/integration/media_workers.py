@@ -11,8 +11,8 @@ def put_worker(barrier: Any, url: str, env: dict[str, str], content: bytes, resu
     """Released with every other worker, store the same image; report what the store said."""
     os.environ.update(env)
     try:
-        from pipeline.media import prove_image
-        from storage.media import MediaStore
+        from episodic.pipeline.media import prove_image
+        from episodic.storage.media import MediaStore
 
         store = MediaStore.open(url, timeout_s=10, attempts=3)
         image = prove_image(content)
@@ -32,8 +32,8 @@ def full_disk_worker(folder: str, content: bytes, limit_bytes: int, results: Any
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
     try:
-        from pipeline.media import prove_image
-        from storage.media import MediaStore
+        from episodic.pipeline.media import prove_image
+        from episodic.storage.media import MediaStore
 
         store = MediaStore.open(folder)
         store.put_image(prove_image(content))
@@ -46,10 +46,10 @@ def adopt_worker(barrier: Any, db_url: str, store_url: str, results: Any) -> Non
     """Released with the other worker, adopt `store_url` as the database's media store
     (what the first writing command does); report the recorded store id or the refusal."""
     try:
-        from core.errors import WrongMediaStore
-        from storage.engine import make_engine
-        from storage.media import MediaStore
-        from storage.store_identity import verify
+        from episodic.core.errors import WrongMediaStore
+        from episodic.storage.engine import make_engine
+        from episodic.storage.media import MediaStore
+        from episodic.storage.store_identity import verify
 
         engine = make_engine(db_url)
         store = MediaStore.open(store_url, timeout_s=10, attempts=3)

@@ -11,7 +11,7 @@ from typing import Any
 
 
 def _engine(url: str) -> Any:
-    from storage.engine import make_engine
+    from episodic.storage.engine import make_engine
 
     return make_engine(url)
 
@@ -20,11 +20,11 @@ def claim_worker(
     barrier: Any, url: str, home: str, trials: list[tuple[int, str]], results: Any
 ) -> None:
     """Per trial: claim one item of a running run; the winner makes the paid call."""
-    from core.runs import Claim
-    from pipeline.runner import new_owner
-    from providers.base import ImageRequest
-    from providers.fake import FakeProvider
-    from storage.claims import ClaimStore
+    from episodic.core.runs import Claim
+    from episodic.pipeline.runner import new_owner
+    from episodic.providers.base import ImageRequest
+    from episodic.providers.fake import FakeProvider
+    from episodic.storage.claims import ClaimStore
 
     claims = ClaimStore(_engine(url))
     provider = FakeProvider(profile_id="fake", state_dir=Path(home) / "fake-provider")
@@ -112,8 +112,8 @@ def run_worker(barrier: Any, url: str, episode_id: str, run_id: str, results: An
 
 def cancel_worker(barrier: Any, url: str, run_id: str, delay_s: float, results: Any) -> None:
     """Cancel the run `delay_s` after the release, as `episodic runs cancel` does."""
-    from core.states import RunState
-    from storage.runs import RunStore
+    from episodic.core.states import RunState
+    from episodic.storage.runs import RunStore
 
     store = RunStore(_engine(url))
     barrier.wait(timeout=120)
@@ -129,8 +129,8 @@ def decide_worker(
     barrier: Any, url: str, episode_ids: list[str], approve: bool, results: Any
 ) -> None:
     """Per trial: approve (or reject) one generated episode at the same moment as another."""
-    from core.errors import CommandNotAllowed
-    from pipeline.approval import decide
+    from episodic.core.errors import CommandNotAllowed
+    from episodic.pipeline.approval import decide
 
     engine = _engine(url)
     out: list[Any] = []
@@ -191,7 +191,7 @@ def admit_worker(
 
     os.environ["EPISODIC_HOME"] = home
     os.environ["EPISODIC_DATABASE_URL"] = url
-    from storage.engine import make_engine
+    from episodic.storage.engine import make_engine
     from tests.generation import admit
 
     # Postgres allows 100 sessions here: 200 callers share 2 connections per process, as
@@ -242,8 +242,8 @@ def sweep_worker(barrier: Any, url: str, home: str, results: Any) -> None:
     import os
 
     os.environ["EPISODIC_HOME"] = home
-    from core.settings import load_settings
-    from pipeline.sweep import sweep
+    from episodic.core.settings import load_settings
+    from episodic.pipeline.sweep import sweep
 
     engine = _engine(url)
     settings = load_settings()
@@ -259,9 +259,9 @@ def timezone_worker(barrier: Any, url: str, pipeline: str, zone: str, results: A
     """First use of a pipeline's timezone from a process with EPISODIC_TIMEZONE=zone."""
     import os
 
-    from core.errors import TimezoneMismatch
-    from core.settings import Settings
-    from pipeline.pipelines import pipeline_config
+    from episodic.core.errors import TimezoneMismatch
+    from episodic.core.settings import Settings
+    from episodic.pipeline.pipelines import pipeline_config
 
     os.environ["EPISODIC_TIMEZONE"] = zone
     engine = _engine(url)
@@ -289,8 +289,8 @@ def lock_order_worker(
     batch, in the order given (a dispatcher filling its free slots), or ``renew`` every claim
     of `owner` (a heartbeat). Returns the errors seen (a deadlock aborts one of the
     transactions in it)."""
-    from storage.claims import ClaimStore
-    from storage.leases import LeaseStore
+    from episodic.storage.claims import ClaimStore
+    from episodic.storage.leases import LeaseStore
 
     engine = _engine(url)
     claims, leases = ClaimStore(engine), LeaseStore(engine)
@@ -330,9 +330,9 @@ def membership_worker(
     os.environ["EPISODIC_DATABASE_URL"] = url
     from sqlalchemy import select
 
-    from core.states import ItemState, RunState
-    from storage.models import ItemRow, RunItemRow
-    from storage.runs import RunStore
+    from episodic.core.states import ItemState, RunState
+    from episodic.storage.models import ItemRow, RunItemRow
+    from episodic.storage.runs import RunStore
     from tests.generation import admit
 
     engine = _engine(url)
@@ -391,7 +391,7 @@ def renew_or_admit_worker(
 
     os.environ["EPISODIC_HOME"] = home
     os.environ["EPISODIC_DATABASE_URL"] = url
-    from storage.leases import LeaseStore
+    from episodic.storage.leases import LeaseStore
     from tests.generation import admit
 
     engine = _engine(url)

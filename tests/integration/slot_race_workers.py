@@ -9,9 +9,9 @@ from typing import Any
 
 def slot_worker(barrier: Any, url: str, trials: list[tuple[str, str | None]], results: Any) -> None:
     """Per trial: allocate the slot's key as the named deployment's scheduled run would."""
-    from core.ids import WeekId
-    from pipeline.allocation import allocate
-    from storage.engine import make_engine
+    from episodic.core.ids import WeekId
+    from episodic.pipeline.allocation import allocate
+    from episodic.storage.engine import make_engine
 
     engine = make_engine(url)
     out: list[Any] = []

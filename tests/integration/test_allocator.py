@@ -9,11 +9,11 @@ import sys
 import pytest
 from sqlalchemy import Engine, func, select, text, update
 
-from core.errors import AllocationConflict, InvalidInput
-from core.ids import WeekId
-from storage.allocator import Allocator
-from storage.episodes import EpisodeRepository
-from storage.models import EpisodeEventRow, EpisodeRow
+from episodic.core.errors import AllocationConflict, InvalidInput
+from episodic.core.ids import WeekId
+from episodic.storage.allocator import Allocator
+from episodic.storage.episodes import EpisodeRepository
+from episodic.storage.models import EpisodeEventRow, EpisodeRow
 
 W32 = WeekId.parse("2026-W32")
 W33 = WeekId.parse("2026-W33")
@@ -51,7 +51,7 @@ def test_the_same_key_returns_the_same_episode_from_a_new_process(
         [
             sys.executable,
             "-m",
-            "cli.app",
+            "episodic.cli.app",
             "allocate",
             "--key",
             "scheduled:slot-1",

@@ -24,17 +24,17 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from core.errors import CommandNotAllowed
-from core.ids import WeekId
-from core.settings import load_settings
-from pipeline.allocation import allocate
-from pipeline.approval import decide, reopen
-from pipeline.assembly import assemble
-from storage.approvals import ApprovalStore
-from storage.engine import make_engine
-from storage.episodes import EpisodeRepository
-from storage.plans import PlanStore
-from storage.schema import ensure_schema
+from episodic.core.errors import CommandNotAllowed
+from episodic.core.ids import WeekId
+from episodic.core.settings import load_settings
+from episodic.pipeline.allocation import allocate
+from episodic.pipeline.approval import decide, reopen
+from episodic.pipeline.assembly import assemble
+from episodic.storage.approvals import ApprovalStore
+from episodic.storage.engine import make_engine
+from episodic.storage.episodes import EpisodeRepository
+from episodic.storage.plans import PlanStore
+from episodic.storage.schema import ensure_schema
 from tests.generation import Episode, stored_image, write_playlist
 
 PLANS = [["one", "two"], ["one", "TWO"], ["uno", "two", "three"]]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from core.errors import InvalidInput
+from episodic.core.errors import InvalidInput
 from tests.generation import Episode
 from tests.integration.test_preview import generated, run_preview
 

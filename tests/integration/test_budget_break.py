@@ -10,11 +10,11 @@ import pytest
 from sqlalchemy import Engine
 
 from tests.http_server import PredictionsServer
+from tests.integration.paid_episodes import ledger_micros as _ledger
+from tests.integration.paid_episodes import planned_episodes as _episodes
 from tests.integration.test_budgets import (
     _cli,
-    _episodes,
     _fake,
-    _ledger,
     free_profile_billed_in_replies,
 )
 

@@ -12,22 +12,21 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, text
 
-from core.ids import WeekId
-from core.planning import RunLimits
-from core.pricing import Reservation
-from core.records import RefusalReason
-from core.runs import Claim, Refusal
-from core.states import RunState
-from pipeline.allocation import allocate
-from storage.budgets import Guard
-from storage.claims import ClaimStore
-from storage.leases import LeaseStore
-from storage.runs import RunStore
+from episodic.core.planning import RunLimits
+from episodic.core.pricing import Reservation
+from episodic.core.records import RefusalReason
+from episodic.core.runs import Claim, Refusal
+from episodic.core.states import RunState
+from episodic.storage.budgets import Guard
+from episodic.storage.claims import ClaimStore
+from episodic.storage.leases import LeaseStore
+from episodic.storage.runs import RunStore
 from tests.acceptance.conftest import EPISODIC
-from tests.generation import Episode, new_episode, new_run, provider_log, write_playlist
+from tests.generation import new_episode, new_run, provider_log, write_playlist
 from tests.http_server import TOKEN, PredictionsServer
 from tests.integration import budget_workers as bw
 from tests.integration import race_workers as w
+from tests.integration.paid_episodes import ledger_micros, planned_episodes
 
 pytestmark = pytest.mark.slow
 
@@ -75,34 +74,6 @@ def free_profile_billed_in_replies(
     monkeypatch.setenv("TEST_IMAGE_TOKEN", TOKEN)
 
 
-def _ledger(engine: Engine) -> int:
-    with engine.connect() as conn:
-        return int(
-            conn.execute(
-                text("SELECT COALESCE(SUM(amount_micros), 0) FROM cost_entries")
-            ).scalar_one()
-        )
-
-
-def _episodes(engine: Engine, tmp_path: Path, count: int, items: int, **kw: object) -> list[str]:
-    ids = []
-    for n in range(count):
-        episode_id = str(
-            allocate(
-                engine, "weekly", WeekId.parse("2026-W32"), f"{tmp_path.name}-{n}"
-            ).episode.episode_id
-        )
-        playlist = write_playlist(
-            tmp_path / f"pl{n}",
-            [f"e{n}i{i}" for i in range(items)],
-            profile="paid",
-            **kw,  # type: ignore[arg-type]
-        )
-        Episode(engine, episode_id).plan(playlist)
-        ids.append(episode_id)
-    return ids
-
-
 def test_eight_generate_processes_never_pass_the_weekly_budget(
     engine: Engine, database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -115,7 +86,7 @@ def test_eight_generate_processes_never_pass_the_weekly_budget(
     for trial in range(1, 4):
         budget = f"{trial}.00"
         assert _cli("pipelines", "set-budget", "weekly", budget, "--per", "week").returncode == 0
-        episodes = _episodes(engine, tmp_path / f"t{trial}", 8, items=3)
+        episodes = planned_episodes(engine, tmp_path / f"t{trial}", 8, items=3)
         env = {"EPISODIC_HOME": os.environ["EPISODIC_HOME"]}
         results = w.run_processes(
             [(bw.cli_worker, (["generate", e, "--json"], env)) for e in episodes]
@@ -130,7 +101,7 @@ def test_eight_generate_processes_never_pass_the_weekly_budget(
         jobs, billed = _bill()
         assert billed <= trial * 1_000_000, (jobs, billed, codes)
         assert 7 in codes or 2 in codes, codes  # 24 images never fit: someone was stopped
-        assert _ledger(engine) == billed  # the ledger is the provider's bill, exactly
+        assert ledger_micros(engine) == billed  # the ledger is the provider's bill, exactly
 
 
 def test_failed_billed_jobs_then_retries_never_pass_the_run_limit(
@@ -144,7 +115,9 @@ def test_failed_billed_jobs_then_retries_never_pass_the_run_limit(
     runs: dict[str, str] = {}
     for limit in (["--max-cost", "0.20"], ["--max-images", "5"]):
         before = _bill()
-        (episode,) = _episodes(engine, tmp_path / limit[0].strip("-"), 1, items=5, prompt=prompt)
+        (episode,) = planned_episodes(
+            engine, tmp_path / limit[0].strip("-"), 1, items=5, prompt=prompt
+        )
         first = _cli("generate", episode, *limit, "--json")
         assert first.returncode == 4, first  # every item failed (billed)
         runs[limit[0]] = json.loads(first.stdout)["run_id"]
@@ -173,11 +146,11 @@ def test_a_reply_cost_above_the_estimate_stops_buying_at_once(
     reply, --max-cost 0.80, eight items: the provider's bill never passes 0.80."""
     with PredictionsServer(price_micros=400_000, report_cost=True) as server:
         free_profile_billed_in_replies(server, tmp_path, monkeypatch)
-        (episode,) = _episodes(engine, tmp_path, 1, items=8)
+        (episode,) = planned_episodes(engine, tmp_path, 1, items=8)
         done = _cli("generate", episode, "--max-cost", "0.80", "--concurrency", "4")
         assert done.returncode == 7, done
         assert server.bill_micros <= 800_000, server.bill_micros
-        assert server.bill_micros == _ledger(engine) == 800_000
+        assert server.bill_micros == ledger_micros(engine) == 800_000
 
 
 def test_set_budget_refuses_bad_input_and_a_budget_below_the_spend(
@@ -200,7 +173,7 @@ def test_set_budget_refuses_bad_input_and_a_budget_below_the_spend(
         assert "Traceback" not in refused.stderr
     listed = json.loads(_cli("pipelines", "list", "--json").stdout)
     assert all(not row["budgets"] for row in listed), listed  # nothing written
-    (episode,) = _episodes(engine, tmp_path, 1, items=3)
+    (episode,) = planned_episodes(engine, tmp_path, 1, items=3)
     assert _cli("generate", episode).returncode == 0  # 0.30 spent this week
     below = _cli("pipelines", "set-budget", "weekly", "0.25", "--per", "week")
     assert below.returncode == 2 and "0.30" in below.stderr, below
@@ -221,7 +194,7 @@ def test_set_budget_refuses_bad_input_and_a_budget_below_the_spend(
     assert json.loads(_cli("pipelines", "list", "--json").stdout)[0]["budgets"] == {}
     # a plan whose estimate alone passes what remains is refused up front, nothing created
     assert _cli("pipelines", "set-budget", "weekly", "0.50", "--per", "week").returncode == 0
-    (second,) = _episodes(engine, tmp_path / "b", 1, items=3)
+    (second,) = planned_episodes(engine, tmp_path / "b", 1, items=3)
     planned = _cli("generate", second)
     assert planned.returncode == 2 and "estimated" in planned.stderr, planned
     with engine.connect() as conn:

@@ -18,13 +18,13 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
-from core.errors import BudgetExceeded, CommandNotAllowed
-from core.planning import RunOptions
-from core.settings import load_settings
-from pipeline.approval import decide, reopen
-from pipeline.buy_again import BuyAgainReport, Quote, buy_again
-from pipeline.check import check_episodes
-from pipeline.gate import EnvironmentCredentials
+from episodic.core.errors import BudgetExceeded, CommandNotAllowed
+from episodic.core.planning import RunOptions
+from episodic.core.settings import load_settings
+from episodic.pipeline.approval import decide, reopen
+from episodic.pipeline.buy_again import BuyAgainReport, Quote, buy_again
+from episodic.pipeline.check import check_episodes
+from episodic.pipeline.gate import EnvironmentCredentials
 from tests.generation import (
     Episode,
     image_keys,
@@ -214,7 +214,7 @@ def _race_worker(barrier: Any, url: str, home: str, episode_id: str, results: An
 
     os.environ["EPISODIC_DATABASE_URL"], os.environ["EPISODIC_HOME"] = url, home
     try:
-        from storage.engine import make_engine
+        from episodic.storage.engine import make_engine
 
         barrier.wait(timeout=120)
         report = _buy(Episode(make_engine(url), episode_id))
@@ -320,7 +320,7 @@ def test_a_loss_recorded_by_a_command_that_died_is_quoted_and_bought_by_the_next
 ) -> None:
     """The state after step 2 (recorded lost, not bought: a kill between the two) is
     consistent for `check`, and the next `--buy-again` quotes, asks for and buys it once."""
-    from storage.media_records import MediaRecords
+    from episodic.storage.media_records import MediaRecords
 
     episode = _generated(engine, tmp_path)
     _lose(engine, "v02", job_too=True)

@@ -11,14 +11,14 @@ import pytest
 from sqlalchemy import Engine, delete, select, text, update
 from sqlalchemy.engine import make_url
 
-from core.settings import load_settings
-from pipeline.approval import decide
-from pipeline.assembly import assemble
-from pipeline.check import check_episodes, legacy_warnings
-from storage.admission import DedupPolicy
-from storage.engine import make_engine
-from storage.media import MediaStore
-from storage.models import CostEntryRow, EpisodeMediaRow, EpisodeRow, ItemRow
+from episodic.core.settings import load_settings
+from episodic.pipeline.approval import decide
+from episodic.pipeline.assembly import assemble
+from episodic.pipeline.check import check_episodes, legacy_warnings
+from episodic.storage.admission import DedupPolicy
+from episodic.storage.engine import make_engine
+from episodic.storage.media import MediaStore
+from episodic.storage.models import CostEntryRow, EpisodeMediaRow, EpisodeRow, ItemRow
 from tests.generation import Episode, new_episode, write_playlist
 from tests.media_targets import MediaTarget
 
@@ -198,7 +198,7 @@ def test_a_reopened_episode_is_not_reported_as_a_crash(engine: Engine, assembled
     """After `reopen` the episode is allocated with every image of its plan completed: it
     waits for a new plan, and `check` called that a crash and advised marking it generated
     (found by a fresh tester)."""
-    from pipeline.approval import reopen
+    from episodic.pipeline.approval import reopen
 
     reopen(engine, "weekly", assembled.episode_id, by="ann", reason="new cover")
     assert check_episodes(engine, "weekly") == []
@@ -212,8 +212,8 @@ def test_an_episode_that_completes_after_it_was_listed_is_checked_as_it_is_now(
     was checked by its listed row: every image completed, no live run, still allocated,
     so "a crash before it was marked" (seen in CI with two generates beside a check loop).
     The episode, its plan and its approval are read in the same snapshot as the rest."""
-    from pipeline.check import _check_one
-    from pipeline.check_media import MediaAudit
+    from episodic.pipeline.check import _check_one
+    from episodic.pipeline.check_media import MediaAudit
 
     episode = new_episode(engine)
     episode.plan(write_playlist(tmp_path / "pl", ["a", "b"]))
@@ -274,9 +274,9 @@ def test_a_dead_runs_liveness_line_names_its_last_renewal_and_its_expiry(
 
     from sqlalchemy import update
 
-    from core.states import RunState
-    from storage.models import RunRow
-    from storage.runs import RunStore
+    from episodic.core.states import RunState
+    from episodic.storage.models import RunRow
+    from episodic.storage.runs import RunStore
     from tests.generation import new_run
 
     episode = new_episode(engine)

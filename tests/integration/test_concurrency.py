@@ -10,8 +10,8 @@ import sys
 import pytest
 from sqlalchemy import Engine
 
-from core.ids import WeekId
-from storage.episodes import EpisodeRepository
+from episodic.core.ids import WeekId
+from episodic.storage.episodes import EpisodeRepository
 
 PROCESSES = 8
 KEYS = 50

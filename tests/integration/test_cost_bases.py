@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
-from core.exit_codes import ExitCode
-from core.pricing import charge_of
+from episodic.core.exit_codes import ExitCode
+from episodic.core.pricing import charge_of
 from tests.generation import Episode, new_episode, provider_log, write_playlist
 from tests.jobs_servers import TOKEN, FalServer, ReplicateServer
 
@@ -272,7 +272,7 @@ def test_a_week_mixing_two_bases_in_one_pipeline_adds_up_to_both_bills(
     }
     week = sum(r[4] for r in rows)
     assert week == replicate_images.bill_micros + fal_megapixels.bill_micros == 6_000 + 75_000
-    from cli.app import run as cli
+    from episodic.cli.app import run as cli
 
     capsys.readouterr()
     assert cli(["spend", "--by", "profile", "--json"]) == 0  # the week's spend, per profile
@@ -291,7 +291,7 @@ def test_two_currencies_are_each_reported_in_their_own_and_never_summed(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from cli.app import run as cli
+    from episodic.cli.app import run as cli
 
     profiles(
         tmp_path,
@@ -339,7 +339,7 @@ def test_plan_states_the_estimate_its_basis_and_bound_and_a_bad_price_is_exit_2(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from cli.app import run as cli
+    from episodic.cli.app import run as cli
 
     price = '{per_megapixel: "0.025", whole_megapixels: true, at_most: "1"}'
     profiles(tmp_path, monkeypatch, dev=fake_profile(price))

@@ -24,11 +24,11 @@ import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import OperationalError
 
-from storage import tx
-from storage.admission import AdmissionStore
-from storage.engine import make_engine
-from storage.episodes import EpisodeRepository
-from storage.tx import idempotent, retry_outages
+from episodic.storage import tx
+from episodic.storage.admission import AdmissionStore
+from episodic.storage.engine import make_engine
+from episodic.storage.episodes import EpisodeRepository
+from episodic.storage.tx import idempotent, retry_outages
 from tests.databases import terminate_other_sessions
 from tests.generation import jobs_per_key, new_episode, provider_log, write_playlist
 from tests.pgcluster import PrivateCluster, cluster_unavailable
@@ -179,8 +179,8 @@ def test_a_run_whose_claim_commit_reply_was_lost_gives_it_back_and_goes_on(
     the call fails as a dropped connection does)."""
     import dataclasses
 
-    from providers.fake import FakeProvider
-    from storage.claims import ClaimStore
+    from episodic.providers.fake import FakeProvider
+    from episodic.storage.claims import ClaimStore
 
     monkeypatch.setenv("EPISODIC_FAKE_PROVIDER_LOG", str(tmp_path / "provider.jsonl"))
     real_init = FakeProvider.__init__
@@ -199,7 +199,7 @@ def test_a_run_whose_claim_commit_reply_was_lost_gives_it_back_and_goes_on(
     assert outcome.state.value == "completed", outcome.message
     jobs = jobs_per_key()
     assert len(jobs) == 2 and set(jobs.values()) == {1}, provider_log()
-    from pipeline.check import check_episodes
+    from episodic.pipeline.check import check_episodes
 
     assert check_episodes(engine, "weekly") == []
 
@@ -214,8 +214,8 @@ def test_a_completion_whose_commit_reply_was_lost_is_answered_and_the_run_goes_o
     item paid once and its cost counted once. On both backends (the lost reply is simulated
     through the store's real outage decorator: the real completion commits, then the call
     fails as a dropped connection does)."""
-    from pipeline.check import check_episodes
-    from storage.ledger import LedgerStore
+    from episodic.pipeline.check import check_episodes
+    from episodic.storage.ledger import LedgerStore
 
     monkeypatch.setenv("EPISODIC_FAKE_PROVIDER_LOG", str(tmp_path / "provider.jsonl"))
     lost = _lose_commit_replies(monkeypatch, LedgerStore, "complete", times=2)
@@ -266,7 +266,7 @@ def _lose_commit_replies(
     by one per reply lost."""
     import psycopg
 
-    from storage.tx import retry_outage
+    from episodic.storage.tx import retry_outage
 
     original = getattr(store, method).__wrapped__
     lost: list[int] = []

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, select
 
-from core.ids import WeekId
-from pipeline.allocation import allocate
-from storage.approvals import ApprovalStore
-from storage.episodes import EpisodeRepository
-from storage.models import ApprovalRow, EpisodeRow
+from episodic.core.ids import WeekId
+from episodic.pipeline.allocation import allocate
+from episodic.storage.approvals import ApprovalStore
+from episodic.storage.episodes import EpisodeRepository
+from episodic.storage.models import ApprovalRow, EpisodeRow
 from tests.generation import Episode, write_playlist
 from tests.integration import race_workers as w
 from tests.integration.decision_race_workers import pick_worker

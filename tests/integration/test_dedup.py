@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, func, select, update
 
-from core.errors import IdempotencyKeyReused, ProviderConfigError
-from core.planning import RunOptions
-from pipeline.check import check_episodes
-from storage.models import RunRow
+from episodic.core.errors import IdempotencyKeyReused, ProviderConfigError
+from episodic.core.planning import RunOptions
+from episodic.pipeline.check import check_episodes
+from episodic.storage.models import RunRow
 from tests.generation import (
     Episode,
     admit,
@@ -187,7 +187,7 @@ def test_a_dead_run_of_the_same_request_is_taken_over_not_left_stuck(
     same request: it is continued, not left running beside a new run; each item paid once."""
     from datetime import timedelta
 
-    from storage.base import utcnow
+    from episodic.storage.base import utcnow
 
     dead = new_run(episode)
     with episode.engine.begin() as conn:
@@ -234,8 +234,8 @@ def test_nothing_to_do_creates_no_run(episode: Episode) -> None:
 
 # ---------------------------------------------------------------- recovery (helper findings)
 def _retry(episode: Episode) -> object:
-    from pipeline.gate import EnvironmentCredentials
-    from pipeline.generation import retry
+    from episodic.pipeline.gate import EnvironmentCredentials
+    from episodic.pipeline.generation import retry
 
     return retry(
         episode.engine, episode.settings, "weekly", episode.episode_id, EnvironmentCredentials()
@@ -243,7 +243,7 @@ def _retry(episode: Episode) -> object:
 
 
 def _episode_state(episode: Episode) -> str:
-    from storage.models import EpisodeRow
+    from episodic.storage.models import EpisodeRow
 
     with episode.engine.connect() as conn:
         return str(conn.execute(select(EpisodeRow.state)).scalar_one())
@@ -252,7 +252,7 @@ def _episode_state(episode: Episode) -> str:
 def test_a_crash_between_completion_and_generated_is_reported_and_retry_repairs_it(
     episode: Episode,
 ) -> None:
-    from storage.models import EpisodeRow
+    from episodic.storage.models import EpisodeRow
 
     assert episode.generate().state.value == "completed"
     with episode.engine.begin() as conn:  # the process died right before marking it
@@ -277,9 +277,9 @@ def test_a_run_left_pending_by_a_crash_is_finished_by_retry_and_resume(
 
 
 def test_an_interrupt_before_the_run_starts_leaves_no_pending_row(episode: Episode) -> None:
-    from core.planning import RunOptions
-    from pipeline.gate import EnvironmentCredentials
-    from pipeline.generation import generate
+    from episodic.core.planning import RunOptions
+    from episodic.pipeline.gate import EnvironmentCredentials
+    from episodic.pipeline.generation import generate
 
     def interrupted(engine: object, run_id: str) -> None:
         raise KeyboardInterrupt
@@ -301,8 +301,8 @@ def test_an_interrupt_before_the_run_starts_leaves_no_pending_row(episode: Episo
 
 
 def test_the_same_request_after_a_pause_continues_the_paused_run(episode: Episode) -> None:
-    from core.states import RunState
-    from storage.runs import RunStore
+    from episodic.core.states import RunState
+    from episodic.storage.runs import RunStore
 
     paused = admit(episode.engine, episode.episode_id).run_id
     assert paused is not None
@@ -315,8 +315,8 @@ def test_the_same_request_after_a_pause_continues_the_paused_run(episode: Episod
 
 
 def test_retry_of_a_cancelled_run_asks_again_and_pays_once(episode: Episode) -> None:
-    from core.states import RunState
-    from storage.runs import RunStore
+    from episodic.core.states import RunState
+    from episodic.storage.runs import RunStore
 
     cancelled = new_run(episode)
     RunStore(episode.engine).transition_run(cancelled, RunState.CANCELLED, "by operator")
@@ -326,7 +326,7 @@ def test_retry_of_a_cancelled_run_asks_again_and_pays_once(episode: Episode) -> 
 
 
 def test_an_explicit_key_cannot_be_combined_with_an_opt_out(episode: Episode) -> None:
-    from core.errors import InvalidInput
+    from episodic.core.errors import InvalidInput
 
     for extra in ({"batch_id": "b"}, {"allow_duplicate": True}):
         with pytest.raises(InvalidInput, match="names one request"):

@@ -19,18 +19,18 @@ import pytest
 from PIL import Image
 from sqlalchemy import Engine, text
 
-from core.errors import CommandNotAllowed, MediaStoreMisconfigured
-from core.exit_codes import ExitCode
-from core.planning import RunOptions
-from core.settings import load_settings
-from core.states import RunState
-from pipeline.gate import EnvironmentCredentials
-from pipeline.generation import OnStart, generate
-from pipeline.outcomes import RunOutcome
-from pipeline.paid_call import DOWNLOAD_ATTEMPTS
-from pipeline.runner import Runner
-from providers.fake import render_png
-from providers.profiles import Profile
+from episodic.core.errors import CommandNotAllowed, MediaStoreMisconfigured
+from episodic.core.exit_codes import ExitCode
+from episodic.core.planning import RunOptions
+from episodic.core.settings import load_settings
+from episodic.core.states import RunState
+from episodic.pipeline.gate import EnvironmentCredentials
+from episodic.pipeline.generation import OnStart, generate
+from episodic.pipeline.outcomes import RunOutcome
+from episodic.pipeline.paid_call import DOWNLOAD_ATTEMPTS
+from episodic.pipeline.runner import Runner
+from episodic.providers.fake import render_png
+from episodic.providers.profiles import Profile
 from tests.fs_faults import can_mount, read_only_folder, tiny_filesystem
 from tests.generation import (
     Episode,

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, text
 
-from core.exit_codes import ExitCode
+from episodic.core.exit_codes import ExitCode
 from tests.generation import (
     Episode,
     image_keys,
@@ -58,7 +58,9 @@ def test_a_job_the_provider_does_not_know_stays_accepted_and_is_never_bought_aga
     nothing is charged 0 nor bought again; once the store is back, one collect completes."""
     episode = new_episode(engine)
     episode.plan(write_playlist(tmp_path / "p", ["a [[DELAY_MS:1500]]", "b [[DELAY_MS:1500]]"]))
-    first = episode.generate(collect_timeout_s=0.2)  # accepted, not ready: collect later
+    # --max-images, no money limit: both calls go at once (under a money limit the first call
+    # of a price never billed is collected before the next is made, `episodic.storage.budgets`)
+    first = episode.generate(collect_timeout_s=0.2, max_images=2)  # accepted, not ready yet
     assert first.counts.completed == 0
     assert sorted(made_jobs_per_key().values()) == [1, 1]
     elsewhere = tmp_path / "another-machines-store"
@@ -109,7 +111,9 @@ def test_two_machines_on_one_database_share_the_fake_provider_and_take_over_a_ki
     episode: Episode = new_episode(engine)
     episode.plan(write_playlist(tmp_path / "p", [f"t{n}" for n in range(items)]))
     machine_a = subprocess.Popen(
-        [EPISODIC, "generate", episode.episode_id, "--concurrency", "4"],
+        # --max-images: no money limit, so four jobs run at once (a price never billed is
+        # otherwise probed with one call first, `episodic.storage.budgets`)
+        [EPISODIC, "generate", episode.episode_id, "--concurrency", "4", "--max-images", "6"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

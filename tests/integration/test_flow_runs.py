@@ -17,24 +17,24 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, update
 
-from core.runs import INTERRUPTED, Claim
-from core.settings import load_settings
-from core.states import RunState
-from pipeline.admission import dedup_policy
-from pipeline.cancel import settle_cancelled
-from pipeline.check import check_episodes
-from pipeline.gate import EnvironmentCredentials
-from pipeline.report import episode_report
-from pipeline.sweep import sweep
-from providers.base import ImageRequest
-from providers.fake import FakeProvider
-from storage.base import utcnow
-from storage.claims import ClaimStore
-from storage.flow_runs import FlowRunLinks, dead
-from storage.leases import LeaseStore
-from storage.ledger import LedgerStore
-from storage.models import ItemRow, RunRow
-from storage.runs import RunStore
+from episodic.core.runs import INTERRUPTED, Claim
+from episodic.core.settings import load_settings
+from episodic.core.states import RunState
+from episodic.pipeline.admission import dedup_policy
+from episodic.pipeline.cancel import settle_cancelled
+from episodic.pipeline.check import check_episodes
+from episodic.pipeline.gate import EnvironmentCredentials
+from episodic.pipeline.report import episode_report
+from episodic.pipeline.sweep import sweep
+from episodic.providers.base import ImageRequest
+from episodic.providers.fake import FakeProvider
+from episodic.storage.base import utcnow
+from episodic.storage.claims import ClaimStore
+from episodic.storage.flow_runs import FlowRunLinks, dead
+from episodic.storage.leases import LeaseStore
+from episodic.storage.ledger import LedgerStore
+from episodic.storage.models import ItemRow, RunRow
+from episodic.storage.runs import RunStore
 from tests.generation import Episode, new_episode, new_run, provider_log, write_playlist
 
 LONG_AGO = timedelta(days=1)

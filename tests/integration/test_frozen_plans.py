@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, func, select
 
-from core.errors import CommandNotAllowed
-from core.settings import load_settings
-from pipeline.approval import decide, reopen
-from pipeline.assembly import assemble
-from pipeline.check import check_episodes
-from storage.models import EpisodePlanRow, EpisodeRow
+from episodic.core.errors import CommandNotAllowed
+from episodic.core.settings import load_settings
+from episodic.pipeline.approval import decide, reopen
+from episodic.pipeline.assembly import assemble
+from episodic.pipeline.check import check_episodes
+from episodic.storage.models import EpisodePlanRow, EpisodeRow
 from tests.generation import Episode, jobs_per_key, new_episode, stored_image, write_playlist
 
 
@@ -100,14 +100,14 @@ def test_assembly_refuses_images_that_are_not_the_approved_ones(
     assembly compares with the approval record and ships nothing else."""
     from sqlalchemy import update
 
-    from storage.models import ItemRow
+    from episodic.storage.models import ItemRow
 
     episode = new_episode(engine)
     _plan(episode, tmp_path, "a", ["one", "two"])
     assert episode.generate().exit_code == 0
     _approve(episode)
-    from pipeline.media import prove_image
-    from storage.media import MediaStore
+    from episodic.pipeline.media import prove_image
+    from episodic.storage.media import MediaStore
     from tests.integration.test_media_store import image_bytes
 
     other = MediaStore.from_settings(load_settings()).put_image(prove_image(image_bytes()))
@@ -123,7 +123,7 @@ def test_assembly_refuses_images_that_are_not_the_approved_ones(
 
 
 def test_reopen_is_refused_unless_decided(engine: Engine, tmp_path: Path) -> None:
-    from core.errors import InvalidInput
+    from episodic.core.errors import InvalidInput
 
     episode = new_episode(engine)
     _plan(episode, tmp_path, "a", ["one"])
@@ -141,7 +141,7 @@ def test_reopen_is_refused_unless_decided(engine: Engine, tmp_path: Path) -> Non
 def test_a_decision_is_bound_to_the_images_that_were_shown(engine: Engine, tmp_path: Path) -> None:
     """Shown A, then someone re-plans and regenerates while the reviewer looks: approving
     with the digest of what was shown is refused; nothing is recorded."""
-    from pipeline.approval import approval_digest, review_set
+    from episodic.pipeline.approval import approval_digest, review_set
 
     episode = new_episode(engine)
     _plan(episode, tmp_path, "a", ["one", "two"])
@@ -216,7 +216,7 @@ def test_a_run_of_an_older_plan_does_not_mark_a_replanned_episode_generated(
     import threading
     import time
 
-    from storage.episodes import EpisodeRepository
+    from episodic.storage.episodes import EpisodeRepository
 
     monkeypatch.setenv("EPISODIC_FAKE_DELAY_MS", "600")
     episode = new_episode(engine)

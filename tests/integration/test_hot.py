@@ -9,11 +9,11 @@ import pytest
 from sqlalchemy import Engine, create_engine, select, text, update
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
-from core.errors import RunNotFound
-from storage import dbapi, tx
-from storage.dbapi import DriverSQL
-from storage.models import ItemRow
-from storage.runs import RunStore
+from episodic.core.errors import RunNotFound
+from episodic.storage import dbapi, tx
+from episodic.storage.dbapi import DriverSQL
+from episodic.storage.models import ItemRow
+from episodic.storage.runs import RunStore
 from tests.databases import terminate_other_sessions
 from tests.generation import new_episode, new_run, write_playlist
 
@@ -103,7 +103,7 @@ def test_a_lost_connection_makes_the_pool_replace_every_older_one(engine: Engine
     its connection lost, the others are replaced at checkout instead of each failing in turn
     (as SQLAlchemy's own execution does; found by a fresh tester: five stale pooled
     connections failed one after the other on the advisory lock of a locked write)."""
-    from storage.locks import keyed_transaction
+    from episodic.storage.locks import keyed_transaction
 
     _an_item(engine, tmp_path)
     held = [engine.connect() for _ in range(5)]  # five connections in the pool

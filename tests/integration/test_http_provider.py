@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, select
 
-from core.errors import EpisodeNotFound, ProviderConfigError
-from core.exit_codes import ExitCode
-from pipeline.gate import build_provider, open_gate
-from providers.profiles import Profile
-from storage.models import SubmissionRow
+from episodic.core.errors import EpisodeNotFound, ProviderConfigError
+from episodic.core.exit_codes import ExitCode
+from episodic.core.settings import load_settings
+from episodic.pipeline.gate import build_provider, open_gate
+from episodic.providers.profiles import Profile
+from episodic.storage.models import SubmissionRow
 from tests.generation import Episode, new_episode, write_playlist
 from tests.http_server import TOKEN, PredictionsServer
 
@@ -120,11 +121,13 @@ def test_a_missing_episode_never_reads_the_credential_nor_builds_a_client(
     profile = Profile(id="p", kind="fake", cost_per_image_minor=1, credential_env="X")
     with pytest.raises(EpisodeNotFound):
         gate = open_gate(engine, "weekly", "2026-W32-0", "generate")
-        build_provider(gate, profile, spy, tmp_path)
+        build_provider(gate, profile, spy, load_settings())
     assert spy.reads == [] and not log.exists()
     with pytest.raises(TypeError, match="GatePass"):
-        build_provider(object(), profile, spy, tmp_path)  # type: ignore[arg-type]
+        build_provider(object(), profile, spy, load_settings())  # type: ignore[arg-type]
     assert spy.reads == [] and not log.exists()
     new_episode(engine)  # the control: an existing episode does build, and reads once
-    build_provider(open_gate(engine, "weekly", "2026-W32-0", "generate"), profile, spy, tmp_path)
+    build_provider(
+        open_gate(engine, "weekly", "2026-W32-0", "generate"), profile, spy, load_settings()
+    )
     assert spy.reads == ["p"] and '"client_built"' in log.read_text()

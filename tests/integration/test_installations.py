@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, select
 
-from core.exit_codes import ExitCode
-from storage.engine import make_engine
-from storage.installation import installation_id
-from storage.models import ItemRow, SubmissionRow
-from storage.schema import upgrade
+from episodic.core.exit_codes import ExitCode
+from episodic.storage.engine import make_engine
+from episodic.storage.installation import installation_id
+from episodic.storage.models import ItemRow, SubmissionRow
+from episodic.storage.schema import upgrade
 from tests.databases import PostgresDatabases, SqliteDatabases
 from tests.generation import Episode, made_jobs_per_key, new_episode, write_playlist
 from tests.http_server import TOKEN, PredictionsServer
@@ -155,7 +155,7 @@ def test_a_copied_database_given_its_own_id_pays_for_its_own_jobs(
 ) -> None:
     """A staging database restored from production's carries production's id; `episodic db
     installation --renew` gives it its own, and its next references carry it at once."""
-    from cli.app import run
+    from episodic.cli.app import run
 
     production, staging = copied_installations
     staging.enter(monkeypatch)
@@ -239,7 +239,7 @@ def test_on_replicate_staging_never_adopts_collects_or_cancels_productions_predi
     found production's running prediction and recorded it as staging's job, and staging's
     `runs cancel` cancelled production's prediction. Without `lookup_by_input` the adapter
     declares no lookup: staging's item waits for an operator, production's job is untouched."""
-    from cli.app import run
+    from episodic.cli.app import run
 
     production, staging = installations
     with ReplicateServer(processing_polls=10**6) as server:  # predictions run for good
@@ -273,15 +273,15 @@ def test_an_open_submission_from_before_the_upgrade_is_settled_by_the_reference_
     made before migration 0012) whose reply was lost: the resumed run asks the provider by
     the recorded reference, never a recomputed one, so it finds and collects that job and
     makes none under the new form."""
-    from core.runs import Refusal
-    from core.settings import load_settings
-    from core.states import RunState
-    from pipeline.runner import new_owner
-    from providers.base import ImageRequest
-    from providers.fake import FakeProvider
-    from storage.claims import ClaimStore
-    from storage.leases import LeaseStore
-    from storage.runs import RunStore
+    from episodic.core.runs import Refusal
+    from episodic.core.settings import load_settings
+    from episodic.core.states import RunState
+    from episodic.pipeline.runner import new_owner
+    from episodic.providers.base import ImageRequest
+    from episodic.providers.fake import FakeProvider
+    from episodic.storage.claims import ClaimStore
+    from episodic.storage.leases import LeaseStore
+    from episodic.storage.runs import RunStore
     from tests.generation import new_run, provider_log
 
     monkeypatch.setenv("EPISODIC_FAKE_PROVIDER_LOG", str(tmp_path / "provider.jsonl"))
@@ -338,7 +338,7 @@ def test_a_copy_renewed_never_collects_or_cancels_the_originals_open_jobs(
     from sqlalchemy import text
     from sqlalchemy.engine import make_url
 
-    from cli.app import run
+    from episodic.cli.app import run
 
     production, staging = installations
     with ReplicateServer(processing_polls=10**6) as server:  # predictions run for good
@@ -381,7 +381,7 @@ def test_a_copy_renewed_never_collects_or_cancels_the_originals_open_jobs(
 
 
 def first_episode_id(installation: Installation) -> str:
-    from storage.models import EpisodeRow
+    from episodic.storage.models import EpisodeRow
 
     with installation.engine.connect() as conn:
         return str(conn.execute(select(EpisodeRow.episode_id)).scalar_one())

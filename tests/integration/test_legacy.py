@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, func, select
 
-from core.errors import InvalidInput
-from core.ids import EpisodeId, WeekId
-from core.settings import load_settings
-from pipeline.allocation import allocate
-from pipeline.check import check_episodes
-from pipeline.legacy import TOOL_VERSION, migrate
-from storage.episodes import EpisodeRepository
-from storage.installation import installation_id
-from storage.models import (
+from episodic.core.errors import InvalidInput
+from episodic.core.ids import EpisodeId, WeekId
+from episodic.core.settings import load_settings
+from episodic.pipeline.allocation import allocate
+from episodic.pipeline.check import check_episodes
+from episodic.pipeline.legacy import TOOL_VERSION, migrate
+from episodic.storage.episodes import EpisodeRepository
+from episodic.storage.installation import installation_id
+from episodic.storage.models import (
     ApprovalRow,
     CostEntryRow,
     EpisodeEventRow,

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, text
 
-from core.media import content_key
-from core.settings import load_settings
-from pipeline.check import check_episodes
-from pipeline.media_import import import_legacy_media
-from storage.media import MediaStore
+from episodic.core.media import content_key
+from episodic.core.settings import load_settings
+from episodic.pipeline.check import check_episodes
+from episodic.pipeline.media_import import import_legacy_media
+from episodic.storage.media import MediaStore
 from tests.generation import Episode, image_keys, jobs_per_key, new_episode, write_playlist
 from tests.integration.test_media_restore import Store, store  # noqa: F401  (the fixture)
 
@@ -185,8 +185,8 @@ def test_restore_imports_legacy_files_still_here_and_collects_the_lost_one_again
     """A legacy row whose file this machine no longer has (it was on the machine that
     paid) is collected again from its job by `media restore`; the others are imported from
     their files. No job is made."""
-    from pipeline.gate import EnvironmentCredentials
-    from pipeline.restore import restore
+    from episodic.pipeline.gate import EnvironmentCredentials
+    from episodic.pipeline.restore import restore
 
     episode = new_episode(engine)
     episode.plan(write_playlist(tmp_path / "p", ["a", "b", "c"]))

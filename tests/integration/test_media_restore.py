@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, text
 
-from core.errors import EpisodeNotFound, MediaStoreMisconfigured
-from core.settings import load_settings
-from pipeline.check import check_episodes
-from pipeline.gate import EnvironmentCredentials
-from pipeline.restore import RestoreReport, restore
-from providers.profiles import Profile
-from storage.media import MediaStore
+from episodic.core.errors import EpisodeNotFound, MediaStoreMisconfigured
+from episodic.core.settings import load_settings
+from episodic.pipeline.check import check_episodes
+from episodic.pipeline.gate import EnvironmentCredentials
+from episodic.pipeline.restore import RestoreReport, restore
+from episodic.providers.profiles import Profile
+from episodic.storage.media import MediaStore
 from tests.generation import (
     Episode,
     image_keys,

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from core.errors import (
+from episodic.core.errors import (
     InvalidInput,
     MediaCorrupt,
     MediaMissing,
@@ -34,9 +34,10 @@ from core.errors import (
     MediaStoreUnavailable,
     NotAnImage,
 )
-from core.media import content_key
-from pipeline.media import audit_image, keep_image, prove_image
-from storage.media import MediaStore
+from episodic.core.media import content_key
+from episodic.core.output_files import RecordPaths
+from episodic.pipeline.media import audit_image, keep_image, prove_image
+from episodic.storage.media import MediaStore
 from tests.fs_faults import can_mount, read_only_folder, tiny_filesystem
 from tests.integration import media_workers
 from tests.s3_server import TEST_SECRET, S3Server, running_s3_server
@@ -183,10 +184,12 @@ def test_local_copy_checks_the_hash(target: Target, tmp_path: Path) -> None:
     stored = store.put_image(prove_image(content))
     out = tmp_path / "out"
     out.mkdir()
-    copied = store.local_copy(stored.key, out / "cover.png", sha256=stored.sha256)
+    copied = store.local_copy(
+        stored.key, out / "cover.png", sha256=stored.sha256, keep=RecordPaths()
+    )
     assert copied.read_bytes() == content
     with pytest.raises(MediaCorrupt):
-        store.local_copy(stored.key, out / "other.png", sha256="0" * 64)
+        store.local_copy(stored.key, out / "other.png", sha256="0" * 64, keep=RecordPaths())
     assert sorted(p.name for p in out.iterdir()) == ["cover.png"]
 
 
@@ -203,7 +206,7 @@ def test_local_copy_never_replaces_a_symlink_or_a_fifo(target: Target, tmp_path:
     os.mkfifo(out / "pipe.png")
     for name in ("cover.png", "pipe.png"):
         with pytest.raises(InvalidInput, match=r"not a regular file|is a symlink"):
-            store.local_copy(stored.key, out / name, sha256=stored.sha256)
+            store.local_copy(stored.key, out / name, sha256=stored.sha256, keep=RecordPaths())
     assert (out / "cover.png").is_symlink() and elsewhere.read_bytes() == b"keep"
     assert stat.S_ISFIFO((out / "pipe.png").lstat().st_mode)
 
@@ -488,7 +491,7 @@ def test_keep_and_audit_an_image(target: Target) -> None:
 def test_the_default_store_is_a_folder_in_home(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from core.settings import load_settings
+    from episodic.core.settings import load_settings
 
     settings = load_settings()  # EPISODIC_HOME: tmp_path/home (tests/conftest.py)
     store = MediaStore.from_settings(settings)

@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import Engine, inspect, text
 from sqlalchemy.exc import IntegrityError
 
-from storage.schema import HEAD_REVISION, alembic_config, current_revision, upgrade
+from episodic.storage.schema import HEAD_REVISION, alembic_config, current_revision, upgrade
 
 # amounts in whole cents as a ledger before 0016 holds them: nothing, a cent, a price, the
 # largest one image may cost (10 million units)

@@ -11,11 +11,17 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, inspect, text
 from sqlalchemy.exc import IntegrityError
 
-from core.errors import SchemaNotCurrent
-from storage.base import Base
-from storage.engine import make_engine
-from storage.installation import ID, installation_id
-from storage.schema import HEAD_REVISION, alembic_config, current_revision, ensure_schema, upgrade
+from episodic.core.errors import SchemaNotCurrent
+from episodic.storage.base import Base
+from episodic.storage.engine import make_engine
+from episodic.storage.installation import ID, installation_id
+from episodic.storage.schema import (
+    HEAD_REVISION,
+    alembic_config,
+    current_revision,
+    ensure_schema,
+    upgrade,
+)
 
 
 def test_upgrade_head_on_an_empty_database_matches_the_models(empty_engine: Engine) -> None:

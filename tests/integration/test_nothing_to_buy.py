@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine
 
-from core.planning import RunOptions
-from core.settings import load_settings
-from core.states import RunState
-from pipeline.generation import generate
-from providers.profiles import Profile
+from episodic.core.planning import RunOptions
+from episodic.core.settings import load_settings
+from episodic.core.states import RunState
+from episodic.pipeline.generation import generate
+from episodic.providers.profiles import Profile
 from tests.generation import new_episode, provider_log, write_playlist
 
 

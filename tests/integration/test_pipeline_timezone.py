@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import Engine
 
-from core.errors import InvalidInput, TimezoneMismatch
-from core.settings import Settings
-from pipeline.pipelines import pipeline_config, set_timezone
+from episodic.core.errors import InvalidInput, TimezoneMismatch
+from episodic.core.settings import Settings
+from episodic.pipeline.pipelines import pipeline_config, set_timezone
 from tests.integration import race_workers as w
 
 

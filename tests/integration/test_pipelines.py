@@ -8,14 +8,15 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, select, text
 
-from core.ids import WeekId
-from core.planning import RunOptions
-from core.settings import load_settings
-from pipeline.allocation import allocate
-from pipeline.check import check_episodes
-from pipeline.gate import EnvironmentCredentials
-from pipeline.generation import generate, record_plan
-from storage.models import ItemRow
+from episodic.core.ids import WeekId
+from episodic.core.planning import RunOptions
+from episodic.core.settings import load_settings
+from episodic.pipeline.allocation import allocate
+from episodic.pipeline.check import check_episodes
+from episodic.pipeline.episode_plan import record_plan
+from episodic.pipeline.gate import EnvironmentCredentials
+from episodic.pipeline.generation import generate
+from episodic.storage.models import ItemRow
 from tests.generation import image_keys, jobs_per_key, write_playlist
 
 
@@ -53,7 +54,7 @@ def test_upgrading_rekeys_existing_items_of_other_pipelines_and_pays_nothing(
 ) -> None:
     """An `other` pipeline episode generated before keys were scoped (simulated: its items
     re-keyed back with the migration's downgrade), then upgraded: generate pays nothing."""
-    from storage.schema import alembic_config
+    from episodic.storage.schema import alembic_config
 
     playlist = write_playlist(tmp_path / "pl", ["a", "b"])
     allocate(engine, "other", WeekId.parse("2026-W35"), "k")

@@ -9,17 +9,17 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine
 
-from core.errors import InvalidPlaylist
-from core.ids import WeekId
-from pipeline.allocation import allocate
-from pipeline.generation import record_plan, recorded_plan_summary
+from episodic.core.errors import InvalidPlaylist
+from episodic.core.ids import WeekId
+from episodic.pipeline.allocation import allocate
+from episodic.pipeline.episode_plan import record_plan, recorded_plan_summary
 from tests.generation import write_playlist
 
 
 def test_the_weekly_flows_plan_step_refuses_an_unknown_profile(
     engine: Engine, database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tasks.plan import plan_episode
+    from episodic.tasks.plan import plan_episode
 
     (tmp_path / "providers.yaml").write_text(
         "profiles:\n  mine:\n    kind: fake\n    cost_per_image_minor: 4\n"

@@ -1,6 +1,6 @@
 """The forms of one shared rule agree (storage/statements.py's shared predicates), on both
 backends: a rule the paid path's hand-written SQL needs has a text form beside its Core
-form, and a rule evaluated on rows in memory a Python form (`core.runs.claim_live`); each
+form, and a rule evaluated on rows in memory a Python form (`episodic.core.runs.claim_live`); each
 must select exactly the rows the others select.
 
 - an item held by a live claim: `held_by_live_claim` (Core), `LIVE_CLAIM_SQL` (driver text)
@@ -19,12 +19,12 @@ from pathlib import Path
 
 from sqlalchemy import Engine, Table, select, update
 
-from core.runs import claim_live
-from storage import dbapi, statements
-from storage.base import utcnow
-from storage.dbapi import DriverSQL
-from storage.models import EpisodeRow, ItemRow
-from storage.plans import newest_plan
+from episodic.core.runs import claim_live
+from episodic.storage import dbapi, predicates
+from episodic.storage.base import utcnow
+from episodic.storage.dbapi import DriverSQL
+from episodic.storage.models import EpisodeRow, ItemRow
+from episodic.storage.plans import newest_plan
 from tests.generation import new_episode, new_run, write_playlist
 
 _items: Table = ItemRow.__table__  # type: ignore[assignment]
@@ -51,19 +51,19 @@ def test_the_forms_of_a_live_claim_select_the_same_items(engine: Engine, tmp_pat
     with engine.connect() as conn:
         core = set(
             conn.execute(
-                select(_items.c.id).where(_items.c.id.in_(pks), statements.held_by_live_claim(now))
+                select(_items.c.id).where(_items.c.id.in_(pks), predicates.held_by_live_claim(now))
             ).scalars()
         )
         negated = set(
             conn.execute(
-                select(_items.c.id).where(_items.c.id.in_(pks), ~statements.held_by_live_claim(now))
+                select(_items.c.id).where(_items.c.id.in_(pks), ~predicates.held_by_live_claim(now))
             ).scalars()
         )
         text = {
             int(row[0])
             for row in dbapi.fetch_all(
                 conn,
-                DriverSQL(f"SELECT id FROM items WHERE {statements.LIVE_CLAIM_SQL}"),
+                DriverSQL(f"SELECT id FROM items WHERE {predicates.LIVE_CLAIM_SQL}"),
                 {"b_now": now},
             )
         }
@@ -85,7 +85,7 @@ def test_the_forms_of_the_newest_plan_name_the_same_plan(engine: Engine, tmp_pat
     planned.plan(write_playlist(tmp_path / "one", ["a"]))
     planned.plan(write_playlist(tmp_path / "two", ["a", "b"]))
     unplanned = new_episode(engine, key="test:2")
-    newest_sql = DriverSQL(f"SELECT {statements.newest_plan_sql(':b_episode')}")
+    newest_sql = DriverSQL(f"SELECT {predicates.newest_plan_sql(':b_episode')}")
     found = {}
     with engine.connect() as conn:
         for episode in (planned, unplanned):
@@ -95,7 +95,7 @@ def test_the_forms_of_the_newest_plan_name_the_same_plan(engine: Engine, tmp_pat
             loaded = newest_plan(conn, pk)
             text = dbapi.scalar(conn, newest_sql, {"b_episode": pk})
             found[episode.episode_id] = (
-                statements.newest_plan_id(conn, pk),
+                predicates.newest_plan_id(conn, pk),
                 None if text is None else int(text),
                 None if loaded is None else loaded[0],
                 len(loaded[1]["items"]) if loaded is not None else None,

@@ -13,15 +13,15 @@ import pytest
 from PIL import Image
 from sqlalchemy import Engine
 
-from core.errors import CommandNotAllowed, EpisodeNotFound, ImageNotAsPaid, InvalidInput
-from core.settings import load_settings
-from pipeline import contact_sheet
-from pipeline.approval import approval_context, decide, default_store
-from pipeline.assembly import assemble
-from pipeline.check import check_episodes
-from pipeline.contact_sheet import ELLIPSIS
-from pipeline.preview import preview
-from storage.episodes import EpisodeRepository
+from episodic.core.errors import CommandNotAllowed, EpisodeNotFound, ImageNotAsPaid, InvalidInput
+from episodic.core.settings import load_settings
+from episodic.pipeline import contact_sheet
+from episodic.pipeline.approval import approval_context, decide, default_store
+from episodic.pipeline.assembly import assemble
+from episodic.pipeline.check import check_episodes
+from episodic.pipeline.contact_sheet import ELLIPSIS
+from episodic.pipeline.preview import preview
+from episodic.storage.episodes import EpisodeRepository
 from tests.generation import Episode, new_episode, store_file, write_playlist
 from tests.media_targets import MediaTarget
 
@@ -193,7 +193,7 @@ def test_the_cover_is_titled_and_aspect_correct_and_an_old_cover_stays_on_reasse
 def test_the_approval_form_names_each_video_by_its_title_with_its_prompts_collapsed(
     generated: Episode,
 ) -> None:
-    from flows.approval_form import approval_form_description
+    from episodic.flows.approval_form import approval_form_description
 
     context = approval_context(generated.engine, "weekly", generated.episode_id)
     markdown = approval_form_description(context)

@@ -51,7 +51,7 @@ def write(path: Path, kind: str, server: ReplicateServer | FalServer, *lines: st
 
 
 def check(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    from cli.app import run
+    from episodic.cli.app import run
 
     capsys.readouterr()
     code = run(["providers", "check", "p", *args])
@@ -159,7 +159,7 @@ def test_fal_the_endpoint_and_its_inputs_are_checked_from_its_public_schema(
 def test_a_named_providers_file_that_does_not_exist_is_one_line_exit_2(
     providers_file: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from cli.app import run
+    from episodic.cli.app import run
 
     for args in (["providers", "list"], ["providers", "check", "fake"]):
         capsys.readouterr()
@@ -200,7 +200,7 @@ def test_the_profiles_init_writes_pass_the_check_against_the_documented_schemas(
 ) -> None:
     import yaml
 
-    from cli.app import run
+    from episodic.cli.app import run
 
     replicate.models = {
         "black-forest-labs/flux-schnell": REPLICATE_INPUTS,
@@ -234,7 +234,7 @@ def test_generate_with_a_secret_block_profile_and_no_prefect_api_is_one_line_exi
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """generate read credentials from the environment only: "names no credential_env"."""
-    from cli.app import run
+    from episodic.cli.app import run
     from tests.generation import new_episode, write_playlist
 
     providers_file.write_text(

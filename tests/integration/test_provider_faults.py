@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, func, select
 
-from core.exit_codes import ExitCode
-from pipeline.check import check_episodes
-from providers.fake import render_png
-from storage.models import CostEntryRow, ItemRow, SubmissionRow
+from episodic.core.exit_codes import ExitCode
+from episodic.pipeline.check import check_episodes
+from episodic.providers.fake import render_png
+from episodic.storage.models import CostEntryRow, ItemRow, SubmissionRow
 from tests.generation import Episode, new_episode, write_playlist
 from tests.http_server import TOKEN, PredictionsServer
 
@@ -215,7 +215,7 @@ def test_credentials_go_to_the_provider_origin_only(make: object, tmp_path: Path
 def test_a_create_never_sent_is_a_plain_failure(
     make: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from core.errors import ProviderConfigError
+    from episodic.core.errors import ProviderConfigError
 
     episode, server = make()  # type: ignore[operator]
     _plan(episode, tmp_path, ["a"])
@@ -242,8 +242,8 @@ def test_a_cancel_during_the_backoff_between_refused_creates_stops_the_next_try(
     # The provider refuses the first create with 429 (nothing made, so a retry is allowed).
     # While the engine backs off, the run is cancelled from elsewhere: the next try is a
     # paid call and must check the claim first, so nothing is ever created.
-    from core.states import RunState
-    from storage.runs import RunStore
+    from episodic.core.states import RunState
+    from episodic.storage.runs import RunStore
 
     cancelled: list[str] = []
 
@@ -266,8 +266,8 @@ def test_a_cancel_during_the_backoff_between_refused_creates_stops_the_next_try(
 def test_a_cancel_before_an_idempotent_resend_stops_it(make: object, tmp_path: Path) -> None:
     # A 500 before the job was made leaves acceptance unknown; the same create sent again
     # would make the one job, so it is a paid call and a cancel that came first stops it.
-    from core.states import RunState
-    from storage.runs import RunStore
+    from episodic.core.states import RunState
+    from episodic.storage.runs import RunStore
 
     cancelled: list[str] = []
 

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine
 
-from core.ids import WeekId
-from pipeline.allocation import allocate
+from episodic.core.ids import WeekId
+from episodic.pipeline.allocation import allocate
 from tests.generation import (
     Episode,
     jobs_per_key,
@@ -26,6 +26,7 @@ from tests.generation import (
     write_playlist,
 )
 from tests.integration import race_workers as w
+from tests.integration.paid_episodes import planned_episodes
 
 pytestmark = pytest.mark.slow
 
@@ -42,22 +43,6 @@ def _profiles(
     )
     monkeypatch.setenv("EPISODIC_PROVIDERS_FILE", str(path))
     monkeypatch.setenv("EPISODIC_FAKE_PROVIDER_LOG", str(tmp_path / "provider.jsonl"))
-
-
-def _episodes(engine: Engine, tmp_path: Path, count: int, items: int) -> list[str]:
-    ids = []
-    for n in range(count):
-        episode_id = str(
-            allocate(
-                engine, "weekly", WeekId.parse("2026-W32"), f"{tmp_path.name}-{n}"
-            ).episode.episode_id
-        )
-        playlist = write_playlist(
-            tmp_path / f"pl{n}", [f"e{n}i{i}" for i in range(items)], profile="limited"
-        )
-        Episode(engine, episode_id).plan(playlist)
-        ids.append(episode_id)
-    return ids
 
 
 def max_in_flight(events: list[dict[str, Any]]) -> int:
@@ -88,7 +73,7 @@ def test_two_concurrent_runs_never_push_the_provider_above_its_limit(
     _profiles(tmp_path, monkeypatch, delay_ms=120)
     for trial in range(3):
         monkeypatch.setenv("EPISODIC_FAKE_PROVIDER_LOG", str(tmp_path / f"provider{trial}.jsonl"))
-        episodes = _episodes(engine, tmp_path / f"t{trial}", 2, items=9)
+        episodes = planned_episodes(engine, tmp_path / f"t{trial}", 2, items=9, profile="limited")
         results = w.run_processes(
             [(w.generate_worker, (database_url, [e], "generate")) for e in episodes]
             + [(w.generate_worker, (database_url, [episodes[0]], "generate"))]  # a second
@@ -111,7 +96,7 @@ def test_a_killed_holder_gives_its_capacity_back_by_itself(
     # the holder left behind stop counting as slots then (a profile that tells the truth
     # about its provider's jobs gets its capacity back when they end).
     _profiles(tmp_path, monkeypatch, delay_ms=60_000, max_job_s=8)
-    slow, fast = _episodes(engine, tmp_path, 2, items=LIMIT)
+    slow, fast = planned_episodes(engine, tmp_path, 2, items=LIMIT, profile="limited")
     holder = w.cli_generate(
         str(tmp_path / "home"), database_url, slow, env={"EPISODIC_LEASE_S": "5"}
     )
@@ -138,7 +123,7 @@ def test_an_interrupted_holders_jobs_keep_their_slots_while_they_run(
     the provider never runs more than its limit. A later run collects the interrupted jobs
     at no cost (one job per item)."""
     _profiles(tmp_path, monkeypatch, delay_ms=3000, max_job_s=6)
-    held, waiting = _episodes(engine, tmp_path, 2, items=LIMIT)
+    held, waiting = planned_episodes(engine, tmp_path, 2, items=LIMIT, profile="limited")
     holder = w.cli_generate(str(tmp_path / "home"), database_url, held, env={})
     deadline = time.monotonic() + 120
     while sum(1 for e in provider_log() if e["event"] == "accepted") < LIMIT:
@@ -189,22 +174,24 @@ def test_a_run_waiting_for_a_provider_slot_says_so(
     frees. It stood still without a word before (found by a fresh tester)."""
     import threading
 
-    from core.planning import RunOptions
-    from core.runs import Claim
-    from core.settings import load_settings
-    from core.states import RunState
-    from pipeline.gate import EnvironmentCredentials
-    from pipeline.generation import generate
-    from storage.claims import ClaimStore
-    from storage.leases import LeaseStore
-    from storage.runs import RunStore
+    from episodic.core.planning import RunOptions
+    from episodic.core.runs import Claim
+    from episodic.core.settings import load_settings
+    from episodic.core.states import RunState
+    from episodic.pipeline.gate import EnvironmentCredentials
+    from episodic.pipeline.generation import generate
+    from episodic.storage.claims import ClaimStore
+    from episodic.storage.leases import LeaseStore
+    from episodic.storage.runs import RunStore
     from tests.generation import new_run
 
     _profiles(tmp_path, monkeypatch, delay_ms=0)
     (path := tmp_path / "providers.yaml").write_text(
         path.read_text().replace(f"max_concurrency: {LIMIT}", "max_concurrency: 1")
     )
-    holder_episode, waiting_episode = _episodes(engine, tmp_path, 2, items=1)
+    holder_episode, waiting_episode = planned_episodes(
+        engine, tmp_path, 2, items=1, profile="limited"
+    )
     run_id = new_run(Episode(engine, holder_episode))
     RunStore(engine).transition_run(run_id, RunState.RUNNING, lease_s=30)
     (item,) = RunStore(engine).run_items(run_id)
@@ -239,18 +226,18 @@ def test_open_submissions_hold_slots_until_collected_or_older_than_max_job_s(
 
     from sqlalchemy import update
 
-    from core.runs import Claim, Refusal
-    from core.states import RunState
-    from storage.base import utcnow
-    from storage.claims import ClaimStore
-    from storage.leases import LeaseStore
-    from storage.ledger import LedgerStore
-    from storage.models import SubmissionRow
-    from storage.runs import RunStore
+    from episodic.core.runs import Claim, Refusal
+    from episodic.core.states import RunState
+    from episodic.storage.base import utcnow
+    from episodic.storage.claims import ClaimStore
+    from episodic.storage.leases import LeaseStore
+    from episodic.storage.ledger import LedgerStore
+    from episodic.storage.models import SubmissionRow
+    from episodic.storage.runs import RunStore
     from tests.generation import new_run
 
     _profiles(tmp_path, monkeypatch, delay_ms=0)
-    first, second = _episodes(engine, tmp_path, 2, items=1)
+    first, second = planned_episodes(engine, tmp_path, 2, items=1, profile="limited")
     store, runs = ClaimStore(engine), RunStore(engine)
     ledger, leases = LedgerStore(engine), LeaseStore(engine)
     limits = {"provider_limit": 1, "max_job_s": 60, "lease_s": 30, "max_attempts": 3}
@@ -284,19 +271,21 @@ def test_a_claim_is_worked_once_even_if_its_task_runs_twice(
 ) -> None:
     """Dask reschedules a task whose worker died: the second execution of the same item task
     finds the claim's token consumed and sends nothing (the first may already have paid)."""
-    from storage.claims import ClaimStore
-    from storage.leases import LeaseStore
+    from episodic.storage.claims import ClaimStore
+    from episodic.storage.leases import LeaseStore
     from tests.generation import new_run
 
     _profiles(tmp_path, monkeypatch, delay_ms=0)
-    (episode_id,) = _episodes(engine, tmp_path, 1, items=1)
+    (episode_id,) = planned_episodes(engine, tmp_path, 1, items=1, profile="limited")
     run_id = new_run(Episode(engine, episode_id))
     store = ClaimStore(engine)
     leases = LeaseStore(engine)
-    from storage.runs import RunStore
+    from episodic.storage.runs import RunStore
 
     runs = RunStore(engine)
-    runs.transition_run(run_id, __import__("core.states").states.RunState.RUNNING, lease_s=30)
+    runs.transition_run(
+        run_id, __import__("episodic.core.states").core.states.RunState.RUNNING, lease_s=30
+    )
     (item,) = runs.run_items(run_id)
     claim = store.claim(
         item.pk, run_id, "flow", lease_s=30, max_attempts=3, profile="limited", provider_limit=3
@@ -315,14 +304,14 @@ def test_a_claim_freed_before_its_task_started_is_withdrawn_and_never_worked(
 ) -> None:
     """The flow frees a claim whose task ended before loading it: the intent goes (nothing
     was sent), and a late execution of that task finds the token gone and sends nothing."""
-    from core.states import RunState
-    from storage.claims import ClaimStore
-    from storage.leases import LeaseStore
-    from storage.runs import RunStore
+    from episodic.core.states import RunState
+    from episodic.storage.claims import ClaimStore
+    from episodic.storage.leases import LeaseStore
+    from episodic.storage.runs import RunStore
     from tests.generation import new_run
 
     _profiles(tmp_path, monkeypatch, delay_ms=0)
-    (episode_id,) = _episodes(engine, tmp_path, 1, items=1)
+    (episode_id,) = planned_episodes(engine, tmp_path, 1, items=1, profile="limited")
     run_id = new_run(Episode(engine, episode_id))
     store, runs = ClaimStore(engine), RunStore(engine)
     leases = LeaseStore(engine)
@@ -339,7 +328,7 @@ def test_a_claim_freed_before_its_task_started_is_withdrawn_and_never_worked(
     assert after.state == "failed" and after.attempts == 0  # the attempt was given back
     from sqlalchemy import func, select
 
-    from storage.models import SubmissionRow
+    from episodic.storage.models import SubmissionRow
 
     with engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(SubmissionRow)).scalar_one() == 0
@@ -354,12 +343,12 @@ def test_settling_an_open_submission_needs_no_slot_and_the_run_finds_what_it_may
     `max_job_s`. A claim that settles an open submission takes no new slot: it is granted;
     a new paid call is still refused. `collectible` names exactly the run's items whose
     accepted job (or unanswered intent) no live claim holds."""
-    from core.runs import Claim, Refusal
-    from core.states import RunState
-    from storage.claims import ClaimStore
-    from storage.leases import LeaseStore
-    from storage.ledger import LedgerStore
-    from storage.runs import RunStore
+    from episodic.core.runs import Claim, Refusal
+    from episodic.core.states import RunState
+    from episodic.storage.claims import ClaimStore
+    from episodic.storage.leases import LeaseStore
+    from episodic.storage.ledger import LedgerStore
+    from episodic.storage.runs import RunStore
     from tests.generation import new_run
 
     _profiles(tmp_path, monkeypatch, delay_ms=0)

@@ -16,14 +16,14 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, func, select, update
 
-from core.ids import WeekId
-from core.runs import Refusal
-from core.settings import load_settings
-from core.states import RunState
-from pipeline.allocation import allocate
-from pipeline.check import check_episodes
-from storage.models import ApprovalRow, EpisodeRow, ItemRow, SubmissionRow
-from storage.runs import RunStore
+from episodic.core.ids import WeekId
+from episodic.core.runs import Refusal
+from episodic.core.settings import load_settings
+from episodic.core.states import RunState
+from episodic.pipeline.allocation import allocate
+from episodic.pipeline.check import check_episodes
+from episodic.storage.models import ApprovalRow, EpisodeRow, ItemRow, SubmissionRow
+from episodic.storage.runs import RunStore
 from tests.generation import (
     Episode,
     admit,
@@ -58,8 +58,8 @@ def _running_run(episode: Episode) -> str:
 
 def _runner(episode: Episode) -> Any:
     """The runner a `generate` of the episode would use, built in this process."""
-    from pipeline.gate import EnvironmentCredentials
-    from pipeline.generation import build_runner, prepare
+    from episodic.pipeline.gate import EnvironmentCredentials
+    from episodic.pipeline.generation import build_runner, prepare
 
     settings = load_settings()
     return build_runner(
@@ -117,7 +117,7 @@ def _release(blocker: Any, threads: list[Any], outcomes: dict[str, object]) -> N
 
 def _item_states(engine: Engine, run_id: object) -> list[str]:
     """The states of the run's items, sorted."""
-    from storage.models import RunItemRow
+    from episodic.storage.models import RunItemRow
 
     with engine.connect() as conn:
         return sorted(
@@ -352,9 +352,9 @@ def test_a_run_is_not_concluded_while_another_process_holds_one_of_its_items(
     # instead of being concluded under the other process's feet.
     import threading
 
-    from core.planning import RunOptions
-    from storage.claims import ClaimStore
-    from storage.leases import LeaseStore
+    from episodic.core.planning import RunOptions
+    from episodic.storage.claims import ClaimStore
+    from episodic.storage.leases import LeaseStore
 
     episode = new_episode(engine)
     episode.plan(write_playlist(tmp_path / "p", ["fine", "doomed [[FAIL_PERMANENT]]"]))
@@ -413,8 +413,8 @@ def test_a_holder_woken_after_a_takeover_never_withdraws_the_intent_the_new_hold
     deleted the row of a job that exists: the next run paid a second job (found by a fresh
     tester). A withdraw is now only the holder's; B records the job, and nothing is paid twice.
     Counted in the fake provider's own log."""
-    from core.planning import RunOptions
-    from storage.claims import ClaimStore
+    from episodic.core.planning import RunOptions
+    from episodic.storage.claims import ClaimStore
 
     episode, run_id, item, a, b = _two_holders(engine, tmp_path)
     slots = SLOTS
@@ -449,9 +449,9 @@ def test_a_holder_refused_after_a_takeover_never_fails_the_job_the_new_holder_se
     refusal. A closed the submission failed, accepted or not, so the next run paid a second
     job. A refusal (and an operator's abandon) now closes only the holder's own unsettled
     submission; the next run collects B's job. Counted in the fake provider's own log."""
-    from core.planning import RunOptions
-    from providers.base import CollectionPending, PermanentProviderError
-    from storage.claims import ClaimStore
+    from episodic.core.planning import RunOptions
+    from episodic.providers.base import CollectionPending, PermanentProviderError
+    from episodic.storage.claims import ClaimStore
 
     episode, run_id, item, a, b = _two_holders(engine, tmp_path)
     slots = SLOTS
@@ -491,7 +491,7 @@ def test_a_run_paused_by_another_process_after_this_one_finished_its_items_compl
     this one finished the last item. This one then concluded "interrupted and paused" (exit
     130) though it got no signal and every item was done (found by the fault suite's new
     exit check). Now the process that finished the work completes the run."""
-    from pipeline.runner import Runner
+    from episodic.pipeline.runner import Runner
 
     monkeypatch.setenv("EPISODIC_FAKE_PROVIDER_LOG", str(tmp_path / "provider.jsonl"))
     real_finish = Runner.finish
@@ -519,10 +519,10 @@ def test_an_item_another_process_left_unsettled_when_interrupted_is_settled_here
     suite; this case already held). The provider's own log shows one job per item."""
     import threading
 
-    from core.planning import RunOptions
-    from storage.claims import ClaimStore
-    from storage.leases import LeaseStore
-    from storage.ledger import LedgerStore
+    from episodic.core.planning import RunOptions
+    from episodic.storage.claims import ClaimStore
+    from episodic.storage.leases import LeaseStore
+    from episodic.storage.ledger import LedgerStore
 
     episode = new_episode(engine)
     episode.plan(write_playlist(tmp_path / "pl", ["one", "two"]))
@@ -559,8 +559,8 @@ def test_an_own_item_whose_retry_found_the_run_paused_by_another_process_is_fini
     took it back: this process, never signalled, concluded the run failed (exit 6; found by
     a fresh tester, 2-3 of 10 targeted trials). Now the items this process gave up itself
     are taken back too; the provider's own log shows one job per item."""
-    from providers.base import TransientProviderError
-    from providers.fake import FakeProvider
+    from episodic.providers.base import TransientProviderError
+    from episodic.providers.fake import FakeProvider
 
     monkeypatch.setenv("EPISODIC_FAKE_PROVIDER_LOG", str(tmp_path / "provider.jsonl"))
     real_submit = FakeProvider.submit
@@ -596,9 +596,9 @@ def test_an_interrupt_whose_keyboardinterrupt_was_swallowed_still_stops_the_payi
     running and paying. The handler now also tells the run's engine directly: the run
     stops before its next paid call, is paused, and the command says so (exit 130). Here
     the handler's telling happens without the raise, as when it is swallowed."""
-    import cli.app as cli_app
-    from cli.signals import interrupts
-    from providers.fake import FakeProvider
+    import episodic.cli.app as cli_app
+    from episodic.cli.signals import interrupts
+    from episodic.providers.fake import FakeProvider
 
     monkeypatch.setenv("EPISODIC_FAKE_PROVIDER_LOG", str(tmp_path / "provider.jsonl"))
     real_submit = FakeProvider.submit
@@ -628,8 +628,8 @@ def test_a_dispatchers_claim_of_several_items_is_one_transaction(
     there: 32 in a row for a wave of 32, bench/batch.py)."""
     from sqlalchemy import event
 
-    from pipeline.runner import new_owner
-    from storage.claims import ClaimStore
+    from episodic.pipeline.runner import new_owner
+    from episodic.storage.claims import ClaimStore
 
     episode = new_episode(engine)
     episode.plan(write_playlist(tmp_path / "p", [f"t{n}" for n in range(8)]))
@@ -664,8 +664,8 @@ def test_batched_claims_never_deadlock_with_each_other_or_a_heartbeat(
     heartbeat renews them, released together: every statement that locks several items
     takes them in one order, so none is aborted as a deadlock (Postgres READ COMMITTED;
     SQLite's writer lock serializes them anyway)."""
-    from pipeline.runner import new_owner
-    from storage.claims import ClaimStore
+    from episodic.pipeline.runner import new_owner
+    from episodic.storage.claims import ClaimStore
 
     episode = new_episode(engine)
     episode.plan(write_playlist(tmp_path / "p", [f"t{n}" for n in range(24)]))
@@ -708,9 +708,9 @@ def test_a_batch_claim_of_a_replanned_run_never_deadlocks_with_its_cancel(
 
     from sqlalchemy import text
 
-    from pipeline.runner import new_owner
-    from storage.claims import ClaimStore
-    from storage.models import EpisodePlanRow, RunRow
+    from episodic.pipeline.runner import new_owner
+    from episodic.storage.claims import ClaimStore
+    from episodic.storage.models import EpisodePlanRow, RunRow
 
     episode = new_episode(engine)
     episode.plan(write_playlist(tmp_path / "p", [f"t{n}" for n in range(8)]))
@@ -776,12 +776,12 @@ def _jobs_left_accepted(
 ) -> tuple[Episode, str, list[str]]:
     """Run A's accepted jobs, one per item of a playlist of `titles`, their holder gone (the
     jobs stay accepted): (episode, A, the jobs in item order)."""
-    from pipeline.runner import new_owner
-    from providers.base import ImageRequest
-    from providers.fake import FakeProvider
-    from storage.claims import ClaimStore
-    from storage.leases import LeaseStore
-    from storage.ledger import LedgerStore
+    from episodic.pipeline.runner import new_owner
+    from episodic.providers.base import ImageRequest
+    from episodic.providers.fake import FakeProvider
+    from episodic.storage.claims import ClaimStore
+    from episodic.storage.leases import LeaseStore
+    from episodic.storage.ledger import LedgerStore
 
     episode = new_episode(engine)
     episode.plan(write_playlist(tmp_path / "p", titles))
@@ -826,8 +826,8 @@ def test_cancelling_a_run_keeps_the_jobs_another_live_run_will_collect(
     provider when A is cancelled: B collects it, and the item is paid once. (Cancelling it
     made B pay a second job, and Replicate bills a cancelled one: found by the fresh
     tester.) Counted from the fake provider's own log."""
-    from pipeline.cancel import cancel_run
-    from pipeline.gate import EnvironmentCredentials
+    from episodic.pipeline.cancel import cancel_run
+    from episodic.pipeline.gate import EnvironmentCredentials
 
     episode, run_a, remote, run_b = _job_kept_open(engine, tmp_path, "only")
     state, jobs = cancel_run(engine, load_settings(), run_a, EnvironmentCredentials())
@@ -846,8 +846,8 @@ def test_cancelling_the_run_a_job_was_kept_for_cancels_that_job(
     """Run A's cancel keeps its accepted job for run B; cancelling B then asks the provider
     to cancel that job (it was A's submission, so B's cancel looked only at B's own and
     left it running and billed: found by the fresh tester)."""
-    from pipeline.cancel import cancel_run
-    from pipeline.gate import EnvironmentCredentials
+    from episodic.pipeline.cancel import cancel_run
+    from episodic.pipeline.gate import EnvironmentCredentials
 
     _episode, run_a, remote, run_b = _job_kept_open(engine, tmp_path, "only [[DELAY_MS:600000]]")
     _state, kept = cancel_run(engine, load_settings(), run_a, EnvironmentCredentials())
@@ -867,8 +867,8 @@ def test_a_job_kept_for_a_run_that_then_crashed_and_was_cancelled_again_is_bough
     item, and the next retry bought it (found by the fresh tester on Postgres). The second
     cancel says "canceled"; the resumed run now buys the item anew at once and completes,
     one job more at the provider, never two uncancelled ones."""
-    from pipeline.cancel import cancel_run
-    from pipeline.gate import EnvironmentCredentials
+    from episodic.pipeline.cancel import cancel_run
+    from episodic.pipeline.gate import EnvironmentCredentials
 
     episode, run_a, remote, run_b = _job_kept_open(engine, tmp_path, "only [[DELAY_MS:4000]]")
     _state, kept = cancel_run(engine, load_settings(), run_a, EnvironmentCredentials())
@@ -905,8 +905,8 @@ def test_a_run_buys_a_cancelled_job_anew_only_if_cancelled_and_within_its_limits
     `succeeded`) was bought again by itself, and the rebuy ignored --max-retries, --max-cost
     and --max-images (found by the second fresh tester). Otherwise the item fails and
     the operator decides. Counted at the fake provider."""
-    from pipeline.cancel import cancel_run
-    from pipeline.gate import EnvironmentCredentials
+    from episodic.pipeline.cancel import cancel_run
+    from episodic.pipeline.gate import EnvironmentCredentials
 
     episode, run_a, remote, run_b = _job_kept_open(engine, tmp_path, title)
     _state, kept = cancel_run(engine, load_settings(), run_a, EnvironmentCredentials())
@@ -929,9 +929,9 @@ def _cancel_admitting_b_in_the_first_call(
     """`runs cancel A` over three accepted jobs of `delay_ms`, with run B admitted over the
     same items from inside the provider's first cancel call (after that job's decision,
     before the provider cancels it): (episode, the jobs, B, the cancel's answers)."""
-    from pipeline.cancel import cancel_run
-    from pipeline.gate import EnvironmentCredentials
-    from providers.fake import FakeProvider
+    from episodic.pipeline.cancel import cancel_run
+    from episodic.pipeline.gate import EnvironmentCredentials
+    from episodic.providers.fake import FakeProvider
 
     titles = [f"t{n} [[DELAY_MS:{delay_ms}]]" for n in range(3)]
     episode, run_a, remotes = _jobs_left_accepted(engine, tmp_path, titles)
@@ -1081,9 +1081,9 @@ def test_a_cancel_never_cancels_the_items_of_a_run_created_while_it_decided(
 
     from sqlalchemy import text
 
-    from pipeline.admission import dedup_policy
-    from storage.models import RunRow
-    from storage.sweep import Sweeper
+    from episodic.pipeline.admission import dedup_policy
+    from episodic.storage.models import RunRow
+    from episodic.storage.sweep import Sweeper
 
     episode = new_episode(engine)
     episode.plan(write_playlist(tmp_path / "p", [f"t{n}" for n in range(6)]))
@@ -1143,11 +1143,11 @@ def test_a_run_that_changes_the_plan_never_deadlocks_with_a_run_being_created(
 
     from sqlalchemy import text
 
-    from core.dedup import RunRequest
-    from pipeline.admission import dedup_policy
-    from storage.admission import AdmissionStore
-    from storage.models import EpisodeRow
-    from storage.plans import PlanRecord, PlanStore
+    from episodic.core.dedup import RunRequest
+    from episodic.pipeline.admission import dedup_policy
+    from episodic.storage.admission import AdmissionStore
+    from episodic.storage.models import EpisodeRow
+    from episodic.storage.plans import PlanRecord, PlanStore
 
     episode = new_episode(engine)
     episode.plan(write_playlist(tmp_path / "p", [f"t{n}" for n in range(6)]))
@@ -1205,8 +1205,8 @@ def test_run_creation_never_deadlocks_with_a_heartbeat_renewing_the_same_items(
     half a minute (found by the fresh tester). Rows locked to update non-key columns are
     locked FOR NO KEY UPDATE now, which foreign-key checks never wait for, and memberships
     are inserted in id order."""
-    from pipeline.runner import new_owner
-    from storage.claims import ClaimStore
+    from episodic.pipeline.runner import new_owner
+    from episodic.storage.claims import ClaimStore
 
     episode = new_episode(engine)
     episode.plan(write_playlist(tmp_path / "p", [f"t{n}" for n in range(30)]))

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, select
 
-from core.exit_codes import ExitCode
-from providers.base import (
+from episodic.core.exit_codes import ExitCode
+from episodic.providers.base import (
     CannotCheck,
     ImageRequest,
     PermanentProviderError,
@@ -21,10 +21,10 @@ from providers.base import (
     RemoteJobFailed,
     UnknownOutcome,
 )
-from providers.fal import FalProvider
-from providers.profiles import Profile, load_profiles
-from providers.replicate import ReplicateProvider
-from storage.models import ItemRow
+from episodic.providers.fal import FalProvider
+from episodic.providers.profiles import Profile, load_profiles
+from episodic.providers.replicate import ReplicateProvider
+from episodic.storage.models import ItemRow
 from tests.generation import Episode, new_episode, write_playlist
 from tests.jobs_servers import TOKEN, FalServer, ReplicateServer
 
@@ -209,7 +209,7 @@ def test_replicate_check_verifies_the_token_without_spending(replicate: Replicat
         "black-forest-labs/flux-schnell takes every configured input (prompt, seed, "
         "num_outputs, aspect_ratio)"
     )
-    from core.errors import ProviderConfigError
+    from episodic.core.errors import ProviderConfigError
 
     with pytest.raises(ProviderConfigError, match="refused the token"):
         ReplicateProvider(profile=replicate_profile(replicate), token="wrong").check()
@@ -330,7 +330,7 @@ def test_a_profile_that_does_not_fit_its_kind_is_refused_naming_the_field(
 ) -> None:
     import yaml
 
-    from core.errors import ProviderConfigError
+    from episodic.core.errors import ProviderConfigError
 
     path = tmp_path / "providers.yaml"
     path.write_text(yaml.safe_dump({"profiles": {"p": {"cost_per_image_minor": 1, **fields}}}))
@@ -419,11 +419,11 @@ def test_cancelling_a_run_cancels_its_accepted_jobs_at_the_provider_and_records_
     import threading
     import time
 
-    from pipeline.cancel import cancel_run
-    from pipeline.gate import EnvironmentCredentials
-    from storage.ledger import LedgerStore
-    from storage.models import EpisodeEventRow, SubmissionRow
-    from storage.runs import RunStore
+    from episodic.pipeline.cancel import cancel_run
+    from episodic.pipeline.gate import EnvironmentCredentials
+    from episodic.storage.ledger import LedgerStore
+    from episodic.storage.models import EpisodeEventRow, SubmissionRow
+    from episodic.storage.runs import RunStore
 
     with ReplicateServer(processing_polls=10**6) as server:  # it never finishes by itself
         episode = _episode(engine, tmp_path, monkeypatch, "replicate", server.base_url)  # type: ignore[attr-defined]
@@ -465,7 +465,7 @@ def test_providers_check_verifies_without_spending_and_prints_the_capability_row
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from cli.app import run
+    from episodic.cli.app import run
 
     (tmp_path / "providers.yaml").write_text(
         "profiles:\n"
@@ -548,7 +548,7 @@ def test_the_planned_reference_image_is_what_every_item_sends(
     import base64
     import hashlib
 
-    from providers.fake import render_png
+    from episodic.providers.fake import render_png
 
     planned = render_png("style", 1)
     with ReplicateServer() as server:
@@ -573,7 +573,7 @@ def test_the_planned_reference_image_is_what_every_item_sends(
             "    cost_per_image_minor: 3\n"
         )
         episode2.plan(_playlist_with_reference(tmp_path / "pl2", "real", planned))
-        from core.errors import ProviderConfigError
+        from episodic.core.errors import ProviderConfigError
 
         with pytest.raises(ProviderConfigError, match="reference_image_input"):
             episode2.generate()
@@ -593,8 +593,8 @@ def test_a_reference_image_that_is_not_an_image_asset_is_refused(
 ) -> None:
     import yaml
 
-    from core.errors import InvalidPlaylist
-    from pipeline.playlists import load_playlist
+    from episodic.core.errors import InvalidPlaylist
+    from episodic.pipeline.playlists import load_playlist
 
     path = _playlist_with_reference(tmp_path, "fake", b"\x89PNG")
     (tmp_path / "style.txt").write_text("x")
@@ -643,7 +643,7 @@ def test_cancel_asks_for_a_failed_runs_uncollected_jobs_and_says_when_it_could_n
     at all, so its running predictions could not be stopped (a fresh tester); and a cancel
     that asked nothing (no credential) said "cancelled", exit 0. The failed run keeps its
     state and its jobs are asked; a cancel that could not ask exits 1 with the reason."""
-    from cli.app import run
+    from episodic.cli.app import run
 
     with ReplicateServer(processing_polls=10**6) as server:
         episode = _episode(engine, tmp_path, monkeypatch, "replicate", server.base_url)  # type: ignore[attr-defined]
@@ -676,7 +676,7 @@ def test_a_number_past_pythons_digit_limit_in_a_yaml_file_is_one_line_exit_2(
 ) -> None:
     """A 5001-digit integer in providers.yaml (and so in any YAML file we read) escaped as
     "unexpected ValueError", exit 1 (a fresh tester)."""
-    from cli.app import run
+    from episodic.cli.app import run
 
     (tmp_path / "providers.yaml").write_text(
         "profiles:\n  p:\n    kind: fal\n    model: a/b\n    credential_env: T\n"

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, func, select
 
-from core.errors import CommandNotAllowed, ImageNotAsPaid, InvalidInput
-from core.settings import load_settings
-from pipeline.approval import decide
-from pipeline.assembly import assemble
-from storage.media import MediaStore
-from storage.models import (
+from episodic.core.errors import CommandNotAllowed, ImageNotAsPaid, InvalidInput
+from episodic.core.settings import load_settings
+from episodic.pipeline.approval import decide
+from episodic.pipeline.assembly import assemble
+from episodic.storage.media import MediaStore
+from episodic.storage.models import (
     ApprovalRow,
     CostEntryRow,
     EpisodeEventRow,
@@ -88,8 +88,8 @@ def test_approval_is_recorded_once_with_who(generated: Episode) -> None:
 def test_a_rejection_stands_through_a_generate_until_a_reopen(generated: Episode) -> None:
     """Issue 28: a generate with nothing to do moved a rejected episode back to `generated`,
     and the rejected images could then be approved without any re-plan."""
-    from pipeline.approval import reopen
-    from storage.episodes import EpisodeRepository
+    from episodic.pipeline.approval import reopen
+    from episodic.storage.episodes import EpisodeRepository
 
     engine, episode_id = generated.engine, generated.episode_id
     decide(engine, "weekly", episode_id, approve=False, by="ann", note="too dark")
@@ -229,8 +229,8 @@ def test_the_approval_form_shows_thumbnails_from_the_store_on_another_machine(
     """The form's previews are the store's bytes (checked against the sha256 paid for), so
     a form rendered by a worker with another state folder shows every image; an image gone
     from the store is named by its key, never shown from elsewhere."""
-    from flows.approval_form import approval_form_description
-    from pipeline.approval import approval_context
+    from episodic.flows.approval_form import approval_form_description
+    from episodic.pipeline.approval import approval_context
 
     monkeypatch.setenv("EPISODIC_HOME", str(tmp_path / "another-machine"))
     engine, episode_id = generated_in.engine, generated_in.episode_id
@@ -252,7 +252,7 @@ def test_reopen_names_the_images_the_store_no_longer_holds(
 ) -> None:
     """After reopen a generate pays nothing for completed images, so one lost from the
     store would only surface at the next approval: reopen names it now."""
-    from pipeline.approval import reopen
+    from episodic.pipeline.approval import reopen
 
     engine, episode_id = generated_in.engine, generated_in.episode_id
     decide(engine, "weekly", episode_id, approve=True, by="ann", note=None)

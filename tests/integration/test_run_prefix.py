@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import Engine, insert, select
 
-from cli.app import run
-from core.errors import InvalidInput
-from core.ids import WeekId, parse_run_ref
-from pipeline.allocation import allocate
-from storage.models import EpisodeRow, RunRow
-from storage.runs import RunStore
+from episodic.cli.app import run
+from episodic.core.errors import InvalidInput
+from episodic.core.ids import WeekId, parse_run_ref
+from episodic.pipeline.allocation import allocate
+from episodic.storage.models import EpisodeRow, RunRow
+from episodic.storage.runs import RunStore
 
 IDS = [
     "abcd1111-0000-4000-8000-000000000001",

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, func, select, update
 
-from core.errors import BudgetExceeded, CommandNotAllowed, EpisodeNotFound
-from core.exit_codes import ExitCode
-from core.states import RunState
-from storage.base import utcnow
-from storage.models import CostEntryRow, ItemRow, RunRow, SubmissionRow
+from episodic.core.errors import BudgetExceeded, CommandNotAllowed, EpisodeNotFound
+from episodic.core.exit_codes import ExitCode
+from episodic.core.states import RunState
+from episodic.storage.base import utcnow
+from episodic.storage.models import CostEntryRow, ItemRow, RunRow, SubmissionRow
 from tests.generation import (
     Episode,
     image_keys,
@@ -245,10 +245,10 @@ def test_generate_needs_a_plan_and_an_existing_episode(engine: Engine, database_
 
 def test_a_stop_before_the_call_withdraws_the_intent(episode: Episode, tmp_path: Path) -> None:
     """Claimed, intended, then stopped before sending: no unknown is left behind."""
-    from core.planning import RunOptions
-    from pipeline.check import check_episodes
-    from pipeline.gate import EnvironmentCredentials
-    from pipeline.generation import build_runner, prepare
+    from episodic.core.planning import RunOptions
+    from episodic.pipeline.check import check_episodes
+    from episodic.pipeline.gate import EnvironmentCredentials
+    from episodic.pipeline.generation import build_runner, prepare
     from tests.generation import new_run
 
     episode.plan(write_playlist(tmp_path / "p", ["a", "b", "c"]))

@@ -10,9 +10,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import Engine, select
 
-from core.keys import slot_key, utc_iso
-from storage.allocator import SLOT_EVENTS, asked_by
-from storage.models import EpisodeEventRow, EpisodeRow
+from episodic.core.keys import slot_key, utc_iso
+from episodic.storage.allocator import SLOT_EVENTS, asked_by
+from episodic.storage.models import EpisodeEventRow, EpisodeRow
 from tests.integration import race_workers as w
 from tests.integration import slot_race_workers as sw
 

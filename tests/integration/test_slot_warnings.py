@@ -9,11 +9,11 @@ import sys
 
 from sqlalchemy import Engine, update
 
-from core.ids import WeekId
-from pipeline.check import check_episodes
-from pipeline.slot_warnings import schedule_warnings
-from storage.allocator import Allocator
-from storage.models import EpisodeRow
+from episodic.core.ids import WeekId
+from episodic.pipeline.check import check_episodes
+from episodic.pipeline.slot_warnings import schedule_warnings
+from episodic.storage.allocator import Allocator
+from episodic.storage.models import EpisodeRow
 
 W32 = WeekId.parse("2026-W32")
 SLOT = "2026-08-06T07:00:00Z"
@@ -59,7 +59,7 @@ def test_episodes_two_deployments_allocated_before_the_upgrade_are_named(
     assert "deployments weekly-episode/weekly and weekly-episode/weekly-copy" in warning.detail
     assert "episodes 2026-W32-0, 2026-W32-1" in warning.detail
     result = subprocess.run(  # the command: a warning line, exit 0 (nothing is broken)
-        [sys.executable, "-m", "cli.app", "check", "--all"],
+        [sys.executable, "-m", "episodic.cli.app", "check", "--all"],
         capture_output=True,
         text=True,
         check=False,
@@ -70,7 +70,7 @@ def test_episodes_two_deployments_allocated_before_the_upgrade_are_named(
         "clean",
     ]
     as_json = subprocess.run(
-        [sys.executable, "-m", "cli.app", "check", "--all", "--json"],
+        [sys.executable, "-m", "episodic.cli.app", "check", "--all", "--json"],
         capture_output=True,
         text=True,
         check=False,
@@ -88,7 +88,7 @@ def test_episodes_two_deployments_allocated_before_the_upgrade_are_named(
 def test_allocate_refuses_a_slot_key_in_another_week(database_url: str) -> None:
     """`episodic allocate --key slot:…` in a week that is not the slot's would leave the
     slot's own run an `AllocationConflict`: refused, nothing written."""
-    args = [sys.executable, "-m", "cli.app", "allocate", "--key", f"slot:weekly:{SLOT}"]
+    args = [sys.executable, "-m", "episodic.cli.app", "allocate", "--key", f"slot:weekly:{SLOT}"]
     wrong = subprocess.run([*args, "--week", "2026-W33"], capture_output=True, text=True)
     assert wrong.returncode == 2, wrong.stderr
     assert "names a slot of 2026-W32" in wrong.stderr

@@ -20,11 +20,11 @@ from zoneinfo import ZoneInfo
 import pytest
 from sqlalchemy import Engine, select, update
 
-from pipeline.check import check_episodes
-from pipeline.check_spend import verify_spend
-from pipeline.pipelines import set_timezone
-from pipeline.spend import spend_report, week_spend
-from storage.models import CostEntryRow, SubmissionRow
+from episodic.pipeline.check import check_episodes
+from episodic.pipeline.check_spend import verify_spend
+from episodic.pipeline.pipelines import set_timezone
+from episodic.pipeline.spend import spend_report, week_spend
+from episodic.storage.models import CostEntryRow, SubmissionRow
 from tests.generation import Episode, new_episode, provider_log, write_playlist
 
 AUCKLAND = ZoneInfo("Pacific/Auckland")  # +13 in December: its weeks and months are not UTC's
@@ -69,7 +69,7 @@ def date_calls(engine: Engine, moments: list[datetime]) -> None:
 
 
 def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    from cli.app import run
+    from episodic.cli.app import run
 
     capsys.readouterr()
     code = run(list(args))
@@ -136,15 +136,17 @@ def test_check_finds_a_report_that_dates_calls_unlike_the_budgets(
 ) -> None:
     """Each week's and month's row is held against the ledger's sum of that period's bounds
     (what the budgets count): a report that read the calls in UTC would be found."""
-    import pipeline.spend
-    from core import periods
+    import episodic.pipeline.spend
+    from episodic.core import periods
 
     set_timezone(engine, "weekly", "Pacific/Auckland")
     generated(engine, tmp_path / "a", ["a", "b", "c", "d"], "fake", "k:1")
     date_calls(engine, [SUNDAY_LATE, MONDAY_EARLY, NYE_LATE, NEW_YEAR_EARLY])
     assert verify_spend(engine, "weekly").problems == []
     monkeypatch.setattr(
-        pipeline.spend, "period_label", lambda kind, at, tz: periods.period_label(kind, at, UTC)
+        episodic.pipeline.spend,
+        "period_label",
+        lambda kind, at, tz: periods.period_label(kind, at, UTC),
     )
     assert verify_spend(engine, "weekly").problems == [
         "spend --by week row 2026-W52 2 paid calls, 0.08 USD, but the ledger holds 1, 0.04 USD",

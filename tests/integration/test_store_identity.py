@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, text
 
-from core.errors import WrongMediaStore
-from core.settings import load_settings
-from pipeline.check import check_episodes
-from pipeline.generation import writable_store
-from storage.media import MARKER, MediaStore
-from storage.store_identity import marker_id, recorded
+from episodic.core.errors import WrongMediaStore
+from episodic.core.settings import load_settings
+from episodic.pipeline.check import check_episodes
+from episodic.pipeline.generation import writable_store
+from episodic.storage.media import MARKER, MediaStore
+from episodic.storage.store_identity import marker_id, recorded
 from tests.generation import Episode, image_keys, jobs_per_key, new_episode, write_playlist
 from tests.integration.media_workers import adopt_worker
 from tests.media_targets import MediaTarget, media, open_target
@@ -94,15 +94,16 @@ def test_a_typo_in_the_store_prefix_is_refused_and_buy_again_buys_nothing(
     line = refused.stderr.strip()
     assert "\n" not in line and refused.stdout == ""
     typo_shown = MediaStore.open(typo).describe()
-    assert f"media store {typo_shown} is not this database's media store {right}" in line
-    assert "set EPISODIC_MEDIA_URL to the recorded store" in line
+    assert f"the configured media store {typo_shown} is not this database's recorded" in line
+    assert f"recorded store {right} (it has no marker" in line
+    assert "set EPISODIC_MEDIA_URL to the recorded one" in line
     assert f"`episodic media import --from {right}`; nothing was bought" in line
     assert jobs_per_key() == before and _count(engine, "submissions") == submissions
     assert _count(engine, "lost_outputs") == 0
     assert MediaStore.open(typo).read_marker() is None  # the wrong store was not adopted
     for command in (["check", episode.episode_id], ["episodes", "show", episode.episode_id]):
         also = _episodic(*command)
-        assert also.returncode == 2 and "is not this database's media store" in also.stderr
+        assert also.returncode == 2 and "is not this database's recorded store" in also.stderr
     monkeypatch.setenv("EPISODIC_MEDIA_URL", media.url)  # the right store: all is there
     assert check_episodes(engine, "weekly", episode.episode_id) == []
 
@@ -127,7 +128,7 @@ def test_a_second_machine_on_its_default_local_store_cannot_generate(
 
     assert refused.returncode == 2, refused.stdout + refused.stderr
     local = str(tmp_path / "machine-b" / "media")
-    assert f"media store {local} is not this database's media store {s3.url}" in refused.stderr
+    assert f"store {local} is not this database's recorded store {s3.url}" in refused.stderr
     assert "nothing was bought" in refused.stderr
     assert jobs_per_key() == before and _count(engine, "submissions") == submissions
     assert not any(p.is_file() for p in (tmp_path / "machine-b" / "media").rglob("sha256/*"))
@@ -209,4 +210,115 @@ def test_two_processes_racing_adopt_one_store(
     assert [kind for kind, *_ in answers] == ["ok", "refused"], answers
     (_, won, store_id), (_, lost, why) = answers
     assert store_id == have.store_id == marker_id(MediaStore.open(won))
-    assert "is not this database's media store" in why and MediaStore.open(lost).describe() in why
+    assert "is not this database's recorded store" in why
+    assert MediaStore.open(lost).describe() in why
+
+
+def test_a_store_that_lost_its_marker_is_read_on_and_marked_again_after_a_sample_check(
+    engine: Engine, media: MediaTarget, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The marker of the recorded store is deleted, every image still there. Commands that
+    only read go on (with a note, and a `check` finding); one that would buy is refused in
+    one line naming the store once and `episodic media restore-marker`; that command refuses
+    while a sampled object is not the recorded bytes, then writes the recorded store's
+    marker again (the same store id), after which everything works and nothing is bought
+    twice. At another address it is refused, naming both stores."""
+    episode = _generated(engine, tmp_path)
+    have = recorded(engine)
+    assert have is not None
+    url = media.store().describe()
+    media.delete_behind(MARKER)
+    before, submissions = jobs_per_key(), _count(engine, "submissions")
+
+    shown = _episodic("episodes", "show", episode.episode_id, "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert [m["stored"] for m in json.loads(shown.stdout)["media"]] == ["yes"] * 3
+    assert "restore-marker" in shown.stderr
+    checked = _episodic("check", "--all")
+    assert checked.returncode == 1 and "restore-marker" in checked.stdout, checked.stdout
+    refused = _episodic("media", "restore", episode.episode_id)  # it would write
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    (line,) = refused.stderr.strip().splitlines()
+    assert line.count(url) == 1, line  # named once: it is the recorded store
+    assert "`episodic media restore-marker`" in line and "import --from" not in line, line
+
+    key, *_ = image_keys(engine)[1]
+    good = media.read_behind(key)
+    media.write_behind(key, b"not the paid bytes")
+    tampered = _episodic("media", "restore-marker", "--sample", "3")
+    assert tampered.returncode == 2, tampered.stdout + tampered.stderr
+    (line,) = tampered.stderr.strip().splitlines()
+    assert "1 of 3 sampled" in line and key in line and "nothing was written" in line, line
+    assert media.store().read_marker() is None
+    media.write_behind(key, good)
+
+    elsewhere = _other_store(media, tmp_path, "elsewhere")
+    monkeypatch.setenv("EPISODIC_MEDIA_URL", elsewhere)
+    wrong = _episodic("media", "restore-marker")
+    assert wrong.returncode == 2 and url in wrong.stderr, wrong.stderr
+    assert MediaStore.open(elsewhere).describe() in wrong.stderr
+    assert MediaStore.open(elsewhere).read_marker() is None
+    monkeypatch.setenv("EPISODIC_MEDIA_URL", media.url)
+
+    restored = _episodic("media", "restore-marker", "--json")
+    assert restored.returncode == 0, restored.stdout + restored.stderr
+    answer = json.loads(restored.stdout)
+    assert answer["written"] and answer["sampled"] == answer["recorded_objects"] == 3, answer
+    assert marker_id(media.store()) == have.store_id  # the same store, as recorded
+    again = _episodic("media", "restore-marker")
+    assert again.returncode == 0 and "nothing to do" in again.stdout, again.stdout
+    assert _episodic("check", "--all").returncode == 0
+    done = _episodic("generate", episode.episode_id, "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["paid_submissions"] == 0
+    assert jobs_per_key() == before and _count(engine, "submissions") == submissions
+
+
+_NOT_MARKERS: list[bytes | str] = [b"", b"\x00\xff\x89PNG", b"[]", b'{"id": 1}']
+
+
+@pytest.mark.parametrize(
+    ("kind", "content"),
+    [("local", "a folder")]  # an object store holds objects only: no folder stands at a key
+    + [(kind, content) for kind in ("local", "s3") for content in _NOT_MARKERS],
+)
+def test_a_marker_that_is_not_one_is_refused_with_the_way_on_and_left_as_it_is(
+    engine: Engine,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    kind: str,
+    content: str | bytes,
+) -> None:
+    """Something else where the store's marker is (a folder, an empty or binary file, JSON
+    without a store id): every command that would write, `media restore-marker` among them,
+    is refused in one line that says what is there and the way on (move it out, then
+    restore-marker), never a loop back to itself; nothing deletes it. Moved out, that command
+    writes the recorded store's marker again."""
+    from episodic.cli.app import run
+
+    media = open_target(kind, request, tmp_path, monkeypatch)
+    episode = _generated(engine, tmp_path)
+    have = recorded(engine)
+    assert have is not None
+    media.delete_behind(MARKER)
+    if content == "a folder":
+        (Path(media.url) / MARKER).mkdir()
+    else:
+        assert isinstance(content, bytes)
+        media.write_behind(MARKER, content)
+    capsys.readouterr()
+    for argv in (["media", "restore-marker"], ["media", "restore", episode.episode_id]):
+        assert run(argv) == 2, argv
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert "is not a store marker" in line and "move it out of the store" in line, line
+        assert line.count("restore-marker") == 1, line
+    if content == "a folder":
+        assert (Path(media.url) / MARKER).is_dir()
+        (Path(media.url) / MARKER).rmdir()  # the operator moves it out
+    else:
+        assert media.read_behind(MARKER) == content
+        media.delete_behind(MARKER)
+    assert run(["media", "restore-marker"]) == 0
+    assert marker_id(media.store()) == have.store_id

@@ -21,16 +21,16 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, text
 
-from core.exit_codes import ExitCode
-from core.planning import RunOptions
-from core.records import ItemResult
-from core.runs import Item
-from core.settings import load_settings
-from core.states import RunState
-from pipeline.gate import EnvironmentCredentials
-from pipeline.generation import generate
-from pipeline.outcomes import RunOutcome
-from pipeline.runner import Runner
+from episodic.core.exit_codes import ExitCode
+from episodic.core.planning import RunOptions
+from episodic.core.records import ItemResult
+from episodic.core.runs import Item
+from episodic.core.settings import load_settings
+from episodic.core.states import RunState
+from episodic.pipeline.gate import EnvironmentCredentials
+from episodic.pipeline.generation import generate
+from episodic.pipeline.outcomes import RunOutcome
+from episodic.pipeline.runner import Runner
 from tests.acceptance.conftest import EPISODIC
 from tests.fault_proxy import FaultProxy
 from tests.fs_faults import can_mount, read_only_folder

@@ -12,17 +12,17 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, select, update
 
-from core.runs import Claim
-from core.settings import load_settings
-from core.states import RunState
-from pipeline.admission import dedup_policy
-from pipeline.check import check_episodes
-from pipeline.sweep import sweep
-from storage.base import utcnow
-from storage.claims import ClaimStore
-from storage.ledger import LedgerStore
-from storage.models import ItemRow, RunRow, SubmissionRow
-from storage.runs import RunStore
+from episodic.core.runs import Claim
+from episodic.core.settings import load_settings
+from episodic.core.states import RunState
+from episodic.pipeline.admission import dedup_policy
+from episodic.pipeline.check import check_episodes
+from episodic.pipeline.sweep import sweep
+from episodic.storage.base import utcnow
+from episodic.storage.claims import ClaimStore
+from episodic.storage.ledger import LedgerStore
+from episodic.storage.models import ItemRow, RunRow, SubmissionRow
+from episodic.storage.runs import RunStore
 from tests.generation import Episode, jobs_per_key, new_episode, new_run, write_playlist
 from tests.integration import race_workers as w
 
@@ -63,8 +63,8 @@ def _dead_run_holding_items(episode: Episode, *, accept_first: bool) -> tuple[st
         assert isinstance(got, Claim)
         held.append(got)
     if accept_first:  # the provider really made this job before the process died
-        from providers.base import ImageRequest
-        from providers.fake import FakeProvider
+        from episodic.providers.base import ImageRequest
+        from episodic.providers.fake import FakeProvider
 
         sub, item = held[0].submission, held[0].item
         assert sub is not None
@@ -134,9 +134,9 @@ def test_orphaned_children_of_a_cancelled_parent_are_cancelled_unless_shared(
 ) -> None:
     """A parent cancelled by an older version (children left pending): the sweep cancels
     them, except an item that an active run still includes."""
-    from storage.admission import AdmissionStore
-    from storage.episodes import EpisodeRepository
-    from storage.models import RunItemRow
+    from episodic.storage.admission import AdmissionStore
+    from episodic.storage.episodes import EpisodeRepository
+    from episodic.storage.models import RunItemRow
 
     orphaned_parent = new_run(episode)
     with episode.engine.begin() as conn:  # cancelled without touching its children

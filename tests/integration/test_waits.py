@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, event
 
-from core.exit_codes import ExitCode
-from core.ids import WeekId
-from pipeline.allocation import allocate
+from episodic.core.exit_codes import ExitCode
+from episodic.core.ids import WeekId
+from episodic.pipeline.allocation import allocate
 from tests.generation import Episode, jobs_per_key, provider_log, write_playlist
 
 DELAY_MS = 1500  # every job takes this long at the provider: the collect wait

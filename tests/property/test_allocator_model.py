@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 from sqlalchemy import Engine, text
 
-from core.errors import AllocationConflict
-from core.ids import WeekId
-from pipeline.allocation import allocate
+from episodic.core.errors import AllocationConflict
+from episodic.core.ids import WeekId
+from episodic.pipeline.allocation import allocate
 
 PIPELINE = "weekly"
 WEEKS = [WeekId.parse(w) for w in ("2026-W01", "2026-W32", "2026-W53", "2027-W01")]
@@ -106,7 +106,7 @@ def test_the_allocator_follows_its_model(engine: Engine) -> None:
 
 @pytest.mark.parametrize("key", ["", " ", "x" * 513, "a\x00b"])
 def test_malformed_keys_are_refused_before_anything_is_written(engine: Engine, key: str) -> None:
-    from core.errors import EpisodicError
+    from episodic.core.errors import EpisodicError
 
     with pytest.raises(EpisodicError):
         allocate(engine, PIPELINE, WEEKS[0], key)

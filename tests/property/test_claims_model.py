@@ -19,16 +19,16 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 from sqlalchemy import Engine, text
 
-from core.media import StoredMedia, content_key
-from core.pricing import Price
-from core.runs import Claim
-from core.states import RunState
-from storage.base import utcnow
-from storage.claims import ClaimStore
-from storage.episodes import EpisodeRepository
-from storage.leases import LeaseStore
-from storage.ledger import LedgerStore
-from storage.runs import RunStore
+from episodic.core.media import StoredMedia, content_key
+from episodic.core.pricing import Price
+from episodic.core.runs import Claim
+from episodic.core.states import RunState
+from episodic.storage.base import utcnow
+from episodic.storage.claims import ClaimStore
+from episodic.storage.episodes import EpisodeRepository
+from episodic.storage.leases import LeaseStore
+from episodic.storage.ledger import LedgerStore
+from episodic.storage.runs import RunStore
 from tests.generation import new_episode, new_run, write_playlist
 
 ITEMS = 3

@@ -3,7 +3,7 @@ numbers (NaN, inf, huge, negative, non-ASCII digits), NUL bytes, 10 KB strings a
 every position, answers with one line and a documented exit code; never a traceback, never
 "unexpected", and nothing is written (the database is unchanged).
 
-The CLI runs in this process (`cli.app.run`, as the `episodic` script does) so that
+The CLI runs in this process (`episodic.cli.app.run`, as the `episodic` script does) so that
 hypothesis can try hundreds of inputs.
 """
 
@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import text
 
-from cli.app import run
-from core.exit_codes import ExitCode
+from episodic.cli.app import run
+from episodic.core.exit_codes import ExitCode
 
 NASTY = st.one_of(
     st.sampled_from(
@@ -99,7 +99,7 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def _rows(home: Path) -> tuple[int, ...]:
-    from storage.engine import make_engine
+    from episodic.storage.engine import make_engine
 
     engine = make_engine(f"sqlite:///{home / 'episodic.db'}")
     with engine.connect() as conn:

@@ -6,7 +6,7 @@ huge and negative numbers, non-ASCII digits, NUL bytes, 10 KB strings, markup, d
 path traversal), or raw garbage (invalid YAML/JSON, binary, duplicate keys, empty), or not a
 file at all (a folder, a FIFO, a missing path). Always: exit 0 or 2, one line on stderr, no
 traceback, nothing "unexpected"; refused means nothing written (no row, no file) and no path
-escapes its folder. The CLI runs in this process (`cli.app.run`), on SQLite and Postgres.
+escapes its folder. The CLI runs in this process (`episodic.cli.app.run`), on SQLite and Postgres.
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 from sqlalchemy import Engine, func, select
 
-import storage.models  # noqa: F401  (every table registered on Base.metadata)
-from cli.app import run
-from core.ids import WeekId
-from pipeline.allocation import allocate
-from storage.base import Base
+import episodic.storage.models  # noqa: F401  (every table registered on Base.metadata)
+from episodic.cli.app import run
+from episodic.core.ids import WeekId
+from episodic.pipeline.allocation import allocate
+from episodic.storage.base import Base
 from tests.generation import write_playlist
 from tests.property import fuzz_settings
 

@@ -26,11 +26,11 @@ from hypothesis import strategies as st
 from prefect.exceptions import ParameterTypeError, SignatureMismatchError
 from sqlalchemy import Engine, create_engine, func, select
 
-from flows.generate import generate_episode
-from flows.maintenance import cancel_stale
-from flows.plan import plan_episode_flow
-from flows.review import approve_episode, assemble_episode
-from flows.weekly import weekly_episode
+from episodic.flows.generate import generate_episode
+from episodic.flows.maintenance import cancel_stale
+from episodic.flows.plan import plan_episode_flow
+from episodic.flows.review import approve_episode, assemble_episode
+from episodic.flows.weekly import weekly_episode
 from tests.flows.conftest import prefect_harness  # noqa: F401 (the session's Prefect harness)
 
 FLOWS = {
@@ -174,10 +174,10 @@ def planned(
     the Prefect harness; the fake provider logs to a file."""
     request.getfixturevalue("prefect_harness")
     url = database_url
-    from core.ids import WeekId
-    from pipeline.allocation import allocate
-    from pipeline.generation import record_plan
-    from storage.engine import make_engine
+    from episodic.core.ids import WeekId
+    from episodic.pipeline.allocation import allocate
+    from episodic.pipeline.episode_plan import record_plan
+    from episodic.storage.engine import make_engine
     from tests.generation import write_playlist
 
     monkeypatch.setenv("EPISODIC_FAKE_PROVIDER_LOG", str(tmp_path / "provider.jsonl"))

@@ -8,7 +8,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from core.ids import EpisodeId, WeekId
+from episodic.core.ids import EpisodeId, WeekId
 
 ZONES = [
     "UTC",

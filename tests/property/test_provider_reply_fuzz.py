@@ -3,7 +3,7 @@
 bodies: wrong types, missing fields, NaN/negative/huge costs, non-JSON, huge or deeply nested
 bodies, unknown statuses, remote references with control characters or 10 KB long.
 
-Every reply is classified by what it proves (`providers.base`): `submit` returns a usable
+Every reply is classified by what it proves (`episodic.providers.base`): `submit` returns a usable
 remote reference or raises `NotCreated`/`UnknownOutcome` (a 2xx or 5xx never claims that no
 job was made); `collect` returns an image or raises `RemoteJobFailed` (only for a job the
 provider says failed) or `CollectionPending`; `lookup` returns None, one usable reference or
@@ -21,10 +21,10 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-import providers.jobs_api as jobs_api
-from core.money import MAX_IMAGE_COST_MICROS
-from core.pricing import MAX_QUANTITY
-from providers.base import (
+import episodic.providers.jobs_api as jobs_api
+from episodic.core.money import MAX_IMAGE_COST_MICROS
+from episodic.core.pricing import MAX_QUANTITY
+from episodic.providers.base import (
     CollectionPending,
     ImageRequest,
     ImageResult,
@@ -34,8 +34,8 @@ from providers.base import (
     RemoteJobFailed,
     UnknownOutcome,
 )
-from providers.http import HttpProvider
-from providers.profiles import Profile
+from episodic.providers.http import HttpProvider
+from episodic.providers.profiles import Profile
 from tests.http_server import TOKEN, PredictionsServer
 from tests.property import fuzz_settings
 

@@ -106,8 +106,8 @@ def waiting_runs(work: Path, weeks: int) -> list[tuple[str, str]]:
     suspended at its form: [(flow run id, episode id)]."""
     from prefect.schedules import Cron
 
-    from flows import local
-    from flows.weekly import weekly_episode
+    from episodic.flows import local
+    from episodic.flows.weekly import weekly_episode
     from tests.generation import write_playlist
 
     playlist = write_playlist(work / "playlist", TITLES, hero=HERO, prompt=PROMPT)
@@ -134,9 +134,9 @@ def waiting_runs(work: Path, weeks: int) -> list[tuple[str, str]]:
 
 def episodes() -> dict[str, str]:
     """The weekly pipeline's episodes in the database: id -> state."""
-    from core.settings import load_settings
-    from storage.engine import make_engine
-    from storage.episodes import EpisodeRepository
+    from episodic.core.settings import load_settings
+    from episodic.storage.engine import make_engine
+    from episodic.storage.episodes import EpisodeRepository
 
     engine = make_engine(load_settings().url)
     try:

@@ -150,7 +150,7 @@ def point_this_process_at(server: PrefectServer, home: Path) -> None:
     os.environ["EPISODIC_TIMEZONE"] = "UTC"
     # the fake provider's own record of every create call that reached it
     os.environ["EPISODIC_FAKE_PROVIDER_LOG"] = str(home / "provider.jsonl")
-    import tasks  # noqa: F401  (the project's Prefect defaults first)
+    import episodic.tasks  # noqa: F401  (the project's Prefect defaults first)
 
     importlib.import_module("prefect.main")  # then Prefect, which configures its logging
 
@@ -166,7 +166,7 @@ def the_slot_run(deployment: Any, start: datetime, end: datetime) -> Any:
     """The one run of the deployment's slot between `start` and `end`, scheduled now. Not
     every run of the deployment: the server's scheduler adds its future runs (from today on)
     at any moment, so unpacking them all failed 1 run in 3 ("too many values to unpack")."""
-    from flows import local
+    from episodic.flows import local
 
     runs = [
         run
@@ -184,8 +184,8 @@ def suspend_a_run_at_its_approval_form(work: Path) -> tuple[str, int, list[str]]
     from prefect.client.orchestration import get_client
     from prefect.schedules import Cron
 
-    from flows import local
-    from flows.weekly import weekly_episode
+    from episodic.flows import local
+    from episodic.flows.weekly import weekly_episode
     from tests.generation import write_playlist
 
     playlist = write_playlist(work / "playlist", TITLES, hero=HERO)
@@ -504,8 +504,8 @@ def reject_in_the_form(driver: Any, server: PrefectServer, flow_run_id: str) -> 
 
 def executed(flow_run_id: str) -> Any:
     """Run the flow run in this process, as a worker would, and send its logs."""
-    from flows import local
-    from flows.weekly import weekly_episode
+    from episodic.flows import local
+    from episodic.flows.weekly import weekly_episode
 
     state = local.execute(weekly_episode, flow_run_id)  # type: ignore[arg-type]
     flush_prefect()
@@ -578,9 +578,9 @@ def provider_jobs(home: Path) -> tuple[int, int]:
 
 
 def episode_state() -> str:
-    from core.settings import load_settings
-    from storage.engine import make_engine
-    from storage.episodes import EpisodeRepository
+    from episodic.core.settings import load_settings
+    from episodic.storage.engine import make_engine
+    from episodic.storage.episodes import EpisodeRepository
 
     engine = make_engine(load_settings().url)
     try:

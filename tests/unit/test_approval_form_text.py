@@ -1,11 +1,11 @@
-"""The approval form's prompts block (`flows.approval_form.prompts_details`): one collapsed
+"""The approval form's prompts block (`episodic.flows.approval_form.prompts_details`): one collapsed
 HTML block, every prompt escaped (issue 32: the form names videos and shows prompts on
 demand, not item ids and hashes)."""
 
 from __future__ import annotations
 
-from flows.approval_form import prompts_details
-from pipeline.preview import PlanTexts
+from episodic.flows.approval_form import prompts_details
+from episodic.pipeline.preview import PlanTexts
 from tests.images import episode_image as image
 
 

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from prefect.utilities.schema_tools.validation import ValidationError, validate
 
-from core.records import EpisodeImage
-from flows.approval_form import ApprovalInput, approval_input_for
+from episodic.core.records import EpisodeImage
+from episodic.flows.approval_form import ApprovalInput, approval_input_for
 
 OK = [
     {"decision": "approve", "reviewer": "ann"},
@@ -75,8 +75,8 @@ def test_the_hero_form_keeps_the_rules() -> None:
 
 def test_answers_the_schema_passes_are_still_checked_by_decide() -> None:
     """The server's rules are a first line: `decide` refuses the same after the resume."""
-    from core.errors import InvalidInput
-    from pipeline.approval import validate_person
+    from episodic.core.errors import InvalidInput
+    from episodic.pipeline.approval import validate_person
 
     with pytest.raises(InvalidInput):
         validate_person("ann\u200b", "reviewer")  # not printable, yet no control character

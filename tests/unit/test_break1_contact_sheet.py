@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import unicodedata
 
-from pipeline.contact_sheet import drawable, has_glyph
+from episodic.pipeline.contact_sheet import drawable, has_glyph
 
 
 def test_a_decomposed_accent_is_drawn_as_its_base_letter_like_a_composed_one() -> None:

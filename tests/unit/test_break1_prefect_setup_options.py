@@ -16,8 +16,8 @@ def test_approval_wait_takes_ascii_digits_only(
 ) -> None:
     """`\\d` in the duration's pattern matches any Unicode digit: a fullwidth 4 and `h`
     was 4 hours. The project's integer options take ASCII digits only (docs/cli.md)."""
-    from cli.prefect_setup import _approval_wait_s
-    from core.errors import InvalidInput
+    from episodic.cli.prefect_setup import _approval_wait_s
+    from episodic.core.errors import InvalidInput
 
     with pytest.raises(InvalidInput, match="--approval-wait"):
         _approval_wait_s(text)

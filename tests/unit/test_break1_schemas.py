@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 from jsonschema import Draft202012Validator
 
-from core.documents import parse_yaml
-from core.home import project_folder
-from pipeline.playlists import InvalidPlaylist, parse_playlist
-from pipeline.schemas import json_schema
-from providers.profiles import ProviderConfigError, load_profiles
+from episodic.core.documents import parse_yaml
+from episodic.core.home import project_folder
+from episodic.pipeline.playlists import InvalidPlaylist, parse_playlist
+from episodic.pipeline.schemas import json_schema
+from episodic.providers.profiles import ProviderConfigError, load_profiles
 
 
 def _example() -> Any:

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from core.pricing import MAX_QUANTITY
-from providers.jobs_api import compute_us_of
+from episodic.core.pricing import MAX_QUANTITY
+from episodic.providers.jobs_api import compute_us_of
 
 
 @pytest.mark.parametrize(

@@ -9,8 +9,8 @@ import io
 
 from PIL import Image, ImageChops
 
-from pipeline import contact_sheet
-from pipeline.contact_sheet import (
+from episodic.pipeline import contact_sheet
+from episodic.pipeline.contact_sheet import (
     BACKGROUND,
     COVER_TILE,
     ELLIPSIS,
@@ -20,7 +20,7 @@ from pipeline.contact_sheet import (
     fit_text,
     font,
 )
-from pipeline.preview import PlanTexts, sheet_rows
+from episodic.pipeline.preview import PlanTexts, sheet_rows
 from tests.images import episode_image as image
 
 

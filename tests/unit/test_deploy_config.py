@@ -1,4 +1,4 @@
-"""`prefect.yaml` and `episodic serve` register the same deployments (`deployments.spec`),
+"""`prefect.yaml` and `episodic serve` register the same deployments (`episodic.deployments.spec`),
 and nothing in the YAML depends on the machine that deploys it."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deployments.spec import SWEEP_EVERY_S, SWEEP_SLUG, WEEKLY_SLOTS, deployment_specs
+from episodic.deployments.spec import SWEEP_EVERY_S, SWEEP_SLUG, WEEKLY_SLOTS, deployment_specs
 
 PROJECT = Path(__file__).resolve().parents[2]
 
@@ -50,15 +50,15 @@ def test_every_entrypoint_is_a_module_path_to_the_named_flow() -> None:
 def test_nothing_of_the_deploying_machine_is_in_the_yaml(config: dict) -> None:  # type: ignore[type-arg]
     text = (PROJECT / "prefect.yaml").read_text()
     assert "$EPISODIC_PROJECT_DIR" not in text and str(PROJECT) not in text
-    assert config["pull"] == [{"deployments.steps.project_directory": {}}]
+    assert config["pull"] == [{"episodic.deployments.steps.project_directory": {}}]
     (build,) = config["build"]
-    assert build["deployments.steps.setup"]["id"] == "episodic"
+    assert build["episodic.deployments.steps.setup"]["id"] == "episodic"
 
 
 def test_the_pull_step_moves_into_the_project_folder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from deployments.steps import project_directory
+    from episodic.deployments.steps import project_directory
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("EPISODIC_PROJECT_DIR", raising=False)
@@ -79,7 +79,7 @@ def test_the_pull_step_moves_into_the_project_folder(
 def test_the_deploy_that_adds_a_scheduler_of_a_pipeline_is_named() -> None:
     """What the build step says when `prefect deploy` exits (it cannot see the deployment
     before Prefect registers it): only pipelines the deploy gave a further scheduler."""
-    from deployments.steps import added_scheduler_warnings
+    from episodic.deployments.steps import added_scheduler_warnings
 
     weekly, copy, third = (f"weekly-episode/{n}" for n in ("weekly", "weekly-copy", "w3"))
     before = {"weekly": [weekly], "other": ["weekly-episode/other"]}
@@ -105,7 +105,7 @@ def test_a_deploy_of_every_deployment_says_each_warning_once(
 ) -> None:
     """`prefect deploy --all` runs the build step once per deployment (six here): each of
     its warnings is printed once, on standard error."""
-    from deployments import steps
+    from episodic.deployments import steps
 
     for _ in range(6):
         steps._warn("pipeline weekly is scheduled by 2 deployments")

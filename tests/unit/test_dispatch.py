@@ -1,4 +1,4 @@
-"""The one dispatch machine (`pipeline.executors.dispatch`), driven deterministically.
+"""The one dispatch machine (`episodic.pipeline.executors.dispatch`), driven deterministically.
 
 A fake provider (its free slots), a fake job (the run's collectible items, what the machine
 tells it) and fake lanes (items started against the provider's slots, one ending per
@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from core.records import ItemResult, RefusalReason
-from core.runs import Item
-from pipeline.executors import THROTTLE_POLL_S, Answer, dispatch, thread_pool_executor
+from episodic.core.records import ItemResult, RefusalReason
+from episodic.core.runs import Item
+from episodic.pipeline.executors import THROTTLE_POLL_S, Answer, dispatch, thread_pool_executor
 
 Log = list[tuple[Any, ...]]
 

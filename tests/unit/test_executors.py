@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from core.runs import Item
-from pipeline.executors import THROTTLE_POLL_S, thread_pool_executor
+from episodic.core.runs import Item
+from episodic.pipeline.executors import THROTTLE_POLL_S, thread_pool_executor
 
 
 class _AlwaysThrottled:
@@ -51,9 +51,9 @@ def test_a_claim_handed_to_an_in_process_task_is_freed_as_unstarted_only_if_neve
     intent (the task may be sending it): the claim comes back without its token. A claim
     freed before its task took it keeps its token (its intent is withdrawn), and the late
     task then finds nothing to take."""
-    from core.records import ClaimAction
-    from core.runs import Claim, Submission
-    from tasks.process import PROCESS, LocalFlow, handed_claim
+    from episodic.core.records import ClaimAction
+    from episodic.core.runs import Claim, Submission
+    from episodic.tasks.process import PROCESS, LocalFlow, handed_claim
 
     item = Item(1, "k1", 1, "v1", 1, "p", 1, "running", 1, None)
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from pipeline.heap import freeze_for_run, long_lived_frozen, thaw_after_run
+from episodic.pipeline.heap import freeze_for_run, long_lived_frozen, thaw_after_run
 
 
 @pytest.fixture(autouse=True)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from core.home import installed_project, resolve_home, user_data_folder
-from core.settings import load_settings
+from episodic.core.home import installed_project, resolve_home, user_data_folder
+from episodic.core.settings import load_settings
 
 PROJECT = Path(__file__).resolve().parents[2]
 

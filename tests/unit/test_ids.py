@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from core.errors import InvalidEpisodeId, InvalidInput, InvalidWeekId
-from core.ids import EpisodeId, WeekId, parse_run_id, weeks_in_iso_year
+from episodic.core.errors import InvalidEpisodeId, InvalidInput, InvalidWeekId
+from episodic.core.ids import EpisodeId, WeekId, parse_run_id, weeks_in_iso_year
 
 BERLIN = ZoneInfo("Europe/Berlin")
 

@@ -11,9 +11,9 @@ import os
 import pytest
 from PIL import Image, ImageFile
 
-from core.errors import NotAnImage
-from core.media import content_key
-from pipeline.media import prove_image
+from episodic.core.errors import NotAnImage
+from episodic.core.media import content_key
+from episodic.pipeline.media import prove_image
 
 
 def encoded(fmt: str, size: tuple[int, int] = (40, 30), **options: object) -> bytes:

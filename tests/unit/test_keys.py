@@ -4,8 +4,8 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from core.errors import InvalidInput, NoInvocationIdentity
-from core.keys import (
+from episodic.core.errors import InvalidInput, NoInvocationIdentity
+from episodic.core.keys import (
     Invocation,
     SlotKey,
     derive_allocation_key,

@@ -31,18 +31,38 @@ RANK = {
 ORCHESTRATOR = {"prefect", "prefect_dask", "dask", "distributed"}
 
 
-def imported_packages(package: str) -> dict[str, set[str]]:
-    """Top-level names each module of `package` imports: ``{module path: {name, ...}}``."""
+def imported_modules(package: str) -> dict[str, set[str]]:
+    """Absolute module names each module of `package` imports: ``{module path: {name}}``."""
     found: dict[str, set[str]] = {}
     for path in sorted((ROOT / package).rglob("*.py")):
         names: set[str] = set()
         for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
             if isinstance(node, ast.Import):
-                names.update(alias.name.split(".")[0] for alias in node.names)
+                names.update(alias.name for alias in node.names)
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names.add(node.module.split(".")[0])
+                names.add(node.module)
         found[str(path.relative_to(ROOT))] = names
     return found
+
+
+def imported_packages(package: str) -> dict[str, set[str]]:
+    """Packages each module of `package` imports: ``{module path: {name, ...}}``."""
+    return {
+        module: {house.package_of(name) for name in names}
+        for module, names in imported_modules(package).items()
+    }
+
+
+@pytest.mark.parametrize("package", [*sorted(RANK), "bench", "reliability", "tests"])
+def test_product_code_imports_episodic_only(package: str) -> None:
+    """Every import of a product module names it in the one import package (``episodic.core``,
+    never ``core``): the wheel installs nothing else, and a team's own ``flows`` package would
+    shadow a bare ``flows``."""
+    bare = {
+        module: sorted(n for n in names if n.split(".")[0] in RANK)
+        for module, names in imported_modules(package).items()
+    }
+    assert {m: n for m, n in bare.items() if n} == {}
 
 
 @pytest.mark.parametrize("package", sorted(RANK))
@@ -79,7 +99,7 @@ def test_the_rules_see_a_violation() -> None:
 # reader finds its violation in a small tree.
 
 MAX_MODULE_LINES = house.TOO_LONG_MODULE
-ENGINE_FACTORY = "storage.registry"  # what flows may use of storage: the engine per URL
+ENGINE_FACTORY = "episodic.storage.registry"  # what flows may use of storage: the engine per URL
 
 
 def _graph_imports(root: Path = ROOT) -> list[house.Import]:
@@ -107,7 +127,9 @@ def flows_reaching_into_storage(root: Path = ROOT) -> set[tuple[str, str]]:
     return {
         (imp.source, imp.target)
         for imp in _graph_imports(root)
-        if _in(imp.source, "flows") and _in(imp.target, "storage") and imp.target != ENGINE_FACTORY
+        if _in(imp.source, "episodic.flows")
+        and _in(imp.target, "episodic.storage")
+        and imp.target != ENGINE_FACTORY
     }
 
 
@@ -115,12 +137,12 @@ def pipeline_using_the_database(root: Path = ROOT) -> set[tuple[str, str]]:
     """``(pipeline module, storage.models | sqlalchemy)`` for each such import."""
     found: set[tuple[str, str]] = set()
     for imp in _graph_imports(root):
-        if not _in(imp.source, "pipeline"):
+        if not _in(imp.source, "episodic.pipeline"):
             continue
         if _in(imp.target, "sqlalchemy"):
             found.add((imp.source, "sqlalchemy"))
-        elif _in(imp.target, "storage.models"):
-            found.add((imp.source, "storage.models"))
+        elif _in(imp.target, "episodic.storage.models"):
+            found.add((imp.source, "episodic.storage.models"))
     return found
 
 
@@ -205,26 +227,30 @@ def test_the_house_rules_see_a_violation(tmp_path: Path) -> None:
     private name imported and one reached through a module (by an alias or its full dotted
     name), a long module."""
     files = {
-        "storage/__init__.py": "from storage.engine import make\n",
-        "storage/engine.py": "def make():\n    from storage import tx\n",
+        "storage/__init__.py": "from episodic.storage.engine import make\n",
+        "storage/engine.py": "def make():\n    from episodic.storage import tx\n",
         "storage/tx.py": "",
         "storage/registry.py": "def engine_for(): ...\n",
         "storage/runs.py": "def _hidden(): ...\n",
-        "flows/review.py": "from storage.registry import engine_for\nfrom storage import runs\n",
-        "pipeline/check.py": "import sqlalchemy.orm\nfrom storage.runs import _hidden\n",
+        "flows/review.py": (
+            "from episodic.storage.registry import engine_for\nfrom episodic.storage import runs\n"
+        ),
+        "pipeline/check.py": "import sqlalchemy.orm\nfrom episodic.storage.runs import _hidden\n",
         "pipeline/legacy.py": "from ..storage import runs\nruns._hidden()\n",
-        "pipeline/gate.py": "import storage.runs\nstorage.runs._hidden()\n",
+        "pipeline/gate.py": "import episodic.storage.runs\nepisodic.storage.runs._hidden()\n",
         "cli/app.py": "x = 1\n" * (MAX_MODULE_LINES + 1),
     }
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
-    assert cyclic_modules(tmp_path) == {"storage", "storage.engine"}
-    assert flows_reaching_into_storage(tmp_path) == {("flows.review", "storage.runs")}
-    assert pipeline_using_the_database(tmp_path) == {("pipeline.check", "sqlalchemy")}
-    assert private_imports(tmp_path) == {
-        ("pipeline.check", "storage.runs._hidden"),
-        ("pipeline.legacy", "storage.runs._hidden"),
-        ("pipeline.gate", "storage.runs._hidden"),
+    assert cyclic_modules(tmp_path) == {"episodic.storage", "episodic.storage.engine"}
+    assert flows_reaching_into_storage(tmp_path) == {
+        ("episodic.flows.review", "episodic.storage.runs")
     }
-    assert long_modules(tmp_path) == {"cli.app"}
+    assert pipeline_using_the_database(tmp_path) == {("episodic.pipeline.check", "sqlalchemy")}
+    assert private_imports(tmp_path) == {
+        ("episodic.pipeline.check", "episodic.storage.runs._hidden"),
+        ("episodic.pipeline.legacy", "episodic.storage.runs._hidden"),
+        ("episodic.pipeline.gate", "episodic.storage.runs._hidden"),
+    }
+    assert long_modules(tmp_path) == {"episodic.cli.app"}

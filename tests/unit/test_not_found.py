@@ -7,8 +7,8 @@ from pathlib import Path
 
 from sqlalchemy.engine import make_url
 
-from core.errors import EpisodeNotFound, RunNotFound
-from storage.engine import database_label, make_engine
+from episodic.core.errors import EpisodeNotFound, RunNotFound
+from episodic.storage.engine import database_label, make_engine
 
 
 def test_sqlite_is_named_by_its_file(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""core.periods: the one date rule of `spend` and the period budgets."""
+"""episodic.core.periods: the one date rule of `spend` and the period budgets."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from core.periods import day_start, period_bounds, period_label
+from episodic.core.periods import day_start, period_bounds, period_label
 
 BERLIN = ZoneInfo("Europe/Berlin")
 AUCKLAND = ZoneInfo("Pacific/Auckland")

@@ -2,10 +2,10 @@ from __future__ import annotations
 
 import pytest
 
-from core.errors import InvalidInput
-from core.money import format_money, parse_money
-from core.playlist import Playlist, expand, item_idempotency_key
-from core.selection import parse_selection
+from episodic.core.errors import InvalidInput
+from episodic.core.money import format_money, parse_money
+from episodic.core.playlist import Playlist, expand, item_idempotency_key
+from episodic.core.selection import parse_selection
 
 BASE = dict(
     template_spec_hash="t",
@@ -215,7 +215,7 @@ def test_a_playlist_without_a_reference_image_keeps_the_hash_it_was_recorded_wit
     run). The value is what the code before the field computed for the example playlist."""
     from pathlib import Path
 
-    from pipeline.playlists import load_playlist, playlist_sha256
+    from episodic.pipeline.playlists import load_playlist, playlist_sha256
 
     example = Path(__file__).resolve().parents[2] / "examples" / "playlist.yaml"
     playlist, _references = load_playlist(example)
@@ -367,7 +367,7 @@ def test_hero_candidates_from_the_command_line() -> None:
 
 
 def test_picks_are_parsed_strictly_and_checked_against_the_plan() -> None:
-    from core.playlist import check_picks, hero_candidates, parse_picks
+    from episodic.core.playlist import check_picks, hero_candidates, parse_picks
 
     heroes = hero_candidates(_hero())
     assert parse_picks("v01=2") == {"v01": 2}

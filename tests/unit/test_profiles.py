@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from core.errors import ProviderConfigError
-from providers.profiles import load_profiles
+from episodic.core.errors import ProviderConfigError
+from episodic.providers.profiles import load_profiles
 
 
 @pytest.mark.parametrize(
@@ -162,7 +162,7 @@ def test_a_bad_price_through_providers_list_is_exit_2_and_one_line(
     field: str,
     rule: str,
 ) -> None:
-    from cli.app import run
+    from episodic.cli.app import run
 
     monkeypatch.setenv("EPISODIC_PROVIDERS_FILE", str(_priced(tmp_path, fields)))
     capsys.readouterr()
@@ -267,3 +267,35 @@ def test_an_integral_float_is_the_int_its_json_schema_takes(tmp_path: Path, fiel
         path.write_text(f"{base}    {field}: {bad}\n")
         with pytest.raises(ProviderConfigError, match=f"field {field}"):
             load_profiles(path)
+
+
+@pytest.mark.parametrize(
+    ("kind", "name", "value"),
+    [
+        ("replicate", "num_outputs", "4"),
+        ("replicate", "num_outputs", "2"),
+        ("replicate", "num_outputs", '"1"'),
+        ("replicate", "num_outputs", "true"),
+        ("replicate", "num_outputs", "0"),
+        ("fal", "num_images", "4"),
+        ("fal", "num_images", "1.5"),
+    ],
+)
+def test_a_profile_asking_for_several_images_a_call_is_refused_when_it_loads(
+    tmp_path: Path, kind: str, name: str, value: str
+) -> None:
+    """The provider bills every image of the call, an item keeps one: one line naming the
+    profile and the input."""
+    path = tmp_path / "providers.yaml"
+    model = "owner/model" if kind == "replicate" else "fal-ai/flux/dev"
+    path.write_text(
+        f"profiles:\n  mine:\n    kind: {kind}\n    model: {model}\n"
+        f'    credential_env: KEY\n    price: {{per_image: "0.003"}}\n'
+        f"    inputs: {{{name}: {value}}}\n"
+    )
+    with pytest.raises(ProviderConfigError) as raised:
+        load_profiles(path)
+    message = str(raised.value)
+    assert "profile 'mine'" in message and f"inputs: {name}:" in message and "\n" not in message
+    path.write_text(path.read_text().replace(f"{name}: {value}", f"{name}: 1"))
+    assert load_profiles(path)["mine"].inputs[name] == 1

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from core.errors import InvalidInput
-from core.settings import load_settings
+from episodic.core.errors import InvalidInput
+from episodic.core.settings import load_settings
 
 
 def test_defaults(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
@@ -42,7 +42,7 @@ def test_bad_values_name_the_variable(
 
 @pytest.mark.parametrize("name", ["localtime", "Factory", "posixrules", "../../etc/passwd", ""])
 def test_host_dependent_and_unknown_zones_are_refused(name: str) -> None:
-    from core.settings import load_timezone
+    from episodic.core.settings import load_timezone
 
     with pytest.raises(InvalidInput, match="unknown timezone"):
         load_timezone(name)
@@ -51,7 +51,7 @@ def test_host_dependent_and_unknown_zones_are_refused(name: str) -> None:
 def test_flow_parameter_patterns_refuse_impossible_weeks() -> None:
     import re
 
-    from flows.params import EPISODE_ID_PATTERN, WEEK_PATTERN
+    from episodic.flows.params import EPISODE_ID_PATTERN, WEEK_PATTERN
 
     assert re.match(WEEK_PATTERN, "2026-W01") and re.match(WEEK_PATTERN, "2026-W53")
     for bad in ("2026-W00", "2026-W54", "2026-W99", "2026-W1"):

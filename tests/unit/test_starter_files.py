@@ -13,13 +13,13 @@ import pytest
 import yaml
 from jsonschema import Draft202012Validator
 
-from core.home import project_folder
-from pipeline.playlists import load_playlist
-from providers.profiles import load_profiles
+from episodic.core.home import project_folder
+from episodic.pipeline.playlists import load_playlist
+from episodic.providers.profiles import load_profiles
 
 
 def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    from cli.app import run
+    from episodic.cli.app import run
 
     capsys.readouterr()
     code = run(list(args))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from core.states import DELETABLE_SUBMISSION_STATES, INITIAL_STATES, TRANSITIONS
+from episodic.core.states import DELETABLE_SUBMISSION_STATES, INITIAL_STATES, TRANSITIONS
 
 SOURCE = Path(__file__).resolve().parents[2] / "storage" / "statements.py"
 LABEL = re.compile(r"^# (run|item|submission|episode): (.+) -> (.+)$")

@@ -4,8 +4,8 @@ import itertools
 
 import pytest
 
-from core.errors import InvalidTransition
-from core.states import ItemState, RunState, check_item_transition, check_run_transition
+from episodic.core.errors import InvalidTransition
+from episodic.core.states import ItemState, RunState, check_item_transition, check_run_transition
 
 ALLOWED_RUN = {
     ("pending", "running"),

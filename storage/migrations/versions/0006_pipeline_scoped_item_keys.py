@@ -25,8 +25,8 @@ depends_on = None
 
 
 def _mapping(conn: Any, episode: Any, *, forward: bool) -> dict[str, str]:
-    from core.errors import InvalidInput
-    from core.playlist import Playlist, expand
+    from episodic.core.errors import InvalidInput
+    from episodic.core.playlist import Playlist, expand
 
     mapping: dict[str, str] = {}
     plans = conn.execute(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from storage.base import UTCDateTime
+from episodic.storage.base import UTCDateTime
 
 revision = "0007"
 down_revision = "0006"

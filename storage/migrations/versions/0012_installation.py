@@ -24,7 +24,7 @@ import secrets
 import sqlalchemy as sa
 from alembic import op
 
-from storage.base import UTCDateTime, utcnow
+from episodic.storage.base import UTCDateTime, utcnow
 
 revision = "0012"
 down_revision = "0011"

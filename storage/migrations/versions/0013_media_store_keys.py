@@ -4,7 +4,7 @@ Revision ID: 0013
 Revises: 0012
 Create Date: 2026-12-02
 
-An image is kept in the media store (`storage.media`) under a store-relative,
+An image is kept in the media store (`episodic.storage.media`) under a store-relative,
 content-addressed key, never under a machine path: `items.output_key` (String(1024)) with
 its `output_size` (bytes) and `output_media_type` (``image/png``, ``image/jpeg``,
 ``image/webp``) next to the `output_sha256` already recorded; `episode_media` gains the same

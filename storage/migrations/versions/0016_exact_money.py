@@ -5,7 +5,7 @@ Revises: 0015
 Create Date: 2026-12-02
 
 Money was whole minor units (cents); a price of $0.003 could not be written. Every amount is
-now an integer of micro-units (millionths of the currency unit, `core.money`):
+now an integer of micro-units (millionths of the currency unit, `episodic.core.money`):
 
 - ``cost_entries.amount_minor`` becomes ``amount_micros`` = amount_minor x 10,000 (exact),
   beside the ``basis`` it was charged on, the measured ``quantity`` and the
@@ -29,7 +29,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from storage.base import UTCDateTime
+from episodic.storage.base import UTCDateTime
 
 revision = "0016"
 down_revision = "0015"

@@ -1,0 +1,168 @@
+"""The distribution a team installs: one import package, `episodic`, with what the product needs
+at run time, and nothing that runs only from a checkout. Built here with the project's own uv
+(`make bootstrap` puts it in .tools), installed into a fresh virtualenv with the locked
+dependencies, and used from a scratch team repository that has its own `flows` and `tasks`
+packages, the usual layout of a Prefect project."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.slow
+
+
+def _uv() -> str:
+    local = ROOT / ".tools" / "bin" / "uv"
+    found = str(local) if local.is_file() else shutil.which("uv")
+    assert found, "uv is needed to build the wheel: run `make bootstrap`"
+    return found
+
+
+def _clean_env(**extra: str) -> dict[str, str]:
+    """The environment without this test process's Prefect and episodic settings."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PREFECT_", "EPISODIC_", "VIRTUAL_ENV", "UV_PROJECT"))
+    }
+    env.update(PREFECT_SERVER_ANALYTICS_ENABLED="false", DO_NOT_TRACK="1", **extra)
+    return env
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("dist")
+    subprocess.run(
+        [_uv(), "build", "--wheel", "--out-dir", str(out), "--quiet", str(ROOT)],
+        check=True,
+        cwd=ROOT,
+        env=_clean_env(),
+        timeout=300,
+    )
+    (built,) = out.glob("episodic-*.whl")
+    return built
+
+
+@pytest.fixture(scope="module")
+def venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A fresh virtualenv holding the locked dependencies and the built wheel."""
+    root = tmp_path_factory.mktemp("venv")
+    env = _clean_env()
+    requirements = root / "requirements.txt"
+    export = ["export", "--frozen", "--no-dev", "--no-emit-project", "--no-hashes", "--quiet"]
+    subprocess.run(
+        [_uv(), *export, "--output-file", str(requirements)],
+        check=True,
+        cwd=ROOT,
+        env=env,
+        timeout=300,
+    )
+    venv = root / "venv"
+    subprocess.run(
+        [_uv(), "venv", "--quiet", "--python", sys.executable, str(venv)],
+        check=True,
+        env=env,
+        timeout=300,
+    )
+    subprocess.run(
+        [_uv(), "pip", "install", "--quiet", "-r", str(requirements), str(wheel)],
+        check=True,
+        env={**env, "VIRTUAL_ENV": str(venv)},
+        timeout=600,
+    )
+    yield venv
+
+
+def test_the_wheel_holds_one_import_package_and_its_run_time_data(wheel: Path) -> None:
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {name.split("/")[0] for name in names}
+    assert {t for t in tops if not t.endswith(".dist-info")} == {"episodic"}
+    subpackages = {name.split("/")[1] for name in names if name.startswith("episodic/")}
+    assert {"core", "storage", "providers", "pipeline", "tasks", "flows"} <= subpackages
+    assert {"deployments", "cli", "examples", "__init__.py"} <= subpackages
+    assert not subpackages & {"tests", "bench", "reliability"}
+    assert "episodic/examples/playlist.yaml" in names
+    assert "episodic/examples/reference/style.txt" in names  # the playlist's reference file
+    assert "episodic/storage/migrations/script.py.mako" in names
+    assert any(n.startswith("episodic/storage/migrations/versions/") for n in names)
+    assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
+    (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+    text = zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "episodic = episodic.cli.entry:main" in text
+
+
+def _team_repository(root: Path) -> Path:
+    """A team's Prefect project with its own `flows` and `tasks` packages."""
+    team = root / "team"
+    for package in ("flows", "tasks"):
+        (team / package).mkdir(parents=True)
+        (team / package / "__init__.py").write_text(f"OWNER = 'team {package}'\n")
+    (team / "flows" / "weekly.py").write_text("def weekly() -> str:\n    return 'theirs'\n")
+    return team
+
+
+def test_a_team_repository_with_its_own_flows_imports_both(venv: Path, tmp_path: Path) -> None:
+    team = _team_repository(tmp_path)
+    code = (
+        "import json, flows, flows.weekly, tasks\n"
+        "import episodic.flows.weekly, episodic.tasks, episodic.cli.app\n"
+        "from episodic.core.resources import example_playlist\n"
+        "print(json.dumps({'flows': flows.OWNER, 'weekly': flows.weekly.weekly(),\n"
+        "  'tasks': tasks.OWNER, 'ours': episodic.flows.weekly.__file__,\n"
+        "  'playlist': str(example_playlist())}))\n"
+    )
+    done = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", code],
+        cwd=team,
+        env=_clean_env(EPISODIC_HOME=str(tmp_path / "home")),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.splitlines()[-1])
+    assert seen["flows"] == "team flows" and seen["tasks"] == "team tasks"
+    assert seen["weekly"] == "theirs"
+    assert Path(seen["ours"]).is_relative_to(venv)  # the installed copy, not this checkout
+    assert Path(seen["playlist"]).is_relative_to(venv) and Path(seen["playlist"]).is_file()
+    installed = {p.name for p in next((venv / "lib").glob("python3*/site-packages")).iterdir()}
+    assert not installed & {"core", "storage", "providers", "pipeline", "cli", "bench"}
+
+
+def test_the_demo_runs_from_the_installed_wheel_outside_any_clone(
+    venv: Path, tmp_path: Path
+) -> None:
+    team = _team_repository(tmp_path)
+    home = tmp_path / "home"
+    done = subprocess.run(
+        [str(venv / "bin" / "episodic"), "demo", "--week", "2026-W40", "--json"],
+        cwd=team,
+        env=_clean_env(EPISODIC_HOME=str(home)),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    checked = subprocess.run(
+        [str(venv / "bin" / "episodic"), "check", "--all", "--json"],
+        cwd=team,
+        env=_clean_env(EPISODIC_HOME=str(home)),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert json.loads(done.stdout), done.stdout
+    assert "2026-W40-0" in done.stdout and "2026-W40-1" in done.stdout, done.stdout
+    assert (home / "episodic.db").is_file()
