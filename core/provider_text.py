@@ -58,9 +58,16 @@ def problem_words(body: object, *, secrets: Iterable[str] = ()) -> str:
     if detail is None:
         detail = body.get("error") or body.get("message")
     parts = [_as_text(part) for part in (title, detail) if part not in (None, "", [], {})]
-    if len(parts) == 2 and parts[0].strip().lower() == parts[1].strip().lower():
-        parts = parts[:1]
+    if len(parts) == 2 and _says_the_same(parts[0], parts[1]):
+        parts = [max(parts, key=len)]
     return provider_words(": ".join(parts), secrets=secrets)
+
+
+def _says_the_same(title: str, detail: str) -> bool:
+    """A title the detail already says (Replicate's 429: "Request was throttled", then
+    "Request was throttled. Expected available in 1 second."), or the other way round."""
+    a, b = (part.strip().rstrip(".").lower() for part in (title, detail))
+    return a in b or b in a
 
 
 def refused_text(code: int, words: str = "") -> str:

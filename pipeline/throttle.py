@@ -111,19 +111,27 @@ def wait_out(
     until = utcnow() + timedelta(seconds=min(seconds, MAX_HOLD_S))
     if throttles is not None:
         until = throttles.hold(profile_id, until, exc.detail or str(exc))
-    return wait_until(until, exc.detail or str(exc), waited, stop, profile_id)
+    return wait_until(until, exc.detail or str(exc), waited, stop, profile_id, asked=asked)
 
 
 def wait_until(
-    until: datetime, said: str, waited: float, stop: threading.Event, profile_id: str
+    until: datetime,
+    said: str,
+    waited: float,
+    stop: threading.Event,
+    profile_id: str,
+    *,
+    asked: float | None = None,
 ) -> float:
     """Wait until `until`, the moment the profile takes new paid calls again (the provider's
     words: `said`), after `waited` seconds of waits for the same call. Returns the seconds
     waited; raises `Throttled` (nothing waited) past the bounds of the module docstring, and
-    `Stopped` when the run stops meanwhile."""
+    `Stopped` when the run stops meanwhile. `asked`: the seconds the provider's
+    ``Retry-After`` asked for, when it did (it may be more than `MAX_HOLD_S`, which `until`
+    is not)."""
     left = max(0.0, (until - utcnow()).total_seconds())
     if left > MAX_RETRY_AFTER_S or waited + left > THROTTLE_PATIENCE_S:
-        raise Throttled(throttle_text(profile_id, said, until, waited)) from None
+        raise Throttled(throttle_text(profile_id, said, until, waited, asked=asked)) from None
     if stop.wait(left):
         raise Stopped() from None
     return left
@@ -139,19 +147,41 @@ def wait_for_hold(
     return 0.0 if held is None else wait_until(held[0], held[1], waited, stop, profile_id)
 
 
-def throttle_text(profile_id: str, said: str, until: datetime, waited: float = 0.0) -> str:
-    """Why the run pauses at a throttle: the provider's words and when to ask again."""
+def throttle_text(
+    profile_id: str,
+    said: str,
+    until: datetime,
+    waited: float = 0.0,
+    *,
+    asked: float | None = None,
+) -> str:
+    """Why the run pauses at a throttle: the provider's words, what it asked for (`asked`
+    seconds when its ``Retry-After`` said; else what is left until `until`) and when to ask
+    again. A wait asked beyond `MAX_HOLD_S` is said as asked, and the moment given is when
+    episodic asks again, not one the provider named."""
     left = max(0.0, (until - utcnow()).total_seconds())
+    wait = left if asked is None else asked
     bound = (
         f"longer than the {MAX_RETRY_AFTER_S:g}s one wait is bound to"
-        if left > MAX_RETRY_AFTER_S
+        if wait > MAX_RETRY_AFTER_S
         else f"after {waited:g}s of waits ({THROTTLE_PATIENCE_S:g}s in all is the bound)"
+    )
+    again = (
+        f"episodic holds a throttle {MAX_HOLD_S:g}s at most and asks the provider again from "
+        if asked is not None and asked > MAX_HOLD_S
+        else "the provider takes calls again from "
     )
     return (
         f'provider profile {profile_id!r} throttled the run ("{said}"); it asked '
-        f"to wait {round(left):d}s, {bound}; nothing was bought past it; the provider takes "
-        f"calls again from {until:%Y-%m-%d %H:%M:%S} UTC"
+        f"to wait {_seconds(wait)}, {bound}; nothing was bought past it; {again}"
+        f"{until:%Y-%m-%d %H:%M:%S} UTC"
     )[:1500]
+
+
+def _seconds(value: float) -> str:
+    """A wait as a person reads it: whole seconds, and the days of a long one."""
+    whole = round(value)
+    return f"{whole:d}s" if whole < 2 * 86_400 else f"{whole:d}s (about {whole // 86_400:d} days)"
 
 
 def held_too_long(until: datetime) -> bool:

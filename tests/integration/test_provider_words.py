@@ -60,6 +60,13 @@ def test_provider_text_is_bounded_printable_and_never_carries_the_token() -> Non
     fal_422 = {"detail": [{"loc": ["body", "prompt"], "msg": "field required"}]}
     assert problem_words(fal_422) == "body.prompt: field required"
     assert problem_words(["not", "a", "problem"]) == ""
+    # a title the detail repeats is said once (Replicate's 429 problem document)
+    throttled = {
+        "title": "Request was throttled",
+        "status": 429,
+        "detail": "Request was throttled. Expected available in 1 second.",
+    }
+    assert problem_words(throttled) == "Request was throttled. Expected available in 1 second."
 
 
 # ---------------------------------------------------------------- failed jobs, refusals

@@ -50,3 +50,22 @@ def test_a_generate_inside_the_throttle_window_sends_no_create(home: Path) -> No
         again = cli("generate", episode, "--json", "--concurrency", "1")
         assert len(server.create_requests) == 1, (server.jobs_made, again.stdout)
         assert server.jobs_made_total == 0 and server.bill_micros == 0
+
+
+def test_a_throttle_asked_beyond_a_day_is_said_as_asked_and_held_a_day(home: Path) -> None:
+    """The stand-in answers 429 with ``Retry-After`` of ten days. episodic holds a throttle a
+    day at most (a typo or a date years ahead must not stop a weekly pipeline for good), and
+    the run's message says both: the provider asked for 864000 s, and episodic asks again a
+    day from now; it never presents the day as the provider's ask."""
+    server = ReplicateStandIn()
+    with server:
+        episode = planned(home, replicate_profile(server), ["fox"])
+        server.throttle(1, retry_after=864_000)
+        first = cli("generate", episode, "--json", "--concurrency", "1")
+        assert first.returncode == ExitCode.INTERRUPTED, first
+        message = json.loads(first.stdout)["message"]
+        assert "it asked to wait 864000s (about 10 days)" in message, message
+        assert "asked to wait 86400s" not in message, message
+        assert '("Request was throttled. Expected available in 864000 seconds.")' in message
+        assert "holds a throttle 86400s at most and asks the provider again from" in message
+        assert server.jobs_made_total == 0
