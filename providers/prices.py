@@ -4,6 +4,7 @@ for the file and `episodic.core.pricing` for how a price charges."""
 
 from __future__ import annotations
 
+import math
 from typing import Literal, TypeGuard
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -44,6 +45,10 @@ class PriceSpec(BaseModel):
     def _quoted(cls, value: object) -> object:
         """A YAML number (``0.003`` unquoted) is a float before we see it: refused, never
         read through binary floating point."""
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(
+                f'{value!r} is not a price; write a plain decimal string such as "0.003"'
+            )
         if isinstance(value, int | float) and not isinstance(value, bool):
             raise ValueError(
                 f'{value!r} is a number; write it as a quoted decimal string, e.g. "{value}"'

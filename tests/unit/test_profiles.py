@@ -121,6 +121,8 @@ PRICE_REFUSALS = [  # (the profile's price fields, the field named, what the lin
     ("price: {per_image: 0.003}", "price.per_image", "write it as a quoted decimal string"),
     ('price: {per_image: "-0.003"}', "per_image", "expected a plain decimal"),
     ('price: {per_image: "NaN"}', "per_image", "expected a plain decimal"),
+    ("price: {per_image: .nan}", "per_image", "nan is not a price; write a plain decimal string"),
+    ("price: {per_image: -.inf}", "per_image", "-inf is not a price"),
     ('price: {per_image: "1e-3"}', "per_image", "expected a plain decimal"),
     ('price: {per_image: "0.0000001"}', "per_image", "at most 6 decimals"),
     ('price: {per_image: "0"}', "price", "declare free: true"),
