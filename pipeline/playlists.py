@@ -25,12 +25,30 @@ from episodic.providers.profiles import configured_profiles, load_profiles
 MAX_PLAYLIST_BYTES = 5_000_000
 
 
+def shown_path(path: Path) -> str:
+    """A path as a message names it: a relative one with where it was looked for (the
+    working directory of a worker's flow run is not the folder a person has in mind)."""
+    return str(path) if path.is_absolute() else f"{path} (looked for {path.absolute()})"
+
+
+def playlist_unreadable(path: Path) -> InvalidPlaylist | None:
+    """Why the playlist file cannot be read at all (it does not exist, is not a regular file,
+    is too large), naming where it was looked for; None when it can be. A run checks this
+    before it allocates an episode (`episodic.flows.weekly`): a wrong path is found before a
+    slot's episode exists."""
+    try:
+        read_text(path, max_bytes=MAX_PLAYLIST_BYTES)
+    except DocumentError as exc:
+        return InvalidPlaylist(f"playlist {shown_path(path)}: {exc}")
+    return None
+
+
 def load_playlist(path: Path) -> tuple[Playlist, list[str]]:
     """Parse and validate the YAML file; return it with the sha256 of each reference asset."""
     try:
         raw = parse_yaml(read_text(path, max_bytes=MAX_PLAYLIST_BYTES))
     except DocumentError as exc:
-        raise InvalidPlaylist(f"playlist {path}: {exc}") from None
+        raise InvalidPlaylist(f"playlist {shown_path(path)}: {exc}") from None
     playlist = parse_playlist(raw, str(path))
     references = []
     folder = path.parent.resolve()

@@ -134,6 +134,15 @@ class Allocator:
                 return Allocation(episode, created=False, scheduled_by=tuple(sorted(askers)))
             return self._create(conn, pipeline, week, allocation_key, scheduled_by)
 
+    def owns_episode(self, pipeline: str, allocation_key: str) -> bool:
+        """Whether `allocation_key` already owns an episode of `pipeline` (as `allocate` would
+        find it: its own key, or another key naming the same slot). Reads only."""
+        validate_pipeline(pipeline)
+        validate_key(allocation_key)
+        slot = SlotKey.parse(allocation_key)
+        with self._engine.connect() as conn:
+            return bool(self._owned(conn, pipeline, allocation_key, slot))
+
     @staticmethod
     def _owned(
         conn: Connection,

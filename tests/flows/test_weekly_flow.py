@@ -176,3 +176,34 @@ def test_the_weekly_flow_plans_from_a_playlist_parameter(harness: str, tmp_path:
     recorded = plans.latest_plan(episodes.episode_pk("weekly", "2026-W32-0"))
     engine.dispose()
     assert recorded is not None and [v["video_id"] for v in recorded[0]["items"]] == ["v01", "v02"]
+
+
+def test_a_playlist_that_does_not_exist_is_refused_before_any_episode_is_allocated(
+    harness: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A relative `playlist` that is not there (a worker's flow run starts in a folder the
+    person who typed the path did not have in mind): the run fails naming the absolute path
+    it looked for, and no episode exists for the slot afterwards."""
+    from episodic.core.errors import InvalidPlaylist
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InvalidPlaylist) as refused:
+        weekly_episode(allocation_key="k-missing", week="2026-W32", playlist="pl/playlist.yaml")
+    looked = tmp_path / "pl" / "playlist.yaml"
+    assert f"playlist pl/playlist.yaml (looked for {looked}): does not exist" in str(refused.value)
+    assert "k-missing" not in episodes(harness)
+
+
+def test_a_rerun_whose_plan_is_recorded_goes_on_when_the_playlist_file_is_gone(
+    harness: str, tmp_path: Path
+) -> None:
+    """The check before allocating never stops a key that already owns its episode: its plan
+    is recorded, and a rerun does not read the file again."""
+    from tests.generation import write_playlist
+
+    playlist = write_playlist(tmp_path / "pl", ["a"])
+    kw = {"allocation_key": "k-gone", "week": "2026-W32", "generate": False}
+    first = weekly_episode(playlist=str(playlist), **kw)
+    playlist.unlink()
+    assert weekly_episode(playlist=str(playlist), **kw) == first
+    assert episodes(harness)["k-gone"] == first
