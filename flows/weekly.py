@@ -37,9 +37,8 @@ from episodic.flows.generate import generate_episode
 from episodic.flows.invocation import current_invocation
 from episodic.flows.params import Flag, KeyParam, PipelineParam, PlaylistParam, WeekParam
 from episodic.flows.review import DAY_S, approval_step, assemble_step, decision_state
+from episodic.pipeline.episode_plan import refuse_unreadable_playlist
 from episodic.pipeline.pipelines import pipeline_timezone
-from episodic.pipeline.playlists import playlist_unreadable
-from episodic.storage.allocator import Allocator
 from episodic.storage.registry import engine_for
 from episodic.tasks.allocate import allocate_episode
 from episodic.tasks.plan import plan_episode
@@ -154,11 +153,7 @@ def _weekly(
     else:
         raise NoInvocationIdentity("no scheduled time to take the week from: pass `week`")
     if playlist is not None:  # a wrong path is found before the slot's episode exists
-        unreadable = playlist_unreadable(Path(playlist))
-        if unreadable is not None and not Allocator(engine_for(settings)).owns_episode(
-            pipeline_name, key
-        ):  # (a retry of a run whose plan is recorded does not read the file again)
-            raise unreadable
+        refuse_unreadable_playlist(engine_for(settings), pipeline_name, key, Path(playlist))
     scheduled_by = None
     if named_slot is not None and invocation is not None and invocation.auto_scheduled:
         scheduled_by = f"{invocation.flow_name}/{invocation.deployment_name}"

@@ -12,10 +12,24 @@ from episodic.pipeline.playlists import (
     load_playlist,
     planned_items,
     playlist_sha256,
+    playlist_unreadable,
     read_reference_image,
 )
+from episodic.storage.allocator import Allocator
 from episodic.storage.plans import PlanStore
 from episodic.storage.tx import Database
+
+
+def refuse_unreadable_playlist(
+    engine: Database, pipeline: str, allocation_key: str, playlist_path: Path
+) -> None:
+    """Before a run allocates the episode it will plan from `playlist_path`: raise
+    `InvalidPlaylist` (naming where the file was looked for) when the file cannot be read,
+    unless `allocation_key` already owns its episode (a rerun, whose plan is recorded and
+    not read again)."""
+    unreadable = playlist_unreadable(playlist_path)
+    if unreadable is not None and not Allocator(engine).owns_episode(pipeline, allocation_key):
+        raise unreadable
 
 
 def record_plan(
