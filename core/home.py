@@ -8,7 +8,9 @@ empty ledger there and pay again for what is already paid, so the default is anc
 *project*: the folder this installation's code lives in.
 
 - The project folder is ``EPISODIC_PROJECT_DIR`` when set (a worker whose clone is mounted
-  somewhere; the same variable the deployments' pull step reads), else the checkout holding
+  somewhere, or a team's own repository whose ``prefect.yaml`` deploys episodic's flows, as
+  `episodic init` writes it; the same variable the deployments' pull step reads), else the
+  checkout holding
   the imported ``core`` package: ``uv sync`` / ``make bootstrap`` install the project in
   editable mode, so ``core/__file__`` is inside the checkout, and the checkout is recognised
   by its ``pyproject.toml`` naming the project ``episodic``.
@@ -92,12 +94,31 @@ def project_folder() -> Path | None:
             f"EPISODIC_PROJECT_DIR: {configured!r} is relative; give the project folder's "
             "absolute path (a relative one would follow the working directory)"
         )
-    if not path.is_dir() or installed_project(path / "core" / "home.py") is None:
+    if not path.is_dir() or not is_project_folder(path):
         raise InvalidInput(
-            f"EPISODIC_PROJECT_DIR: {path} is not an episodic project folder (no pyproject.toml "
-            "naming the project episodic in it)"
+            f"EPISODIC_PROJECT_DIR: {path} is not an episodic project folder (neither a checkout "
+            "of episodic nor a repository whose prefect.yaml runs episodic's flows: "
+            "`episodic init` there writes one)"
         )
     return path
+
+
+# The pull step every prefect.yaml of episodic's deployments has: a team repository's (the one
+# `episodic init` writes) and the checkout's.
+PULL_STEP = "episodic.deployments.steps.project_directory"
+
+
+def is_project_folder(path: Path) -> bool:
+    """Whether `path` is a project folder: a checkout of episodic (`installed_project`), or
+    a team's repository whose ``prefect.yaml`` deploys episodic's flows (it names
+    `PULL_STEP`, which moves each flow run into that repository on a worker)."""
+    if installed_project(path / "core" / "home.py") is not None:
+        return True
+    try:
+        text = (path / "prefect.yaml").read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
+    return PULL_STEP in text
 
 
 def user_data_folder() -> Path:

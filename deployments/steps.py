@@ -110,8 +110,9 @@ _ORDINALS = {2: "second", 3: "third", 4: "fourth", 5: "fifth"}
 def project_directory() -> dict[str, str]:
     """Pull step: work in the project folder of the worker's own installation.
 
-    The folder is EPISODIC_PROJECT_DIR when the worker sets it (a shared folder or a clone
-    elsewhere), else the folder this package is installed from (an editable install such as
+    The folder is EPISODIC_PROJECT_DIR when the worker sets it (a shared folder, a clone
+    elsewhere, or the team's own repository holding the `prefect.yaml` that `episodic init`
+    wrote), else the folder this package is installed from (an editable install such as
     `uv sync` in a clone). Relative parameters (the weekly playlist) then mean the same as on
     the command line; the state folder is the project's wherever a process starts
     (`episodic.core.home`). Raises `FileNotFoundError` naming the folder when it is not a project
@@ -126,10 +127,13 @@ def project_directory() -> dict[str, str]:
         )
         _fail_flow_run(message)
         raise FileNotFoundError(message)
-    if not (folder / "flows").is_dir():
+    from episodic.core.home import is_project_folder
+
+    if not (folder / "flows").is_dir() and not is_project_folder(folder):
         message = (
-            f"{folder} is not an episodic project folder (no flows/ in it): set "
-            "EPISODIC_PROJECT_DIR in the worker's environment to the project folder"
+            f"{folder} is not an episodic project folder (neither a checkout nor a repository "
+            "whose prefect.yaml runs episodic's flows): set EPISODIC_PROJECT_DIR in the "
+            "worker's environment to the project folder"
         )
         _fail_flow_run(message)
         raise FileNotFoundError(message)
