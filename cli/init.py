@@ -27,10 +27,13 @@ def init(
 ) -> None:
     """Write a commented providers file (Replicate and fal profiles with their published
     prices) where the settings read it (EPISODIC_PROVIDERS_FILE, default
-    $EPISODIC_HOME/providers.yaml) and a playlist skeleton. An existing file is never
+    $EPISODIC_HOME/providers.yaml), a playlist skeleton, and, in a team's repository (the
+    project folder, else the working directory; not a checkout of episodic, which has its
+    own), a prefect.yaml of episodic's deployments, run from the installed package, on that
+    playlist. An existing file is never
     overwritten: it is kept, and said so (exit 0). Next: `episodic providers check PROFILE`
     (docs/providers.md, From zero to a first paid run)."""
-    from episodic.core.home import mark_state_folder, project_folder
+    from episodic.core.home import installed_project, mark_state_folder, project_folder
     from episodic.core.output_files import RecordPaths
     from episodic.pipeline.starter import write_starter_files
 
@@ -49,15 +52,28 @@ def init(
         RecordPaths.of(settings, state_folder=False).refuse(playlist, f"playlist {playlist}")
     else:  # a user-named file never goes over (or into) the record
         RecordPaths.of(settings).refuse(playlist, f"--playlist {playlist}")
+    # a team's repository gets the prefect.yaml of episodic's deployments; a checkout of
+    # episodic has its own
+    repository = project_folder() or Path.cwd()
+    prefect = None
+    if installed_project(repository / "core" / "home.py") is None:
+        prefect = repository / "prefect.yaml"
+        RecordPaths.of(settings, state_folder=False).refuse(prefect, f"prefect.yaml {prefect}")
     if providers.parent == settings.home_path:
         mark_state_folder(settings.home_path)
-    files = write_starter_files(providers, playlist.absolute())
+    files = write_starter_files(providers, playlist.absolute(), prefect)
     if as_json:
         emit_json({"files": [file.to_dict() for file in files]})
         return
     for file in files:
         said = "wrote" if file.written else "kept (it exists; not overwritten)"
         typer.echo(f"{file.what}: {said} {file.path}")
+    if prefect is not None and files[-1].written:
+        typer.echo(
+            f"deploy: from {repository}, `episodic prefect setup --work-pool episodic` then "
+            "`prefect deploy --all`; each worker sets EPISODIC_PROJECT_DIR to its copy of this "
+            "folder (docs/production.md)"
+        )
     typer.echo(
         "next: set REPLICATE_API_TOKEN (https://replicate.com/account/api-tokens) or FAL_KEY "
         "(https://fal.ai/dashboard/keys), then `episodic providers check "

@@ -1,6 +1,7 @@
 """`episodic init`: the starter files of a project, written where the settings read them
 (the providers file at ``EPISODIC_PROVIDERS_FILE``, default ``$EPISODIC_HOME/providers.yaml``;
-a playlist skeleton for ``episodic plan --playlist``), never over an existing file.
+a playlist skeleton for ``episodic plan --playlist``; the repository's ``prefect.yaml``, whose
+deployments run episodic's installed flows on that playlist), never over an existing file.
 
 The prices are the providers' published ones (read 2026-12): Replicate's
 black-forest-labs/flux-schnell $0.003 and flux-dev $0.025 per output image; fal's
@@ -10,8 +11,10 @@ billed (``whole_megapixels``). Check them against the providers' pages before a 
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
+from importlib.resources import files
 from pathlib import Path
 
 from episodic.core.errors import InvalidInput
@@ -92,7 +95,7 @@ items:
 
 @dataclass(frozen=True, slots=True)
 class StarterFile:
-    what: str  # "providers" or "playlist"
+    what: str  # "providers", "playlist" or "prefect"
     path: Path
     written: bool  # False: it existed, and was kept as it is
 
@@ -104,14 +107,34 @@ class StarterFile:
         }
 
 
-def write_starter_files(providers: Path, playlist: Path) -> list[StarterFile]:
-    """Write the providers file and the playlist skeleton where absent; an existing file (or
-    one another process makes meanwhile) is kept. Raises `InvalidInput` when a path cannot be
-    written (its folder is a file, no permission)."""
-    return [
+def write_starter_files(
+    providers: Path, playlist: Path, prefect: Path | None = None
+) -> list[StarterFile]:
+    """Write the providers file, the playlist skeleton and (with `prefect`, a path) the
+    `prefect.yaml` of the repository where absent; an existing file (or one another process
+    makes meanwhile) is kept. Raises `InvalidInput` when a path cannot be written (its folder
+    is a file, no permission)."""
+    files = [
         _write("providers", providers, PROVIDERS_TEMPLATE),
         _write("playlist", playlist, PLAYLIST_TEMPLATE),
     ]
+    if prefect is not None:
+        files.append(_write("prefect", prefect, prefect_yaml(prefect.parent, playlist)))
+    return files
+
+
+def prefect_yaml(repository: Path, playlist: Path) -> str:
+    """The `prefect.yaml` of a team's repository: episodic's deployments (the checkout's
+    `prefect.yaml`, the same steps and schedules) whose weekly playlist is `playlist`, named
+    relative to `repository` when it is inside it (a worker resolves it in its own copy of
+    the repository, `EPISODIC_PROJECT_DIR`), else by its absolute path."""
+    template = (files("episodic.deployments") / "team_prefect.yaml").read_text(encoding="utf-8")
+    where = playlist.absolute()
+    try:
+        named = where.relative_to(repository.absolute()).as_posix()
+    except ValueError:
+        named = str(where)
+    return template.replace("__PLAYLIST__", json.dumps(named))
 
 
 def _write(what: str, path: Path, text: str) -> StarterFile:

@@ -155,3 +155,24 @@ def test_init_with_a_playlist_naming_a_folder_is_refused_not_kept(
     assert code == 2, out
     assert err.startswith("error: playlist file ") and "folder" in err, err
     assert len(err.splitlines()) == 1
+
+
+def test_a_team_repositorys_prefect_yaml_deploys_what_the_checkouts_does(tmp_path: Path) -> None:
+    """The `prefect.yaml` init writes into a team's repository has the checkout's steps,
+    deployments, entrypoints and schedules; only the weekly playlist differs (the team's own,
+    relative to its repository), so the two cannot drift apart."""
+    import yaml
+
+    from episodic.pipeline.starter import prefect_yaml
+
+    root = Path(__file__).resolve().parents[2]
+    ours = yaml.safe_load((root / "prefect.yaml").read_text())
+    team_repo = tmp_path / "team"
+    theirs = yaml.safe_load(prefect_yaml(team_repo, team_repo / "media" / "weekly.yaml"))
+    (weekly,) = [d for d in theirs["deployments"] if d["name"] == "weekly"]
+    assert weekly["parameters"] == {"pipeline": "weekly", "playlist": "media/weekly.yaml"}
+    weekly["parameters"]["playlist"] = "examples/playlist.yaml"
+    assert theirs == ours
+    outside = yaml.safe_load(prefect_yaml(team_repo, tmp_path / "elsewhere.yaml"))
+    (weekly,) = [d for d in outside["deployments"] if d["name"] == "weekly"]
+    assert weekly["parameters"]["playlist"] == str(tmp_path / "elsewhere.yaml")
