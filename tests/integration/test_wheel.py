@@ -166,3 +166,50 @@ def test_the_demo_runs_from_the_installed_wheel_outside_any_clone(
     assert json.loads(done.stdout), done.stdout
     assert "2026-W40-0" in done.stdout and "2026-W40-1" in done.stdout, done.stdout
     assert (home / "episodic.db").is_file()
+
+
+def test_init_in_a_team_repository_writes_its_prefect_yaml_and_makes_it_the_project(
+    venv: Path, tmp_path: Path
+) -> None:
+    """`episodic init` from the installed wheel, in a team's repository: the playlist and a
+    `prefect.yaml` of episodic's deployments (module entrypoints, the weekly playlist named
+    relative to the repository) are written there. With EPISODIC_PROJECT_DIR naming the
+    repository (what a worker sets), it is the project folder: its state folder is the
+    repository's, and a folder with no such prefect.yaml is refused in one line."""
+    import yaml
+
+    team = _team_repository(tmp_path)
+    episodic = str(venv / "bin" / "episodic")
+    env = _clean_env(EPISODIC_HOME=str(tmp_path / "home"))
+    done = subprocess.run(
+        [episodic, "init"], cwd=team, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"prefect: wrote {team / 'prefect.yaml'}" in done.stdout, done.stdout
+    assert "`prefect deploy --all`" in done.stdout and (team / "playlist.yaml").is_file()
+    written = yaml.safe_load((team / "prefect.yaml").read_text())
+    (weekly,) = [d for d in written["deployments"] if d["name"] == "weekly"]
+    assert weekly["parameters"]["playlist"] == "playlist.yaml"
+    assert weekly["entrypoint"] == "episodic.flows.weekly:weekly_episode"
+    as_project = _clean_env(EPISODIC_PROJECT_DIR=str(team))
+    shown = subprocess.run(
+        [episodic, "state", "show", "--json"],
+        cwd=tmp_path,
+        env=as_project,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert shown.returncode == 0, shown.stderr
+    state = json.loads(shown.stdout)
+    assert state["project"] == str(team) and state["home"] == str(team / ".episodic")
+    refused = subprocess.run(
+        [episodic, "state", "show"],
+        cwd=tmp_path,
+        env=_clean_env(EPISODIC_PROJECT_DIR=str(tmp_path)),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert refused.returncode == 2 and "is not an episodic project folder" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
