@@ -64,10 +64,11 @@ def problem_words(body: object, *, secrets: Iterable[str] = ()) -> str:
 
 
 def _says_the_same(title: str, detail: str) -> bool:
-    """A title the detail already says (Replicate's 429: "Request was throttled", then
-    "Request was throttled. Expected available in 1 second."), or the other way round."""
+    """A title the detail starts by saying (Replicate's 429: "Request was throttled", then
+    "Request was throttled. Expected available in 1 second."), or the other way round; a
+    title the detail only mentions ("Not found", "... could not be found.") stays."""
     a, b = (part.strip().rstrip(".").lower() for part in (title, detail))
-    return a in b or b in a
+    return b.startswith(a) or a.startswith(b)
 
 
 def refused_text(code: int, words: str = "") -> str:
