@@ -108,10 +108,13 @@ def wait_out(
     # The provider's own moment is recorded, however far past one wait's bound (at most
     # `MAX_HOLD_S`): every claim of the profile until then is refused, in every process, so
     # a later command sends no create inside the window the provider asked for.
-    until = utcnow() + timedelta(seconds=min(seconds, MAX_HOLD_S))
+    own = utcnow() + timedelta(seconds=min(seconds, MAX_HOLD_S))
+    until = own
     if throttles is not None:
-        until = throttles.hold(profile_id, until, exc.detail or str(exc))
-    return wait_until(until, exc.detail or str(exc), waited, stop, profile_id, asked=asked)
+        until = throttles.hold(profile_id, own, exc.detail or str(exc))
+    # a later moment another worker recorded is not what this answer asked for
+    said_asked = asked if until <= own else None
+    return wait_until(until, exc.detail or str(exc), waited, stop, profile_id, asked=said_asked)
 
 
 def wait_until(
@@ -155,26 +158,30 @@ def throttle_text(
     *,
     asked: float | None = None,
 ) -> str:
-    """Why the run pauses at a throttle: the provider's words, what it asked for (`asked`
-    seconds when its ``Retry-After`` said; else what is left until `until`) and when to ask
-    again. A wait asked beyond `MAX_HOLD_S` is said as asked, and the moment given is when
-    episodic asks again, not one the provider named."""
+    """Why the run pauses at a throttle: the provider's words, what this answer asked for
+    (`asked` seconds, when its ``Retry-After`` set `until`; None: `until` is a throttle
+    recorded earlier, by this or another worker), and when new paid calls go again. A wait
+    asked beyond `MAX_HOLD_S` is said as asked, and the moment given is when episodic asks
+    again, not one the provider named."""
     left = max(0.0, (until - utcnow()).total_seconds())
-    wait = left if asked is None else asked
     bound = (
         f"longer than the {MAX_RETRY_AFTER_S:g}s one wait is bound to"
-        if wait > MAX_RETRY_AFTER_S
+        if left > MAX_RETRY_AFTER_S
         else f"after {waited:g}s of waits ({THROTTLE_PATIENCE_S:g}s in all is the bound)"
     )
-    again = (
-        f"episodic holds a throttle {MAX_HOLD_S:g}s at most and asks the provider again from "
-        if asked is not None and asked > MAX_HOLD_S
-        else "the provider takes calls again from "
-    )
+    if asked is None:
+        wait = f"the profile is held {_seconds(left)} more by a throttle recorded earlier"
+        again = "no paid call of it is sent before "
+    else:
+        wait = f"it asked to wait {_seconds(asked)}"
+        again = (
+            f"episodic holds a throttle {MAX_HOLD_S:g}s at most and asks the provider again from "
+            if asked > MAX_HOLD_S
+            else "the provider takes calls again from "
+        )
     return (
-        f'provider profile {profile_id!r} throttled the run ("{said}"); it asked '
-        f"to wait {_seconds(wait)}, {bound}; nothing was bought past it; {again}"
-        f"{until:%Y-%m-%d %H:%M:%S} UTC"
+        f'provider profile {profile_id!r} throttled the run ("{said}"); {wait}, {bound}; '
+        f"nothing was bought past it; {again}{until:%Y-%m-%d %H:%M:%S} UTC"
     )[:1500]
 
 

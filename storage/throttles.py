@@ -89,7 +89,14 @@ class ThrottleStore:
                     index_elements=[_throttles.c.profile],
                     set_={
                         "not_before": later,
-                        "detail": statement.excluded.detail,
+                        # the words that go with the moment kept
+                        "detail": case(
+                            (
+                                statement.excluded.not_before > _throttles.c.not_before,
+                                statement.excluded.detail,
+                            ),
+                            else_=_throttles.c.detail,
+                        ),
                         "updated_at": now,
                     },
                 )

@@ -68,4 +68,10 @@ def test_a_throttle_asked_beyond_a_day_is_said_as_asked_and_held_a_day(home: Pat
         assert "asked to wait 86400s" not in message, message
         assert '("Request was throttled. Expected available in 864000 seconds.")' in message
         assert "holds a throttle 86400s at most and asks the provider again from" in message
-        assert server.jobs_made_total == 0
+        # a later run pauses at its first claim, on the throttle recorded: it says so, and
+        # never presents what is left of the day as the provider's ask
+        again = cli("generate", episode, "--json", "--concurrency", "1")
+        assert again.returncode == ExitCode.INTERRUPTED, again
+        later = json.loads(again.stdout)["message"]
+        assert "by a throttle recorded earlier" in later and "it asked to wait" not in later
+        assert len(server.create_requests) == 1 and server.jobs_made_total == 0
