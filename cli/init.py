@@ -58,7 +58,8 @@ def init(
     prefect = None
     if installed_project(repository / "core" / "home.py") is None:
         prefect = repository / "prefect.yaml"
-        RecordPaths.of(settings, state_folder=False).refuse(prefect, f"prefect.yaml {prefect}")
+        # a repository is never the state folder: refused there, as anything of the record
+        RecordPaths.of(settings).refuse(prefect, f"prefect.yaml {prefect}")
     if providers.parent == settings.home_path:
         mark_state_folder(settings.home_path)
     files = write_starter_files(providers, playlist.absolute(), prefect)
@@ -72,7 +73,7 @@ def init(
         typer.echo(
             f"deploy: from {repository}, `episodic prefect setup --work-pool episodic` then "
             "`prefect deploy --all`; each worker sets EPISODIC_PROJECT_DIR to its copy of this "
-            "folder (docs/production.md)"
+            "folder and EPISODIC_PROVIDERS_FILE to the providers file in it (docs/production.md)"
         )
     typer.echo(
         "next: set REPLICATE_API_TOKEN (https://replicate.com/account/api-tokens) or FAL_KEY "

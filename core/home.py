@@ -97,8 +97,8 @@ def project_folder() -> Path | None:
     if not path.is_dir() or not is_project_folder(path):
         raise InvalidInput(
             f"EPISODIC_PROJECT_DIR: {path} is not an episodic project folder (neither a checkout "
-            "of episodic nor a repository whose prefect.yaml runs episodic's flows: "
-            "`episodic init` there writes one)"
+            "of episodic nor a repository whose prefect.yaml has the pull step "
+            f"{PULL_STEP}): unset EPISODIC_PROJECT_DIR and run `episodic init` in that folder"
         )
     return path
 
@@ -114,11 +114,13 @@ def is_project_folder(path: Path) -> bool:
     `PULL_STEP`, which moves each flow run into that repository on a worker)."""
     if installed_project(path / "core" / "home.py") is not None:
         return True
-    try:
-        text = (path / "prefect.yaml").read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
+    from episodic.core.documents import DocumentError, read_text
+
+    try:  # a regular file of at most 1 MB: a FIFO there never blocks a command
+        text = read_text(path / "prefect.yaml", max_bytes=1_000_000)
+    except DocumentError:
         return False
-    return PULL_STEP in text
+    return any(line.strip().startswith(f"- {PULL_STEP}") for line in text.splitlines())
 
 
 def user_data_folder() -> Path:

@@ -129,11 +129,12 @@ def project_directory() -> dict[str, str]:
         raise FileNotFoundError(message)
     from episodic.core.home import is_project_folder
 
-    if not (folder / "flows").is_dir() and not is_project_folder(folder):
+    if not is_project_folder(folder):
+        unset = "" if configured else " (EPISODIC_PROJECT_DIR is unset)"
         message = (
-            f"{folder} is not an episodic project folder (neither a checkout nor a repository "
-            "whose prefect.yaml runs episodic's flows): set EPISODIC_PROJECT_DIR in the "
-            "worker's environment to the project folder"
+            f"{folder} is not an episodic project folder{unset}: neither a checkout nor a "
+            "repository whose prefect.yaml runs episodic's flows; set EPISODIC_PROJECT_DIR in "
+            "the worker's environment to the project folder"
         )
         _fail_flow_run(message)
         raise FileNotFoundError(message)

@@ -67,7 +67,14 @@ def test_the_pull_step_moves_into_the_project_folder(
     monkeypatch.setenv("EPISODIC_PROJECT_DIR", str(tmp_path))
     with pytest.raises(FileNotFoundError, match="EPISODIC_PROJECT_DIR"):
         project_directory()
-    (tmp_path / "flows").mkdir()
+    (tmp_path / "flows").mkdir()  # a folder of flows is not a project (site-packages has one)
+    with pytest.raises(FileNotFoundError, match="not an episodic project folder"):
+        project_directory()
+    step = "episodic.deployments.steps.project_directory: {}"
+    (tmp_path / "prefect.yaml").write_text(f"pull:\n  # - {step}\n")  # commented out
+    with pytest.raises(FileNotFoundError, match="not an episodic project folder"):
+        project_directory()
+    (tmp_path / "prefect.yaml").write_text(f"pull:\n  - {step}\n")  # a team's repository
     assert project_directory() == {"directory": str(tmp_path)}
     monkeypatch.chdir(tmp_path)
     for relative in (".", "flows/.."):  # would follow the worker's working directory
