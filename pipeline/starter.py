@@ -114,6 +114,12 @@ def write_starter_files(
     `prefect.yaml` of the repository where absent; an existing file (or one another process
     makes meanwhile) is kept. Raises `InvalidInput` when a path cannot be written (its folder
     is a file, no permission)."""
+    targets = [("providers", providers), ("playlist", playlist)]
+    if prefect is not None:
+        targets.append(("prefect", prefect))
+    for what, path in targets:  # what is there and is no file refuses before anything is written
+        if path.is_symlink() or path.exists():
+            _kept(what, path, f"{what} file {path}")
     files = [
         _write("providers", providers, PROVIDERS_TEMPLATE),
         _write("playlist", playlist, PLAYLIST_TEMPLATE),

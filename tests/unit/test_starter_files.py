@@ -176,3 +176,17 @@ def test_a_team_repositorys_prefect_yaml_deploys_what_the_checkouts_does(tmp_pat
     outside = yaml.safe_load(prefect_yaml(team_repo, tmp_path / "elsewhere.yaml"))
     (weekly,) = [d for d in outside["deployments"] if d["name"] == "weekly"]
     assert weekly["parameters"]["playlist"] == str(tmp_path / "elsewhere.yaml")
+
+
+def test_a_target_that_is_not_a_file_refuses_before_anything_is_written(tmp_path: Path) -> None:
+    """The third file's path is a folder: init refuses (InvalidInput, 'nothing written') and
+    has written neither of the first two."""
+    from episodic.core.errors import InvalidInput
+    from episodic.pipeline.starter import write_starter_files
+
+    prefect = tmp_path / "prefect.yaml"
+    prefect.mkdir()
+    providers, playlist = tmp_path / "providers.yaml", tmp_path / "playlist.yaml"
+    with pytest.raises(InvalidInput, match="is a folder; name a file: nothing written"):
+        write_starter_files(providers, playlist, prefect)
+    assert not providers.exists() and not playlist.exists()
