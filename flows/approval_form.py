@@ -79,6 +79,17 @@ class ApprovalInput(RunInput):
     )
 
 
+class RefusalInput(ApprovalInput):
+    """The form a run waits at after its answer lost to the decision on record: the same
+    fields (an answer is read as an `ApprovalInput`), but it shows no images, so its
+    decision speaks of the decision on record instead."""
+
+    decision: Literal["approve", "reject"] = Field(
+        description="The decision on record (above) stands whatever you answer: answer it "
+        "to let this run go on; the other answer is refused again (a rejection needs a note)."
+    )
+
+
 def approval_input_for(outputs: list[EpisodeImage]) -> type[ApprovalInput]:
     """The form for these images: `ApprovalInput`, plus, for each hero video (in plan order),
     a required field `pick_N` (N = 1, 2, ... over the hero videos) holding the candidate

@@ -126,27 +126,31 @@ def unread_answer_refusal(approval: ApprovalContext, fired: frozenset[str]) -> R
 
 def refusal_form_description(approval: ApprovalContext, refused: Refused) -> str:
     """The Markdown of the form a run re-suspends with when its answer lost to the decision
-    on record: that answer was not recorded, who decided what and when, and what to do."""
+    on record: once, that the answer was not recorded and whose decision stands; then what
+    to do. The refusal's own words are added only when no decision is on record to name."""
     decided = approval.latest_decision()
     mine = refused.answer
     on_record = (
         "reject" if decided is not None and decided.decision == EpisodeState.REJECTED else "approve"
     )
-    described = decided.describe() if decided else approval.state()
+    if decided is not None:
+        why = (
+            f"episode {approval.episode_id} was {md_text(decided.describe())} (on the command "
+            "line or in another form) before your answer arrived."
+        )
+    else:
+        why = md_text(refused.reason)
     return "\n".join(
         [
             f"> **Your answer ({md_text(mine.decision)} by {md_text(mine.reviewer)}) was not "
-            f"recorded:** this episode was already {md_text(described)}, before your answer "
-            "arrived (on the command line or in another form).",
+            f"recorded:** {why}",
             "",
-            f"## Episode {approval.episode_id}: {md_text(described)}",
+            f"## Episode {approval.episode_id}: {md_text(str(approval.state()))}",
             "",
-            f"The decision on record stands. Answer **{on_record}** (it records nothing new) "
-            f"to let this run go on{' and assemble the episode' if on_record == 'approve' else ''}"
-            "; to change the decision, reopen the episode (`episodic reopen "
-            f"{approval.episode_id} --by NAME --reason TEXT`) and decide it again.",
-            "",
-            f"Why: {md_text(refused.reason)}",
+            f"Answer **{on_record}** (it records nothing new) to let this run go on"
+            f"{' and assemble the episode' if on_record == 'approve' else ''}; to change the "
+            f"decision, reopen the episode (`episodic reopen {approval.episode_id} --by NAME "
+            "--reason TEXT`) and decide it again.",
         ]
     )
 

@@ -23,6 +23,7 @@ from episodic.core.settings import load_settings
 from episodic.core.states import DECIDED_STATES, EpisodeState
 from episodic.flows.approval_form import (
     ApprovalInput,
+    RefusalInput,
     approval_form_description,
     approval_input_for,
     form_digest,
@@ -136,13 +137,13 @@ def _refuse_in_form(
     this answer was not recorded (the run does not end green as if nothing happened). The
     decision on record, answered there (or `episodic approve` again), lets the run go on."""
     get_run_logger().warning(
-        "episode %s: the answer (%s by %s) was not recorded, the form waits again: %s",
+        "episode %s: the answer (%s by %s) was refused, the form waits again: %s",
         episode_id,
         refused.answer.decision,
         refused.answer.reviewer,
         refused.reason,
     )
-    form = ApprovalInput.with_initial_data(description=refusal_form_description(approval, refused))
+    form = RefusalInput.with_initial_data(description=refusal_form_description(approval, refused))
     # suspends: the run exits here and, once answered, starts again from the top
     ask(form, refused.next_key(), timeout_s, frozenset())
     return approval_step(episode_id, pipeline, timeout_s)

@@ -130,10 +130,16 @@ def test_a_form_answer_for_an_episode_decided_otherwise_is_refused_in_the_form(
     assert _resume(waiting.id, answer) == SetStateStatus.ACCEPT
     state = local.execute(weekly_episode, waiting.id)
     assert state.is_paused(), state
-    _, description = _form(waiting.id)
+    schema, description = _form(waiting.id)
     top = description.splitlines()[0]
     assert "Your answer (reject by dave) was not recorded" in top, description
-    assert "already approved by carol at" in top, description
+    assert "approved by carol at" in top, description
+    # The refusal is said once, and the form shows no images, so it speaks of none.
+    assert description.count("not recorded") == 1, description
+    assert description.count("approved by carol") == 1, description
+    shown = json.dumps(schema) + description
+    assert "images above" not in shown and "exactly the images" not in shown, shown
+    assert "decision on record (above) stands" in schema["properties"]["decision"]["description"]
     assert _episode_state(harness) == "approved"
     again = {"decision": "reject", "reviewer": "dave", "note": "still too dark"}
     assert _resume(waiting.id, again) == SetStateStatus.ACCEPT  # refused again, visibly

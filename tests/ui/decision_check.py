@@ -18,7 +18,8 @@ Issue 32 in headless Chromium, on a real ``prefect server`` (the stack and brows
 3. a conflicting answer: another episode waiting, ``episodic approve`` without a Prefect API
    (the decision is recorded, nothing resumes), then a reviewer rejects in the v1 form; the
    resumed run, executed, suspends again and its new form's top (visible text, above the
-   fields) says the answer was not recorded and that the command line's approval stands;
+   fields) says, once, that the answer was not recorded and that the command line's approval
+   stands, and speaks of no images (it shows none);
    screenshot ``refused-answer-form.png``.
 
 Prints one line (``ui-check: OK (decisions): ...``, or ``ui-check: FAILED: <reason>`` and exit
@@ -323,6 +324,10 @@ def refused_answer_in_the_form(
             f"the new form does not say {wanted} at its top: {form.text[:300]!r}"
         ) from None
     shoot(driver, REFUSED_SHOT)
+    if text.count("not recorded") != 1:
+        raise CheckFailed(f"the new form says 'not recorded' {text.count('not recorded')} times")
+    if "images above" in text:  # this form shows no images
+        raise CheckFailed(f"the new form speaks of images above it: {text[:400]!r}")
     line = next(line for line in text.splitlines() if wanted[0] in line)
     return line.strip()
 
