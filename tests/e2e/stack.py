@@ -451,7 +451,9 @@ class Worker(_Stoppable):
     processes inherit the worker's environment.  As a context manager the worker is started
     and awaited ONLINE (it has sent a heartbeat to the server), and stopped on exit.
     ``python``: the interpreter the worker runs with (default: this process's), e.g. another
-    project copy's ``.venv/bin/python`` for a worker "on another machine".
+    project copy's ``.venv/bin/python`` for a worker "on another machine". ``inherit=False``:
+    a mapping ``env`` is the whole environment (nothing of this process's), as for a worker
+    of an installed wheel that must not see this checkout's settings.
     """
 
     def __init__(
@@ -470,6 +472,7 @@ class Worker(_Stoppable):
         heartbeat_seconds: float = 5.0,
         stop_grace: float = 10.0,
         python: Path | str | None = None,
+        inherit: bool = True,
     ) -> None:
         self.python = str(python or sys.executable)
         self.pool = pool
@@ -484,7 +487,7 @@ class Worker(_Stoppable):
             base = env.env()
             log_dir = env.tmp_dir / "workers"
         else:
-            base = merged_env(env)
+            base = merged_env(env) if inherit else {k: str(v) for k, v in env.items()}
             log_dir = Path(tempfile.mkdtemp(prefix="e2e-worker-"))
         self.api_url = api_url_of(base)
         self.log_path = Path(log_path) if log_path else log_dir / f"{self.name}.log"

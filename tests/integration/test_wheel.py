@@ -7,81 +7,26 @@ packages, the usual layout of a Prefect project."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
-import sys
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.installed import build_wheel, clean_env, install_wheel, team_repository
 
 pytestmark = pytest.mark.slow
 
 
-def _uv() -> str:
-    local = ROOT / ".tools" / "bin" / "uv"
-    found = str(local) if local.is_file() else shutil.which("uv")
-    assert found, "uv is needed to build the wheel: run `make bootstrap`"
-    return found
-
-
-def _clean_env(**extra: str) -> dict[str, str]:
-    """The environment without this test process's Prefect and episodic settings."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("PREFECT_", "EPISODIC_", "VIRTUAL_ENV", "UV_PROJECT"))
-    }
-    env.update(PREFECT_SERVER_ANALYTICS_ENABLED="false", DO_NOT_TRACK="1", **extra)
-    return env
-
-
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("dist")
-    subprocess.run(
-        [_uv(), "build", "--wheel", "--out-dir", str(out), "--quiet", str(ROOT)],
-        check=True,
-        cwd=ROOT,
-        env=_clean_env(),
-        timeout=300,
-    )
-    (built,) = out.glob("episodic-*.whl")
-    return built
+    return build_wheel(tmp_path_factory.mktemp("dist"))
 
 
 @pytest.fixture(scope="module")
-def venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+def venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fresh virtualenv holding the locked dependencies and the built wheel."""
-    root = tmp_path_factory.mktemp("venv")
-    env = _clean_env()
-    requirements = root / "requirements.txt"
-    export = ["export", "--frozen", "--no-dev", "--no-emit-project", "--no-hashes", "--quiet"]
-    subprocess.run(
-        [_uv(), *export, "--output-file", str(requirements)],
-        check=True,
-        cwd=ROOT,
-        env=env,
-        timeout=300,
-    )
-    venv = root / "venv"
-    subprocess.run(
-        [_uv(), "venv", "--quiet", "--python", sys.executable, str(venv)],
-        check=True,
-        env=env,
-        timeout=300,
-    )
-    subprocess.run(
-        [_uv(), "pip", "install", "--quiet", "-r", str(requirements), str(wheel)],
-        check=True,
-        env={**env, "VIRTUAL_ENV": str(venv)},
-        timeout=600,
-    )
-    yield venv
+    return install_wheel(wheel, tmp_path_factory.mktemp("venv"))
 
 
 def test_the_wheel_holds_one_import_package_and_its_run_time_data(wheel: Path) -> None:
@@ -102,18 +47,8 @@ def test_the_wheel_holds_one_import_package_and_its_run_time_data(wheel: Path) -
     assert "episodic = episodic.cli.entry:main" in text
 
 
-def _team_repository(root: Path) -> Path:
-    """A team's Prefect project with its own `flows` and `tasks` packages."""
-    team = root / "team"
-    for package in ("flows", "tasks"):
-        (team / package).mkdir(parents=True)
-        (team / package / "__init__.py").write_text(f"OWNER = 'team {package}'\n")
-    (team / "flows" / "weekly.py").write_text("def weekly() -> str:\n    return 'theirs'\n")
-    return team
-
-
 def test_a_team_repository_with_its_own_flows_imports_both(venv: Path, tmp_path: Path) -> None:
-    team = _team_repository(tmp_path)
+    team = team_repository(tmp_path)
     code = (
         "import json, flows, flows.weekly, tasks\n"
         "import episodic.flows.weekly, episodic.tasks, episodic.cli.app\n"
@@ -125,7 +60,7 @@ def test_a_team_repository_with_its_own_flows_imports_both(venv: Path, tmp_path:
     done = subprocess.run(
         [str(venv / "bin" / "python"), "-c", code],
         cwd=team,
-        env=_clean_env(EPISODIC_HOME=str(tmp_path / "home")),
+        env=clean_env(EPISODIC_HOME=str(tmp_path / "home")),
         capture_output=True,
         text=True,
         timeout=300,
@@ -143,12 +78,12 @@ def test_a_team_repository_with_its_own_flows_imports_both(venv: Path, tmp_path:
 def test_the_demo_runs_from_the_installed_wheel_outside_any_clone(
     venv: Path, tmp_path: Path
 ) -> None:
-    team = _team_repository(tmp_path)
+    team = team_repository(tmp_path)
     home = tmp_path / "home"
     done = subprocess.run(
         [str(venv / "bin" / "episodic"), "demo", "--week", "2026-W40", "--json"],
         cwd=team,
-        env=_clean_env(EPISODIC_HOME=str(home)),
+        env=clean_env(EPISODIC_HOME=str(home)),
         capture_output=True,
         text=True,
         timeout=600,
@@ -157,7 +92,7 @@ def test_the_demo_runs_from_the_installed_wheel_outside_any_clone(
     checked = subprocess.run(
         [str(venv / "bin" / "episodic"), "check", "--all", "--json"],
         cwd=team,
-        env=_clean_env(EPISODIC_HOME=str(home)),
+        env=clean_env(EPISODIC_HOME=str(home)),
         capture_output=True,
         text=True,
         timeout=300,
@@ -178,9 +113,9 @@ def test_init_in_a_team_repository_writes_its_prefect_yaml_and_makes_it_the_proj
     repository's, and a folder with no such prefect.yaml is refused in one line."""
     import yaml
 
-    team = _team_repository(tmp_path)
+    team = team_repository(tmp_path)
     episodic = str(venv / "bin" / "episodic")
-    env = _clean_env(EPISODIC_HOME=str(tmp_path / "home"))
+    env = clean_env(EPISODIC_HOME=str(tmp_path / "home"))
     done = subprocess.run(
         [episodic, "init"], cwd=team, env=env, capture_output=True, text=True, timeout=300
     )
@@ -191,7 +126,7 @@ def test_init_in_a_team_repository_writes_its_prefect_yaml_and_makes_it_the_proj
     (weekly,) = [d for d in written["deployments"] if d["name"] == "weekly"]
     assert weekly["parameters"]["playlist"] == "playlist.yaml"
     assert weekly["entrypoint"] == "episodic.flows.weekly:weekly_episode"
-    as_project = _clean_env(EPISODIC_PROJECT_DIR=str(team))
+    as_project = clean_env(EPISODIC_PROJECT_DIR=str(team))
     shown = subprocess.run(
         [episodic, "state", "show", "--json"],
         cwd=tmp_path,
@@ -206,7 +141,7 @@ def test_init_in_a_team_repository_writes_its_prefect_yaml_and_makes_it_the_proj
     refused = subprocess.run(
         [episodic, "state", "show"],
         cwd=tmp_path,
-        env=_clean_env(EPISODIC_PROJECT_DIR=str(tmp_path)),
+        env=clean_env(EPISODIC_PROJECT_DIR=str(tmp_path)),
         capture_output=True,
         text=True,
         timeout=300,
