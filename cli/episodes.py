@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -99,7 +99,7 @@ def show_episode(
     table(
         "history",
         ["at (UTC)", "event", "detail"],
-        ((ev.at.strftime("%Y-%m-%d %H:%M:%S"), ev.kind, ev.detail) for ev in history),
+        ((ev.at.strftime("%Y-%m-%d %H:%M:%S"), ev.kind, _in_words(ev.detail)) for ev in history),
     )
     if media:
         table(
@@ -110,3 +110,18 @@ def show_episode(
                 for m in media
             ),
         )
+
+
+def _in_words(detail: dict[str, Any]) -> str:
+    """An event's detail as a line of words, e.g. ``allocation key flow-run:1f2e, run id
+    86b6`` (``--json`` keeps the structure): keys with their underscores as spaces, lists
+    joined by commas, nested mappings in parentheses; nothing for an empty detail."""
+
+    def value(item: Any) -> str:
+        if isinstance(item, dict):
+            return f"({_in_words(item)})"
+        if isinstance(item, list | tuple):
+            return ", ".join(value(v) for v in item) or "none"
+        return "none" if item is None else str(item)
+
+    return "; ".join(f"{str(key).replace('_', ' ')} {value(item)}" for key, item in detail.items())

@@ -94,7 +94,13 @@ def project_folder() -> Path | None:
             f"EPISODIC_PROJECT_DIR: {configured!r} is relative; give the project folder's "
             "absolute path (a relative one would follow the working directory)"
         )
-    if not path.is_dir() or not is_project_folder(path):
+    try:
+        project = path.is_dir() and is_project_folder(path)
+    except OSError as exc:  # a name too long for the file system, a loop of symlinks, ...
+        raise InvalidInput(
+            f"EPISODIC_PROJECT_DIR: {str(path)[:200]!r} cannot be read ({exc.strerror})"
+        ) from None
+    if not project:
         raise InvalidInput(
             f"EPISODIC_PROJECT_DIR: {path} is not an episodic project folder (neither a checkout "
             "of episodic nor a repository whose prefect.yaml has the pull step "
@@ -114,13 +120,15 @@ def is_project_folder(path: Path) -> bool:
     `PULL_STEP`, which moves each flow run into that repository on a worker)."""
     if installed_project(path / "core" / "home.py") is not None:
         return True
-    from episodic.core.documents import DocumentError, read_text
+    from episodic.core.documents import DocumentError, parse_yaml, read_text
 
     try:  # a regular file of at most 1 MB: a FIFO there never blocks a command
-        text = read_text(path / "prefect.yaml", max_bytes=1_000_000)
-    except DocumentError:
+        document = parse_yaml(read_text(path / "prefect.yaml", max_bytes=1_000_000))
+    except DocumentError:  # unreadable, too large, or not YAML Prefect could deploy either
         return False
-    return any(line.strip().startswith(f"- {PULL_STEP}") for line in text.splitlines())
+    pull = document.get("pull") if isinstance(document, dict) else None
+    steps = pull if isinstance(pull, list) else []
+    return any(isinstance(step, dict) and PULL_STEP in step for step in steps)
 
 
 def user_data_folder() -> Path:

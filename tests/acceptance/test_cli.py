@@ -288,3 +288,6 @@ def test_episodes_show_gives_the_episodes_spend_as_the_provider_billed_it(
     assert shown["paid_submissions"] == 3 and shown["costs"] == {"USD": billed}
     human = cli("episodes", "show", "2026-W32-0").stdout
     assert f"spend: {billed / 1_000_000:.2f} USD (3 paid calls, every run)" in human
+    # The history reads as words, never a Python dict (its structure is in --json).
+    assert "allocation key k" in human, human
+    assert "{'" not in human and "'run_id'" not in human, human

@@ -74,6 +74,16 @@ def test_the_pull_step_moves_into_the_project_folder(
     (tmp_path / "prefect.yaml").write_text(f"pull:\n  # - {step}\n")  # commented out
     with pytest.raises(FileNotFoundError, match="not an episodic project folder"):
         project_directory()
+    lookalikes = [  # the step's text where Prefect would not run it as the pull step
+        f"description: |\n  - {step}\n",
+        "pull:\n  - episodic.deployments.steps.project_directory_other: {}\n",
+        f"pull:\n  - {step}\n: : not yaml [\n",
+        f"build:\n  - {step}\n",
+    ]
+    for text in lookalikes:
+        (tmp_path / "prefect.yaml").write_text(text)
+        with pytest.raises(FileNotFoundError, match="not an episodic project folder"):
+            project_directory()
     (tmp_path / "prefect.yaml").write_text(f"pull:\n  - {step}\n")  # a team's repository
     assert project_directory() == {"directory": str(tmp_path)}
     monkeypatch.chdir(tmp_path)
@@ -119,3 +129,15 @@ def test_a_deploy_of_every_deployment_says_each_warning_once(
     out = capsys.readouterr()
     assert out.out == ""
     assert out.err.count("episodic: warning: pipeline weekly is scheduled by 2") == 1
+
+
+def test_a_project_dir_too_long_for_the_file_system_is_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from episodic.core.errors import InvalidInput
+    from episodic.core.home import project_folder
+
+    monkeypatch.setenv("EPISODIC_PROJECT_DIR", "/" + "a" * 5000)
+    with pytest.raises(InvalidInput, match="cannot be read") as caught:
+        project_folder()
+    assert "\n" not in str(caught.value) and len(str(caught.value)) < 400
