@@ -27,18 +27,33 @@ def init(
 ) -> None:
     """Write a commented providers file (Replicate and fal profiles with their published
     prices) where the settings read it (EPISODIC_PROVIDERS_FILE, default
-    $EPISODIC_HOME/providers.yaml), a playlist skeleton, and, in a team's repository (the
-    project folder, else the working directory; not a checkout of episodic, which has its
-    own), a prefect.yaml of episodic's deployments, run from the installed package, on that
-    playlist. An existing file is never
-    overwritten: it is kept, and said so (exit 0). Next: `episodic providers check PROFILE`
+    $EPISODIC_HOME/providers.yaml; in a team's repository, providers.yaml there), a playlist
+    skeleton, and, in a team's repository (the project folder, else the working directory;
+    not a checkout of episodic, which has its own), a prefect.yaml of episodic's
+    deployments, run from the installed package, on that playlist, and .gitignore and
+    .dockerignore entries for the state folder (.episodic/). An existing file is never
+    overwritten: it is kept, and said so (exit 0); an ignore file lacking the entry gets it
+    added at its end. Next: `episodic providers check PROFILE`
     (docs/providers.md, From zero to a first paid run)."""
-    from episodic.core.home import installed_project, mark_state_folder, project_folder
+    from episodic.core.home import (
+        checked_text,
+        installed_project,
+        mark_state_folder,
+        project_folder,
+    )
     from episodic.core.output_files import RecordPaths
     from episodic.pipeline.starter import write_starter_files
 
     settings = context.settings()
+    if playlist is not None:
+        checked_text("--playlist", str(playlist))  # no control characters in a name
+    # a team's repository gets the prefect.yaml of episodic's deployments; a checkout of
+    # episodic has its own
+    repository = project_folder() or Path.cwd()
+    team = installed_project(repository / "core" / "home.py") is None
     providers = settings.providers_path
+    if team and settings.providers_file is None:  # the repository keeps its providers file
+        providers = repository / "providers.yaml"
     # every file init writes is checked against the record before any is written: the
     # providers file goes where the settings read it (EPISODIC_PROVIDERS_FILE names any
     # path), the state folder included, but never over the ledger, its -wal/-shm/-journal
@@ -52,11 +67,8 @@ def init(
         RecordPaths.of(settings, state_folder=False).refuse(playlist, f"playlist {playlist}")
     else:  # a user-named file never goes over (or into) the record
         RecordPaths.of(settings).refuse(playlist, f"--playlist {playlist}")
-    # a team's repository gets the prefect.yaml of episodic's deployments; a checkout of
-    # episodic has its own
-    repository = project_folder() or Path.cwd()
     prefect = None
-    if installed_project(repository / "core" / "home.py") is None:
+    if team:
         prefect = repository / "prefect.yaml"
         # a repository is never the state folder: refused there, as anything of the record
         RecordPaths.of(settings).refuse(prefect, f"prefect.yaml {prefect}")
@@ -68,8 +80,18 @@ def init(
         return
     for file in files:
         said = "wrote" if file.written else "kept (it exists; not overwritten)"
+        if file.added:
+            said = "added .episodic/ (the state folder) to"
+        elif not file.written and file.what in ("gitignore", "dockerignore"):
+            said = "kept (it already ignores .episodic/)"
         typer.echo(f"{file.what}: {said} {file.path}")
-    if prefect is not None and files[-1].written:
+    if prefect is not None and settings.providers_file is None:
+        typer.echo(
+            f"providers: every command reads it with EPISODIC_PROVIDERS_FILE={providers} "
+            "(set it in this shell, on the deploying machine and on every worker, naming "
+            "their copy)"
+        )
+    if prefect is not None:
         typer.echo(
             f"deploy: from {repository}, `episodic prefect setup --work-pool episodic` then "
             "`prefect deploy --all`; each worker sets EPISODIC_PROJECT_DIR to its copy of this "

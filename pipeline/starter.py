@@ -93,18 +93,26 @@ items:
 """
 
 
+# What a team's repository ignores (its .gitignore and .dockerignore): the state folder, one
+# per machine, holding the ledger, the paid images and Prefect's home.
+IGNORED = ".episodic/"
+IGNORE_TEMPLATE = f"""\
+# episodic's state folder (the ledger, paid images, Prefect's home): one per machine, never
+# committed nor copied into an image (written by `episodic init`)
+{IGNORED}
+"""
+
+
 @dataclass(frozen=True, slots=True)
 class StarterFile:
-    what: str  # "providers", "playlist" or "prefect"
+    what: str  # "providers", "playlist", "prefect", "gitignore" or "dockerignore"
     path: Path
     written: bool  # False: it existed, and was kept as it is
+    added: bool = False  # it existed, and the state folder's line was added to it
 
     def to_dict(self) -> dict[str, object]:
-        return {
-            "what": self.what,
-            "path": str(self.path),
-            "status": "written" if self.written else "kept",
-        }
+        status = "added" if self.added else "written" if self.written else "kept"
+        return {"what": self.what, "path": str(self.path), "status": status}
 
 
 def write_starter_files(
@@ -115,8 +123,10 @@ def write_starter_files(
     makes meanwhile) is kept. Raises `InvalidInput` when a path cannot be written (its folder
     is a file, no permission)."""
     targets = [("providers", providers), ("playlist", playlist)]
+    ignores = []
     if prefect is not None:
-        targets.append(("prefect", prefect))
+        ignores = [(what, prefect.parent / f".{what}") for what in ("gitignore", "dockerignore")]
+        targets += [("prefect", prefect), *ignores]
     for what, path in targets:  # what is there and is no file refuses before anything is written
         if path.is_symlink() or path.exists():
             _kept(what, path, f"{what} file {path}")
@@ -126,7 +136,30 @@ def write_starter_files(
     ]
     if prefect is not None:
         files.append(_write("prefect", prefect, prefect_yaml(prefect.parent, playlist)))
+        files += [_ignore_state_folder(what, path) for what, path in ignores]
     return files
+
+
+def _ignore_state_folder(what: str, path: Path) -> StarterFile:
+    """`path` (a repository's .gitignore or .dockerignore) ignores the state folder: written
+    when absent, kept when a line already names it, else the line is added at its end."""
+    from episodic.core.documents import DocumentError, read_text
+
+    if not (path.is_symlink() or path.exists()):
+        return _write(what, path, IGNORE_TEMPLATE)
+    _kept(what, path, f"{what} file {path}")  # a folder, FIFO, ... there is refused
+    try:
+        text = read_text(path, max_bytes=1_000_000)
+    except DocumentError as exc:
+        raise InvalidInput(f"{what} file {path}: {exc}: nothing added") from None
+    if any(line.strip().strip("/") == IGNORED.strip("/") for line in text.splitlines()):
+        return StarterFile(what, path, written=False)
+    try:
+        with path.open("a", encoding="utf-8") as out:
+            out.write(("\n" if text and not text.endswith("\n") else "") + IGNORE_TEMPLATE)
+    except OSError as exc:
+        raise InvalidInput(f"{what} file {path} cannot be written ({exc.strerror})") from None
+    return StarterFile(what, path, written=True, added=True)
 
 
 def prefect_yaml(repository: Path, playlist: Path) -> str:
@@ -135,9 +168,9 @@ def prefect_yaml(repository: Path, playlist: Path) -> str:
     relative to `repository` when it is inside it (a worker resolves it in its own copy of
     the repository, `EPISODIC_PROJECT_DIR`), else by its absolute path."""
     template = (files("episodic.deployments") / "team_prefect.yaml").read_text(encoding="utf-8")
-    where = playlist.absolute()
+    where = Path(os.path.normpath(playlist.absolute()))  # `..` may leave the repository
     try:
-        named = where.relative_to(repository.absolute()).as_posix()
+        named = where.relative_to(os.path.normpath(repository.absolute())).as_posix()
     except ValueError:
         named = str(where)
     return template.replace("__PLAYLIST__", json.dumps(named))

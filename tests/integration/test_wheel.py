@@ -37,6 +37,7 @@ def test_the_wheel_holds_one_import_package_and_its_run_time_data(wheel: Path) -
     assert {"core", "storage", "providers", "pipeline", "tasks", "flows"} <= subpackages
     assert {"deployments", "cli", "examples", "__init__.py"} <= subpackages
     assert not subpackages & {"tests", "bench", "reliability"}
+    assert "episodic/__main__.py" in names  # python -m episodic
     assert "episodic/examples/playlist.yaml" in names
     assert "episodic/examples/reference/style.txt" in names  # the playlist's reference file
     assert "episodic/storage/migrations/script.py.mako" in names
@@ -125,6 +126,52 @@ def test_init_in_a_team_repository_writes_its_prefect_yaml_and_makes_it_the_proj
     written = yaml.safe_load((team / "prefect.yaml").read_text())
     (weekly,) = [d for d in written["deployments"] if d["name"] == "weekly"]
     assert weekly["parameters"]["playlist"] == "playlist.yaml"
+    # The repository keeps its providers file, says how every command reads it, and ignores
+    # the state folder (the ledger, paid images) in git and in an image's build context.
+    assert (team / "providers.yaml").is_file(), done.stdout
+    assert f"EPISODIC_PROVIDERS_FILE={team / 'providers.yaml'}" in done.stdout, done.stdout
+    for ignore in (".gitignore", ".dockerignore"):
+        assert ".episodic/" in (team / ignore).read_text().splitlines(), ignore
+    again = subprocess.run(
+        [episodic, "init"], cwd=team, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert again.returncode == 0 and "wrote" not in again.stdout, again.stdout
+    assert (team / ".gitignore").read_text().count(".episodic/") == 1
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / ".gitignore").write_text("node_modules")  # theirs, no newline at its end
+    outside = subprocess.run(
+        [episodic, "init", "--playlist", "sub/../../outside.yaml"],
+        cwd=other,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert outside.returncode == 0, outside.stderr
+    assert (other / ".gitignore").read_text().splitlines()[0] == "node_modules"
+    assert "added .episodic/" in outside.stdout, outside.stdout
+    elsewhere = yaml.safe_load((other / "prefect.yaml").read_text())
+    (weekly,) = [d for d in elsewhere["deployments"] if d["name"] == "weekly"]
+    assert weekly["parameters"]["playlist"] == str(tmp_path / "outside.yaml")  # not ../
+    newline = subprocess.run(
+        [episodic, "init", "--playlist", "a\nb.yaml"],
+        cwd=tmp_path / "other",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert newline.returncode == 2 and len(newline.stderr.strip().splitlines()) == 1
+    as_module = subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "episodic", "--version"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert as_module.returncode == 0 and as_module.stdout.startswith("episodic"), as_module
     assert weekly["entrypoint"] == "episodic.flows.weekly:weekly_episode"
     as_project = clean_env(EPISODIC_PROJECT_DIR=str(team))
     shown = subprocess.run(
