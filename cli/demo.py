@@ -91,7 +91,7 @@ def _one_demo_at_a_time(home: Path) -> Any:
     """The state folder's demo lock (`demo/running.lock`), held for the whole demo by the
     caller, or refused at once (exit 2): two demos on one state folder share its Prefect
     database, and each would register the deployment's schedule and leave its own episode
-    waiting (found by a breaker: the Monday slot ran twice and 14 more images were paid)."""
+    waiting: the Monday slot would run twice and its images be paid twice."""
     from filelock import FileLock, Timeout
 
     from episodic.core.errors import CommandNotAllowed

@@ -3,7 +3,7 @@
 Item tasks carry ids only (`episodic.tasks.generate`), so each rebuilds what it works with: the
 runner of its episode (cached per database, pipeline and episode), the settings (read again
 only when an ``EPISODIC_*`` variable changed), and, when the task runs in the flow's own
-process, the flow dispatching it (`LocalFlow`, found by the claim's owner).
+process, the flow dispatching it (`LocalFlow`, looked up by the claim's owner).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class ItemNotCompleted(Exception):
 
 @dataclass
 class LocalFlow:
-    """A flow dispatching in this process, found by its claim owner by the item tasks that
+    """A flow dispatching in this process, looked up by its claim owner by the item tasks that
     run here (the thread runner); a task elsewhere (Dask) finds none and works from the
     database alone.
 
@@ -113,7 +113,7 @@ def item_runner(
     pipeline: str, episode_id: str, profile: str | None = None, owner: str | None = None
 ) -> Runner:
     """This process's runner for the episode: the flow's own runner when the task runs in
-    the flow's process (found by the claim's `owner`; it also carries the flow's stop event),
+    the flow's process (looked up by the claim's `owner`; it also carries the flow's stop event),
     else one built from the environment on first use: the gate, the recorded plan's provider
     profile and a provider with its credential.
 

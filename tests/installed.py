@@ -89,3 +89,12 @@ def team_repository(root: Path) -> Path:
         (team / package / "__init__.py").write_text(f"OWNER = 'team {package}'\n")
     (team / "flows" / "weekly.py").write_text("def weekly() -> str:\n    return 'theirs'\n")
     return team
+
+
+def run(
+    command: list[str], cwd: Path, env: dict[str, str], timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    """`command` in `cwd` with exactly `env`, its output captured as text."""
+    return subprocess.run(
+        command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )

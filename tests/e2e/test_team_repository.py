@@ -36,7 +36,7 @@ from tests.e2e.stack import (
     trigger_scheduler,
     wait_for_flow_run,
 )
-from tests.installed import build_wheel, clean_env, install_wheel, team_repository
+from tests.installed import build_wheel, clean_env, install_wheel, run, team_repository
 from tests.standins.replicate import OFFICIAL_MODEL, TOKEN, ReplicateStandIn
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -47,9 +47,7 @@ STARTER_ITEMS = 3  # the playlist `episodic init` writes: v01, and v02 in two pa
 def _run(
     program: Path, args: list[str], cwd: Path, env: dict[str, str], timeout: float = 300
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(program), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
-    )
+    return run([str(program), *args], cwd, env, timeout)
 
 
 def _last_monday_0900_utc() -> dt.datetime:

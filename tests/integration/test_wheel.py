@@ -7,13 +7,12 @@ packages, the usual layout of a Prefect project."""
 from __future__ import annotations
 
 import json
-import subprocess
 import zipfile
 from pathlib import Path
 
 import pytest
 
-from tests.installed import build_wheel, clean_env, install_wheel, team_repository
+from tests.installed import build_wheel, clean_env, install_wheel, run, team_repository
 
 pytestmark = pytest.mark.slow
 
@@ -58,13 +57,10 @@ def test_a_team_repository_with_its_own_flows_imports_both(venv: Path, tmp_path:
         "  'tasks': tasks.OWNER, 'ours': episodic.flows.weekly.__file__,\n"
         "  'playlist': str(example_playlist())}))\n"
     )
-    done = subprocess.run(
+    done = run(
         [str(venv / "bin" / "python"), "-c", code],
-        cwd=team,
-        env=clean_env(EPISODIC_HOME=str(tmp_path / "home")),
-        capture_output=True,
-        text=True,
-        timeout=300,
+        team,
+        clean_env(EPISODIC_HOME=str(tmp_path / "home")),
     )
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout.splitlines()[-1])
@@ -81,22 +77,13 @@ def test_the_demo_runs_from_the_installed_wheel_outside_any_clone(
 ) -> None:
     team = team_repository(tmp_path)
     home = tmp_path / "home"
-    done = subprocess.run(
-        [str(venv / "bin" / "episodic"), "demo", "--week", "2026-W40", "--json"],
-        cwd=team,
-        env=clean_env(EPISODIC_HOME=str(home)),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    demo = [str(venv / "bin" / "episodic"), "demo", "--week", "2026-W40", "--json"]
+    done = run(demo, team, clean_env(EPISODIC_HOME=str(home)), timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    checked = subprocess.run(
+    checked = run(
         [str(venv / "bin" / "episodic"), "check", "--all", "--json"],
-        cwd=team,
-        env=clean_env(EPISODIC_HOME=str(home)),
-        capture_output=True,
-        text=True,
-        timeout=300,
+        team,
+        clean_env(EPISODIC_HOME=str(home)),
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert json.loads(done.stdout), done.stdout
@@ -117,9 +104,7 @@ def test_init_in_a_team_repository_writes_its_prefect_yaml_and_makes_it_the_proj
     team = team_repository(tmp_path)
     episodic = str(venv / "bin" / "episodic")
     env = clean_env(EPISODIC_HOME=str(tmp_path / "home"))
-    done = subprocess.run(
-        [episodic, "init"], cwd=team, env=env, capture_output=True, text=True, timeout=300
-    )
+    done = run([episodic, "init"], team, env)
     assert done.returncode == 0, done.stderr
     assert f"prefect: wrote {team / 'prefect.yaml'}" in done.stdout, done.stdout
     assert "`prefect deploy --all`" in done.stdout and (team / "playlist.yaml").is_file()
@@ -132,66 +117,31 @@ def test_init_in_a_team_repository_writes_its_prefect_yaml_and_makes_it_the_proj
     assert f"EPISODIC_PROVIDERS_FILE={team / 'providers.yaml'}" in done.stdout, done.stdout
     for ignore in (".gitignore", ".dockerignore"):
         assert ".episodic/" in (team / ignore).read_text().splitlines(), ignore
-    again = subprocess.run(
-        [episodic, "init"], cwd=team, env=env, capture_output=True, text=True, timeout=300
-    )
+    again = run([episodic, "init"], team, env)
     assert again.returncode == 0 and "wrote" not in again.stdout, again.stdout
     assert (team / ".gitignore").read_text().count(".episodic/") == 1
     other = tmp_path / "other"
     other.mkdir()
     (other / ".gitignore").write_text("node_modules")  # theirs, no newline at its end
-    outside = subprocess.run(
-        [episodic, "init", "--playlist", "sub/../../outside.yaml"],
-        cwd=other,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    outside = run([episodic, "init", "--playlist", "sub/../../outside.yaml"], other, env)
     assert outside.returncode == 0, outside.stderr
     assert (other / ".gitignore").read_text().splitlines()[0] == "node_modules"
     assert "added .episodic/" in outside.stdout, outside.stdout
     elsewhere = yaml.safe_load((other / "prefect.yaml").read_text())
-    (weekly,) = [d for d in elsewhere["deployments"] if d["name"] == "weekly"]
-    assert weekly["parameters"]["playlist"] == str(tmp_path / "outside.yaml")  # not ../
-    newline = subprocess.run(
-        [episodic, "init", "--playlist", "a\nb.yaml"],
-        cwd=tmp_path / "other",
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    (outside_weekly,) = [d for d in elsewhere["deployments"] if d["name"] == "weekly"]
+    assert outside_weekly["parameters"]["playlist"] == str(tmp_path / "outside.yaml")  # not ../
+    newline = run([episodic, "init", "--playlist", "a\nb.yaml"], tmp_path / "other", env)
     assert newline.returncode == 2 and len(newline.stderr.strip().splitlines()) == 1
-    as_module = subprocess.run(
-        [str(venv / "bin" / "python"), "-m", "episodic", "--version"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    as_module = run([str(venv / "bin" / "python"), "-m", "episodic", "--version"], tmp_path, env)
     assert as_module.returncode == 0 and as_module.stdout.startswith("episodic"), as_module
     assert weekly["entrypoint"] == "episodic.flows.weekly:weekly_episode"
     as_project = clean_env(EPISODIC_PROJECT_DIR=str(team))
-    shown = subprocess.run(
-        [episodic, "state", "show", "--json"],
-        cwd=tmp_path,
-        env=as_project,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    shown = run([episodic, "state", "show", "--json"], tmp_path, as_project)
     assert shown.returncode == 0, shown.stderr
     state = json.loads(shown.stdout)
     assert state["project"] == str(team) and state["home"] == str(team / ".episodic")
-    refused = subprocess.run(
-        [episodic, "state", "show"],
-        cwd=tmp_path,
-        env=clean_env(EPISODIC_PROJECT_DIR=str(tmp_path)),
-        capture_output=True,
-        text=True,
-        timeout=300,
+    refused = run(
+        [episodic, "state", "show"], tmp_path, clean_env(EPISODIC_PROJECT_DIR=str(tmp_path))
     )
     assert refused.returncode == 2 and "is not an episodic project folder" in refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
