@@ -72,6 +72,8 @@ def init(
         prefect = repository / "prefect.yaml"
         # a repository is never the state folder: refused there, as anything of the record
         RecordPaths.of(settings).refuse(prefect, f"prefect.yaml {prefect}")
+        for name in (".gitignore", ".dockerignore"):  # appended to: never a part of the record
+            RecordPaths.of(settings).refuse(repository / name, f"{name} {repository / name}")
     if providers.parent == settings.home_path:
         mark_state_folder(settings.home_path)
     files = write_starter_files(providers, playlist.absolute(), prefect)

@@ -46,3 +46,32 @@ def test_init_refuses_a_providers_file_that_is_part_of_the_record(
     assert not path.exists(), done.stdout
     assert done.returncode == ExitCode.REFUSED, done
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+@pytest.mark.parametrize("ignore", [".gitignore", ".dockerignore"])
+def test_init_never_appends_to_the_ledger_through_a_repositorys_ignore_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ignore: str
+) -> None:
+    """In a team's repository init adds the state folder's line to .gitignore and
+    .dockerignore; one that is a symlink to the ledger is refused, the ledger untouched."""
+    monkeypatch.delenv("EPISODIC_DATABASE_URL", raising=False)
+    team = tmp_path / "team"
+    team.mkdir()
+    (team / "prefect.yaml").write_text(
+        "pull:\n  - episodic.deployments.steps.project_directory: {}\n"
+    )
+    env = dict(
+        os.environ,
+        EPISODIC_PROJECT_DIR=str(team),
+        EPISODIC_HOME=str(tmp_path / "home"),
+        EPISODIC_PROVIDERS_FILE=str(tmp_path / "providers.yaml"),
+    )
+    assert cli(env, "episodes", "list").returncode == 0  # the ledger exists
+    ledger = tmp_path / "home" / "episodic.db"
+    before = ledger.read_bytes()
+    (team / ignore).symlink_to(ledger)
+    done = cli(env, "init")
+    assert done.returncode == ExitCode.REFUSED, done
+    assert len(done.stderr.strip().splitlines()) == 1 and ignore in done.stderr, done.stderr
+    assert ledger.read_bytes() == before
+    assert not (team / "playlist.yaml").exists()  # refused before anything was written
