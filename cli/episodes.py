@@ -124,4 +124,8 @@ def _in_words(detail: dict[str, Any]) -> str:
             return ", ".join(value(v) for v in item) or "none"
         return "none" if item is None else str(item)
 
-    return "; ".join(f"{str(key).replace('_', ' ')} {value(item)}" for key, item in detail.items())
+    return "; ".join(
+        f"{str(key).replace('_', ' ')} {value(item)}"
+        for key, item in detail.items()
+        if item is not None  # an unset field says nothing
+    )

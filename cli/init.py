@@ -47,6 +47,7 @@ def init(
     settings = context.settings()
     if playlist is not None:
         checked_text("--playlist", str(playlist))  # no control characters in a name
+        playlist = playlist.expanduser()  # `~/x.yaml` is the home folder's, as in a shell
     # a team's repository gets the prefect.yaml of episodic's deployments; a checkout of
     # episodic has its own
     repository = project_folder() or Path.cwd()
@@ -94,10 +95,12 @@ def init(
             "their copy)"
         )
     if prefect is not None:
+        inside = providers.absolute().is_relative_to(repository.absolute())
+        where = "the providers file in it" if inside else f"its copy of {providers}"
         typer.echo(
             f"deploy: from {repository}, `episodic prefect setup --work-pool episodic` then "
             "`prefect deploy --all`; each worker sets EPISODIC_PROJECT_DIR to its copy of this "
-            "folder and EPISODIC_PROVIDERS_FILE to the providers file in it (docs/production.md)"
+            f"folder and EPISODIC_PROVIDERS_FILE to {where} (docs/production.md)"
         )
     typer.echo(
         "next: set REPLICATE_API_TOKEN (https://replicate.com/account/api-tokens) or FAL_KEY "

@@ -95,16 +95,21 @@ def project_folder() -> Path | None:
             "absolute path (a relative one would follow the working directory)"
         )
     try:
-        project = path.is_dir() and is_project_folder(path)
+        problem = project_folder_problem(path) if path.is_dir() else "it is not a folder"
     except OSError as exc:  # a name too long for the file system, a loop of symlinks, ...
         raise InvalidInput(
             f"EPISODIC_PROJECT_DIR: {str(path)[:200]!r} cannot be read ({exc.strerror})"
         ) from None
-    if not project:
+    if problem is not None:
+        advice = (  # init keeps a prefect.yaml that is there: it must be mended by hand
+            "mend it"
+            if problem.startswith("its prefect.yaml") and "does not exist" not in problem
+            else "unset EPISODIC_PROJECT_DIR and run `episodic init` in that folder"
+        )
         raise InvalidInput(
             f"EPISODIC_PROJECT_DIR: {path} is not an episodic project folder (neither a checkout "
-            "of episodic nor a repository whose prefect.yaml has the pull step "
-            f"{PULL_STEP}): unset EPISODIC_PROJECT_DIR and run `episodic init` in that folder"
+            f"of episodic nor a repository whose prefect.yaml has the pull step {PULL_STEP}; "
+            f"{problem}): {advice}"
         )
     return path
 
@@ -118,17 +123,26 @@ def is_project_folder(path: Path) -> bool:
     """Whether `path` is a project folder: a checkout of episodic (`installed_project`), or
     a team's repository whose ``prefect.yaml`` deploys episodic's flows (it names
     `PULL_STEP`, which moves each flow run into that repository on a worker)."""
+    return project_folder_problem(path) is None
+
+
+def project_folder_problem(path: Path) -> str | None:
+    """Why `path` is not a project folder (`is_project_folder`), as a phrase such as
+    ``its prefect.yaml is not UTF-8 text (byte 3)``; None when it is one."""
     if installed_project(path / "core" / "home.py") is not None:
-        return True
+        return None
     from episodic.core.documents import DocumentError, parse_yaml, read_text
 
     try:  # a regular file of at most 1 MB: a FIFO there never blocks a command
         document = parse_yaml(read_text(path / "prefect.yaml", max_bytes=1_000_000))
-    except DocumentError:  # unreadable, too large, or not YAML Prefect could deploy either
-        return False
+    except DocumentError as exc:  # unreadable, too large, or not YAML Prefect could deploy
+        return f"its prefect.yaml {exc}"
     pull = document.get("pull") if isinstance(document, dict) else None
     steps = pull if isinstance(pull, list) else []
-    return any(isinstance(step, dict) and PULL_STEP in step for step in steps)
+    # the step as Prefect runs it: its name with a mapping of inputs (`{}`)
+    if any(isinstance(step, dict) and isinstance(step.get(PULL_STEP), dict) for step in steps):
+        return None
+    return f"its prefect.yaml has no pull step `{PULL_STEP}: {{}}`"
 
 
 def user_data_folder() -> Path:

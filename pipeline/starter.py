@@ -73,7 +73,7 @@ profiles:
 PLAYLIST_TEMPLATE = """\
 # A playlist: what each episode generates. Written by `episodic init`; format:
 # docs/playlist.md. Editors validate it with `episodic schema playlist`.
-#   episodic allocate                          # this week's episode id, e.g. 2026-W32-1
+#   episodic allocate --key first --week 2026-W32   # an episode id, e.g. 2026-W32-0
 #   episodic plan EPISODE_ID --playlist playlist.yaml
 #   episodic generate EPISODE_ID --plan        # what it would buy, and the estimate
 template:
@@ -130,33 +130,58 @@ def write_starter_files(
     for what, path in targets:  # what is there and is no file refuses before anything is written
         if path.is_symlink() or path.exists():
             _kept(what, path, f"{what} file {path}")
+    existing = {path: _read_ignore(what, path) for what, path in ignores}  # readable, or refused
     files = [
         _write("providers", providers, PROVIDERS_TEMPLATE),
         _write("playlist", playlist, PLAYLIST_TEMPLATE),
     ]
     if prefect is not None:
         files.append(_write("prefect", prefect, prefect_yaml(prefect.parent, playlist)))
-        files += [_ignore_state_folder(what, path) for what, path in ignores]
+        files += [_ignore_state_folder(what, path, existing[path]) for what, path in ignores]
     return files
 
 
-def _ignore_state_folder(what: str, path: Path) -> StarterFile:
-    """`path` (a repository's .gitignore or .dockerignore) ignores the state folder: written
-    when absent, kept when a line already names it, else the line is added at its end."""
+def _read_ignore(what: str, path: Path) -> str | None:
+    """The text of an existing ignore file (None: there is none), or `InvalidInput` when it
+    cannot be read as text (too large, not UTF-8): checked before anything is written."""
     from episodic.core.documents import DocumentError, read_text
 
     if not (path.is_symlink() or path.exists()):
-        return _write(what, path, IGNORE_TEMPLATE)
-    _kept(what, path, f"{what} file {path}")  # a folder, FIFO, ... there is refused
+        return None
     try:
-        text = read_text(path, max_bytes=1_000_000)
+        return read_text(path, max_bytes=1_000_000)
     except DocumentError as exc:
-        raise InvalidInput(f"{what} file {path}: {exc}: nothing added") from None
-    if any(line.strip().strip("/") == IGNORED.strip("/") for line in text.splitlines()):
+        raise InvalidInput(f"{what} file {path}: {exc}: nothing written") from None
+
+
+def ignores_state_folder(text: str) -> bool:
+    """Whether an ignore file's rules leave the state folder ignored: the last rule naming it
+    decides (``.episodic/``, ``/.episodic`` ignore it; a negation ``!.episodic/...`` takes it
+    back). Leading spaces are part of a rule, as git reads it; trailing ones are not."""
+    name = IGNORED.strip("/")
+    ignored = False
+    for line in text.splitlines():
+        rule = line.rstrip()
+        if rule.strip("/") == name:
+            ignored = True
+        elif rule.startswith("!") and rule[1:].lstrip("/").split("/")[0] == name:
+            ignored = False
+    return ignored
+
+
+def _ignore_state_folder(what: str, path: Path, text: str | None) -> StarterFile:
+    """`path` (a repository's .gitignore or .dockerignore, whose text is `text`, None when
+    absent) ignores the state folder: written when absent, kept when its rules already ignore
+    it, else the line is added at its end (in the file's own line endings)."""
+    if text is None:
+        return _write(what, path, IGNORE_TEMPLATE)
+    if ignores_state_folder(text):
         return StarterFile(what, path, written=False)
+    newline = "\r\n" if "\r\n" in text else "\n"
+    added = IGNORE_TEMPLATE.replace("\n", newline)
     try:
-        with path.open("a", encoding="utf-8") as out:
-            out.write(("\n" if text and not text.endswith("\n") else "") + IGNORE_TEMPLATE)
+        with path.open("a", encoding="utf-8", newline="") as out:
+            out.write((newline if text and not text.endswith("\n") else "") + added)
     except OSError as exc:
         raise InvalidInput(f"{what} file {path} cannot be written ({exc.strerror})") from None
     return StarterFile(what, path, written=True, added=True)

@@ -79,6 +79,7 @@ def test_the_pull_step_moves_into_the_project_folder(
         "pull:\n  - episodic.deployments.steps.project_directory_other: {}\n",
         f"pull:\n  - {step}\n: : not yaml [\n",
         f"build:\n  - {step}\n",
+        "pull:\n  - episodic.deployments.steps.project_directory:\n",  # no inputs: Prefect fails
     ]
     for text in lookalikes:
         (tmp_path / "prefect.yaml").write_text(text)
@@ -141,3 +142,22 @@ def test_a_project_dir_too_long_for_the_file_system_is_one_line(
     with pytest.raises(InvalidInput, match="cannot be read") as caught:
         project_folder()
     assert "\n" not in str(caught.value) and len(str(caught.value)) < 400
+
+
+def test_a_project_dir_refusal_says_what_is_wrong_with_its_prefect_yaml(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A repository's own prefect.yaml that init would keep (not UTF-8, no pull step) is
+    named with its fault and mended by hand; a folder without one is told to run init."""
+    from episodic.core.errors import InvalidInput
+    from episodic.core.home import project_folder
+
+    monkeypatch.setenv("EPISODIC_PROJECT_DIR", str(tmp_path))
+    with pytest.raises(InvalidInput, match=r"prefect\.yaml does not exist.*episodic init"):
+        project_folder()
+    (tmp_path / "prefect.yaml").write_bytes(b"# caf\xe9\npull: []\n")
+    with pytest.raises(InvalidInput, match=r"is not UTF-8 text.*: mend it$"):
+        project_folder()
+    (tmp_path / "prefect.yaml").write_text("pull: []\n")
+    with pytest.raises(InvalidInput, match=r"has no pull step.*: mend it$"):
+        project_folder()

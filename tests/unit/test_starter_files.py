@@ -190,3 +190,52 @@ def test_a_target_that_is_not_a_file_refuses_before_anything_is_written(tmp_path
     with pytest.raises(InvalidInput, match="is a folder; name a file: nothing written"):
         write_starter_files(providers, playlist, prefect)
     assert not providers.exists() and not playlist.exists()
+
+
+def test_an_ignore_file_that_is_not_text_refuses_before_anything_is_written(
+    tmp_path: Path,
+) -> None:
+    from episodic.core.errors import InvalidInput
+    from episodic.pipeline.starter import write_starter_files
+
+    (tmp_path / ".gitignore").write_bytes(b"caf\xe9\n")  # Latin-1, not UTF-8
+    with pytest.raises(InvalidInput, match="nothing written"):
+        write_starter_files(
+            tmp_path / "providers.yaml", tmp_path / "playlist.yaml", tmp_path / "prefect.yaml"
+        )
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".gitignore"]
+    assert (tmp_path / ".gitignore").read_bytes() == b"caf\xe9\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "ignored"),
+    [
+        (".episodic/\n", True),
+        ("/.episodic\n", True),
+        (".episodic/  \n", True),  # trailing spaces are not part of a rule
+        ("  .episodic/\n", False),  # leading ones are: it names another path
+        (".episodic/\n!.episodic/\n", False),  # the last rule takes it back
+        ("!.episodic/\n.episodic/\n", True),
+        (".episodic/\n!.episodic/providers.yaml\n", False),  # part of it is kept again
+        ("# .episodic/\n", False),
+        (".episodic/**\n", False),
+    ],
+)
+def test_an_ignore_file_ignores_the_state_folder_as_git_reads_its_rules(
+    text: str, ignored: bool
+) -> None:
+    from episodic.pipeline.starter import ignores_state_folder
+
+    assert ignores_state_folder(text) is ignored
+
+
+def test_the_state_folders_line_is_added_in_the_files_own_line_endings(tmp_path: Path) -> None:
+    from episodic.pipeline.starter import write_starter_files
+
+    (tmp_path / ".dockerignore").write_bytes(b"node_modules\r\n.venv")
+    write_starter_files(
+        tmp_path / "providers.yaml", tmp_path / "playlist.yaml", tmp_path / "prefect.yaml"
+    )
+    lines = (tmp_path / ".dockerignore").read_bytes().split(b"\r\n")
+    assert lines[:2] == [b"node_modules", b".venv"] and b".episodic/" in lines
+    assert b"\n" not in b"".join(lines)  # no bare newline anywhere
