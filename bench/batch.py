@@ -1,4 +1,4 @@
-"""Batch benchmark for paid generation (issues 3, 30): each figure beside a baseline of its run.
+"""Batch benchmark for paid generation: each figure beside a baseline of its run.
 
 (a) makespan of 200 items at 200 ms (and 2 s) fake latency, concurrency 8 and 32:
     - the CLI (`episodic generate` in a subprocess; the run's makespan from the ledger)
@@ -148,10 +148,20 @@ def _cli(home: Path, episode: str, concurrency: int, env: dict[str, str]) -> tup
     command's wall time."""
     start = time.perf_counter()
     subprocess.run(
-        [sys.executable, "-m", "episodic.cli.app", "generate", episode, "--concurrency",
-         str(concurrency), "--json"],
-        env=env, check=True, stdout=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "episodic.cli.app",
+            "generate",
+            episode,
+            "--concurrency",
+            str(concurrency),
+            "--json",
+        ],
+        env=env,
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     wall = time.perf_counter() - start
     return _run_makespan(f"sqlite:///{home / 'episodic.db'}"), wall
 

@@ -78,8 +78,8 @@ def warm() -> None:
 warm()  # warm-up, the same as the floor's (one flow run of one task): the ephemeral server
 # starts, and Prefect's task engine is imported and used once, outside the measurement.
 # Then a pause: the ephemeral server records the warm-up's events in its SQLite database a
-# moment later, and a flow run created meanwhile is answered 503 ("database is locked",
-# PrefectHQ/prefect#19771) and retried by Prefect's client after 2 s: three runs in four
+# moment later, and a flow run created meanwhile is answered 503 ("database is locked")
+# and retried by Prefect's client after 2 s: three runs in four
 # measured that 2 s. Both sides wait the same.
 time.sleep({settle_s})
 t, cpu = time.perf_counter(), time.process_time()

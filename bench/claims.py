@@ -1,4 +1,4 @@
-"""Claiming overhead (issue 7) against the bookkeeping rate of the same database, same run.
+"""Claiming overhead against the bookkeeping rate of the same database, same run.
 
 For each backend (SQLite: a temp file under a temp EPISODIC_HOME; Postgres: a throwaway
 database created on the local server, migrated with `episodic.storage.schema.upgrade` and dropped at
@@ -445,7 +445,7 @@ def main() -> None:
     args = parser.parse_args()
     os.chdir(ROOT)
     print(
-        f"claims (issue 7): {args.items} items of claim cycles and {args.images} images through "
+        f"claims: {args.items} items of claim cycles and {args.images} images through "
         f"the engine, with {' and '.join(map(str, PROCESSES))} processes on one episode"
     )
     rows: list[Row] = []

@@ -1,4 +1,4 @@
-"""Dedup decision latency and sweep time over 1,000,000 historical runs (issue 8).
+"""Dedup decision latency and sweep time over 1,000,000 historical runs.
 
 For each backend (SQLite: a temp file; Postgres: a throwaway database on the local server,
 dropped at the end), in one run:
@@ -177,7 +177,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=2000)
     args = parser.parse_args()
     os.chdir(ROOT)
-    print(f"dedup (issue 8): {args.runs} historical runs, {args.samples} decisions per backend")
+    print(f"dedup: {args.runs} historical runs, {args.samples} decisions per backend")
     results = []
     with tempfile.TemporaryDirectory(prefix="episodic-dedup-") as name:
         tmp = Path(name)

@@ -1,4 +1,4 @@
-"""The per-item ledger against its real floor (issue 11), on SQLite and PostgreSQL.
+"""The per-item ledger against its real floor, on SQLite and PostgreSQL.
 
 A paid item needs a few committed transactions by design: the claim with the intent of the
 call, the acceptance (remote reference), the outcome with its cost. (The check that the claim
@@ -169,8 +169,10 @@ def floor_rate(url: str, home: Path, items: int, concurrency: int, tag: str = ""
                 for key in [] if sqlite else money_locks:
                     c.execute("SELECT pg_advisory_xact_lock(%s)", (key,))
                 c.execute(f"SELECT state FROM runs WHERE id = {p}", (run_id,))
-                c.execute(f"SELECT * FROM items WHERE id = {p}" + ("" if sqlite else " FOR UPDATE"),
-                          (item,))  # fmt: skip
+                c.execute(
+                    f"SELECT * FROM items WHERE id = {p}" + ("" if sqlite else " FOR UPDATE"),
+                    (item,),
+                )
                 c.execute(  # the provider's slots: live claims and recent open submissions
                     "SELECT count(*) FROM (SELECT id AS item FROM items WHERE claim_profile = "
                     f"'fake' AND state = 'running' AND lease_expires_at > {p} AND id != {p} "

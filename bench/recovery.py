@@ -1,4 +1,4 @@
-"""Recovery after `kill -9` against the provider's latency (issue 28, point 9).
+"""Recovery after `kill -9` against the provider's latency.
 
 For each backend (SQLite: a file under a temp EPISODIC_HOME; Postgres: a throwaway database on
 the local server, migrated and dropped at the end), with the installed `episodic` command and a
@@ -12,9 +12,8 @@ fake provider profile of `--limit` slots whose jobs take `--delay-ms` and may ru
    - ``at once``: started right after the kill, while the dead process's claims are still
      under their lease (`--lease-s`): it cannot take them over before the lease runs out;
    - ``after lease``: started once the lease has run out.
-   Before issue 28 the recovery waited for `max_job_s` behind the dead process's jobs in both
-   cases; now it collects them first, so only the lease (at once) and the provider's latency
-   remain.
+   The recovery collects the dead process's accepted jobs first instead of waiting
+   `max_job_s` behind them, so only the lease (at once) and the provider's latency remain.
 
 Printed per row: seconds, and the ratio to the baseline's seconds (the provider's latency
 for the same work); the lease and `max_job_s` are printed beside them so a ratio can be read
@@ -195,7 +194,7 @@ def main() -> None:
     os.environ.pop("EPISODIC_FAKE_PROVIDER_LOG", None)
     os.environ.pop("EPISODIC_FAKE_DELAY_MS", None)
     print(
-        f"recovery (issue 28): {args.items} images, {args.limit} slots, {args.delay_ms} ms a "
+        f"recovery: {args.items} images, {args.limit} slots, {args.delay_ms} ms a "
         f"job, max_job_s {args.max_job_s}, lease {args.lease_s} s"
     )
     rows: list[Row] = []

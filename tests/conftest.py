@@ -39,8 +39,7 @@ def _state_fingerprint() -> list[tuple[str, int, int]]:
     if not _PROJECT_STATE.is_dir():
         return []
     entries = [_PROJECT_STATE, *_PROJECT_STATE.iterdir()]
-    return sorted((p.name, p.stat().st_mtime_ns, p.stat().st_size) for p in entries
-                  if p.exists())  # fmt: skip
+    return sorted((p.name, p.stat().st_mtime_ns, p.stat().st_size) for p in entries if p.exists())
 
 
 _STATE_BEFORE = _state_fingerprint()

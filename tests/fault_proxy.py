@@ -24,8 +24,16 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlparse
 
-_HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer",
-        "upgrade", "expect"}  # fmt: skip
+_HOP = {
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "transfer-encoding",
+    "te",
+    "trailer",
+    "upgrade",
+    "expect",
+}
 _ERROR_BODY = (
     b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code>'
     b"<Message>injected by the fault proxy</Message></Error>"

@@ -82,9 +82,17 @@ class PrivateCluster:
         if self._as_postgres:
             shutil.chown(self.root, "postgres", "postgres")
         self._run(
-            _binary("initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres",
-            "--no-instructions", "-E", "UTF8",
-        )  # fmt: skip
+            _binary("initdb"),
+            "-D",
+            str(self.data),
+            "-A",
+            "trust",
+            "-U",
+            "postgres",
+            "--no-instructions",
+            "-E",
+            "UTF8",
+        )
         self.start()
         return self
 
@@ -99,9 +107,18 @@ class PrivateCluster:
             "-c max_connections=100 -c shared_buffers=32MB"
         )
         self._run(
-            _binary("pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-o", options, "-w",
-            "-t", "60", "start",
-        )  # fmt: skip
+            _binary("pg_ctl"),
+            "-D",
+            str(self.data),
+            "-l",
+            str(self.log),
+            "-o",
+            options,
+            "-w",
+            "-t",
+            "60",
+            "start",
+        )
 
     def stop(self, mode: str) -> None:
         self._run(_binary("pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop")

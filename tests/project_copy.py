@@ -69,8 +69,9 @@ _DEPENDENCIES = f"import site; site.addsitedir({sysconfig.get_paths()['purelib']
 
 def _copy_packages(into: Path) -> None:
     for package in PACKAGES:
-        shutil.copytree(PROJECT / package, into / package,
-                        ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+        shutil.copytree(
+            PROJECT / package, into / package, ignore=shutil.ignore_patterns("__pycache__")
+        )
 
 
 def _venv(venv: Path) -> Path:
@@ -93,7 +94,8 @@ def run_env(**extra: str) -> dict[str, str]:
     """This process's environment without any ``EPISODIC_*`` or ``PREFECT_HOME`` variable (a
     shell that set none), plus ``extra``."""
     dropped = ("PREFECT_HOME", "PYTHONPATH")
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("EPISODIC_") and k not in dropped}  # fmt: skip
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith("EPISODIC_") and k not in dropped
+    }
     env.update(extra)
     return env

@@ -8,6 +8,15 @@ other source of AWS configuration (profiles, shared files, instance metadata) sh
 
 ``enforce_auth`` (moto's IAM mode): every request must be signed by an access key made with
 `make_access_key`; without it moto accepts any credential.
+
+``checksums`` says what the server does with a PutObject's ``x-amz-checksum-*`` header:
+``"validated"`` (the default) as Amazon S3 documents it: the server computes the body's
+checksum, refuses a mismatch with 400 ``BadDigest`` and otherwise stores the checksum with
+the object and returns it (PutObject's reply; HeadObject with ``ChecksumMode=ENABLED``)
+(https://docs.aws.amazon.com/AmazonS3/latest/userguide/checking-object-integrity-upload.html);
+``"unverified"``: moto as it ships, which stores and returns the header's value without
+checking it against the body; ``"none"``: a look-alike without checksums, which accepts the
+header and neither keeps nor returns it.
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -37,8 +47,40 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+# Run in the server's process before moto's own main: the `checksums` modes (see above).
+_LAUNCH = """
+import sys
+from moto.s3.exceptions import S3ClientError
+from moto.s3.responses import S3Response
+from moto.s3.utils import compute_checksum
+from moto.server import main
+
+mode = sys.argv[1]
+shipped = S3Response._get_checksum
+
+def _get_checksum(self, response_headers):
+    if mode == "none":
+        return "", None
+    algorithm, value = shipped(self, response_headers)
+    if algorithm and value and mode == "validated":
+        computed = compute_checksum(self.raw_body, algorithm=algorithm).decode()
+        if computed != value:
+            raise S3ClientError(
+                "BadDigest", f"The {algorithm} you specified did not match the calculated checksum."
+            )
+    return algorithm, value
+
+S3Response._get_checksum = _get_checksum
+main(sys.argv[2:])
+"""
+CHECKSUM_MODES = ("validated", "unverified", "none")
+
+
 class S3Server:
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, checksums: str = "validated") -> None:
+        if checksums not in CHECKSUM_MODES:
+            raise ValueError(f"checksums: one of {CHECKSUM_MODES}")
+        self.checksums = checksums
         self.folder = folder
         self.port = _free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
@@ -48,9 +90,10 @@ class S3Server:
 
     def start(self) -> S3Server:
         self.folder.mkdir(parents=True, exist_ok=True)
+        address = ["-H", "127.0.0.1", "-p", str(self.port)]
         with open(self.log, "wb") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+                [sys.executable, "-c", _LAUNCH, self.checksums, *address],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env={**os.environ, **self.env()},
@@ -122,6 +165,16 @@ class S3Server:
         """Write an object directly (another client, not the store): tampering."""
         self.client().put_object(Bucket=bucket, Key=key, Body=body)
 
+    def requests(self, bucket: str) -> list[tuple[str, str, int]]:
+        """The requests this server has answered about `bucket`'s objects, as its own log
+        records them: (method, key, status), oldest first."""
+        found = []
+        for line in self.log.read_text(errors="replace").splitlines():
+            match = re.search(r'"([A-Z]+) /([^/ ?]+)/([^ ?]*)\S* HTTP/[0-9.]+" (\d{3})', line)
+            if match and match.group(2) == bucket:
+                found.append((match.group(1), match.group(3), int(match.group(4))))
+        return found
+
     def enforce_auth(self) -> None:
         """From now on moto checks every request's signature and IAM policy."""
         request = urllib.request.Request(
@@ -138,16 +191,18 @@ class S3Server:
         iam = self.client("iam")
         user = f"u{uuid.uuid4().hex[:10]}"
         iam.create_user(UserName=user)
-        policy = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*",
-                  "Resource": "*"}]}  # fmt: skip
+        policy = {
+            "Version": "2012-10-17",
+            "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}],
+        }
         iam.put_user_policy(UserName=user, PolicyName="s3", PolicyDocument=json.dumps(policy))
         made = iam.create_access_key(UserName=user)["AccessKey"]
         return str(made["AccessKeyId"]), str(made["SecretAccessKey"])
 
 
 @contextlib.contextmanager
-def running_s3_server(folder: Path) -> Any:
-    server = S3Server(folder).start()
+def running_s3_server(folder: Path, checksums: str = "validated") -> Any:
+    server = S3Server(folder, checksums).start()
     try:
         yield server
     finally:

@@ -232,7 +232,7 @@ def test_commands_that_run_no_flow_never_import_prefect(database_url: str, args:
 def test_the_pipeline_timezone_is_recorded_once_and_a_disagreeing_process_refuses(
     cli: Cli, database_url: str
 ) -> None:
-    """Issue 10: Monday 00:30 in Berlin is ISO week 46 whatever this process's zone; a
+    """Monday 00:30 in Berlin is ISO week 46 whatever this process's zone; a
     process with another EPISODIC_TIMEZONE refuses (exit 2, one line) instead of W45."""
     berlin = {"EPISODIC_TIMEZONE": "Europe/Berlin"}
     first = cli("allocate", "--key", "k1", "--at", "2026-11-09T00:30:00+01:00", env=berlin)

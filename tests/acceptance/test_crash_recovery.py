@@ -124,11 +124,10 @@ def test_recovery_after_kill_9_collects_the_dead_processs_jobs_before_any_new_cr
 ) -> None:
     """A provider limit of 2, both slots taken by the jobs a generate had accepted when it
     was killed (-9). Those jobs belong to the run and hold its slots until collected (or
-    `max_job_s` has passed). The recovery, started while the dead process's leases were
-    still live (15 s here), found those items held, dropped them and re-asked for a slot
-    for its next new item until `max_job_s` (60 s) had passed, then bought the rest and
-    collected the dead jobs last. Now it collects them as soon as the leases run out,
-    before any new create: the order is asserted at the provider, never a duration; one
+    `max_job_s` has passed). The recovery, started while the dead process's leases are
+    still live (15 s here), does not wait `max_job_s` (60 s) asking for a slot for its next
+    new item and collect the dead jobs last: it collects them as soon as the leases run
+    out, before any new create: the order is asserted at the provider, never a duration; one
     job per item, counted in the provider's job store."""
     from episodic.storage.engine import make_engine
     from episodic.storage.runs import RunStore
@@ -215,7 +214,7 @@ def _assert_finished_once(cli: Cli, episode: str) -> None:
 
 
 def test_refused_generates_leave_no_rows(cli: Cli, database_url: str, tmp_path: Path) -> None:
-    """The seed incident from the command line: a credential that is not set, five times."""
+    """No ghost rows from the command line: a credential that is not set, five times."""
     profiles = tmp_path / "providers.yaml"
     profiles.write_text(
         "profiles:\n  paid:\n    kind: http\n    base_url: http://127.0.0.1:9/v1\n"
@@ -240,9 +239,9 @@ def test_interrupting_one_of_two_processes_on_a_run_lets_the_other_finish_it(
     cli: Cli, episode: str, sig: signal.Signals
 ) -> None:
     """Two `generate` processes on one episode share one run. Ctrl-C or SIGTERM of one of
-    them paused the run, and the other, never signalled, stopped too: exit 130, "interrupted
-    and paused", items left for a recovery command (found by a fresh tester). Now the other
-    process reopens the run and finishes it: exit 0, every item paid once."""
+    them pauses the run; the other, never signalled, does not stop too (exit 130,
+    "interrupted and paused", items left for a recovery command): it reopens the run and
+    finishes it, exit 0, every item paid once."""
     assert EPISODIC is not None
     command = [EPISODIC, "generate", episode, "--json", "--concurrency", "2"]
     first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -1,4 +1,4 @@
-"""Hero runs from the command line (issue 14): N paid candidates of one video's image, and
+"""Hero runs from the command line: N paid candidates of one video's image, and
 the reviewer picks the one that ships.
 
 Money is counted at the fake provider (its own log of the jobs it made), on SQLite and on
@@ -168,8 +168,10 @@ def test_approval_needs_a_pick_within_range_for_every_hero_video(
     _refused(cli(*approve, "--pick", "v01=1,v01=2"), "picked twice")
     _refused(cli(*approve, "--pick", "v09=1"), "has no hero candidates")
     _refused(cli(*approve, "--pick", "v01=1\x1b[2J"), "control characters")
-    _refused(cli("approve", EPISODE, "--reject", "--by", "ann", "--reason", "no",
-                 "--pick", "v01=1"), "is for approving")  # fmt: skip
+    _refused(
+        cli("approve", EPISODE, "--reject", "--by", "ann", "--reason", "no", "--pick", "v01=1"),
+        "is for approving",
+    )
     assert _state(cli) == "generated"  # nothing was recorded
     assert _ok(cli(*approve, "--pick", "v01=2", "--json"))["picks"] == {"v01": 2}
     assert _state(cli) == "approved"
@@ -272,15 +274,15 @@ def test_check_finds_an_approval_without_picks_and_a_manifest_that_ships_another
     assert manifest["items"]  # the first assembly shipped
 
 
-# What the fresh tester of issue 14 found, kept as cases.
+# Hero runs and money: a refused request, a plan shrunk under a running run.
 
 
 def test_a_refused_hero_candidates_request_leaves_the_plan_as_it_was(
     cli: Cli, database_url: str, tmp_path: Path
 ) -> None:
     """Exit 2 means nothing was done: a --hero-candidates run refused for its credential or
-    for a reused idempotency key used to record its plan anyway, so the next plain generate
-    paid for candidates nobody ran."""
+    for a reused idempotency key records no plan (the next plain generate would pay for
+    candidates nobody ran)."""
     profiles = tmp_path / "providers.yaml"
     profiles.write_text(
         "profiles:\n  paid:\n    kind: http\n    base_url: http://127.0.0.1:9/v1\n"
@@ -323,9 +325,9 @@ def test_hero_candidates_that_cannot_apply_are_refused_before_anything(
 def test_a_run_of_a_plan_that_shrank_and_was_approved_buys_nothing_more(
     cli: Cli, database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The fresh tester's money case: `generate --hero-candidates 12` is running when the
-    plan is shrunk to 2 and approved; that run went on to buy candidates 7-12 for an
-    approved episode. Now its next claim cancels it, it says why, the manifest's total is
+    """`generate --hero-candidates 12` is running when the plan is shrunk to 2 and
+    approved: that run must not go on to buy candidates 7-12 for an approved episode. Its
+    next claim cancels it, it says why, the manifest's total is
     what the plan's candidates cost, and the old run is not resumed."""
     monkeypatch.setenv("EPISODIC_FAKE_DELAY_MS", "500")
     _planned(cli, tmp_path, hero={1: 2})

@@ -1,5 +1,5 @@
-"""Every command's human output, the path a person reads (issue 28: `episodic prefect setup`
-crashed with `KeyError: 'name'` in its human output where only `--json` was tested).
+"""Every command's human output, the path a person reads: a path that only `--json` tests
+would leave open to a crash such as `KeyError: 'name'`.
 
 One story on a real database, each command as a person types it, no `--json`: each ends
 with its documented exit code, prints something, and never an "unexpected" error or a
@@ -36,8 +36,14 @@ def human(cli: Cli, *args: str, code: int = 0) -> str:
 def test_every_command_prints_its_human_output(cli: Cli, database_url: str, tmp_path: Path) -> None:
     playlist = write_playlist(tmp_path / "pl", ["a", "b"])
     assert human(cli, "allocate", "--key", "k", "--week", "2026-W32") == "2026-W32-0 (new)\n"
-    human(cli, "allocate", "--key", "slot:weekly:2026-08-06T07:00:00Z", "--at",
-          "2026-08-06T09:00:00+02:00")  # fmt: skip
+    human(
+        cli,
+        "allocate",
+        "--key",
+        "slot:weekly:2026-08-06T07:00:00Z",
+        "--at",
+        "2026-08-06T09:00:00+02:00",
+    )
     human(cli, "plan", "2026-W32-0", "--playlist", str(playlist))
     human(cli, "generate", "2026-W32-0", "--plan")
     human(cli, "generate", "2026-W32-0")

@@ -1,4 +1,4 @@
-"""Inputs from outside, at their boundary (issue 9, case 4 and 5): each is a one-line error
+"""Inputs from outside, at their boundary: each is a one-line error
 with exit 2 or is accepted correctly, never exit 1 or a traceback."""
 
 from __future__ import annotations
@@ -189,11 +189,10 @@ def _until_handlers_are_in(pid: int) -> None:
 def test_an_interrupt_while_the_command_starts_is_one_line_never_a_traceback(
     signum: int, tmp_path: Path
 ) -> None:
-    """Ctrl-C in the first half second (while the CLI imports its modules) printed a Python
-    traceback (found by a fresh tester; then by CI under load, 0.05 s after the start, while
-    `episodic.cli.entry` imported `typing` before its handlers were in). Now any moment from the
-    console script's first statements gives at most one line and exit 130 (or the command's
-    answer if it finished first)."""
+    """Ctrl-C in the first half second (while the CLI imports its modules, even 0.05 s after
+    the start, before `episodic.cli.entry` could import `typing`) is never a Python
+    traceback: any moment from the console script's first statements gives at most one line
+    and exit 130 (or the command's answer if it finished first)."""
     episodic = str(Path(sys.executable).parent / "episodic")
     for delay in (0.0, 0.01, 0.05, 0.15, 0.3, 0.5, 0.8, 1.2):
         _interrupted_once([episodic, "episodes", "list"], tmp_path, signum, delay)
@@ -222,9 +221,9 @@ def _interrupted_once(command: list[str], tmp_path: Path, signum: int, delay: fl
 def test_an_interrupt_between_the_console_scripts_import_and_main_is_one_line(
     signum: int,
 ) -> None:
-    """The moment CI hit, made exact: the signal arrives after the console script has imported
-    `cli.entry` and before it calls `main` (before, the handlers went in only inside `main`, so
-    a SIGINT there was a KeyboardInterrupt traceback). The command must not run."""
+    """The signal arrives, at an exact moment, after the console script has imported
+    `cli.entry` and before it calls `main` (handlers put in only inside `main` would leave a
+    KeyboardInterrupt traceback there). The command must not run."""
     code = (
         "import os, signal\n"
         "import episodic.cli.entry\n"
@@ -243,8 +242,8 @@ def test_an_interrupt_between_the_console_script_and_the_commands_handling_is_on
 ) -> None:
     """An interrupt in the moment after the console script handed over and before
     `episodic.cli.app.main` took it (or a second signal that cut the command's own handling short)
-    escaped both and printed a traceback (found by a fresh tester with a hook that sends
-    the signal at that line). The console script answers it: one line and exit 130, or no
+    must not escape both as a traceback (a hook sends the signal at that line). The console
+    script answers it: one line and exit 130, or no
     line when the command's own handling had already begun to answer."""
     code = (
         "import episodic.cli.entry, episodic.cli.app, episodic.cli.signals\n"
@@ -261,9 +260,9 @@ def test_an_interrupt_between_the_console_script_and_the_commands_handling_is_on
 
 
 def test_a_second_signal_while_the_console_script_answers_the_first_is_ignored() -> None:
-    """A second signal while the console script wrote its line printed a traceback through
-    its handler (found by the fresh tester's hook). Both signals are ignored from the
-    answer's first statement; the one line is written once."""
+    """A second signal while the console script writes its line must not print a traceback
+    through its handler: both signals are ignored from the answer's first statement; the
+    one line is written once."""
     code = (
         "import os, signal, sys\n"
         "import episodic.cli.entry\n"
@@ -286,10 +285,10 @@ def test_a_second_signal_while_the_console_script_answers_the_first_is_ignored()
 def test_python_m_cli_entry_ends_an_interrupted_command_with_its_exit_code(
     module: str, tmp_path: Path
 ) -> None:
-    """Under ``python -m episodic.cli.entry`` an interrupted command said ``error: interrupted`` and
-    then the process died by SIGINT (-2) instead of exiting 130, about one time in twelve
-    (found by a fresh tester): CPython's ``-m`` path ends the process by SIGINT when a
-    KeyboardInterrupt once crossed one of its C-level evaluations, even a handled one."""
+    """Under ``python -m episodic.cli.entry`` an interrupted command exits 130, never dying by
+    SIGINT (-2) after ``error: interrupted``: CPython's ``-m`` path ends the process by SIGINT
+    when a KeyboardInterrupt once crossed one of its C-level evaluations, even a handled
+    one. Tried at twelve moments for each signal: the death is rare at any one."""
     command = [sys.executable, "-m", module, "episodes", "list"]  # cli.app: the same path
     for signum in (signal.SIGTERM, signal.SIGINT):
         for delay in (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 1.0, 1.2):
@@ -297,9 +296,9 @@ def test_python_m_cli_entry_ends_an_interrupted_command_with_its_exit_code(
 
 
 def test_a_sigint_the_parent_ignores_stays_ignored(tmp_path: Path) -> None:
-    """A command started with SIGINT ignored (``nohup``, a shell's background job) was
-    still interrupted by Ctrl-C: the console script replaced the ignored disposition with
-    its own handler. It now leaves an ignored SIGINT ignored, as Python itself does."""
+    """A command started with SIGINT ignored (``nohup``, a shell's background job) is not
+    interrupted by Ctrl-C: the console script leaves an ignored SIGINT ignored, as Python
+    itself does, rather than putting its own handler in."""
     episodic = str(Path(sys.executable).parent / "episodic")
     env = {**os.environ, "EPISODIC_HOME": str(tmp_path / "home")}
     process = subprocess.Popen(
@@ -337,10 +336,10 @@ def test_importing_the_console_script_imports_nothing_before_its_handlers() -> N
 
 
 def test_an_interrupt_inside_a_callback_during_start_up_is_one_line_never_a_traceback() -> None:
-    """A SIGTERM that landed inside a weakref callback while the CLI imported its modules was
-    printed as "Exception ignored ... KeyboardInterrupt" with a traceback, and the command went
-    on (found by CI under load, 1 time in 6 moments x 2 signals). The signal here is sent from
-    such a callback in the middle of importing `episodic.cli.app`."""
+    """A SIGTERM landing inside a weakref callback while the CLI imports its modules must not
+    be printed as "Exception ignored ... KeyboardInterrupt" with a traceback while the command
+    goes on. The signal here is sent from such a callback in the middle of importing
+    `episodic.cli.app`."""
     code = (
         "import importlib.abc, importlib.util, os, signal, sys, time, weakref\n"
         "class Loader(importlib.abc.Loader):\n"
@@ -370,9 +369,9 @@ def test_an_interrupt_inside_a_callback_during_start_up_is_one_line_never_a_trac
 
 
 def test_an_interrupt_outside_the_commands_own_handling_is_the_same_one_line() -> None:
-    """A SIGTERM that landed while `run` imported its exit codes (before its own handler)
-    printed a Python traceback (found by CI under load, 1 time in 6 moments x 2 signals).
-    The console script's `main` now answers any interrupt outside `run` the same way."""
+    """A SIGTERM landing while `run` imports its exit codes (before its own handler) is no
+    Python traceback: the console script's `main` answers any interrupt outside `run` the
+    same way."""
     code = (
         "import episodic.cli.app as app\n"
         "def interrupted(argv):\n"
@@ -440,8 +439,7 @@ def test_a_signal_after_the_command_finished_ends_it_with_its_answer_and_no_trac
 
 def test_an_interrupt_typer_answers_inside_a_command_is_said_in_one_line() -> None:
     """Typer answers a KeyboardInterrupt raised inside a command with exit 130 and nothing
-    said: the command ended silently (a fresh tester's signal sweep, about 40 of 50 signals
-    that landed while a command ran). It is the same one line as every interrupt now, and a
+    said, so a command would end silently. It is the same one line as every interrupt, and a
     command that reports its own interrupted outcome (generate) gets no second one."""
     code = (
         "import os, signal, episodic.cli.app as app\n"
@@ -459,9 +457,9 @@ def test_an_interrupt_typer_answers_inside_a_command_is_said_in_one_line() -> No
 
 
 def test_a_signal_while_exit_hooks_run_lets_them_finish_and_keeps_the_answer() -> None:
-    """After the command's answer, a signal while the interpreter runs its exit hooks used to
-    end the process at once (or, once finalization had reset the handlers, kill it: -15,
-    a fresh tester's late-signal sweep). From the exit hooks on, signals are ignored: the
+    """After the command's answer, a signal while the interpreter runs its exit hooks must
+    not end the process at once (nor, once finalization has reset the handlers, kill it:
+    -15). From the exit hooks on, signals are ignored: the
     hooks finish (a database pool is closed) and the command's exit code stands."""
     code = (
         "import atexit, time, episodic.cli.app as app\n"

@@ -83,8 +83,12 @@ def test_readers_refuse_a_store_folder_that_does_not_exist(
     not_a_folder.write_text("x")
     for url in (str(tmp_path / "nodir"), str(not_a_folder), "/dev/null"):
         wrong = {**env, "EPISODIC_MEDIA_URL": url}
-        for command in (["check", "2026-W32-0"], ["check", "--all"], ["episodes", "show",
-                        "2026-W32-0"], ["media", "restore", "2026-W32-0"]):  # fmt: skip
+        for command in (
+            ["check", "2026-W32-0"],
+            ["check", "--all"],
+            ["episodes", "show", "2026-W32-0"],
+            ["media", "restore", "2026-W32-0"],
+        ):
             _one_line_error(cli(*command, env=wrong), 2, f"media store {url}: no such folder")
     assert not (tmp_path / "nodir").exists()
     assert cli("check", "2026-W32-0", env=env).returncode == 0
@@ -94,20 +98,32 @@ def test_a_relative_store_is_the_projects_not_the_shells(cli: Cli, tmp_path: Pat
     project = tmp_path / "project"
     (project / "store").mkdir(parents=True)
     (project / "pyproject.toml").write_text('[project]\nname = "episodic"\n')
-    env = {"EPISODIC_HOME": str(tmp_path / "home"), "EPISODIC_PROJECT_DIR": str(project),
-           "EPISODIC_MEDIA_URL": "store"}  # fmt: skip
+    env = {
+        "EPISODIC_HOME": str(tmp_path / "home"),
+        "EPISODIC_PROJECT_DIR": str(project),
+        "EPISODIC_MEDIA_URL": "store",
+    }
     assert cli("allocate", "--key", "k", "--week", "2026-W32", env=env).returncode == 0
     cwd = tmp_path / "elsewhere"
     (cwd / "store").mkdir(parents=True)  # a folder of that name where the shell is
     from tests.acceptance.conftest import EPISODIC
 
     assert EPISODIC is not None
-    shown = subprocess.run([EPISODIC, "episodes", "show", "2026-W32-0", "--json"], cwd=cwd,
-                           env={**os.environ, **env}, capture_output=True, text=True,
-                           timeout=120)  # fmt: skip
+    shown = subprocess.run(
+        [EPISODIC, "episodes", "show", "2026-W32-0", "--json"],
+        cwd=cwd,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert shown.returncode == 0, shown.stderr
     assert json.loads(shown.stdout)["media_store"] == str(project / "store")
-    refused = [("file://relative/x", "host"), ("s3://BRK_bad/x", "bucket"),
-               ("s3://brk/../x", "'..'"), ("s3://brk/x\x07", "control character")]  # fmt: skip
+    refused = [
+        ("file://relative/x", "host"),
+        ("s3://BRK_bad/x", "bucket"),
+        ("s3://brk/../x", "'..'"),
+        ("s3://brk/x\x07", "control character"),
+    ]
     for url, text in refused:
         _one_line_error(cli("check", "--all", env={**env, "EPISODIC_MEDIA_URL": url}), 2, text)

@@ -1,4 +1,4 @@
-"""Ordinary mistakes get right answers (issue 32): one line (or one message) on stderr with
+"""Ordinary mistakes get right answers: one line (or one message) on stderr with
 the documented exit code, in the project's own words."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`episodic preview` as a person runs it (issue 32): the contact sheet's full path on
+"""`episodic preview` as a person runs it: the contact sheet's full path on
 stdout, `--json`, `--out`, and each refusal one line on stderr with its documented exit code
 (docs/cli.md), on SQLite and Postgres."""
 

@@ -1,7 +1,7 @@
-"""Issue 28, point 1: a rejection stands until the plan changes or a recorded `reopen`.
+"""A rejection stands until the plan changes or a recorded `reopen`.
 
-Before, `episodic generate E` with nothing to do moved a rejected episode back to
-`generated`, and `approve` then shipped the rejected images without any re-plan.
+`episodic generate E` with nothing to do leaves a rejected episode rejected: back at
+`generated`, `approve` would ship the rejected images without any re-plan.
 """
 
 from __future__ import annotations

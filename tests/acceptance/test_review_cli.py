@@ -49,7 +49,7 @@ def test_two_fresh_homes_assemble_identical_bytes(cli: Cli, tmp_path: Path) -> N
             )
         )
     # Two homes are two installations: the provider's jobs (their remote references) are
-    # each one's own (issue 28); everything else the approved inputs decide is identical.
+    # each one's own; everything else the approved inputs decide is identical.
     assert hashes[0] == hashes[1]
     assert hashes[0][0] == hashes[0][1]
 
@@ -107,7 +107,7 @@ def test_migrate_legacy_dry_run_then_apply(cli: Cli, tmp_path: Path) -> None:
 def test_assemble_of_an_image_tampered_after_approval_is_refused_in_one_line(
     cli: Cli, database_url: str, tmp_path: Path
 ) -> None:
-    """Issue 28: the bytes of an approved image change on disk; `assemble` exits 2 (refused,
+    """The bytes of an approved image change on disk; `assemble` exits 2 (refused,
     nothing written, as docs/cli.md's table says) with one line naming the image and the
     next step, never a traceback; with the file put back it assembles."""
     playlist = write_playlist(tmp_path / "pl", ["a", "b"])
@@ -149,7 +149,7 @@ def test_generated_on_one_machine_then_approved_and_assembled_on_another(
     request: pytest.FixtureRequest,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Issue 30, 1: generate on machine A (its own state folder) with an S3 store and a
+    """Generate on machine A (its own state folder) with an S3 store and a
     shared database; A's folder is deleted; machine B (another state folder) approves,
     assembles and checks from the store alone, and generating again pays nothing."""
     media = open_target("s3", request, tmp_path, monkeypatch)  # both machines' environment

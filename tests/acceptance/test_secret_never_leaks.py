@@ -1,4 +1,4 @@
-"""The provider's secret never leaves the request to the provider (issue 12, security): not
+"""The provider's secret never leaves the request to the provider: not
 in any output (human or --json), log or error message, not in any file the project writes,
 not in the database, and not in any request to another host than the provider's. Tried
 through the real `episodic` command against a local HTTP provider whose outputs live on a

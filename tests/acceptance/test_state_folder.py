@@ -84,8 +84,14 @@ def project(tmp_path: Path) -> ProjectCopy:
 def _in(copy: ProjectCopy, cwd: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     """The copy's installed `episodic`, started in ``cwd`` with no EPISODIC_* variable."""
     cwd.mkdir(parents=True, exist_ok=True)
-    return subprocess.run([str(copy.episodic), *args], cwd=cwd, env=run_env(**env),
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    return subprocess.run(
+        [str(copy.episodic), *args],
+        cwd=cwd,
+        env=run_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_every_folder_uses_the_projects_state(project: ProjectCopy, tmp_path: Path) -> None:
@@ -108,8 +114,9 @@ def test_every_folder_uses_the_projects_state(project: ProjectCopy, tmp_path: Pa
 
 def test_a_relative_home_is_relative_to_the_project(project: ProjectCopy, tmp_path: Path) -> None:
     cwd = tmp_path / "elsewhere"
-    made = _in(project, cwd, "allocate", "--key", "k", "--week", "2026-W32",
-               EPISODIC_HOME="state/a")  # fmt: skip
+    made = _in(
+        project, cwd, "allocate", "--key", "k", "--week", "2026-W32", EPISODIC_HOME="state/a"
+    )
     assert made.returncode == 0, made.stderr
     assert (project.folder / "state" / "a" / "episodic.db").is_file()
     assert list(cwd.iterdir()) == []
@@ -120,8 +127,14 @@ def test_prefect_home_follows_the_state_folder(project: ProjectCopy, tmp_path: P
     cwd = tmp_path / "elsewhere"
     cwd.mkdir()
     probe = "import os, episodic.tasks; print(os.environ['PREFECT_HOME'])"
-    result = subprocess.run([str(project.python), "-c", probe], cwd=cwd, env=run_env(),
-                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    result = subprocess.run(
+        [str(project.python), "-c", probe],
+        cwd=cwd,
+        env=run_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == str(project.folder / ".episodic" / "prefect")
     assert (project.folder / ".episodic" / "prefect").is_dir() and list(cwd.iterdir()) == []
@@ -140,8 +153,15 @@ def test_an_install_without_a_checkout_uses_the_users_data_folder(tmp_path: Path
     assert (state / "episodic.db").is_file() and list(cwd.iterdir()) == []
     shown = json.loads(_in(installed, cwd, "state", "show", "--json", **unset_xdg).stdout)
     assert shown["project"] is None and shown["home"] == str(state)
-    xdg = _in(installed, cwd, "state", "show", "--json", HOME=str(user),
-              XDG_DATA_HOME=str(tmp_path / "xdg"))  # fmt: skip
+    xdg = _in(
+        installed,
+        cwd,
+        "state",
+        "show",
+        "--json",
+        HOME=str(user),
+        XDG_DATA_HOME=str(tmp_path / "xdg"),
+    )
     assert json.loads(xdg.stdout)["home"] == str(tmp_path / "xdg" / "episodic")
 
 
@@ -187,8 +207,10 @@ def test_remove_refuses_while_the_ledger_holds_paid_calls(
     assert removed.stdout.strip() == f"removed {home} (its ledger held 3 paid calls (0.12 USD))"
     assert not home.exists()
     nothing = cli("state", "remove", "--yes")
-    assert (nothing.returncode, nothing.stdout.strip()) == (0, f"nothing to remove: {home} does "
-                                                               "not exist")  # fmt: skip
+    assert (nothing.returncode, nothing.stdout.strip()) == (
+        0,
+        f"nothing to remove: {home} does not exist",
+    )
     assert not home.exists()  # `state show` and `state remove` create nothing
 
 
@@ -259,8 +281,14 @@ def _at(cwd: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
 
     assert EPISODIC is not None
     cwd.mkdir(parents=True, exist_ok=True)
-    return subprocess.run([EPISODIC, *args], cwd=cwd, env={**os.environ, **env},
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    return subprocess.run(
+        [EPISODIC, *args],
+        cwd=cwd,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def _refused(result: subprocess.CompletedProcess[str], text: str) -> None:
@@ -279,15 +307,23 @@ def test_a_project_dir_that_is_not_an_absolute_project_folder_is_refused(
     cwd = tmp_path / "cronhome"
     value = {"TMP": str(tmp_path), "CTRL": f"{tmp_path}/a\x07b"}.get(value, value)
     for command in (["state", "show"], ["allocate", "--key", "cron:w10", "--week", "2027-W10"]):
-        _refused(_at(cwd, *command, EPISODIC_PROJECT_DIR=value, EPISODIC_HOME=".episodic"),
-                 "EPISODIC_PROJECT_DIR")  # fmt: skip
+        _refused(
+            _at(cwd, *command, EPISODIC_PROJECT_DIR=value, EPISODIC_HOME=".episodic"),
+            "EPISODIC_PROJECT_DIR",
+        )
     assert list(cwd.iterdir()) == [] and not (tmp_path / ".episodic").exists()
 
 
 def test_a_project_dir_naming_a_project_folder_anchors_the_state(tmp_path: Path) -> None:
     project = _fake_project(tmp_path / "mount")
-    shown = _at(tmp_path / "cwd", "state", "show", "--json", EPISODIC_PROJECT_DIR=str(project),
-                EPISODIC_HOME="state")  # fmt: skip
+    shown = _at(
+        tmp_path / "cwd",
+        "state",
+        "show",
+        "--json",
+        EPISODIC_PROJECT_DIR=str(project),
+        EPISODIC_HOME="state",
+    )
     assert shown.returncode == 0, shown.stderr
     assert json.loads(shown.stdout)["home"] == str(project / "state")
 
@@ -296,8 +332,16 @@ def test_a_project_dir_naming_a_project_folder_anchors_the_state(tmp_path: Path)
 def test_a_blank_home_or_one_with_control_characters_is_refused(value: str, tmp_path: Path) -> None:
     project = _fake_project(tmp_path / "checkout")
     before = sorted(project.iterdir())
-    result = _at(tmp_path / "cwd", "allocate", "--key", "k", "--week", "2026-W32",
-                 EPISODIC_PROJECT_DIR=str(project), EPISODIC_HOME=value)  # fmt: skip
+    result = _at(
+        tmp_path / "cwd",
+        "allocate",
+        "--key",
+        "k",
+        "--week",
+        "2026-W32",
+        EPISODIC_PROJECT_DIR=str(project),
+        EPISODIC_HOME=value,
+    )
     _refused(result, "EPISODIC_HOME")
     assert sorted(project.iterdir()) == before
 

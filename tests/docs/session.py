@@ -45,8 +45,17 @@ SESSION_TOKEN_VAR = "EPISODIC_DOCS_SESSION_TOKEN"
 #: Seconds a command marked `# runs until stopped` must stay up (other than a server).
 UP_SECONDS = float(os.environ.get("EPISODIC_DOCS_UP_S", "5"))
 BLOCK_TIMEOUT_S = 300.0
-_SKIP_COPY = {".venv", ".tools", ".episodic", ".git", "__pycache__", ".pytest_cache",
-              ".mypy_cache", ".ruff_cache", ".hypothesis"}  # fmt: skip
+_SKIP_COPY = {
+    ".venv",
+    ".tools",
+    ".episodic",
+    ".git",
+    "__pycache__",
+    ".pytest_cache",
+    ".mypy_cache",
+    ".ruff_cache",
+    ".hypothesis",
+}
 _LINKED = (".venv", ".tools", ".git")
 _DEFAULT_PREFECT = re.compile(r"(127\.0\.0\.1|localhost):4200\b")
 _POSTGRES_URL = re.compile(r"postgresql(?:\+psycopg)?://[^\s\"'`]+")
@@ -119,8 +128,11 @@ class BlockResult:
 
     @property
     def failures(self) -> list[str]:
-        return [line[len("doc-test: ") :] for line in self.output.splitlines()
-                if line.startswith("doc-test: ")]  # fmt: skip
+        return [
+            line[len("doc-test: ") :]
+            for line in self.output.splitlines()
+            if line.startswith("doc-test: ")
+        ]
 
     @property
     def ok(self) -> bool:
@@ -213,8 +225,11 @@ class FileSession:
         raise KeyError(wanted.id)
 
     def earlier_failures(self, wanted: Block) -> list[str]:
-        return [r.block.id for line, r in sorted(self.results.items())
-                if line < wanted.line and not r.ok]  # fmt: skip
+        return [
+            r.block.id
+            for line, r in sorted(self.results.items())
+            if line < wanted.line and not r.ok
+        ]
 
     def _run(self, block: Block) -> BlockResult:
         errors = convention_errors(block)
@@ -249,8 +264,9 @@ class FileSession:
                 returncode = 124
         kill_marked(SESSION_TOKEN_VAR, self.token, grace=3.0)
         self._load_state()
-        return BlockResult(block, returncode, log.read_text(errors="replace"),
-                           time.monotonic() - began)  # fmt: skip
+        return BlockResult(
+            block, returncode, log.read_text(errors="replace"), time.monotonic() - began
+        )
 
     def _load_state(self) -> None:
         env_file, cwd_file = self.state / "env", self.state / "cwd"

@@ -28,8 +28,9 @@ def _doc(tmp_path: Path, text: str) -> list[Block]:
 
 def _run(tmp_path: Path, text: str) -> tuple[FileSession, list[Block], list[BlockResult]]:
     blocks = _doc(tmp_path, text)
-    session = FileSession("docs/page.md", tmp_path / "project", tmp_path / "work", API,
-                          up_seconds=1.0)  # fmt: skip
+    session = FileSession(
+        "docs/page.md", tmp_path / "project", tmp_path / "work", API, up_seconds=1.0
+    )
     results = [session.run_through(blocks, b) for b in blocks if b.runnable]
     return session, blocks, results
 

@@ -1,4 +1,4 @@
-"""Every documented command runs as written (issue 28, point 3).
+"""Every documented command runs as written.
 
 One test per shell block of README.md and docs/*.md (``tests/docs/blocks.py`` has the
 convention): a runnable block runs, as written, in its file's shell session on a temporary

@@ -362,9 +362,17 @@ class PrefectServer(_Stoppable):
     def _start_once(self, *, last: bool) -> bool:
         began = time.monotonic()
         cmd = [
-            sys.executable, "-m", "prefect", "server", "start",
-            "--host", self.host, "--port", str(self.port), "--analytics-off",
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "prefect",
+            "server",
+            "start",
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--analytics-off",
+        ]
         with open(self.log_path, "ab") as log:
             log.write(f"\n=== {' '.join(cmd)}\n".encode())
             log.flush()
@@ -512,10 +520,20 @@ class Worker(_Stoppable):
 
     def command(self) -> list[str]:
         cmd = [
-            self.python, "-m", "prefect", "worker", "start",
-            "--pool", self.pool, "--type", self.worker_type, "--name", self.name,
-            "--install-policy", "never",
-        ]  # fmt: skip
+            self.python,
+            "-m",
+            "prefect",
+            "worker",
+            "start",
+            "--pool",
+            self.pool,
+            "--type",
+            self.worker_type,
+            "--name",
+            self.name,
+            "--install-policy",
+            "never",
+        ]
         if self.limit is not None:
             cmd += ["--limit", str(self.limit)]
         for queue in self.work_queues:
@@ -836,8 +854,17 @@ def deploy_flows(
     once per deployment); each spec holds `deploy_flow`'s keyword arguments (``source``,
     ``entrypoint``, ``name``, ``work_pool_name`` required). Returns the deployment ids in
     the order of ``specs``."""
-    optional = ("parameters", "job_variables", "cron", "interval", "timezone", "paused",
-                "tags", "work_queue_name", "concurrency_limit")  # fmt: skip
+    optional = (
+        "parameters",
+        "job_variables",
+        "cron",
+        "interval",
+        "timezone",
+        "paused",
+        "tags",
+        "work_queue_name",
+        "concurrency_limit",
+    )
     full = [
         {**{k: spec.get(k) for k in optional}, **spec, "source": str(spec["source"])}
         for spec in specs

@@ -1,4 +1,4 @@
-"""`episodic demo --ui` as a user runs it (issue 32): a real local Prefect server that stays up
+"""`episodic demo --ui` as a user runs it: a real local Prefect server that stays up
 after the demo, one weekly run suspended on its approval form with the images, the UI's
 addresses printed in full (a 100-column terminal setting and a pipe), and Ctrl-C stopping the
 server: one line, no traceback, the server's process gone and its port closed."""
@@ -117,8 +117,11 @@ def test_demo_ui_leaves_a_run_waiting_for_approval_and_ctrl_c_stops_the_server(
             assert f"    {cover.with_name('manifest.json')}" in lines
         # An answer given in the form (the UI's Resume) is carried out by the waiting command.
         answered = len(lines)
-        _api(url, f"/flow_runs/{waiting['id']}/resume",
-             {"run_input": {"decision": "approve", "reviewer": "a tester"}})  # fmt: skip
+        _api(
+            url,
+            f"/flow_runs/{waiting['id']}/resume",
+            {"run_input": {"decision": "approve", "reviewer": "a tester"}},
+        )
         cover = home / "demo" / f"{WEEK}-2" / "cover.png"
         deadline = time.monotonic() + 120
         while f"    {cover}" not in lines[answered:] and time.monotonic() < deadline:
@@ -167,8 +170,12 @@ def test_demo_tells_its_story_line_by_line_and_prints_full_paths(tmp_path: Path)
     )
     human = subprocess.run(
         [str(EPISODIC), "demo", "--week", WEEK],
-        cwd=PROJECT, env=env, capture_output=True, text=True, timeout=400,
-    )  # fmt: skip
+        cwd=PROJECT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert human.returncode == 0, human.stdout + human.stderr
     assert "Traceback" not in human.stderr and " | INFO " not in human.stdout + human.stderr
     lines = human.stdout.splitlines()
@@ -201,8 +208,12 @@ def test_demo_tells_its_story_line_by_line_and_prints_full_paths(tmp_path: Path)
 
     again = subprocess.run(
         [str(EPISODIC), "demo", "--week", WEEK, "--json"],
-        cwd=PROJECT, env=env, capture_output=True, text=True, timeout=400,
-    )  # fmt: skip
+        cwd=PROJECT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert again.returncode == 0, again.stderr
     story = json.loads(again.stdout)
     assert [s["paid_submissions"] for s in story["steps"]] == [0, 0, 0]
@@ -212,7 +223,11 @@ def test_demo_tells_its_story_line_by_line_and_prints_full_paths(tmp_path: Path)
     # What the demo leaves in the state folder is the project's: `make clean-state` removes it.
     removed = subprocess.run(
         [str(EPISODIC), "state", "remove", "--yes", "--including-paid"],
-        cwd=PROJECT, env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        cwd=PROJECT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert removed.returncode == 0, removed.stderr
     assert not home.exists()

@@ -28,8 +28,13 @@ def test_demo_with_a_missing_providers_file_is_one_line_and_no_traceback(
     )
     done = subprocess.run(
         [str(EPISODIC), "demo", "--week", WEEK],
-        cwd=PROJECT, env=env, capture_output=True, text=True, timeout=400, check=False,
-    )  # fmt: skip
+        cwd=PROJECT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+        check=False,
+    )
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stderr.startswith(f"error: EPISODIC_PROVIDERS_FILE: {missing} does not exist")
     assert len(done.stderr.splitlines()) == 1, done.stderr

@@ -97,12 +97,17 @@ def test_setup_refuses_a_bad_wait_and_an_unknown_block(tmp_path: Path) -> None:
     }
     with PrefectServer(tmp_path / "stack", ui=False) as server:
         env = server.env(episodic)
-        bad = run_cli(["prefect", "setup", "--notify", "ops", "--approval-wait", "4 hours"],
-                      env, PROJECT, program="episodic")  # fmt: skip
+        bad = run_cli(
+            ["prefect", "setup", "--notify", "ops", "--approval-wait", "4 hours"],
+            env,
+            PROJECT,
+            program="episodic",
+        )
         assert bad.returncode == 2 and "--approval-wait" in bad.stderr, bad.stderr
         assert len(bad.stderr.strip().splitlines()) == 1, bad.stderr
-        unknown = run_cli(["prefect", "setup", "--notify", "nosuch"], env, PROJECT,
-                          program="episodic")  # fmt: skip
+        unknown = run_cli(
+            ["prefect", "setup", "--notify", "nosuch"], env, PROJECT, program="episodic"
+        )
         assert unknown.returncode == 2, unknown.stdout + unknown.stderr
         assert "no notification block" in unknown.stderr, unknown.stderr
         saved = run_cli(

@@ -1,5 +1,5 @@
-"""A Prefect cancel settles money, and a killed flow run leaves no Running ghosts (issue 28,
-points 4 and 5), on a real `prefect server` with a process worker.
+"""A Prefect cancel settles money, and a killed flow run leaves no Running ghosts, on a
+real `prefect server` with a process worker.
 
 The fake provider's jobs are slow (90 s each), so a cancel lands while the provider holds
 accepted jobs. The bill is read at the provider's side: the jobs it made (its job files)
@@ -250,9 +250,13 @@ def _plan(stack: dict[str, Any], week: str) -> None:
     planned = create_flow_run(
         stack["server"],
         stack["deployments"]["weekly"],
-        parameters={"week": week, "pipeline": "weekly", "playlist": str(PLAYLIST),
-                    "generate": False},
-    )  # fmt: skip
+        parameters={
+            "week": week,
+            "pipeline": "weekly",
+            "playlist": str(PLAYLIST),
+            "generate": False,
+        },
+    )
     wait_for_flow_run(stack["server"], planned["id"], ("COMPLETED",), timeout=120)
 
 
@@ -326,9 +330,13 @@ def test_after_kill_9_the_sweep_crashes_the_flow_and_task_runs_left_running(
     run = create_flow_run(
         server,
         stack["deployments"]["weekly"],
-        parameters={"week": "2026-W34", "pipeline": "weekly", "playlist": str(PLAYLIST),
-                    "wait_for_approval": False},
-    )  # fmt: skip
+        parameters={
+            "week": "2026-W34",
+            "pipeline": "weekly",
+            "playlist": str(PLAYLIST),
+            "wait_for_approval": False,
+        },
+    )
     bought = _wait_for_jobs(home, CONCURRENCY, before)
     child = _wait_for_child(server, run["id"])
     deadline = time.monotonic() + 60
@@ -376,9 +384,13 @@ def test_the_workers_cancel_hook_settles_when_the_process_could_not(
     planned = create_flow_run(
         server,
         stack["deployments"]["weekly"],
-        parameters={"week": "2026-W35", "pipeline": "weekly", "playlist": str(PLAYLIST),
-                    "generate": False},
-    )  # fmt: skip
+        parameters={
+            "week": "2026-W35",
+            "pipeline": "weekly",
+            "playlist": str(PLAYLIST),
+            "generate": False,
+        },
+    )
     wait_for_flow_run(server, planned["id"], ("COMPLETED",), timeout=120)
     before = set(_jobs(home))
     run = create_flow_run(
@@ -405,10 +417,10 @@ def test_the_workers_cancel_hook_settles_when_the_process_could_not(
 def test_cancelling_one_of_two_joined_generate_runs_keeps_the_others_jobs(
     stack: dict[str, Any],
 ) -> None:
-    """Two generate runs of one episode join one run (dedup). Before (fresh tester): a
-    Cancel of the second cancelled all the jobs at the provider, those the first, live flow
-    run was collecting included, and the first ended Failed with tracebacks. The cancel now
-    leaves them to the live flow run and says so; cancelling that one settles them."""
+    """Two generate runs of one episode join one run (dedup). A Cancel of the second must
+    not cancel at the provider the jobs the first, live flow run is collecting (the first
+    would end Failed with tracebacks): it leaves them to the live flow run and says so;
+    cancelling that one settles them."""
     server, home = stack["server"], stack["home"]
     _plan(stack, "2026-W34")
     before = set(_jobs(home))

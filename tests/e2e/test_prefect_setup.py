@@ -1,9 +1,9 @@
 """`episodic prefect setup` as the README's production recipe runs it, on a real Prefect
-server: the human output (issue 28: it crashed with `KeyError: 'name'` where `--json`
-worked) and the warning when two deployments of the weekly flow schedule one pipeline,
-from the command and from the `prefect deploy` build step, including the real `prefect
-deploy` that creates the second deployment (its build step runs before Prefect registers
-the deployment, so before it only a later deploy warned)."""
+server: the human output (as complete as `--json`) and the warning when two deployments
+of the weekly flow schedule one pipeline, from the command and from the `prefect deploy`
+build step, including the real `prefect deploy` that creates the second deployment (its
+build step runs before Prefect registers the deployment, yet that deploy warns, not only a
+later one)."""
 
 from __future__ import annotations
 
@@ -32,8 +32,9 @@ def test_setup_prints_what_it_did_and_warns_of_a_second_weekly_deployment(
     }
     with PrefectServer(tmp_path / "stack", ui=False) as server:
         env = server.env(episodic)
-        setup = run_cli(["prefect", "setup", "--work-pool", "episodic"], env, PROJECT,
-                        program="episodic")  # fmt: skip
+        setup = run_cli(
+            ["prefect", "setup", "--work-pool", "episodic"], env, PROJECT, program="episodic"
+        )
         assert setup.returncode == 0, setup.stdout + setup.stderr
         lines = setup.stdout.splitlines()
         assert lines[0] == "pipeline weekly: timezone UTC"
@@ -52,9 +53,25 @@ def test_setup_prints_what_it_did_and_warns_of_a_second_weekly_deployment(
         assert deployed.returncode == 0, deployed.stdout[-3000:] + deployed.stderr[-3000:]
         assert "episodic: warning" not in deployed.stdout + deployed.stderr, deployed.stderr
         # the deploy that creates a copy with the same cron on the same pipeline warns itself
-        copy = run_cli(["deploy", WEEKLY_MODULE, "--name", "weekly-copy", "--cron", "0 9 * * 1",
-                        "--timezone", "UTC", "--pool", "episodic", "--param", "pipeline=weekly"],
-                       env, PROJECT, timeout=300)  # fmt: skip
+        copy = run_cli(
+            [
+                "deploy",
+                WEEKLY_MODULE,
+                "--name",
+                "weekly-copy",
+                "--cron",
+                "0 9 * * 1",
+                "--timezone",
+                "UTC",
+                "--pool",
+                "episodic",
+                "--param",
+                "pipeline=weekly",
+            ],
+            env,
+            PROJECT,
+            timeout=300,
+        )
         assert copy.returncode == 0, copy.stdout[-3000:] + copy.stderr[-3000:]
         adds = (
             "this deploy adds a second deployment scheduling pipeline weekly "
@@ -65,9 +82,16 @@ def test_setup_prints_what_it_did_and_warns_of_a_second_weekly_deployment(
         assert "Traceback" not in copy.stderr
 
         # a weekly deployment of another pipeline (Prefect's Python API) is not one of them
-        deploy_flow(env, source=PROJECT, entrypoint=WEEKLY, name="other",
-                    work_pool_name="episodic", parameters={"pipeline": "other"},
-                    cron="0 9 * * 1", timezone="UTC")  # fmt: skip
+        deploy_flow(
+            env,
+            source=PROJECT,
+            entrypoint=WEEKLY,
+            name="other",
+            work_pool_name="episodic",
+            parameters={"pipeline": "other"},
+            cron="0 9 * * 1",
+            timezone="UTC",
+        )
         again = run_cli(["prefect", "setup"], env, PROJECT, program="episodic")
         assert again.returncode == 0, again.stdout + again.stderr
         assert again.stderr.startswith(f"warning: {warning}"), again.stderr
@@ -76,8 +100,9 @@ def test_setup_prints_what_it_did_and_warns_of_a_second_weekly_deployment(
         assert as_json.returncode == 0, as_json.stderr
         (listed,) = json.loads(as_json.stdout)["warnings"]
         assert listed.startswith(warning)
-        other = run_cli(["prefect", "setup", "--pipeline", "other"], env, PROJECT,
-                        program="episodic")  # fmt: skip
+        other = run_cli(
+            ["prefect", "setup", "--pipeline", "other"], env, PROJECT, program="episodic"
+        )
         assert other.returncode == 0 and other.stderr == "", other.stderr
 
         # the step of a deploy that adds nothing (a redeploy) names both, once: its look at

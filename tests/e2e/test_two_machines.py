@@ -1,4 +1,4 @@
-"""Paid media outlive the machine (issue 30), end to end as users run it.
+"""Paid media outlive the machine, end to end as users run it.
 
 A real `prefect server` (on PostgreSQL), the episodes in PostgreSQL, a moto S3 server as the
 media store, and two process workers, each in its own copy of the project folder with its
@@ -68,7 +68,7 @@ def test_generate_on_one_machine_approve_and_assemble_on_another(
     assert outcome.run["state_name"] == "Completed"
     assert [w.name for w in stack.workers] == ["machine-a", "machine-b"]
     checked = dict(outcome.check)
-    assert checked.pop("spend")["verified"] is True  # check's spend totals (issue 31)
+    assert checked.pop("spend")["verified"] is True  # check's spend totals
     assert checked == {"clean": True, "findings": [], "warnings": []}
     assert len(outcome.media) == PLANNED_ITEMS + 2  # the images, the cover, the manifest
     assert {m["stored"] for m in outcome.media.values()} == {"yes"}

@@ -1,4 +1,4 @@
-"""The weekly pipeline as Prefect users run it (issue 10), end to end on real processes.
+"""The weekly pipeline as Prefect users run it, end to end on real processes.
 
 A real `prefect server` on a free loopback port, the project's own deploy configuration
 (`episodic db upgrade`, `episodic prefect setup`, then `prefect deploy --all` from the
@@ -185,8 +185,12 @@ def test_weekly_deployments_on_a_server_with_two_workers(
         assert "episode_id" in schema["required"]
         assert schema["properties"]["episode_id"]["pattern"].startswith("^")
         assert schema["properties"]["episode_id"]["description"]
-        for flow, name in [("plan-episode", "plan"), ("approve-episode", "approve"),
-                           ("assemble-episode", "assemble"), ("sweep", "sweep")]:  # fmt: skip
+        for flow, name in [
+            ("plan-episode", "plan"),
+            ("approve-episode", "approve"),
+            ("assemble-episode", "assemble"),
+            ("sweep", "sweep"),
+        ]:
             assert read_deployment(server, flow, name)["version"] == weekly["version"]
 
         slots = _week_46_slots(server, weekly, prefect_database)  # before a worker takes them

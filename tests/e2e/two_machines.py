@@ -1,4 +1,4 @@
-"""Two machines on one Prefect server: paid media outlive the machine that bought them (#30).
+"""Two machines on one Prefect server: paid media outlive the machine that bought them.
 
 The library behind ``tests/e2e/test_two_machines.py`` and the two-machine part of
 ``make ui-check`` (``tests/ui/two_machines_check.py``): both drive the same steps, the

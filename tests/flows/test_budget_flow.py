@@ -1,4 +1,4 @@
-"""The generate flow is held to its caps by money spent, as the CLI is (issue 31): a run
+"""The generate flow is held to its caps by money spent, as the CLI is: a run
 stopped at --max-cost ends the flow run failed with the budget's message, and the provider
 (the fake's own log) never billed more than the limit."""
 

@@ -1,7 +1,7 @@
 """A profile naming only ``credential_secret_block`` works on the command line when a Prefect
-API is configured (PREFECT_API_URL): `providers check` reads the block through it (issue 32:
-it said "names no credential_env", or "unexpected ValueError" after starting a temporary
-server); a block that does not exist is one line, exit 2."""
+API is configured (PREFECT_API_URL): `providers check` reads the block through it (never
+"names no credential_env", nor starts a temporary server); a block that does not exist is
+one line, exit 2."""
 
 from __future__ import annotations
 

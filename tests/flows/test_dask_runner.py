@@ -1,4 +1,4 @@
-"""Items run anywhere (issue 11): a generation on a `distributed.LocalCluster` of two worker
+"""Items run anywhere: a generation on a `distributed.LocalCluster` of two worker
 processes against PostgreSQL. Item tasks carry ids only; each worker process rebuilds its
 engine from the database and the environment. Counted at the fake provider's own log."""
 

@@ -1,4 +1,4 @@
-"""Issue 32: one decision, whichever door.
+"""One decision, whichever door.
 
 Under the Prefect test harness (a real local API server): a weekly slot run suspended at its
 approval form; `episodic approve` (a real process) records the decision and resumes that run,
@@ -63,7 +63,8 @@ def _decisions(url: str) -> int:
 def test_approve_on_the_command_line_resumes_the_waiting_run_and_it_assembles(
     harness: str, waiting: Any
 ) -> None:
-    """Before: the decision was recorded, the run stayed Suspended, nothing assembled."""
+    """The decision is recorded and the suspended run resumes with it, to an assembled
+    episode."""
     done = _episodic(
         "approve", "2026-W32-0", "--by", "carol", "--json", api=PREFECT_API_URL.value()
     )
@@ -158,9 +159,15 @@ def test_an_approval_with_picks_on_the_command_line_resumes_the_hero_form(
     """The hero form requires a pick per hero video: the resume answers them from the
     recorded picks, and the run ships those."""
     done = _episodic(
-        "approve", "2026-W32-0", "--by", "carol", "--pick", "v01=3,v03=1", "--json",
+        "approve",
+        "2026-W32-0",
+        "--by",
+        "carol",
+        "--pick",
+        "v01=3,v03=1",
+        "--json",
         api=PREFECT_API_URL.value(),
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["resumed"]["flow_run"] is not None, done.stdout
     state = local.execute(weekly_episode, hero_waiting.id)

@@ -1,4 +1,4 @@
-"""Issue 28: a decision stands, one approval wins visibly, "Suspending" only when it suspends.
+"""A decision stands, one approval wins visibly, "Suspending" only when it suspends.
 
 Under the Prefect test harness: the weekly chain suspends at its form, the reviewer answers
 through the resume endpoint (as the UI does), and a UI Retry puts the same flow run back in
@@ -67,8 +67,8 @@ def _logs(flow_run_id: UUID) -> list[str]:
 def test_a_retry_of_a_rejected_run_ends_rejected_again_saying_who_and_why(
     harness: str, waiting: Any
 ) -> None:
-    """Before: the retried run's generate found nothing to do, moved the episode rejected ->
-    generated, and a fresh form with no trace of the rejection appeared."""
+    """A retried run's generate with nothing to do leaves the episode rejected (never
+    rejected -> generated), and no fresh form without a trace of the rejection appears."""
     assert _resume(waiting.id, REJECT) == SetStateStatus.ACCEPT
     first = local.execute(weekly_episode, waiting.id)
     assert first.is_completed() and first.name == "Rejected", first
@@ -103,8 +103,8 @@ def test_the_form_of_an_episode_replanned_after_a_rejection_shows_that_rejection
 def test_a_form_answer_that_loses_to_another_decision_says_so(harness: str, waiting: Any) -> None:
     """The form waits; someone rejects on the command line (no Prefect API: the run still
     waits); the form is then answered "approve": the run suspends again with a form saying
-    the answer was not recorded, naming the recorded decision (issue 32: before, the run
-    ended green with only a WARNING). Answering the recorded decision ends it Rejected."""
+    the answer was not recorded, naming the recorded decision (never a green end with
+    only a WARNING). Answering the recorded decision ends it Rejected."""
     engine = make_engine(harness)
     decide(engine, "weekly", "2026-W32-0", approve=False, by="cli", note="wrong prompt")
     engine.dispose()
@@ -138,10 +138,10 @@ def test_suspending_is_logged_only_when_the_run_suspends(harness: str, waiting: 
 def test_answers_the_form_rules_refuse_are_refused_at_once_in_words(
     harness: str, waiting: Any
 ) -> None:
-    """Issue 28, 10a/10b: a blank reviewer read "' ' does not match '\\S'"; a rejection
-    without a note was accepted, the run resumed ("Flow run resumed") and only after a worker
-    ran it again did the form come back with the reason. Now the server refuses both at the
-    resume itself, in words, and the run keeps waiting at the same form."""
+    """A blank reviewer and a rejection without a note are refused by the server at the
+    resume itself, in words (not "' ' does not match '\\S'"), and the run keeps waiting at
+    the same form, rather than resuming only to come back with the reason once a worker
+    runs it again."""
     before, _ = _form(waiting.id)
     for answer, words in (
         ({"decision": "approve", "reviewer": "  "}, "a name, not only spaces"),

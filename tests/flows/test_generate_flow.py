@@ -248,9 +248,9 @@ def _cards(flow_run_id: object) -> list[tuple[str, Any]]:
 def test_a_generate_run_shows_one_progress_and_one_cost_card_reading_100(
     harness: str, episode: str, tmp_path: Path
 ) -> None:
-    """Issue 28 (10): every generate run showed two `-progress` cards, the live one frozen
-    below 100% beside the final one (each publication created an artifact); now one card
-    per key and run, updated in place, the final reading 100% for a finished episode."""
+    """A generate run shows one `-progress` card per key and run, updated in place (a new
+    artifact per publication would leave the live one frozen below 100% beside the final
+    one), the final reading 100% for a finished episode."""
     import json
 
     plan(harness, episode, tmp_path / "p", ["a", "b", "c", "d", "e", "f", "g"])
@@ -440,7 +440,7 @@ def test_a_worker_rebuilds_its_engine_when_the_episode_moves_to_another_profile(
 def test_the_flow_grows_hero_candidates_and_pays_only_the_new_ones(
     harness: str, episode: str, tmp_path: Path
 ) -> None:
-    """Issue 14 from the generate deployment: `hero_candidates` is recorded in the plan,
+    """Hero runs from the generate deployment: `hero_candidates` is recorded in the plan,
     so asking for 5 after 3 pays for 2, counted at the provider."""
     plan(harness, episode, tmp_path / "p", ["a", "b"])  # two one-image videos
     first = generate_episode(episode_id=episode, hero_candidates=3)
@@ -462,9 +462,9 @@ def test_the_progress_artifact_is_published_off_the_dispatching_thread(
     harness: str, episode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Each progress publication is an API call (15-50 ms here); made by the flow's
-    dispatching thread, it held up the claims of every slot that freed meanwhile. Counting
-    now returns while a publication is still in flight, and the figures arrive in order
-    from the publisher's thread."""
+    dispatching thread, it would hold up the claims of every slot that freed meanwhile.
+    Counting returns while a publication is still in flight, and the figures arrive in
+    order from the publisher's thread."""
     import threading
     import time
 
@@ -568,12 +568,10 @@ def test_a_result_storage_block_is_loaded_once_per_run_not_per_item(
 def test_no_progress_update_follows_the_final_figure(
     harness: str, episode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The publisher's first act was to create the artifact, and `close` waited 10 s at
-    most: a creation that outlasted it landed after the flow's final figure and became the
-    key's latest, showing 0% for a finished episode (found by a fresh tester behind a slow
-    proxy; an update landing late does the same). The artifact is now created on the
-    flow's thread before the run's first item, and `close` returns only once the update in
-    flight has landed."""
+    """A creation or an update of the artifact landing after the flow's final figure (a
+    slow proxy) would become the key's latest, showing 0% for a finished episode. So the
+    artifact is created on the flow's thread before the run's first item, and `close`
+    returns only once the update in flight has landed."""
     import threading
 
     from prefect.artifacts import Artifact
@@ -625,9 +623,9 @@ def test_no_progress_update_follows_the_final_figure(
 def test_a_result_storage_block_that_does_not_load_fails_the_run_in_one_line_before_paying(
     harness: str, episode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A typo in EPISODIC_RESULT_STORAGE failed the flow with Prefect's own three-error
-    chain (found by a fresh tester); it is now the same one line `episodic prefect setup`
-    gives, before any item is claimed or paid."""
+    """A typo in EPISODIC_RESULT_STORAGE fails the flow with the same one line `episodic
+    prefect setup` gives (not Prefect's own three-error chain), before any item is claimed
+    or paid."""
     monkeypatch.setenv("EPISODIC_RESULT_STORAGE", "local-file-system/no-such-block")
     plan(harness, episode, tmp_path / "p", ["a", "b"])
     state = generate_episode(episode_id=episode, return_state=True)

@@ -1,4 +1,4 @@
-"""Hero runs on the Prefect path (issue 14): the weekly slot run generates every candidate,
+"""Hero runs on the Prefect path: the weekly slot run generates every candidate,
 suspends at a form that shows each hero video's candidates and asks for the pick, and ships
 exactly the picked candidate. Presence and range of a pick are checked by the Prefect server
 before the run resumes (schema constraints), so a bad pick never resumes the run."""
@@ -119,10 +119,10 @@ def test_a_rejection_needs_picks_in_the_form_but_records_none(
 def test_reordering_the_hero_videos_while_the_form_waits_asks_again(
     harness: str, hero_waiting: Any, tmp_path: Path
 ) -> None:
-    """Found by issue 14's fresh tester: pick fields are numbered in plan order, and a
-    re-plan that only reorders the videos keeps every image (the keys do not depend on the
-    order), so an answer to the old form shipped v01's pick for v03. Now the form's key
-    names the videos its fields stand for: the old answer is not applied, a new form asks."""
+    """Pick fields are numbered in plan order, and a re-plan that only reorders the videos
+    keeps every image (the keys do not depend on the order), so an answer to the old form
+    could ship v01's pick for v03. The form's key names the videos its fields stand for: the
+    old answer is not applied, a new form asks."""
     import yaml
 
     from episodic.pipeline.episode_plan import record_plan

@@ -1,4 +1,4 @@
-"""One episode per pipeline slot (issue 28), under the Prefect test harness.
+"""One episode per pipeline slot, under the Prefect test harness.
 
 Two deployments of the weekly flow on one pipeline with the same cron (a copy, a renamed
 one left behind) make two scheduled runs per slot; both belong to the same episode, and

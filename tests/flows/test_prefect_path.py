@@ -1,4 +1,4 @@
-"""The weekly pipeline as Prefect users run it (issue 10), under the test harness.
+"""The weekly pipeline as Prefect users run it, under the test harness.
 
 The approval form: required fields checked by the server before the run resumes, answers we
 refuse re-asked with the reason (never stuck on a stored bad answer), the images shown, a
@@ -53,8 +53,8 @@ def test_a_slot_scheduled_for_later_runs_now_for_its_own_slot(
     harness: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`make demo` runs this week's slots; on a Monday before 09:00 the Monday slot is still
-    ahead, and Prefect made the run wait until 09:00 (CI hung). Executing a slot now keeps
-    the slot it stands for: its expected start time and its episode are the slot's."""
+    ahead, and Prefect would make the run wait until 09:00. Executing a slot now keeps the
+    slot it stands for: its expected start time and its episode are the slot's."""
     monkeypatch.setenv("EPISODIC_FAKE_PROVIDER_LOG", str(tmp_path / "provider.jsonl"))
     deployment = _deploy(None)
     future = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
@@ -120,9 +120,9 @@ def test_an_empty_reviewer_is_refused_before_the_run_resumes(harness: str, waiti
 def test_an_answer_we_refuse_is_asked_again_with_the_reason_and_never_sticks(
     harness: str, waiting: Any
 ) -> None:
-    """The seed's stuck run: an answer the schema accepts but we refuse (a name with a
-    character that is not printable, as a zero-width space; a rejection without a note and
-    control characters are refused by the schema itself since issue 28) re-suspends with the
+    """An answer the schema accepts but we refuse (a name with a character that is not
+    printable, as a zero-width space; a rejection without a note and control characters are
+    refused by the schema itself) re-suspends with the
     reason shown; a UI Retry replays the refused answers and waits again instead of failing
     forever."""
     answer = {"decision": "approve", "reviewer": "bob\u200b"}
@@ -243,8 +243,8 @@ def test_failure_messages_in_prefect_name_the_deployment_not_a_cli_command(
 def test_the_week_comes_from_the_recorded_timezone_even_without_the_variable(
     harness: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The seed's case: Monday 00:30 Berlin (ISO week 46) on a worker without
-    EPISODIC_TIMEZONE was allocated as 2026-W45. The zone recorded for the pipeline wins."""
+    """Monday 00:30 Berlin (ISO week 46) on a worker without EPISODIC_TIMEZONE is not
+    allocated as 2026-W45: the zone recorded for the pipeline wins."""
     from episodic.pipeline.pipelines import set_timezone
 
     engine = make_engine(harness)
@@ -318,7 +318,7 @@ def _work_pool_update(pool: str) -> Any:
     return DeploymentUpdate(work_pool_name=pool)
 
 
-# ---------------------------------------------------------------- found by the review
+# ---------------------------------------------------------------- decisions from elsewhere
 
 
 def test_a_run_of_an_already_decided_episode_follows_the_decision_without_a_form(
@@ -349,7 +349,7 @@ def test_a_conflicting_answer_after_a_decision_elsewhere_follows_the_decision(
     harness: str, waiting: Any
 ) -> None:
     """The form waits; someone approves on the command line; the form is then answered
-    "reject": the run does not stick, nor drop the answer silently (issue 32): it waits
+    "reject": the run does not stick, nor drop the answer silently: it waits
     again with a form saying so; answered with the recorded approval, it assembles."""
     from episodic.pipeline.approval import decide
     from episodic.storage.approvals import ApprovalStore

@@ -1,6 +1,6 @@
 """The generate flow recovering after `kill -9` of a generating flow process: the Prefect
 executor (item tasks) collects the dead process's accepted jobs before it buys anything new
-(issue 28, point 9; the thread pool's twin is in tests/acceptance/test_crash_recovery.py)."""
+(the thread pool's twin is in tests/acceptance/test_crash_recovery.py)."""
 
 from __future__ import annotations
 
@@ -66,11 +66,10 @@ def test_the_flow_collects_a_killed_flows_jobs_before_any_new_create(
     harness: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Both slots of the profile are held by the jobs the killed flow had accepted, under
-    claims that stay live for the lease (15 s). The recovering flow run found those items
-    held, dropped them and re-asked for a slot for its next new item until `max_job_s`
-    (60 s) had passed, collecting the dead jobs last. Now, throttled, it collects them as
-    soon as the leases run out, before any new create (the order at the provider, not a
-    duration); one job per item, counted in the provider's job store."""
+    claims that stay live for the lease (15 s). The recovering flow run, throttled, does
+    not wait `max_job_s` (60 s) asking for a slot for its next new item: it collects those
+    jobs as soon as the leases run out, before any new create (the order at the provider,
+    not a duration); one job per item, counted in the provider's job store."""
     profiles = tmp_path / "providers.yaml"
     profiles.write_text(PROFILE)
     monkeypatch.setenv("EPISODIC_PROVIDERS_FILE", str(profiles))

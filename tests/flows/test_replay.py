@@ -1,6 +1,6 @@
 """`episodic replay --slot`: a slot's weekly chain now, with its scheduled run's identity
-(issue 28: the UI's Quick run, Copy to new run and `prefect deployment run` are manual runs,
-each buying a new episode). The command runs as a person types it, against the harness's
+(the UI's Quick run, Copy to new run and `prefect deployment run` are manual runs, each
+buying a new episode). The command runs as a person types it, against the harness's
 API server; money is counted at the fake provider (its jobs)."""
 
 from __future__ import annotations
@@ -87,8 +87,8 @@ def test_a_replay_of_a_slot_the_scheduler_ran_is_that_episode(harness: str, tmp_
         (["--slot", THURSDAY, "--playlist", "missing.yaml"], "not found"),
         (["--slot", THURSDAY, "--deployment", "generate-episode/generate"], "weekly flow"),
         (["--slot", THURSDAY, "--deployment", "weekly-episode/none"], "no deployment"),
-        # issue 28 (fresh tester): a forgotten offset, another hour or a sub-second moment
-        # allocated, and paid for, an episode of a slot no schedule has
+        # a forgotten offset, another hour or a sub-second moment would allocate, and pay
+        # for, an episode of a slot no schedule has
         (["--slot", "2026-08-06T09:00:00+02:00"], "is not a slot of the weekly schedule"),
         (["--slot", "2026-08-05T03:17:00Z"], "is not a slot of the weekly schedule"),
         (["--slot", "2026-08-06T09:00:00.5Z"], "is not a whole second"),

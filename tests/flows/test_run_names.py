@@ -1,6 +1,6 @@
-"""Log lines carry the weekly run's name after it is renamed to its episode (issue 28 point
-10: they kept the slot name from before, up to "Finished in state", on a worker's console
-too), and a Retry or a resumed run keeps the episode's name from its first line."""
+"""Log lines carry the weekly run's name after it is renamed to its episode (up to
+"Finished in state", on a worker's console too, never the slot name from before the rename),
+and a Retry or a resumed run keeps the episode's name from its first line."""
 
 from __future__ import annotations
 

@@ -60,8 +60,14 @@ def test_the_flow_stops_buying_at_a_store_failure_and_running_it_again_completes
             sealing.join(timeout=120)
         assert state.is_failed() and "stopped buying" in str(state.message)
         assert str(folder) in str(state.message)
-        assert _count(engine, "SELECT count(*) FROM runs WHERE state = 'paused' AND "
-                      "error_text LIKE 'stopped buying:%'") == 1  # fmt: skip
+        assert (
+            _count(
+                engine,
+                "SELECT count(*) FROM runs WHERE state = 'paused' AND "
+                "error_text LIKE 'stopped buying:%'",
+            )
+            == 1
+        )
         bought = jobs_per_key()
         assert set(bought.values()) == {1} and len(bought) < ITEMS
         result = generate_episode(episode_id=episode, concurrency=2)  # the store is back

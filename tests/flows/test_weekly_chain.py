@@ -68,9 +68,9 @@ def test_approve_from_the_ui_assembles_and_pays_nothing_more(harness: str, suspe
 
 
 def test_the_weekly_run_shows_one_cost_and_one_progress_card(harness: str, suspended: Any) -> None:
-    """Issue 28 (10): the weekly run showed two `-cost` cards (one from the approval step,
-    one from assembly), each publication a new artifact; now one card per key on the run,
-    updated in place, the final one reading 100% and the assembled state."""
+    """The approval step and assembly both publish `-cost`: one card per key on the run,
+    updated in place (not a new artifact per publication), the final one reading 100% and
+    the assembled state."""
     import json
 
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
@@ -95,7 +95,7 @@ def test_the_weekly_run_shows_one_cost_and_one_progress_card(harness: str, suspe
 def test_editing_the_playlist_while_the_run_waits_changes_nothing_it_ships(
     harness: str, suspended: Any, tmp_path: Path
 ) -> None:
-    """Issue 9: the resumed run starts from the top; it must not re-plan from the edited
+    """The resumed run starts from the top; it must not re-plan from the edited
     file. Approve assembles exactly the images the reviewer saw; nothing more is paid."""
     import json
 

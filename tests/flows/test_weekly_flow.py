@@ -3,7 +3,7 @@
 Flow runs are created the way production creates them: scheduled runs by the server's own
 scheduling endpoint (``auto_scheduled``, the slot as expected start), manual runs from the
 deployment (the UI's "Run") or by calling the flow. The harness runs no scheduler service,
-so the tests ask for the schedule explicitly (DESIGN 9).
+so the tests ask for the schedule explicitly.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Worker for the decision races (issue 28, point 8), run in separate OS processes (spawn)
+"""Worker for the decision races, run in separate OS processes (spawn)
 released together by `race_workers.run_processes`'s barrier. Returns plain data."""
 
 from __future__ import annotations

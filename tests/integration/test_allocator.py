@@ -152,9 +152,9 @@ def test_postgres_lock_is_transaction_scoped(engine: Engine) -> None:
     assert held == 0
 
 
-# Issue 28: the slot belongs to the pipeline, whichever deployment carries its schedule.
+# The slot belongs to the pipeline, whichever deployment carries its schedule.
 SLOT = "2026-08-06T07:00:00Z"
-OLD_KEY = f"scheduled:weekly-episode/weekly:{SLOT}"  # the format before issue 28
+OLD_KEY = f"scheduled:weekly-episode/weekly:{SLOT}"  # the older key format
 NEW_KEY = f"slot:weekly:{SLOT}"
 
 
@@ -203,8 +203,8 @@ def test_a_slot_two_deployments_allocated_before_the_upgrade_is_each_ones_own(
                 .where(EpisodeRow.allocation_key == f"placeholder-{n}")
                 .values(allocation_key=f"scheduled:weekly-episode/{deployment}:{SLOT}")
             )
-    # A run of either deployment still finds its own (a Retry of a slot the old code
-    # allocated twice kept working before the upgrade: fresh tester, issue 28) ...
+    # A run of either deployment still finds its own (a Retry of a slot allocated twice
+    # under the older format keeps working after the upgrade) ...
     for n, deployment in enumerate(["weekly", "weekly-copy"]):
         for key in (NEW_KEY, f"scheduled:weekly-episode/{deployment}:{SLOT}"):
             own = Allocator(engine).allocate(

@@ -1,5 +1,5 @@
 """Property: whatever sequence of plan / generate / approve / reopen / assemble a team runs,
-no assembly ever ships an image whose hash is not in the approval record (issue 9).
+no assembly ever ships an image whose hash is not in the approval record.
 
 A hypothesis state machine on a fresh SQLite home per example (Postgres runs the same code
 paths in tests/integration/test_frozen_plans.py)."""
@@ -125,7 +125,7 @@ class ApprovalMachine(RuleBasedStateMachine):
 
     @invariant()
     def a_rejection_stands_until_a_changed_plan_or_a_reopen(self) -> None:
-        """Issue 28: a generate with nothing to do moved a rejected episode to generated."""
+        """A generate with nothing to do leaves a rejected episode rejected."""
         if self.rejection_stands:
             pk = EpisodeRepository(self.engine).episode_pk("weekly", self.episode.episode_id)
             assert EpisodeRepository(self.engine).state(pk) == "rejected"

@@ -1,5 +1,5 @@
-"""Every cap and every period budget holds against money spent, checked inside the claim
-(issue 31). Counted from the provider's side: the fake provider's own log (``job_created``
+"""Every cap and every period budget holds against money spent, checked inside the claim.
+Counted from the provider's side: the fake provider's own log (``job_created``
 carries what it bills, ``cost_micros``) and the local HTTP server's bill."""
 
 from __future__ import annotations

@@ -120,8 +120,10 @@ def test_media_missing_tampered_or_not_an_image_are_found_in_the_store(
     media.delete_behind(kinds["manifest"])
     details = [f"{f.check}: {f.detail}" for f in check_episodes(engine, "weekly")]
     store = media.store().describe()
-    assert f"files: image v01.p1 is missing from the media store: {first} in the media " \
-        f"store {store}" in details, details  # fmt: skip
+    assert (
+        f"files: image v01.p1 is missing from the media store: {first} in the media "
+        f"store {store}" in details
+    ), details
     assert any(
         d.startswith("files: image v02.p1 does not match its recorded size") and second in d
         for d in details
@@ -196,8 +198,8 @@ def test_a_ledger_mismatch_is_found(assembled: Episode) -> None:
 
 def test_a_reopened_episode_is_not_reported_as_a_crash(engine: Engine, assembled: Episode) -> None:
     """After `reopen` the episode is allocated with every image of its plan completed: it
-    waits for a new plan, and `check` called that a crash and advised marking it generated
-    (found by a fresh tester)."""
+    waits for a new plan, and `check` does not call that a crash nor advise marking it
+    generated."""
     from episodic.pipeline.approval import reopen
 
     reopen(engine, "weekly", assembled.episode_id, by="ann", reason="new cover")
@@ -231,11 +233,11 @@ def test_check_while_generations_run_reports_nothing(
     engine: Engine, database_url: str, tmp_path: Path
 ) -> None:
     """`check` in a loop while two healthy `episodic generate` processes work on one episode
-    (no faults): every finding is a false alarm. It read items, submissions and costs in
-    separate statements, so on PostgreSQL an item read before its completion and its
-    submission read after looked like a broken ledger (found by a fresh tester: 27 of 273
-    checks); and an episode whose last image had just completed looked like a crash before
-    the run could mark it. Now one snapshot per episode, and a live run is left to mark it."""
+    (no faults): every finding would be a false alarm. Items, submissions and costs read in
+    separate statements would, on PostgreSQL, make an item read before its completion and
+    its submission read after look like a broken ledger; and an episode whose last image has
+    just completed would look like a crash before the run could mark it. So one snapshot per
+    episode, and a live run is left to mark it."""
     import subprocess
     import sys
 
@@ -267,8 +269,8 @@ def test_check_while_generations_run_reports_nothing(
 def test_a_dead_runs_liveness_line_names_its_last_renewal_and_its_expiry(
     engine: Engine, tmp_path: Path
 ) -> None:
-    """A running run whose process died: the line said "no renewal since T" and printed the
-    lease's expiry, a lease (about 30 s) after the true last renewal. Now it names both, as
+    """A running run whose process died: the line does not give the lease's expiry (a lease,
+    about 30 s, after the true last renewal) as "no renewal since T". It names both, as
     recorded: when the lease expired, and when a process last renewed it."""
     from datetime import UTC, datetime
 

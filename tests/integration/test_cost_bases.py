@@ -1,4 +1,4 @@
-"""Each cost basis end to end (issue 31): a run through the engine against the fake and
+"""Each cost basis end to end: a run through the engine against the fake and
 against local servers shaped like Replicate's and fal's APIs (real pixel sizes, compute
 times in the replies), on both backends. The ledger's rows carry the basis, the measured
 quantity and the unit price, every amount follows from them, and their sum is the

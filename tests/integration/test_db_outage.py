@@ -1,7 +1,7 @@
-"""A PostgreSQL outage under a running batch (issue 12): the server restarted (a clean shutdown
+"""A PostgreSQL outage under a running batch: the server restarted (a clean shutdown
 or a crash that recovers from WAL) or its connections killed. A store call that lost its
 connection before anything it wrote was committed is retried until the database is back; one
-that may have committed is never retried. Before, the first lost connection ended the whole
+that may have committed is never retried. A lost connection does not end the whole
 generation with an error.
 
 PostgreSQL only by nature, except the lost claim reply, simulated on both backends: SQLite
@@ -170,11 +170,10 @@ def test_a_run_whose_claim_commit_reply_was_lost_gives_it_back_and_goes_on(
 ) -> None:
     """The COMMIT of a claim reached the database but its reply was lost (a connection
     killed at that moment): the run ended with the error, and the claim's intent, never sent,
-    stayed open. A provider that can only look jobs up found nothing, which proves nothing, so
-    the item waited for an operator's --force-resubmit (found by a fresh tester under
-    pg_terminate_backend storms). Then the process gave back what it never received, but
-    still ended the run (exit 1; it failed one restart test in CI under load). Now it gives
-    the claim back and goes on: the same run claims the item again and completes, each item
+    stays open. A provider that can only look jobs up would find nothing, which proves
+    nothing, so the item would wait for an operator's --force-resubmit (as under
+    pg_terminate_backend storms); nor may the run end with the error. The process gives the
+    claim back and goes on: the same run claims the item again and completes, each item
     paid once. On both backends (the lost reply is simulated: the real claim commits, then
     the call fails as a dropped connection does)."""
     import dataclasses
@@ -208,9 +207,9 @@ def test_a_completion_whose_commit_reply_was_lost_is_answered_and_the_run_goes_o
     engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The COMMIT of an item's completion (outcome, cost, image) reached the database but its
-    reply was lost. Before, the run ended with the error (exit 1) although nothing was in
-    doubt; a plain retry would have found its own completion and called the item taken
-    over. Now the retry recognizes its own committed completion: the run completes, each
+    reply was lost. Nothing is in doubt, so the run must not end with the error; a plain
+    retry would find its own completion and call the item taken over. The retry recognizes
+    its own committed completion: the run completes, each
     item paid once and its cost counted once. On both backends (the lost reply is simulated
     through the store's real outage decorator: the real completion commits, then the call
     fails as a dropped connection does)."""
@@ -237,11 +236,10 @@ def test_a_completion_whose_commit_reply_was_lost_is_answered_and_the_run_goes_o
 def test_an_admission_whose_commit_reply_was_lost_finds_its_own_run(
     engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dedup_window_s: str
 ) -> None:
-    """The COMMIT that created a run reached the database but its reply was lost (found by
-    the restart test under load). Before, the run ended with the error (exit 1); a retry
-    would have taken its own pending run for another caller's, or, with deduplication off,
-    created a second run. Now the run's id is chosen before the call and the retry finds the
-    run it made: one run, completed, each item paid once. On both backends."""
+    """The COMMIT that created a run reached the database but its reply was lost. A retry
+    could take its own pending run for another caller's, or, with deduplication off, create
+    a second run; so the run's id is chosen before the call and the retry finds the run it
+    made: one run, completed, each item paid once. On both backends."""
     monkeypatch.setenv("EPISODIC_FAKE_PROVIDER_LOG", str(tmp_path / "provider.jsonl"))
     monkeypatch.setenv("EPISODIC_DEDUP_WINDOW_S", dedup_window_s)
     lost = _lose_commit_replies(monkeypatch, AdmissionStore, "admit", times=1)

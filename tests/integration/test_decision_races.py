@@ -1,4 +1,4 @@
-"""Issue 28, point 8: of two decisions at the same instant, one wins, visibly.
+"""Of two decisions at the same instant, one wins, visibly.
 
 Real OS processes released together by a barrier, many trials, SQLite and Postgres. Before,
 the loser of the compare-and-set answered "already approved" (exit 0) whenever the decision

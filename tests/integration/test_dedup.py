@@ -1,6 +1,6 @@
-"""Dedup at the door (DESIGN 6): one choke point decides, under concurrency, on both backends.
+"""Dedup at the door: one choke point decides, under concurrency, on both backends.
 
-The seed incident: an automation loop sent one job twenty times and twenty rows were born.
+An automation loop may send one job twenty times: twenty rows must not be born.
 Here separate OS processes, released together by a barrier, send the same request; exactly
 one run may come to exist and every other answer must say ``deduplicated``. Money is
 counted from the fake provider's own log.
@@ -67,7 +67,7 @@ def _admit_race(
 def test_twenty_concurrent_dispatches_create_one_run(
     episode: Episode, database_url: str, tmp_path: Path
 ) -> None:
-    """The seed incident: 20 processes, one request, one run, 19 deduplicated."""
+    """An automation loop's burst: 20 processes, one request, one run, 19 deduplicated."""
     for trial in range(3):
         rows = _admit_race(episode, database_url, tmp_path / "home", 20, 1)
         assert not [r for r in rows if str(r[1]).startswith("error")], rows
@@ -206,7 +206,7 @@ def test_a_dead_run_of_the_same_request_is_taken_over_not_left_stuck(
 def test_a_refused_request_writes_nothing(
     engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The seed's ghost rows: twenty refused requests (credential missing) leave no run."""
+    """No ghost rows: twenty refused requests (credential missing) leave no run."""
     profiles = tmp_path / "providers.yaml"
     profiles.write_text(
         "profiles:\n  paid:\n    kind: http\n    base_url: http://127.0.0.1:9/v1\n"
@@ -232,7 +232,7 @@ def test_nothing_to_do_creates_no_run(episode: Episode) -> None:
     assert _runs(episode.engine) == 1
 
 
-# ---------------------------------------------------------------- recovery (helper findings)
+# ---------------------------------------------------------------- recovery
 def _retry(episode: Episode) -> object:
     from episodic.pipeline.gate import EnvironmentCredentials
     from episodic.pipeline.generation import retry

@@ -93,9 +93,9 @@ def test_a_download_that_is_not_an_image_fails_the_item_with_its_charge_and_name
     assert sorted(jobs_per_key().values()) == [1, 1]  # one job each, never bought again
     assert _collects() == DOWNLOAD_ATTEMPTS + 1  # downloaded again, then given up
     ((state, error, ref),) = _rows(
-        episode.engine, "SELECT state, error_text, remote_ref FROM submissions WHERE "
-        "state <> 'succeeded'"
-    )  # fmt: skip
+        episode.engine,
+        "SELECT state, error_text, remote_ref FROM submissions WHERE state <> 'succeeded'",
+    )
     assert state == "failed" and what in str(error) and f"job {ref}" in str(error)
     assert _rows(episode.engine, "SELECT sum(amount_micros) FROM cost_entries") == [(80_000,)]
     items = _rows(episode.engine, "SELECT state, output_key, error_text FROM items ORDER BY id")

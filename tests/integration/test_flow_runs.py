@@ -1,5 +1,5 @@
-"""The ledger's side of a cancelled or killed Prefect flow run (issue 28, points 4 and 5),
-on both backends, without Prefect: flow run ids are opaque text here.
+"""The ledger's side of a cancelled or killed Prefect flow run, on
+both backends, without Prefect: flow run ids are opaque text here.
 
 - a flow run's links find its runs, and it is dead only when one of them lost its lease and
   none is held by a live lease (a run another process resumed and finished is not "lost");

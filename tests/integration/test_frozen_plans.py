@@ -1,4 +1,4 @@
-"""What was approved is what ships (issue 9, cases 1 and 2), on SQLite and Postgres.
+"""What was approved is what ships, on SQLite and Postgres.
 
 Money is counted from the fake provider's own log (`jobs_per_key`)."""
 
@@ -137,7 +137,7 @@ def test_reopen_is_refused_unless_decided(engine: Engine, tmp_path: Path) -> Non
         reopen(engine, "weekly", episode.episode_id, by="bob", reason="  ")
 
 
-# ---------------------------------------------------------------- helper findings (issue 9)
+# ---------------------------------------------------------------- a decision and its images
 def test_a_decision_is_bound_to_the_images_that_were_shown(engine: Engine, tmp_path: Path) -> None:
     """Shown A, then someone re-plans and regenerates while the reviewer looks: approving
     with the digest of what was shown is refused; nothing is recorded."""
@@ -210,9 +210,9 @@ def test_a_run_of_an_older_plan_does_not_mark_a_replanned_episode_generated(
     engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The episode is re-planned while a run of its previous plan is going: that run pays for
-    # nothing more (the item in flight finishes; the rest of the old plan is never bought:
-    # issue 14's fresh tester paid six hero candidates after the plan had shrunk and been
-    # approved) and is cancelled, saying why; the episode stays allocated.
+    # nothing more (the item in flight finishes; the rest of the old plan is never bought,
+    # such as hero candidates a shrunk and approved plan no longer has) and is cancelled,
+    # saying why; the episode stays allocated.
     import threading
     import time
 

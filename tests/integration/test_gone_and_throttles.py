@@ -136,8 +136,20 @@ def test_an_output_deleted_at_the_provider_is_recorded_lost_at_once_and_bought_a
         lost = [f.detail for f in findings if f.check == "lost-output"]
         assert len(lost) == 1 and PRICE in lost[0] and command in lost[0], findings
         assert not any("at no cost" in f.detail for f in findings), findings
-        assert run(["media", "restore", episode.episode_id, "--pipeline", "weekly",
-                    "--buy-again", "--yes"]) == 0  # fmt: skip
+        assert (
+            run(
+                [
+                    "media",
+                    "restore",
+                    episode.episode_id,
+                    "--pipeline",
+                    "weekly",
+                    "--buy-again",
+                    "--yes",
+                ]
+            )
+            == 0
+        )
         assert sum(server.jobs_made.values()) == 2 and server.bill_micros == 6_000
         assert [row[0] for row in _ledger(engine)] == ["failed", "succeeded"]
         assert not [f for f in check_episodes(engine, "weekly") if f.check == "lost-output"]
@@ -380,8 +392,20 @@ def test_an_output_gone_at_the_provider_is_bought_again_only_by_buy_again(
         assert sum(server.jobs_made.values()) == 1 and server.bill_micros == 3_000, said
         assert command in said.out + said.err and "resume with" not in said.out + said.err
         assert [row[0] for row in _ledger(engine)] == ["failed"]
-        assert run(["media", "restore", episode.episode_id, "--pipeline", "weekly",
-                    "--buy-again", "--yes"]) == 0  # fmt: skip
+        assert (
+            run(
+                [
+                    "media",
+                    "restore",
+                    episode.episode_id,
+                    "--pipeline",
+                    "weekly",
+                    "--buy-again",
+                    "--yes",
+                ]
+            )
+            == 0
+        )
         assert sum(server.jobs_made.values()) == 2 and server.bill_micros == 6_000
 
 
@@ -428,8 +452,20 @@ def test_a_prediction_removed_after_the_retention_hour_is_lost_once_and_bought_a
         assert _ledger(engine) == [("failed", 3_000, True)]
         from episodic.cli.app import run
 
-        assert run(["media", "restore", episode.episode_id, "--pipeline", "weekly",
-                    "--buy-again", "--yes"]) == 0  # fmt: skip
+        assert (
+            run(
+                [
+                    "media",
+                    "restore",
+                    episode.episode_id,
+                    "--pipeline",
+                    "weekly",
+                    "--buy-again",
+                    "--yes",
+                ]
+            )
+            == 0
+        )
         assert replicate.jobs_made_total == 2 and replicate.bill_micros == 6_000
         with engine.connect() as conn:
             ledger = conn.execute(select(func.sum(CostEntryRow.amount_micros))).scalar_one()

@@ -101,8 +101,8 @@ def test_a_lost_connection_is_invalidated_and_seen_as_lost(engine: Engine, tmp_p
 def test_a_lost_connection_makes_the_pool_replace_every_older_one(engine: Engine, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """A restarted server ends every pooled connection: after the first statement that finds
     its connection lost, the others are replaced at checkout instead of each failing in turn
-    (as SQLAlchemy's own execution does; found by a fresh tester: five stale pooled
-    connections failed one after the other on the advisory lock of a locked write)."""
+    (as SQLAlchemy's own execution does; otherwise five stale pooled connections would fail
+    one after the other on the advisory lock of a locked write)."""
     from episodic.storage.locks import keyed_transaction
 
     _an_item(engine, tmp_path)

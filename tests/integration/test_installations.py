@@ -142,9 +142,9 @@ def test_two_installations_on_one_idempotent_provider_each_pay_for_their_own_job
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Before: both sent `{item key}-{attempt}` as the Idempotency-Key, the server answered
-    staging's creates with production's jobs (3 jobs made, 6 recorded) and staging shipped
-    production's images."""
+    """Each installation's Idempotency-Key is its own (a shared `{item key}-{attempt}` would
+    have the server answer staging's creates with production's jobs, and staging ship
+    production's images)."""
     _each_pays_for_its_own(installations, tmp_path, monkeypatch)
 
 
@@ -207,8 +207,8 @@ def test_two_installations_on_one_fake_provider_account_never_replay_each_other(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The fake provider honours idempotent create by client reference: one account (its
-    job folder) shared by both homes. Before: staging's creates were replays of production's
-    jobs (`submit_replayed`, 3 job files for 6 recorded jobs)."""
+    job folder) shared by both homes: staging's creates are not replays of production's
+    jobs (`submit_replayed`)."""
     production, staging = installations
     shared = tmp_path / "account"
     monkeypatch.setenv("EPISODIC_FAKE_PROVIDER_DIR", str(shared))  # the one account's jobs
@@ -235,9 +235,9 @@ def test_on_replicate_staging_never_adopts_collects_or_cancels_productions_predi
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """Replicate finds a prediction by its exact input only, and staging's input is
-    production's. Before: staging's create was lost at the gateway (nothing made), its lookup
-    found production's running prediction and recorded it as staging's job, and staging's
-    `runs cancel` cancelled production's prediction. Without `lookup_by_input` the adapter
+    production's: when staging's create is lost at the gateway (nothing made), a lookup would
+    find production's running prediction and record it as staging's job, and staging's
+    `runs cancel` would cancel production's prediction. Without `lookup_by_input` the adapter
     declares no lookup: staging's item waits for an operator, production's job is untouched."""
     from episodic.cli.app import run
 
@@ -329,9 +329,9 @@ def test_a_copy_renewed_never_collects_or_cancels_the_originals_open_jobs(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """Staging restored from production while production had a job running at the provider,
-    then renewed as documented (fresh tester, issue 28). Before: the copy's `runs cancel`
-    cancelled production's job and its resume collected it (the provider made one job, both
-    ledgers recorded it, staging shipped production's image). Renewing closes the inherited
+    then renewed as documented. The copy's `runs cancel` would cancel production's job and
+    its resume collect it (one job at the provider, recorded by both ledgers, staging
+    shipping production's image). Renewing closes the inherited
     open submissions: the copy never polls or cancels them, its resume buys its own."""
     import shutil
 

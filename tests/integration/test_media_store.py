@@ -8,6 +8,8 @@ checking signatures), a full disk (a 64 KiB tmpfs as root), a frozen S3 server (
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import hashlib
 import io
 import json
@@ -23,6 +25,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import botocore.exceptions
 import pytest
 from PIL import Image
 
@@ -40,7 +43,7 @@ from episodic.pipeline.media import audit_image, keep_image, prove_image
 from episodic.storage.media import MediaStore
 from tests.fs_faults import can_mount, read_only_folder, tiny_filesystem
 from tests.integration import media_workers
-from tests.s3_server import TEST_SECRET, S3Server, running_s3_server
+from tests.s3_server import CHECKSUM_MODES, TEST_SECRET, S3Server, running_s3_server
 
 KINDS = ["local", "s3"]
 
@@ -169,6 +172,102 @@ def test_verify_names_what_changed(target: Target) -> None:
     assert not store.exists(stored.key)
     with pytest.raises(MediaMissing):
         store.read(stored.key)
+
+
+@pytest.fixture(params=CHECKSUM_MODES)
+def checking(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[S3Server, str]]:
+    """An S3 server of each kind (`tests.s3_server`: `checksums`) and a bucket on it."""
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(name, raising=False)
+    with contextlib.ExitStack() as stack:
+        if request.param == "validated":
+            server: S3Server = request.getfixturevalue("s3_server")
+        else:
+            server = stack.enter_context(running_s3_server(tmp_path / "s3", request.param))
+        for name, value in server.env().items():
+            monkeypatch.setenv(name, value)
+        yield server, server.new_bucket()
+
+
+def _on_key(server: S3Server, bucket: str, key: str) -> list[tuple[str, int]]:
+    return [(method, status) for method, k, status in server.requests(bucket) if k == key]
+
+
+def test_s3_proves_a_write_by_its_checksum_and_other_stores_are_read_back(
+    checking: tuple[S3Server, str],
+) -> None:
+    """A store that checks the SHA-256 a write carries answers for the bytes: the new
+    object is never read back, an existing one is asked for its checksum (HEAD). A store
+    that takes a wrong checksum (moto as it ships) or keeps none: every write re-read."""
+    server, bucket = checking
+    store = MediaStore.open(f"s3://{bucket}/prefix", timeout_s=5.0, attempts=2)
+    content = image_bytes()
+    stored = store.put_image(prove_image(content))
+    again = store.put_image(prove_image(content))
+    assert again == stored and store.read(stored.key) == content
+    requests = _on_key(server, bucket, f"prefix/{stored.key}")
+    if server.checksums == "validated":
+        assert requests[:3] == [("PUT", 200), ("PUT", 412), ("HEAD", 200)]
+        held = server.client().head_object(
+            Bucket=bucket, Key=f"prefix/{stored.key}", ChecksumMode="ENABLED"
+        )
+        assert base64.b64decode(held["ChecksumSHA256"]).hex() == stored.sha256
+    else:
+        assert requests[:4] == [("PUT", 200), ("GET", 200), ("PUT", 412), ("GET", 200)]
+    # The store asked once, with a body it must refuse: nothing of that question is left.
+    probes = [r for r in server.requests(bucket) if r[1].startswith("prefix/.probe/")]
+    assert len(probes) == (1 if server.checksums == "validated" else 2)
+    assert target_objects(server, bucket) == [f"prefix/{stored.key}"]
+
+
+def test_an_object_s3_cannot_vouch_for_is_read_back(
+    checking: tuple[S3Server, str],
+) -> None:
+    """Under a key: the same bytes another client wrote without a SHA-256 checksum (read
+    back, kept); other bytes stored with a lying checksum, the content's own: refused where
+    the store checks (400 BadDigest), otherwise never taken for proof: read back, where the
+    SDK's own check of the reply against the stored checksum refuses it (moto as it ships)
+    or the bytes differ (MediaCorrupt)."""
+    server, bucket = checking
+    store = MediaStore.open(f"s3://{bucket}/prefix", timeout_s=5.0, attempts=2)
+    content = image_bytes()
+    image = prove_image(content)
+    key = content_key(image.sha256, image.media_type)
+    server.put_behind_the_store(bucket, f"prefix/{key}", content)  # the SDK's default CRC32
+    assert store.put_image(image).sha256 == image.sha256
+    assert ("GET", 200) in _on_key(server, bucket, f"prefix/{key}")
+    other = prove_image(image_bytes())
+    other_key = content_key(other.sha256, other.media_type)
+    lie = base64.b64encode(bytes.fromhex(other.sha256)).decode()
+    tampered = b"tampered" + other.content[8:]
+    put_lie = lambda: server.client().put_object(  # noqa: E731
+        Bucket=bucket,
+        Key=f"prefix/{other_key}",
+        Body=tampered,
+        ChecksumAlgorithm="SHA256",
+        ChecksumSHA256=lie,
+    )
+    if server.checksums == "validated":
+        with pytest.raises(botocore.exceptions.ClientError, match="BadDigest"):
+            put_lie()
+        assert store.put_image(other).sha256 == other.sha256
+    elif server.checksums == "unverified":
+        put_lie()
+        with pytest.raises(MediaStoreUnavailable, match="FlexibleChecksumError"):
+            store.put_image(other)
+        assert ("GET", 200) in _on_key(server, bucket, f"prefix/{other_key}")
+    else:
+        put_lie()
+        with pytest.raises(MediaCorrupt, match=other_key):
+            store.put_image(other)
+        assert store.read(other_key) == tampered  # left as found
+
+
+def target_objects(server: S3Server, bucket: str) -> list[str]:
+    listed = server.client().list_objects_v2(Bucket=bucket)
+    return sorted(str(o["Key"]) for o in listed.get("Contents", []))
 
 
 def test_keys_are_store_relative(target: Target) -> None:

@@ -1,7 +1,7 @@
 """A generate with nothing to buy needs no provider: every image of the plan completed, the
 command (or a weekly run resumed on another worker) reads no credential, builds no client
-and answers "nothing to do" (found by the two-machine test: machine B's generate step built
-the provider's client with all 14 items done). On SQLite and Postgres."""
+and answers "nothing to do" (machine B's generate step, with all 14 items done on machine
+A, needs no client). On SQLite and Postgres."""
 
 from __future__ import annotations
 

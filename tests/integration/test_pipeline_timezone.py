@@ -1,4 +1,4 @@
-"""One timezone truth per pipeline, recorded in the database (issue 10)."""
+"""One timezone truth per pipeline, recorded in the database."""
 
 from __future__ import annotations
 

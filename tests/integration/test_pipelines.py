@@ -1,4 +1,4 @@
-"""Two pipelines never share a row or a file (issue 9, case 3), and the migration that
+"""Two pipelines never share a row or a file, and the migration that
 re-keys items of existing non-default pipelines pays nothing again. SQLite and Postgres."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Every planner refuses a playlist whose provider profile does not exist (issue 32), at
+"""Every planner refuses a playlist whose provider profile does not exist, at
 plan time and naming the known ones, not first at `generate`: the weekly flow's plan step
 (its task's function, without a Prefect server) and the Python API. Both backends."""
 

@@ -1,5 +1,5 @@
 """`episodic preview`'s contact sheet, the titled cover and the form's titles, on SQLite and
-Postgres (issue 32: the reviewer sees what they approve)."""
+Postgres: the reviewer sees what they approve."""
 
 from __future__ import annotations
 
@@ -160,7 +160,7 @@ def test_the_cover_is_titled_and_aspect_correct_and_an_old_cover_stays_on_reasse
     assembled now gets the titled cover."""
     engine, episode_id = generated.engine, generated.episode_id
     decide(engine, "weekly", episode_id, approve=True, by="ann", note=None, picks={"v03": 2})
-    with monkeypatch.context() as patch:  # the assembly code of before issue 32
+    with monkeypatch.context() as patch:  # an assembly with the untitled cover
         patch.setattr(
             contact_sheet,
             "cover",

@@ -1,4 +1,4 @@
-"""`episodic providers check` verifies what it can without spending (issue 32): the token,
+"""`episodic providers check` verifies what it can without spending: the token,
 Replicate's model, pinned version and input names, fal's endpoint and input names, against
 local servers shaped like the documented APIs (tests/jobs_servers.py); a named providers
 file that does not exist, and a Secret block without a Prefect API, are one line, exit 2."""

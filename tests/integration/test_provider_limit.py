@@ -1,5 +1,5 @@
 """The provider's limit of items in flight holds across runs, processes and machines, and a
-killed holder's capacity comes back by itself (issue 11).
+killed holder's capacity comes back by itself.
 
 Counted where the money is spent: the fake provider's own log, a job being in flight from
 its creation to its collection.
@@ -145,9 +145,9 @@ def test_a_run_collects_its_own_job_left_for_later_instead_of_waiting_for_its_sl
 ) -> None:
     """Limit 1: the second item's job takes 2 s, longer than the run's collect timeout (1 s),
     so it is left for later, and its open submission keeps the only slot (the job still runs
-    at the provider). The run then waited for max_job_s (30 s here) and ended failed with
-    that job uncollected (found by a fresh tester). Now, throttled with nothing of its own
-    running, it collects its own job again: the run completes, one job per item, never more
+    at the provider). Throttled with nothing of its own running, the run does not wait for
+    max_job_s (30 s here) to end failed with that job uncollected: it collects its own job
+    again: the run completes, one job per item, never more
     than one in flight."""
     path = tmp_path / "providers.yaml"
     path.write_text(
@@ -171,7 +171,7 @@ def test_a_run_waiting_for_a_provider_slot_says_so(
 ) -> None:
     """Every slot of the profile is held by another run: the run says it waits for a slot
     (the CLI shows it on its progress line, the flow logs it), then goes on when the slot
-    frees. It stood still without a word before (found by a fresh tester)."""
+    frees, rather than standing still without a word."""
     import threading
 
     from episodic.core.planning import RunOptions
@@ -197,9 +197,15 @@ def test_a_run_waiting_for_a_provider_slot_says_so(
     (item,) = RunStore(engine).run_items(run_id)
     store = ClaimStore(engine)
     held = store.claim(
-        item.pk, run_id, "elsewhere", lease_s=30, max_attempts=3, profile="limited",
-        provider_limit=1, max_job_s=60,
-    )  # fmt: skip
+        item.pk,
+        run_id,
+        "elsewhere",
+        lease_s=30,
+        max_attempts=3,
+        profile="limited",
+        provider_limit=1,
+        max_job_s=60,
+    )
     assert isinstance(held, Claim)
     said: list[str | None] = []
 
@@ -208,9 +214,14 @@ def test_a_run_waiting_for_a_provider_slot_says_so(
 
     threading.Timer(1.0, LeaseStore(engine).release_unstarted, (held, "given up")).start()
     outcome = generate(
-        engine, load_settings(), "weekly", waiting_episode, RunOptions(),
-        EnvironmentCredentials(), on_start=on_start,
-    )  # fmt: skip
+        engine,
+        load_settings(),
+        "weekly",
+        waiting_episode,
+        RunOptions(),
+        EnvironmentCredentials(),
+        on_start=on_start,
+    )
     assert outcome.state.value == "completed", outcome.message
     assert said[0] is not None and said[0].startswith("waiting for a provider slot"), said
     assert said[-1] is None  # and it said when it went on

@@ -3,7 +3,7 @@
 Exactly-once is counted from the provider's side: the fake provider's own log of the jobs it
 made and the create calls it received, never from our tables. SQLite's BEGIN IMMEDIATE
 serializes writers; Postgres READ COMMITTED does not, which is where a check-then-write
-claim used to let two processes pay for one item.
+claim would let two processes pay for one item.
 """
 
 from __future__ import annotations
@@ -409,9 +409,9 @@ def test_a_holder_woken_after_a_takeover_never_withdraws_the_intent_the_new_hold
 ) -> None:
     """Holder A claims an item and freezes past its lease; holder B takes the item over and
     reconciles A's intent by resending the same create (the provider makes the job); A wakes
-    before B records the acceptance and, its claim lost, withdraws "its" unsent intent. That
-    deleted the row of a job that exists: the next run paid a second job (found by a fresh
-    tester). A withdraw is now only the holder's; B records the job, and nothing is paid twice.
+    before B records the acceptance and, its claim lost, withdraws "its" unsent intent,
+    which would delete the row of a job that exists (the next run paying a second job). A
+    withdraw is only the holder's; B records the job, and nothing is paid twice.
     Counted in the fake provider's own log."""
     from episodic.core.planning import RunOptions
     from episodic.storage.claims import ClaimStore
@@ -488,9 +488,9 @@ def test_a_run_paused_by_another_process_after_this_one_finished_its_items_compl
     engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Two processes on one run; the other one is interrupted (it pauses the run) just after
-    this one finished the last item. This one then concluded "interrupted and paused" (exit
-    130) though it got no signal and every item was done (found by the fault suite's new
-    exit check). Now the process that finished the work completes the run."""
+    this one finished the last item. This one got no signal and every item is done, so it
+    does not conclude "interrupted and paused" (exit 130): the process that finished the
+    work completes the run."""
     from episodic.pipeline.runner import Runner
 
     monkeypatch.setenv("EPISODIC_FAKE_PROVIDER_LOG", str(tmp_path / "provider.jsonl"))
@@ -555,10 +555,10 @@ def test_an_own_item_whose_retry_found_the_run_paused_by_another_process_is_fini
 ) -> None:
     """Two processes on one run. This one's item failed its first submit transiently and
     waited to send it again; meanwhile the other process was interrupted and paused the run.
-    The retry's claim check then failed, the item was given up as interrupted, and nobody
-    took it back: this process, never signalled, concluded the run failed (exit 6; found by
-    a fresh tester, 2-3 of 10 targeted trials). Now the items this process gave up itself
-    are taken back too; the provider's own log shows one job per item."""
+    The retry's claim check then fails and the item is given up as interrupted; this
+    process, never signalled, must not conclude the run failed (exit 6) with nobody taking
+    it back: the items this process gave up itself are taken back too; the provider's own
+    log shows one job per item."""
     from episodic.providers.base import TransientProviderError
     from episodic.providers.fake import FakeProvider
 
@@ -592,8 +592,8 @@ def test_an_interrupt_whose_keyboardinterrupt_was_swallowed_still_stops_the_payi
     engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A SIGINT or SIGTERM whose KeyboardInterrupt Python swallows (raised inside a weakref
-    callback: "Exception ignored ...", seen by a fresh tester at start-up) left `generate`
-    running and paying. The handler now also tells the run's engine directly: the run
+    callback: "Exception ignored ...", as at start-up) must not leave `generate` running and
+    paying. The handler also tells the run's engine directly: the run
     stops before its next paid call, is paused, and the command says so (exit 130). Here
     the handler's telling happens without the raise, as when it is swallowed."""
     import episodic.cli.app as cli_app
@@ -702,8 +702,8 @@ def test_a_batch_claim_of_a_replanned_run_never_deadlocks_with_its_cancel(
     """A dispatcher's batch reaching a re-planned run while an operator cancels it: the
     cancel locks the run's row, then its pending items; the claim decides the run before it
     locks any item, so one waits for the other and both finish (a claim that locked its
-    items first and then cancelled the re-planned run deadlocked with the cancel, found by
-    the fresh tester). The order of the locks is forced with a third session."""
+    items first and then cancelled the re-planned run would deadlock with the cancel). The
+    order of the locks is forced with a third session."""
     import threading
 
     from sqlalchemy import text
@@ -824,8 +824,8 @@ def test_cancelling_a_run_keeps_the_jobs_another_live_run_will_collect(
 ) -> None:
     """Run A's accepted job for an item that run B also includes is not cancelled at the
     provider when A is cancelled: B collects it, and the item is paid once. (Cancelling it
-    made B pay a second job, and Replicate bills a cancelled one: found by the fresh
-    tester.) Counted from the fake provider's own log."""
+    would make B pay a second job, and Replicate bills a cancelled one.) Counted from the
+    fake provider's own log."""
     from episodic.pipeline.cancel import cancel_run
     from episodic.pipeline.gate import EnvironmentCredentials
 
@@ -844,8 +844,8 @@ def test_cancelling_the_run_a_job_was_kept_for_cancels_that_job(
     engine: Engine, tmp_path: Path
 ) -> None:
     """Run A's cancel keeps its accepted job for run B; cancelling B then asks the provider
-    to cancel that job (it was A's submission, so B's cancel looked only at B's own and
-    left it running and billed: found by the fresh tester)."""
+    to cancel that job, although it was A's submission (a cancel looking only at B's own
+    would leave it running and billed)."""
     from episodic.pipeline.cancel import cancel_run
     from episodic.pipeline.gate import EnvironmentCredentials
 
@@ -863,9 +863,9 @@ def test_a_job_kept_for_a_run_that_then_crashed_and_was_cancelled_again_is_bough
 ) -> None:
     """`runs cancel A` keeps A's job for run B; B's process dies and the sweep fails B; a
     second `runs cancel A` then cancels the job (no live run includes the item: a failed
-    run is not live). `retry` resumed B, which collected the cancelled job and failed the
-    item, and the next retry bought it (found by the fresh tester on Postgres). The second
-    cancel says "canceled"; the resumed run now buys the item anew at once and completes,
+    run is not live). `retry` resumes B, which must not collect the cancelled job and fail
+    the item for the next retry to buy. The second cancel says "canceled"; the resumed run
+    buys the item anew at once and completes,
     one job more at the provider, never two uncancelled ones."""
     from episodic.pipeline.cancel import cancel_run
     from episodic.pipeline.gate import EnvironmentCredentials
@@ -902,8 +902,8 @@ def test_a_run_buys_a_cancelled_job_anew_only_if_cancelled_and_within_its_limits
     """A run buys an item anew only when the provider says the job was cancelled, the
     cancel of another run asked for it, and --max-retries and the budget allow one more
     call. A job that failed on its own after a cancel had only asked (the provider answered
-    `succeeded`) was bought again by itself, and the rebuy ignored --max-retries, --max-cost
-    and --max-images (found by the second fresh tester). Otherwise the item fails and
+    `succeeded`) is not bought again by itself, nor past --max-retries, --max-cost and
+    --max-images. Otherwise the item fails and
     the operator decides. Counted at the fake provider."""
     from episodic.pipeline.cancel import cancel_run
     from episodic.pipeline.gate import EnvironmentCredentials
@@ -955,8 +955,8 @@ def test_a_run_admitted_while_a_cancel_asks_the_provider_keeps_the_jobs_not_yet_
 ) -> None:
     """`runs cancel A` asks the provider job by job; run B, admitted over the same items
     while the first job's cancel is in flight, is collecting the others. Those are kept for
-    B (the check ran once, before the loop, and cancelled all three: B's items failed and a
-    resume bought them again; found by the fresh tester). The moment is made exact by
+    B (a check made once, before the loop, would cancel all three: B's items failed and a
+    resume buying them again). The moment is made exact by
     admitting B from inside the provider's first cancel call. Counted from the fake
     provider's own log."""
     _episode, remotes, run_b, jobs = _cancel_admitting_b_in_the_first_call(
@@ -975,12 +975,11 @@ def test_a_run_admitted_after_a_cancel_decided_buys_the_cancelled_job_anew_not_f
 ) -> None:
     """Run B is admitted after `runs cancel A` decided to cancel the first job (no live run
     included its item then) and before the provider's cancel: B includes the item, and the
-    job it went to collect was cancelled under it. B failed the item (exit 6) and a retry
-    bought it again (found by the fresh tester, SQLite and Postgres). The decision is now
-    recorded with the membership lock before the provider's call, and a run that finds such
-    a job cancelled buys the item anew: B completes every item, each with one job that was
-    not cancelled; the kept jobs are collected, not bought again. Counted from the fake
-    provider's own log."""
+    job it went to collect is cancelled under it; B must not fail the item (exit 6) for a
+    retry to buy again. The decision is recorded with the membership lock before the
+    provider's call, and a run that finds such a job cancelled buys the item anew: B
+    completes every item, each with one job that was not cancelled; the kept jobs are
+    collected, not bought again. Counted from the fake provider's own log."""
     episode, remotes, run_b, jobs = _cancel_admitting_b_in_the_first_call(
         engine, tmp_path, monkeypatch, delay_ms=4000
     )
@@ -1002,9 +1001,8 @@ def test_runs_created_while_another_run_of_the_episode_is_cancelled_keep_their_i
     of a run it could not see yet (its "no live run includes it" was read before the new
     run committed: the new run's items stayed cancelled), and two creations restarting the
     same cancelled items must not deadlock (Postgres: inserting the memberships takes share
-    locks on the items that the same transactions then update). Both were found by a fresh
-    tester; run creation and the cancels that depend on membership now take the episode's
-    membership lock first."""
+    locks on the items that the same transactions then update). Run creation and the
+    cancels that depend on membership take the episode's membership lock first."""
     episode = new_episode(engine)
     episode.plan(write_playlist(tmp_path / "p", [f"t{n}" for n in range(6)]))
     home = str(tmp_path / "home")
@@ -1072,9 +1070,9 @@ def test_a_cancel_never_cancels_the_items_of_a_run_created_while_it_decided(
 ) -> None:
     """Run B is being created over run A's items (memberships inserted, not committed) when
     A is cancelled, or the sweep reaps A's orphaned items (A cancelled by a dispatcher that
-    found it re-planned): "no other live run includes the item" could not see B, so B's
-    items were cancelled once B committed, and B had nothing left to do (found by a fresh
-    tester). Both now decide under the episode's membership lock, after B commits. The
+    found it re-planned): "no other live run includes the item", read before B commits,
+    would not see B, cancelling B's items and leaving B nothing to do. Both decide under
+    the episode's membership lock, after B commits. The
     order is forced with a third session: it holds one item (cancelled, so B restarts it)
     with a lock that lets B insert its memberships but not update the item."""
     import threading
@@ -1134,9 +1132,9 @@ def test_a_run_that_changes_the_plan_never_deadlocks_with_a_run_being_created(
 ) -> None:
     """`generate --hero-candidates` records its changed plan when admitted, with the
     episode's row locked; a plain `generate` of the same episode inserts a run, whose
-    foreign key needs a share lock on that row. The membership lock was taken after the
-    episode's row by the one and before it by the other: a deadlock, one command failing
-    (found by the fresh tester). Now every admission takes it first. The order is forced
+    foreign key needs a share lock on that row. The membership lock taken after the
+    episode's row by the one and before it by the other would deadlock, one command
+    failing; every admission takes it first. The order is forced
     with a third session holding the episode's row (as `mark_generated` or `plan` do)."""
     import threading
     import uuid
@@ -1201,10 +1199,9 @@ def test_run_creation_never_deadlocks_with_a_heartbeat_renewing_the_same_items(
     """A worker's heartbeat renews its claims (items locked in ascending id order) while
     other runs of the episode are created (their memberships' foreign keys take share locks
     on the same items, in the order the lookup returned them, not ascending). On Postgres
-    a renewal's FOR UPDATE waited for those share locks and they for it: 15-23 deadlocks in
-    half a minute (found by the fresh tester). Rows locked to update non-key columns are
-    locked FOR NO KEY UPDATE now, which foreign-key checks never wait for, and memberships
-    are inserted in id order."""
+    a renewal's FOR UPDATE would wait for those share locks and they for it, a deadlock.
+    Rows locked to update non-key columns are locked FOR NO KEY UPDATE, which foreign-key
+    checks never wait for, and memberships are inserted in id order."""
     from episodic.pipeline.runner import new_owner
     from episodic.storage.claims import ClaimStore
 
@@ -1226,11 +1223,15 @@ def test_run_creation_never_deadlocks_with_a_heartbeat_renewing_the_same_items(
     home = str(tmp_path / "home")
     answers = w.run_processes(
         [
-            (w.renew_or_admit_worker, (database_url, home, episode.episode_id, run_id, owner,
-                                       "renew", 8.0)),
-            (w.renew_or_admit_worker, (database_url, home, episode.episode_id, run_id, owner,
-                                       "admit", 8.0)),
+            (
+                w.renew_or_admit_worker,
+                (database_url, home, episode.episode_id, run_id, owner, "renew", 8.0),
+            ),
+            (
+                w.renew_or_admit_worker,
+                (database_url, home, episode.episode_id, run_id, owner, "admit", 8.0),
+            ),
         ]
-    )  # fmt: skip
+    )
     assert [e for answer in answers for e in answer["errors"]] == []
     assert all(answer["done"] > 5 for answer in answers), answers

@@ -607,10 +607,10 @@ def test_a_reference_image_that_is_not_an_image_asset_is_refused(
 def test_a_replicate_unknown_without_a_seed_tells_the_operator_where_to_look(
     engine: Engine, database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A model without a seed cannot be looked up; the hint named our client reference,
-    which never reaches Replicate, so an operator would not find the prediction that was
-    made and --force-resubmit would pay twice (found by a fresh tester). It names the
-    model and the item's prompt in Replicate's prediction list now."""
+    """A model without a seed cannot be looked up; the hint names the model and the item's
+    prompt in Replicate's prediction list, not our client reference, which never reaches
+    Replicate (an operator would not find the prediction that was made, and
+    --force-resubmit would pay twice)."""
     with ReplicateServer() as server:
         episode = _episode(
             engine,
@@ -639,10 +639,10 @@ def test_cancel_asks_for_a_failed_runs_uncollected_jobs_and_says_when_it_could_n
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """A run that ended failed with jobs left for later collection could not be cancelled
-    at all, so its running predictions could not be stopped (a fresh tester); and a cancel
-    that asked nothing (no credential) said "cancelled", exit 0. The failed run keeps its
-    state and its jobs are asked; a cancel that could not ask exits 1 with the reason."""
+    """A run that ended failed with jobs left for later collection can be cancelled, so its
+    running predictions are stopped: the failed run keeps its state and its jobs are asked;
+    a cancel that could not ask (no credential) exits 1 with the reason, never
+    "cancelled", exit 0."""
     from episodic.cli.app import run
 
     with ReplicateServer(processing_polls=10**6) as server:
@@ -674,8 +674,8 @@ def test_a_hostile_account_name_never_reaches_the_terminal_raw(replicate: Replic
 def test_a_number_past_pythons_digit_limit_in_a_yaml_file_is_one_line_exit_2(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A 5001-digit integer in providers.yaml (and so in any YAML file we read) escaped as
-    "unexpected ValueError", exit 1 (a fresh tester)."""
+    """A 5001-digit integer in providers.yaml (and so in any YAML file we read) is a mistake
+    in the file, not "unexpected ValueError", exit 1."""
     from episodic.cli.app import run
 
     (tmp_path / "providers.yaml").write_text(

@@ -1,4 +1,4 @@
-"""Approval and assembly on SQLite and Postgres (DESIGN 7)."""
+"""Approval and assembly on SQLite and Postgres."""
 
 from __future__ import annotations
 
@@ -86,8 +86,8 @@ def test_approval_is_recorded_once_with_who(generated: Episode) -> None:
 
 
 def test_a_rejection_stands_through_a_generate_until_a_reopen(generated: Episode) -> None:
-    """Issue 28: a generate with nothing to do moved a rejected episode back to `generated`,
-    and the rejected images could then be approved without any re-plan."""
+    """A generate with nothing to do leaves a rejected episode rejected (back at `generated`,
+    the rejected images could be approved without any re-plan)."""
     from episodic.pipeline.approval import reopen
     from episodic.storage.episodes import EpisodeRepository
 
@@ -251,7 +251,7 @@ def test_reopen_names_the_images_the_store_no_longer_holds(
     generated_in: Episode, media: MediaTarget
 ) -> None:
     """After reopen a generate pays nothing for completed images, so one lost from the
-    store would only surface at the next approval: reopen names it now."""
+    store would only surface at the next approval: reopen names it."""
     from episodic.pipeline.approval import reopen
 
     engine, episode_id = generated_in.engine, generated_in.episode_id

@@ -1,4 +1,4 @@
-"""A run id may be typed as a unique prefix (issue 32): `runs show|resume|cancel` and
+"""A run id may be typed as a unique prefix: `runs show|resume|cancel` and
 `generate --resume` take its first 4+ characters; several runs or none: exit 2. Both backends."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Deployments asking for one pipeline slot at the same instant (issue 28), as separate OS
+"""Deployments asking for one pipeline slot at the same instant, as separate OS
 processes released together by a barrier, many trials, on SQLite and Postgres: one episode
 per slot, each deployment recorded once, whichever key format a run asks with."""
 

@@ -1,5 +1,5 @@
 """`episodic check` warns when more than one deployment asked for one pipeline's slot
-(issue 28), from the database alone, on SQLite and Postgres."""
+from the database alone, on SQLite and Postgres."""
 
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ def test_episodes_two_deployments_allocated_before_the_upgrade_are_named(
     )
     assert as_json.returncode == 0, as_json.stderr
     answer = json.loads(as_json.stdout)
-    assert answer.pop("spend")["verified"] is True  # check's spend totals (issue 31)
+    assert answer.pop("spend")["verified"] is True  # check's spend totals
     assert answer == {
         "clean": True,
         "findings": [],

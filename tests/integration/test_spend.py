@@ -181,9 +181,18 @@ def test_currencies_are_never_summed(
     assert code == 0, err
     rows = list(csv.DictReader(io.StringIO(out)))
     assert list(rows[0]) == [
-        "row", "by", "group", "pipeline", "currency", "calls", "spent", "spent_micros",
-        "in_flight_calls", "in_flight", "in_flight_micros",
-    ]  # fmt: skip
+        "row",
+        "by",
+        "group",
+        "pipeline",
+        "currency",
+        "calls",
+        "spent",
+        "spent_micros",
+        "in_flight_calls",
+        "in_flight",
+        "in_flight_micros",
+    ]
     groups = [r for r in rows if r["row"] == "group"]
     totals = {r["currency"]: r for r in rows if r["row"] == "total"}
     assert {(r["group"], r["currency"], r["spent"]) for r in groups} == {

@@ -1,4 +1,4 @@
-"""The stale sweep (DESIGN 6): each bucket, what it must leave alone, and two sweeps at once.
+"""The stale sweep: each bucket, what it must leave alone, and two sweeps at once.
 
 Dead processes are simulated where the point is the bucket (a lease in the past, a run row
 left pending); `tests/acceptance/test_crash_recovery.py` kills real `episodic` processes.

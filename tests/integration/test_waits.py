@@ -1,4 +1,4 @@
-"""Runs hold no database connection while they wait on nothing (issue 11).
+"""Runs hold no database connection while they wait on nothing.
 
 A run waits for two things: a provider slot held by another run (the limit in the claim) and
 a slow provider job (collect). Every connection the engine checks out of its pool is recorded

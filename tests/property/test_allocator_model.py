@@ -1,4 +1,4 @@
-"""The allocator against a reference model (issue 12), on SQLite and PostgreSQL: random
+"""The allocator against a reference model, on SQLite and PostgreSQL: random
 sequences of allocations, retries, a key asked for in another week, and several callers
 asking for one new key at once."""
 

@@ -1,5 +1,5 @@
 """Random sequences of claims, paid calls, lost replies, interrupts and deaths of holders,
-from two runs of one episode and three owners (issue 12), on SQLite and PostgreSQL: no
+from two runs of one episode and three owners, on SQLite and PostgreSQL: no
 sequence reaches a forbidden state or makes a second job at the provider.
 
 The provider is a model here: it makes a job per client reference (it honours idempotency,

@@ -1,4 +1,4 @@
-"""Bad input at the command line (issue 12): every command, with malformed ids, keys,
+"""Bad input at the command line: every command, with malformed ids, keys,
 numbers (NaN, inf, huge, negative, non-ASCII digits), NUL bytes, 10 KB strings and markup in
 every position, answers with one line and a documented exit code; never a traceback, never
 "unexpected", and nothing is written (the database is unchanged).
@@ -158,8 +158,8 @@ def test_bad_input_is_one_line_with_a_documented_exit_code(
 def test_integer_options_take_ascii_digits_only(
     home: Path, capsys: pytest.CaptureFixture[str], option: str, value: str
 ) -> None:
-    """``int()`` reads any Unicode digit, underscores and spaces: `--max-retries ٣` ran as 3
-    (found by a fresh tester); the other numeric inputs were already strict."""
+    """``int()`` reads any Unicode digit, underscores and spaces (`--max-retries ٣` would
+    run as 3): every integer option takes ASCII digits only."""
     capsys.readouterr()
     code = run(["generate", "2026-W32-0", "--plan", option, value])
     err = capsys.readouterr().err

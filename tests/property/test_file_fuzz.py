@@ -1,4 +1,4 @@
-"""Bad input in FILES (issue 12): malformed playlists (`episodic plan`), legacy layouts
+"""Bad input in FILES: malformed playlists (`episodic plan`), legacy layouts
 (`episodic migrate-legacy`) and provider profiles (`providers.yaml`, read by `generate`).
 
 Each file is a valid one with one field replaced by a nasty value (wrong types, NaN/inf,
@@ -257,8 +257,8 @@ def test_a_playlist_with_a_nasty_field_is_refused_in_one_line_or_taken_as_it_is(
 
 @FUZZ
 @given(content=st.sampled_from(RAW) | st.binary(max_size=200))
-# Found by this test: deep nesting ended "unexpected RecursionError" (exit 1), and a key given
-# twice was silently taken as its last value (the plan said what the file did not).
+# Pinned: deep nesting (never "unexpected RecursionError", exit 1), and a key given twice
+# (never silently taken as its last value: the plan would say what the file does not).
 @example(content=b"[" * 5000)
 @example(content=b"a: " + b"{" * 5000)
 @example(
@@ -403,9 +403,9 @@ def migrate_file(
 
 @FUZZ
 @given(field=st.sampled_from(LEGACY_FIELDS), value=NASTY)
-# Found by this test: a file name with a NUL byte or of 10 KB ended "unexpected
-# ValueError/OSError"; a huge part or cost, or a NUL in a remote ref or note, failed inside
-# the import after the episode was allocated (database error, exit 1, an empty episode left).
+# Pinned: a file name with a NUL byte or of 10 KB (never "unexpected ValueError/OSError");
+# a huge part or cost, or a NUL in a remote ref or note, refused before the episode is
+# allocated (not a database error inside the import, exit 1, an empty episode left).
 @example(field=("images", 0, "file"), value="a\x00b")
 @example(field=("images", 0, "file"), value="x" * 10_000)
 @example(field=("images", 0, "file"), value="../../2026-W30/images/v1.png")
@@ -543,8 +543,8 @@ def generate_plan(
 
 @FUZZ
 @given(field=st.sampled_from(PROFILE_FIELDS), value=NASTY)
-# Found by this test: `delay_ms: 1e400`-sized integers were taken (the fake provider then
-# overflowed), `timeout_s: true` was taken as 1 s and `lookup: "yes"` as true.
+# Pinned: `delay_ms: 1e400`-sized integers (the fake provider would overflow),
+# `timeout_s: true` (not 1 s) and `lookup: "yes"` (not true) are refused.
 @example(field=("profiles", "mine", "delay_ms"), value=10**400)
 @example(field=("profiles", "mine", "timeout_s"), value=True)
 @example(field=("profiles", "mine", "timeout_s"), value=float("nan"))
@@ -564,8 +564,9 @@ def test_a_profile_with_a_nasty_field_is_refused_in_one_line_or_taken_as_it_is(
 
 @FUZZ
 @given(content=st.sampled_from(RAW) | st.binary(max_size=200))
-# Found by this test: deep nesting ("unexpected RecursionError"), bytes that are not UTF-8
-# ("unexpected UnicodeDecodeError") and a folder at the path ("unexpected IsADirectoryError").
+# Pinned: deep nesting (never "unexpected RecursionError"), bytes that are not UTF-8 (never
+# "unexpected UnicodeDecodeError") and a folder at the path (never "unexpected
+# IsADirectoryError").
 @example(content=b"[" * 5000)
 @example(content=b"\xff\xfe")
 @example(content=b"profiles: {mine: {kind: http}, mine: {kind: fake}}")

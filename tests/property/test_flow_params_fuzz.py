@@ -1,4 +1,4 @@
-"""Bad flow parameters (issue 12): every parameter of every flow, fuzzed with malformed ids,
+"""Bad flow parameters: every parameter of every flow, fuzzed with malformed ids,
 keys, numbers (NaN, inf, huge, negative, non-ASCII digits, bools, floats, numeric strings),
 NUL bytes and control characters, 10 KB strings and markup.
 

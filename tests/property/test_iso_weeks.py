@@ -1,5 +1,5 @@
 """ISO weeks against the standard library's calendar, for every day 1970-2100, as seen on
-the wall clocks of several timezones (issue 12)."""
+the wall clocks of several timezones."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from episodic.core.ids import EpisodeId, WeekId
 ZONES = [
     "UTC",
     "Europe/Berlin",  # DST, midnight is never skipped
-    "America/Sao_Paulo",  # DST changes that used to fall at midnight
+    "America/Sao_Paulo",  # DST changes that once fell at midnight
     "Pacific/Kiritimati",  # UTC+14
     "Pacific/Pago_Pago",  # UTC-11
     "Asia/Kathmandu",  # UTC+5:45

@@ -1,6 +1,6 @@
 """The approval form's titles and prompts, and a decision from either door (``make ui-check``).
 
-Issue 32 in headless Chromium, on a real ``prefect server`` (the stack and browser of
+In headless Chromium, on a real ``prefect server`` (the stack and browser of
 ``tests.ui.ui_check``):
 
     python -m tests.ui.decision_check
@@ -368,11 +368,13 @@ def main() -> int:
             f"its waiting run ({report['cli']['resumed_as']}), which completed and assembled; "
             f"{conflicting} approved without an API then rejected in the form: the run waits "
             f"again, its form saying {report['refused']!r}; screenshots "
-            + ", ".join(str(p.relative_to(OUT_DIR.parents[1])) for p in
-                        (FORM_SHOT, RESUMED_SHOT, APPROVED_SHOT, REFUSED_SHOT))
+            + ", ".join(
+                str(p.relative_to(OUT_DIR.parents[1]))
+                for p in (FORM_SHOT, RESUMED_SHOT, APPROVED_SHOT, REFUSED_SHOT)
+            )
             + f"; {time.monotonic() - began:.1f}s",
             flush=True,
-        )  # fmt: skip
+        )
         ok = True
         return 0
     except CheckFailed as exc:

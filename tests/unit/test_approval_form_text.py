@@ -1,6 +1,6 @@
 """The approval form's prompts block (`episodic.flows.approval_form.prompts_details`): one collapsed
-HTML block, every prompt escaped (issue 32: the form names videos and shows prompts on
-demand, not item ids and hashes)."""
+HTML block, every prompt escaped: the form names videos and shows prompts on demand, not
+item ids and hashes."""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
 """The approval form's schema, through the validator the Prefect server runs before a run
 resumes (`prefect.utilities.schema_tools.validate`, the resume endpoint's own call): what it
-refuses, and that the reason a person reads is words, not a regex (issue 28).
+refuses, and that the reason a person reads is words, not a regex.
 
-Before, a blank reviewer read "' ' does not match '\\\\S'", and a rejection without a note or
-a name with a control character passed the server: the run resumed, came back from a worker
-and only then suspended again with the reason, tens of seconds later."""
+A blank reviewer must not read "' ' does not match '\\\\S'", and a rejection without a note or
+a name with a control character must not pass the server: the run would resume, come back
+from a worker and only then suspend again with the reason, tens of seconds later."""
 
 from __future__ import annotations
 

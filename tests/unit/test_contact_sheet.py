@@ -1,7 +1,8 @@
 """The contact sheet and the cover (`pipeline.contact_sheet`): decoded with Pillow, measured.
 
-Issue 32: the cover squashed 16:9 images into 128 px squares (nearest-neighbour, no titles)
-and nothing showed hero candidates side by side before approval."""
+The cover keeps 16:9 images in their shape (not squashed into 128 px squares,
+nearest-neighbour, untitled) and titles them, and the sheet shows hero candidates side by
+side before approval."""
 
 from __future__ import annotations
 

@@ -87,8 +87,8 @@ def test_a_claim_handed_to_an_in_process_task_is_freed_as_unstarted_only_if_neve
 
 
 def test_a_throttled_executor_says_it_waits_for_a_provider_slot() -> None:
-    """A run whose every slot is taken elsewhere stood still without a word (found by a fresh
-    tester): the executor now tells its job when it starts waiting for a slot."""
+    """A run whose every slot is taken elsewhere does not stand still without a word: the
+    executor tells its job when it starts waiting for a slot."""
     items = [Item(n, f"k{n}", n, f"v{n}", 1, "p", n, "pending", 0, None) for n in range(1, 3)]
     job = _AlwaysThrottled()
     stop = threading.Event()

@@ -70,10 +70,17 @@ def test_user_data_folder_follows_xdg(monkeypatch: pytest.MonkeyPatch, tmp_path:
 
 
 def test_make_clean_removes_build_artefacts_only() -> None:
-    plan = subprocess.run(["make", "-n", "clean"], cwd=PROJECT, capture_output=True, text=True,
-                          check=True, timeout=60).stdout  # fmt: skip
+    plan = subprocess.run(
+        ["make", "-n", "clean"], cwd=PROJECT, capture_output=True, text=True, check=True, timeout=60
+    ).stdout
     assert ".pytest_cache" in plan and "__pycache__" in plan
     assert ".episodic" not in plan and "episodic.db" not in plan
-    state = subprocess.run(["make", "-n", "clean-state"], cwd=PROJECT, capture_output=True,
-                           text=True, check=True, timeout=60).stdout  # fmt: skip
+    state = subprocess.run(
+        ["make", "-n", "clean-state"],
+        cwd=PROJECT,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
     assert "episodic state remove --yes" in state and "rm " not in state

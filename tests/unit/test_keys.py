@@ -45,8 +45,8 @@ def test_a_retry_or_recreated_run_for_the_same_slot_gets_the_same_key() -> None:
 
 
 def test_two_deployments_scheduling_one_pipeline_at_one_moment_get_one_key() -> None:
-    """Issue 28: a copy of the weekly deployment (or a renamed one left behind) with the
-    same cron on the same pipeline asked for a second episode and paid again."""
+    """A copy of the weekly deployment (or a renamed one left behind) with the same cron on
+    the same pipeline asks for the same episode, and never pays again."""
     copy = scheduled(deployment_name="weekly-copy", flow_run_id="run-2")
     assert key(scheduled()) == key(copy)
     assert derive_allocation_key(copy, pipeline="other") != key(copy)  # the slot is P's
@@ -100,7 +100,7 @@ def test_a_slot_needs_a_moment_with_its_offset(bad: str) -> None:
         "slot:weekly:2026-08-06T09:00:00+02:00",
         "slot:Weekly:2026-08-06T07:00:00Z",
         "slot:w",
-        # issue 28 (fresh tester): the same moment spelled otherwise was a second episode
+        # the same moment spelled otherwise would be a second episode
         "slot:weekly:2026-08-06T07:00:00.000000Z",
         "slot:weekly:2026-08-06T07:00:00.000001Z",
     ],

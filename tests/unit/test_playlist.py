@@ -100,7 +100,7 @@ def test_keys_are_scoped_by_pipeline_and_weekly_keys_never_change() -> None:
             "extra": 1,
             "items": [{"video_id": "v", "title": "x", "seed": 1}],
         },
-        # issue 9: format specs and conversions (a MemoryError), control characters, bools
+        # format specs and conversions (a MemoryError), control characters, bools
         {
             "template": {"id": "t", "version": 1, "prompt": "{title!r:>99999999999}"},
             "items": [{"video_id": "v", "title": "x", "seed": 1}],
@@ -183,7 +183,7 @@ def test_money_is_integer_minor_units() -> None:
         "inf",
         "abc",
         "",
-        "1e999999999",  # issue 9: Decimal takes it and int() of it never ends
+        "1e999999999",  # Decimal takes it and int() of it never ends
         "1E3",
         "\u0661\u0662",  # Arabic-Indic digits: Decimal reads them as 12
         "\uff11",  # a full-width 1
@@ -225,7 +225,7 @@ def test_a_playlist_without_a_reference_image_keeps_the_hash_it_was_recorded_wit
     )
 
 
-# Hero runs (issue 14): N candidates of one video's image, each its own paid item.
+# Hero runs: N candidates of one video's image, each its own paid item.
 
 HERO_PLAYLIST = {
     "template": {"id": "cover", "version": 1, "prompt": "Cover art for '{title}'"},
@@ -329,9 +329,20 @@ def test_a_playlist_wide_hero_covers_one_image_videos_and_hero_false_opts_out() 
         {**raw, "items": [{"video_id": "a", "title": "x", "seed": 1, "hero": 0.0}]},
         {**raw, "items": [{"video_id": "a", "title": "x", "seed": 1, "hero": "false"}]},
         {**raw, "items": [{"video_id": "a", "title": "x", "seed": 1, "hero": 1}]},
-        {**raw, "hero": None, "items": [{"video_id": "c", "title": "z", "seed": 3,
-                                         "parts": [1, 2], "hero": {"candidates": 2}}]},
-    ):  # fmt: skip
+        {
+            **raw,
+            "hero": None,
+            "items": [
+                {
+                    "video_id": "c",
+                    "title": "z",
+                    "seed": 3,
+                    "parts": [1, 2],
+                    "hero": {"candidates": 2},
+                }
+            ],
+        },
+    ):
         with pytest.raises(ValueError):
             Playlist.model_validate(bad)
 
@@ -372,9 +383,23 @@ def test_picks_are_parsed_strictly_and_checked_against_the_plan() -> None:
     heroes = hero_candidates(_hero())
     assert parse_picks("v01=2") == {"v01": 2}
     assert check_picks({"v01": 4}, heroes) == {"v01": 4}
-    for text in ("v01", "v01=", "v01=0", "v01=x", "v01=2,v01=3", "=2", "v01=2;", "v01=-1",
-                 "v01=1e3", "v01 = 2,", "v01=9999999", "v01=2\n", "v01=2\n,v02=1",
-                 "v01=\uff12", "\x1b[2Jv01=1"):  # fmt: skip
+    for text in (
+        "v01",
+        "v01=",
+        "v01=0",
+        "v01=x",
+        "v01=2,v01=3",
+        "=2",
+        "v01=2;",
+        "v01=-1",
+        "v01=1e3",
+        "v01 = 2,",
+        "v01=9999999",
+        "v01=2\n",
+        "v01=2\n,v02=1",
+        "v01=\uff12",
+        "\x1b[2Jv01=1",
+    ):
         with pytest.raises(InvalidInput):
             parse_picks(text)
     for picks, message in (

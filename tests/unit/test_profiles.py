@@ -1,5 +1,5 @@
 """Provider profiles from YAML: a bad value is refused with the profile, the field and the
-rule it breaks (found by a fresh tester: the message said "1 validation error for Profile")."""
+rule it breaks, never pydantic's "1 validation error for Profile"."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def test_max_job_s_defaults_to_a_minute_and_takes_a_day_at_most(tmp_path: Path) 
 
 @pytest.mark.parametrize(
     ("field", "value", "rule"),
-    [  # found by tests/property/test_file_fuzz.py: each of these was taken as it was
+    [  # from tests/property/test_file_fuzz.py: none of these may be taken as it is
         ("delay_ms", str(10**400), "less than or equal to 3600000"),
         ("timeout_s", "true", "valid number"),
         ("timeout_s", ".nan", "finite number"),
@@ -94,8 +94,8 @@ def test_a_profiles_file_that_is_not_ours_is_one_provider_config_error(
     ],
 )
 def test_an_http_profile_base_url_is_an_http_origin(tmp_path: Path, url: str, rule: str) -> None:
-    """`base_url: file://…` was accepted; every generate then recorded a refused create as a
-    new paid submission, using up an attempt (found by a fresh tester)."""
+    """`base_url: file://…` is refused: every generate would record a refused create as a
+    new paid submission, using up an attempt."""
     path = tmp_path / "providers.yaml"
     path.write_text(
         f"profiles:\n  api:\n    kind: http\n    cost_per_image_minor: 4\n    base_url: {url}\n"
@@ -116,7 +116,7 @@ def test_an_https_base_url_with_a_port_and_path_is_taken(tmp_path: Path) -> None
     assert load_profiles(path)["api"].base_url == "https://images.example.com:8443/v1"
 
 
-# ---------------------------------------------------------------- prices (issue 31)
+# ---------------------------------------------------------------- prices
 PRICE_REFUSALS = [  # (the profile's price fields, the field named, what the line says)
     ("price: {per_image: 0.003}", "price.per_image", "write it as a quoted decimal string"),
     ('price: {per_image: "-0.003"}', "per_image", "expected a plain decimal"),

@@ -94,8 +94,8 @@ def test_a_media_url_with_credentials_is_refused_without_repeating_them(
 def test_an_empty_providers_file_is_unset_and_a_tilde_is_the_home(
     monkeypatch: pytest.MonkeyPatch, tmp_path
 ) -> None:
-    """Issue 32 (breaker): EPISODIC_PROVIDERS_FILE="" was the path "." ("does not exist");
-    "~/p.yaml" was a folder named "~" in the working directory."""
+    """EPISODIC_PROVIDERS_FILE="" is no file at all, not the path "." ("does not exist");
+    "~/p.yaml" is under the home folder, not a folder named "~" in the working directory."""
     monkeypatch.setenv("EPISODIC_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("HOME", str(tmp_path / "me"))
     monkeypatch.setenv("EPISODIC_PROVIDERS_FILE", "")

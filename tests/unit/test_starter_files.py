@@ -1,7 +1,6 @@
 """`episodic init` writes a providers file and a playlist skeleton that load and validate,
 never over an existing file; `episodic schema playlist|providers` prints JSON Schemas
-(draft 2020-12) that the example and the written files pass and a mistyped field fails
-(issue 32)."""
+(draft 2020-12) that the example and the written files pass and a mistyped field fails."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Breaker (issue 32): `episodic providers check` against replies a real API, a proxy or a
-hostile schema may give. Each test fails on the code as merged (see its docstring)."""
+"""`episodic providers check` against replies a real API, a proxy or a hostile schema may
+give."""
 
 from __future__ import annotations
 
@@ -24,9 +24,8 @@ def test_replicate_a_close_match_from_the_schema_is_shown_printable_on_one_line(
     replicate: ReplicateServer, providers_file: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The schema's input names come from the provider (or whatever `base_url` answers): the
-    `it takes:` list is made printable, but the `did you mean` hint printed the name raw, so
-    a newline and an ANSI escape sequence reached the terminal, and the one-line message
-    became two lines."""
+    `it takes:` list and the `did you mean` hint both show them printable, so no newline or
+    ANSI escape sequence reaches the terminal and the message stays one line."""
     hostile = "aspect_ratio\n\x1b[31mINJECTED"
     replicate.models = {
         "black-forest-labs/flux-schnell": {**REPLICATE_INPUTS, hostile: {}},
@@ -88,9 +87,9 @@ def test_replicate_a_reply_trickling_past_timeout_s_is_no_answer(
     drip: str, providers_file: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`timeout_s: 1`, and each reply takes ~16 s, a byte every 0.4 s: httpx's read timeout
-    restarts at every byte, so the check waited for the whole trickle and said verified
-    (exit 0). A server (or a proxy) that drips forever kept `providers check` waiting
-    forever (seen: `timeout_s: 5`, still waiting after 25 s). Expected: "no answer", exit 1."""
+    restarts at every byte, so only a deadline on the whole reply stops a server (or a
+    proxy) that drips forever from keeping `providers check` waiting forever: "no answer",
+    exit 1."""
     providers_file.write_text(
         "profiles:\n  p:\n    kind: replicate\n    model: black-forest-labs/flux-schnell\n"
         f"    base_url: {drip}\n    credential_env: REP_TOKEN\n"

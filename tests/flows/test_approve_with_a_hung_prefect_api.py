@@ -1,6 +1,5 @@
-"""Breaker (issue 32): `episodic approve` when the Prefect API holding the waiting run
-accepts connections but never answers (a hung or overloaded server, a proxy that lost its
-upstream). Fails on the code as merged."""
+"""`episodic approve` when the Prefect API holding the waiting run accepts connections but
+never answers (a hung or overloaded server, a proxy that lost its upstream)."""
 
 from __future__ import annotations
 
@@ -48,11 +47,11 @@ def silent_api() -> Iterator[str]:
 def test_approve_with_a_prefect_api_that_never_answers_records_and_ends(
     harness: str, waiting: Any, silent_api: str
 ) -> None:
-    """The decision was recorded at once, then the command waited on the silent API for
-    7 minutes (425 s by hand: Prefect's 60 s request timeout, retried) before its `prefect:`
-    line; a shell, cron job or CI step calling `approve` hangs that long. `_episodic` gives
-    it 120 s (TimeoutExpired). Expected, as for an unreachable server: the decision
-    recorded, one `prefect:` line saying no waiting run was resumed, exit 0, promptly."""
+    """Prefect's own client would wait on the silent API for minutes (its 60 s request
+    timeout, retried), and a shell, cron job or CI step calling `approve` would hang that
+    long; `_episodic` gives it 120 s (TimeoutExpired). As for an unreachable server: the
+    decision recorded, one `prefect:` line saying no waiting run was resumed, exit 0,
+    promptly."""
     done = _episodic("approve", "2026-W32-0", "--by", "carol", api=silent_api)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()

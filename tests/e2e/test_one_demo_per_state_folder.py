@@ -1,11 +1,10 @@
-"""Breaker test (issue 32, fresh tester 2): two `episodic demo --ui` at once in one state
-folder. Each starts its own Prefect server on the same Prefect database; both register the
-deployment's schedule, so the deployment ends with two schedules: the Monday slot runs twice,
-one demo's story says `slot 2 (Mon ...): WEEK-0` and leaves WEEK-1 out, and each pays for
-its own waiting episode (WEEK-2 and WEEK-3, 14 more paid calls) although docs/cli.md says a
-later `demo --ui` shows the run still waiting rather than paying for another episode. Every
-later demo in that folder keeps telling slot 2 as Monday. A race: with the second started
-one second after the first it failed 2 of 3 times here (simultaneous starts: passed once)."""
+"""Two `episodic demo --ui` at once in one state folder. Each would start its own Prefect
+server on the same Prefect database and register the deployment's schedule, so the
+deployment would end with two schedules: the Monday slot run twice, one demo's story telling
+`slot 2 (Mon ...): WEEK-0`, and each demo paying for its own waiting episode, although
+docs/cli.md says a later `demo --ui` shows the run still waiting rather than paying for
+another episode. The second demo starts one second after the first, the start that races
+most often."""
 
 from __future__ import annotations
 
@@ -61,7 +60,7 @@ class _Demo:
 def test_a_second_demo_on_one_state_folder_is_refused_while_the_first_runs(
     tmp_path: Path,
 ) -> None:
-    """Decided: one demo per state folder at a time (`demo/running.lock`). The second,
+    """One demo per state folder at a time (`demo/running.lock`). The second,
     started while the first one's server is up, is refused at once in one line (exit 2)
     and buys nothing; the first tells both slots and leaves one episode waiting."""
     home = tmp_path / "home"

@@ -1,5 +1,6 @@
-"""Breaker evidence (issue 31): a period budget must hold against a reply's cost above the
-estimate, as --max-cost does (tests/integration/test_budgets.py)."""
+"""A period budget holds against a reply's cost above the estimate, as --max-cost does
+(tests/integration/test_budgets.py); dates and pipeline names given to the budget commands
+are checked at the door."""
 
 from __future__ import annotations
 
@@ -31,8 +32,8 @@ def test_a_free_profile_billed_in_its_reply_never_passes_the_weekly_budget(
 ) -> None:
     """A `free: true` profile whose HTTP provider bills 0.40 per image in its reply, a weekly
     budget of 0.80 and no --max-cost, three items at the default concurrency: the provider's
-    bill must never pass 0.80 (found: 1.20 billed, exit 0, on both backends). With four
-    episodes' generates started together (four runs, each with its own probe), too."""
+    bill never passes 0.80, on both backends. With four episodes' generates started
+    together (four runs, each with its own probe), too."""
     with PredictionsServer(price_micros=400_000, report_cost=True) as server:
         free_profile_billed_in_replies(server, tmp_path, monkeypatch)
         ids = _episodes(engine, tmp_path, episodes, items=3)
@@ -49,9 +50,10 @@ def test_a_free_profile_billed_in_its_reply_never_passes_the_weekly_budget(
 def test_spend_with_a_far_date_is_bad_input_not_an_unexpected_error(
     engine: Engine, database_url: str
 ) -> None:
-    """`episodic spend --until 9999-12-31` is a valid YYYY-MM-DD day: found exit 1,
-    'unexpected OverflowError: date value out of range'; bad or unrepresentable dates are
-    one line and exit 2 (docs/cli.md#spend), or the report of everything."""
+    """`episodic spend --until 9999-12-31` is a valid YYYY-MM-DD day whose period end
+    Python cannot represent: never 'unexpected OverflowError' (exit 1); bad or
+    unrepresentable dates are one line and exit 2 (docs/cli.md#spend), or the report of
+    everything."""
     assert _cli("pipelines", "set-budget", "weekly", "1.00", "--per", "week").returncode == 0
     far = _cli("spend", "--until", "9999-12-31")
     assert far.returncode in (0, 2), far
@@ -61,9 +63,9 @@ def test_spend_with_a_far_date_is_bad_input_not_an_unexpected_error(
 def test_a_mistyped_pipeline_is_refused_rather_than_budgeted(
     engine: Engine, database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Breaker finding: `set-budget weeklyy 5.00` made a pipeline nobody runs and left the
-    real one without a budget (exit 0). Refused in one line naming the known pipelines,
-    nothing written; `--new` budgets a pipeline that has not run yet."""
+    """`set-budget weeklyy 5.00` would make a pipeline nobody runs and leave the real one
+    without a budget. Refused in one line naming the known pipelines, nothing written;
+    `--new` budgets a pipeline that has not run yet."""
     _fake(tmp_path, monkeypatch, "0.01")  # the profile `paid`: plan refuses an unknown one
     _episodes(engine, tmp_path, 1, items=1)  # the pipeline `weekly` is known
     typo = _cli("pipelines", "set-budget", "weeklyy", "5.00", "--per", "week")

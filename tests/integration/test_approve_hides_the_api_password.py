@@ -1,5 +1,5 @@
-"""Breaker (issue 32): the `prefect:` line of `episodic approve` names the Prefect API it
-could not reach, password and all. Fails on the code as merged."""
+"""The `prefect:` line of `episodic approve` names the Prefect API it could not reach,
+without its password."""
 
 from __future__ import annotations
 
@@ -24,10 +24,10 @@ def test_approve_never_prints_the_password_of_the_prefect_api_url(
     engine: Engine, database_url: str, tmp_path: Path
 ) -> None:
     """A Prefect server behind a proxy with basic auth is reached as
-    PREFECT_API_URL=https://user:PASSWORD@host/api. When it did not answer, approve printed
-    `prefect: the Prefect API at http://admin:hunter2@127.0.0.1:PORT/api did not answer`
-    (and the same in --json): the password in a terminal, a CI log, a chat paste. Elsewhere
-    the project names a URL without its password (exit 5's database URL)."""
+    PREFECT_API_URL=https://user:PASSWORD@host/api. When it does not answer, approve's
+    `prefect:` line (and --json) names it without the password, which would otherwise land
+    in a terminal, a CI log, a chat paste; the project names every URL that way (exit 5's
+    database URL)."""
     episode = new_episode(engine)
     episode.plan(write_playlist(tmp_path / "p", ["a", "b"]))
     assert episode.generate().exit_code == 0

@@ -1,5 +1,4 @@
-"""Breaker tests (issue 32, fresh tester 2): ordinary mistakes and hostile files get one
-answer with the documented exit code. Each of these fails against the product as merged."""
+"""Ordinary mistakes and hostile files get one answer with the documented exit code."""
 
 from __future__ import annotations
 
@@ -45,10 +44,9 @@ def _limit_memory() -> None:  # 1 GiB of address space: a mistake is never worth
 def test_a_yaml_alias_bomb_is_a_mistake_not_an_out_of_memory(
     cli: Cli, database_url: str, tmp_path: Path
 ) -> None:
-    """The title's value is shown with repr() before it is cut to 40 characters, so an
-    alias fanning out (9**9 strings, from 700 bytes) is expanded in full: `plan` ran out of a
-    1 GiB limit (`error: unexpected MemoryError`, exit 1); unlimited it took 6 GB and had
-    not answered after 120 s. Expected: exit 2, the playlist refused in one message."""
+    """An alias fanning out (9**9 strings, from 700 bytes) would take gigabytes if
+    expanded in full (under a 1 GiB limit: `unexpected MemoryError`, exit 1). `plan` refuses
+    the playlist in one message, exit 2, within the limit."""
     assert cli("allocate", "--key", "k", "--week", "2026-W32").returncode == 0
     bomb = _alias_bomb(tmp_path / "bomb.yaml", levels=9)
     assert bomb.stat().st_size < 1000
@@ -71,9 +69,9 @@ def test_plan_refuses_a_providers_file_that_does_not_exist(
     cli: Cli, database_url: str, tmp_path: Path
 ) -> None:
     """docs/providers.md: a named EPISODIC_PROVIDERS_FILE that does not exist is refused by
-    every command that loads profiles; `plan` checks the playlist's profile against that
-    file, yet records the plan (exit 0) and, for a profile of that file, answers
-    `'real' is not a provider profile (known: fake)`, hiding the real mistake."""
+    every command that loads profiles, `plan` too: exit 2, naming the missing file
+    rather than answering `'real' is not a provider profile (known: fake)`,
+    which would hide the real mistake."""
     assert cli("allocate", "--key", "k", "--week", "2026-W32").returncode == 0
     missing = str(tmp_path / "nope.yaml")
     for profile in ("fake", "real"):
@@ -93,8 +91,9 @@ def test_plan_refuses_a_providers_file_that_does_not_exist(
 def test_an_empty_only_selects_nothing_rather_than_everything(
     cli: Cli, database_url: str, tmp_path: Path
 ) -> None:
-    """`--only ' '` and `--only ,` are refused (an empty entry), but `--only ''` (a script's
-    unset variable: `--only "$PICK"`) silently selects every video and buys them all."""
+    """`--only ' '` and `--only ,` are refused (an empty entry), and so is `--only ''` (a
+    script's unset variable: `--only "$PICK"`), rather than selecting every video and buying
+    them all."""
     assert cli("allocate", "--key", "k", "--week", "2026-W32").returncode == 0
     playlist = write_playlist(tmp_path / "pl", ["a", "b", "c"])
     assert cli("plan", "2026-W32-0", "--playlist", str(playlist)).returncode == 0
@@ -111,7 +110,8 @@ def test_an_empty_only_selects_nothing_rather_than_everything(
 def test_an_empty_playlist_is_said_in_plain_words(
     cli: Cli, database_url: str, tmp_path: Path
 ) -> None:
-    """An empty file answers `the playlist must be a mapping ... not None`: Python's word."""
+    """An empty file is called empty, not `the playlist must be a mapping ... not None`
+    (Python's word)."""
     assert cli("allocate", "--key", "k", "--week", "2026-W32").returncode == 0
     empty = tmp_path / "empty.yaml"
     empty.write_text("# nothing yet\n")

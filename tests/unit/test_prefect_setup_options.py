@@ -1,5 +1,4 @@
-"""Breaker (issue 32): `episodic prefect setup --approval-wait`. Each test fails on the code
-as merged."""
+"""`episodic prefect setup --approval-wait`: what the option takes, and with what."""
 
 from __future__ import annotations
 
@@ -14,8 +13,8 @@ from tests.unit.test_starter_files import cli
 def test_approval_wait_takes_ascii_digits_only(
     text: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`\\d` in the duration's pattern matches any Unicode digit: a fullwidth 4 and `h`
-    was 4 hours. The project's integer options take ASCII digits only (docs/cli.md)."""
+    """`\\d` in a Python pattern matches any Unicode digit (a fullwidth 4 and `h` would be 4
+    hours); the project's integer options take ASCII digits only (docs/cli.md)."""
     from episodic.cli.prefect_setup import _approval_wait_s
     from episodic.core.errors import InvalidInput
 
@@ -26,9 +25,9 @@ def test_approval_wait_takes_ascii_digits_only(
 def test_approval_wait_without_notify_is_refused_not_ignored(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`episodic prefect setup --approval-wait 30m` (the --notify forgotten) went on and
-    created no automation, saying nothing about it: the user believes a 30 min notification
-    is set. Expected: refused before any work, one line, exit 2 (an option combination)."""
+    """`episodic prefect setup --approval-wait 30m` (the --notify forgotten) would create
+    no automation while the user believes a 30 min notification is set: refused before any
+    work, one line, exit 2 (an option combination)."""
     with socket.socket() as probe:  # a port nothing listens on: no Prefect server is reached
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]

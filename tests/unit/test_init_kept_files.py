@@ -1,5 +1,5 @@
-"""Breaker (issue 32): `episodic init` reports a file it did not write as `kept`. Each test
-fails on the code as merged."""
+"""`episodic init` reports `kept` only of a file that is there: a file it cannot write is
+refused."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ def test_init_under_a_file_is_refused_not_reported_kept(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`--playlist notes.txt/playlist.yaml` where notes.txt is a file: mkdir raises
-    FileExistsError, which `_write` reads as "another process made the file meanwhile", so
-    init said `playlist: kept (it exists; not overwritten)`, exit 0, of a file that does not
-    and cannot exist. Documented (cli.md, the docstring): exit 2 when a file cannot be
-    written, e.g. its folder is a file."""
+    FileExistsError, which must not be read as "another process made the file meanwhile"
+    (`playlist: kept`, exit 0, of a file that does not and cannot exist). Documented
+    (cli.md, the docstring): exit 2 when a file cannot be written, e.g. its folder is a
+    file."""
     (tmp_path / "notes.txt").write_text("a file")
     playlist = tmp_path / "notes.txt" / "playlist.yaml"
     code, out, err = cli(capsys, "init", "--playlist", str(playlist), "--json")
@@ -34,11 +34,10 @@ def test_init_does_not_call_a_folder_or_a_dangling_link_a_kept_providers_file(
     target: str,
 ) -> None:
     """EPISODIC_PROVIDERS_FILE naming a folder (or `--playlist .`), or the default
-    providers.yaml a dangling symlink: init said `kept` (exit 0), yet no providers file is
-    there: every command then refuses the folder ("does not exist or is not a file ...
-    `episodic init` writes one": init says it kept it), and the dangling default is read as
-    no file at all (only the built-in profiles, silently). Expected: exit 2, one line naming
-    the path; or the file written."""
+    providers.yaml a dangling symlink, is no kept providers file: every command refuses the
+    folder ("does not exist or is not a file ... `episodic init` writes one"), and the
+    dangling default is read as no file at all (only the built-in profiles, silently). So
+    init exits 2 with one line naming the path, or writes the file."""
     path = tmp_path / "providers.yaml"
     if target == "folder":
         path.mkdir()

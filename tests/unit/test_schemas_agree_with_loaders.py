@@ -1,7 +1,6 @@
-"""Breaker (issue 32): where `episodic schema` and the loaders disagree on the shape of a
-file (not on the cross-field rules the schema says it leaves to `plan` and `providers
-check`): an editor then flags a file that loads, or passes one that is refused. Each case
-fails on the code as merged."""
+"""`episodic schema` and the loaders agree on the shape of a file (not on the cross-field
+rules the schema says it leaves to `plan` and `providers check`): otherwise an editor flags
+a file that loads, or passes one that is refused."""
 
 from __future__ import annotations
 
