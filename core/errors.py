@@ -94,6 +94,13 @@ class SchemaNotCurrent(StorageError):
     pass
 
 
+class MigrationRefused(StorageError):
+    """An upgrade found rows the new schema would refuse: it says which (one line) and
+    changes nothing; the rows are mended and the upgrade run again."""
+
+    exit_code = ExitCode.REFUSED
+
+
 class MediaStoreError(StorageError):
     """The media store failed. ``transient`` says whether the same call may succeed later
     (an outage, a 5xx, a timeout, a full disk: the caller leaves the item accepted and

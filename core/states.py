@@ -128,9 +128,21 @@ TRANSITIONS: dict[str, dict[str, frozenset[str]]] = {
     "submission": {k.value: frozenset(v) for k, v in SUBMISSION_TRANSITIONS.items()},
     "episode": {k.value: frozenset(v) for k, v in EPISODE_TRANSITIONS.items()},
 }
+# Each machine's states, and its table in the database (whose `state` column holds them).
+STATES: dict[str, type[StrEnum]] = {
+    "run": RunState,
+    "item": ItemState,
+    "submission": SubmissionState,
+    "episode": EpisodeState,
+}
+TABLES: dict[str, str] = {
+    "run": "runs",
+    "item": "items",
+    "submission": "submissions",
+    "episode": "episodes",
+}
 
 # ------------------------------------------------------------------ named state groups
-ACTIVE_RUN_STATES = frozenset({RunState.PENDING, RunState.RUNNING})
 # A live run may still work on its items: it keeps them (a cancel elsewhere leaves them
 # pending, and a job a cancelled run sent for one of them is kept for it).
 LIVE_RUN_STATES = (RunState.PENDING, RunState.RUNNING, RunState.PAUSED)
@@ -150,16 +162,16 @@ def sources_of(machine: str, target: str) -> list[str]:
     return [s for s, targets in TRANSITIONS[machine].items() if target in targets]
 
 
-def check_run_transition(current: str, target: str) -> None:
-    if RunState(target) not in RUN_TRANSITIONS[RunState(current)]:
-        raise InvalidTransition(f"run cannot go from {current} to {target}")
+def check_transition(machine: str, current: str, target: str) -> None:
+    """Raise `InvalidTransition` unless `machine`'s table allows `current` -> `target`.
+
+    `machine` is one of "run", "item", "submission", "episode"; a state the machine does not
+    have is not allowed either (the database's CHECK constraints refuse it too)."""
+    if target not in TRANSITIONS[machine].get(current, frozenset()):
+        raise InvalidTransition(f"{machine} cannot go from {current} to {target}")
 
 
-def check_item_transition(current: str, target: str) -> None:
-    if ItemState(target) not in ITEM_TRANSITIONS[ItemState(current)]:
-        raise InvalidTransition(f"item cannot go from {current} to {target}")
-
-
-def check_episode_transition(current: str, target: str) -> None:
-    if EpisodeState(target) not in EPISODE_TRANSITIONS[EpisodeState(current)]:
-        raise InvalidTransition(f"episode cannot go from {current} to {target}")
+def state_check_sql(machine: str) -> str:
+    """The CHECK constraint's condition that keeps `machine`'s state column to its states:
+    ``state IN ('pending', …)``, in the enum's order (`storage.models`)."""
+    return "state IN (" + ", ".join(f"'{s.value}'" for s in STATES[machine]) + ")"

@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 
 from sqlalchemy import Connection, Engine, Table
 
+from episodic.core.errors import InvalidTransition
 from episodic.core.pricing import Reservation
 from episodic.core.records import ClaimAction, RefusalReason
 from episodic.core.runs import Claim, Refusal, claim_live, store_stopped
@@ -413,13 +414,24 @@ def _take(
     }
     item = item_from_row(row)
     if sub is not None:
-        dbapi.rowcount(conn, statements.TAKE_ITEM, params)
+        if dbapi.rowcount(conn, statements.TAKE_ITEM, params) != 1:
+            raise _not_taken(row)
         action = (
             ClaimAction.COLLECT if sub.state == SubmissionState.ACCEPTED else ClaimAction.RECONCILE
         )
         return Claim(item, run_id, owner, action, submission_of(sub), token, checked)
     attempt = dbapi.scalar(conn, statements.TAKE_ITEM_AND_COUNT, params)
+    if attempt is None:
+        raise _not_taken(row)
     submission = insert_intent(
         conn, item, run_id, profile, attempt, now, forced=False, reserve=reserve
     )
     return Claim(item, run_id, owner, ClaimAction.SUBMIT, submission, token, checked)
+
+
+def _not_taken(row: _ItemRow) -> InvalidTransition:
+    """The claim decided to take an item its statement's guard refused: the decision and the
+    guard disagree (a defect), so the transaction rolls back and nothing is paid."""
+    return InvalidTransition(
+        f"item {row.id} ({row.state}) could not be claimed: its guard refused the move"
+    )

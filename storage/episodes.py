@@ -18,7 +18,7 @@ from episodic.core.episodes import Episode, EpisodeEvent
 from episodic.core.errors import EpisodeNotFound
 from episodic.core.ids import EpisodeId, WeekId
 from episodic.core.media import StoredMedia
-from episodic.core.states import EpisodeState, ItemState, check_episode_transition, sources_of
+from episodic.core.states import EpisodeState, ItemState, check_transition, sources_of
 from episodic.storage import predicates, statements, tx
 from episodic.storage.base import utcnow
 from episodic.storage.engine import database_label
@@ -221,7 +221,7 @@ def move_episode(
         ).scalar_one()
         if current == target or source is not None:
             return False
-        check_episode_transition(current, target)  # raises: not allowed from here
+        check_transition("episode", current, target)  # raises: not allowed from here
         return False
     conn.execute(
         insert(_events).values(episode_pk=episode_pk, kind=target.value, at=now, detail=detail)

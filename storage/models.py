@@ -15,15 +15,31 @@ from sqlalchemy import (
     LargeBinary,
     String,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from episodic.core.episodes import Episode, EpisodeEvent
 from episodic.core.ids import EpisodeId, WeekId
+from episodic.core.states import OPEN_SUBMISSION_STATES, state_check_sql
 from episodic.storage.base import Base, utcnow
 
 # BigInteger primary keys that still autoincrement on SQLite (where only INTEGER does).
 BigIntPK = BigInteger().with_variant(Integer(), "sqlite")
+
+
+def machine_check(machine: str) -> CheckConstraint:
+    """The table's `state` column holds exactly `machine`'s states (`core.states`):
+    ``ck_<table>_state_known``, on both backends."""
+    return CheckConstraint(state_check_sql(machine), name="state_known")
+
+
+# An item has at most one paid call in flight: one open submission (intent, accepted,
+# unknown). A claim inserts an intent only when none is open; a forced resubmit closes the
+# open one failed first; a re-buy (a job cancelled elsewhere, a lost image) follows a
+# submission that is closed (failed, or succeeded with its cost); each hero candidate is an
+# item of its own. So the index holds in every path, and a broken guard is refused here.
+OPEN_PER_ITEM_SQL = "state IN (" + ", ".join(f"'{s.value}'" for s in OPEN_SUBMISSION_STATES) + ")"
 
 
 class EpisodeRow(Base):
@@ -32,6 +48,7 @@ class EpisodeRow(Base):
         UniqueConstraint("pipeline", "episode_id"),
         UniqueConstraint("pipeline", "allocation_key"),
         UniqueConstraint("pipeline", "week_id", "sequence"),
+        machine_check("episode"),
     )
 
     id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
@@ -134,6 +151,7 @@ class RunRow(Base):
     __table_args__ = (
         Index("ix_runs_fingerprint_created_at", "fingerprint", "created_at"),
         Index("ix_runs_state_created_at", "state", "created_at"),
+        machine_check("run"),
     )
 
 
@@ -185,6 +203,7 @@ class ItemRow(Base):
     __table_args__ = (
         Index("ix_items_state_lease", "state", "lease_expires_at"),
         Index("ix_items_claim_profile_state", "claim_profile", "state"),
+        machine_check("item"),
     )
 
 
@@ -214,6 +233,14 @@ class SubmissionRow(Base):
         Index("ix_submissions_profile_state_created", "provider_profile", "state", "created_at"),
         Index("ix_submissions_run", "run_id"),  # a run's spend (the caps, in the claim)
         Index("ix_submissions_created", "created_at"),  # a period's spend (the budgets)
+        machine_check("submission"),
+        Index(
+            "uq_submissions_one_open_per_item",
+            "item_pk",
+            unique=True,
+            sqlite_where=text(OPEN_PER_ITEM_SQL),
+            postgresql_where=text(OPEN_PER_ITEM_SQL),
+        ),
     )
 
     id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)

@@ -6,13 +6,14 @@ costs one small query, which keeps `episodic episodes list` fast.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from filelock import FileLock
 from sqlalchemy import Engine, inspect, text
 
-from episodic.core.errors import SchemaNotCurrent
+from episodic.core.errors import SchemaNotCurrent, StorageError
 from episodic.storage.engine import sqlite_path
 from episodic.storage.tx import advisory_xact_lock, retry_outage
 
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 # Kept in step with the newest file in migrations/versions (a test checks it).
-HEAD_REVISION = "0017"
+HEAD_REVISION = "0018"
 
 
 @retry_outage  # a process started while the server restarts waits for it
@@ -44,21 +45,45 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
     """Upgrade to ``revision``, serialized across processes (filelock / advisory lock)."""
     from alembic import command
 
+    _migrate(engine, lambda config: command.upgrade(config, revision))
+
+
+def downgrade(engine: Engine, revision: str) -> None:
+    """Downgrade to ``revision`` (the migration tests; no command offers it), as `upgrade`."""
+    from alembic import command
+
+    _migrate(engine, lambda config: command.downgrade(config, revision))
+
+
+def _migrate(engine: Engine, run: Callable[[Config], None]) -> None:
     config = alembic_config()
     if engine.dialect.name == "sqlite":
         lock = FileLock(f"{sqlite_path(engine.url)}.migrate.lock")
-        with (
-            lock,
-            engine.connect().execution_options(sqlite_begin="IMMEDIATE") as conn,
-            conn.begin(),
-        ):
-            config.attributes["connection"] = conn
-            command.upgrade(config, revision)
+        with lock, engine.connect().execution_options(sqlite_begin="IMMEDIATE") as conn:
+            # A migration that adds a CHECK constraint recreates its table (SQLite cannot
+            # alter one in place), which foreign keys would refuse while other tables refer
+            # to it: SQLite's own procedure turns them off around the transaction (the pragma
+            # is a no-op inside one) and checks every reference before the commit.
+            raw = conn.connection.dbapi_connection
+            assert raw is not None
+            raw.execute("PRAGMA foreign_keys=OFF")
+            try:
+                with conn.begin():
+                    config.attributes["connection"] = conn
+                    run(config)
+                    broken = conn.exec_driver_sql("PRAGMA foreign_key_check").all()
+                    if broken:
+                        raise StorageError(
+                            f"the migration would leave {len(broken)} rows referring to rows "
+                            f"that do not exist (first: {tuple(broken[0])}): nothing changed"
+                        )
+            finally:
+                raw.execute("PRAGMA foreign_keys=ON")
         return
     with engine.connect() as conn, conn.begin():
         advisory_xact_lock(conn, "schema")
         config.attributes["connection"] = conn
-        command.upgrade(config, revision)
+        run(config)
 
 
 def ensure_schema(engine: Engine, *, auto_upgrade: bool) -> None:

@@ -41,6 +41,7 @@ from sqlalchemy import (
     update,
 )
 
+from episodic.core.errors import InvalidTransition
 from episodic.core.runs import REPLANNED, STORE_STOPPED
 from episodic.core.states import (
     EpisodeState,
@@ -71,7 +72,7 @@ def move_run(run_id: str, target: RunState, values: dict[str, Any], keep: bool =
     guard = [_runs.c.id == run_id, _runs.c.state.in_(sources_of("run", target))]
     if keep:  # not a run paused at a media store failure: that one waits for a resume
         guard.append(func.coalesce(_runs.c.error_text, "").not_like(f"{STORE_STOPPED}%"))
-    return update(_runs).where(*guard).values(**values)
+    return update(_runs).where(*guard).values({**values, "state": target})
 
 
 # run: pending -> cancelled
@@ -124,14 +125,20 @@ _TAKE = (
     "claim_run_id = :b_run, claim_profile = :b_profile, claim_token = :b_token, "
     "lease_expires_at = :b_lease, started_at = :b_now, finished_at = NULL"
 )
-# The claim decides, the item row locked, that it may take the item: not completed, and not
-# held by another owner's live lease (`ClaimStore.claim`).
+# The claim decides, the item row locked, that it may take the item (`ClaimStore.claim`);
+# the statement repeats the rule: not completed, and not held by another owner's live lease
+# (`predicates.LIVE_CLAIM_SQL`'s negation, or the claimer's own), so a wrong decision moves
+# nothing and the claim raises.
+_TAKE_GUARD = (
+    "WHERE id = :b_item AND (state IN ('pending', 'failed', 'cancelled') OR (state = 'running' "
+    "AND (lease_expires_at IS NULL OR lease_expires_at <= :b_now OR claim_owner = :b_owner)))"
+)
 # item: pending, failed, cancelled, running(expired or its own) -> running
-TAKE_ITEM = DriverSQL(f"{_TAKE} WHERE id = :b_item")
+TAKE_ITEM = DriverSQL(f"{_TAKE} {_TAKE_GUARD}")
 # The same for a new paid call: the attempt is counted in the same statement.
 # item: pending, failed, cancelled, running(expired or its own) -> running
 TAKE_ITEM_AND_COUNT = DriverSQL(
-    f"{_TAKE}, attempts = attempts + 1 WHERE id = :b_item RETURNING attempts"
+    f"{_TAKE}, attempts = attempts + 1 {_TAKE_GUARD} RETURNING attempts"
 )
 
 # item: running -> completed
@@ -283,7 +290,10 @@ def set_episode_state(
     episode_pk: int, allowed: Sequence[str], target: EpisodeState, now: datetime
 ) -> Update:
     """The episode moves to `target` from one of `allowed` (`sources_of` for it, or the one
-    source a caller names)."""
+    source a caller names). `InvalidTransition` when `allowed` names a state from which
+    `core.states` does not allow `target`."""
+    if wrong := sorted(set(allowed) - set(sources_of("episode", target))):
+        raise InvalidTransition(f"episode cannot go from {', '.join(wrong)} to {target}")
     return (
         update(_episodes)
         .where(_episodes.c.id == episode_pk, _episodes.c.state.in_(allowed))
@@ -292,8 +302,9 @@ def set_episode_state(
 
 
 # ------------------------------------------------------------------ the sweep's buckets
-# Each repeats its selection condition (`expired`, `stale`), so two sweeps at once, or a sweep
-# racing a worker that just renewed its lease, never move a row twice or move a live one.
+# Each guards its source state itself and repeats its selection condition (`expired`,
+# `stale`), so two sweeps at once, or a sweep racing a worker that just renewed its lease,
+# never move a row twice or move a live one.
 
 
 # run: running(expired) -> failed
@@ -301,7 +312,7 @@ def fail_expired_runs(ids: Sequence[Any], expired: ColumnElement[bool], now: dat
     """Running runs whose lease expired (no process renews it) fail, resumable."""
     return (
         update(_runs)
-        .where(_runs.c.id.in_(ids), expired)
+        .where(_runs.c.id.in_(ids), _runs.c.state == RunState.RUNNING, expired)
         .values(
             state=RunState.FAILED,
             finished_at=now,
@@ -322,7 +333,11 @@ def fail_expired_items(ids: Sequence[Any], expired: ColumnElement[bool], now: da
     as it is: an accepted job keeps its reference and a resume collects it)."""
     return (
         update(_items)
-        .where(in_id_order(_items, and_(_items.c.id.in_(ids), expired)), expired)
+        .where(
+            in_id_order(_items, and_(_items.c.id.in_(ids), expired)),
+            _items.c.state == ItemState.RUNNING,
+            expired,
+        )
         .values(
             state=ItemState.FAILED,
             claim_owner=None,
@@ -342,7 +357,7 @@ def cancel_stale_pending(
     """Pending runs older than the pending TTL (never started) are cancelled."""
     return (
         update(_runs)
-        .where(_runs.c.id.in_(ids), stale)
+        .where(_runs.c.id.in_(ids), _runs.c.state == RunState.PENDING, stale)
         .values(
             state=RunState.CANCELLED,
             finished_at=now,

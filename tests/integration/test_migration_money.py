@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import Engine, inspect, text
 from sqlalchemy.exc import IntegrityError
 
-from episodic.storage.schema import HEAD_REVISION, alembic_config, current_revision, upgrade
+from episodic.storage.schema import HEAD_REVISION, current_revision, downgrade, upgrade
 
 # amounts in whole cents as a ledger before 0016 holds them: nothing, a cent, a price, the
 # largest one image may cost (10 million units)
@@ -18,12 +18,7 @@ MINOR = [0, 1, 4, 25, 1_000_000_000]
 
 
 def _to(engine: Engine, revision: str, down: bool = False) -> None:
-    from alembic import command
-
-    config = alembic_config()
-    with engine.begin() as conn:
-        config.attributes["connection"] = conn
-        (command.downgrade if down else command.upgrade)(config, revision)
+    (downgrade if down else upgrade)(engine, revision)
 
 
 def _insert(engine: Engine, table: str, **values: Any) -> None:
@@ -51,7 +46,13 @@ def _insert(engine: Engine, table: str, **values: Any) -> None:
 def _ledger_before_0016(engine: Engine) -> None:
     _to(engine, "0015")
     _insert(
-        engine, "episodes", id=1, pipeline="weekly", episode_id="2026-W32-1", week_id="2026-W32"
+        engine,
+        "episodes",
+        id=1,
+        pipeline="weekly",
+        episode_id="2026-W32-1",
+        week_id="2026-W32",
+        state="generated",
     )
     _insert(engine, "runs", id="run-1", episode_pk=1, state="completed", params="{}")
     for n, minor in enumerate(MINOR, start=1):

@@ -19,6 +19,7 @@ from episodic.storage.schema import (
     HEAD_REVISION,
     alembic_config,
     current_revision,
+    downgrade,
     ensure_schema,
     upgrade,
 )
@@ -100,14 +101,9 @@ def test_two_databases_upgraded_from_empty_have_different_installation_ids(
 def test_downgrade_from_0012_drops_the_installation_and_upgrade_makes_it_again(
     empty_engine: Engine,
 ) -> None:
-    from alembic import command
-
     upgrade(empty_engine)
     before = installation_id(empty_engine)
-    config = alembic_config()
-    with empty_engine.begin() as conn:
-        config.attributes["connection"] = conn
-        command.downgrade(config, "0011")
+    downgrade(empty_engine, "0011")
     assert current_revision(empty_engine) == "0011"
     assert "installation" not in inspect(empty_engine).get_table_names()
     upgrade(empty_engine)
@@ -122,12 +118,7 @@ def _columns(engine: Engine, table: str) -> dict[str, bool]:
 
 
 def _downgrade(engine: Engine, revision: str) -> None:
-    from alembic import command
-
-    config = alembic_config()
-    with engine.begin() as conn:
-        config.attributes["connection"] = conn
-        command.downgrade(config, revision)
+    downgrade(engine, revision)
 
 
 def _legacy_rows(engine: Engine) -> None:
@@ -160,12 +151,7 @@ def _legacy_rows(engine: Engine) -> None:
 def test_0013_adds_store_keys_and_keeps_legacy_paths_of_existing_rows(
     empty_engine: Engine,
 ) -> None:
-    from alembic import command
-
-    config = alembic_config()
-    with empty_engine.begin() as conn:
-        config.attributes["connection"] = conn
-        command.upgrade(config, "0012")
+    upgrade(empty_engine, "0012")
     assert "output_key" not in _columns(empty_engine, "items")
     assert _columns(empty_engine, "episode_media")["path"] is False
     _legacy_rows(empty_engine)
@@ -211,12 +197,7 @@ def test_downgrade_from_0013_drops_the_key_columns_and_keeps_legacy_paths(
 def test_0015_adds_an_empty_media_store_record_of_one_row_at_most_and_downgrade_drops_it(
     empty_engine: Engine,
 ) -> None:
-    from alembic import command
-
-    config = alembic_config()
-    with empty_engine.begin() as conn:
-        config.attributes["connection"] = conn
-        command.upgrade(config, "0014")
+    upgrade(empty_engine, "0014")
     assert "media_store" not in inspect(empty_engine).get_table_names()
     upgrade(empty_engine)
     with empty_engine.connect() as conn:  # nothing recorded: the first writer adopts a store

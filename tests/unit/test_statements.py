@@ -5,11 +5,26 @@ the SQL does."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
+from sqlalchemy import TextClause, true
+from sqlalchemy.dialects import sqlite
 
-from episodic.core.states import DELETABLE_SUBMISSION_STATES, INITIAL_STATES, TRANSITIONS
+from episodic.core.errors import InvalidTransition
+from episodic.core.states import (
+    DELETABLE_SUBMISSION_STATES,
+    INITIAL_STATES,
+    TRANSITIONS,
+    EpisodeState,
+    RunState,
+    sources_of,
+)
+from episodic.storage import statements
+from episodic.storage.dbapi import DriverSQL
 
 SOURCE = Path(__file__).resolve().parents[2] / "storage" / "statements.py"
 LABEL = re.compile(r"^# (run|item|submission|episode): (.+) -> (.+)$")
@@ -105,3 +120,134 @@ def test_a_state_move_outside_the_statements_module_is_seen() -> None:
     assert state_moves_outside("update(_items).where(_items.c.id == 1).values(state='done')")
     assert not state_moves_outside("update(_items).values(lease_expires_at=None)")
     assert not state_moves_outside('text("UPDATE runs SET heartbeat_at = :now")')
+
+
+# ---------------------------------------------------------------- the SQL under each label
+NOW = datetime(2026, 8, 3, 10, 0, tzinfo=UTC)
+# How each labelled function is built for the check: its own guard only (a caller's
+# selection condition is passed as TRUE, so a source state the statement leaves to its
+# caller is missing from its WHERE and the check fails). A function of a `*` label is built
+# per target.
+BUILT: dict[str, Callable[..., Any]] = {
+    "move_run": lambda target: statements.move_run("r", RunState(target), {}),
+    "abandon_pending_run": lambda: statements.abandon_pending_run("r", NOW, "why"),
+    "cancel_orphaned": lambda: statements.cancel_orphaned(true(), NOW),
+    "restart_cancelled": lambda: statements.restart_cancelled("r"),
+    "give_up_items": lambda: statements.give_up_items(true(), "owner", "why", NOW),
+    "mark_unknown": lambda: statements.mark_unknown(1, "why"),
+    "refuse": lambda: statements.refuse(1, "why", NOW),
+    "close_failed": lambda: statements.close_failed(1, "why", NOW),
+    "withdraw_intent": lambda: statements.withdraw_intent(1),
+    "withdraw_unreceived": lambda: statements.withdraw_unreceived(1, 1, NOW),
+    "set_episode_state": lambda target: statements.set_episode_state(
+        1, sources_of("episode", target), EpisodeState(target), NOW
+    ),
+    "fail_expired_runs": lambda: statements.fail_expired_runs(["r"], true(), NOW),
+    "fail_expired_items": lambda: statements.fail_expired_items([1], true(), NOW),
+    "cancel_stale_pending": lambda: statements.cancel_stale_pending(["r"], true(), NOW, 60),
+}
+TABLE = {"run": "runs", "item": "items", "submission": "submissions", "episode": "episodes"}
+
+
+def labelled_statements() -> list[tuple[str, str, list[str], str]]:
+    """(name, machine, sources, target) of every label and the statement defined under it."""
+    lines = SOURCE.read_text().splitlines()
+    found = []
+    for n, line in enumerate(lines):
+        match = LABEL.match(line.strip())
+        if match is None:
+            continue
+        machine, sources, target = match.groups()
+        under = next(x for x in lines[n + 1 :] if x.strip() and not x.startswith("#"))
+        name = re.match(r"(?:def )?(\w+)", under)
+        assert name is not None, under
+        bare = [re.sub(r"\(.*\)$", "", s.strip()) or s.strip() for s in sources.split(", ")]
+        found.append((name.group(1), machine, bare, target.strip()))
+    return found
+
+
+def sql_of(name: str, *args: str) -> str:
+    """The statement's SQL as SQLite receives it, literal values inlined."""
+    made = getattr(statements, name)
+    if isinstance(made, DriverSQL):
+        return made.sqlite
+    if isinstance(made, TextClause):
+        return " ".join(made.text.split())
+    built = BUILT[name](*args)
+    return str(built.compile(dialect=sqlite.dialect(), compile_kwargs={"literal_binds": True}))
+
+
+def guarded_states(sql: str, table: str) -> set[str]:
+    """The states of `table`'s own state column its WHERE names (``state = 'x'``, ``state IN
+    ('x', 'y')``, bare or as ``table.state``; another table's ``runs.state`` is not its)."""
+    where = sql.split(" WHERE ", 1)[1] if " WHERE " in sql else ""
+    own = re.compile(
+        rf"(?<![\w.])(?:{table}\.)?state\s*(?:=\s*'(\w+)'|IN\s*\(([^)]*)\))", re.IGNORECASE
+    )
+    states: set[str] = set()
+    for one, many in own.findall(where):
+        states |= {one} if one else set(re.findall(r"'(\w+)'", many))
+    return states
+
+
+def set_state(sql: str, table: str) -> str | None:
+    head = sql.split(" WHERE ", 1)[0]
+    match = re.search(r"\bSET\b.*?(?<![\w.])state\s*=\s*'(\w+)'", head, re.IGNORECASE | re.S)
+    return None if match is None else match.group(1)
+
+
+def test_every_labelled_function_is_built_for_the_check() -> None:
+    functions = {
+        name
+        for name, *_ in labelled_statements()
+        if not isinstance(getattr(statements, name), DriverSQL | TextClause)
+    }
+    assert functions == set(BUILT)
+
+
+@pytest.mark.parametrize(
+    ("name", "machine", "sources", "target"),
+    labelled_statements(),
+    ids=[f"{n}" for n, *_ in labelled_statements()],
+)
+def test_the_sql_under_each_label_makes_exactly_its_move(
+    name: str, machine: str, sources: list[str], target: str
+) -> None:
+    """Read from the SQL itself: an insert writes the machine's initial state, a delete and
+    an update guard exactly the label's sources in their WHERE (a ``*`` label: the table's
+    sources of each target), and an update sets the label's target."""
+    table = TABLE[machine]
+    if sources == ["(new)"]:
+        sql = sql_of(name)
+        assert sql.startswith(f"INSERT INTO {table} ") and f"'{target}'" in sql
+        return
+    if target == "(deleted)":
+        sql = sql_of(name)
+        assert sql.startswith(f"DELETE FROM {table} ")
+        assert guarded_states(sql, table) == set(sources)
+        return
+    cases = (
+        [(t, sources_of(machine, t), sql_of(name, t)) for t in TRANSITIONS[machine]]
+        if sources == ["*"]
+        else [(target, sources, sql_of(name))]
+    )
+    for moved_to, moved_from, sql in cases:
+        if not moved_from:
+            continue  # a state no move reaches (pending): nothing to guard
+        assert sql.startswith(f"UPDATE {table} SET "), sql
+        assert set_state(sql, table) == moved_to, sql
+        assert guarded_states(sql, table) == set(moved_from), sql
+
+
+def test_the_sql_check_sees_a_missing_guard() -> None:
+    assert guarded_states("UPDATE items SET state = 'running' WHERE id = :b_item", "items") == set()
+    assert guarded_states(
+        "UPDATE items SET state = 'x' WHERE id = 1 AND EXISTS (SELECT 1 FROM runs WHERE "
+        "runs.state = 'running') AND items.state IN ('pending', 'failed')",
+        "items",
+    ) == {"pending", "failed"}
+
+
+def test_an_episode_move_from_a_source_the_table_forbids_is_refused() -> None:
+    with pytest.raises(InvalidTransition, match="episode cannot go from allocated to approved"):
+        statements.set_episode_state(1, ["allocated"], EpisodeState.APPROVED, NOW)
