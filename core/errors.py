@@ -15,7 +15,7 @@ The tree::
     ├── AllocationConflict              exit 3  fail closed, nothing written
     ├── EpisodeNotFound                 exit 5
     ├── RunNotFound                     exit 5
-    ├── InvalidTransition               exit 2  a state change the design forbids
+    ├── InvalidTransition               exit 2  a state change its machine forbids (core.states)
     ├── ProviderConfigError             exit 2  unknown profile, missing credential
     ├── StorageError                    exit 1
     │   ├── SchemaNotCurrent            database needs `episodic db upgrade`
