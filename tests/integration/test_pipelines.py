@@ -54,7 +54,7 @@ def test_upgrading_rekeys_existing_items_of_other_pipelines_and_pays_nothing(
 ) -> None:
     """An `other` pipeline episode generated before keys were scoped (simulated: its items
     re-keyed back with the migration's downgrade), then upgraded: generate pays nothing."""
-    from episodic.storage.schema import alembic_config
+    from episodic.storage.schema import downgrade, upgrade
 
     playlist = write_playlist(tmp_path / "pl", ["a", "b"])
     allocate(engine, "other", WeekId.parse("2026-W35"), "k")
@@ -63,20 +63,12 @@ def test_upgrading_rekeys_existing_items_of_other_pipelines_and_pays_nothing(
     with engine.connect() as conn:
         scoped = sorted(conn.execute(select(ItemRow.idempotency_key)).scalars())
 
-    from alembic import command
-
-    def alembic(step: str, revision: str) -> None:
-        with engine.begin() as conn:
-            config = alembic_config()
-            config.attributes["connection"] = conn
-            getattr(command, step)(config, revision)
-
-    alembic("downgrade", "0005")
+    downgrade(engine, "0005")
     with engine.connect() as conn:
         old = sorted(conn.execute(select(ItemRow.idempotency_key)).scalars())
         assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0005"
     assert set(old).isdisjoint(scoped)  # the keys as they were before scoping
-    alembic("upgrade", "head")
+    upgrade(engine)
     with engine.connect() as conn:
         assert sorted(conn.execute(select(ItemRow.idempotency_key)).scalars()) == scoped
     again = _generate(engine, "other", "2026-W35-0")
