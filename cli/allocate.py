@@ -32,8 +32,9 @@ def allocate(
     from episodic.core.errors import InvalidInput
     from episodic.core.ids import WeekId
     from episodic.core.keys import validate_key
+    from episodic.core.schedule_slots import allocation_week, slot_week
     from episodic.pipeline.allocation import allocate as allocate_episode
-    from episodic.pipeline.allocation import resolve_week
+    from episodic.pipeline.pipelines import pipeline_timezone
 
     if (week is None) == (at is None):
         raise InvalidInput("give exactly one of --week or --at")
@@ -46,18 +47,12 @@ def allocate(
         if moment.tzinfo is None:
             raise InvalidInput(f"--at {at!r} has no UTC offset (e.g. +02:00 or Z)")
     validate_key(key)
+    stated = WeekId.parse(week) if week is not None else None
     name = context.pipeline_name(pipeline)
-    from episodic.pipeline.pipelines import pipeline_timezone
-
     tz = pipeline_timezone(context.engine(), context.settings(), name)
-    week_id = resolve_week(week, moment, tz)
-    from episodic.core.keys import SlotKey
-
-    named = SlotKey.parse(key)
-    if named is not None and WeekId.of(named.moment, tz) != week_id:
-        raise InvalidInput(  # the slot's own run would then find it in the wrong week
-            f"--key {key} names a slot of {WeekId.of(named.moment, tz)} in {tz}, not of {week_id}"
-        )
+    if moment is not None:
+        stated = slot_week(moment, tz)
+    week_id = allocation_week(key, tz, stated=stated, key_name="--key").week
     allocation = allocate_episode(context.engine(), name, week_id, key)
     if as_json:
         emit_json(allocation.to_dict())

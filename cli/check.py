@@ -19,7 +19,7 @@ def check(
     pipeline: PipelineOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Audit episodes read-only (ids, files, ledger, states); exit 1 on findings.
+    """Audit episodes read-only (ids, files, ledger, states); exit 8 on findings.
 
     Media are read from the media store (EPISODIC_MEDIA_URL): each completed image, cover
     and manifest must be there, hold its recorded size and sha256, and decode.
@@ -31,6 +31,7 @@ def check(
     Warnings (a slot that several deployments asked for; images still in local files from
     before the media store) are listed but do not change the exit code."""
     from episodic.core.errors import InvalidInput
+    from episodic.core.exit_codes import ExitCode
     from episodic.pipeline.admission import dedup_policy
     from episodic.pipeline.check import Finding, check_episodes, legacy_warnings
     from episodic.pipeline.check_spend import verify_spend
@@ -77,4 +78,4 @@ def check(
             typer.echo("clean")
         for finding in findings:
             typer.echo(f"{finding.episode_id}: {finding.check}: {finding.detail}")
-    raise typer.Exit(1 if findings else 0)
+    raise typer.Exit(int(ExitCode.CHECK_FINDINGS if findings else ExitCode.OK))

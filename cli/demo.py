@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from datetime import datetime, time, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -60,6 +60,7 @@ def demo(
 def _demo(week: str | None, playlist: Path | None, as_json: bool, ui: bool) -> None:
     import episodic.tasks  # noqa: F401  (Prefect defaults before Prefect is imported)
     from episodic.core.ids import WeekId
+    from episodic.core.schedule_slots import slot_week
     from episodic.core.settings import load_timezone
     from episodic.pipeline.pipelines import pipeline_config
     from episodic.providers.profiles import configured_profiles
@@ -71,7 +72,7 @@ def _demo(week: str | None, playlist: Path | None, as_json: bool, ui: bool) -> N
     configured_profiles(settings)
     timezone = pipeline_config(context.engine(), settings, settings.pipeline).timezone
     tz = load_timezone(timezone)
-    week_id = WeekId.parse(week) if week else WeekId.of(datetime.now(tz), tz)
+    week_id = WeekId.parse(week) if week else slot_week(datetime.now(tz), tz)
     if playlist is None:  # the example the package ships, wherever the command starts
         from episodic.core.resources import example_playlist
 
@@ -244,10 +245,11 @@ def _run(
     from prefect.client.schemas.objects import StateType
     from prefect.schedules import Cron
 
+    from episodic.core.schedule_slots import in_week, week_window
     from episodic.flows import local
     from episodic.flows.weekly import weekly_episode
 
-    start = datetime.combine(week_id.monday(), time(0), tz)
+    start, end = week_window(week_id, tz)
     if server is None:  # Prefect starts its ephemeral server at the first API call
         report.line(
             "starting Prefect's local server (the first run migrates its database: 20-30 s)…"
@@ -263,11 +265,10 @@ def _run(
         f"registered deployment weekly-episode/demo-twice-weekly (Mon + Thu 09:00 {timezone})"
     )
     report.line(f"planning 2 slots of {week_id} (flow runs the Prefect scheduler creates)…")
-    slots = local.schedule_slots(
-        deployment_id, start, start + timedelta(days=7) - timedelta(seconds=1)
-    )
-    end = start + timedelta(days=7)
-    slots = [r for r in slots if r.expected_start_time and start <= r.expected_start_time < end]
+    slots = local.schedule_slots(deployment_id, start, end - timedelta(seconds=1))
+    slots = [
+        r for r in slots if r.expected_start_time and in_week(r.expected_start_time, week_id, tz)
+    ]
     rows: list[dict[str, Any]] = []
 
     def record(label: str, run: Any, state: Any) -> None:

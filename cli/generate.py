@@ -19,10 +19,16 @@ from episodic.cli.options import (
 from episodic.cli.output import emit_json
 from episodic.cli.run_output import report_outcome, run_progress
 from episodic.core.hints import counted
+from episodic.core.planning import (
+    COLLECT_TIMEOUT_RANGE,
+    CONCURRENCY_RANGE,
+    HERO_CANDIDATES_RANGE,
+    MAX_IMAGES_RANGE,
+    MAX_RETRIES_RANGE,
+)
 
 if TYPE_CHECKING:
-    from episodic.core.planning import RunOptions
-    from episodic.pipeline.generation import Prepared
+    from episodic.pipeline.generation import Requested
     from episodic.storage.tx import Database
 
 EpisodeArg = Annotated[str, typer.Argument(help="Episode id, e.g. 2026-W32-0 (must exist).")]
@@ -35,24 +41,30 @@ OnlyOption = Annotated[
 ]
 ConcurrencyOption = Annotated[
     int,
-    typer.Option(click_type=StrictInt(1, 64), help="Parallel paid calls (capped by the provider)."),
+    typer.Option(
+        click_type=StrictInt(*CONCURRENCY_RANGE),
+        help="Parallel paid calls (capped by the provider).",
+    ),
 ]
 MaxRetriesOption = Annotated[
     int,
     typer.Option(
-        click_type=StrictInt(0, 20), help="Retries of a failed item, counted across runs."
+        click_type=StrictInt(*MAX_RETRIES_RANGE),
+        help="Retries of a failed item, counted across runs.",
     ),
 ]
 CollectTimeoutOption = Annotated[
     int,
     typer.Option(
-        click_type=StrictInt(1, 86400),
+        click_type=StrictInt(*COLLECT_TIMEOUT_RANGE),
         help="Seconds to keep collecting an accepted job before leaving it to the next run (free).",
     ),
 ]
 MaxImagesOption = Annotated[
     int | None,
-    typer.Option(click_type=StrictInt(0), help="Refuse a plan with more new paid calls."),
+    typer.Option(
+        click_type=StrictInt(*MAX_IMAGES_RANGE), help="Refuse a plan with more new paid calls."
+    ),
 ]
 MaxCostOption = Annotated[
     str | None, typer.Option(help="Refuse a plan estimated above this amount, e.g. 5.00.")
@@ -69,7 +81,7 @@ ForceResubmitOption = Annotated[
 HeroCandidatesOption = Annotated[
     int | None,
     typer.Option(
-        click_type=StrictInt(1, 50),
+        click_type=StrictInt(*HERO_CANDIDATES_RANGE),
         help="Hero runs at N paid candidates each (recorded in the plan; growing 4 to 6 "
         "pays for 2). Without hero runs in the playlist: every one-image video.",
     ),
@@ -125,13 +137,24 @@ def generate(
 
     An identical request while a run of it is active joins that run (deduplicated).
     """
-    from episodic.core.dedup import check_dedup_options
-    from episodic.pipeline.admission import options_from_request
-    from episodic.pipeline.generation import generate as generate_run
-    from episodic.pipeline.generation import prepare
+    from episodic.core.planning import GenerateRequest
+    from episodic.pipeline.generation import generate_requested, open_request
     from episodic.tasks.credentials import CommandLineCredentials
 
-    check_dedup_options(idempotency_key, batch_id, allow_duplicate)
+    request = GenerateRequest(
+        episode_id,
+        only=only,
+        concurrency=concurrency,
+        max_retries=max_retries,
+        max_images=max_images,
+        max_cost=max_cost,
+        force_resubmit=force_resubmit,
+        collect_timeout_s=collect_timeout,
+        hero_candidates=hero_candidates,
+        idempotency_key=idempotency_key,
+        batch_id=batch_id,
+        allow_duplicate=allow_duplicate,
+    )
     if resume is not None and hero_candidates is not None:
         from episodic.core.errors import InvalidInput
 
@@ -150,37 +173,13 @@ def generate(
         return
     engine = context.engine()
     settings = context.settings()
-    name = context.pipeline_name(pipeline)
-    prepared = prepare(
-        engine, settings, name, episode_id, "generate", hero_candidates=hero_candidates
-    )
-    options = options_from_request(
-        settings,
-        prepared.items,
-        only=only,
-        concurrency=concurrency,
-        max_retries=max_retries,
-        max_images=max_images,
-        max_cost=max_cost,
-        force_resubmit=force_resubmit,
-        collect_timeout_s=collect_timeout,
-    )
+    requested = open_request(engine, settings, context.pipeline_name(pipeline), request)
     if show_plan:
-        _show_plan(engine, prepared, options, as_json)
+        _show_plan(engine, requested, as_json)
         return
     with run_progress(as_json) as on_start:
-        outcome = generate_run(
-            engine,
-            settings,
-            name,
-            episode_id,
-            options,
-            CommandLineCredentials(),
-            idempotency_key=idempotency_key,
-            batch_id=batch_id,
-            allow_duplicate=allow_duplicate,
-            on_start=on_start,
-            hero_candidates=hero_candidates,
+        outcome = generate_requested(
+            engine, settings, requested, CommandLineCredentials(), on_start=on_start
         )
     report_outcome(outcome, as_json)
 
@@ -246,7 +245,7 @@ def resume_run(
     report_outcome(outcome, as_json)
 
 
-def _show_plan(engine: Database, prepared: Prepared, options: RunOptions, as_json: bool) -> None:
+def _show_plan(engine: Database, requested: Requested, as_json: bool) -> None:
     """`generate --plan`: what the run would do and cost, refused past the budget; spends
     nothing."""
     from episodic.core.planning import check_budget
@@ -254,6 +253,7 @@ def _show_plan(engine: Database, prepared: Prepared, options: RunOptions, as_jso
     from episodic.pipeline.admission import plan as make_plan
     from episodic.storage.plans import PlanStore
 
+    prepared, options = requested.prepared, requested.options
     report = make_plan(PlanStore(engine), prepared.gate, prepared.items, options, prepared.profile)
     check_budget(report, options)
     check_period_budgets(engine, prepared.gate.pipeline, report)

@@ -7,11 +7,12 @@ from enum import IntEnum
 
 class ExitCode(IntEnum):
     OK = 0
-    ERROR = 1  # unexpected error, or `check` found problems
+    ERROR = 1  # unexpected error (a crash, a database or store that cannot be read)
     REFUSED = 2  # refused before any work: bad input, budget guard
     ALLOCATION_CONFLICT = 3
     RUN_FAILED = 4  # every item failed
     NOT_FOUND = 5  # episode not found
     PARTIAL = 6  # some items failed
     BUDGET_REACHED = 7  # stopped buying at a cap or a period budget; in-flight work collected
+    CHECK_FINDINGS = 8  # `check` read everything and found problems (each one listed)
     INTERRUPTED = 130

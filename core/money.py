@@ -23,7 +23,8 @@ MICROS_PER_MINOR = 10_000  # a cent: the minor unit of the 2-decimal currencies 
 # and a legacy record's cost beyond it are not amounts we store.
 MAX_IMAGE_COST_MICROS = 10**7 * MICROS
 # ASCII digits only (Decimal would take '١٢' or '1e999999999'), at most 9 before the point
-_AMOUNT = re.compile(r"(0|[1-9][0-9]{0,8})(?:\.([0-9]{1,6}))?")
+AMOUNT_PATTERN = r"(0|[1-9][0-9]{0,8})(?:\.([0-9]{1,6}))?"
+_AMOUNT = re.compile(AMOUNT_PATTERN)
 
 
 def parse_money(text: str, what: str = "amount") -> int:

@@ -12,13 +12,82 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, Literal
 
-from episodic.core.errors import BudgetExceeded
-from episodic.core.money import format_money, micros_from_minor
+from episodic.core.dedup import check_dedup_options
+from episodic.core.errors import BudgetExceeded, InvalidInput
+from episodic.core.ids import shown
+from episodic.core.money import format_money, micros_from_minor, parse_money
+from episodic.core.playlist import MAX_CANDIDATES
 from episodic.core.runs import ItemSnapshot, PlanReport
+from episodic.core.selection import MAX_SELECTION_CHARS
 from episodic.core.states import ItemState, SubmissionState
 
 DEFAULT_LEASE_S = 30.0
 DEFAULT_COLLECT_TIMEOUT_S = 600.0
+
+# The ranges of a generate request's numbers, inclusive; the CLI's options and the generate
+# flow's parameters are declared from them, and `GenerateRequest` checks them again.
+CONCURRENCY_RANGE = (1, 64)
+MAX_RETRIES_RANGE = (0, 20)
+MAX_IMAGES_RANGE = (0, 999_999_999)  # nine digits, as an amount's whole part
+COLLECT_TIMEOUT_RANGE = (1, 86_400)
+HERO_CANDIDATES_RANGE = (1, MAX_CANDIDATES)
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateRequest:
+    """What a person asks one generate to do, as the CLI's options, the generate flow's
+    parameters or a Python caller give it; refused (`InvalidInput`, exit 2) on construction
+    unless every value keeps the rules: whole numbers in their ranges (never a bool), an
+    amount of at most six decimals (`parse_money`), the dedup options together
+    (`check_dedup_options`). The selection `only` is read against the plan later
+    (`options_from_request`), once the episode's videos are known."""
+
+    episode_id: str
+    only: str | None = None
+    concurrency: int = 4
+    max_retries: int = 2
+    max_images: int | None = None
+    max_cost: str | None = None  # in the provider's currency, e.g. "2.50" or "0.003"
+    force_resubmit: bool = False
+    collect_timeout_s: int = int(DEFAULT_COLLECT_TIMEOUT_S)
+    hero_candidates: int | None = None
+    idempotency_key: str | None = None
+    batch_id: str | None = None
+    allow_duplicate: bool = False
+
+    def __post_init__(self) -> None:
+        _whole("--concurrency", self.concurrency, CONCURRENCY_RANGE)
+        _whole("--max-retries", self.max_retries, MAX_RETRIES_RANGE)
+        _whole("--collect-timeout", self.collect_timeout_s, COLLECT_TIMEOUT_RANGE)
+        if self.max_images is not None:
+            _whole("--max-images", self.max_images, MAX_IMAGES_RANGE)
+        if self.hero_candidates is not None:
+            _whole("--hero-candidates", self.hero_candidates, HERO_CANDIDATES_RANGE)
+        if self.max_cost is not None:
+            parse_money(self.max_cost)
+        if self.only is not None and (
+            not isinstance(self.only, str) or len(self.only) > MAX_SELECTION_CHARS
+        ):
+            raise InvalidInput(f"invalid --only: at most {MAX_SELECTION_CHARS} characters")
+        for name, flag in (
+            ("--force-resubmit", self.force_resubmit),
+            ("--allow-duplicate", self.allow_duplicate),
+        ):
+            if not isinstance(flag, bool):
+                raise InvalidInput(f"invalid {name} {shown(flag)}: expected true or false")
+        check_dedup_options(self.idempotency_key, self.batch_id, self.allow_duplicate)
+
+    @property
+    def max_cost_micros(self) -> int | None:
+        return None if self.max_cost is None else parse_money(self.max_cost)
+
+
+def _whole(name: str, value: object, bounds: tuple[int, int]) -> None:
+    low, high = bounds
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise InvalidInput(
+            f"invalid {name} {shown(value)}: expected a whole number {low} to {high}"
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,13 +27,28 @@ from sqlalchemy import Engine
 from episodic.core.errors import EpisodicError
 from episodic.core.exit_codes import ExitCode
 from episodic.core.hints import surface
+from episodic.core.planning import (
+    CONCURRENCY_RANGE,
+    HERO_CANDIDATES_RANGE,
+    MAX_IMAGES_RANGE,
+    MAX_RETRIES_RANGE,
+    GenerateRequest,
+)
 from episodic.core.records import ItemResult
 from episodic.core.settings import load_settings
 from episodic.flows.artifacts import EpisodeProgress, publish_spend
 from episodic.flows.cancellation import link_flow_run, settle_hook, settle_in_flow
-from episodic.flows.params import EpisodeIdParam, Flag, KeyParam, PipelineParam, episode_run_name
-from episodic.pipeline.admission import options_from_request
-from episodic.pipeline.generation import generate, prepare
+from episodic.flows.params import (
+    AmountParam,
+    EpisodeIdParam,
+    Flag,
+    KeyParam,
+    PipelineParam,
+    SelectionParam,
+    episode_run_name,
+    whole,
+)
+from episodic.pipeline.generation import generate_requested, open_request
 from episodic.pipeline.outcomes import RunOutcome
 from episodic.pipeline.runner import Runner
 from episodic.storage.registry import engine_for
@@ -56,16 +71,16 @@ class GenerationFailed(EpisodicError):
 )
 def generate_episode(
     episode_id: EpisodeIdParam,
-    only: Annotated[str, Field(max_length=200)] | None = None,
-    concurrency: Annotated[int, Field(ge=1, le=64, strict=True)] = 4,
-    max_retries: Annotated[int, Field(ge=0, le=20, strict=True)] = 2,
-    max_images: Annotated[int, Field(ge=0, le=100_000, strict=True)] | None = None,
-    max_cost: Annotated[str, Field(pattern=r"^[0-9]{1,9}(\.[0-9]{1,2})?$")] | None = None,
+    only: SelectionParam = None,
+    concurrency: Annotated[int, whole(CONCURRENCY_RANGE)] = 4,
+    max_retries: Annotated[int, whole(MAX_RETRIES_RANGE)] = 2,
+    max_images: Annotated[int, whole(MAX_IMAGES_RANGE)] | None = None,
+    max_cost: AmountParam = None,
     pipeline: PipelineParam = None,
     idempotency_key: KeyParam = None,
     allow_duplicate: Flag = False,
     batch_id: Annotated[str, Field(min_length=1, max_length=64)] | None = None,
-    hero_candidates: Annotated[int, Field(ge=1, le=50, strict=True)] | None = None,
+    hero_candidates: Annotated[int, whole(HERO_CANDIDATES_RANGE)] | None = None,
 ) -> dict[str, Any]:
     """Generate the images of an existing, planned episode (paid; never pays twice).
 
@@ -92,70 +107,44 @@ def generate_episode(
             asking for 6 after 4 pays for 2. Refused for an approved episode.
     """
     with surface("prefect"):
-        return _generate(
+        request = GenerateRequest(
             episode_id,
-            only,
-            concurrency,
-            max_retries,
-            max_images,
-            max_cost,
-            pipeline,
-            idempotency_key,
-            allow_duplicate,
-            batch_id,
-            hero_candidates,
+            only=only,
+            concurrency=concurrency,
+            max_retries=max_retries,
+            max_images=max_images,
+            max_cost=max_cost,
+            hero_candidates=hero_candidates,
+            idempotency_key=idempotency_key,
+            batch_id=batch_id,
+            allow_duplicate=allow_duplicate,
         )
+        return _generate(request, pipeline)
 
 
-def _generate(
-    episode_id: str,
-    only: str | None,
-    concurrency: int,
-    max_retries: int,
-    max_images: int | None,
-    max_cost: str | None,
-    pipeline: str | None,
-    idempotency_key: str | None,
-    allow_duplicate: bool,
-    batch_id: str | None,
-    hero_candidates: int | None = None,
-) -> dict[str, Any]:
+def _generate(request: GenerateRequest, pipeline: str | None) -> dict[str, Any]:
     logger = get_run_logger()
     settings = load_settings()
     db = engine_for(settings)
     name = pipeline or settings.pipeline
-    prepared = prepare(db, settings, name, episode_id, "generate", hero_candidates=hero_candidates)
-    options = options_from_request(
-        settings,
-        prepared.items,
-        only=only,
-        concurrency=concurrency,
-        max_retries=max_retries,
-        max_images=max_images,
-        max_cost=max_cost,
-    )
+    episode_id = request.episode_id
+    requested = open_request(db, settings, name, request)
     started = _Started(db, name, episode_id, logger)
     report: dict[str, Any] | None = None
     try:
-        outcome = generate(
+        outcome = generate_requested(
             db,
             settings,
-            name,
-            episode_id,
-            options,
+            requested,
             PrefectSecretCredentials(),
-            idempotency_key=idempotency_key,
-            batch_id=batch_id,
-            allow_duplicate=allow_duplicate,
             executor=partial(
                 prefect_executor,
                 storage=result_storage(settings),
                 pipeline=name,
-                episode_id=prepared.gate.episode_id,
-                options=options,
+                episode_id=requested.prepared.gate.episode_id,
+                options=requested.options,
             ),
             on_start=started,
-            hero_candidates=hero_candidates,
         )
     except TerminationSignal:  # a cancel of this flow run (or its parent), or a shutdown
         started.close()

@@ -10,6 +10,10 @@ from collections.abc import Callable
 from typing import Annotated
 
 from pydantic import Field
+from pydantic.fields import FieldInfo
+
+from episodic.core.money import AMOUNT_PATTERN
+from episodic.core.selection import MAX_SELECTION_CHARS
 
 _WEEK = r"[0-9]{4}-W(0[1-9]|[1-4][0-9]|5[0-3])"  # W53 exists only in some years: parsed
 EPISODE_ID_PATTERN = rf"^{_WEEK}-(0|[1-9][0-9]{{0,9}})$"
@@ -28,6 +32,19 @@ PlaylistParam = Playlist | None
 # Numbers and switches are what they say: `true` is not 1, `1.5` or "4" is not 4, "yes" is
 # not true (pydantic's lax mode would take them): integer parameters say `strict=True`.
 Flag = Annotated[bool, Field(strict=True)]
+# An amount as `parse_money` reads it: at most six decimals, surrounding spaces ignored.
+AmountParam = Annotated[str, Field(pattern=rf"^\s*{AMOUNT_PATTERN}\s*$")] | None
+SelectionParam = Annotated[str, Field(max_length=MAX_SELECTION_CHARS)] | None
+APPROVAL_TIMEOUT_DEFAULT_S = 7 * 86_400
+# Seconds an approval form waits for a decision before its run fails: 60 s to 90 days.
+ApprovalTimeoutParam = Annotated[int, Field(ge=60, le=90 * 86_400, strict=True)]
+
+
+def whole(bounds: tuple[int, int]) -> FieldInfo:
+    """A whole-number parameter in `bounds` (inclusive), strictly an integer."""
+    low, high = bounds
+    field: FieldInfo = Field(ge=low, le=high, strict=True)
+    return field
 
 
 def episode_run_name(verb: str) -> Callable[[], str]:

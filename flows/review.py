@@ -10,13 +10,12 @@ key with the reason at the top of the form.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Any
 
 from prefect import flow
 from prefect.client.schemas.objects import State
 from prefect.logging import get_run_logger
 from prefect.states import Completed
-from pydantic import Field
 
 from episodic.core.errors import CommandNotAllowed, ImagesChangedSinceShown, InvalidInput
 from episodic.core.settings import load_settings
@@ -40,7 +39,13 @@ from episodic.flows.approval_wait import (
     waited_here,
 )
 from episodic.flows.artifacts import publish_assembly, publish_decision, publish_spend
-from episodic.flows.params import EpisodeIdParam, PipelineParam, episode_run_name
+from episodic.flows.params import (
+    APPROVAL_TIMEOUT_DEFAULT_S,
+    ApprovalTimeoutParam,
+    EpisodeIdParam,
+    PipelineParam,
+    episode_run_name,
+)
 from episodic.pipeline.approval import (
     ApprovalContext,
     approval_context,
@@ -52,7 +57,6 @@ from episodic.pipeline.assembly import assemble
 from episodic.pipeline.media_view import open_store, preview_bytes
 from episodic.storage.registry import engine_for
 
-DAY_S = 24 * 3600
 MAX_ANSWERS = 50  # refused answers per form before the run gives up (a bot, not a person)
 
 
@@ -246,17 +250,21 @@ def decision_state(
 def approve_episode(
     episode_id: EpisodeIdParam,
     pipeline: PipelineParam = None,
-    timeout_s: Annotated[int, Field(ge=60, le=90 * DAY_S, strict=True)] = 7 * DAY_S,
+    approval_timeout_s: ApprovalTimeoutParam = APPROVAL_TIMEOUT_DEFAULT_S,
+    timeout_s: ApprovalTimeoutParam | None = None,
 ) -> Any:
     """Wait for a person's decision on a generated episode (deploy it: it suspends).
 
     Args:
         episode_id: the episode to decide, e.g. 2026-W32-1 (it must be generated).
         pipeline: pipeline name; default: EPISODIC_PIPELINE.
-        timeout_s: seconds the form waits before the run fails (60 s to 90 days).
+        approval_timeout_s: seconds the form waits before the run fails (60 s to 90 days).
+        timeout_s: read in place of approval_timeout_s when set, for deployments whose
+            parameters name it so.
     """
     name = pipeline or load_settings().pipeline
-    answer, recorded = approval_step(episode_id, name, timeout_s)
+    waits = approval_timeout_s if timeout_s is None else timeout_s
+    answer, recorded = approval_step(episode_id, name, waits)
     if answer is not None:
         get_run_logger().info("episode %s: %s by %s", episode_id, answer.decision, answer.reviewer)
     result = {

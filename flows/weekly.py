@@ -17,26 +17,34 @@ import logging
 import re
 from datetime import UTC
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 from prefect import flow
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.schedules import CronSchedule
 from prefect.context import FlowRunContext
 from prefect.logging import get_run_logger
-from pydantic import Field
 
-from episodic.core.errors import InvalidInput, NoInvocationIdentity, ScheduleOutOfDate
+from episodic.core.errors import ScheduleOutOfDate
 from episodic.core.hints import surface
 from episodic.core.ids import WeekId
 from episodic.core.keys import SlotKey, derive_allocation_key
+from episodic.core.schedule_slots import allocation_week
 from episodic.core.settings import load_settings, validate_pipeline
 from episodic.flows.artifacts import publish_week_spend
 from episodic.flows.cancellation import settle_hook
 from episodic.flows.generate import generate_episode
 from episodic.flows.invocation import current_invocation
-from episodic.flows.params import Flag, KeyParam, PipelineParam, PlaylistParam, WeekParam
-from episodic.flows.review import DAY_S, approval_step, assemble_step, decision_state
+from episodic.flows.params import (
+    APPROVAL_TIMEOUT_DEFAULT_S,
+    ApprovalTimeoutParam,
+    Flag,
+    KeyParam,
+    PipelineParam,
+    PlaylistParam,
+    WeekParam,
+)
+from episodic.flows.review import approval_step, assemble_step, decision_state
 from episodic.pipeline.episode_plan import refuse_unreadable_playlist
 from episodic.pipeline.pipelines import pipeline_timezone
 from episodic.storage.registry import engine_for
@@ -87,7 +95,7 @@ def weekly_episode(
     playlist: PlaylistParam = None,
     generate: Flag = True,
     wait_for_approval: Flag = True,
-    approval_timeout_s: Annotated[int, Field(ge=60, le=90 * DAY_S, strict=True)] = 7 * DAY_S,
+    approval_timeout_s: ApprovalTimeoutParam = APPROVAL_TIMEOUT_DEFAULT_S,
 ) -> Any:
     """Allocate this invocation's episode and, with a playlist, run the whole chain.
 
@@ -137,21 +145,9 @@ def _weekly(
     named_slot = SlotKey.parse(key)
     tz = pipeline_timezone(engine_for(settings), settings, pipeline_name)  # before allocating
     _check_schedule_zone(pipeline_name, str(tz))
-    slot = None
-    if named_slot is not None:  # a scheduled slot, or a replay of one (explicit key)
-        slot = named_slot.moment.astimezone(tz)
-        week_id = WeekId.of(slot, tz)
-        if explicit_week is not None and explicit_week != week_id:
-            raise InvalidInput(
-                f"allocation key {key} names a slot of {week_id} in {tz}, not of {explicit_week}"
-            )
-    elif explicit_week is not None:
-        week_id = explicit_week
-    elif invocation is not None and invocation.expected_start_time is not None:
-        slot = invocation.expected_start_time.astimezone(tz)
-        week_id = WeekId.of(slot, tz)
-    else:
-        raise NoInvocationIdentity("no scheduled time to take the week from: pass `week`")
+    start = invocation.expected_start_time if invocation is not None else None
+    allocation_for = allocation_week(key, tz, stated=explicit_week, moment=start)
+    week_id, slot = allocation_for.week, allocation_for.moment
     if playlist is not None:  # a wrong path is found before the slot's episode exists
         refuse_unreadable_playlist(engine_for(settings), pipeline_name, key, Path(playlist))
     scheduled_by = None

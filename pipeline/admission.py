@@ -18,11 +18,11 @@ from episodic.core.dedup import (
     parse_idempotency_key,
 )
 from episodic.core.errors import BudgetExceeded, CommandNotAllowed
-from episodic.core.money import format_money, parse_money
+from episodic.core.money import format_money
 from episodic.core.planning import (
-    DEFAULT_COLLECT_TIMEOUT_S,
     PAID,
     Classification,
+    GenerateRequest,
     RunOptions,
     check_budget,
     classify,
@@ -43,33 +43,24 @@ from episodic.storage.tx import Database
 
 
 def options_from_request(
-    settings: Settings,
-    items: Sequence[PlannedItem],
-    *,
-    only: str | None = None,
-    concurrency: int = 4,
-    max_retries: int = 2,
-    max_images: int | None = None,
-    max_cost: str | None = None,
-    force_resubmit: bool = False,
-    collect_timeout_s: float = DEFAULT_COLLECT_TIMEOUT_S,
+    settings: Settings, items: Sequence[PlannedItem], request: GenerateRequest
 ) -> RunOptions:
-    """The `RunOptions` of a user's request (the CLI's flags, the flow's parameters) for the
-    planned `items`: `only` a selection of videos such as "1,3-4" or "v03,v05", `max_cost`
-    an amount in the provider's currency ("2.50"); the lease and the per-run cap
-    (EPISODIC_MAX_RUN_COST) come from `settings`. Raises `InvalidInput` for a malformed
-    selection or amount."""
+    """The `RunOptions` of a validated `request` for the planned `items`: its selection
+    (`only`, "1,3-4" or "v03,v05") read against the plan's videos; the lease and the per-run
+    cap (EPISODIC_MAX_RUN_COST) come from `settings`. Raises `InvalidInput` for a selection
+    the plan does not have."""
     video_ids = {item.index: item.video_id for item in items}
     ordered = [video_ids.get(n, "") for n in range(1, max(video_ids) + 1)]
+    only = request.only
     return RunOptions(
         only=parse_selection(only, ordered) if only is not None else None,  # "": refused
-        concurrency=concurrency,
-        max_retries=max_retries,
-        max_images=max_images,
-        max_cost_micros=parse_money(max_cost) if max_cost is not None else None,
+        concurrency=request.concurrency,
+        max_retries=request.max_retries,
+        max_images=request.max_images,
+        max_cost_micros=request.max_cost_micros,
         lease_s=settings.lease_s,
-        force_resubmit=force_resubmit,
-        collect_timeout_s=float(collect_timeout_s),
+        force_resubmit=request.force_resubmit,
+        collect_timeout_s=float(request.collect_timeout_s),
         cap_micros=settings.max_run_cost_micros,
     )
 

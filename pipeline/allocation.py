@@ -6,9 +6,6 @@ tenacity; an `AllocationConflict` is a decision, never retried.
 
 from __future__ import annotations
 
-from datetime import datetime
-from zoneinfo import ZoneInfo
-
 from tenacity import (
     retry,
     retry_if_exception,
@@ -20,15 +17,6 @@ from episodic.core.episodes import Allocation
 from episodic.core.ids import WeekId
 from episodic.storage.allocator import Allocator
 from episodic.storage.tx import Database, is_transient
-
-
-def resolve_week(week: str | None, at: datetime | None, tz: ZoneInfo) -> WeekId:
-    """The week of an allocation: given outright, or the ISO week of a moment in ``tz``."""
-    if week is not None:
-        return WeekId.parse(week)
-    if at is None:
-        raise ValueError("either a week or a moment is required")
-    return WeekId.of(at, tz)
 
 
 @retry(

@@ -11,7 +11,7 @@ from episodic.core.dedup import Admission
 from episodic.core.errors import CommandNotAllowed, ProviderConfigError, frozen_plan
 from episodic.core.hints import hint
 from episodic.core.ids import EpisodeId
-from episodic.core.planning import RunOptions, check_budget
+from episodic.core.planning import GenerateRequest, RunOptions, check_budget
 from episodic.core.playlist import PlannedItem, Playlist, expand
 from episodic.core.runs import PlanReport
 from episodic.core.settings import Settings
@@ -20,6 +20,7 @@ from episodic.pipeline.admission import (
     admit_run,
     check_period_budgets,
     dedup_policy,
+    options_from_request,
     plan,
     prepare_resume,
     run_request,
@@ -163,6 +164,33 @@ def build_runner(
 OnStart = Callable[[Runner, str], None]
 
 
+@dataclass(frozen=True, slots=True)
+class Requested:
+    """A generate request past the gate, opened once (`open_request`): the request, its
+    episode's plan and provider profile (`prepared`), and the run options it asks for."""
+
+    request: GenerateRequest
+    prepared: Prepared
+    options: RunOptions
+
+
+def open_request(
+    engine: Database, settings: Settings, pipeline: str, request: GenerateRequest
+) -> Requested:
+    """The gate and the recorded plan of `request`'s episode (`prepare`), and the request's
+    run options read against that plan. No credential yet; nothing is written.
+    Errors: as `prepare`, and `InvalidInput` for a selection the plan does not have."""
+    prepared = prepare(
+        engine,
+        settings,
+        pipeline,
+        request.episode_id,
+        "generate",
+        hero_candidates=request.hero_candidates,
+    )
+    return Requested(request, prepared, options_from_request(settings, prepared.items, request))
+
+
 def generate(
     engine: Database,
     settings: Settings,
@@ -178,35 +206,63 @@ def generate(
     on_start: OnStart | None = None,
     hero_candidates: int | None = None,
 ) -> RunOutcome:
-    """The Python API of `episodic generate` (the CLI and the Prefect flow call it).
-
-    In this order, so that a refused request writes nothing: the gate (id, episode), the
-    recorded plan, the budget guard, the credential (provider built), and only then the
-    choke point `admit_run`, which reuses an active run of the same request
-    (``outcome.deduplicated``) or creates one. `on_start(runner, run_id)` is called before
-    the run executes (progress displays). Errors: `InvalidInput` and its kin (exit 2),
-    `EpisodeNotFound` (5), `ProviderConfigError` (2), `IdempotencyKeyReused` (2).
-    `hero_candidates`: every hero run of the plan at N candidates; the changed plan is
-    recorded once the budget guard passed (refused for an approved episode: frozen plan).
-    """
-    prepared = prepare(
-        engine, settings, pipeline, episode_id, "generate", hero_candidates=hero_candidates
-    )
-    if options.cap_micros is None:
-        options = replace(options, cap_micros=settings.max_run_cost_micros)
-    request = run_request(
-        prepared.gate,
-        prepared.items,
-        options,
-        prepared.profile,
+    """A generate whose run options are given outright (a retry's recorded ones, a buy-again's,
+    a Python caller's): the request is built once from the other arguments (refused as
+    `GenerateRequest` refuses), the gate opened once, and the rest is `generate_requested`."""
+    request = GenerateRequest(
+        episode_id,
+        hero_candidates=hero_candidates,
         idempotency_key=idempotency_key,
         batch_id=batch_id,
         allow_duplicate=allow_duplicate,
     )
+    prepared = prepare(
+        engine, settings, pipeline, episode_id, "generate", hero_candidates=hero_candidates
+    )
+    requested = Requested(request, prepared, options)
+    return generate_requested(
+        engine, settings, requested, credentials, executor=executor, on_start=on_start
+    )
+
+
+def generate_requested(
+    engine: Database,
+    settings: Settings,
+    requested: Requested,
+    credentials: CredentialSource,
+    *,
+    executor: ItemExecutor = thread_pool_executor,
+    on_start: OnStart | None = None,
+) -> RunOutcome:
+    """The Python API of `episodic generate` (the CLI and the Prefect flow call it), for a
+    request whose gate `open_request` opened.
+
+    In this order, so that a refused request writes nothing: the gate (id, episode) and the
+    recorded plan (`open_request`), the budget guard, the credential (provider built), and
+    only then the choke point `admit_run`, which reuses an active run of the same request
+    (``outcome.deduplicated``) or creates one. `on_start(runner, run_id)` is called before
+    the run executes (progress displays). Errors: `InvalidInput` and its kin (exit 2),
+    `EpisodeNotFound` (5), `ProviderConfigError` (2), `IdempotencyKeyReused` (2).
+    The request's `hero_candidates`: every hero run of the plan at N candidates; the changed
+    plan is recorded once the budget guard passed (refused for an approved episode: frozen
+    plan).
+    """
+    request, prepared, options = requested.request, requested.prepared, requested.options
+    if options.cap_micros is None:
+        options = replace(options, cap_micros=settings.max_run_cost_micros)
+    dedup = run_request(
+        prepared.gate,
+        prepared.items,
+        options,
+        prepared.profile,
+        idempotency_key=request.idempotency_key,
+        batch_id=request.batch_id,
+        allow_duplicate=request.allow_duplicate,
+    )
     store = RunStore(engine)
     report = plan(PlanStore(engine), prepared.gate, prepared.items, options, prepared.profile)
     check_budget(report, options)
-    check_period_budgets(engine, pipeline, report)
+    check_period_budgets(engine, prepared.gate.pipeline, report)
     # Nothing to submit, collect or reconcile: no provider (no credential read, no store
     # probe). A live run of the same request that admission joins still gets one below.
     run = (
@@ -219,7 +275,7 @@ def generate(
         report,
         options,
         prepared.profile,
-        request,
+        dedup,
         dedup_policy(settings),
         plan_id=prepared.plan_id,
         replan=_replan_record(prepared),

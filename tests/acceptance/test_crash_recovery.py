@@ -187,7 +187,7 @@ def test_after_kill_9_check_reports_the_dead_run_and_the_sweep_reaps_it(
     [run] = _runs(cli, episode)
     time.sleep(float(LEASE_S) + 0.5)  # the leases expire: nobody renews them
     checked = cli("check", "--all")
-    assert checked.returncode == 1 and "lease expired" in checked.stdout, checked.stdout
+    assert checked.returncode == 8 and "lease expired" in checked.stdout, checked.stdout
     swept = cli("sweep", "--json")
     assert swept.returncode == 0, swept.stderr
     buckets = json.loads(swept.stdout)["buckets"]

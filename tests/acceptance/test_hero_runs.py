@@ -255,7 +255,7 @@ def test_check_finds_an_approval_without_picks_and_a_manifest_that_ships_another
     text = stored.read_text()  # rewritten behind the store's back
     stored.write_text(text.replace('"picked": 1', '"picked": 2'))
     found = cli("check", EPISODE)
-    assert found.returncode == 1
+    assert found.returncode == 8
     assert "manifest ships v01 candidate 2, the approval picked 1" in found.stdout
     stored.write_text(text)
     engine = make_engine(database_url)
@@ -267,7 +267,7 @@ def test_check_finds_an_approval_without_picks_and_a_manifest_that_ships_another
         )
     engine.dispose()
     found = cli("check", EPISODE)
-    assert found.returncode == 1 and "picks: episode is assembled but" in found.stdout
+    assert found.returncode == 8 and "picks: episode is assembled but" in found.stdout
     assert "no pick for v01" in found.stdout
     refused = cli("assemble", EPISODE)
     assert refused.returncode == 2 and "no pick for v01" in refused.stderr
@@ -381,4 +381,4 @@ def test_check_is_clean_through_reopen_and_a_second_approval(
     image = _store_file(str(key))
     image.write_bytes(image.read_bytes() + b"x")
     found = cli("check", EPISODE)
-    assert found.returncode == 1 and "image v01.c3 does not match" in found.stdout
+    assert found.returncode == 8 and "image v01.c3 does not match" in found.stdout

@@ -40,7 +40,7 @@ def test_restore_and_import_from_the_command_line(cli: Cli, tmp_path: Path) -> N
     objects = sorted((home / "media" / "sha256").rglob("*.png"))
     assert len(objects) == 2
     objects[0].unlink()  # the store lost one image
-    assert cli("check", "2026-W32-0", env=env).returncode == 1
+    assert cli("check", "2026-W32-0", env=env).returncode == 8
 
     restored = cli("media", "restore", "2026-W32-0", "--json", env=env)
     assert restored.returncode == 0, restored.stderr

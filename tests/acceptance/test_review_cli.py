@@ -87,7 +87,7 @@ def test_check_exit_codes(cli: Cli, tmp_path: Path) -> None:
     image = _stored_file(cli, "2026-W32-0", "v01.p1", env)
     image.write_bytes(b"tampered")  # behind the (local) media store's back
     result = cli("check", "2026-W32-0", "--json", env=env)
-    assert result.returncode == 1
+    assert result.returncode == 8
     assert json.loads(result.stdout)["findings"][0]["check"] == "files"
 
 

@@ -119,13 +119,21 @@ def test_weeks_and_months_are_the_pipelines_and_add_up_to_the_fakes_bill(
     # the week artifact's figures and the days of --since/--until are Auckland's too
     assert by_group(week_spend(engine, "weekly", "2026-W53")) == {("mp", "USD"): (3, 3 * each)}
     code, out, err = cli(
-        capsys, "spend", "--by", "month", "--since", "2026-12-28", "--until", "2026-12-31", "--json"
+        capsys,
+        "spend",
+        "--group-by",
+        "month",
+        "--since",
+        "2026-12-28",
+        "--until",
+        "2026-12-31",
+        "--json",
     )
     assert code == 0, err
     assert by_group(json.loads(out)) == {("2026-12", "USD"): (2, 2 * each)}
     code, out, _ = cli(capsys, "spend", "--since", "2027-01-01", "--until", "2027-01-01", "--json")
     assert by_group(json.loads(out)) == {("2026-W53", "USD"): (1, each)}
-    code, out, _ = cli(capsys, "spend", "--by", "week")
+    code, out, _ = cli(capsys, "spend", "--group-by", "week")
     assert code == 0 and "2026-W52" in out and "0.000103 USD" in out and "0.000412 USD" in out
     assert verify_spend(engine, "weekly").problems == []
     assert not [f for f in check_episodes(engine, "weekly") if f.check in ("cost", "spend")]
@@ -149,10 +157,14 @@ def test_check_finds_a_report_that_dates_calls_unlike_the_budgets(
         lambda kind, at, tz: periods.period_label(kind, at, UTC),
     )
     assert verify_spend(engine, "weekly").problems == [
-        "spend --by week row 2026-W52 2 paid calls, 0.08 USD, but the ledger holds 1, 0.04 USD",
-        "spend --by week row 2026-W53 2 paid calls, 0.08 USD, but the ledger holds 3, 0.12 USD",
-        "spend --by month row 2026-12 4 paid calls, 0.16 USD, but the ledger holds 3, 0.12 USD",
-        "spend --by month row 2027-01 0 paid calls, 0.00 USD, but the ledger holds 1, 0.04 USD",
+        "spend --group-by week row 2026-W52 2 paid calls, 0.08 USD, "
+        "but the ledger holds 1, 0.04 USD",
+        "spend --group-by week row 2026-W53 2 paid calls, 0.08 USD, "
+        "but the ledger holds 3, 0.12 USD",
+        "spend --group-by month row 2026-12 4 paid calls, 0.16 USD, "
+        "but the ledger holds 3, 0.12 USD",
+        "spend --group-by month row 2027-01 0 paid calls, 0.00 USD, "
+        "but the ledger holds 1, 0.04 USD",
     ]
 
 
@@ -177,7 +189,7 @@ def test_currencies_are_never_summed(
     }
     assert sum(t["spent_micros"] for t in report["totals"]) == fakes_bill()  # the fake's bill
 
-    code, out, err = cli(capsys, "spend", "--by", "profile", "--csv")
+    code, out, err = cli(capsys, "spend", "--group-by", "profile", "--csv")
     assert code == 0, err
     rows = list(csv.DictReader(io.StringIO(out)))
     assert list(rows[0]) == [
@@ -202,7 +214,7 @@ def test_currencies_are_never_summed(
     for currency, total in totals.items():
         mine = [r for r in groups if r["currency"] == currency]
         assert sum(int(r["spent_micros"]) for r in mine) == int(total["spent_micros"])
-    code, out, _ = cli(capsys, "spend", "--by", "profile")
+    code, out, _ = cli(capsys, "spend", "--group-by", "profile")
     assert code == 0 and "0.009 EUR" in out and "0.08 USD" in out
 
 
@@ -264,7 +276,7 @@ def test_check_flags_a_cost_that_does_not_follow_from_its_basis(
             update(CostEntryRow).where(CostEntryRow.id == tampered).values(amount_micros=1_000_103)
         )
     code, out, err = cli(capsys, "check", "--all", "--json")
-    assert code == 1, err
+    assert code == 8, err
     found = json.loads(out)["findings"]
     assert [(f["episode_id"], f["check"]) for f in found] == [(episode.episode_id, "cost")]
     assert (
@@ -278,7 +290,7 @@ def test_check_flags_a_cost_that_does_not_follow_from_its_basis(
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--by", "year"], "unknown --by 'year'"),
+        (["--group-by", "year"], "unknown --group-by 'year'"),
         (["--since", "2026-02-30"], "invalid --since '2026-02-30'"),
         (["--until", "26-1-1"], "invalid --until '26-1-1'"),
         (["--since", "2026-12-02", "--until", "2026-12-01"], "--since 2026-12-02 is after"),

@@ -110,6 +110,7 @@ CASES = [(flow, parameter) for flow in FLOWS for parameter in parameters(flow)]
 @example(case=("weekly", "playlist"), value="a\x00b")  # found: read after allocating
 @example(case=("weekly", "allocation_key"), value="k\x00")  # found: refused after a write
 @example(case=("plan", "playlist"), value="\x1b[31mx")
+@example(case=("approve", "approval_timeout_s"), value=1e300)
 @example(case=("approve", "timeout_s"), value=1e300)
 @example(case=("generate", "episode_id"), value="x" * 10_000)
 def test_a_flow_parameter_is_refused_at_the_boundary_or_is_what_it_declares(
