@@ -1,23 +1,24 @@
 """The house report: module sizes, the longest functions and the import graph's cycles.
 
-A proof anyone can rerun that the code is laid out as promised (issue 29): how long each
-product module is, which modules pass 400 and 450 lines, which functions pass 60 lines,
-and which modules import each other in a cycle. Read from the source with `ast`, nothing
-imported or run; `tests/unit/test_layout.py` checks its rules on the same graph.
+A report anyone can rerun of how the code is laid out: how long each product module is,
+which modules pass 400 and 450 lines, which functions pass 60 lines, and which modules
+import each other in a cycle. Read from the source with `ast`, nothing imported or run;
+`tests/unit/test_layout.py` checks its rules on the same graph.
 
 Imports count at any depth (a function-level import closes a cycle at run time as surely as
 one at the top): ``import a.b`` (an edge to ``a.b``), ``from a.b import name`` (to ``a.b``)
 and relative forms. ``from pkg import mod``, `mod` a module, is an edge to ``pkg.mod`` and
 one to ``pkg``: the statement reads the package's namespace, so a package whose
-``__init__`` imports `mod` while `mod` imports from the package is a cycle (the one
-``storage/__init__.py`` -> ``episodic.storage.engine`` -> ``storage`` was). A cycle is reported once,
-as a strongly connected component of more than one module.
+``__init__`` imports `mod` while `mod` imports from the package is a cycle (say
+``storage/__init__.py`` -> ``episodic.storage.engine`` -> ``storage``). A cycle is reported
+once, as a strongly connected component of more than one module.
 
 Run: .venv/bin/python -m bench.house [--json] [--root DIR]
 
-Exit 0 when the two hard rules hold (no import cycle, no product module over 450 lines), 1
-when one is broken: a script can gate on it. The other house rules (layering, private
-names, flows beyond the engine factory) are checked by `tests/unit/test_layout.py` only.
+Exit 0 when no module it reads is in an import cycle, 1 when one is: a script can gate on it.
+Sizes are a smell to look at, not a limit: a long module or function is reported and never
+fails the run. The other house rules (layering, private names, flows beyond the engine
+factory) are checked by `tests/unit/test_layout.py` only.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ PACKAGES = (
     "reliability",
 )
 LONG_MODULE = 400
-TOO_LONG_MODULE = 450
+VERY_LONG_MODULE = 450
 LONG_FUNCTION = 60
 
 
@@ -309,7 +310,7 @@ def report(root: Path = ROOT) -> dict[str, object]:
             n: s for n, s in sorted(sizes.items(), key=lambda i: -i[1]) if s > LONG_MODULE
         },
         "modules_over_450": {
-            n: s for n, s in sorted(sizes.items(), key=lambda i: -i[1]) if s > TOO_LONG_MODULE
+            n: s for n, s in sorted(sizes.items(), key=lambda i: -i[1]) if s > VERY_LONG_MODULE
         },
         "functions_over_60": [
             {"function": f"{f.module}:{f.qualname}", "line": f.line, "lines": f.lines}
@@ -336,7 +337,7 @@ def show(figures: dict[str, object]) -> None:
         print(f"{package:<12} {figure['modules']:>8} {figure['lines']:>7}")
     print(
         f"\nmodules over {LONG_MODULE} lines: {len(over_400)} "
-        f"(over {TOO_LONG_MODULE}: {len(over_450)})"
+        f"(over {VERY_LONG_MODULE}: {len(over_450)})"
     )
     for name, lines in over_400.items():
         print(f"  {lines:>5}  {name}{'  (> 450)' if name in over_450 else ''}")
@@ -362,7 +363,7 @@ def main() -> None:
         print()
     else:
         show(figures)
-    if figures["cycles"] or figures["modules_over_450"]:
+    if figures["cycles"]:
         sys.exit(1)
 
 

@@ -78,9 +78,14 @@ def pg_terminate(backend: Backend, trials: int, rng: random.Random) -> Result:
                 admin.commit()
 
     return _under_database_faults(
-        Result("pg-terminate", backend.name), url, trials, rng, terminate, 8.0,
+        Result("pg-terminate", backend.name),
+        url,
+        trials,
+        rng,
+        terminate,
+        8.0,
         "a generation under pg_terminate_backend",
-    )  # fmt: skip
+    )
 
 
 def pg_restart(backend: Backend, trials: int, rng: random.Random) -> Result:
@@ -104,9 +109,14 @@ def pg_restart(backend: Backend, trials: int, rng: random.Random) -> Result:
             time.sleep(max(0.0, until - time.monotonic()))
 
         return _under_database_faults(
-            Result("pg-restart", backend.name), url, trials, rng, restart, 12.0,
+            Result("pg-restart", backend.name),
+            url,
+            trials,
+            rng,
+            restart,
+            12.0,
             "a generation across PostgreSQL restarts",
-        )  # fmt: skip
+        )
 
 
 def _under_database_faults(
@@ -266,9 +276,17 @@ def sqlite_locked(backend: Backend, trials: int, rng: random.Random) -> Result:
         else:
             reported.append((f"locked-{trial}", after.stdout.split()[0]))
         recover_and_check(
-            result, threading.Lock(), engine, env, episode_id, 3, home, trial, [],
+            result,
+            threading.Lock(),
+            engine,
+            env,
+            episode_id,
+            3,
+            home,
+            trial,
+            [],
             "a generation after the lock",
-        )  # fmt: skip
+        )
     record_allocations(result, engine, reported)
     result.notes = f"the busy timeout is {SQLITE_BUSY_TIMEOUT_MS / 1000:.0f} s"
     engine.dispose()

@@ -59,9 +59,19 @@ def generate_crash(backend: Backend, trials: int, rng: random.Random) -> Result:
         time.sleep(local.uniform(0.3, 2.0))  # a run of 6 items lasts about 2-3 s here
         fault, signalled = signal_some(processes, local)
         recover_and_check(
-            result, guard, engine, env, episode_id, items, home, trial, processes, fault,
-            signalled=signalled, cli=True,
-        )  # fmt: skip
+            result,
+            guard,
+            engine,
+            env,
+            episode_id,
+            items,
+            home,
+            trial,
+            processes,
+            fault,
+            signalled=signalled,
+            cli=True,
+        )
 
     in_parallel(plans, one)
     clean = check_all(result, url, root)
@@ -117,9 +127,19 @@ def flow_crash(backend: Backend, trials: int, rng: random.Random) -> Result:
         time.sleep(local.uniform(1.0, 4.0))  # a flow run starts in about 2 s, lasts 1-2 s more
         fault, signalled = signal_some(processes, local)
         recover_and_check(
-            result, guard, engine, env, episode_id, items, home, trial, processes, fault,
-            signalled=signalled, cli=False,
-        )  # fmt: skip
+            result,
+            guard,
+            engine,
+            env,
+            episode_id,
+            items,
+            home,
+            trial,
+            processes,
+            fault,
+            signalled=signalled,
+            cli=False,
+        )
 
     try:
         in_parallel(plans, one)

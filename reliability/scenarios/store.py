@@ -67,8 +67,9 @@ def store_faults(backend: Backend, trials: int, rng: random.Random) -> Result:
                     _audit(result, engine, url, root, trial, kind, made, store)
                     engine.dispose()
                 result.faults.update(injected)
-                result.faults.update({f"store {k}": n for k, n in proxy.counts.items()
-                                      if k != "forwarded"})  # fmt: skip
+                result.faults.update(
+                    {f"store {k}": n for k, n in proxy.counts.items() if k != "forwarded"}
+                )
             result.trials += 1
     finally:
         s3.stop()

@@ -77,9 +77,12 @@ def test_plan_refuses_a_providers_file_that_does_not_exist(
     for profile in ("fake", "real"):
         playlist = write_playlist(tmp_path / profile, ["a"], profile=profile)
         result = cli(
-            "plan", "2026-W32-0", "--playlist", str(playlist),
+            "plan",
+            "2026-W32-0",
+            "--playlist",
+            str(playlist),
             env={"EPISODIC_PROVIDERS_FILE": missing},
-        )  # fmt: skip
+        )
         assert result.returncode == 2, (profile, result.returncode, result.stdout)
         assert "EPISODIC_PROVIDERS_FILE" in result.stderr and missing in result.stderr, (
             profile,

@@ -57,8 +57,15 @@ class _Drip(BaseHTTPRequestHandler):
         if self.path.startswith("/v1/account"):
             body = json.dumps({"username": "ann"}).encode()
         else:
-            body = json.dumps({"latest_version": {"openapi_schema": {"components": {
-                "schemas": {"Input": {"properties": REPLICATE_INPUTS}}}}}}).encode()  # fmt: skip
+            body = json.dumps(
+                {
+                    "latest_version": {
+                        "openapi_schema": {
+                            "components": {"schemas": {"Input": {"properties": REPLICATE_INPUTS}}}
+                        }
+                    }
+                }
+            ).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))

@@ -61,10 +61,12 @@ def test_the_playlist_schema_and_loader_agree_on_a_field(
     ("case", "text"),
     [
         ("an empty file (loads: no profiles)", ""),
-        ("max_concurrency 4.0", "profiles:\n  p: {kind: fake, price: {per_image: '0.01'}, "
-         "max_concurrency: 4.0}\n"),
+        (
+            "max_concurrency 4.0",
+            "profiles:\n  p: {kind: fake, price: {per_image: '0.01'}, max_concurrency: 4.0}\n",
+        ),
     ],
-)  # fmt: skip
+)
 def test_the_providers_schema_and_loader_agree_on_a_file(
     case: str, text: str, tmp_path: Any
 ) -> None:
