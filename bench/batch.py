@@ -307,7 +307,8 @@ def bench_planning(tmp: Path, backends: dict[str, Any]) -> None:
 
     from episodic.core.planning import RunOptions
     from episodic.core.playlist import PlannedItem
-    from episodic.pipeline.admission import plan
+    from episodic.core.settings import load_settings
+    from episodic.pipeline.admission import admit_run, dedup_policy, plan, run_request
     from episodic.pipeline.gate import open_gate
     from episodic.providers.profiles import BUILTIN
     from episodic.storage.admission import AdmissionStore
@@ -323,10 +324,21 @@ def bench_planning(tmp: Path, backends: dict[str, Any]) -> None:
         items = [
             PlannedItem(n, f"v{n}", 1, f"prompt {n}", n, f"{n:032x}") for n in range(1, 100_001)
         ]
-        run_id = AdmissionStore(engine).create_run(gate.episode_pk, "generate", {}, items, [])
+        options = RunOptions()
+        profile = BUILTIN["fake"]
+        admission = admit_run(  # through the choke point, as every run is made
+            AdmissionStore(engine),
+            gate,
+            items,
+            plan(PlanStore(engine), gate, items, options, profile),
+            options,
+            profile,
+            run_request(gate, items, options, profile),
+            dedup_policy(load_settings()),
+        )
+        assert admission.created, admission
         with engine.begin() as conn:
             conn.execute(update(ItemRow).where(ItemRow.position > 1000).values(state="completed"))
-        options = RunOptions()
         start = time.perf_counter()
         report = plan(PlanStore(engine), gate, items, options, BUILTIN["fake"])
         elapsed = time.perf_counter() - start
@@ -336,7 +348,6 @@ def bench_planning(tmp: Path, backends: dict[str, Any]) -> None:
             f"{'' if elapsed < 1 else '  over target'}"
         )
         engine.dispose()
-        del run_id
 
 
 def main() -> None:

@@ -24,6 +24,7 @@ Run: make bench  (or .venv/bin/python -m bench.ledger [--items N] [--skip-postgr
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import statistics
 import tempfile
@@ -121,6 +122,15 @@ def _connect(url: str) -> tuple[Any, str]:
     return psycopg.connect(parsed.set(drivername="postgresql").render_as_string(False)), "%s"
 
 
+def _write_atomically(path: Path, content: bytes) -> str:
+    """The floor's image write: a temporary file renamed into place; returns its sha256."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_bytes(content)
+    os.replace(tmp, path)
+    return hashlib.sha256(content).hexdigest()
+
+
 def floor_rate(url: str, home: Path, items: int, concurrency: int, tag: str = "") -> float:
     """Items per second for the same commits per item in raw SQL, `concurrency` threads."""
     run_id, item_pks, episode_pk = _floor_items(url, home, items, concurrency, tag)
@@ -128,7 +138,6 @@ def floor_rate(url: str, home: Path, items: int, concurrency: int, tag: str = ""
     queue = list(item_pks)
     guard = threading.Lock()
 
-    from episodic.pipeline.media import write_atomically
     from episodic.providers.base import ImageRequest
     from episodic.providers.fake import FakeProvider
     from episodic.storage.budgets import BUDGETS, PERIOD_SPEND, RUN_SPEND
@@ -242,7 +251,7 @@ def floor_rate(url: str, home: Path, items: int, concurrency: int, tag: str = ""
             remote = provider.submit(ImageRequest(ref, "2026-W32-0", f"v{item}", "bench", item))
             tx(accept)
             result = provider.collect(remote, deadline_s=5, should_stop=lambda: False)
-            write_atomically(images / f"{ref}.png", result.content)
+            _write_atomically(images / f"{ref}.png", result.content)
             tx(complete)
         conn.close()
 

@@ -28,9 +28,9 @@ CSV_COLUMNS = [
 
 
 def spend(
-    by: Annotated[
+    group_by: Annotated[
         str,
-        typer.Option("--by", help="Group by week, month, episode, profile or pipeline."),
+        typer.Option("--group-by", help="Group by week, month, episode, profile or pipeline."),
     ] = "week",
     pipeline: Annotated[
         str | None,
@@ -58,11 +58,11 @@ def spend(
 
     if as_json and as_csv:
         raise InvalidInput("give --json or --csv, not both")
-    check_grouping(by)
+    check_grouping(group_by)
     first, last = parse_day(since, "--since"), parse_day(until, "--until")
     check_window(first, last)
     report = spend_report(
-        context.engine(read_only=True), by=by, pipeline=pipeline, since=first, until=last
+        context.engine(read_only=True), by=group_by, pipeline=pipeline, since=first, until=last
     )
     if as_json:
         emit_json(report)

@@ -82,10 +82,6 @@ class ProvenImage:
     sha256: str
     size: int
 
-    @property
-    def extension(self) -> str:
-        return IMAGE_TYPES[self.media_type]
-
 
 @dataclass(frozen=True)
 class StoredMedia:
@@ -102,14 +98,13 @@ class StoredMedia:
     height: int | None = None
 
 
-ProblemKind = Literal["missing", "size", "sha256", "not_an_image"]
+ProblemKind = Literal["missing", "size", "sha256"]
 
 
 @dataclass(frozen=True)
 class MediaProblem:
     """Why an object is not what was recorded: ``missing`` (no object under the key),
-    ``size`` (another number of bytes), ``sha256`` (same size, other bytes), ``not_an_image``
-    (the recorded bytes, yet they do not decode: `episodic.pipeline.media.audit_image`)."""
+    ``size`` (another number of bytes), ``sha256`` (same size, other bytes)."""
 
     key: str
     kind: ProblemKind

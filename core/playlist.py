@@ -147,6 +147,10 @@ MAX_REFERENCE_IMAGE_BYTES = 10 * 1024 * 1024
 
 
 class Playlist(_Strict):
+    # `items` is the key people write (and the key of every recorded plan and its hash); in
+    # Python the field is `videos`, since an item is one paid image
+    model_config = ConfigDict(extra="forbid", frozen=True, serialize_by_alias=True)
+
     template: Template
     provider_profile: str = Field(default="fake", pattern=f"^{_ID}$")
     reference_assets: list[str] = Field(default_factory=list, max_length=20)
@@ -154,7 +158,7 @@ class Playlist(_Strict):
     reference_image: str | None = Field(default=None, min_length=1, max_length=1024)
     # a hero run for every video without a `hero` of its own (each must have one image)
     hero: Hero | None = None
-    items: list[Video] = Field(min_length=1, max_length=100_000)
+    videos: list[Video] = Field(alias="items", min_length=1, max_length=100_000)
 
     def hero_of(self, video: Video) -> Hero | None:
         """The hero run of `video`: its own, else the playlist's (unless it says false)."""
@@ -174,9 +178,9 @@ class Playlist(_Strict):
         if not 1 <= candidates <= MAX_CANDIDATES:
             raise InvalidInput(f"--hero-candidates must be 1 to {MAX_CANDIDATES}")
         hero = Hero(candidates=candidates).model_dump()
-        declared = self.hero is not None or any(isinstance(v.hero, Hero) for v in self.items)
+        declared = self.hero is not None or any(isinstance(v.hero, Hero) for v in self.videos)
         videos = []
-        for video in self.items:
+        for video in self.videos:
             dump = video.model_dump()
             if isinstance(video.hero, Hero):
                 dump["hero"] = hero
@@ -185,7 +189,7 @@ class Playlist(_Strict):
             videos.append(dump)
         top = hero if (self.hero is not None or not declared) else None
         changed = Playlist.model_validate({**self.model_dump(), "hero": top, "items": videos})
-        if not any(changed.hero_of(video) for video in changed.items):
+        if not any(changed.hero_of(video) for video in changed.videos):
             raise InvalidInput(
                 "--hero-candidates: no video of the plan can be a hero video (each has "
                 "several parts or says hero: false)"
@@ -195,7 +199,7 @@ class Playlist(_Strict):
     @model_validator(mode="after")
     def _heroes_have_one_image(self) -> Playlist:
         if self.hero is not None:
-            for video in self.items:
+            for video in self.videos:
                 if video.hero is None and video.parts != [1]:
                     raise ValueError(
                         f"video {video.video_id} has parts {video.parts}: the playlist's hero "
@@ -226,11 +230,11 @@ class Playlist(_Strict):
 
     @model_validator(mode="after")
     def _unique_videos(self) -> Playlist:
-        images = sum(self.images_of(video) for video in self.items)
+        images = sum(self.images_of(video) for video in self.videos)
         if images > MAX_IMAGES_PER_PLAN:
             raise ValueError(f"{images} images in one plan; at most {MAX_IMAGES_PER_PLAN}")
         seen: set[str] = set()
-        for video in self.items:
+        for video in self.videos:
             if video.video_id in seen:
                 raise ValueError(f"video_id {video.video_id!r} appears twice")
             seen.add(video.video_id)
@@ -330,7 +334,7 @@ def expand(
     """Every paid image of the playlist for one episode of one pipeline, with its key."""
     spec = playlist.template.spec_hash()
     planned = []
-    for index, video in enumerate(playlist.items, start=1):
+    for index, video in enumerate(playlist.videos, start=1):
         hero = playlist.hero_of(video)
         # a hero image has no part: `{part}` renders empty, and every candidate has one prompt
         slots: list[tuple[int | None, int | None]] = (

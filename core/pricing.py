@@ -90,14 +90,6 @@ class Charge:
         """The provider's own figure (quantity: the amount, at a unit of one micro-unit)."""
         return cls(amount_micros, currency, "reported", amount_micros, 1)
 
-    @property
-    def follows(self) -> bool:
-        """Whether the amount is what the basis, quantity and unit price make."""
-        try:
-            return charge_of(self.basis, self.unit_micros, self.quantity) == self.amount_micros
-        except ValueError:
-            return False
-
 
 @dataclass(frozen=True, slots=True)
 class Price:
@@ -135,16 +127,6 @@ class Price:
     def estimated_charge(self) -> Charge:
         """The charge at the stated upper bound (a billed failure without a measure)."""
         return self.charge(self.estimate_quantity)
-
-    @property
-    def measures(self) -> str:
-        """What the basis's quantity is, for messages."""
-        return {
-            "per_image": "images",
-            "per_megapixel": "pixels of the stored image",
-            "per_whole_megapixel": "pixels of the stored image",
-            "per_second": "seconds of compute the provider reports",
-        }[self.basis]
 
     def settle(
         self,

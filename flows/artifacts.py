@@ -129,8 +129,8 @@ def week_spend_rows(report: dict[str, Any], week_id: str) -> list[dict[str, Any]
 def publish_week_spend(
     engine: Engine, pipeline: str, week_id: str, *, flow_run_id: UUID | None = None
 ) -> dict[str, Any] | None:
-    """The pipeline's spend in ISO week `week_id` (its timezone; `episodic spend --by
-    profile` of that week) as a table artifact, one card per flow run; returns the report
+    """The pipeline's spend in ISO week `week_id` (its timezone; `episodic spend
+    --group-by profile` of that week) as a table artifact, one card per flow run; returns the report
     (None when it could not be read: a view is never the run's failure)."""
     from episodic.pipeline.spend import week_spend
 

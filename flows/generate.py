@@ -53,9 +53,9 @@ from episodic.pipeline.outcomes import RunOutcome
 from episodic.pipeline.runner import Runner
 from episodic.storage.registry import engine_for
 from episodic.tasks.credentials import PrefectSecretCredentials
-from episodic.tasks.executor import prefect_executor
+from episodic.tasks.prefect_executor import prefect_executor
 from episodic.tasks.results import result_storage
-from episodic.tasks.runners import configured_task_runner
+from episodic.tasks.task_runner import configured_task_runner
 
 
 class GenerationFailed(EpisodicError):

@@ -28,9 +28,9 @@ from typing import Any
 from episodic.core.errors import EpisodicError, InvalidInput, ProviderConfigError
 from episodic.core.states import ItemState, SubmissionState
 from episodic.pipeline.gate import CredentialSource
+from episodic.providers.adapters import build_client
 from episodic.providers.base import ImageRequest, NotOurJob, ProviderError, VerifiesJobs
 from episodic.providers.profiles import Profile
-from episodic.providers.registry import build_client
 from episodic.storage.adoption import latest_submission, recorded_for
 from episodic.storage.ledger import LedgerStore
 from episodic.storage.runs import RunStore

@@ -44,9 +44,9 @@ from episodic.core.planning import RunOptions, budget_breach
 from episodic.core.settings import Settings
 from episodic.core.states import DECIDED_STATES
 from episodic.pipeline.admission import dedup_policy
-from episodic.pipeline.executors import ItemExecutor, thread_pool_executor
 from episodic.pipeline.gate import CredentialSource, open_gate
 from episodic.pipeline.generation import Prepared, generate, prepare, resume
+from episodic.pipeline.item_dispatch import ItemExecutor, thread_pool_executor
 from episodic.pipeline.outcomes import RunOutcome
 from episodic.pipeline.restore import (
     DEFAULT_COLLECT_TIMEOUT_S,

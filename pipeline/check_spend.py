@@ -120,7 +120,7 @@ def verify_spend(engine: Database, pipeline: str) -> SpendCheck:
         groups = group_lines(by, lines, zones.__getitem__)
         totals = totals_of(groups)
         reported = {c: (t.calls, t.spent_micros) for c, t in totals.items() if t.calls}
-        _compare(result, f"spend --by {by} totals", reported, result.ledger)
+        _compare(result, f"spend --group-by {by} totals", reported, result.ledger)
         if by in PERIOD_KINDS:
             ledgers = {label for label in by_period if ("-W" in label) == (by == "week")}
             for label in sorted({key[-1] for key, _ in groups} | ledgers):
@@ -129,7 +129,9 @@ def verify_spend(engine: Database, pipeline: str) -> SpendCheck:
                     for (key, currency), f in groups.items()
                     if key[-1] == label and f.calls
                 }
-                _compare(result, f"spend --by {by} row {label}", row, by_period.get(label, {}))
+                _compare(
+                    result, f"spend --group-by {by} row {label}", row, by_period.get(label, {})
+                )
     return result
 
 

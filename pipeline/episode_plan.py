@@ -59,7 +59,7 @@ def record_plan(
     return {
         "episode_id": gate.episode_id,
         "recorded": stored,
-        "videos": len(playlist.items),
+        "videos": len(playlist.videos),
         "images": len(items),
         "provider_profile": playlist.provider_profile,
         "template": f"{playlist.template.id} v{playlist.template.version}",

@@ -3,7 +3,7 @@ client for an episode that does not exist.
 
 The order is structural: `build_provider` accepts only a `GatePass`, and only `open_gate`
 can make one (after parsing the id and loading the episode). The one other caller of
-`providers.registry.build_client` is ``episodic providers check``, which builds a client for
+`providers.adapters.build_client` is ``episodic providers check``, which builds a client for
 a free call and never calls what spends (`episodic.pipeline.provider_check`).
 """
 
@@ -18,9 +18,9 @@ from episodic.core.errors import ProviderConfigError
 from episodic.core.ids import EpisodeId
 from episodic.core.output_files import RecordPaths
 from episodic.core.settings import Settings
+from episodic.providers.adapters import build_client, refuse_record
 from episodic.providers.base import Provider
 from episodic.providers.profiles import Profile
-from episodic.providers.registry import build_client, refuse_record
 from episodic.storage.episodes import EpisodeRepository
 from episodic.storage.tx import Database
 
@@ -82,7 +82,7 @@ def build_provider(
     gate: GatePass, profile: Profile, credentials: CredentialSource, settings: Settings
 ) -> Provider:
     """The client of a paid command: the credential is read, and the client built (by
-    `episodic.providers.registry.build_client`, the one place any client is built), only for the
+    `episodic.providers.adapters.build_client`, the one place any client is built), only for the
     `GatePass` of an episode that exists. Raises `ProviderConfigError` (no credential, a
     profile the adapter cannot use), `InvalidInput` (the fake's job store or event log named
     onto the record of `settings`' installation: `episodic.providers.fake.refuse_record`) and

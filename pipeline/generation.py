@@ -25,8 +25,8 @@ from episodic.pipeline.admission import (
     prepare_resume,
     run_request,
 )
-from episodic.pipeline.executors import ItemExecutor, thread_pool_executor
 from episodic.pipeline.gate import CredentialSource, GatePass, build_provider, open_gate
+from episodic.pipeline.item_dispatch import ItemExecutor, thread_pool_executor
 from episodic.pipeline.media_view import writable_store
 from episodic.pipeline.outcomes import RunOutcome, nothing_to_do
 from episodic.pipeline.playlists import (

@@ -23,11 +23,9 @@ from __future__ import annotations
 
 import gc
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 _guard = threading.Lock()
-_runs = 0  # runs of this process inside `long_lived_frozen`
+_runs = 0  # runs of this process between `freeze_for_run` and `thaw_after_run`
 _ours = False  # whether the current freeze is this module's (unfrozen by the last run)
 
 
@@ -49,13 +47,3 @@ def thaw_after_run() -> None:
         if _runs == 0 and _ours:
             gc.unfreeze()
             _ours = False
-
-
-@contextmanager
-def long_lived_frozen() -> Iterator[None]:
-    """`freeze_for_run` ... `thaw_after_run` around a block."""
-    freeze_for_run()
-    try:
-        yield
-    finally:
-        thaw_after_run()

@@ -1,5 +1,6 @@
-"""One process's share of one run (`Share`): its claims, and the items it found held
-elsewhere; the `ItemJob` a `episodic.pipeline.runner.Runner`'s executor drives."""
+"""One process's claims on one run's items (`ItemClaims`), and the items it found held
+elsewhere: the claim side (`ClaimSide`) that the dispatch machine of a
+`episodic.pipeline.runner.Runner`'s executor drives."""
 
 from __future__ import annotations
 
@@ -30,9 +31,9 @@ def new_owner() -> str:
 
 
 @dataclass
-class Share:
-    """One process's share of one run: its claims, and the items it found held elsewhere
-    (the `ItemJob` its executor drives)."""
+class ItemClaims:
+    """One process's claims on one run's items, and the items it found held elsewhere (the
+    `ClaimSide` its executor drives)."""
 
     runner: Runner
     run_id: str
@@ -231,7 +232,7 @@ class Share:
         return self.runner.store.collectible(self.run_id, self.profile_id)
 
     def waiting(self, for_slot: bool) -> None:
-        """Tell the runner's `on_wait` once each time this share starts or stops waiting for
+        """Tell the runner's `on_wait` once each time this process starts or stops waiting for
         a provider slot (a run whose every slot is taken elsewhere shows why it stands still)."""
         if for_slot == self._waiting_for_slot:
             return

@@ -13,15 +13,12 @@ from __future__ import annotations
 
 import hashlib
 import io
-import os
-import threading
 import warnings
-from pathlib import Path
 
 from PIL import Image, ImageFile, UnidentifiedImageError
 
-from episodic.core.errors import MediaMissing, NotAnImage
-from episodic.core.media import MediaProblem, ProvenImage, StoredMedia, content_problem
+from episodic.core.errors import NotAnImage
+from episodic.core.media import ProvenImage, StoredMedia
 from episodic.storage.media import MediaStore
 
 # Pillow's format names of the types a paid image may be, and their media types.
@@ -79,24 +76,6 @@ def prove_image(content: bytes) -> ProvenImage:
     )
 
 
-def audit_image(store: MediaStore, key: str, sha256: str, size: int) -> MediaProblem | None:
-    """None when `store` holds `size` bytes hashing to `sha256` under `key` and they decode
-    in full as an image; otherwise the problem (``missing``, ``size``, ``sha256``,
-    ``not_an_image``). Reads the object once. Raises a MediaStoreError when the store cannot
-    answer (an outage is not a finding about the image)."""
-    try:
-        content = store.read(key)
-    except MediaMissing:
-        return MediaProblem(key, "missing", f"missing from the media store {store.describe()}")
-    if (problem := content_problem(key, content, sha256, size)) is not None:
-        return problem
-    try:
-        prove_image(content)
-    except NotAnImage as exc:
-        return MediaProblem(key, "not_an_image", exc.reason)
-    return None
-
-
 def _identify(content: bytes) -> str:
     """The media type of `content` from its bytes, after Pillow's structural check."""
     try:
@@ -146,12 +125,3 @@ def keep_image(store: MediaStore, image: ProvenImage) -> StoredMedia:
     accepted and collects it again), `MediaStoreMisconfigured`, or `MediaCorrupt` (another
     object under the key; left as it is)."""
     return store.put_image(image)
-
-
-def write_atomically(path: Path, content: bytes) -> str:
-    """Write `content` to `path` via a temporary file and rename; returns its sha256 (hex)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_bytes(content)
-    os.replace(tmp, path)
-    return hashlib.sha256(content).hexdigest()

@@ -51,7 +51,7 @@ def plan_texts(engine: Database, episode_pk: int, episode_id: str, pipeline: str
     playlist = parse_playlist(recorded[0], "recorded plan")
     items = planned_items(recorded[0], recorded[1], episode_id, pipeline)
     return PlanTexts(
-        {video.video_id: video.title for video in playlist.items},
+        {video.video_id: video.title for video in playlist.videos},
         {item.idempotency_key: item.prompt for item in items},
     )
 

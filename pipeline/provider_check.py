@@ -14,9 +14,9 @@ from typing import Any
 
 from episodic.core.errors import ProviderConfigError
 from episodic.pipeline.gate import CredentialSource
+from episodic.providers.adapters import build_client
 from episodic.providers.base import CannotCheck, ChecksCredential, ProviderError
 from episodic.providers.profiles import Profile
-from episodic.providers.registry import build_client
 
 _AMBIGUOUS_RESEND = "sent again with the same key: the provider returns the one job"
 _AMBIGUOUS_LOOKUP = "looked up; until found, never sent again"
@@ -115,7 +115,7 @@ def check_profile(profile: Profile, credentials: CredentialSource, state_dir: Pa
     """Verify the profile (its credential, model and input names) without spending: the
     adapter's free calls
     (`ChecksCredential`), never a submit. A check is not a paid command, so it needs no
-    episode's gate. `state_dir`: the installation's home (see `episodic.providers.registry`).
+    episode's gate. `state_dir`: the installation's home (see `episodic.providers.adapters`).
     Raises `ProviderConfigError` (no credential, malformed)."""
     if profile.kind == "fake":
         return CheckResult(True, "the fake provider is local: nothing to check")

@@ -2,8 +2,8 @@
 the run. No Prefect.
 
 The CLI and the Prefect flow share the `Runner`; they differ only in the `ItemExecutor` that
-runs the per-item work (`pipeline.executors.thread_pool_executor`, or cached Prefect tasks in
-`episodic.tasks.executor`).
+runs the per-item work (`pipeline.item_dispatch.thread_pool_executor`, or cached Prefect tasks in
+`episodic.tasks.prefect_executor`).
 
 How a run spends money exactly once:
 
@@ -42,15 +42,15 @@ from episodic.core.runs import (
 )
 from episodic.core.states import RunState
 from episodic.pipeline.admission import runnable_items
-from episodic.pipeline.executors import ItemExecutor, thread_pool_executor
 from episodic.pipeline.gate import GatePass
 from episodic.pipeline.heap import freeze_for_run, thaw_after_run
 from episodic.pipeline.heartbeat import Heartbeat
+from episodic.pipeline.item_claims import ItemClaims
+from episodic.pipeline.item_claims import new_owner as new_owner  # (re-exported: tests, bench)
+from episodic.pipeline.item_dispatch import ItemExecutor, thread_pool_executor
 from episodic.pipeline.outcomes import RunOutcome, Worked, run_ended
 from episodic.pipeline.paid_call import PaidCall
 from episodic.pipeline.resolve import reason
-from episodic.pipeline.share import Share
-from episodic.pipeline.share import new_owner as new_owner  # (re-exported: tests, bench)
 from episodic.providers.base import Provider
 from episodic.providers.profiles import Profile
 from episodic.storage.budgets import PRICE_MARK
@@ -136,30 +136,30 @@ class Runner:
         nothing was working on it, and its outcome does not say it joined a working run.
         """
         items = runnable_items(self.store, self.plans, self.gate.episode_pk, run_id, options)
-        job = Share(self, run_id, new_owner(), options)
-        ended = self._start(run_id, job.owner, options.lease_s)
+        side = ItemClaims(self, run_id, new_owner(), options)
+        ended = self._start(run_id, side.owner, options.lease_s)
         if ended is not None:  # the run we joined finished meanwhile: its outcome is ours
             outcome = self._outcome(run_id, ended, skipped, ())
             return replace(outcome, deduplicated=deduplicated or joined_live)
-        heartbeat = Heartbeat(self, job.owner, run_id, options.lease_s, self.stop)
+        heartbeat = Heartbeat(self, side.owner, run_id, options.lease_s, self.stop)
         heartbeat.start()
         freeze_for_run()  # no full garbage collection walks the whole heap mid-run
         interrupted = False
         concurrency = max(1, min(options.concurrency, self.provider.capabilities.max_concurrency))
 
         def progress(item: Item, result: ItemResult) -> None:
-            job.ended(item, result)
+            side.ended(item, result)
             self.on_progress(item, result)
 
         try:
             everything = items
-            items = self._settle_first(run_id, job, items, concurrency, progress)
+            items = self._settle_first(run_id, side, items, concurrency, progress)
             while items:
-                job.busy.clear()
-                self.executor(items, job, concurrency, self.stop, progress)
+                side.busy.clear()
+                self.executor(items, side, concurrency, self.stop, progress)
                 if self.stop.is_set():
                     break
-                items, follow = self._next_pass(run_id, job, items, everything)
+                items, follow = self._next_pass(run_id, side, items, everything)
                 if follow:
                     self.stop.wait(self.follow_poll_s)
         except KeyboardInterrupt:  # Ctrl-C or SIGTERM of this process: it pauses the run
@@ -167,32 +167,32 @@ class Runner:
             self.stop.set()
         except Exception as exc:
             self.stop.set()
-            self.leases.release_all(job.owner, f"error: {reason(exc)}")
+            self.leases.release_all(side.owner, f"error: {reason(exc)}")
             self._move(run_id, RunState.FAILED, f"error: {reason(exc)}")
             raise
         except BaseException:  # a termination signal (a cancelled flow run gets SIGTERM)
             self.stop.set()
-            self._pause(run_id, job.owner)
+            self._pause(run_id, side.owner)
             raise
         finally:
-            job.abandon_untaken()
+            side.abandon_untaken()
             heartbeat.done.set()
             thaw_after_run()
-        followed = tuple(sorted(job.followed))
+        followed = tuple(sorted(side.followed))
         if self.stop.is_set():
             interrupted = interrupted or self.interrupted.is_set()
-            outcome = self._stopped(run_id, job.owner, skipped, followed, interrupted)
-        elif job.over_budget is not None or self.paid.price_breach is not None:
-            outcome = self._over_budget(run_id, job, skipped, followed)
+            outcome = self._stopped(run_id, side.owner, skipped, followed, interrupted)
+        elif side.over_budget is not None or self.paid.price_breach is not None:
+            outcome = self._over_budget(run_id, side, skipped, followed)
         else:
             outcome = self.finish(run_id, skipped, followed)
-        shared = joined_live and bool(job.held_elsewhere - job.worked_here)
+        shared = joined_live and bool(side.held_elsewhere - side.worked_here)
         return replace(outcome, deduplicated=deduplicated or shared)
 
     def _settle_first(
         self,
         run_id: str,
-        job: Share,
+        side: ItemClaims,
         items: list[Item],
         concurrency: int,
         progress: Callable[[Item, ItemResult], None],
@@ -200,53 +200,53 @@ class Runner:
         """Recovery collects first: before anything is bought, a pass over the items that
         have a submission open (an accepted job, an unanswered intent, an unknown outcome:
         left by a killed or interrupted process, or by this run's earlier attempts) whose
-        claims only settle (`Share.settle_only`): collecting costs nothing new, and every
+        claims only settle (`ItemClaims.settle_only`): collecting costs nothing new, and every
         later decision about buying (the caps, the budgets) then counts what these jobs
         really cost rather than their reservations. An item held by another live claim is
         left to the passes after, which follow it (and collect it once its holder's lease
         runs out, whatever the budget). Returns the items still to work."""
-        job.open_items = self.store.with_open_submission(run_id)
-        first = [it for it in items if it.pk in job.open_items]
+        side.open_items = self.store.with_open_submission(run_id)
+        first = [it for it in items if it.pk in side.open_items]
         if not first:
             return items
-        job.settle_only = True
+        side.settle_only = True
         try:
-            self.executor(first, job, concurrency, self.stop, progress)
+            self.executor(first, side, concurrency, self.stop, progress)
         finally:
-            job.settle_only = False
-        return [it for it in items if it.pk not in job.finished]
+            side.settle_only = False
+        return [it for it in items if it.pk not in side.finished]
 
     def _next_pass(
-        self, run_id: str, job: Share, items: list[Item], everything: list[Item]
+        self, run_id: str, side: ItemClaims, items: list[Item], everything: list[Item]
     ) -> tuple[list[Item], bool]:
         """After a pass over `items`: the items of the next pass (none: this process is
         done with the run), and whether they are followed (polled after a wait) rather
-        than worked at once. Once it stopped buying at a limit (`Share.over_budget`), a
+        than worked at once. Once it stopped buying at a limit (`ItemClaims.over_budget`), a
         process still follows what other claims hold and collects what is left open of
         `everything` (the run's items it listed) and not worked here yet, once each: a job
         accepted at the provider is never left behind by a run that stops at its budget."""
-        if job.busy:  # held by other live claims: finished, taken over, or given up
-            job.no_retry.update(job.busy)
-            waiting = set(job.busy)
+        if side.busy:  # held by other live claims: finished, taken over, or given up
+            side.no_retry.update(side.busy)
+            waiting = set(side.busy)
             return [it for it in items if it.pk in waiting], True
         # Items another process claimed after this one listed them: the run is not over
         # while they run, so they are followed (and taken over if their holder dies): this
         # process never concludes the run under another's feet.
-        held = self.store.held_elsewhere(run_id, job.owner)
+        held = self.store.held_elsewhere(run_id, side.owner)
         if held:
             return held, True
-        if job.over_budget is not None:
-            job.open_items = self.store.with_open_submission(run_id)
-            done = job.finished | job.tried_open  # worked here already: not asked again
-            left = [it for it in everything if it.pk in job.open_items and it.pk not in done]
-            job.tried_open.update(it.pk for it in left)
+        if side.over_budget is not None:
+            side.open_items = self.store.with_open_submission(run_id)
+            done = side.finished | side.tried_open  # worked here already: not asked again
+            left = [it for it in everything if it.pk in side.open_items and it.pk not in done]
+            side.tried_open.update(it.pk for it in left)
             return left, False
         # What a process of this run (this one too) gave up unfinished: this one finishes
         # it, once each.
-        unfinished = [it for it in self.store.unfinished(run_id) if it.pk not in job.taken_back]
+        unfinished = [it for it in self.store.unfinished(run_id) if it.pk not in side.taken_back]
         if unfinished:
-            job.taken_back.update(it.pk for it in unfinished)
-            job.no_retry.difference_update(job.taken_back)
+            side.taken_back.update(it.pk for it in unfinished)
+            side.no_retry.difference_update(side.taken_back)
         return unfinished, False
 
     def finish(self, run_id: str, skipped: int, followed: tuple[str, ...] = ()) -> RunOutcome:
@@ -336,7 +336,7 @@ class Runner:
         return self._outcome(run_id, state, skipped, followed)
 
     def _over_budget(
-        self, run_id: str, job: Share, skipped: int, followed: tuple[str, ...]
+        self, run_id: str, side: ItemClaims, skipped: int, followed: tuple[str, ...]
     ) -> RunOutcome:
         """A claim refused a new paid call at a cap or a budget and this process's calls in
         flight are done: the run is paused with the reason (`BUDGET_STOPPED`: no process
@@ -349,15 +349,15 @@ class Runner:
             return self.finish(run_id, skipped, followed)
         if done:
             self.mark_generated(run_id)
-        self.leases.release_all(job.owner, INTERRUPTED)
+        self.leases.release_all(side.owner, INTERRUPTED)
         if self.paid.price_breach is not None:  # a charge this process saw, with its job
             why = f"{PRICE_STOPPED} {self.paid.price_breach}"[:2000]
-        elif (job.over_budget or "").startswith(PRICE_MARK):  # seen by another process
-            why = f"{STORE_STOPPED} {job.over_budget}"[:2000]
+        elif (side.over_budget or "").startswith(PRICE_MARK):  # seen by another process
+            why = f"{STORE_STOPPED} {side.over_budget}"[:2000]
         else:
-            why = f"{BUDGET_STOPPED} {job.over_budget}"[:2000]
+            why = f"{BUDGET_STOPPED} {side.over_budget}"[:2000]
         state = self._move(run_id, RunState.PAUSED, why)
-        return self._outcome(run_id, state, skipped, followed, job)
+        return self._outcome(run_id, state, skipped, followed, side)
 
     def mark_generated(self, run_id: str | None) -> None:
         """The episode is generated once every image of its current plan is completed."""
@@ -369,12 +369,12 @@ class Runner:
         state: RunState,
         skipped: int,
         followed: tuple[str, ...],
-        job: Share | None = None,
+        side: ItemClaims | None = None,
     ) -> RunOutcome:
         counts = self.store.counts(run_id)
         if state == RunState.COMPLETED:
             self.mark_generated(run_id)
-        here = None if job is None else Worked(job.completed_here, job.collected_earlier)
+        here = None if side is None else Worked(side.completed_here, side.collected_earlier)
         return run_ended(
             self.store, self.gate, run_id, state, counts, skipped, followed, self.profile, here
         )

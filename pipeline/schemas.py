@@ -16,7 +16,6 @@ from episodic.core.playlist import Playlist
 from episodic.providers.profiles import Profile
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
-KINDS = ("playlist", "providers")
 
 _PROFILE_FIELDS = {
     "kind": "The adapter: fake, http (our own protocol), replicate or fal.",

@@ -47,7 +47,8 @@ def parse_day(text: str | None, what: str) -> date | None:
 
 def check_grouping(by: str) -> str:
     if by not in GROUPINGS:
-        raise InvalidInput(f"unknown --by {shown(by)}: expected one of {', '.join(GROUPINGS)}")
+        expected = ", ".join(GROUPINGS)
+        raise InvalidInput(f"unknown --group-by {shown(by)}: expected one of {expected}")
     return by
 
 

@@ -24,7 +24,7 @@ intent (nothing paid), puts the item back as pending and pauses the run
 (`core.runs.THROTTLE_STOPPED`) with the provider's words and the moment it takes calls again.
 That moment is recorded for the profile as the provider gave it (at most `MAX_HOLD_S` ahead),
 so a `generate`, `retry` or `runs resume` inside it pauses at its first claim (`held_too_long`,
-`episodic.pipeline.share`) and sends nothing.
+`episodic.pipeline.item_claims`) and sends nothing.
 """
 
 from __future__ import annotations
@@ -193,5 +193,5 @@ def _seconds(value: float) -> str:
 
 def held_too_long(until: datetime) -> bool:
     """A throttle recorded for the profile ends later than one wait is bound to: a claim
-    that meets it pauses its run instead of waiting (`episodic.pipeline.share`)."""
+    that meets it pauses its run instead of waiting (`episodic.pipeline.item_claims`)."""
     return (until - utcnow()).total_seconds() > MAX_RETRY_AFTER_S

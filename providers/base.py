@@ -33,7 +33,7 @@ and asked by ``isinstance``: `CancelsJobs`, `DescribesJobs`, `ChecksCredential`.
 flag in `Capabilities` would be a second statement of it that could disagree with the
 class, while ``isinstance`` narrows the type so the call that follows is type-checked.
 (`Capabilities` keeps what is a promise about the provider's side, not a method of ours:
-idempotent creates, lookups, concurrency, price.) `episodic.providers.registry` builds the adapters.
+idempotent creates, lookups, concurrency, price.) `episodic.providers.adapters` builds the adapters.
 """
 
 from __future__ import annotations

@@ -9,7 +9,6 @@ items at the same moment, and an item that already exists is joined, never an er
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -148,20 +147,6 @@ class AdmissionStore:
                 ).first()
                 is not None
             )
-
-    def create_run(
-        self,
-        episode_pk: int,
-        command: str,
-        params: dict[str, Any],
-        new_items: Sequence[PlannedItem],
-        reuse_keys: Iterable[str],
-    ) -> str:
-        """Insert a run without any dedup (benchmarks and tests; callers use `admit`)."""
-        run_id = str(uuid.uuid4())
-        with tx.write(self.engine) as conn:
-            _insert_run(conn, run_id, episode_pk, command, params, new_items, reuse_keys, {})
-        return run_id
 
 
 def _made_already(conn: Connection, run_id: str, fingerprint: str) -> Admission | None:

@@ -281,10 +281,6 @@ class RunStore:
         with tx.read(self.engine) as conn:
             return [item_from_row(row) for row in conn.execute(query).all()]
 
-    def get_item(self, item_pk: int) -> Item:
-        with tx.read(self.engine) as conn:
-            return item_from_row(conn.execute(select(_items).where(_items.c.id == item_pk)).one())
-
     def counts(self, run_id: str) -> RunCounts:
         """Item states of the run's members; paid submissions and cost this run made."""
         with tx.read(self.engine) as conn:

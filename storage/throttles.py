@@ -4,12 +4,13 @@ When a provider refuses a create for now (429, or 503 with ``Retry-After``), the
 heard it records the moment the provider said to come back (`ThrottleStore.hold`); every claim
 of a new paid call of that profile, in any run, process or machine, is refused ``throttled``
 until then (`storage.claims` reads it in the claim's own transaction), and the executors wait
-and ask again (`episodic.pipeline.executors`). So four workers on one account hear one 429, not four
-each. The moment is the provider's own (`pipeline.throttle` bounds it at a day), however far
-past the bound one wait is held for: a claim that meets a hold past that bound pauses its run
-instead of waiting (`episodic.pipeline.share`), so no process sends a create inside the window the
-provider asked for. A hold only ever moves later (two workers told different moments keep the
-later one), and a hold whose moment has passed holds nothing.
+and ask again (`episodic.pipeline.item_dispatch`). So four workers on one account hear one
+429, not four each. The moment is the provider's own (`pipeline.throttle` bounds it at a
+day), however far past the bound one wait is held for: a claim that meets a hold past that
+bound pauses its run instead of waiting (`episodic.pipeline.item_claims`), so no process
+sends a create inside the window the provider asked for. A hold only ever moves later (two
+workers told different moments keep the later one), and a hold whose moment has passed holds
+nothing.
 """
 
 from __future__ import annotations

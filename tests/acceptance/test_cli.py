@@ -214,7 +214,7 @@ def test_db_upgrade_on_an_empty_database(
         ["--version"],
         ["episodes", "list"],
         ["allocate", "--key", "k", "--week", "2026-W32"],
-        ["spend", "--by", "profile", "--json"],
+        ["spend", "--group-by", "profile", "--json"],
     ],
 )
 def test_commands_that_run_no_flow_never_import_prefect(database_url: str, args: list[str]) -> None:

@@ -275,7 +275,7 @@ def test_a_week_mixing_two_bases_in_one_pipeline_adds_up_to_both_bills(
     from episodic.cli.app import run as cli
 
     capsys.readouterr()
-    assert cli(["spend", "--by", "profile", "--json"]) == 0  # the week's spend, per profile
+    assert cli(["spend", "--group-by", "profile", "--json"]) == 0  # the week's spend, per profile
     spent = json.loads(capsys.readouterr().out)
     assert {(g["group"], g["spent_micros"]) for g in spent["groups"]} == {
         ("schnell", replicate_images.bill_micros),
@@ -320,7 +320,7 @@ def test_two_currencies_are_each_reported_in_their_own_and_never_summed(
             bills[currency] = bills.get(currency, 0) + entry["cost_micros"]
     assert bills == totals
     # the week's spend, per currency and never summed across them, and check agrees
-    assert cli(["spend", "--by", "week", "--json"]) == 0
+    assert cli(["spend", "--group-by", "week", "--json"]) == 0
     week = json.loads(capsys.readouterr().out)
     assert {(t["currency"], t["spent_micros"]) for t in week["totals"]} == set(totals.items())
     # dated by when each call was made (core.periods): this week, one row per currency

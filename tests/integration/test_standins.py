@@ -1,5 +1,5 @@
 """The stand-ins of Replicate's and fal's APIs (tests/standins) answer as those providers
-document, and today's adapters, built through the registry with a profile whose ``base_url``
+document, and today's adapters, built through `build_client` with a profile whose ``base_url``
 is the stand-in, submit, collect, cancel and look up against them. Money is read from the
 stand-in's own bill."""
 
@@ -17,9 +17,9 @@ from PIL import Image
 from sqlalchemy import Engine, func, select
 
 from episodic.core.exit_codes import ExitCode
+from episodic.providers.adapters import build_client
 from episodic.providers.base import CannotCheck, ImageRequest, RemoteJobFailed, UnknownOutcome
 from episodic.providers.profiles import Profile
-from episodic.providers.registry import build_client
 from episodic.storage.models import CostEntryRow
 from tests.generation import new_episode, write_playlist
 from tests.standins import FalStandIn, ReplicateStandIn

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, select, update
 
+from episodic.core.planning import RunOptions
 from episodic.core.runs import Claim
 from episodic.core.settings import load_settings
 from episodic.core.states import RunState
@@ -134,23 +135,16 @@ def test_orphaned_children_of_a_cancelled_parent_are_cancelled_unless_shared(
 ) -> None:
     """A parent cancelled by an older version (children left pending): the sweep cancels
     them, except an item that an active run still includes."""
-    from episodic.storage.admission import AdmissionStore
-    from episodic.storage.episodes import EpisodeRepository
     from episodic.storage.models import RunItemRow
 
     orphaned_parent = new_run(episode)
     with episode.engine.begin() as conn:  # cancelled without touching its children
         conn.execute(update(RunRow).where(RunRow.id == orphaned_parent).values(state="cancelled"))
-    active = AdmissionStore(episode.engine).create_run(
-        EpisodeRepository(episode.engine).episode_pk("weekly", episode.episode_id),
-        "generate",
-        {},
-        [],
-        [],
-    )
-    with episode.engine.begin() as conn:  # the active run shares the first item
-        first = conn.execute(select(ItemRow.id).order_by(ItemRow.id).limit(1)).scalar_one()
-        conn.execute(RunItemRow.__table__.insert().values(run_id=active, item_pk=first))  # type: ignore[attr-defined]
+    active = new_run(episode, RunOptions(only=frozenset({1})))  # shares the first video's item
+    with episode.engine.connect() as conn:
+        first = conn.execute(
+            select(RunItemRow.item_pk).where(RunItemRow.run_id == active)
+        ).scalar_one()
     report = sweep(episode.engine, load_settings())
     assert len(report.moved["orphaned_items"]) == 2 and first not in report.moved["orphaned_items"]
     states = _item_states(episode.engine)

@@ -1,7 +1,7 @@
-"""The one dispatch machine (`episodic.pipeline.executors.dispatch`), driven deterministically.
+"""The one dispatch machine (`episodic.pipeline.item_dispatch.dispatch`), driven deterministically.
 
-A fake provider (its free slots), a fake job (the run's collectible items, what the machine
-tells it) and fake lanes (items started against the provider's slots, one ending per
+A fake provider (its free slots), a fake claim side (the run's collectible items, what the
+machine tells it) and fake lanes (items started against the provider's slots, one ending per
 `endings`) log every step; each test states the whole log the machine must produce. The
 lanes come in both kinds: batched (a refused claim is known at once, as the Prefect
 executor's `claim_next`) and one claim per item (a refusal comes back as the item's ending,
@@ -19,7 +19,7 @@ import pytest
 
 from episodic.core.records import ItemResult, RefusalReason
 from episodic.core.runs import Item
-from episodic.pipeline.executors import THROTTLE_POLL_S, Answer, dispatch, thread_pool_executor
+from episodic.pipeline.item_dispatch import THROTTLE_POLL_S, Answer, dispatch, thread_pool_executor
 
 Log = list[tuple[Any, ...]]
 
@@ -50,8 +50,8 @@ class _Stop(threading.Event):
         return self.is_set()
 
 
-class _Job:
-    """The part of `ItemJob` the machine itself uses: collectible items and the waiting word."""
+class _ClaimSide:
+    """The part of `ClaimSide` the machine itself uses: collectible items and the waiting word."""
 
     def __init__(self, log: Log, collectible: list[Item]) -> None:
         self.log = log
@@ -72,7 +72,7 @@ class _Job:
 
 
 class _Lanes:
-    """Items started against `provider`'s slots; a collectible item needs none (its job holds
+    """Items started against `provider`'s slots; a collectible item needs none (its side holds
     one already). `endings` ends the refused items first (one claim per item), else the
     oldest item in flight, whose slot goes to `provider` unless `taken_elsewhere` says
     another run took it."""
@@ -81,7 +81,7 @@ class _Lanes:
         self,
         batched: bool,
         provider: _Provider,
-        job: _Job,
+        side: _ClaimSide,
         stop: threading.Event,
         log: Log,
         taken_elsewhere: Callable[[Item], bool] = lambda item: False,
@@ -89,7 +89,7 @@ class _Lanes:
     ) -> None:
         self.batched = batched
         self.provider = provider
-        self.job = job
+        self.side = side
         self.stop = stop
         self.log = log
         self.taken_elsewhere = taken_elsewhere
@@ -120,7 +120,7 @@ class _Lanes:
             if item.pk in self.held_elsewhere:
                 if not self.batched:
                     self.nothing.append(item)
-            elif item.pk in {it.pk for it in self.job.own}:
+            elif item.pk in {it.pk for it in self.side.own}:
                 self.flight.append(item)
             elif self.provider.free > 0:
                 self.provider.free -= 1
@@ -148,7 +148,7 @@ class _Lanes:
                 yield item, RefusalReason.THROTTLED
             return
         item = self.flight.pop(0)
-        if item.pk not in {it.pk for it in self.job.own} and not self.taken_elsewhere(item):
+        if item.pk not in {it.pk for it in self.side.own} and not self.taken_elsewhere(item):
             self.provider.free += 1
         yield item, ItemResult.COMPLETED
 
@@ -160,17 +160,17 @@ OK = ItemResult.COMPLETED
 
 
 def test_a_batched_dispatcher_collects_its_own_jobs_first_then_waits_then_resumes() -> None:
-    """Every slot is taken: one by the run's own accepted job (item 9, left by a killed
+    """Every slot is taken: one by the run's own accepted side (item 9, left by a killed
     process), one by another run. The machine collects 9 before it waits; 9's slot goes to
     the other run; with nothing of its own in flight it says it waits and polls; a slot
     frees and the items go on, each claim asking for every free slot."""
     log: Log = []
     provider = _Provider(free=0)
-    job = _Job(log, collectible=[_item(9)])
+    side = _ClaimSide(log, collectible=[_item(9)])
     stop = _Stop(log, on_poll=lambda: setattr(provider, "free", 1))
-    lanes = _Lanes(True, provider, job, stop, log, taken_elsewhere=lambda item: item.pk == 9)
+    lanes = _Lanes(True, provider, side, stop, log, taken_elsewhere=lambda item: item.pk == 9)
 
-    dispatch([_item(1), _item(2)], job, lanes, 2, stop, job.progress)  # type: ignore[arg-type]
+    dispatch([_item(1), _item(2)], side, lanes, 2, stop, side.progress)  # type: ignore[arg-type]
 
     assert log == [
         ("start", [1, 2], [1, 2]),  # throttled
@@ -199,11 +199,11 @@ def test_a_batched_dispatcher_collects_its_own_jobs_first_then_waits_then_resume
 def test_a_dispatcher_claiming_per_item_learns_refusals_from_endings_and_probes_with_one() -> None:
     log: Log = []
     provider = _Provider(free=0)
-    job = _Job(log, collectible=[_item(9)])
+    side = _ClaimSide(log, collectible=[_item(9)])
     stop = _Stop(log, on_poll=lambda: setattr(provider, "free", 1))
-    lanes = _Lanes(False, provider, job, stop, log, taken_elsewhere=lambda item: item.pk == 9)
+    lanes = _Lanes(False, provider, side, stop, log, taken_elsewhere=lambda item: item.pk == 9)
 
-    dispatch([_item(1), _item(2)], job, lanes, 2, stop, job.progress)  # type: ignore[arg-type]
+    dispatch([_item(1), _item(2)], side, lanes, 2, stop, side.progress)  # type: ignore[arg-type]
 
     assert log == [
         ("start", [1, 2], [1, 2]),
@@ -235,23 +235,23 @@ def test_a_dispatcher_claiming_per_item_learns_refusals_from_endings_and_probes_
 @pytest.mark.parametrize("batched", [True, False])
 def test_stop_ends_dispatch_without_starting_the_rest(batched: bool) -> None:
     log: Log = []
-    job = _Job(log, collectible=[])
+    side = _ClaimSide(log, collectible=[])
     stop = _Stop(log)
-    lanes = _Lanes(batched, _Provider(free=5), job, stop, log)
+    lanes = _Lanes(batched, _Provider(free=5), side, stop, log)
 
     def progress(item: Item, result: ItemResult) -> None:
-        job.progress(item, result)
+        side.progress(item, result)
         stop.set()
 
-    dispatch([_item(n) for n in (1, 2, 3)], job, lanes, 1, stop, progress)  # type: ignore[arg-type]
+    dispatch([_item(n) for n in (1, 2, 3)], side, lanes, 1, stop, progress)  # type: ignore[arg-type]
     assert log == [("start", [1], []), ("endings",), ("waiting", False), ("progress", 1, OK)]
 
 
 def test_a_dispatcher_stopped_while_throttled_neither_collects_nor_says_it_waits() -> None:
     log: Log = []
-    job = _Job(log, collectible=[_item(9)])
+    side = _ClaimSide(log, collectible=[_item(9)])
     stop = _Stop(log)
-    lanes = _Lanes(True, _Provider(free=0), job, stop, log)
+    lanes = _Lanes(True, _Provider(free=0), side, stop, log)
     lanes_start = lanes.start
 
     def start_then_interrupted(queue: deque[Item], room: int) -> bool:
@@ -260,7 +260,7 @@ def test_a_dispatcher_stopped_while_throttled_neither_collects_nor_says_it_waits
         return throttled
 
     lanes.start = start_then_interrupted  # type: ignore[method-assign]
-    dispatch([_item(1)], job, lanes, 2, stop, job.progress)  # type: ignore[arg-type]
+    dispatch([_item(1)], side, lanes, 2, stop, side.progress)  # type: ignore[arg-type]
     assert log == [("start", [1], [1])]
 
 
@@ -269,15 +269,15 @@ def test_an_exception_stops_dispatch_abandons_what_is_in_flight_and_is_raised(
     batched: bool,
 ) -> None:
     log: Log = []
-    job = _Job(log, collectible=[])
+    side = _ClaimSide(log, collectible=[])
     stop = _Stop(log)
-    lanes = _Lanes(batched, _Provider(free=5), job, stop, log)
+    lanes = _Lanes(batched, _Provider(free=5), side, stop, log)
 
     def progress(item: Item, result: ItemResult) -> None:
         raise RuntimeError("progress failed")
 
     with pytest.raises(RuntimeError, match="progress failed"):
-        dispatch([_item(n) for n in (1, 2, 3, 4)], job, lanes, 3, stop, progress)  # type: ignore[arg-type]
+        dispatch([_item(n) for n in (1, 2, 3, 4)], side, lanes, 3, stop, progress)  # type: ignore[arg-type]
     assert stop.is_set()
     assert log[-1] == ("abandon", [2, 3])  # item 1 ended; 2 and 3 were in flight; 4 never
 
@@ -286,7 +286,7 @@ def test_one_claim_fills_every_slot_freed_meanwhile() -> None:
     """Items whose work is over free their slots before they end (the Prefect executor's
     'worked' items): the next claim asks for all of them at once."""
     log: Log = []
-    job = _Job(log, collectible=[])
+    side = _ClaimSide(log, collectible=[])
     stop = _Stop(log)
 
     class _Worked(_Lanes):
@@ -303,16 +303,16 @@ def test_one_claim_fills_every_slot_freed_meanwhile() -> None:
                 return iter(())
             return super().endings()
 
-    lanes = _Worked(True, _Provider(free=10), job, stop, log)
-    dispatch([_item(n) for n in range(1, 7)], job, lanes, 3, stop, job.progress)  # type: ignore[arg-type]
+    lanes = _Worked(True, _Provider(free=10), side, stop, log)
+    dispatch([_item(n) for n in range(1, 7)], side, lanes, 3, stop, side.progress)  # type: ignore[arg-type]
     assert log[:3] == [("start", [1, 2, 3], []), ("endings", "worked"), ("start", [4, 5], [])]
     assert sorted(pk for kind, pk, *_ in (e for e in log if e[0] == "progress")) == list(
         range(1, 7)
     )
 
 
-class _ThreadJob:
-    """A job for the real thread executor: item 1's work fails once item 2 is claimed; item
+class _ThreadClaimSide:
+    """A claim side for the real thread executor: item 1's work fails once item 2 is claimed; item
     2's lasts until the executor is stopped."""
 
     throttled = False
@@ -343,18 +343,18 @@ class _ThreadJob:
 
 def test_the_thread_executor_stops_on_a_workers_error_and_raises_it_once_the_rest_ended() -> None:
     stop = threading.Event()
-    job = _ThreadJob(stop)
+    side = _ThreadClaimSide(stop)
     seen: list[int] = []
     with pytest.raises(RuntimeError, match="item 1 failed"):
         thread_pool_executor(
             [_item(n) for n in (1, 2, 3, 4)],
-            job,  # type: ignore[arg-type]
+            side,  # type: ignore[arg-type]
             2,
             stop,
             lambda item, result: seen.append(item.pk),
         )
     assert stop.is_set()  # item 2's worker ended only because the error stopped dispatch
-    assert sorted(job.claimed) == [1, 2]  # nothing claimed after the error
+    assert sorted(side.claimed) == [1, 2]  # nothing claimed after the error
     assert seen == []  # an item ending after the error is not reported as worked
 
 
@@ -375,11 +375,11 @@ def test_a_collectible_item_refused_for_another_reason_is_offered_once_per_wait(
             stop.set()
 
     provider = _Provider(free=0)
-    job = _Job(log, collectible=[_item(9)])
+    side = _ClaimSide(log, collectible=[_item(9)])
     stop = _Stop(log, on_poll=on_poll)
-    lanes = _Lanes(batched, provider, job, stop, log, held_elsewhere=frozenset({9}))
+    lanes = _Lanes(batched, provider, side, stop, log, held_elsewhere=frozenset({9}))
 
-    dispatch([_item(1)], job, lanes, 2, stop, job.progress)  # type: ignore[arg-type]
+    dispatch([_item(1)], side, lanes, 2, stop, side.progress)  # type: ignore[arg-type]
 
     assert polls == 3
     offers = [entry for entry in log if entry[0] == "start" and 9 in entry[1]]

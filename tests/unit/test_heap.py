@@ -7,10 +7,11 @@ import gc
 import threading
 import weakref
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
-from episodic.pipeline.heap import freeze_for_run, long_lived_frozen, thaw_after_run
+from episodic.pipeline.heap import freeze_for_run, thaw_after_run
 
 
 @pytest.fixture(autouse=True)
@@ -20,10 +21,20 @@ def _unfrozen() -> Iterator[None]:
     gc.unfreeze()
 
 
+@contextmanager
+def a_run() -> Iterator[None]:
+    """A run's span as the runner brackets it."""
+    freeze_for_run()
+    try:
+        yield
+    finally:
+        thaw_after_run()
+
+
 def test_objects_alive_when_a_run_starts_are_frozen_until_it_ends() -> None:
     before = object.__new__(type("Kept", (), {}))  # a tracked object alive at the start
     assert gc.get_freeze_count() == 0
-    with long_lived_frozen():
+    with a_run():
         assert gc.get_freeze_count() > 0
         assert not any(o is before for o in gc.get_objects())  # in the permanent generation
     assert gc.get_freeze_count() == 0
@@ -34,7 +45,7 @@ def test_garbage_a_run_makes_is_still_collected_during_it() -> None:
     class Node:
         other: object = None
 
-    with long_lived_frozen():
+    with a_run():
         node = Node()
         node.other = node  # a reference cycle: only the cyclic collector frees it
         gone = weakref.ref(node)
@@ -47,7 +58,7 @@ def test_concurrent_runs_share_one_freeze_that_the_last_one_ends() -> None:
     started, release = threading.Event(), threading.Event()
 
     def other_run() -> None:
-        with long_lived_frozen():
+        with a_run():
             started.set()
             release.wait(10)
 
@@ -65,7 +76,7 @@ def test_concurrent_runs_share_one_freeze_that_the_last_one_ends() -> None:
 def test_a_freeze_made_by_someone_else_is_left_as_it_is() -> None:
     kept = object.__new__(type("Kept", (), {}))  # frozen by someone else's freeze
     gc.freeze()
-    with long_lived_frozen():
+    with a_run():
         pass
     # The other freeze still holds (its count may shrink as frozen objects are freed, so
     # the object itself is what is checked): still in the permanent generation.

@@ -360,7 +360,7 @@ def test_hero_candidates_from_the_command_line() -> None:
     items = expand(plain.with_hero_candidates(2), [], "2026-W32-0", "weekly")
     assert [i.item_id for i in items] == ["a.c1", "a.c2", "c.p1", "c.p2"]
     only_parts = Playlist.model_validate(
-        {**plain.model_dump(), "items": [plain.items[1].model_dump()]}
+        {**plain.model_dump(), "items": [plain.videos[1].model_dump()]}
     )
     with pytest.raises(InvalidInput, match="no video of the plan can be a hero"):
         only_parts.with_hero_candidates(2)

@@ -11,9 +11,9 @@ import pytest
 
 from episodic.core.errors import ProviderConfigError
 from episodic.pipeline.provider_check import capability_row
+from episodic.providers.adapters import ADAPTERS, build_client
 from episodic.providers.base import CancelsJobs, ChecksCredential, DescribesJobs, Provider
 from episodic.providers.profiles import Profile
-from episodic.providers.registry import ADAPTERS, build_client
 
 ROOT = Path(__file__).resolve().parents[2]
 ADAPTER_MODULES = {
@@ -76,14 +76,15 @@ def _imports(path: Path) -> set[str]:
     return found
 
 
-def test_only_the_registry_imports_an_adapter_outside_the_adapters() -> None:
-    """So the registry is the one place a client is built (tests and bench build their own)."""
+def test_only_the_kind_table_imports_an_adapter_outside_the_adapters() -> None:
+    """So `providers.adapters` is the one place a client is built (tests and bench build their
+    own)."""
     product = ["core", "storage", "providers", "pipeline", "tasks", "flows", "deployments", "cli"]
     wrong = {
         str(path.relative_to(ROOT)): sorted(_imports(path) & ADAPTER_MODULES)
         for package in product
         for path in sorted((ROOT / package).rglob("*.py"))
-        if path.relative_to(ROOT).as_posix() != "providers/registry.py"
+        if path.relative_to(ROOT).as_posix() != "providers/adapters.py"
         and "episodic." + path.relative_to(ROOT).with_suffix("").as_posix().replace("/", ".")
         not in ADAPTER_MODULES
     }

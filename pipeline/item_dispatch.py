@@ -1,11 +1,12 @@
-"""Executors: how a run's items are claimed and run, at most `concurrency` at a time.
+"""The dispatch of a run's items: how they are claimed and run, at most `concurrency` at a
+time, by any executor.
 
 One dispatch machine (`dispatch`) drives every executor; an executor is only its `Lanes`:
 how its items are started and how their endings are reported. The CLI's executor is
 `thread_pool_executor` (a worker thread claims its item, then runs it); the Prefect flow's
-(`episodic.tasks.executor`) claims batches and runs each item as a cached task. Both claim an item
-before any work on it (`ItemJob`), keep an item refused only for a provider slot and ask for
-it again (`claim_next`, `collect_first`), and stop dispatching on `stop`.
+(`episodic.tasks.prefect_executor`) claims batches and runs each item as a cached task. Both
+claim an item before any work on it (`ClaimSide`), keep an item refused only for a provider
+slot and ask for it again (`claim_next`, `collect_first`), and stop dispatching on `stop`.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ Progress = Callable[[Item, ItemResult], None]
 """Told how each item this process worked ended."""
 
 
-class ItemJob(Protocol):
+class ClaimSide(Protocol):
     """What an executor drives: claim an item (None: not ours to do now), then run it.
 
     After a None, `throttled` says whether the item was refused only because the provider's
@@ -72,7 +73,7 @@ class ItemExecutor(Protocol):
     def __call__(
         self,
         items: Sequence[Item],
-        job: ItemJob,
+        claims: ClaimSide,
         concurrency: int,
         stop: threading.Event,
         progress: Progress,
@@ -83,7 +84,7 @@ THROTTLE_POLL_S = 0.25  # how often a throttled executor asks again for a provid
 
 
 def claim_next(
-    queue: deque[Item], job: ItemJob, stop: threading.Event, room: int
+    queue: deque[Item], claims: ClaimSide, stop: threading.Event, room: int
 ) -> tuple[list[tuple[Item, Claim]], bool]:
     """Claim up to `room` items from the front of `queue` in one transaction (the
     dispatching executors' rule: one write fills every free slot).
@@ -94,21 +95,21 @@ def claim_next(
     if stop.is_set() or room <= 0 or not queue:
         return [], False
     batch = [queue.popleft() for _ in range(min(room, len(queue)))]
-    answers = job.claim_many(batch)
+    answers = claims.claim_many(batch)
     claimed = [(item, claim) for item, claim in zip(batch, answers, strict=True) if claim]
-    if not job.throttled:
+    if not claims.throttled:
         return claimed, False
     held = {item.pk for item, _ in claimed}
     back = [item for item, claim in zip(batch, answers, strict=True) if claim is None]
-    throttled = [item for item in back if item.pk not in held and job.was_throttled(item)]
+    throttled = [item for item in back if item.pk not in held and claims.was_throttled(item)]
     queue.extendleft(reversed(throttled))
     return claimed, True
 
 
 def collect_first(
-    queue: deque[Item], job: ItemJob, working: set[int], offered: set[int] | None = None
+    queue: deque[Item], claims: ClaimSide, working: set[int], offered: set[int] | None = None
 ) -> bool:
-    """A throttled dispatcher's first step: put the run's collectible items (`ItemJob.
+    """A throttled dispatcher's first step: put the run's collectible items (`ClaimSide.
     collectible`: accepted jobs nobody collects, left by a killed or interrupted process of
     the run, taken over from an expired claim, or left for later by this one) at the front of
     `queue`, except those in `working` (this dispatcher's items in flight). Their jobs hold
@@ -120,7 +121,7 @@ def collect_first(
     never reach its wait. Those found are added to `offered`. Returns whether any was found
     (the caller claims them at once)."""
     skip = working if offered is None else working | offered
-    found = [item for item in job.collectible() if item.pk not in skip]
+    found = [item for item in claims.collectible() if item.pk not in skip]
     if not found:
         return False
     if offered is not None:
@@ -175,7 +176,7 @@ class Lanes(Protocol):
 
 def dispatch(
     items: Sequence[Item],
-    job: ItemJob,
+    claims: ClaimSide,
     lanes: Lanes,
     concurrency: int,
     stop: threading.Event,
@@ -187,8 +188,8 @@ def dispatch(
     Throttled (the provider profile's limit of items in flight is reached; the refused item
     is back at the front of the queue): first claim the run's own collectible items
     (`collect_first`: collecting needs no slot); else, with items of ours in flight, ask
-    again when one of them ends (its slot frees); with none, tell `job.waiting(True)` and
-    probe every `THROTTLE_POLL_S`. Each item ended with a result tells `job.waiting(False)`
+    again when one of them ends (its slot frees); with none, tell `claims.waiting(True)` and
+    probe every `THROTTLE_POLL_S`. Each item ended with a result tells `claims.waiting(False)`
     and `progress`; an image the media store could not take (`ItemResult.NOT_STORED`: the
     run was paused) sets `stop`. On an exception: set `stop`, `lanes.abandon()`, re-raise.
     """
@@ -200,13 +201,13 @@ def dispatch(
             if (
                 throttled
                 and not stop.is_set()
-                and collect_first(queue, job, lanes.holding(), offered)
+                and collect_first(queue, claims, lanes.holding(), offered)
             ):
                 throttled = False  # our slots are held by jobs we can collect: do it
             elif throttled and not lanes.in_flight:
                 if stop.is_set():
                     break
-                job.waiting(True)  # every slot is another run's: probe every 0.25 s
+                claims.waiting(True)  # every slot is another run's: probe every 0.25 s
                 offered.clear()
                 if stop.wait(THROTTLE_POLL_S):
                     break
@@ -228,7 +229,7 @@ def dispatch(
                     if answer in (ItemResult.NOT_STORED, ItemResult.THROTTLED):
                         stop.set()  # the run is paused: buy no more
                     offered.clear()  # an item of ours ended: what is collectible may differ
-                    job.waiting(False)
+                    claims.waiting(False)
                     progress(item, answer)
     except BaseException:
         stop.set()
@@ -242,9 +243,9 @@ class _ThreadLanes:
 
     batched = False
 
-    def __init__(self, pool: ThreadPoolExecutor, job: ItemJob, stop: threading.Event) -> None:
+    def __init__(self, pool: ThreadPoolExecutor, claims: ClaimSide, stop: threading.Event) -> None:
         self.pool = pool
-        self.job = job
+        self.claims = claims
         self.stop = stop
         self.pending: dict[Future[Answer], Item] = {}
 
@@ -262,10 +263,10 @@ class _ThreadLanes:
     def _claim_and_run(self, item: Item) -> Answer:
         if self.stop.is_set():
             return None
-        claim = self.job.claim(item)  # `throttled` is this (the worker's) thread's answer
+        claim = self.claims.claim(item)  # `throttled` is this (the worker's) thread's answer
         if claim is None:
-            return RefusalReason.THROTTLED if self.job.throttled else None
-        return self.job.run(claim)
+            return RefusalReason.THROTTLED if self.claims.throttled else None
+        return self.claims.run(claim)
 
     def start(self, queue: deque[Item], room: int) -> bool:
         for _ in range(min(room, len(queue))):
@@ -289,7 +290,7 @@ class _ThreadLanes:
 
 def thread_pool_executor(
     items: Sequence[Item],
-    job: ItemJob,
+    claims: ClaimSide,
     concurrency: int,
     stop: threading.Event,
     progress: Progress,
@@ -297,4 +298,4 @@ def thread_pool_executor(
     """The CLI's executor: each of `concurrency` workers claims its item and runs it, so
     claims (a short write transaction each) overlap with other items' provider calls."""
     with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="item") as pool:
-        dispatch(items, job, _ThreadLanes(pool, job, stop), concurrency, stop, progress)
+        dispatch(items, claims, _ThreadLanes(pool, claims, stop), concurrency, stop, progress)

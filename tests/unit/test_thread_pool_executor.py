@@ -6,7 +6,7 @@ import threading
 from typing import Any
 
 from episodic.core.runs import Item
-from episodic.pipeline.executors import THROTTLE_POLL_S, thread_pool_executor
+from episodic.pipeline.item_dispatch import THROTTLE_POLL_S, thread_pool_executor
 
 
 class _AlwaysThrottled:

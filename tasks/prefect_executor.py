@@ -1,5 +1,5 @@
 """The Prefect flow's executor: each claimed item runs as a `generate_item` task (the lanes
-of `episodic.pipeline.executors.dispatch`)."""
+of `episodic.pipeline.item_dispatch.dispatch`)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from episodic.core.planning import RunOptions
 from episodic.core.records import ItemResult
 from episodic.core.runs import Claim, Item
 from episodic.core.settings import load_settings
-from episodic.pipeline.executors import Answer, ItemJob, Progress, claim_next, dispatch
+from episodic.pipeline.item_dispatch import Answer, ClaimSide, Progress, claim_next, dispatch
 from episodic.tasks.generate import generate_item, ledger_ref
 from episodic.tasks.process import PROCESS, LocalFlow
 from episodic.tasks.results import load_result_storage, result_storage
@@ -29,7 +29,7 @@ from episodic.tasks.results import load_result_storage, result_storage
 
 def prefect_executor(
     items: Sequence[Item],
-    job: ItemJob,
+    claims: ClaimSide,
     concurrency: int,
     stop: threading.Event,
     progress: Progress,
@@ -42,11 +42,11 @@ def prefect_executor(
     """Claims each item, then runs it as a `generate_item` task, `concurrency` at a time,
     with results in `storage` (default: `result_storage` of the current settings), on the
     flow's task runner (threads, or Dask workers anywhere): the one dispatch machine
-    (`episodic.pipeline.executors.dispatch`) driving `_TaskLanes`."""
+    (`episodic.pipeline.item_dispatch.dispatch`) driving `_TaskLanes`."""
     context = FlowRunContext.get()
     in_process = context is not None and isinstance(context.task_runner, ThreadPoolTaskRunner)
     storage = storage or result_storage(load_settings())
-    scope = job.runner.claims.installation()
+    scope = claims.runner.claims.installation()
     item_task = generate_item.with_options(
         # Prefect resolves a task's result storage at the start of every task run: a block
         # slug (EPISODIC_RESULT_STORAGE) was an API call per item. In this process the block
@@ -62,17 +62,17 @@ def prefect_executor(
         # that asks for a finished item by the task itself still gets the cached result.
         refresh_cache=True,
     )
-    local = LocalFlow(job.runner)
+    local = LocalFlow(claims.runner)
     lanes = _TaskLanes(
-        job, stop, local, item_task, in_process, scope, options, pipeline, episode_id
+        claims, stop, local, item_task, in_process, scope, options, pipeline, episode_id
     )
     with PROCESS.guard:
-        PROCESS.local_flows[job.owner] = local
+        PROCESS.local_flows[claims.owner] = local
     try:
-        dispatch(items, job, lanes, concurrency, stop, progress)
+        dispatch(items, claims, lanes, concurrency, stop, progress)
     finally:
         with PROCESS.guard:
-            PROCESS.local_flows.pop(job.owner, None)
+            PROCESS.local_flows.pop(claims.owner, None)
 
 
 @dataclass
@@ -84,7 +84,7 @@ class _TaskLanes:
 
     batched = True
 
-    job: ItemJob
+    claims: ClaimSide
     stop: threading.Event
     local: LocalFlow
     item_task: Any  # `generate_item` with this run's options
@@ -113,20 +113,20 @@ class _TaskLanes:
         return {item.pk for item, _ in self.running.values()}
 
     def start(self, queue: deque[Item], room: int) -> bool:
-        job, events = self.job, self.local.events
-        claimed, throttled = claim_next(queue, job, self.stop, room)
+        claims, events = self.claims, self.local.events
+        claimed, throttled = claim_next(queue, claims, self.stop, room)
         for item, claim in claimed:
-            self.local.hand(job.take(item.pk))  # the task works it by ids (from here, or
+            self.local.hand(claims.take(item.pk))  # the task works it by ids (from here, or
             work = {  # from the database)
                 "pipeline": self.pipeline,
                 "episode_id": self.episode_id,
-                "run_id": job.run_id,
-                "owner": job.owner,
+                "run_id": claims.run_id,
+                "owner": claims.owner,
                 "item_pk": item.pk,
                 "action": claim.action,
                 "submission_pk": claim.submission.pk if claim.submission else None,
                 "token": claim.token,
-                "profile": job.profile_id,
+                "profile": claims.profile_id,
                 "options": self.params,
                 "cap_micros": self.options.cap_micros,
             }
@@ -167,7 +167,7 @@ class _TaskLanes:
             what.wait()  # the final state from the finished future, not an API read
             completed = what.state.is_completed()
             if not completed:  # the task ended early (lost worker): free its claim; an
-                self.job.release(self.local.unstarted(claim))  # intent it may have sent
+                self.claims.release(self.local.unstarted(claim))  # intent it may have sent
                 # is reconciled, never resent
             yield item, ItemResult.COMPLETED if completed else ItemResult.FAILED
 
@@ -179,4 +179,4 @@ class _TaskLanes:
         # late sends nothing either).
         for _item, claim in list(self.running.values()):
             with suppress(Exception):
-                self.job.release(self.local.unstarted(claim))
+                self.claims.release(self.local.unstarted(claim))
