@@ -88,7 +88,7 @@ def _resume_waiting_run(approval: ApprovalContext) -> dict[str, Any]:
     if not os.environ.get("PREFECT_API_URL"):
         return {"flow_run": None, "message": NO_PREFECT_API}
     import episodic.tasks  # noqa: F401  (Prefect defaults before Prefect is imported)
-    from episodic.flows.approval_resume import resume_waiting_run
+    from episodic.flows.approval.resume import resume_waiting_run
 
     return resume_waiting_run(approval).as_dict()
 

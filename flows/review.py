@@ -1,9 +1,9 @@
 """Approval and assembly from Prefect: the `approve-episode` and `assemble-episode` flows.
 
 `approval_step` waits for a person inside a deployment's top-level flow run: it suspends the
-run (no worker is held) with the typed form of `episodic.flows.approval_form`, which shows the
+run (no worker is held) with the typed form of `episodic.flows.approval.form`, which shows the
 episode's images themselves (inline thumbnails), their cost, and any reason the previous
-answer was refused; `episodic.flows.approval_wait` keeps one waiting run per episode and reads the
+answer was refused; `episodic.flows.approval.wait` keeps one waiting run per episode and reads the
 answers a run was resumed with. A refused answer re-suspends the run under the next pause
 key with the reason at the top of the form.
 """
@@ -20,7 +20,7 @@ from prefect.states import Completed
 from episodic.core.errors import CommandNotAllowed, ImagesChangedSinceShown, InvalidInput
 from episodic.core.settings import load_settings
 from episodic.core.states import DECIDED_STATES, EpisodeState
-from episodic.flows.approval_form import (
+from episodic.flows.approval.form import (
     ApprovalInput,
     RefusalInput,
     approval_form_description,
@@ -28,7 +28,7 @@ from episodic.flows.approval_form import (
     form_digest,
     picks_of,
 )
-from episodic.flows.approval_wait import (
+from episodic.flows.approval.wait import (
     Refused,
     ask,
     claim_approval_wait,

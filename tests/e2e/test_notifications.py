@@ -27,7 +27,7 @@ from prefect.states import Running, Suspended
 def weekly_episode() -> None: ...
 
 # tagged as the product tags its runs: the deployment's tags at creation, the approval tag
-# just before it suspends (`flows.approval_wait.claim_approval_wait`), after the run's first
+# just before it suspends (`flows.approval.wait.claim_approval_wait`), after the run's first
 # state events made the server cache its tags
 # (two runs, as the two slots of a week wait at once, each its own notification)
 with get_client(sync_client=True) as client:

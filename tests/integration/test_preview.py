@@ -193,7 +193,7 @@ def test_the_cover_is_titled_and_aspect_correct_and_an_old_cover_stays_on_reasse
 def test_the_approval_form_names_each_video_by_its_title_with_its_prompts_collapsed(
     generated: Episode,
 ) -> None:
-    from episodic.flows.approval_form import approval_form_description
+    from episodic.flows.approval.form import approval_form_description
 
     context = approval_context(generated.engine, "weekly", generated.episode_id)
     markdown = approval_form_description(context)

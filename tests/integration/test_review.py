@@ -229,7 +229,7 @@ def test_the_approval_form_shows_thumbnails_from_the_store_on_another_machine(
     """The form's previews are the store's bytes (checked against the sha256 paid for), so
     a form rendered by a worker with another state folder shows every image; an image gone
     from the store is named by its key, never shown from elsewhere."""
-    from episodic.flows.approval_form import approval_form_description
+    from episodic.flows.approval.form import approval_form_description
     from episodic.pipeline.approval import approval_context
 
     monkeypatch.setenv("EPISODIC_HOME", str(tmp_path / "another-machine"))

@@ -1,10 +1,10 @@
-"""The approval form's prompts block (`episodic.flows.approval_form.prompts_details`): one collapsed
+"""The approval form's prompts block (`episodic.flows.approval.form.prompts_details`): one collapsed
 HTML block, every prompt escaped: the form names videos and shows prompts on demand, not
 item ids and hashes."""
 
 from __future__ import annotations
 
-from episodic.flows.approval_form import prompts_details
+from episodic.flows.approval.form import prompts_details
 from episodic.pipeline.preview import PlanTexts
 from tests.images import episode_image as image
 

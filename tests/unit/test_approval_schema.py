@@ -14,7 +14,7 @@ import pytest
 from prefect.utilities.schema_tools.validation import ValidationError, validate
 
 from episodic.core.records import EpisodeImage
-from episodic.flows.approval_form import ApprovalInput, approval_input_for
+from episodic.flows.approval.form import ApprovalInput, approval_input_for
 
 OK = [
     {"decision": "approve", "reviewer": "ann"},

@@ -30,7 +30,7 @@ from pydantic import ValidationError
 
 from episodic.core.errors import CommandNotAllowed, InvalidInput
 from episodic.core.states import EpisodeState
-from episodic.flows.approval_form import ApprovalInput, approval_input_for, picks_of
+from episodic.flows.approval.form import ApprovalInput, approval_input_for, picks_of
 from episodic.flows.artifacts import md_text
 from episodic.pipeline.approval import ApprovalContext
 
