@@ -28,8 +28,9 @@ from episodic.core.planning import (
 )
 
 if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
     from episodic.pipeline.generation import Requested
-    from episodic.storage.tx import Database
 
 EpisodeArg = Annotated[str, typer.Argument(help="Episode id, e.g. 2026-W32-0 (must exist).")]
 
@@ -245,7 +246,7 @@ def resume_run(
     report_outcome(outcome, as_json)
 
 
-def _show_plan(engine: Database, requested: Requested, as_json: bool) -> None:
+def _show_plan(engine: Engine, requested: Requested, as_json: bool) -> None:
     """`generate --plan`: what the run would do and cost, refused past the budget; spends
     nothing."""
     from episodic.core.planning import check_budget

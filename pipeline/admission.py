@@ -10,6 +10,8 @@ import hashlib
 import uuid
 from collections.abc import Sequence
 
+from sqlalchemy import Engine
+
 from episodic.core.dedup import (
     Admission,
     RunRequest,
@@ -39,7 +41,6 @@ from episodic.storage.base import utcnow
 from episodic.storage.budgets import BudgetStore
 from episodic.storage.plans import PlanRecord, PlanStore
 from episodic.storage.runs import RunStore
-from episodic.storage.tx import Database
 
 
 def options_from_request(
@@ -247,7 +248,7 @@ def prepare_resume(
     return Admission(run_id, deduplicated=alive)
 
 
-def check_period_budgets(engine: Database, pipeline: str, report: PlanReport) -> None:
+def check_period_budgets(engine: Engine, pipeline: str, report: PlanReport) -> None:
     """Refuse (`BudgetExceeded`, exit 2, nothing created) a plan whose estimate alone would
     take a period budget of `pipeline` past what remains of it (spent and in flight
     counted), or whose currency is not the budget's. The claims hold the real spend."""

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import Engine
+
 from episodic.core.errors import EpisodicError, InvalidInput, ProviderConfigError
 from episodic.core.states import ItemState, SubmissionState
 from episodic.pipeline.gate import CredentialSource
@@ -34,7 +36,6 @@ from episodic.providers.profiles import Profile
 from episodic.storage.adoption import latest_submission, recorded_for
 from episodic.storage.ledger import LedgerStore
 from episodic.storage.runs import RunStore
-from episodic.storage.tx import Database
 
 
 class NoAnswer(EpisodicError):
@@ -61,7 +62,7 @@ class Adopted:
 
 
 def adopt_job(
-    engine: Database,
+    engine: Engine,
     profiles: dict[str, Profile],
     state_dir: Path,
     run_id: str,

@@ -6,6 +6,7 @@ tenacity; an `AllocationConflict` is a decision, never retried.
 
 from __future__ import annotations
 
+from sqlalchemy import Engine
 from tenacity import (
     retry,
     retry_if_exception,
@@ -16,7 +17,7 @@ from tenacity import (
 from episodic.core.episodes import Allocation
 from episodic.core.ids import WeekId
 from episodic.storage.allocator import Allocator
-from episodic.storage.tx import Database, is_transient
+from episodic.storage.tx import is_transient
 
 
 @retry(
@@ -26,7 +27,7 @@ from episodic.storage.tx import Database, is_transient
     reraise=True,
 )
 def allocate(
-    engine: Database,
+    engine: Engine,
     pipeline: str,
     week: WeekId,
     allocation_key: str,

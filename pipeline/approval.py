@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import Engine
+
 from episodic.core.errors import (
     CommandNotAllowed,
     ImageNotAsPaid,
@@ -42,7 +44,6 @@ from episodic.storage.locks import keyed_transaction
 from episodic.storage.media import MediaStore
 from episodic.storage.plans import PlanStore
 from episodic.storage.store_identity import open_verified
-from episodic.storage.tx import Database
 
 #: What a decision outside the form says when no Prefect API is configured to resume the run
 #: waiting for it (`episodic approve` without PREFECT_API_URL; the decision is recorded).
@@ -63,7 +64,7 @@ def approval_digest(items: dict[str, str]) -> str:
 
 
 def review_set(
-    engine: Database, pipeline: str, episode_id: str, store: MediaStore | None = None
+    engine: Engine, pipeline: str, episode_id: str, store: MediaStore | None = None
 ) -> list[EpisodeImage]:
     """The images a decision is about: the current plan's completed images, in plan order,
     each checked in `store` against its recorded sha256 (what the approval form shows)."""
@@ -71,13 +72,13 @@ def review_set(
     return [image for image, _ in planned_images(engine, gate, store)]
 
 
-def default_store(store: MediaStore | None, engine: Database) -> MediaStore:
+def default_store(store: MediaStore | None, engine: Engine) -> MediaStore:
     """`store`, or the one the settings name, if it is the database's (`open_verified`)."""
     return store if store is not None else open_verified(load_settings(), engine)
 
 
 def decide(
-    engine: Database,
+    engine: Engine,
     pipeline: str,
     episode_id: str,
     *,
@@ -201,7 +202,7 @@ def decision_stands_hint(episode_id: str, state: str) -> str:
     )
 
 
-def rejection_note(engine: Database, episode_pk: int, episode_id: str) -> str | None:
+def rejection_note(engine: Engine, episode_pk: int, episode_id: str) -> str | None:
     """For a rejected episode, the clause a command that changed nothing adds to its answer
     (`E stays rejected (by bob at …: too dark): …`); None for any other state."""
     decided = ApprovalStore(engine).latest_decision(episode_pk)
@@ -227,7 +228,7 @@ def _picks_text(picks: dict[str, int]) -> str:
 
 
 def reopen(
-    engine: Database,
+    engine: Engine,
     pipeline: str,
     episode_id: str,
     *,
@@ -276,7 +277,7 @@ def reopen(
 
 
 def planned_images(
-    engine: Database, gate: GatePass, store: MediaStore | None = None
+    engine: Engine, gate: GatePass, store: MediaStore | None = None
 ) -> list[tuple[EpisodeImage, bytes]]:
     """The current plan's completed images in plan order, each with its bytes as read from
     `store` (default: the settings' store) and checked against the sha256 and size recorded
@@ -354,7 +355,7 @@ def image_not_as_paid(episode_id: str, label: str, where: str, what: str) -> Ima
     )
 
 
-def waiting_state(engine: Database, pipeline: str, episode_id: str) -> str:
+def waiting_state(engine: Engine, pipeline: str, episode_id: str) -> str:
     """The episode's state, refused (`CommandNotAllowed`) unless it waits for a decision
     or has one (generated, approved, rejected, assembled)."""
     state = EpisodeRepository(engine).get(pipeline, EpisodeId.parse(episode_id)).state
@@ -371,7 +372,7 @@ class ApprovalContext:
     Each method reads (or decides) when it is called: nothing is cached, since the episode
     may be decided elsewhere while the flow waits."""
 
-    engine: Database
+    engine: Engine
     pipeline: str
     episode_id: str
     episode_pk: int
@@ -427,7 +428,7 @@ class ApprovalContext:
 
 
 def approval_context(
-    engine: Database, pipeline: str, episode_id: str, store: MediaStore | None = None
+    engine: Engine, pipeline: str, episode_id: str, store: MediaStore | None = None
 ) -> ApprovalContext:
     """The context of `episode_id` (its row key read once); its images are read from
     `store` (default: the settings' media store, opened once here)."""

@@ -15,6 +15,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import Engine
+
 from episodic.core.errors import CommandNotAllowed, InvalidInput
 from episodic.core.hints import hint
 from episodic.core.media import StoredMedia
@@ -33,11 +35,10 @@ from episodic.storage.approvals import ApprovalStore
 from episodic.storage.episodes import EpisodeRepository
 from episodic.storage.media import MediaStore
 from episodic.storage.store_identity import open_verified
-from episodic.storage.tx import Database
 
 
 def assemble(
-    engine: Database,
+    engine: Engine,
     settings: Settings,
     pipeline: str,
     episode_id: str,

@@ -38,6 +38,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from sqlalchemy import Engine
+
 from episodic.core.errors import BudgetExceeded, CommandNotAllowed
 from episodic.core.money import format_money
 from episodic.core.planning import RunOptions, budget_breach
@@ -57,7 +59,6 @@ from episodic.pipeline.restore import (
 )
 from episodic.storage.media_records import MediaRecords, RecordedImage, decided_refusal
 from episodic.storage.provider_outputs import ProviderOutputs
-from episodic.storage.tx import Database
 
 
 @dataclass(frozen=True)
@@ -134,7 +135,7 @@ Confirm = Callable[[Quote], bool]
 
 
 def buy_again(
-    engine: Database,
+    engine: Engine,
     settings: Settings,
     pipeline: str,
     episode_id: str,

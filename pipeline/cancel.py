@@ -24,6 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from sqlalchemy import Engine
+
 from episodic.core.errors import EpisodicError, InvalidTransition
 from episodic.core.settings import Settings
 from episodic.core.states import RunState
@@ -35,7 +37,6 @@ from episodic.storage.cancels import CancelStore
 from episodic.storage.episodes import EpisodeRepository
 from episodic.storage.ledger import LedgerStore
 from episodic.storage.runs import RunStore
-from episodic.storage.tx import Database
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +68,7 @@ class JobCancel:
 
 
 def cancel_run(
-    engine: Database,
+    engine: Engine,
     settings: Settings,
     run_id: str,
     credentials: CredentialSource,
@@ -318,7 +319,7 @@ class Settlement:
 
 
 def settle_cancelled(
-    engine: Database, settings: Settings, run_ids: list[str], credentials: CredentialSource
+    engine: Engine, settings: Settings, run_ids: list[str], credentials: CredentialSource
 ) -> Settlement:
     """Cancel each of `run_ids` (the runs a cancelled flow run worked on) as `cancel_run`
     does, asking the provider only for the jobs no earlier cancel saw stop: a flow's own

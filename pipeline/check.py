@@ -26,6 +26,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from sqlalchemy import Engine
+
 from episodic.core.errors import EpisodicError, InvalidInput
 from episodic.core.ids import EpisodeId
 from episodic.core.playlist import PlannedItem, check_picks, hero_candidates, item_label
@@ -55,7 +57,6 @@ from episodic.storage.audit import (
 )
 from episodic.storage.base import utcnow
 from episodic.storage.media import MediaStore
-from episodic.storage.tx import Database
 
 NEEDS_ALL_IMAGES = {EpisodeState.GENERATED, EpisodeState.APPROVED, EpisodeState.ASSEMBLED}
 
@@ -82,7 +83,7 @@ _COST_ENTRIES: dict[str, set[int]] = {
 
 
 def check_episodes(
-    engine: Database,
+    engine: Engine,
     pipeline: str,
     episode_id: str | None = None,
     policy: DedupPolicy | None = None,
@@ -113,7 +114,7 @@ def check_episodes(
 
 
 def _check_one(
-    engine: Database, episode: EpisodeRecord, policy: DedupPolicy, media: MediaAudit
+    engine: Engine, episode: EpisodeRecord, policy: DedupPolicy, media: MediaAudit
 ) -> list[Finding]:
     eid = episode.episode_id
     out: list[Finding] = []
@@ -442,9 +443,7 @@ class _PlanUnreadable(Exception):
     pass
 
 
-def legacy_warnings(
-    engine: Database, pipeline: str, episode_id: str | None = None
-) -> list[Finding]:
+def legacy_warnings(engine: Engine, pipeline: str, episode_id: str | None = None) -> list[Finding]:
     """Episodes with images or media still in local files from before the media store: a
     warning, not a finding (their files are checked as they are; see `legacy_media`)."""
     return [Finding(e, "legacy-media", d) for e, d in legacy_media(engine, pipeline, episode_id)]

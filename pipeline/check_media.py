@@ -17,12 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import Engine
+
 from episodic.core.errors import InvalidInput, MediaMissing
 from episodic.core.ids import EpisodeId
 from episodic.storage.admission import DedupPolicy
 from episodic.storage.audit import ItemRecord, MediaRecord, list_episodes, snapshot
 from episodic.storage.media import MediaStore
-from episodic.storage.tx import Database
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +122,7 @@ def _not_an_image(content: bytes, media_type: str | None) -> str | None:
 
 
 def legacy_media(
-    engine: Database, pipeline: str, episode_id: str | None = None
+    engine: Engine, pipeline: str, episode_id: str | None = None
 ) -> list[tuple[str, str]]:
     """(episode id, detail) of each episode whose images or media are still local files
     from before the media store (rows with a path and no key), readable on this machine

@@ -16,13 +16,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from sqlalchemy import Engine
+
 from episodic.core.money import amount_text, format_money
 from episodic.core.periods import PERIOD_KINDS, PeriodKind, period_bounds, period_label
 from episodic.core.pricing import charge_of
 from episodic.pipeline.spend import GROUPINGS, Pipelines, group_lines, totals_of
 from episodic.storage.audit import CostRecord, SubmissionRecord
 from episodic.storage.spend import SpendLine, audited_spend, known_pipelines
-from episodic.storage.tx import Database
 
 
 def check_costs(add: Callable[[str, str], None], costs: Sequence[CostRecord]) -> None:
@@ -96,7 +97,7 @@ class SpendCheck:
         }
 
 
-def verify_spend(engine: Database, pipeline: str) -> SpendCheck:
+def verify_spend(engine: Engine, pipeline: str) -> SpendCheck:
     """The report's totals of the pipeline by each grouping, against the ledger's sums;
     and each week's and month's row against the ledger's sum of that period's bounds
     (`episodic.core.periods.period_bounds`, the budgets' window), so labels and bounds agree."""

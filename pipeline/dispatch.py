@@ -6,12 +6,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from sqlalchemy import Engine
+
 from episodic.storage.locks import keyed_transaction
-from episodic.storage.tx import Database
 
 
 @contextmanager
-def one_dispatcher(engine: Database, fingerprint: str) -> Iterator[None]:
+def one_dispatcher(engine: Engine, fingerprint: str) -> Iterator[None]:
     """Hold, for the block, the lock of the request `fingerprint` (`core.dedup`): an advisory
     transaction lock on the key ``dispatch:FINGERPRINT`` on Postgres, the write lock on
     SQLite. Released when the block ends, normally or by an exception."""

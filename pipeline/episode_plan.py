@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sqlalchemy import Engine
+
 from episodic.pipeline.gate import open_gate
 from episodic.pipeline.playlists import (
     check_profile_known,
@@ -17,11 +19,10 @@ from episodic.pipeline.playlists import (
 )
 from episodic.storage.allocator import Allocator
 from episodic.storage.plans import PlanStore
-from episodic.storage.tx import Database
 
 
 def refuse_unreadable_playlist(
-    engine: Database, pipeline: str, allocation_key: str, playlist_path: Path
+    engine: Engine, pipeline: str, allocation_key: str, playlist_path: Path
 ) -> None:
     """Before a run allocates the episode it will plan from `playlist_path`: raise
     `InvalidPlaylist` (naming where the file was looked for) when the file cannot be read,
@@ -33,7 +34,7 @@ def refuse_unreadable_playlist(
 
 
 def record_plan(
-    engine: Database,
+    engine: Engine,
     pipeline: str,
     episode_id: str,
     playlist_path: Path,
@@ -67,7 +68,7 @@ def record_plan(
 
 
 def recorded_plan_summary(
-    engine: Database, pipeline: str, episode_id: str
+    engine: Engine, pipeline: str, episode_id: str
 ) -> dict[str, object] | None:
     """The recorded plan of an episode, summarised as `record_plan` answers, or None.
 

@@ -12,29 +12,28 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 
+from sqlalchemy import Engine
+
 from episodic.storage.flow_runs import FlowRunLinks, RunLife, dead
-from episodic.storage.tx import Database
 
 LINK_MARGIN = timedelta(minutes=5)  # clock skew between Prefect's server and the database
 
 
-def link_flow_runs(engine: Database, run_id: str, chain: Sequence[str]) -> None:
+def link_flow_runs(engine: Engine, run_id: str, chain: Sequence[str]) -> None:
     """Record that the flow runs of `chain` (the one working on `run_id` first, then those
     it runs inside) work on `run_id`."""
     FlowRunLinks(engine).record(run_id, chain)
 
 
 def flow_run_chains(
-    engine: Database, run_ids: Iterable[str], since: datetime
+    engine: Engine, run_ids: Iterable[str], since: datetime
 ) -> dict[str, list[list[str]]]:
     """For each run id, the chains of flow runs linked to it since `since` (each the flow
     run that worked on it, then those it ran inside); ids with no link left out."""
     return FlowRunLinks(engine).chains_of(run_ids, since)
 
 
-def runs_linked_to(
-    engine: Database, flow_run_id: str, since: datetime
-) -> list[tuple[str, str, str]]:
+def runs_linked_to(engine: Engine, flow_run_id: str, since: datetime) -> list[tuple[str, str, str]]:
     """The runs linked to `flow_run_id` since `since`, oldest link first, as (run id,
     pipeline, episode id)."""
     lives = FlowRunLinks(engine).runs_of([flow_run_id], since).get(flow_run_id, [])
@@ -42,7 +41,7 @@ def runs_linked_to(
 
 
 def crashed_messages(
-    engine: Database, fallback_lease_s: float, started: dict[str, datetime]
+    engine: Engine, fallback_lease_s: float, started: dict[str, datetime]
 ) -> dict[str, str]:
     """Of the flow runs left Running (`started`: flow run id -> when it started), those whose
     process is gone (`episodic.storage.flow_runs.dead`: a run it worked on lost its lease and no
@@ -56,7 +55,7 @@ def crashed_messages(
 
 
 def orphan_messages(
-    engine: Database, fallback_lease_s: float, started: dict[str, datetime]
+    engine: Engine, fallback_lease_s: float, started: dict[str, datetime]
 ) -> dict[str, str]:
     """For each ended flow run (`started`: flow run id -> when it started), the Crashed
     message of a task run it left Running."""
@@ -93,7 +92,7 @@ def orphan_message(lives: list[RunLife]) -> str:
 
 
 def _lives(
-    engine: Database, fallback_lease_s: float, started: dict[str, datetime]
+    engine: Engine, fallback_lease_s: float, started: dict[str, datetime]
 ) -> dict[str, list[RunLife]]:
     if not started:
         return {}

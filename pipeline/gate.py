@@ -13,6 +13,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from sqlalchemy import Engine
+
 from episodic.core.episodes import Episode
 from episodic.core.errors import ProviderConfigError
 from episodic.core.ids import EpisodeId
@@ -22,7 +24,6 @@ from episodic.providers.adapters import build_client, refuse_record
 from episodic.providers.base import Provider
 from episodic.providers.profiles import Profile
 from episodic.storage.episodes import EpisodeRepository
-from episodic.storage.tx import Database
 
 _GATE_TOKEN = object()
 PAID_COMMANDS = frozenset({"generate", "retry", "resume"})
@@ -43,7 +44,7 @@ class GatePass:
         return str(self.episode.episode_id)
 
 
-def open_gate(engine: Database, pipeline: str, episode_id: str, command: str) -> GatePass:
+def open_gate(engine: Engine, pipeline: str, episode_id: str, command: str) -> GatePass:
     """Parse the id (exit 2), load the episode (exit 5), check the command is allowed."""
     parsed = EpisodeId.parse(episode_id)
     episode, pk = EpisodeRepository(engine).locate(pipeline, parsed)

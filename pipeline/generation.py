@@ -7,6 +7,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from sqlalchemy import Engine
+
 from episodic.core.dedup import Admission
 from episodic.core.errors import CommandNotAllowed, ProviderConfigError, frozen_plan
 from episodic.core.hints import hint
@@ -43,7 +45,6 @@ from episodic.storage.leases import LeaseStore
 from episodic.storage.ledger import LedgerStore
 from episodic.storage.plans import PlanRecord, PlanStore
 from episodic.storage.runs import RunStore
-from episodic.storage.tx import Database
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +61,7 @@ class Prepared:
 
 
 def prepare(
-    engine: Database,
+    engine: Engine,
     settings: Settings,
     pipeline: str,
     episode_id: str,
@@ -121,7 +122,7 @@ def _replan_record(prepared: Prepared) -> PlanRecord | None:
 
 
 def build_runner(
-    engine: Database,
+    engine: Engine,
     settings: Settings,
     prepared: Prepared,
     credentials: CredentialSource,
@@ -175,7 +176,7 @@ class Requested:
 
 
 def open_request(
-    engine: Database, settings: Settings, pipeline: str, request: GenerateRequest
+    engine: Engine, settings: Settings, pipeline: str, request: GenerateRequest
 ) -> Requested:
     """The gate and the recorded plan of `request`'s episode (`prepare`), and the request's
     run options read against that plan. No credential yet; nothing is written.
@@ -192,7 +193,7 @@ def open_request(
 
 
 def generate(
-    engine: Database,
+    engine: Engine,
     settings: Settings,
     pipeline: str,
     episode_id: str,
@@ -226,7 +227,7 @@ def generate(
 
 
 def generate_requested(
-    engine: Database,
+    engine: Engine,
     settings: Settings,
     requested: Requested,
     credentials: CredentialSource,
@@ -315,7 +316,7 @@ def _execute_admitted(
 
 
 def resume(
-    engine: Database,
+    engine: Engine,
     settings: Settings,
     run_id: str,
     credentials: CredentialSource,
@@ -368,7 +369,7 @@ def resume(
 
 
 def retry(
-    engine: Database,
+    engine: Engine,
     settings: Settings,
     pipeline: str,
     episode_id: str,
@@ -429,14 +430,14 @@ def _already_completed(store: RunStore, prepared: Prepared, run_id: str) -> RunO
 
 
 def _mark_generated(
-    engine: Database, prepared: Prepared, run_id: str | None, plan_id: int | None
+    engine: Engine, prepared: Prepared, run_id: str | None, plan_id: int | None
 ) -> None:
     """`runner.mark_generated` without a runner (nothing was bought here)."""
     keys = frozenset(item.idempotency_key for item in prepared.items)
     mark_generated(EpisodeRepository(engine), prepared.gate.episode_pk, keys, run_id, plan_id)
 
 
-def _with_decision(engine: Database, gate: GatePass, outcome: RunOutcome) -> RunOutcome:
+def _with_decision(engine: Engine, gate: GatePass, outcome: RunOutcome) -> RunOutcome:
     """A generate that had nothing to do on a rejected episode says that the rejection
     stands (who, when, why) and how to undo it, instead of leaving the reader to think the
     episode now waits for a decision."""

@@ -12,11 +12,12 @@ the line `record_gone` returns: what it cost and that command; never "at no cost
 
 from __future__ import annotations
 
+from sqlalchemy import Engine
+
 from episodic.core.money import format_money
 from episodic.core.pricing import Price
 from episodic.pipeline.gate import GatePass
 from episodic.storage.provider_outputs import ProviderOutputs
-from episodic.storage.tx import Database
 
 LOST_TEXT = "output lost at the provider"
 """How the item's message of an output gone at the provider begins (`record_gone`): a resume
@@ -28,7 +29,7 @@ class LostAtProvider(Exception):
 
 
 def record_gone(
-    engine: Database,
+    engine: Engine,
     gate: GatePass,
     price: Price,
     submission_pk: int,

@@ -29,6 +29,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from sqlalchemy import Engine
 
 from episodic.core.documents import DocumentError, parse_json, read_text
 from episodic.core.errors import InvalidInput, NotAnImage
@@ -57,7 +58,6 @@ from episodic.storage.legacy import (
     top_sequence,
 )
 from episodic.storage.media import MediaStore
-from episodic.storage.tx import Database
 
 TOOL_VERSION = "episodic-migrate-legacy/1"
 _ID = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
@@ -213,7 +213,7 @@ def _verify(folder: Path, name: str, sha256: str, where: str) -> None:
 
 
 def migrate(
-    engine: Database,
+    engine: Engine,
     settings: Settings,
     pipeline: str,
     root: Path,
@@ -258,7 +258,7 @@ def migrate(
     return report
 
 
-def _refuse_known_jobs(engine: Database, pending: list[LegacyEpisode]) -> None:
+def _refuse_known_jobs(engine: Engine, pending: list[LegacyEpisode]) -> None:
     """A remote reference some earlier import recorded (from another folder tree) is the same
     provider job: importing it again would record one paid image twice. Refused before
     anything is written."""
@@ -272,7 +272,7 @@ def _refuse_known_jobs(engine: Database, pending: list[LegacyEpisode]) -> None:
             )
 
 
-def _next_id(engine: Database, pipeline: str, week: str) -> str:
+def _next_id(engine: Engine, pipeline: str, week: str) -> str:
     top = top_sequence(engine, pipeline, week)
     return f"{week}-{0 if top is None else top + 1}"
 
@@ -323,7 +323,7 @@ def _store(store: MediaStore, legacy: LegacyEpisode, name: str, sha256: str) -> 
         raise InvalidInput(f"{legacy.folder / name} is {exc}") from None
 
 
-def _import(engine: Database, store: MediaStore, pipeline: str, legacy: LegacyEpisode) -> str:
+def _import(engine: Engine, store: MediaStore, pipeline: str, legacy: LegacyEpisode) -> str:
     allocation = allocate(engine, pipeline, WeekId.parse(legacy.legacy_id), legacy.allocation_key)
     episode_id = str(allocation.episode.episode_id)
     pk = EpisodeRepository(engine).episode_pk(pipeline, episode_id)

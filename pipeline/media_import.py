@@ -23,6 +23,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from sqlalchemy import Engine
+
 from episodic.core.errors import MediaStoreError, NotAnImage
 from episodic.core.media import StoredMedia
 from episodic.core.settings import Settings
@@ -30,7 +32,6 @@ from episodic.pipeline.media import prove_image
 from episodic.pipeline.media_view import writable_store
 from episodic.storage.media import MediaStore
 from episodic.storage.media_records import LegacyFile, MediaRecords
-from episodic.storage.tx import Database
 
 ImportStatus = Literal["imported", "missing", "differs", "not_an_image", "store_failed"]
 MAX_LEGACY_BYTES = 64 * 1024 * 1024  # an image or manifest; anything larger is not ours
@@ -75,7 +76,7 @@ class ImportReport:
 
 
 def import_legacy_media(
-    engine: Database,
+    engine: Engine,
     settings: Settings,
     *,
     on_plan: Callable[[int], None] | None = None,

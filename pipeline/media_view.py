@@ -12,6 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import Engine
+
 from episodic.core.errors import (
     CommandNotAllowed,
     InvalidInput,
@@ -23,11 +25,10 @@ from episodic.storage.episodes import EpisodeRepository
 from episodic.storage.ledger import completed_outputs
 from episodic.storage.media import MediaStore
 from episodic.storage.store_identity import verify
-from episodic.storage.tx import Database
 
 
 def open_store(
-    settings: Settings, engine: Database, *, adopt: bool = False, read_only: bool = False
+    settings: Settings, engine: Engine, *, adopt: bool = False, read_only: bool = False
 ) -> MediaStore:
     """The media store `settings` name (EPISODIC_MEDIA_URL), opened once per command or
     flow step. Refused (`MediaStoreMisconfigured`, exit 2, one line) when it is a local
@@ -42,7 +43,7 @@ def open_store(
     return store
 
 
-def writable_store(settings: Settings, engine: Database) -> MediaStore:
+def writable_store(settings: Settings, engine: Engine) -> MediaStore:
     """The media store `settings` names, proven writable (`MediaStore.probe`: a small object
     written, read back and deleted) and the database's own (`store_identity.verify`,
     adopting it if none is recorded) before anything is spent: a paid image that cannot be
@@ -71,7 +72,7 @@ def preview_bytes(store: MediaStore, key: str) -> bytes | None:
         return None
 
 
-def episode_media(engine: Database, store: MediaStore, episode_pk: int) -> list[dict[str, Any]]:
+def episode_media(engine: Engine, store: MediaStore, episode_pk: int) -> list[dict[str, Any]]:
     """One entry per completed image (playlist order), then cover and manifest: ``name``
     (an item id such as ``v01.p1``, or the medium's kind), ``key`` (None for a row from
     before the store), ``legacy_path`` (such a row's local file), ``sha256``, ``size``

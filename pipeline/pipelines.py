@@ -14,16 +14,17 @@ import re
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from sqlalchemy import Engine
+
 from episodic.core.errors import InvalidInput, TimezoneMismatch
 from episodic.core.money import amount_text, format_money, parse_money
 from episodic.core.periods import PERIOD_KINDS, PeriodKind
 from episodic.core.settings import Settings, load_timezone, validate_pipeline
 from episodic.storage.budgets import BudgetStore
 from episodic.storage.pipelines import PipelineConfig, PipelineStore
-from episodic.storage.tx import Database
 
 
-def pipeline_config(engine: Database, settings: Settings, pipeline: str) -> PipelineConfig:
+def pipeline_config(engine: Engine, settings: Settings, pipeline: str) -> PipelineConfig:
     """The pipeline's recorded settings (recorded now from this process's on first use).
 
     Raises `TimezoneMismatch` when EPISODIC_TIMEZONE is set and differs from the record.
@@ -35,12 +36,12 @@ def pipeline_config(engine: Database, settings: Settings, pipeline: str) -> Pipe
     return config
 
 
-def pipeline_timezone(engine: Database, settings: Settings, pipeline: str) -> ZoneInfo:
+def pipeline_timezone(engine: Engine, settings: Settings, pipeline: str) -> ZoneInfo:
     """The ZoneInfo weeks of `pipeline` are computed in (see `pipeline_config`)."""
     return load_timezone(pipeline_config(engine, settings, pipeline).timezone)
 
 
-def set_timezone(engine: Database, pipeline: str, timezone: str) -> dict[str, Any]:
+def set_timezone(engine: Engine, pipeline: str, timezone: str) -> dict[str, Any]:
     """Change the pipeline's recorded timezone (validated IANA name). Schedules created from
     the old zone must be redeployed (`episodic serve` / `prefect deploy --all`)."""
     name = validate_pipeline(pipeline)
@@ -50,7 +51,7 @@ def set_timezone(engine: Database, pipeline: str, timezone: str) -> dict[str, An
 
 
 def set_budget(
-    engine: Database,
+    engine: Engine,
     settings: Settings,
     pipeline: str,
     per: str,
@@ -94,7 +95,7 @@ def set_budget(
     }
 
 
-def list_pipelines(engine: Database) -> list[dict[str, Any]]:
+def list_pipelines(engine: Engine) -> list[dict[str, Any]]:
     """Every pipeline with its timezone and its budgets (``budgets``: period → amount)."""
     budgets: dict[str, dict[str, dict[str, Any]]] = {}
     for b in BudgetStore(engine).list():

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import Engine
+
 from episodic.core.errors import CommandNotAllowed
 from episodic.core.hints import hint
 from episodic.core.output_files import RecordPaths, write_output
@@ -25,7 +27,6 @@ from episodic.pipeline.playlists import parse_playlist, planned_items
 from episodic.storage.ledger import completed_outputs
 from episodic.storage.media import MediaStore
 from episodic.storage.plans import PlanStore
-from episodic.storage.tx import Database
 
 PREVIEW_FILE = "preview.png"
 PARTS_PER_ROW = 4
@@ -43,7 +44,7 @@ class PlanTexts:
         return self.titles.get(video_id, video_id)
 
 
-def plan_texts(engine: Database, episode_pk: int, episode_id: str, pipeline: str) -> PlanTexts:
+def plan_texts(engine: Engine, episode_pk: int, episode_id: str, pipeline: str) -> PlanTexts:
     """The titles and prompts of the episode's current (frozen) plan; empty without one."""
     recorded = PlanStore(engine).latest_plan(episode_pk)
     if recorded is None:
@@ -84,7 +85,7 @@ def sheet_rows(images: list[tuple[EpisodeImage, bytes]], texts: PlanTexts) -> li
     return rows
 
 
-def missing_images(engine: Database, gate: GatePass) -> list[str]:
+def missing_images(engine: Engine, gate: GatePass) -> list[str]:
     """The item ids of the current plan's images that are not completed (plan order)."""
     recorded = PlanStore(engine).latest_plan(gate.episode_pk)
     if recorded is None:
@@ -107,7 +108,7 @@ def default_path(settings: Settings, pipeline: str, episode_id: str) -> Path:
 
 
 def preview(
-    engine: Database,
+    engine: Engine,
     settings: Settings,
     pipeline: str,
     episode_id: str,

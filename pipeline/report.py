@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from sqlalchemy import Engine
+
 from episodic.core.ids import EpisodeId
 from episodic.core.money import add_to, format_money, format_totals
 from episodic.pipeline.cancel import cancelled_answer, stopped
@@ -14,11 +16,10 @@ from episodic.storage.cancels import CancelStore
 from episodic.storage.episodes import EpisodeRepository
 from episodic.storage.ledger import LedgerStore, completed_outputs
 from episodic.storage.plans import PlanStore
-from episodic.storage.tx import Database
 
 
 def episode_report(
-    engine: Database,
+    engine: Engine,
     pipeline: str,
     episode_id: str,
     prices: Mapping[str, tuple[int, str]] | None = None,

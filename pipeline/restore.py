@@ -30,6 +30,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Literal, overload
 
+from sqlalchemy import Engine
+
 from episodic.core.errors import MediaStoreError, NotAnImage
 from episodic.core.media import ProvenImage
 from episodic.core.settings import Settings
@@ -40,7 +42,6 @@ from episodic.providers.base import CollectionPending, Provider, RemoteJobFailed
 from episodic.providers.profiles import configured_profiles, get_profile
 from episodic.storage.media import MediaStore
 from episodic.storage.media_records import MediaRecords, RecordedImage
-from episodic.storage.tx import Database
 
 Status = Literal[
     "present", "imported", "restored", "differs", "not_an_image", "not_served", "store_failed"
@@ -113,7 +114,7 @@ OnPlan = Callable[[int], None]
 
 
 def restore(
-    engine: Database,
+    engine: Engine,
     settings: Settings,
     pipeline: str,
     episode_id: str,

@@ -7,16 +7,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from sqlalchemy import Engine
+
 from episodic.core.ids import EpisodeId
 from episodic.core.keys import SlotKey
 from episodic.pipeline.check import Finding
 from episodic.storage.allocator import SLOT_EVENTS, asked_by
 from episodic.storage.audit import SlotEpisode, snapshot
-from episodic.storage.tx import Database
 
 
 def schedule_warnings(
-    engine: Database, pipeline: str, episode_id: str | None = None
+    engine: Engine, pipeline: str, episode_id: str | None = None
 ) -> list[Finding]:
     """Slots of the pipeline that more than one deployment asked for: two deployments of
     the weekly flow schedule one pipeline (a copy, a renamed one left behind). Each slot is

@@ -21,13 +21,14 @@ from datetime import date, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from sqlalchemy import Engine
+
 from episodic.core.errors import InvalidInput
 from episodic.core.ids import WeekId, shown
 from episodic.core.money import amount_text
 from episodic.core.periods import day_start, period_label
 from episodic.core.settings import load_timezone, validate_pipeline
 from episodic.storage.spend import SpendLine, known_pipelines, spend_lines
-from episodic.storage.tx import Database
 
 GROUPINGS = ("week", "month", "episode", "profile", "pipeline")
 _DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
@@ -105,7 +106,7 @@ class Pipelines:
     zones: dict[str, ZoneInfo] = field(default_factory=dict)
 
     @classmethod
-    def chosen(cls, engine: Database, pipeline: str | None) -> Pipelines:
+    def chosen(cls, engine: Engine, pipeline: str | None) -> Pipelines:
         known = known_pipelines(engine)
         if pipeline is not None:
             name = validate_pipeline(pipeline)
@@ -151,7 +152,7 @@ def totals_of(groups: dict[tuple[tuple[str, ...], str], Figures]) -> dict[str, F
 
 
 def window_lines(
-    engine: Database, chosen: Pipelines, since: date | None, until: date | None
+    engine: Engine, chosen: Pipelines, since: date | None, until: date | None
 ) -> list[SpendLine]:
     """Every pipeline's paid calls of the window, each bounded in its own timezone."""
     lines: list[SpendLine] = []
@@ -163,7 +164,7 @@ def window_lines(
 
 
 def spend_report(
-    engine: Database,
+    engine: Engine,
     *,
     by: str = "week",
     pipeline: str | None = None,
@@ -198,7 +199,7 @@ def spend_report(
     }
 
 
-def week_spend(engine: Database, pipeline: str, week_id: str) -> dict[str, Any]:
+def week_spend(engine: Engine, pipeline: str, week_id: str) -> dict[str, Any]:
     """The pipeline's spend in ISO week `week_id` of its timezone, by profile."""
     monday = WeekId.parse(week_id).monday()
     return spend_report(

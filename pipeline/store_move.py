@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
+from sqlalchemy import Engine
+
 from episodic.core.errors import (
     CommandNotAllowed,
     MediaMissing,
@@ -28,7 +30,6 @@ from episodic.core.settings import Settings
 from episodic.pipeline.media import prove_image
 from episodic.storage import store_identity
 from episodic.storage.media import MediaStore
-from episodic.storage.tx import Database
 
 CopyStatus = Literal["copied", "missing", "differs", "store_failed"]
 
@@ -68,7 +69,7 @@ class MoveReport:
 
 
 def move_store(
-    engine: Database,
+    engine: Engine,
     settings: Settings,
     source_url: str,
     *,

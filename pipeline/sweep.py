@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from sqlalchemy import Engine
+
 from episodic.core.settings import Settings
 from episodic.pipeline.admission import dedup_policy
 from episodic.storage.sweep import BUCKETS, Sweeper, SweepReport
-from episodic.storage.tx import Database
 
 __all__ = ["BUCKETS", "BUCKET_MEANING", "SweepReport", "sweep"]
 
@@ -17,7 +18,7 @@ BUCKET_MEANING = {
 }
 
 
-def sweep(engine: Database, settings: Settings, *, dry_run: bool = False) -> SweepReport:
+def sweep(engine: Engine, settings: Settings, *, dry_run: bool = False) -> SweepReport:
     """Reap what no live process holds: expired leases (EPISODIC_LEASE_S), runs pending
     longer than EPISODIC_PENDING_TTL_S, orphaned items of cancelled runs. Safe to run at any
     time and concurrently; never touches completed work or a submission."""

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, TypeVar
 
 from filelock import Timeout as FileLockTimeout
 from sqlalchemy import Connection, Engine, Table
@@ -57,10 +57,6 @@ def tracked_commit() -> Iterator[list[bool]]:
         raise
     for call in _CALLS.get():
         call.wrote = True
-
-
-Database: TypeAlias = Engine
-"""The handle every store is built on (layers above `storage` name it by this alias)."""
 
 
 def is_lost_connection(exc: BaseException) -> bool:
