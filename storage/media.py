@@ -9,11 +9,13 @@ S3's endpoint, credentials and region are read by botocore itself from the AWS v
 
 Every write is put-if-absent under ``episodic.core.media.content_key`` (sha256 + the proven media
 type): the same key holds the same bytes by construction, so concurrent writers of one image
-leave one intact object and nothing ever overwrites other bytes. After writing, the store
-re-reads the object and checks its size and sha256 before it answers: a `StoredMedia` is
-bytes the store verifiably holds. A local folder writes to a temporary file in the target's
-directory, fsyncs it, links it into place (which fails if the key exists) and fsyncs the
-directory; a failure removes the temporary file.
+leave one intact object and nothing ever overwrites other bytes. Before it answers, the store
+proves that it holds exactly those bytes: a `StoredMedia` is bytes the store verifiably
+holds. S3 proves it itself where it checks the SHA-256 a write carries
+(`episodic.storage.media_backends.RemoteBackend`); any other store, and any object S3 cannot
+vouch for, is re-read and its size and sha256 checked. A local folder writes to a temporary
+file in the target's directory, fsyncs it, links it into place (which fails if the key
+exists) and fsyncs the directory; a failure removes the temporary file.
 
 Errors are `episodic.core.errors.MediaStoreError`s that say whether trying again may help
 (`MediaStoreUnavailable`: outage, 5xx, timeout, full disk) or not
@@ -187,7 +189,8 @@ class MediaStore:
     def _put(
         self, content: bytes, media_type: str, width: int | None, height: int | None, repair: bool
     ) -> StoredMedia:
-        """Write-if-absent, then verify what the store holds (size and sha256, re-read).
+        """Write-if-absent, then verify what the store holds: proven by the store itself
+        (`Backend.write_proven`) or re-read (size and sha256).
 
         An existing object with the same bytes is kept as it is (another writer or an
         earlier run stored it). One with other bytes is a tampered or damaged object: raises
@@ -195,8 +198,9 @@ class MediaStore:
         """
         sha256 = hashlib.sha256(content).hexdigest()
         key = content_key(sha256, media_type)
-        created = self._call(lambda: self._backend.write_new(key, content, media_type), key)
-        problem = self.verify(key, sha256, len(content))
+        write = lambda: self._backend.write_proven(key, content, media_type, sha256)  # noqa: E731
+        created, proven = self._call(write, key)
+        problem = None if proven else self.verify(key, sha256, len(content))
         if problem is not None and problem.kind != "missing" and not created and repair:
             self._call(lambda: self._backend.replace(key, content, media_type), key)
             problem = self.verify(key, sha256, len(content))

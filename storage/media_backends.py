@@ -6,8 +6,10 @@ and maps them once in `classify` (transient or configuration, see `episodic.stor
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import errno
+import hashlib
 import os
 import threading
 import uuid
@@ -60,6 +62,14 @@ class Backend:
     def write_new(self, key: str, content: bytes, media_type: str) -> bool:
         """Write `content` under `key` unless an object exists; True if this call wrote."""
         raise NotImplementedError
+
+    def write_proven(
+        self, key: str, content: bytes, media_type: str, sha256: str
+    ) -> tuple[bool, bool]:
+        """`write_new`, and whether the store itself proved that it holds exactly the bytes
+        hashing to `sha256` under `key` (then no read-back is needed): (wrote, proven). A
+        store that proves nothing answers False and its caller reads the object back."""
+        return self.write_new(key, content, media_type), False
 
     def replace(self, key: str, content: bytes, media_type: str) -> None:
         raise NotImplementedError
@@ -165,7 +175,19 @@ class LocalBackend(Backend):
 class RemoteBackend(Backend):
     """An object store through fsspec. The filesystem is made per process (an s3fs client
     belongs to the event loop of the process that made it) and without fsspec's instance
-    cache, so settings and credentials are read when the store is opened."""
+    cache, so settings and credentials are read when the store is opened.
+
+    On S3 a write proves itself (`write_proven`): PutObject carries the content's SHA-256
+    (``x-amz-checksum-sha256``); S3 computes the checksum of the body it received, refuses
+    the request (400 ``BadDigest``) when they differ, and stores the checksum with the
+    object, returned by PutObject and by HeadObject with ``ChecksumMode=ENABLED``
+    (https://docs.aws.amazon.com/AmazonS3/latest/userguide/checking-object-integrity-upload.html).
+    That proof holds only where the store checks the value: some S3 look-alikes store or
+    echo a checksum header they never compared with the body. So once per process the
+    store is asked to take a body with a wrong checksum (`_checks_checksums`): only a store
+    that refuses it with ``BadDigest`` is trusted; any other is read back after each write,
+    as are objects whose stored checksum is not that full-object SHA-256.
+    """
 
     def __init__(self, scheme: str, root: str, url: str, timeout_s: float, attempts: int) -> None:
         self.scheme = scheme
@@ -179,6 +201,8 @@ class RemoteBackend(Backend):
         self._deadline = {"timeout": timeout_s * (self.attempts + 1)}
         self._lock = threading.Lock()
         self._fs: tuple[int, Any] | None = None
+        self._checks_lock = threading.Lock()
+        self._checks: tuple[int, bool] | None = None  # (pid, `_checks_checksums`)
 
     def fs(self) -> Any:
         with self._lock:
@@ -186,48 +210,118 @@ class RemoteBackend(Backend):
                 import fsspec  # type: ignore[import-untyped]
 
                 options: dict[str, Any] = {"skip_instance_cache": True}
-                if self.scheme in ("s3", "s3a"):
+                if self._is_s3:
                     options["use_listings_cache"] = False
+                    # Standard mode: a refused checksum (BadDigest) is not retried.
                     options["config_kwargs"] = {
                         "connect_timeout": self.timeout_s,
                         "read_timeout": self.timeout_s,
                         "retries": {"total_max_attempts": self.attempts, "mode": "standard"},
                     }
                 fs = fsspec.filesystem(self.scheme, **options)
-                if self.scheme in ("s3", "s3a"):
+                if self._is_s3:
                     fs.retries = 1  # botocore retries (attempts); s3fs's loop would multiply
                 self._fs = (os.getpid(), fs)
             return self._fs[1]
+
+    @property
+    def _is_s3(self) -> bool:
+        return self.scheme in ("s3", "s3a")
 
     def _path(self, key: str) -> str:
         return f"{self.root}/{key}"
 
     def write_new(self, key: str, content: bytes, media_type: str) -> bool:
-        extra = {"ContentType": media_type} if self.scheme in ("s3", "s3a") else {}
+        extra = {"ContentType": media_type} if self._is_s3 else {}
+        return self._create(key, content, extra)[0]
+
+    def _create(self, key: str, content: bytes, extra: dict[str, str]) -> tuple[bool, Any]:
+        """Put-if-absent: (True, the store's reply) if this call wrote, (False, None) if an
+        object was there."""
         for attempt in range(self.attempts):
             try:
-                self.fs().pipe_file(
+                reply = self.fs().pipe_file(
                     self._path(key), content, mode="create", **extra, **self._deadline
                 )
             except FileExistsError:
-                return False
+                return False, None
             except OSError as exc:
                 # S3 answers 409 to a conditional write racing another one of the same key.
                 if error_code(exc) != "ConditionalRequestConflict" or attempt + 1 == self.attempts:
                     raise
                 continue
-            return True
+            return True, reply
         raise AssertionError("unreachable")
 
+    def write_proven(
+        self, key: str, content: bytes, media_type: str, sha256: str
+    ) -> tuple[bool, bool]:
+        if not self._is_s3 or not self._checks_checksums():
+            return self.write_new(key, content, media_type), False
+        checksum = base64.b64encode(bytes.fromhex(sha256)).decode()
+        extra = {"ContentType": media_type, "ChecksumAlgorithm": "SHA256"}
+        created, reply = self._create(key, content, extra | {"ChecksumSHA256": checksum})
+        if created:  # S3 refuses a body that does not match; the reply names what it kept
+            return True, isinstance(reply, dict) and reply.get("ChecksumSHA256") == checksum
+        return False, self._holds(key, checksum, len(content))
+
+    def _holds(self, key: str, checksum: str, size: int) -> bool:
+        """Whether the object under `key` carries the full-object SHA-256 `checksum` that S3
+        checked when it was written (and has `size` bytes). An object written without one
+        (another tool, S3's default CRC) or in parts (a checksum of the parts' checksums,
+        ``…-N``) is not proven here: the caller reads it back."""
+        bucket, path, _ = self.fs().split_path(self._path(key))
+        try:
+            head = self.fs().call_s3(
+                "head_object", Bucket=bucket, Key=path, ChecksumMode="ENABLED", **self._deadline
+            )
+        except FileNotFoundError as exc:
+            if error_code(exc) in _CONFIG_CODES:
+                raise
+            return False
+        return bool(head.get("ChecksumSHA256") == checksum and head.get("ContentLength") == size)
+
+    def _checks_checksums(self) -> bool:
+        """Whether this store refuses a body whose SHA-256 checksum header is wrong, asked
+        once per process with a probe object it must refuse (one request). A store that
+        takes it (the probe is then deleted) or refuses the header itself is read back after
+        every write."""
+        with self._checks_lock:
+            if self._checks is None or self._checks[0] != os.getpid():
+                self._checks = (os.getpid(), self._ask_checksums())
+            return self._checks[1]
+
+    def _ask_checksums(self) -> bool:
+        fs = self.fs()
+        key = f".probe/{uuid.uuid4().hex}"
+        body = f"episodic checksum probe {key}".encode()
+        wrong = base64.b64encode(hashlib.sha256(body + b"!").digest()).decode()
+        extra = {"ChecksumAlgorithm": "SHA256", "ChecksumSHA256": wrong}
+        try:
+            fs.pipe_file(self._path(key), body, mode="create", **extra, **self._deadline)
+        except OSError as exc:
+            code = error_code(exc)
+            if code == "BadDigest":
+                return True
+            status = _status(exc)
+            if code is None or code in _CONFIG_CODES or status is None:
+                raise
+            if status >= 500 and code != "NotImplemented":
+                raise  # an outage: no answer about checksums
+            return False  # a store that does not take the header at all
+        with contextlib.suppress(Exception):
+            fs.rm_file(self._path(key), **self._deadline)
+        return False
+
     def replace(self, key: str, content: bytes, media_type: str) -> None:
-        extra = {"ContentType": media_type} if self.scheme in ("s3", "s3a") else {}
+        extra = {"ContentType": media_type} if self._is_s3 else {}
         self.fs().pipe_file(self._path(key), content, **extra, **self._deadline)
 
     def read(self, key: str) -> bytes:
         try:
             # One GET: s3fs would first ask the size (a HEAD) to read large objects in
             # concurrent ranges; media objects are small.
-            extra = {"max_concurrency": 1} if self.scheme in ("s3", "s3a") else {}
+            extra = {"max_concurrency": 1} if self._is_s3 else {}
             return bytes(self.fs().cat_file(self._path(key), **extra, **self._deadline))
         except FileNotFoundError as exc:
             if error_code(exc) in _CONFIG_CODES:
@@ -281,6 +375,20 @@ def error_code(exc: BaseException) -> str | None:
         if isinstance(response, dict):
             code = response.get("Error", {}).get("Code")
             return str(code) if code else None
+        seen = seen.__cause__
+    return None
+
+
+def _status(exc: BaseException) -> int | None:
+    """The HTTP status of the S3 reply behind `exc`, if there was a reply."""
+    seen: BaseException | None = exc
+    for _ in range(4):
+        if seen is None:
+            return None
+        response = getattr(seen, "response", None)
+        if isinstance(response, dict):
+            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            return status if isinstance(status, int) else None
         seen = seen.__cause__
     return None
 
