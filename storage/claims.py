@@ -25,7 +25,7 @@ from sqlalchemy import Connection, Engine, Table
 from episodic.core.errors import InvalidTransition
 from episodic.core.pricing import Reservation
 from episodic.core.records import ClaimAction, RefusalReason
-from episodic.core.runs import Claim, Refusal, claim_live, store_stopped
+from episodic.core.runs import Claim, Refusal, Submission, claim_live, store_stopped
 from episodic.core.states import ItemState, RunState, SubmissionState
 from episodic.storage import dbapi, installation, predicates, statements, tx
 from episodic.storage.base import utcnow
@@ -35,7 +35,7 @@ from episodic.storage.ledger import insert_intent, submission_of
 from episodic.storage.models import ItemRow, RunRow
 from episodic.storage.provider_outputs import output_gone
 from episodic.storage.runs import item_from_row
-from episodic.storage.slots import in_flight
+from episodic.storage.slots import ClaimSlots
 from episodic.storage.throttles import ClaimThrottle
 from episodic.storage.tx import retry_outages
 
@@ -51,12 +51,6 @@ _items: Table = ItemRow.__table__  # type: ignore[assignment]
 _RUN_STATE = DriverSQL(
     "SELECT r.state, r.plan_id IS NOT NULL AND r.plan_id <> "
     f"{predicates.newest_plan_sql('r.episode_pk')}, r.error_text FROM runs r WHERE r.id = :b_run"
-)
-
-
-# Postgres only (SQLite's writer lock serializes every writer already).
-_LOCK_ITEMS = DriverSQL(
-    "SELECT id FROM items WHERE id = ANY(:b_items) ORDER BY id FOR NO KEY UPDATE"
 )
 
 
@@ -80,11 +74,17 @@ class _ItemRow(NamedTuple):
     candidate: int | None
 
 
+_ITEM_COLUMNS = (
+    "id, idempotency_key, position, video_id, part, prompt, seed, state, attempts, "
+    "error_text, created_at, claim_owner, claim_run_id, lease_expires_at, candidate"
+)
 _ITEM_FOR_UPDATE = DriverSQL(
-    "SELECT id, idempotency_key, position, video_id, part, prompt, seed, state, attempts, "
-    "error_text, created_at, claim_owner, claim_run_id, lease_expires_at, candidate FROM items "
-    "WHERE id = :b_item",
-    pg_suffix="FOR NO KEY UPDATE",
+    f"SELECT {_ITEM_COLUMNS} FROM items WHERE id = :b_item", pg_suffix="FOR NO KEY UPDATE"
+)
+# A batch's items read and locked in one statement, in ascending id order. PostgreSQL only:
+# SQLite's writer lock serializes every writer already, and reads each row as it goes.
+_ITEMS_FOR_UPDATE = DriverSQL(
+    f"SELECT {_ITEM_COLUMNS} FROM items WHERE id = ANY(:b_items) ORDER BY id FOR NO KEY UPDATE"
 )
 
 
@@ -251,16 +251,22 @@ class ClaimStore:
             stopped = self._run_refusal(conn, run_id)
             if stopped is not None:
                 return [stopped] * len(items)
+            read: dict[int, Sequence[Any]] = {}
             if len(items) > 1 and conn.dialect.name == "postgresql":
-                # Every row of the batch is locked first, in ascending id order, as every
-                # other statement that locks several items does (`locks.in_id_order`): two
-                # transactions taking rows in orders of their own could deadlock (a
+                # Every row of the batch is read and locked first, in ascending id order, as
+                # every other statement that locks several items does (`locks.in_id_order`):
+                # two transactions taking rows in orders of their own could deadlock (a
                 # heartbeat's renewal over this owner's items, the sweep's expired ones).
-                dbapi.fetch_all(conn, _LOCK_ITEMS, {"b_items": [pk for pk, _ in items]})
+                # Locked, they change only by this transaction until it commits.
+                found = dbapi.fetch_all(
+                    conn, _ITEMS_FOR_UPDATE, {"b_items": [pk for pk, _ in items]}
+                )
+                read = {int(row[0]): row for row in found}
             now = utcnow()  # read with the write lock held (a waited-for lock ages a lease)
-            # read at the batch's first new paid call, then kept in memory
+            # each read at the batch's first question, then kept in memory
             money = None if guard is None else Check(conn, guard, now)
             throttle = ClaimThrottle(conn, profile, now)
+            taken = None if slots is None else ClaimSlots(conn, profile, now, slots[1])
             for item_pk, allow_retry in items:
                 if (
                     answers
@@ -273,13 +279,14 @@ class ClaimStore:
                     conn,
                     now,
                     checked,
+                    read.pop(item_pk, None),  # a row this batch already moved is read again
                     item_pk,
                     run_id,
                     owner,
                     lease_s=lease_s,
                     max_attempts=max_attempts,
                     profile=profile,
-                    slots=slots,
+                    slots=None if slots is None or taken is None else (slots[0], taken),
                     allow_retry=allow_retry,
                     reserve=reserve,
                     money=money,
@@ -323,6 +330,7 @@ class ClaimStore:
         conn: Connection,
         now: datetime,
         checked: float,
+        found: Sequence[Any] | None,
         item_pk: int,
         run_id: str,
         owner: str,
@@ -330,14 +338,15 @@ class ClaimStore:
         lease_s: float,
         max_attempts: int,
         profile: str,
-        slots: tuple[int, float | None] | None,
+        slots: tuple[int, ClaimSlots] | None,
         allow_retry: bool,
         reserve: Reservation,
         money: Check | None = None,
         settle_only: bool = False,
         throttle: ClaimThrottle | None = None,
     ) -> Claim | Refusal:
-        found = dbapi.fetch_one(conn, _ITEM_FOR_UPDATE, {"b_item": item_pk})
+        if found is None:
+            found = dbapi.fetch_one(conn, _ITEM_FOR_UPDATE, {"b_item": item_pk})
         if found is None:
             raise LookupError(f"item {item_pk} does not exist")
         row = _item_row(found)
@@ -364,11 +373,7 @@ class ClaimStore:
         # *other* items): settling it (collect, reconcile) takes no new one, and frees one.
         # Only a new paid call waits for a slot; so a run whose slots are held by its own
         # accepted jobs can always take them back (`collectible`).
-        if (
-            sub is None
-            and slots is not None
-            and in_flight(conn, profile, item_pk, now, slots[1]) >= slots[0]
-        ):
+        if sub is None and slots is not None and slots[1].taken_by_others(item_pk) >= slots[0]:
             return Refusal(RefusalReason.THROTTLED)
         # The provider refused this profile for now (any worker heard it): no new paid call
         # until the moment it gave; settling an open submission needs no create.
@@ -382,6 +387,8 @@ class ClaimStore:
         if sub is None and money is not None:  # reserved at what every check counts it at
             reserve = money.reservation()
         claim = _take(conn, row, sub, run_id, owner, profile, lease, now, checked, reserve)
+        if slots is not None:
+            slots[1].took(item_pk)
         if sub is None and money is not None:
             money.took()
         return claim
@@ -420,6 +427,22 @@ def _take(
             ClaimAction.COLLECT if sub.state == SubmissionState.ACCEPTED else ClaimAction.RECONCILE
         )
         return Claim(item, run_id, owner, action, submission_of(sub), token, checked)
+    if conn.dialect.name == "postgresql":  # one round trip: the take and the intent
+        intended = dbapi.fetch_one(
+            conn,
+            statements.TAKE_AND_INTEND,
+            {
+                **params,
+                "b_key": row.idempotency_key,
+                "b_reserve": reserve.micros,
+                "b_currency": reserve.currency,
+            },
+        )
+        if intended is None:
+            raise _not_taken(row)
+        pk, attempt, reference = intended
+        submission = Submission(pk, item.pk, attempt, reference, SubmissionState.INTENT, None)
+        return Claim(item, run_id, owner, ClaimAction.SUBMIT, submission, token, checked)
     attempt = dbapi.scalar(conn, statements.TAKE_ITEM_AND_COUNT, params)
     if attempt is None:
         raise _not_taken(row)

@@ -17,25 +17,44 @@ from episodic.storage.dbapi import DriverSQL
 # runs there whatever became of the claim that sent it: an interrupted or killed holder, a
 # job left for later collection). An item with both counts once.
 _RUNNING_SLOTS = (
-    "SELECT id AS item FROM items WHERE claim_profile = :b_profile AND "
-    f"{predicates.LIVE_CLAIM_SQL} AND id != :b_item"
+    f"SELECT id AS item FROM items WHERE claim_profile = :b_profile AND {predicates.LIVE_CLAIM_SQL}"
 )
-_IN_FLIGHT = DriverSQL(f"SELECT count(*) FROM ({_RUNNING_SLOTS}) AS slots")
-_IN_FLIGHT_WITH_JOBS = DriverSQL(
-    f"SELECT count(*) FROM ({_RUNNING_SLOTS} UNION SELECT item_pk AS item FROM submissions "
-    f"WHERE provider_profile = :b_profile AND {predicates.OPEN_SQL} AND created_at > :b_since "
-    "AND item_pk != :b_item) AS slots"
+_HOLDERS = DriverSQL(_RUNNING_SLOTS)
+_HOLDERS_WITH_JOBS = DriverSQL(
+    f"{_RUNNING_SLOTS} UNION SELECT item_pk AS item FROM submissions WHERE provider_profile = "
+    f":b_profile AND {predicates.OPEN_SQL} AND created_at > :b_since"
 )
 
 
-def in_flight(
-    conn: Connection, profile: str, item_pk: int, now: datetime, max_job_s: float | None
-) -> int:
-    """The slots of `profile` taken by other items than `item_pk`: those running under a
-    live lease and, with `max_job_s` (seconds), those with an open submission of `profile`
-    made less than `max_job_s` before `now`."""
-    params: dict[str, Any] = {"b_profile": profile, "b_now": now, "b_item": item_pk}
-    if max_job_s is None:
-        return int(dbapi.scalar(conn, _IN_FLIGHT, params))
-    params["b_since"] = now - timedelta(seconds=max_job_s)
-    return int(dbapi.scalar(conn, _IN_FLIGHT_WITH_JOBS, params))
+class ClaimSlots:
+    """The slots of a provider profile as one claim transaction sees them.
+
+    The items holding one are read once, at the transaction's first question (under the
+    profile's lock, which every claim of a new paid call of it takes), then kept up to date
+    as the transaction takes items (`took`). Meanwhile other transactions only free slots
+    (a completion, a lease running out), never take one, so the count a claim decides by is
+    never below the truth: the limit is never passed, and a slot freed meanwhile is seen by
+    the next transaction. `max_job_s` (seconds): an open submission of the profile made
+    within it holds its item's slot too (None: only running items count)."""
+
+    def __init__(
+        self, conn: Connection, profile: str, now: datetime, max_job_s: float | None
+    ) -> None:
+        self.conn, self.profile, self.now, self.max_job_s = conn, profile, now, max_job_s
+        self._holders: set[int] | None = None
+
+    def taken_by_others(self, item_pk: int) -> int:
+        """The slots of the profile taken by other items than `item_pk`."""
+        if self._holders is None:
+            params: dict[str, Any] = {"b_profile": self.profile, "b_now": self.now}
+            statement = _HOLDERS
+            if self.max_job_s is not None:
+                params["b_since"] = self.now - timedelta(seconds=self.max_job_s)
+                statement = _HOLDERS_WITH_JOBS
+            self._holders = {int(row[0]) for row in dbapi.fetch_all(self.conn, statement, params)}
+        return len(self._holders - {item_pk})
+
+    def took(self, item_pk: int) -> None:
+        """The transaction took `item_pk` for the profile: it holds a slot from now on."""
+        if self._holders is not None:
+            self._holders.add(item_pk)

@@ -141,6 +141,18 @@ TAKE_ITEM_AND_COUNT = DriverSQL(
     f"{_TAKE}, attempts = attempts + 1 {_TAKE_GUARD} RETURNING attempts"
 )
 
+# PostgreSQL, where each statement is a round trip: `TAKE_ITEM_AND_COUNT` and
+# `INSERT_INTENT` (below) in one, for a claim's new paid call (SQLite runs the two). When the
+# take's guard refuses the item nothing is inserted and no row comes back: the claim raises.
+TAKE_AND_INTEND = DriverSQL(
+    f"WITH taken AS ({_TAKE}, attempts = attempts + 1 {_TAKE_GUARD} RETURNING id, attempts) "
+    "INSERT INTO submissions (item_pk, run_id, attempt, client_reference, provider_profile, "
+    "state, forced, created_at, reserved_micros, currency) SELECT taken.id, :b_run, "
+    "taken.attempts, (SELECT id FROM installation WHERE singleton = 1) || '-' || :b_key || '-' "
+    "|| taken.attempts, :b_profile, 'intent', false, :b_now, :b_reserve, :b_currency FROM taken "
+    "RETURNING id, attempt, client_reference"
+)
+
 # item: running -> completed
 COMPLETE_ITEM = DriverSQL(
     "UPDATE items SET state = 'completed', error_text = NULL, output_key = :b_key, "

@@ -20,6 +20,7 @@ from episodic.core.states import RunState
 from episodic.storage.budgets import Guard
 from episodic.storage.claims import ClaimStore
 from episodic.storage.leases import LeaseStore
+from episodic.storage.ledger import LedgerStore
 from episodic.storage.runs import RunStore
 from tests.acceptance.conftest import EPISODIC
 from tests.generation import new_episode, new_run, provider_log, write_playlist
@@ -212,37 +213,50 @@ def test_a_re_buy_is_held_against_the_caps_and_the_budget(
     engine: Engine, database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`LeaseStore.new_attempt` (a re-buy, --force-resubmit) checks the run's spend and the
-    period budget in its transaction, as a claim does."""
+    period budget in its transaction, as a claim does. As in the product, the item's open
+    call is closed before a further one is made (an item never has two open)."""
     _fake(tmp_path, monkeypatch, "0.10")
     episode = new_episode(engine)
-    episode.plan(write_playlist(tmp_path / "pl", ["a", "b"], profile="paid"))
+    episode.plan(write_playlist(tmp_path / "pl", ["a", "b", "c"], profile="paid"))
     run_id = new_run(episode)
     RunStore(engine).transition_run(run_id, RunState.RUNNING, lease_s=30)
     with engine.connect() as conn:
         pks = [int(r[0]) for r in conn.execute(text("SELECT id FROM items ORDER BY id"))]
     reserve = Reservation(100_000, "USD")
     cap = Guard(run_id, "weekly", RunLimits(None, 150_000), reserve)
-    claims = ClaimStore(engine)
-    got = claims.claim(
-        pks[0], run_id, "me", lease_s=30, max_attempts=3, profile="paid", reserve=reserve, guard=cap
-    )
-    assert isinstance(got, Claim)
+    roomy = Guard(run_id, "weekly", RunLimits(None, 10_000_000), reserve)
+    claims, ledger = ClaimStore(engine), LedgerStore(engine)
+
+    def claim(pk: int, guard: Guard) -> Claim | Refusal:
+        return claims.claim(
+            pk,
+            run_id,
+            "me",
+            lease_s=30,
+            max_attempts=5,
+            profile="paid",
+            reserve=reserve,
+            guard=guard,
+        )
+
+    assert isinstance(claim(pks[2], roomy), Claim)  # 0.10 in flight for c, all along
+    got = claim(pks[0], roomy)
+    assert isinstance(got, Claim) and got.submission is not None
+    assert ledger.refuse(got, got.submission.pk, "abandoned by operator (--force-resubmit)")
     again = LeaseStore(engine).new_attempt(got, "paid", forced=True, reserve=reserve, guard=cap)
     assert isinstance(again, Refusal) and again.reason == RefusalReason.BUDGET
     assert (
         again.detail is not None and "0.15" in again.detail and "0.10 USD in flight" in again.detail
     )
-    second = claims.claim(
-        pks[1], run_id, "me", lease_s=30, max_attempts=3, profile="paid", reserve=reserve, guard=cap
-    )
+    second = claim(pks[1], cap)
     assert isinstance(second, Refusal) and second.reason == RefusalReason.BUDGET
     # the period budget: 0.25 a week, 0.10 in flight: one more fits, not two
     assert _cli("pipelines", "set-budget", "weekly", "0.25", "--per", "week").returncode == 0
-    roomy = Guard(run_id, "weekly", RunLimits(None, 10_000_000), reserve)
     fresh = LeaseStore(engine).new_attempt(got, "paid", forced=True, reserve=reserve, guard=roomy)
     assert fresh is not None and not isinstance(fresh, Refusal)
-    over = LeaseStore(engine).new_attempt(got, "paid", forced=True, reserve=reserve, guard=roomy)
+    over = claim(pks[1], roomy)
     assert isinstance(over, Refusal) and "weekly budget 0.25 USD" in (over.detail or "")
+    assert ledger.refuse(got, fresh.pk, "abandoned by operator (--force-resubmit)")
     euro = Guard(run_id, "weekly", RunLimits(), Reservation(100_000, "EUR"))
     mixed = LeaseStore(engine).new_attempt(got, "paid", forced=True, reserve=reserve, guard=euro)
     assert isinstance(mixed, Refusal) and "never summed" in (mixed.detail or "")

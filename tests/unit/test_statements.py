@@ -251,3 +251,15 @@ def test_the_sql_check_sees_a_missing_guard() -> None:
 def test_an_episode_move_from_a_source_the_table_forbids_is_refused() -> None:
     with pytest.raises(InvalidTransition, match="episode cannot go from allocated to approved"):
         statements.set_episode_state(1, ["allocated"], EpisodeState.APPROVED, NOW)
+
+
+def test_the_take_and_the_intent_in_one_statement_are_the_two_labelled_ones() -> None:
+    """PostgreSQL's one round trip for a claim's new paid call makes exactly the moves of
+    `TAKE_ITEM_AND_COUNT` and `INSERT_INTENT`: the same update under the same guard, and an
+    intent with the same columns, only when the update took the item."""
+    one = statements.TAKE_AND_INTEND.sqlite
+    take = statements.TAKE_ITEM_AND_COUNT.sqlite.removesuffix(" RETURNING attempts")
+    assert one.startswith(f"WITH taken AS ({take} RETURNING id, attempts) INSERT INTO submissions")
+    columns = re.search(r"INSERT INTO submissions (\([^)]*\))", statements.INSERT_INTENT.sqlite)
+    assert columns is not None and f"INSERT INTO submissions {columns.group(1)} SELECT" in one
+    assert "'intent'" in one and one.endswith("FROM taken RETURNING id, attempt, client_reference")
