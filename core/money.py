@@ -25,13 +25,17 @@ MAX_IMAGE_COST_MICROS = 10**7 * MICROS
 # ASCII digits only (Decimal would take '١٢' or '1e999999999'), at most 9 before the point
 AMOUNT_PATTERN = r"(0|[1-9][0-9]{0,8})(?:\.([0-9]{1,6}))?"
 _AMOUNT = re.compile(AMOUNT_PATTERN)
+_SEPARATORS = re.compile("[\x1c-\x1f]")
 
 
 def parse_money(text: str, what: str = "amount") -> int:
     """'12.50' -> 12_500_000, '0.003' -> 3_000 (micro-units). Plain ASCII decimals only,
     at most six decimals, 0 to 999,999,999.999999; anything else (exponents, NaN, signs,
     non-ASCII digits, a seventh decimal) is `InvalidInput` naming `what`."""
-    match = _AMOUNT.fullmatch(text.strip()) if isinstance(text, str) else None
+    # str.strip() also drops the separators U+001C-U+001F, which no flow parameter's
+    # pattern takes as space: refused here too, so the CLI and the flow take the same text
+    plain = isinstance(text, str) and not _SEPARATORS.search(text)
+    match = _AMOUNT.fullmatch(text.strip()) if plain else None
     if match is None:
         raise InvalidInput(
             f"invalid {what} {shown(text)}: expected a plain decimal such as 12.50 or 0.003 "

@@ -13,6 +13,7 @@ from episodic.core.dedup import Admission
 from episodic.core.errors import CommandNotAllowed, ProviderConfigError, frozen_plan
 from episodic.core.hints import hint
 from episodic.core.ids import EpisodeId
+from episodic.core.money import amount_text
 from episodic.core.planning import GenerateRequest, RunOptions, check_budget
 from episodic.core.playlist import PlannedItem, Playlist, expand
 from episodic.core.runs import PlanReport
@@ -212,6 +213,11 @@ def generate(
     `GenerateRequest` refuses), the gate opened once, and the rest is `generate_requested`."""
     request = GenerateRequest(
         episode_id,
+        concurrency=options.concurrency,
+        max_retries=options.max_retries,
+        max_images=options.max_images,
+        max_cost=None if options.max_cost_micros is None else amount_text(options.max_cost_micros),
+        force_resubmit=options.force_resubmit,
         hero_candidates=hero_candidates,
         idempotency_key=idempotency_key,
         batch_id=batch_id,

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 from prefect.exceptions import ParameterTypeError
 
 from episodic.core.errors import InvalidInput
+from episodic.core.money import parse_money
 from episodic.core.planning import GenerateRequest
 
 EPISODE = "2026-W32-0"
@@ -106,3 +108,31 @@ def test_the_deployment_schema_takes_six_decimals() -> None:
     max_cost = schema["properties"]["max_cost"]
     pattern = next(option["pattern"] for option in max_cost["anyOf"] if "pattern" in option)
     assert re.fullmatch(pattern, "0.003") and not re.fullmatch(pattern, "0.0000001")
+
+
+def test_the_python_api_keeps_the_request_rules(tmp_path: Path) -> None:
+    """`generate` with run options given outright (a Python caller's) is refused as the CLI
+    and the flow refuse them, before any episode is looked up."""
+    from episodic.core.planning import RunOptions
+    from episodic.core.settings import load_settings
+    from episodic.pipeline.gate import EnvironmentCredentials
+    from episodic.pipeline.generation import generate
+    from episodic.storage.engine import make_engine
+
+    engine = make_engine(f"sqlite:///{tmp_path / 'e.db'}")
+    for wrong, words in (
+        (RunOptions(concurrency=0), "--concurrency 0"),
+        (RunOptions(max_retries=-1), "--max-retries -1"),
+        (RunOptions(max_cost_micros=-5), "invalid amount .-0.000005."),
+        (RunOptions(max_images=-2), "--max-images -2"),
+    ):
+        with pytest.raises(InvalidInput, match=words):
+            generate(
+                engine, load_settings(), "weekly", "2026-W32-0", wrong, EnvironmentCredentials()
+            )
+
+
+@pytest.mark.parametrize("separator", ["\x1c", "\x1d", "\x1e", "\x1f"])
+def test_a_separator_around_an_amount_is_refused_as_the_flow_refuses_it(separator: str) -> None:
+    with pytest.raises(InvalidInput):
+        parse_money(f"2.5{separator}")
