@@ -199,7 +199,8 @@ def test_the_upgrade_refuses_rows_outside_their_machines_naming_them_and_changes
     assert "\n" not in message and "nothing changed" in message
     assert "1 items in no state of their machine: id " in message and "'bogus'" in message
     assert "1 runs in no state of their machine" in message and "'halfway'" in message
-    assert f"1 items with more than one open submission: item {item} (2 open)" in message
+    assert f"1 items with more than one open submission: item {item} (2026-W32-0 v01" in message
+    assert ": 2 open)" in message and "close all but one open submission" in message
     assert current_revision(engine) == "0017" and _states(engine) == before
     with engine.begin() as conn:  # mended: the upgrade goes through
         conn.execute(text("UPDATE items SET state = 'failed' WHERE state = 'bogus'"))

@@ -47,26 +47,41 @@ def _in(states: tuple[str, ...]) -> str:
     return "state IN (" + ", ".join(f"'{s}'" for s in states) + ")"
 
 
+# How an offending row is named to the person who mends it: its id, and what a reader knows
+# it by (the episode and video of an item, the client reference of a paid call).
+NAMED = {
+    "episodes": "SELECT id, state, pipeline || ' ' || episode_id FROM episodes",
+    "runs": "SELECT r.id, r.state, e.episode_id FROM runs r JOIN episodes e ON e.id = r.episode_pk",
+    "items": (
+        "SELECT i.id, i.state, e.episode_id || ' ' || i.video_id FROM items i "
+        "JOIN episodes e ON e.id = i.episode_pk"
+    ),
+    "submissions": "SELECT id, state, client_reference FROM submissions",
+}
+
+
 def offending_rows(conn: sa.Connection) -> list[str]:
     """What the new constraints would refuse, one phrase per kind: rows whose state is
     outside their machine, and items with more than one open submission."""
     found: list[str] = []
     for table, states in STATES.items():
+        alias = "" if table in ("episodes", "submissions") else table[0] + "."
         rows = conn.execute(
-            sa.text(f"SELECT id, state FROM {table} WHERE NOT ({_in(states)}) ORDER BY id")
+            sa.text(f"{NAMED[table]} WHERE NOT ({alias}{_in(states)}) ORDER BY 1")
         ).all()
         if rows:
-            named = ", ".join(f"id {r[0]!s} ({r[1]!r})" for r in rows[:SHOWN])
+            named = ", ".join(f"id {r[0]!s} ({r[2]}: {r[1]!r})" for r in rows[:SHOWN])
             more = f" and {len(rows) - SHOWN} more" if len(rows) > SHOWN else ""
             found.append(f"{len(rows)} {table} in no state of their machine: {named}{more}")
     doubled = conn.execute(
         sa.text(
-            f"SELECT item_pk, COUNT(*) FROM submissions WHERE {_in(OPEN)} "
-            "GROUP BY item_pk HAVING COUNT(*) > 1 ORDER BY item_pk"
+            "SELECT s.item_pk, COUNT(*), MIN(e.episode_id || ' ' || i.video_id) FROM submissions s "
+            "JOIN items i ON i.id = s.item_pk JOIN episodes e ON e.id = i.episode_pk "
+            f"WHERE s.{_in(OPEN)} GROUP BY s.item_pk HAVING COUNT(*) > 1 ORDER BY s.item_pk"
         )
     ).all()
     if doubled:
-        named = ", ".join(f"item {r[0]} ({r[1]} open)" for r in doubled[:SHOWN])
+        named = ", ".join(f"item {r[0]} ({r[2]}: {r[1]} open)" for r in doubled[:SHOWN])
         more = f" and {len(doubled) - SHOWN} more" if len(doubled) > SHOWN else ""
         found.append(f"{len(doubled)} items with more than one open submission: {named}{more}")
     return found
@@ -79,8 +94,9 @@ def upgrade() -> None:
         raise MigrationRefused(
             "schema upgrade to 0018 refused, nothing changed: "
             + "; ".join(found)
-            + ". Settle or correct these rows (episodic check --all lists what it knows), "
-            "then upgrade again"
+            + ". Mend them in the database with the version that wrote them (give each row "
+            "a state of its machine; close all but one open submission of an item as failed: "
+            'docs/architecture.md, "The state tables"), then upgrade again'
         )
     for table, states in STATES.items():
         name = op.f(f"ck_{table}_state_known")
