@@ -28,6 +28,7 @@ from episodic.core.errors import EpisodicError
 from episodic.core.exit_codes import ExitCode
 from episodic.core.hints import surface
 from episodic.core.planning import (
+    COLLECT_TIMEOUT_RANGE,
     CONCURRENCY_RANGE,
     HERO_CANDIDATES_RANGE,
     MAX_IMAGES_RANGE,
@@ -81,6 +82,8 @@ def generate_episode(
     allow_duplicate: Flag = False,
     batch_id: Annotated[str, Field(min_length=1, max_length=64)] | None = None,
     hero_candidates: Annotated[int, whole(HERO_CANDIDATES_RANGE)] | None = None,
+    collect_timeout: Annotated[int, whole(COLLECT_TIMEOUT_RANGE)] = 600,
+    force_resubmit: Flag = False,
 ) -> dict[str, Any]:
     """Generate the images of an existing, planned episode (paid; never pays twice).
 
@@ -105,6 +108,10 @@ def generate_episode(
         hero_candidates: run every hero run of the plan at this many paid candidates (1-50;
             a plan without hero runs: every one-image video); recorded in the plan, so
             asking for 6 after 4 pays for 2. Refused for an approved episode.
+        collect_timeout: seconds an accepted job is collected before its item is left for
+            the next run to collect, at no cost (1-86400).
+        force_resubmit: abandon a paid call whose acceptance stayed unknown and pay for it
+            again (a person's decision: the provider may have made the first job).
     """
     with surface("prefect"):
         request = GenerateRequest(
@@ -118,6 +125,8 @@ def generate_episode(
             idempotency_key=idempotency_key,
             batch_id=batch_id,
             allow_duplicate=allow_duplicate,
+            collect_timeout_s=collect_timeout,
+            force_resubmit=force_resubmit,
         )
         return _generate(request, pipeline)
 

@@ -136,3 +136,12 @@ def test_the_python_api_keeps_the_request_rules(tmp_path: Path) -> None:
 def test_a_separator_around_an_amount_is_refused_as_the_flow_refuses_it(separator: str) -> None:
     with pytest.raises(InvalidInput):
         parse_money(f"2.5{separator}")
+
+
+def test_the_flow_takes_the_collect_timeout_and_force_resubmit_as_the_cli_does() -> None:
+    taken = flow_params(collect_timeout=1, force_resubmit=True)
+    assert taken["collect_timeout"] == 1 and taken["force_resubmit"] is True
+    assert flow_params(collect_timeout=86_400)["collect_timeout"] == 86_400
+    for wrong in ({"collect_timeout": 0}, {"collect_timeout": 86_401}, {"force_resubmit": "yes"}):
+        with pytest.raises(ParameterTypeError):
+            flow_params(**wrong)
