@@ -101,16 +101,16 @@ def test_a_key_owning_several_episodes_fails_closed(engine: Engine) -> None:
     assert counts(engine) == before
 
 
-def test_several_completed_episodes_coexist_in_one_week(engine: Engine) -> None:
+def test_several_assembled_episodes_coexist_in_one_week(engine: Engine) -> None:
     allocator = Allocator(engine)
     for key in ("release-a", "release-b"):
         allocator.allocate("weekly", W32, key)
     with engine.begin() as conn:
-        conn.execute(update(EpisodeRow).values(state="completed"))
+        conn.execute(update(EpisodeRow).values(state="assembled"))
     third = allocator.allocate("weekly", W32, "release-c")
     assert str(third.episode.episode_id) == "2026-W32-2"
     episodes = EpisodeRepository(engine).list("weekly", W32)
-    assert [e.state for e in episodes] == ["completed", "completed", "allocated"]
+    assert [e.state for e in episodes] == ["assembled", "assembled", "allocated"]
     assert not allocator.allocate("weekly", W32, "release-a").created
 
 
