@@ -9,6 +9,7 @@ the tables decide the sources where a statement takes them from here (`sources_o
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import StrEnum
 
 from episodic.core.errors import InvalidTransition
@@ -171,7 +172,12 @@ def check_transition(machine: str, current: str, target: str) -> None:
         raise InvalidTransition(f"{machine} cannot go from {current} to {target}")
 
 
+def states_in_sql(states: Iterable[str]) -> str:
+    """``state IN ('a', 'b')``: literal names from our own enums, in the order given."""
+    return "state IN (" + ", ".join(f"'{s}'" for s in states) + ")"
+
+
 def state_check_sql(machine: str) -> str:
-    """The CHECK constraint's condition that keeps `machine`'s state column to its states:
-    ``state IN ('pending', …)``, in the enum's order (`storage.models`)."""
-    return "state IN (" + ", ".join(f"'{s.value}'" for s in STATES[machine]) + ")"
+    """The CHECK constraint's condition that keeps `machine`'s state column to its states,
+    in the enum's order (`storage.models`)."""
+    return states_in_sql(s.value for s in STATES[machine])

@@ -266,7 +266,7 @@ class ClaimStore:
             # each read at the batch's first question, then kept in memory
             money = None if guard is None else Check(conn, guard, now)
             throttle = ClaimThrottle(conn, profile, now)
-            taken = None if slots is None else ClaimSlots(conn, profile, now, slots[1])
+            limit = None if slots is None else (slots[0], ClaimSlots(conn, profile, now, slots[1]))
             for item_pk, allow_retry in items:
                 if (
                     answers
@@ -286,7 +286,7 @@ class ClaimStore:
                     lease_s=lease_s,
                     max_attempts=max_attempts,
                     profile=profile,
-                    slots=None if slots is None or taken is None else (slots[0], taken),
+                    slots=limit,
                     allow_retry=allow_retry,
                     reserve=reserve,
                     money=money,

@@ -365,32 +365,29 @@ class RemoteBackend(Backend):
         )
 
 
-def error_code(exc: BaseException) -> str | None:
-    """The S3 error code behind `exc` (s3fs keeps botocore's ClientError as the cause)."""
+def _reply(exc: BaseException) -> dict[str, Any] | None:
+    """The S3 reply behind `exc` (s3fs keeps botocore's ClientError as the cause), if any."""
     seen: BaseException | None = exc
     for _ in range(4):
         if seen is None:
             return None
         response = getattr(seen, "response", None)
         if isinstance(response, dict):
-            code = response.get("Error", {}).get("Code")
-            return str(code) if code else None
+            return response
         seen = seen.__cause__
     return None
+
+
+def error_code(exc: BaseException) -> str | None:
+    """The S3 error code behind `exc`."""
+    code = (_reply(exc) or {}).get("Error", {}).get("Code")
+    return str(code) if code else None
 
 
 def _status(exc: BaseException) -> int | None:
     """The HTTP status of the S3 reply behind `exc`, if there was a reply."""
-    seen: BaseException | None = exc
-    for _ in range(4):
-        if seen is None:
-            return None
-        response = getattr(seen, "response", None)
-        if isinstance(response, dict):
-            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            return status if isinstance(status, int) else None
-        seen = seen.__cause__
-    return None
+    status = (_reply(exc) or {}).get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return status if isinstance(status, int) else None
 
 
 def temporary_name(path: Path) -> Path:

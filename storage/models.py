@@ -21,7 +21,7 @@ from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from episodic.core.episodes import Episode, EpisodeEvent
 from episodic.core.ids import EpisodeId, WeekId
-from episodic.core.states import OPEN_SUBMISSION_STATES, state_check_sql
+from episodic.core.states import OPEN_SUBMISSION_STATES, state_check_sql, states_in_sql
 from episodic.storage.base import Base, utcnow
 
 # BigInteger primary keys that still autoincrement on SQLite (where only INTEGER does).
@@ -39,7 +39,7 @@ def machine_check(machine: str) -> CheckConstraint:
 # open one failed first; a re-buy (a job cancelled elsewhere, a lost image) follows a
 # submission that is closed (failed, or succeeded with its cost); each hero candidate is an
 # item of its own. So the index holds in every path, and a broken guard is refused here.
-OPEN_PER_ITEM_SQL = "state IN (" + ", ".join(f"'{s.value}'" for s in OPEN_SUBMISSION_STATES) + ")"
+OPEN_PER_ITEM_SQL = states_in_sql(OPEN_SUBMISSION_STATES)
 
 
 class EpisodeRow(Base):

@@ -18,6 +18,7 @@ from episodic.core.errors import InvalidTransition
 from episodic.core.states import (
     DELETABLE_SUBMISSION_STATES,
     INITIAL_STATES,
+    TABLES,
     TRANSITIONS,
     EpisodeState,
     RunState,
@@ -146,7 +147,6 @@ BUILT: dict[str, Callable[..., Any]] = {
     "fail_expired_items": lambda: statements.fail_expired_items([1], true(), NOW),
     "cancel_stale_pending": lambda: statements.cancel_stale_pending(["r"], true(), NOW, 60),
 }
-TABLE = {"run": "runs", "item": "items", "submission": "submissions", "episode": "episodes"}
 
 
 def labelled_statements() -> list[tuple[str, str, list[str], str]]:
@@ -216,7 +216,7 @@ def test_the_sql_under_each_label_makes_exactly_its_move(
     """Read from the SQL itself: an insert writes the machine's initial state, a delete and
     an update guard exactly the label's sources in their WHERE (a ``*`` label: the table's
     sources of each target), and an update sets the label's target."""
-    table = TABLE[machine]
+    table = TABLES[machine]
     if sources == ["(new)"]:
         sql = sql_of(name)
         assert sql.startswith(f"INSERT INTO {table} ") and f"'{target}'" in sql
