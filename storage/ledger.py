@@ -23,7 +23,6 @@ from episodic.core.runs import Claim, Item, Submission
 from episodic.core.states import ItemState, SubmissionState
 from episodic.storage import dbapi, statements, tx
 from episodic.storage.base import utcnow
-from episodic.storage.dbapi import DriverSQL
 from episodic.storage.models import CostEntryRow, ItemRow, LostOutputRow, RunItemRow, SubmissionRow
 from episodic.storage.tx import idempotent, retry_outages
 
@@ -32,14 +31,6 @@ _subs: Table = SubmissionRow.__table__  # type: ignore[assignment]
 _costs: Table = CostEntryRow.__table__  # type: ignore[assignment]
 _members: Table = RunItemRow.__table__  # type: ignore[assignment]
 _lost: Table = LostOutputRow.__table__  # type: ignore[assignment]
-
-# A cost entry is no state move: it stays with the ledger (hand-written, run on the bare
-# driver: storage/dbapi.py).
-_INSERT_COST = DriverSQL(
-    "INSERT INTO cost_entries (episode_pk, submission_pk, amount_micros, currency, basis, "
-    "quantity, unit_price_micros, recorded_at) "
-    "VALUES (:b_episode, :b_sub, :b_amount, :b_currency, :b_basis, :b_quantity, :b_unit, :b_now)"
-)
 
 
 def held(conn: Connection, claim: Claim) -> bool:
@@ -169,25 +160,31 @@ class LedgerStore:
         now = utcnow()
         try:
             with tx.write(self.engine) as conn:
-                item_moved = dbapi.rowcount(
-                    conn,
-                    statements.COMPLETE_ITEM,
-                    {
-                        "b_item": claim.item.pk,
-                        "b_owner": claim.owner,
-                        "b_key": image.key,
-                        "b_sha": image.sha256,
-                        "b_size": image.size,
-                        "b_type": image.media_type,
-                        "b_now": now,
-                    },
-                )
-                sub_moved = dbapi.rowcount(
-                    conn, statements.SUCCEED, {"b_sub": submission_pk, "b_now": now}
-                )
-                if not (item_moved and sub_moved):
-                    raise _Lost()
-                _record_cost(conn, episode_pk, submission_pk, charge, now)
+                completion = {
+                    "b_item": claim.item.pk,
+                    "b_owner": claim.owner,
+                    "b_key": image.key,
+                    "b_sha": image.sha256,
+                    "b_size": image.size,
+                    "b_type": image.media_type,
+                    "b_now": now,
+                }
+                if conn.dialect.name == "postgresql":  # one round trip: all three moves
+                    made = dbapi.fetch_one(
+                        conn,
+                        statements.COMPLETE_AND_CHARGE,
+                        {**completion, "b_sub": submission_pk, **_cost_params(episode_pk, charge)},
+                    )
+                    if made is None:
+                        raise _Lost()
+                else:
+                    item_moved = dbapi.rowcount(conn, statements.COMPLETE_ITEM, completion)
+                    sub_moved = dbapi.rowcount(
+                        conn, statements.SUCCEED, {"b_sub": submission_pk, "b_now": now}
+                    )
+                    if not (item_moved and sub_moved):
+                        raise _Lost()
+                    _record_cost(conn, episode_pk, submission_pk, charge, now)
         except _Lost:
             return self._completed_by(claim, submission_pk, image.sha256)
         return True
@@ -350,18 +347,21 @@ def _record_cost(
     quantity and the unit price it follows from), in the caller's transaction."""
     dbapi.rowcount(
         conn,
-        _INSERT_COST,
-        {
-            "b_episode": episode_pk,
-            "b_sub": submission_pk,
-            "b_amount": charge.amount_micros,
-            "b_currency": charge.currency,
-            "b_basis": charge.basis,
-            "b_quantity": charge.quantity,
-            "b_unit": charge.unit_micros,
-            "b_now": now,
-        },
+        statements.INSERT_COST,
+        {"b_sub": submission_pk, "b_now": now, **_cost_params(episode_pk, charge)},
     )
+
+
+def _cost_params(episode_pk: int, charge: Charge) -> dict[str, Any]:
+    """`statements.INSERT_COST`'s parameters for `charge`, but the submission and the time."""
+    return {
+        "b_episode": episode_pk,
+        "b_amount": charge.amount_micros,
+        "b_currency": charge.currency,
+        "b_basis": charge.basis,
+        "b_quantity": charge.quantity,
+        "b_unit": charge.unit_micros,
+    }
 
 
 def completed_images(episode_pk: int, *columns: Any) -> Select[Any]:

@@ -239,6 +239,26 @@ SUCCEED = DriverSQL(
     "WHERE id = :b_sub AND state = 'accepted'"
 )
 
+# A paid call's cost (no state move: the ledger's entry of what a succeeded call cost).
+INSERT_COST = DriverSQL(
+    "INSERT INTO cost_entries (episode_pk, submission_pk, amount_micros, currency, basis, "
+    "quantity, unit_price_micros, recorded_at) "
+    "VALUES (:b_episode, :b_sub, :b_amount, :b_currency, :b_basis, :b_quantity, :b_unit, :b_now)"
+)
+
+# PostgreSQL, where each statement is a round trip: `COMPLETE_ITEM`, `SUCCEED` and
+# `INSERT_COST` in one, for a completion (SQLite runs the three). The submission moves only
+# when the item did and the cost is entered only when the submission moved, so a row comes
+# back only when all three were made; when none comes back the caller rolls back.
+COMPLETE_AND_CHARGE = DriverSQL(
+    f"WITH done AS ({COMPLETE_ITEM.sqlite} RETURNING id), "
+    f"paid AS ({SUCCEED.sqlite} AND EXISTS (SELECT 1 FROM done) RETURNING id) "
+    + INSERT_COST.sqlite.replace(
+        "VALUES (:b_episode, :b_sub,", "SELECT :b_episode, paid.id,"
+    ).removesuffix(")")
+    + " FROM paid RETURNING id"
+)
+
 
 # submission: intent, unknown -> unknown
 def mark_unknown(submission_pk: int, reason: str) -> Update:

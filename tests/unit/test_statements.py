@@ -263,3 +263,17 @@ def test_the_take_and_the_intent_in_one_statement_are_the_two_labelled_ones() ->
     columns = re.search(r"INSERT INTO submissions (\([^)]*\))", statements.INSERT_INTENT.sqlite)
     assert columns is not None and f"INSERT INTO submissions {columns.group(1)} SELECT" in one
     assert "'intent'" in one and one.endswith("FROM taken RETURNING id, attempt, client_reference")
+
+
+def test_the_completion_in_one_statement_makes_the_three_moves_in_order() -> None:
+    """PostgreSQL's one round trip for a completion makes exactly `COMPLETE_ITEM`'s and
+    `SUCCEED`'s moves under their own guards, the submission only when the item moved, and the
+    cost entry of `INSERT_COST`'s columns only when the submission moved."""
+    one = statements.COMPLETE_AND_CHARGE.sqlite
+    item, succeed = statements.COMPLETE_ITEM.sqlite, statements.SUCCEED.sqlite
+    assert one.startswith(f"WITH done AS ({item} RETURNING id), ")
+    assert f"paid AS ({succeed} AND EXISTS (SELECT 1 FROM done) RETURNING id) " in one
+    columns = re.search(r"INSERT INTO cost_entries (\([^)]*\))", statements.INSERT_COST.sqlite)
+    assert columns is not None
+    assert f"INSERT INTO cost_entries {columns.group(1)} SELECT :b_episode, paid.id," in one
+    assert one.endswith("FROM paid RETURNING id")
