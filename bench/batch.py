@@ -98,14 +98,15 @@ BENCH_PROFILE = (
 )
 
 
-def _python(code: str, env: dict[str, str]) -> tuple[float, float]:
-    """Run a measuring script; its makespan and the CPU time its process spent meanwhile
-    (seconds, all its threads; Prefect's ephemeral server is a process of its own)."""
+def _python(code: str, env: dict[str, str]) -> tuple[float, float, float]:
+    """Run a measuring script; its makespan, the CPU time its process spent meanwhile
+    (seconds, all its threads; Prefect's ephemeral server is a process of its own) and its
+    body's time (`batch_scripts`: until the work was done, before Prefect ended the run)."""
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, check=True, text=True, capture_output=True
     ).stdout
-    wall, cpu = out.strip().splitlines()[-1].split()
-    return float(wall), float(cpu)
+    wall, cpu, body = out.strip().splitlines()[-1].split()
+    return float(wall), float(cpu), float(body)
 
 
 def _bench_home(tmp: Path, name: str, items: int, url: str | None = None) -> tuple[Path, str, str]:
@@ -244,9 +245,9 @@ def bench_makespan(
             return FLOOR.format(latency_s=latency_ms / 1000, items=items, gcl=gcl, **common)
 
         backends = ["SQLite"] + (["Postgres"] if postgres_url else [])
-        floors: list[tuple[float, float]] = []
-        same: list[tuple[float, float]] = []
-        flows: dict[str, list[tuple[float, float]]] = {name: [] for name in backends}
+        floors: list[tuple[float, float, float]] = []
+        same: list[tuple[float, float, float]] = []
+        flows: dict[str, list[tuple[float, float, float]]] = {name: [] for name in backends}
         for n in range(n_rounds):
             floors.append(_python(floor_script(False), env_prefect))
             work = tmp / f"same-work-{tag}-{n}"
@@ -258,11 +259,11 @@ def bench_makespan(
             )
             for backend in backends:
                 db_url = postgres_url() if backend == "Postgres" else None
-                home, _url, episode = _bench_home(tmp, f"flow-{backend}-{tag}-{n}", items, db_url)
+                home, url, episode = _bench_home(tmp, f"flow-{backend}-{tag}-{n}", items, db_url)
                 env_flow = {
                     **_env(
                         home,
-                        db_url,
+                        url,
                         EPISODIC_FAKE_DELAY_MS=str(latency_ms),
                         EPISODIC_PROVIDERS_FILE=str(home / "providers.yaml"),
                     ),
@@ -270,14 +271,16 @@ def bench_makespan(
                 }
                 flows[backend].append(_python(FLOW.format(episode=episode, **common), env_flow))
         for name, sides in (("bare Prefect floor", floors), ("same-work floor   ", same)):
-            wall = _median([w for w, _ in sides])
-            spread = ", ".join(f"{w:.2f}" for w, _ in sides)
+            wall = _median([w for w, _, _ in sides])
+            spread = ", ".join(f"{w:.2f}" for w, _, _ in sides)
+            bodies = ", ".join(f"{b:.2f}" for _, _, b in sides)
             print(
                 f"    {name} {wall:6.2f} s = {wall / ideal:.2f}x ideal "
-                f"(CPU {_median([c for _, c in sides]):.2f} s; rounds: {spread} s)"
+                f"(CPU {_median([c for _, c, _ in sides]):.2f} s; rounds: {spread} s; "
+                f"bodies: {bodies} s)"
             )
         if (latency_ms, concurrency) == (200, 8):  # the slot-per-item pattern, once
-            gcl, _ = _python(floor_script(True), env_prefect)
+            gcl, _, _ = _python(floor_script(True), env_prefect)
             print(
                 f"    floor + a GCL slot per item {gcl:6.2f} s = {gcl / floors[-1][0]:.2f}x "
                 "the floor of the last round (the pattern replaced by claims)"
@@ -298,6 +301,17 @@ def bench_makespan(
             print(
                 f"      against the same-work floor: {_median(same_ratios):.2f}x "
                 f"(target <= 1.15x{_rounds_text(same_ratios)})"
+            )
+            # Prefect ends a flow run with heartbeats on the heartbeat thread's next 1 s
+            # tick (it sleeps in whole seconds and is joined at the end), so with
+            # --prefect-heartbeats every makespan above is a whole number of seconds plus
+            # a constant: the bodies' times are not rounded.
+            body_ratios = [f[2] / b[2] for f, b in zip(measured, same, strict=True)]
+            print(
+                f"      body against the same-work floor's body: {_median(body_ratios):.2f}x "
+                f"(rounds {min(body_ratios):.2f}x-{max(body_ratios):.2f}x; bodies: "
+                + ", ".join(f"{f[2]:.2f}" for f in measured)
+                + " s)"
             )
 
 
