@@ -18,7 +18,7 @@ export UV_PYTHON_DOWNLOADS := never
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export DO_NOT_TRACK := 1
 
-.PHONY: bootstrap demo test lint format bench reliability ui-check clean clean-state
+.PHONY: bootstrap demo test test-fast lint format bench reliability ui-check clean clean-state
 
 bootstrap: $(VENV)/.synced
 
@@ -37,6 +37,9 @@ demo: bootstrap  ## the main job: the weekly flow on SQLite + fake provider (WEE
 
 test: bootstrap  ## the whole test suite (SQLite and the local PostgreSQL server), TEST_WORKERS processes
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup --durations=30
+
+test-fast: bootstrap  ## the edit loop: unit, integration and property tests on SQLite files, no servers (a few minutes)
+	EPISODIC_TEST_NO_SERVERS=1 $(BIN)/pytest -n $(TEST_WORKERS) -m "not servers and not slow and not e2e" --durations=10 tests/unit tests/integration tests/property
 
 lint: bootstrap
 	$(BIN)/ruff check .

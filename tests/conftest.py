@@ -30,6 +30,39 @@ def pytest_configure(config: pytest.Config) -> None:
     sqllog.pytest_configure(config)  # the SQL log, inert unless EPISODIC_SQL_LOG is set
 
 
+# Folders whose every test runs a Prefect harness or server (and the browser checks).
+_SERVER_FOLDERS = ("flows", "e2e", "docs", "ui")
+_SERVER_FIXTURES = {"s3_server", "postgres_databases"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark `servers` every test that starts one: a PostgreSQL database, the moto S3 server
+    (the ``s3`` media kind included), a Prefect harness or server. `make test-fast` leaves
+    them out, and `no_servers_in_the_fast_loop` fails a test this misses."""
+    servers = pytest.mark.servers
+    for item in items:
+        folder = Path(str(item.path)).relative_to(Path(__file__).parent).parts[0]
+        params = getattr(item, "callspec", None)
+        values = set() if params is None else {str(v) for v in params.params.values()}
+        if (
+            folder in _SERVER_FOLDERS
+            or item.get_closest_marker("postgres") is not None
+            or _SERVER_FIXTURES & set(getattr(item, "fixturenames", ()))
+            or values & {"s3", "postgres"}
+        ):
+            item.add_marker(servers)
+
+
+def no_servers_in_the_fast_loop(what: str) -> None:
+    """Raise when `make test-fast` (EPISODIC_TEST_NO_SERVERS=1) would start `what`: the test
+    needs the `servers` mark (`pytest_collection_modifyitems`), not a silent server."""
+    if os.environ.get("EPISODIC_TEST_NO_SERVERS") == "1":
+        raise RuntimeError(
+            f"make test-fast starts no servers, and this test starts {what}: mark it "
+            "pytest.mark.servers"
+        )
+
+
 # The project's own state folder (what every command uses without EPISODIC_HOME: core.home)
 # holds a developer's real ledger: tests never write there. Checked over the whole session.
 _PROJECT_STATE = Path(__file__).resolve().parents[1] / ".episodic"
@@ -76,6 +109,7 @@ def sqlite_databases(tmp_path_factory: pytest.TempPathFactory) -> SqliteDatabase
 
 @pytest.fixture(scope="session")
 def postgres_databases() -> Iterator[PostgresDatabases]:
+    no_servers_in_the_fast_loop("a PostgreSQL database")
     require_postgres()
     databases = PostgresDatabases()
     yield databases

@@ -90,6 +90,11 @@ class S3Server:
         self.frozen = False
 
     def start(self) -> S3Server:
+        if os.environ.get("EPISODIC_TEST_NO_SERVERS") == "1":  # see tests/conftest.py
+            raise RuntimeError(
+                "make test-fast starts no servers, and this test starts the S3 server: mark "
+                "it pytest.mark.servers"
+            )
         self.folder.mkdir(parents=True, exist_ok=True)
         address = ["-H", "127.0.0.1", "-p", str(self.port)]
         with open(self.log, "wb") as log:

@@ -14,6 +14,7 @@ import tempfile
 from contextlib import suppress
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -142,6 +143,7 @@ class ApprovalMachine(RuleBasedStateMachine):
         }
 
 
+@pytest.mark.slow
 def test_no_assembly_ships_an_image_outside_the_approval_record() -> None:
     ApprovalMachine.assemblies = 0
     run_state_machine_as_test(

@@ -325,6 +325,7 @@ def test_a_store_that_cannot_be_written_refuses_before_any_credential_read_or_ca
     assert _rows(episode.engine, "SELECT count(*) FROM runs") == [(0,)]
 
 
+@pytest.mark.slow
 def test_a_kill_9_after_the_providers_success_and_before_the_ledger_write_never_buys_again(
     episode: Episode, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -106,6 +106,7 @@ def _assert_own_images(episode: Episode, server: PredictionsServer) -> None:
         assert hashlib.sha256(render_png(prompt, seed)).hexdigest() == sha
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("honour", [True, False], ids=["idempotent-create", "lookup-only"])
 @pytest.mark.parametrize("marker", AFTER_THE_JOB_WAS_MADE)
 def test_an_unknown_create_is_reconciled_never_bought_again(
@@ -140,6 +141,7 @@ def test_an_accepted_job_slow_to_deliver_is_collected_not_bought_again(
     _assert_once_and_billed(episode, server, 2)
 
 
+@pytest.mark.slow
 def test_an_accepted_job_not_delivered_in_time_is_collected_by_the_next_run(
     make: object, tmp_path: Path
 ) -> None:

@@ -85,6 +85,7 @@ def test_a_reply_lost_in_a_second_episode_of_the_same_playlist_finds_its_own_pre
         assert sorted(refs) == sorted(standin.predictions)  # each episode its own
 
 
+@pytest.mark.slow
 def test_a_prediction_is_adopted_within_the_hour_and_refused_once_its_input_is_removed(
     engine: Engine,
     database_url: str,
@@ -123,6 +124,7 @@ def test_a_prediction_is_adopted_within_the_hour_and_refused_once_its_input_is_r
         assert _errors(engine)["v02"].startswith("acceptance unknown")
 
 
+@pytest.mark.slow
 def test_a_fal_request_whose_reply_was_lost_is_adopted_by_its_echoed_seed_and_prompt(
     engine: Engine,
     database_url: str,

@@ -632,6 +632,7 @@ def test_a_replicate_unknown_without_a_seed_tells_the_operator_where_to_look(
         assert "seed" not in job["input"]
 
 
+@pytest.mark.slow
 def test_cancel_asks_for_a_failed_runs_uncollected_jobs_and_says_when_it_could_not(
     engine: Engine,
     database_url: str,

@@ -178,6 +178,7 @@ def _until(engine: Engine, sql: str, count: int, processes: list[subprocess.Pope
         time.sleep(0.02)
 
 
+@pytest.mark.slow
 def test_two_cli_processes_of_one_run_both_stop_and_say_so_in_one_line(
     episode: Episode, s3_proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
