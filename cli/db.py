@@ -18,14 +18,12 @@ def upgrade(as_json: JsonOption = False) -> None:
     """Apply Alembic migrations up to the newest revision (safe to run repeatedly)."""
     from episodic.storage.engine import make_engine
     from episodic.storage.installation import find
-    from episodic.storage.schema import current_revision
     from episodic.storage.schema import upgrade as run_upgrade
 
     settings = context.settings()
     engine = make_engine(settings.url)
-    before = current_revision(engine)
-    run_upgrade(engine)
-    after = current_revision(engine)
+    # read under the migration's lock: of several upgrades at once, one says it upgraded
+    before, after = run_upgrade(engine)
     if as_json:
         emit_json(
             {"from": before, "to": after, "changed": before != after, "installation": find(engine)}

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from filelock import FileLock
-from sqlalchemy import Engine, inspect, text
+from sqlalchemy import Connection, Engine, inspect, text
 
 from episodic.core.errors import SchemaNotCurrent, StorageError
 from episodic.storage.engine import sqlite_path
@@ -28,9 +28,7 @@ HEAD_REVISION = "0018"
 @retry_outage  # a process started while the server restarts waits for it
 def current_revision(engine: Engine) -> str | None:
     with engine.connect() as conn:
-        if not inspect(conn).has_table("alembic_version"):
-            return None
-        return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
+        return _revision_in(conn)
 
 
 def alembic_config() -> Config:
@@ -41,11 +39,14 @@ def alembic_config() -> Config:
     return config
 
 
-def upgrade(engine: Engine, revision: str = "head") -> None:
-    """Upgrade to ``revision``, serialized across processes (filelock / advisory lock)."""
+def upgrade(engine: Engine, revision: str = "head") -> tuple[str | None, str | None]:
+    """Upgrade to ``revision``, serialized across processes (filelock / advisory lock).
+
+    Returns the revision before and after, both read under that lock: of several processes
+    upgrading at once, only the one that migrated sees them differ."""
     from alembic import command
 
-    _migrate(engine, lambda config: command.upgrade(config, revision))
+    return _migrate(engine, lambda config: command.upgrade(config, revision))
 
 
 def downgrade(engine: Engine, revision: str) -> None:
@@ -55,7 +56,14 @@ def downgrade(engine: Engine, revision: str) -> None:
     _migrate(engine, lambda config: command.downgrade(config, revision))
 
 
-def _migrate(engine: Engine, run: Callable[[Config], None]) -> None:
+def _revision_in(conn: Connection) -> str | None:
+    if not inspect(conn).has_table("alembic_version"):
+        return None
+    found = conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
+    return None if found is None else str(found)
+
+
+def _migrate(engine: Engine, run: Callable[[Config], None]) -> tuple[str | None, str | None]:
     config = alembic_config()
     if engine.dialect.name == "sqlite":
         lock = FileLock(f"{sqlite_path(engine.url)}.migrate.lock")
@@ -69,8 +77,10 @@ def _migrate(engine: Engine, run: Callable[[Config], None]) -> None:
             raw.execute("PRAGMA foreign_keys=OFF")
             try:
                 with conn.begin():
+                    before = _revision_in(conn)
                     config.attributes["connection"] = conn
                     run(config)
+                    after = _revision_in(conn)
                     broken = conn.exec_driver_sql("PRAGMA foreign_key_check").all()
                     if broken:
                         raise StorageError(
@@ -79,11 +89,13 @@ def _migrate(engine: Engine, run: Callable[[Config], None]) -> None:
                         )
             finally:
                 raw.execute("PRAGMA foreign_keys=ON")
-        return
+        return before, after
     with engine.connect() as conn, conn.begin():
         advisory_xact_lock(conn, "schema")
+        before = _revision_in(conn)
         config.attributes["connection"] = conn
         run(config)
+        return before, _revision_in(conn)
 
 
 def ensure_schema(engine: Engine, *, auto_upgrade: bool) -> None:

@@ -409,3 +409,20 @@ def renew_or_admit_worker(
         except Exception as exc:
             errors.append(f"{role}: {type(exc).__name__}: {str(exc)[:200]}")
     results.put({"done": done, "errors": errors})
+
+
+def upgrade_worker(barrier: Any, url: str, home: str, results: Any) -> None:
+    """`episodic db upgrade` (in this process) at the barrier; report the line it printed."""
+    import contextlib
+    import io
+    import os
+
+    os.environ["EPISODIC_HOME"] = home
+    os.environ["EPISODIC_DATABASE_URL"] = url
+    from episodic.cli.app import run
+
+    out = io.StringIO()
+    barrier.wait(timeout=120)
+    with contextlib.redirect_stdout(out):
+        code = run(["db", "upgrade"])
+    results.put([code, out.getvalue().strip()])
