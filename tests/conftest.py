@@ -22,6 +22,7 @@ from episodic.storage.engine import make_engine  # noqa: E402
 from episodic.storage.registry import dispose_all  # noqa: E402
 from tests import sqllog  # noqa: E402
 from tests.databases import PostgresDatabases, SqliteDatabases, require_postgres  # noqa: E402
+from tests.fast_loop import no_servers_in_the_fast_loop  # noqa: E402
 from tests.media_targets import media  # noqa: E402, F401 (a fixture: the media store on both backends)
 from tests.s3_server import S3Server, running_s3_server  # noqa: E402
 
@@ -38,7 +39,7 @@ _SERVER_FIXTURES = {"s3_server", "postgres_databases"}
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark `servers` every test that starts one: a PostgreSQL database, the moto S3 server
     (the ``s3`` media kind included), a Prefect harness or server. `make test-fast` leaves
-    them out, and `no_servers_in_the_fast_loop` fails a test this misses."""
+    them out, and `tests.fast_loop` fails a test this misses."""
     servers = pytest.mark.servers
     for item in items:
         folder = Path(str(item.path)).relative_to(Path(__file__).parent).parts[0]
@@ -51,16 +52,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             or values & {"s3", "postgres"}
         ):
             item.add_marker(servers)
-
-
-def no_servers_in_the_fast_loop(what: str) -> None:
-    """Raise when `make test-fast` (EPISODIC_TEST_NO_SERVERS=1) would start `what`: the test
-    needs the `servers` mark (`pytest_collection_modifyitems`), not a silent server."""
-    if os.environ.get("EPISODIC_TEST_NO_SERVERS") == "1":
-        raise RuntimeError(
-            f"make test-fast starts no servers, and this test starts {what}: mark it "
-            "pytest.mark.servers"
-        )
 
 
 # The project's own state folder (what every command uses without EPISODIC_HOME: core.home)

@@ -35,6 +35,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from tests.fast_loop import no_servers_in_the_fast_loop
+
 TEST_KEY = "testing-key-id"
 TEST_SECRET = "testing-secret-not-a-secret"
 REGION = "us-east-1"
@@ -90,11 +92,7 @@ class S3Server:
         self.frozen = False
 
     def start(self) -> S3Server:
-        if os.environ.get("EPISODIC_TEST_NO_SERVERS") == "1":  # see tests/conftest.py
-            raise RuntimeError(
-                "make test-fast starts no servers, and this test starts the S3 server: mark "
-                "it pytest.mark.servers"
-            )
+        no_servers_in_the_fast_loop("the S3 server")
         self.folder.mkdir(parents=True, exist_ok=True)
         address = ["-H", "127.0.0.1", "-p", str(self.port)]
         with open(self.log, "wb") as log:

@@ -44,6 +44,8 @@ from typing import Any, Self
 
 import httpx
 
+from tests.fast_loop import no_servers_in_the_fast_loop
+
 #: Marker carried by every process of one stack (server, workers, flow runs, CLI calls).
 STACK_TOKEN_VAR = "EPISODIC_E2E_STACK_TOKEN"
 #: Marker carried by one worker and the flow-run processes it spawns.
@@ -345,6 +347,7 @@ class PrefectServer(_Stoppable):
     def start(self) -> Self:
         if self.proc is not None:
             raise StackError("server already started")
+        no_servers_in_the_fast_loop("a Prefect server")
         for d in (self.tmp_dir, self.server_home, self.client_home):
             d.mkdir(parents=True, exist_ok=True)
         _register(self)

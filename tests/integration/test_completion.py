@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from sqlalchemy import Engine, text
 
 from episodic.core.media import StoredMedia, content_key
@@ -75,31 +76,33 @@ def test_a_completion_writes_the_image_the_success_and_the_cost(
     assert _rows(engine, claim) == ("completed", "succeeded", 1)
 
 
-def test_a_holder_whose_claim_was_taken_over_completes_nothing(
-    engine: Engine, tmp_path: Path
+# What changed between the acceptance and the completion, and the rows it leaves.
+INTERFERENCES = {
+    # another owner took the item over (its lease ran out)
+    "claim taken over": (
+        "UPDATE items SET claim_owner = 'w2', lease_expires_at = :t WHERE id = :i",
+        ("running", "accepted", 0),
+    ),
+    # the call was closed meanwhile (an operator, the sweep)
+    "call has an outcome": (
+        "UPDATE submissions SET state = 'failed' WHERE id = :s",
+        ("running", "failed", 0),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(INTERFERENCES))
+def test_a_completion_after_its_claim_or_call_moved_completes_nothing(
+    engine: Engine, tmp_path: Path, case: str
 ) -> None:
     claim, episode_pk = _accepted_claim(engine, tmp_path)
     assert claim.submission is not None
-    with engine.begin() as conn:  # another owner took the item over (its lease ran out)
+    interference, left = INTERFERENCES[case]
+    with engine.begin() as conn:
         conn.execute(
-            text("UPDATE items SET claim_owner = 'w2', lease_expires_at = :t WHERE id = :i"),
-            {"t": utcnow().replace(year=2100), "i": claim.item.pk},
+            text(interference),
+            {"t": utcnow().replace(year=2100), "i": claim.item.pk, "s": claim.submission.pk},
         )
     ledger = LedgerStore(engine)
     assert not ledger.complete(claim, claim.submission.pk, episode_pk, IMAGE, PRICE.charge(1))
-    assert _rows(engine, claim) == ("running", "accepted", 0)
-
-
-def test_a_completion_of_a_call_with_an_outcome_completes_nothing(
-    engine: Engine, tmp_path: Path
-) -> None:
-    claim, episode_pk = _accepted_claim(engine, tmp_path)
-    assert claim.submission is not None
-    with engine.begin() as conn:  # the call was closed meanwhile (an operator, the sweep)
-        conn.execute(
-            text("UPDATE submissions SET state = 'failed' WHERE id = :s"),
-            {"s": claim.submission.pk},
-        )
-    ledger = LedgerStore(engine)
-    assert not ledger.complete(claim, claim.submission.pk, episode_pk, IMAGE, PRICE.charge(1))
-    assert _rows(engine, claim) == ("running", "failed", 0)
+    assert _rows(engine, claim) == left
