@@ -99,6 +99,14 @@ class _SubRow(NamedTuple):
     remote_ref: str | None
 
 
+class _Intended(NamedTuple):
+    """A new paid call the batch decided on, its take and intent written with the batch's
+    others (PostgreSQL: `statements.TAKE_AND_INTEND`) when the batch is decided."""
+
+    row: _ItemRow
+    reserve: Reservation
+
+
 def _item_row(found: Sequence[Any]) -> _ItemRow:
     row = _ItemRow._make(found)
     created = dbapi.moment(row.created_at)
@@ -240,7 +248,6 @@ class ClaimStore:
         guard: Guard | None,
         settle_only: bool,
     ) -> list[Claim | Refusal]:
-        answers: list[Claim | Refusal] = []
         over: Refusal | None = None  # the batch's first budget refusal
         # Every advisory lock first, in the one global order (`storage.locks`); then the run.
         with tx.write(self.engine, lock=locks) as conn:
@@ -267,13 +274,17 @@ class ClaimStore:
             money = None if guard is None else Check(conn, guard, now)
             throttle = ClaimThrottle(conn, profile, now)
             limit = None if slots is None else (slots[0], ClaimSlots(conn, profile, now, slots[1]))
+            decided: list[Claim | Refusal | _Intended] = []
             for item_pk, allow_retry in items:
-                if (
-                    answers
-                    and isinstance(answers[-1], Refusal)
-                    and answers[-1].reason == RefusalReason.THROTTLED
-                ):
-                    answers.append(answers[-1])
+                if any(isinstance(a, _Intended) and a.row.id == item_pk for a in decided):
+                    # the same item twice in one batch: the first take is written, and the
+                    # item read again, before the second is decided
+                    decided[:] = _intend(
+                        conn, decided, run_id, owner, profile, lease_s, now, checked
+                    )
+                last = decided[-1] if decided else None
+                if isinstance(last, Refusal) and last.reason == RefusalReason.THROTTLED:
+                    decided.append(last)
                     continue
                 answer = self._claim_in(
                     conn,
@@ -301,8 +312,8 @@ class ClaimStore:
                     and answer.reason == RefusalReason.SETTLE_ONLY
                 ):
                     answer = over  # a new paid call, refused at the limit as the first was
-                answers.append(answer)
-        return answers
+                decided.append(answer)
+            return _intend(conn, decided, run_id, owner, profile, lease_s, now, checked)
 
     @staticmethod
     def _run_refusal(conn: Connection, run_id: str) -> Refusal | None:
@@ -344,7 +355,7 @@ class ClaimStore:
         money: Check | None = None,
         settle_only: bool = False,
         throttle: ClaimThrottle | None = None,
-    ) -> Claim | Refusal:
+    ) -> Claim | Refusal | _Intended:
         if found is None:
             found = dbapi.fetch_one(conn, _ITEM_FOR_UPDATE, {"b_item": item_pk})
         if found is None:
@@ -386,7 +397,11 @@ class ClaimStore:
         lease = now + timedelta(seconds=lease_s)
         if sub is None and money is not None:  # reserved at what every check counts it at
             reserve = money.reservation()
-        claim = _take(conn, row, sub, run_id, owner, profile, lease, now, checked, reserve)
+        claim: Claim | _Intended
+        if sub is None and conn.dialect.name == "postgresql":  # written with the batch's others
+            claim = _Intended(row, reserve)
+        else:
+            claim = _take(conn, row, sub, run_id, owner, profile, lease, now, checked, reserve)
         if slots is not None:
             slots[1].took(item_pk)
         if sub is None and money is not None:
@@ -427,22 +442,6 @@ def _take(
             ClaimAction.COLLECT if sub.state == SubmissionState.ACCEPTED else ClaimAction.RECONCILE
         )
         return Claim(item, run_id, owner, action, submission_of(sub), token, checked)
-    if conn.dialect.name == "postgresql":  # one round trip: the take and the intent
-        intended = dbapi.fetch_one(
-            conn,
-            statements.TAKE_AND_INTEND,
-            {
-                **params,
-                "b_key": row.idempotency_key,
-                "b_reserve": reserve.micros,
-                "b_currency": reserve.currency,
-            },
-        )
-        if intended is None:
-            raise _not_taken(row)
-        pk, attempt, reference = intended
-        submission = Submission(pk, item.pk, attempt, reference, SubmissionState.INTENT, None)
-        return Claim(item, run_id, owner, ClaimAction.SUBMIT, submission, token, checked)
     attempt = dbapi.scalar(conn, statements.TAKE_ITEM_AND_COUNT, params)
     if attempt is None:
         raise _not_taken(row)
@@ -450,6 +449,56 @@ def _take(
         conn, item, run_id, profile, attempt, now, forced=False, reserve=reserve
     )
     return Claim(item, run_id, owner, ClaimAction.SUBMIT, submission, token, checked)
+
+
+def _intend(
+    conn: Connection,
+    decided: list[Claim | Refusal | _Intended],
+    run_id: str,
+    owner: str,
+    profile: str,
+    lease_s: float,
+    now: datetime,
+    checked: float,
+) -> list[Claim | Refusal]:
+    """`decided` with every new paid call taken and intended, all in one statement
+    (PostgreSQL: `statements.TAKE_AND_INTEND`), as `_take` takes one: the attempt counted, the
+    intent committed with the claim (``submit``)."""
+    intended = [d for d in decided if isinstance(d, _Intended)]
+    if not intended:
+        return [d for d in decided if not isinstance(d, _Intended)]
+    tokens = {d.row.id: uuid.uuid4().hex for d in intended}
+    currencies = {d.reserve.currency for d in intended}
+    assert len(currencies) == 1  # one profile's price per batch
+    found = dbapi.fetch_all(
+        conn,
+        statements.TAKE_AND_INTEND,
+        {
+            "b_items": list(tokens),
+            "b_tokens": list(tokens.values()),
+            "b_reserves": [d.reserve.micros for d in intended],
+            "b_owner": owner,
+            "b_run": run_id,
+            "b_profile": profile,
+            "b_lease": now + timedelta(seconds=lease_s),
+            "b_now": now,
+            "b_currency": currencies.pop(),
+        },
+    )
+    made = {int(item_pk): (int(pk), int(attempt), ref) for item_pk, pk, attempt, ref in found}
+    out: list[Claim | Refusal] = []
+    for d in decided:
+        if not isinstance(d, _Intended):
+            out.append(d)
+            continue
+        if d.row.id not in made:
+            raise _not_taken(d.row)
+        pk, attempt, reference = made[d.row.id]
+        item = item_from_row(d.row)
+        submission = Submission(pk, item.pk, attempt, reference, SubmissionState.INTENT, None)
+        token = tokens[d.row.id]
+        out.append(Claim(item, run_id, owner, ClaimAction.SUBMIT, submission, token, checked))
+    return out
 
 
 def _not_taken(row: _ItemRow) -> InvalidTransition:

@@ -142,15 +142,22 @@ TAKE_ITEM_AND_COUNT = DriverSQL(
 )
 
 # PostgreSQL, where each statement is a round trip: `TAKE_ITEM_AND_COUNT` and
-# `INSERT_INTENT` (below) in one, for a claim's new paid call (SQLite runs the two). When the
-# take's guard refuses the item nothing is inserted and no row comes back: the claim raises.
+# `INSERT_INTENT` (below) in one, for every new paid call of a claim's batch at once (SQLite
+# runs the two per item). The batch is three arrays of one length: the items, their fresh
+# claim tokens and what each call is reserved at. An item the take's guard refuses gets no
+# intent and no row back: the claim raises. The batch's rows are locked already, in id order
+# (`ClaimStore`), so the join order of this update takes no new lock.
 TAKE_AND_INTEND = DriverSQL(
-    f"WITH taken AS ({_TAKE}, attempts = attempts + 1 {_TAKE_GUARD} RETURNING id, attempts) "
+    "WITH asked AS (SELECT * FROM unnest(CAST(:b_items AS bigint[]), CAST(:b_tokens AS "
+    "text[]), CAST(:b_reserves AS bigint[])) AS a(item, token, reserve)), "
+    f"taken AS ({_TAKE.replace(':b_token', 'asked.token')}, attempts = attempts + 1 FROM asked "
+    f"{_TAKE_GUARD.replace(':b_item', 'asked.item')} RETURNING id, attempts, idempotency_key, "
+    "asked.reserve) "
     "INSERT INTO submissions (item_pk, run_id, attempt, client_reference, provider_profile, "
     "state, forced, created_at, reserved_micros, currency) SELECT taken.id, :b_run, "
-    "taken.attempts, (SELECT id FROM installation WHERE singleton = 1) || '-' || :b_key || '-' "
-    "|| taken.attempts, :b_profile, 'intent', false, :b_now, :b_reserve, :b_currency FROM taken "
-    "RETURNING id, attempt, client_reference"
+    "taken.attempts, (SELECT id FROM installation WHERE singleton = 1) || '-' || "
+    "taken.idempotency_key || '-' || taken.attempts, :b_profile, 'intent', false, :b_now, "
+    "taken.reserve, :b_currency FROM taken RETURNING item_pk, id, attempt, client_reference"
 )
 
 # item: running -> completed

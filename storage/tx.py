@@ -150,6 +150,12 @@ def retry_outages(cls: _Cls) -> _Cls:
 
 
 _ADVISORY_XACT_LOCK = dbapi.DriverSQL("SELECT pg_advisory_xact_lock(:b_key)")
+# Several locks in one round trip: a function scan yields the array's elements in its order,
+# and each row's lock is taken before the next row is produced, so the keys are locked in
+# the order given (ascending, by the caller) as one statement per key would take them.
+_ADVISORY_XACT_LOCKS = dbapi.DriverSQL(
+    "SELECT count(pg_advisory_xact_lock(k)) FROM unnest(CAST(:b_keys AS bigint[])) AS k"
+)
 
 
 def advisory_key(name: str) -> int:
@@ -169,6 +175,16 @@ def advisory_xact_lock(conn: Connection, name: str) -> None:
     dbapi.fetch_one(conn, _ADVISORY_XACT_LOCK, {"b_key": _lock_key(name)})
 
 
+def advisory_xact_locks(conn: Connection, names: Sequence[str]) -> None:
+    """PostgreSQL: take every lock of `names` (duplicates once), in ascending key order (the
+    one global order, `episodic.storage.locks`), in one statement."""
+    keys = sorted({_lock_key(name) for name in names})
+    if len(keys) == 1:
+        dbapi.fetch_one(conn, _ADVISORY_XACT_LOCK, {"b_key": keys[0]})
+    elif keys:
+        dbapi.fetch_one(conn, _ADVISORY_XACT_LOCKS, {"b_keys": keys})
+
+
 @contextmanager
 def write(engine: Engine, lock: str | Sequence[str] | None = None) -> Iterator[Connection]:
     """A write transaction; with `lock` (a name, or several), also serialized with every
@@ -183,9 +199,7 @@ def write(engine: Engine, lock: str | Sequence[str] | None = None) -> Iterator[C
         conn.begin(),
     ):
         if lock is not None and conn.dialect.name == "postgresql":
-            names = [lock] if isinstance(lock, str) else lock
-            for name in sorted(set(names), key=_lock_key):
-                advisory_xact_lock(conn, name)
+            advisory_xact_locks(conn, [lock] if isinstance(lock, str) else lock)
         yield conn
         body_done[0] = True
 

@@ -254,15 +254,19 @@ def test_an_episode_move_from_a_source_the_table_forbids_is_refused() -> None:
 
 
 def test_the_take_and_the_intent_in_one_statement_are_the_two_labelled_ones() -> None:
-    """PostgreSQL's one round trip for a claim's new paid call makes exactly the moves of
-    `TAKE_ITEM_AND_COUNT` and `INSERT_INTENT`: the same update under the same guard, and an
-    intent with the same columns, only when the update took the item."""
+    """PostgreSQL's one round trip for a claim batch's new paid calls makes exactly the moves
+    of `TAKE_ITEM_AND_COUNT` and `INSERT_INTENT` for each asked item: the same update under
+    the same guard, and an intent with the same columns, only for the items the update took."""
     one = statements.TAKE_AND_INTEND.sqlite
     take = statements.TAKE_ITEM_AND_COUNT.sqlite.removesuffix(" RETURNING attempts")
-    assert one.startswith(f"WITH taken AS ({take} RETURNING id, attempts) INSERT INTO submissions")
+    per_item = take.replace(":b_token", "asked.token").replace(":b_item", "asked.item")
+    head, sets = per_item.split(" WHERE ", 1)
+    assert f"taken AS ({head} FROM asked WHERE {sets} RETURNING id, attempts," in one
+    assert one.startswith("WITH asked AS (SELECT * FROM unnest(")
     columns = re.search(r"INSERT INTO submissions (\([^)]*\))", statements.INSERT_INTENT.sqlite)
     assert columns is not None and f"INSERT INTO submissions {columns.group(1)} SELECT" in one
-    assert "'intent'" in one and one.endswith("FROM taken RETURNING id, attempt, client_reference")
+    assert "'intent'" in one
+    assert one.endswith("FROM taken RETURNING item_pk, id, attempt, client_reference")
 
 
 def test_the_completion_in_one_statement_makes_the_three_moves_in_order() -> None:
