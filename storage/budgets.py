@@ -47,6 +47,7 @@ the bare driver (`episodic.storage.dbapi`), as the claim's own (bench/ledger.py 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -112,6 +113,14 @@ PRICE_MEMORY = timedelta(days=31)
 BUDGETS = DriverSQL(
     "SELECT b.period, b.amount_micros, b.currency, p.timezone FROM pipeline_budgets b "
     "JOIN pipelines p ON p.name = b.pipeline WHERE b.pipeline = :b_pipeline ORDER BY b.period"
+)
+
+# The same, as one JSON array of [period, amount, currency, timezone] (PostgreSQL: a part of
+# the claim's one read, `Check.parts`).
+BUDGETS_JSON = (
+    "SELECT json_agg(json_build_array(b.period, b.amount_micros, b.currency, p.timezone) "
+    "ORDER BY b.period) FROM pipeline_budgets b JOIN pipelines p ON p.name = b.pipeline "
+    "WHERE b.pipeline = :b_pipeline"
 )
 
 # One period's spend of a pipeline in one currency: cost entries of submissions dated in
@@ -198,26 +207,77 @@ class Check:
     price_probes: int = 0  # its calls in flight without a charge, made within the window
     run_top: int = 0  # the run's own dearest charge
 
+    def _priced(self) -> dict[str, Any] | None:
+        """`PRICE_SEEN`'s parameters, or None when the guard names no priced profile."""
+        guard = self.guard
+        if guard.profile is None or guard.reserve.currency is None:
+            return None
+        since = self.now - PRICE_MEMORY
+        return {"b_profile": guard.profile, "b_currency": guard.reserve.currency, "b_since": since}
+
+    def _recent(self) -> datetime:
+        return self.now - timedelta(seconds=self.guard.probe_window_s)
+
     def _load(self) -> None:
         guard = self.guard
         estimate = guard.reserve.micros
-        currency = guard.reserve.currency
-        if guard.profile is not None and currency is not None:
-            since = self.now - PRICE_MEMORY
-            seen = {"b_profile": guard.profile, "b_currency": currency, "b_since": since}
+        seen = self._priced()
+        if seen is not None:
             found = dbapi.fetch_one(self.conn, PRICE_SEEN, seen)
             assert found is not None
             self.price_charges, dearest = int(found[0]), int(found[1])
             estimate = max(estimate, dearest)  # what the provider has shown it bills
             if self.price_charges == 0:
-                recent = self.now - timedelta(seconds=guard.probe_window_s)
                 self.price_probes = int(
-                    dbapi.scalar(self.conn, PRICE_PROBES, {**seen, "b_recent": recent})
+                    dbapi.scalar(self.conn, PRICE_PROBES, {**seen, "b_recent": self._recent()})
                 )
         found = dbapi.fetch_one(
             self.conn, RUN_SPEND, {"b_run": guard.run_id, "b_estimate": estimate}
         )
         assert found is not None  # an aggregate answers one row
+        budgets = (
+            None
+            if guard.pipeline is None
+            else dbapi.fetch_all(self.conn, BUDGETS, {"b_pipeline": guard.pipeline})
+        )
+        self._apply(tuple(found), budgets)
+
+    def parts(self) -> list[dbapi.Part]:
+        """`_load`'s reads as parts of the claim's one read (PostgreSQL, `dbapi.fetch_parts`),
+        for `given`: the price's charges and probes, the run's figures with the estimate raised
+        to the price's dearest charge in SQL, and the pipeline's budgets as one JSON array. The
+        periods' spend is read after (`_periods`: each needs the unit)."""
+        guard = self.guard
+        parts = []
+        estimate = ":b_estimate"
+        seen = self._priced()
+        if seen is not None:
+            parts.append(dbapi.Part(PRICE_SEEN.sqlite, seen, 2))
+            parts.append(dbapi.Part(PRICE_PROBES.sqlite, {**seen, "b_recent": self._recent()}, 1))
+            estimate = f"GREATEST(:b_estimate, ({PRICE_SEEN.sqlite.replace('count(*), ', '')}))"
+        spend = {"b_run": guard.run_id, "b_estimate": guard.reserve.micros, **(seen or {})}
+        parts.append(dbapi.Part(RUN_SPEND.sqlite.replace(":b_estimate", estimate), spend, 7))
+        if guard.pipeline is not None:
+            parts.append(dbapi.Part(BUDGETS_JSON, {"b_pipeline": guard.pipeline}, 1))
+        return parts
+
+    def given(self, rows: list[tuple[Any, ...]]) -> None:
+        """The answers of `parts`, in their order."""
+        answers = iter(rows)
+        if self._priced() is not None:
+            self.price_charges = int(next(answers)[0])
+            probes = int(next(answers)[0])
+            self.price_probes = probes if self.price_charges == 0 else 0
+        found = next(answers)
+        budgets = None
+        if self.guard.pipeline is not None:
+            budgets = [tuple(b) for b in next(answers)[0] or ()]
+        self._apply(found, budgets)
+
+    def _apply(self, found: tuple[Any, ...], budgets: Sequence[Sequence[Any]] | None) -> None:
+        """The run's figures (`RUN_SPEND`'s row) and the pipeline's budgets (`BUDGETS`' rows,
+        None without a pipeline), then each budget's period read."""
+        guard = self.guard
         (
             self.calls,
             self.charges,
@@ -227,9 +287,10 @@ class Check:
             self.in_flight,
             self.run_top,
         ) = (int(v) for v in found)
-        if guard.pipeline is not None:
+        if budgets is not None:
+            assert guard.pipeline is not None
             self.periods = _periods(
-                self.conn, guard.pipeline, self.now, profile=guard.profile, unit=self.unit
+                self.conn, guard.pipeline, budgets, self.now, profile=guard.profile, unit=self.unit
             )
         if guard.reserve.micros == 0:  # a free price: count each call at the dearest charge
             # yet seen, in any run of the budget's period (another run's probe showed the bill)
@@ -325,12 +386,17 @@ def _refused(detail: str) -> Refusal:
 
 
 def _periods(
-    conn: Connection, pipeline: str, now: datetime, *, profile: str | None = None, unit: int = 0
+    conn: Connection,
+    pipeline: str,
+    budgets: Sequence[Sequence[Any]],
+    now: datetime,
+    *,
+    profile: str | None = None,
+    unit: int = 0,
 ) -> list[_Period]:
+    """Each of the pipeline's `budgets` (`BUDGETS`' rows) with its period's spend."""
     out = []
-    for kind, amount, currency, timezone in dbapi.fetch_all(
-        conn, BUDGETS, {"b_pipeline": pipeline}
-    ):
+    for kind, amount, currency, timezone in budgets:
         spent, in_flight, unpriced, top = period_spend(
             conn, pipeline, kind, currency, timezone, now, profile=profile, unit=unit
         )
@@ -395,7 +461,12 @@ class BudgetStore:
         with tx.read(self.engine) as conn:
             return [
                 (p.kind, p.label, p.budget, p.currency, p.spent, p.in_flight)
-                for p in _periods(conn, pipeline, utcnow())
+                for p in _periods(
+                    conn,
+                    pipeline,
+                    dbapi.fetch_all(conn, BUDGETS, {"b_pipeline": pipeline}),
+                    utcnow(),
+                )
             ]
 
     def list(self) -> list[Budget]:

@@ -50,7 +50,8 @@ _items: Table = ItemRow.__table__  # type: ignore[assignment]
 # the episode's newest (a re-planned episode's older runs pay for nothing more).
 _RUN_STATE = DriverSQL(
     "SELECT r.state, r.plan_id IS NOT NULL AND r.plan_id <> "
-    f"{predicates.newest_plan_sql('r.episode_pk')}, r.error_text FROM runs r WHERE r.id = :b_run"
+    f"{predicates.newest_plan_sql('r.episode_pk')} AS replanned, r.error_text FROM runs r "
+    "WHERE r.id = :b_run"
 )
 
 
@@ -81,10 +82,18 @@ _ITEM_COLUMNS = (
 _ITEM_FOR_UPDATE = DriverSQL(
     f"SELECT {_ITEM_COLUMNS} FROM items WHERE id = :b_item", pg_suffix="FOR NO KEY UPDATE"
 )
-# A batch's items read and locked in one statement, in ascending id order. PostgreSQL only:
-# SQLite's writer lock serializes every writer already, and reads each row as it goes.
-_ITEMS_FOR_UPDATE = DriverSQL(
-    f"SELECT {_ITEM_COLUMNS} FROM items WHERE id = ANY(:b_items) ORDER BY id FOR NO KEY UPDATE"
+# PostgreSQL: the run's state and the batch's items read and locked in one statement. The
+# items are locked only when the run may be claimed (running, not re-planned) and then in
+# ascending id order, as every other statement that locks several items does
+# (`locks.in_id_order`): two transactions taking rows in orders of their own could deadlock
+# (a heartbeat's renewal over this owner's items, the sweep's expired ones). Locked, they
+# change only by this transaction until it commits. One row, with NULL items, when none is
+# locked; no row when the run does not exist.
+_RUN_AND_ITEMS = DriverSQL(
+    f"WITH r AS ({_RUN_STATE.sqlite}), l AS MATERIALIZED (SELECT {_ITEM_COLUMNS} FROM items "
+    "WHERE id = ANY(:b_items) AND EXISTS (SELECT 1 FROM r WHERE r.state = 'running' AND "
+    "r.replanned IS NOT TRUE) ORDER BY id FOR NO KEY UPDATE) "
+    "SELECT r.state, r.replanned, r.error_text, l.* FROM r LEFT JOIN l ON true ORDER BY l.id"
 )
 
 
@@ -255,25 +264,35 @@ class ClaimStore:
             # The run is decided before any item row is locked: cancelling a run locks the
             # run's row and then its items (`RunStore.transition_run`, the sweep), so a claim
             # that held items while it cancelled a re-planned run could deadlock with them.
-            stopped = self._run_refusal(conn, run_id)
+            read: dict[int, Sequence[Any]] = {}
+            postgres = conn.dialect.name == "postgresql"
+            if postgres:
+                found = dbapi.fetch_all(
+                    conn, _RUN_AND_ITEMS, {"b_run": run_id, "b_items": [pk for pk, _ in items]}
+                )
+                found_run = found[0][:3] if found else None
+                read = {int(row[3]): row[3:] for row in found if row[3] is not None}
+            else:
+                found_run = dbapi.fetch_one(conn, _RUN_STATE, {"b_run": run_id})
+            stopped = self._run_refusal(conn, run_id, found_run)
             if stopped is not None:
                 return [stopped] * len(items)
-            read: dict[int, Sequence[Any]] = {}
-            if len(items) > 1 and conn.dialect.name == "postgresql":
-                # Every row of the batch is read and locked first, in ascending id order, as
-                # every other statement that locks several items does (`locks.in_id_order`):
-                # two transactions taking rows in orders of their own could deadlock (a
-                # heartbeat's renewal over this owner's items, the sweep's expired ones).
-                # Locked, they change only by this transaction until it commits.
-                found = dbapi.fetch_all(
-                    conn, _ITEMS_FOR_UPDATE, {"b_items": [pk for pk, _ in items]}
-                )
-                read = {int(row[0]): row for row in found}
             now = utcnow()  # read with the write lock held (a waited-for lock ages a lease)
-            # each read at the batch's first question, then kept in memory
+            # each read at the batch's first question, then kept in memory (PostgreSQL: all
+            # read at once, one round trip)
             money = None if guard is None else Check(conn, guard, now)
             throttle = ClaimThrottle(conn, profile, now)
             limit = None if slots is None else (slots[0], ClaimSlots(conn, profile, now, slots[1]))
+            if postgres:
+                parts = [throttle.part()]
+                parts += [] if limit is None else [limit[1].part()]
+                parts += [] if money is None else money.parts()
+                answers = dbapi.fetch_parts(conn, parts)
+                throttle.given(answers[0])
+                if limit is not None:
+                    limit[1].given(answers[1])
+                if money is not None:
+                    money.given(answers[2 if limit is not None else 1 :])
             decided: list[Claim | Refusal | _Intended] = []
             for item_pk, allow_retry in items:
                 if any(isinstance(a, _Intended) and a.row.id == item_pk for a in decided):
@@ -316,9 +335,11 @@ class ClaimStore:
             return _intend(conn, decided, run_id, owner, profile, lease_s, now, checked)
 
     @staticmethod
-    def _run_refusal(conn: Connection, run_id: str) -> Refusal | None:
-        """Why no item of the run may be claimed now, or None (it is running)."""
-        found_run = dbapi.fetch_one(conn, _RUN_STATE, {"b_run": run_id})
+    def _run_refusal(
+        conn: Connection, run_id: str, found_run: Sequence[Any] | None
+    ) -> Refusal | None:
+        """Why no item of the run may be claimed now, or None (it is running): from its
+        `_RUN_STATE` row (None: no such run)."""
         run_state, replanned, error_text = (
             found_run if found_run is not None else (None, False, None)
         )

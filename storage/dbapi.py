@@ -30,7 +30,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import Connection, Dialect
 from sqlalchemy.exc import DBAPIError
@@ -158,3 +158,44 @@ def rowcount(conn: Connection, statement: DriverSQL, params: Mapping[str, Any]) 
     with run as cursor:
         cursor.execute(run.sql, run.args)
         return int(cursor.rowcount)
+
+
+class Part(NamedTuple):
+    """One read of `fetch_parts`: a SELECT answering exactly one row of `columns` columns,
+    with ``:name`` parameters of its own."""
+
+    sql: str
+    params: Mapping[str, Any]
+    columns: int
+
+
+_JOINED: dict[tuple[str, ...], DriverSQL] = {}
+
+
+def _renamed(sql: str, n: int) -> str:
+    """`sql` with each ``:name`` parameter renamed ``:p{n}_name``."""
+    return _PARAM.sub(lambda m: f":p{n}_{m.group(1)}", sql)
+
+
+def fetch_parts(conn: Connection, parts: Sequence[Part]) -> list[tuple[Any, ...]]:
+    """Several one-row reads in one statement (one round trip): each part's row, in order.
+    Each part's parameters are renamed for it, so two parts may give one name two values.
+    The parts see one snapshot, as the statements of a REPEATABLE READ transaction would.
+
+    Raises as `fetch_one`; an empty `parts` reads nothing."""
+    if not parts:
+        return []
+    key = tuple(part.sql for part in parts)
+    statement = _JOINED.get(key)
+    if statement is None:
+        joined = ", ".join(f"({_renamed(part.sql, n)}) AS p{n}" for n, part in enumerate(parts))
+        statement = _JOINED.setdefault(key, DriverSQL(f"SELECT * FROM {joined}"))
+    params = {f"p{n}_{k}": v for n, part in enumerate(parts) for k, v in part.params.items()}
+    row = fetch_one(conn, statement, params)
+    assert row is not None, "every part answers one row"
+    out, at = [], 0
+    for part in parts:
+        out.append(tuple(row[at : at + part.columns]))
+        at += part.columns
+    assert at == len(row), "the parts' columns are the statement's"
+    return out

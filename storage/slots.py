@@ -43,16 +43,29 @@ class ClaimSlots:
         self.conn, self.profile, self.now, self.max_job_s = conn, profile, now, max_job_s
         self._holders: set[int] | None = None
 
+    def _read(self) -> tuple[DriverSQL, dict[str, Any]]:
+        params: dict[str, Any] = {"b_profile": self.profile, "b_now": self.now}
+        if self.max_job_s is None:
+            return _HOLDERS, params
+        params["b_since"] = self.now - timedelta(seconds=self.max_job_s)
+        return _HOLDERS_WITH_JOBS, params
+
     def taken_by_others(self, item_pk: int) -> int:
         """The slots of the profile taken by other items than `item_pk`."""
         if self._holders is None:
-            params: dict[str, Any] = {"b_profile": self.profile, "b_now": self.now}
-            statement = _HOLDERS
-            if self.max_job_s is not None:
-                params["b_since"] = self.now - timedelta(seconds=self.max_job_s)
-                statement = _HOLDERS_WITH_JOBS
+            statement, params = self._read()
             self._holders = {int(row[0]) for row in dbapi.fetch_all(self.conn, statement, params)}
         return len(self._holders - {item_pk})
+
+    def part(self) -> dbapi.Part:
+        """The holders' read as a part of the claim's one read (PostgreSQL, `dbapi.
+        fetch_parts`): their ids as one array (NULL for none)."""
+        statement, params = self._read()
+        return dbapi.Part(f"SELECT array_agg(h.item) FROM ({statement.sqlite}) h", params, 1)
+
+    def given(self, row: tuple[Any, ...]) -> None:
+        """The answer of `part`."""
+        self._holders = {int(pk) for pk in row[0] or ()}
 
     def took(self, item_pk: int) -> None:
         """The transaction took `item_pk` for the profile: it holds a slot from now on."""

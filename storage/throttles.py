@@ -16,6 +16,7 @@ nothing.
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import Connection, Engine, Table, case, select
 from sqlalchemy.dialects import postgresql, sqlite
@@ -53,10 +54,20 @@ class ClaimThrottle:
     def held(self) -> bool:
         if self._held is None:
             found = dbapi.fetch_one(self.conn, _THROTTLED_UNTIL, {"b_profile": self.profile})
-            until = None if found is None else dbapi.moment(found[0])
-            self._held = until is not None and until > self.now
-            self.until = until if self._held else None
+            self.given((None if found is None else found[0],))
+        assert self._held is not None
         return self._held
+
+    def part(self) -> dbapi.Part:
+        """`held`'s read as a part of the claim's one read (`dbapi.fetch_parts`): the moment,
+        or NULL."""
+        return dbapi.Part(f"SELECT ({_THROTTLED_UNTIL.sqlite})", {"b_profile": self.profile}, 1)
+
+    def given(self, row: tuple[Any, ...]) -> None:
+        """The answer of `part` (or of `held`'s own read): the throttle's moment, or None."""
+        until = dbapi.moment(row[0])
+        self._held = until is not None and until > self.now
+        self.until = until if self._held else None
 
 
 @retry_outages
