@@ -132,10 +132,18 @@ def run(argv: list[str] | None = None) -> int:
         result = command.main(args=args, prog_name="episodic", standalone_mode=False)
     except click.exceptions.Exit as exc:
         return exc.exit_code
+    except SystemExit as exc:
+        # Typer's answer to a closed output pipe: stdout and stderr made quiet, then exit 1,
+        # which this command line keeps for a crash
+        if isinstance(exc.__context__, BrokenPipeError):
+            return ExitCode.READER_GONE
+        raise
     except click.ClickException as exc:  # usage errors: exit 2, one line like every error
         context_ = getattr(exc, "ctx", None)
         hint = f" (see: {context_.command_path} --help)" if context_ is not None else ""
-        error(f"{exc.format_message()}{hint}")
+        # a group named without its command answers with its help and no message of its own
+        said = exc.format_message() or "give a command"
+        error(f"{said}{hint}")
         return exc.exit_code
     except (click.exceptions.Abort, KeyboardInterrupt):
         error("interrupted")

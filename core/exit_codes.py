@@ -16,3 +16,6 @@ class ExitCode(IntEnum):
     BUDGET_REACHED = 7  # stopped buying at a cap or a period budget; in-flight work collected
     CHECK_FINDINGS = 8  # `check` read everything and found problems (each one listed)
     INTERRUPTED = 130
+    # whoever read the output closed it first (`episodic check | head`): 128 + SIGPIPE, what a
+    # shell reports for a command a closed pipe ended, nothing written on stderr
+    READER_GONE = 141
