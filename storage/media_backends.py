@@ -50,6 +50,9 @@ _TRANSIENT_NAMES = {
 }
 _CONFIG_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR})
 
+# The key of the checksum question (`_ask_checksums`), under the store's prefix.
+CHECKSUM_PROBE = ".probe/checksum"
+
 
 class Backend:
     """One kind of store. Errors escape as the library raises them; `classify` maps them."""
@@ -285,7 +288,8 @@ class RemoteBackend(Backend):
         """Whether this store refuses a body whose SHA-256 checksum header is wrong, asked
         once per process with a probe object it must refuse (one request). A store that
         takes it (the probe is then deleted) or refuses the header itself is read back after
-        every write."""
+        every write. The probe has one key (`CHECKSUM_PROBE`), written over each time: a
+        store that takes it and forbids deletes keeps one probe object, not one per process."""
         with self._checks_lock:
             if self._checks is None or self._checks[0] != os.getpid():
                 self._checks = (os.getpid(), self._ask_checksums())
@@ -293,12 +297,12 @@ class RemoteBackend(Backend):
 
     def _ask_checksums(self) -> bool:
         fs = self.fs()
-        key = f".probe/{uuid.uuid4().hex}"
-        body = f"episodic checksum probe {key}".encode()
+        key = CHECKSUM_PROBE
+        body = f"episodic checksum probe {uuid.uuid4().hex}".encode()
         wrong = base64.b64encode(hashlib.sha256(body + b"!").digest()).decode()
         extra = {"ChecksumAlgorithm": "SHA256", "ChecksumSHA256": wrong}
         try:
-            fs.pipe_file(self._path(key), body, mode="create", **extra, **self._deadline)
+            fs.pipe_file(self._path(key), body, **extra, **self._deadline)
         except OSError as exc:
             code = error_code(exc)
             if code == "BadDigest":

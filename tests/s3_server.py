@@ -190,15 +190,17 @@ class S3Server:
         with urllib.request.urlopen(request, timeout=10) as reply:
             json.loads(reply.read())
 
-    def make_access_key(self, bucket: str) -> tuple[str, str]:
-        """An IAM user allowed every S3 action; returns its (key id, secret)."""
+    def make_access_key(self, bucket: str, deny: tuple[str, ...] = ()) -> tuple[str, str]:
+        """An IAM user allowed every S3 action but those in `deny` (such as
+        ``s3:DeleteObject``: a bucket whose objects its writers may not delete); returns its
+        (key id, secret)."""
         iam = self.client("iam")
         user = f"u{uuid.uuid4().hex[:10]}"
         iam.create_user(UserName=user)
-        policy = {
-            "Version": "2012-10-17",
-            "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}],
-        }
+        statements: list[dict[str, Any]] = [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]
+        if deny:
+            statements.append({"Effect": "Deny", "Action": list(deny), "Resource": "*"})
+        policy = {"Version": "2012-10-17", "Statement": statements}
         iam.put_user_policy(UserName=user, PolicyName="s3", PolicyDocument=json.dumps(policy))
         made = iam.create_access_key(UserName=user)["AccessKey"]
         return str(made["AccessKeyId"]), str(made["SecretAccessKey"])

@@ -222,6 +222,28 @@ def test_s3_proves_a_write_by_its_checksum_and_other_stores_are_read_back(
     assert target_objects(server, bucket) == [f"prefix/{stored.key}"]
 
 
+@pytest.mark.parametrize("checking", ["unverified"], indirect=True)
+def test_a_store_that_forbids_deletes_keeps_one_checksum_probe(
+    checking: tuple[S3Server, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store that takes the wrong checksum, whose writers may not delete (an IAM policy
+    denying s3:DeleteObject): every process asks once, and all of them leave one probe
+    object between them, not one each."""
+    server, bucket = checking
+    key_id, secret = server.make_access_key(bucket, deny=("s3:DeleteObject",))
+    server.enforce_auth()
+    for name, value in server.env(key_id, secret).items():
+        monkeypatch.setenv(name, value)
+    for _ in range(3):  # each store asks once, as each process does
+        store = MediaStore.open(f"s3://{bucket}/prefix", timeout_s=5.0, attempts=1)
+        store.put_image(prove_image(image_bytes()))
+    deletes = [r for r in server.requests(bucket) if r[0] == "DELETE"]
+    assert deletes and all(status == 403 for _, _, status in deletes)
+    listed = server.client(**server.env(key_id, secret)).list_objects_v2(Bucket=bucket)
+    probes = [o["Key"] for o in listed["Contents"] if ".probe/" in o["Key"]]
+    assert probes == ["prefix/.probe/checksum"]
+
+
 def test_an_object_s3_cannot_vouch_for_is_read_back(
     checking: tuple[S3Server, str],
 ) -> None:
