@@ -42,6 +42,7 @@ PACKAGES = (
     "flows",
     "deployments",
     "cli",
+    "testing",
     "reliability",
 )
 LONG_MODULE = 400

@@ -14,6 +14,11 @@ os.environ["PREFECT_LOCAL_STORAGE_PATH"] = str(_SESSION_HOME / "results")
 os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
 os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "180"
 os.environ["DO_NOT_TRACK"] = "1"
+# This suite's PostgreSQL server, for its own databases and the plugin's `episodic_postgres`
+# alike (`episodic.testing.postgres`): the local one unless the environment names another.
+os.environ.setdefault(
+    "EPISODIC_TEST_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+)
 
 import pytest  # noqa: E402
 from sqlalchemy import Engine  # noqa: E402
@@ -33,7 +38,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 # Folders whose every test runs a Prefect harness or server (and the browser checks).
 _SERVER_FOLDERS = ("flows", "e2e", "docs", "ui")
-_SERVER_FIXTURES = {"s3_server", "postgres_databases"}
+_SERVER_FIXTURES = {"s3_server", "postgres_databases", "episodic_postgres", "episodic_prefect"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

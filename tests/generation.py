@@ -28,6 +28,7 @@ from episodic.pipeline.outcomes import RunOutcome
 from episodic.storage.admission import AdmissionStore
 from episodic.storage.plans import PlanStore
 from episodic.storage.runs import RunStore
+from episodic.testing.fake_jobs import FakeJobs
 
 
 def write_playlist(
@@ -76,10 +77,7 @@ def write_playlist(
 
 def provider_log(path: str | None = None) -> list[dict[str, Any]]:
     """The fake provider's log: `path`, default EPISODIC_FAKE_PROVIDER_LOG."""
-    path = path or os.environ["EPISODIC_FAKE_PROVIDER_LOG"]
-    if not Path(path).exists():
-        return []
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line]
+    return FakeJobs(Path(path or os.environ["EPISODIC_FAKE_PROVIDER_LOG"])).events()
 
 
 def stored_image(key: str) -> bytes:

@@ -20,7 +20,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PROJECT = Path(__file__).resolve().parents[1]
-PACKAGES = ("core", "storage", "providers", "pipeline", "tasks", "flows", "deployments", "cli")
+PACKAGES = (
+    "core",
+    "storage",
+    "providers",
+    "pipeline",
+    "tasks",
+    "flows",
+    "deployments",
+    "cli",
+    "testing",
+)
 
 
 @dataclass(frozen=True)

@@ -7,12 +7,13 @@ packages, the usual layout of a Prefect project."""
 from __future__ import annotations
 
 import json
+import shutil
 import zipfile
 from pathlib import Path
 
 import pytest
 
-from tests.installed import build_wheel, clean_env, install_wheel, run, team_repository
+from tests.installed import build_wheel, clean_env, install_wheel, run, team_repository, uv
 
 pytestmark = pytest.mark.slow
 
@@ -145,3 +146,62 @@ def test_init_in_a_team_repository_writes_its_prefect_yaml_and_makes_it_the_proj
     )
     assert refused.returncode == 2 and "is not an episodic project folder" in refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+
+
+_TEAM_TEST = """
+import sys
+from pathlib import Path
+
+PLAYLIST = Path(__file__).parent.parent / "playlists" / "weekly.yaml"
+
+
+def test_nothing_is_imported_for_a_test_that_asks_for_no_fixture():
+    assert "prefect" not in sys.modules and "episodic.testing.sandbox" not in sys.modules
+
+
+def test_my_week_buys_each_image_once(episodic_sandbox):
+    week = episodic_sandbox.plan(PLAYLIST, week="2026-W32")
+    week.generate(max_cost="0.60")
+    assert set(week.jobs_per_item().values()) == {1} and len(week.jobs_per_item()) == week.images
+
+
+def test_a_wrong_expectation(episodic_sandbox):
+    week = episodic_sandbox.plan(PLAYLIST, week="2026-W33")
+    week.generate(max_cost="0.60")
+    assert set(week.jobs_per_item().values()) == {2}  # deliberately wrong: each was bought once
+"""
+
+
+def test_a_team_tests_its_own_week_with_the_installed_plugin(venv: Path, tmp_path: Path) -> None:
+    """The wheel's pytest plugin in a fresh virtualenv (the wheel, its locked dependencies and
+    pytest: nothing of this checkout): a team's test of its week passes, a deliberately
+    wrong expectation fails, and a test that asks for no fixture imports none of it."""
+    from importlib.metadata import version
+
+    from episodic.core.resources import example_playlist
+
+    pins = [f"{name}=={version(name)}" for name in ("pytest", "pluggy", "iniconfig")]
+    installed = run(
+        [uv(), "pip", "install", "--quiet", *pins],
+        tmp_path,
+        {**clean_env(), "VIRTUAL_ENV": str(venv)},
+        timeout=600,
+    )
+    assert installed.returncode == 0, installed.stderr
+    team = team_repository(tmp_path)
+    playlists = team / "playlists"
+    shutil.copytree(example_playlist().parent / "reference", playlists / "reference")
+    shutil.copyfile(example_playlist(), playlists / "weekly.yaml")
+    (team / "tests").mkdir()
+    (team / "tests" / "test_week.py").write_text(_TEAM_TEST)
+    done = run(
+        [str(venv / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
+        team,
+        clean_env(),
+        timeout=600,
+    )
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out  # pytest: some test failed
+    assert "2 passed" in out and "1 failed" in out, out
+    assert "FAILED tests/test_week.py::test_a_wrong_expectation" in out, out
+    assert "{1} == {2}" in out, out  # the provider made one job per item, not two

@@ -18,7 +18,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "architecture.md"
-LAYERS = ("core", "storage", "providers", "pipeline", "tasks", "flows", "deployments", "cli")
+LAYERS = (
+    "core",
+    "storage",
+    "providers",
+    "pipeline",
+    "tasks",
+    "flows",
+    "deployments",
+    "cli",
+    "testing",
+)
 PACKAGE = "episodic"
 
 _LAYER_LINE = re.compile(r"^\*\*(\w+)\*\*")

@@ -31,6 +31,7 @@ RANK = {
     "flows": 4,
     "deployments": 5,
     "cli": 6,
+    "testing": 7,
 }
 ORCHESTRATOR = {"prefect", "prefect_dask", "dask", "distributed"}
 

@@ -79,7 +79,17 @@ def _imports(path: Path) -> set[str]:
 def test_only_the_kind_table_imports_an_adapter_outside_the_adapters() -> None:
     """So `providers.adapters` is the one place a client is built (tests and bench build their
     own)."""
-    product = ["core", "storage", "providers", "pipeline", "tasks", "flows", "deployments", "cli"]
+    product = [
+        "core",
+        "storage",
+        "providers",
+        "pipeline",
+        "tasks",
+        "flows",
+        "deployments",
+        "cli",
+        "testing",
+    ]
     wrong = {
         str(path.relative_to(ROOT)): sorted(_imports(path) & ADAPTER_MODULES)
         for package in product
