@@ -65,7 +65,7 @@ def environment(home: Path, database_url: str | None = None) -> dict[str, str | 
         "EPISODIC_HOME": str(home),
         "EPISODIC_FAKE_PROVIDER_LOG": str(home / "fake-provider-log.jsonl"),
         "EPISODIC_DATABASE_URL": database_url,
-        "EPISODIC_MEDIA_STORE": None,  # the state folder's own media/
+        "EPISODIC_MEDIA_URL": None,  # the state folder's own media/
         "EPISODIC_FAKE_PROVIDER_DIR": None,  # the state folder's own fake-provider/
     }
 

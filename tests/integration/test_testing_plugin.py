@@ -95,3 +95,14 @@ def test_a_sandbox_changes_the_environment_only_while_a_command_runs(
     other = Sandbox(tmp_path / "other")
     assert other.episodes() == []  # a second installation in the same test is its own
     assert episodic_sandbox.episodes() == ["2026-W32-0"]
+
+
+def test_a_sandbox_never_writes_into_the_shells_media_store(
+    episodic_sandbox: Sandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shells = tmp_path / "the-teams-real-store"
+    shells.mkdir()
+    monkeypatch.setenv("EPISODIC_MEDIA_URL", str(shells))
+    episodic_sandbox.plan(PLAYLIST, week="2026-W32").generate()
+    assert list(shells.iterdir()) == []
+    assert any((episodic_sandbox.home / "media").rglob("*.png"))
