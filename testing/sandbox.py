@@ -161,7 +161,7 @@ class Sandbox:
         `key` again is the same invocation: the same episode, planned again."""
         path = Path(playlist)
         if faults:
-            copy = self.home / "rehearsals" / f"{week}-{len(list(self._rehearsals()))}"
+            copy = self.home / "rehearsals" / f"{week}-{uuid.uuid4().hex[:12]}"
             path = with_faults(path, dict(faults), copy / path.name)
         key = key or f"test:{uuid.uuid4().hex}"
         allocated = self.episodic(
@@ -182,10 +182,6 @@ class Sandbox:
         """What the ledger says the pipeline spent, per currency (never summed across them)."""
         totals = self.episodic("spend", "--pipeline", self.pipeline, "--json").json["totals"]
         return {str(t["currency"]): Decimal(t["spent"]) for t in totals}
-
-    def _rehearsals(self) -> Iterator[Path]:
-        folder = self.home / "rehearsals"
-        return folder.iterdir() if folder.is_dir() else iter(())
 
 
 @dataclass(frozen=True)

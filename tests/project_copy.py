@@ -19,18 +19,10 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.house import PRODUCT_PACKAGES
+
 PROJECT = Path(__file__).resolve().parents[1]
-PACKAGES = (
-    "core",
-    "storage",
-    "providers",
-    "pipeline",
-    "tasks",
-    "flows",
-    "deployments",
-    "cli",
-    "testing",
-)
+PACKAGES = PRODUCT_PACKAGES
 
 
 @dataclass(frozen=True)

@@ -16,19 +16,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from bench.house import PRODUCT_PACKAGES
+
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "architecture.md"
-LAYERS = (
-    "core",
-    "storage",
-    "providers",
-    "pipeline",
-    "tasks",
-    "flows",
-    "deployments",
-    "cli",
-    "testing",
-)
+LAYERS = PRODUCT_PACKAGES
 PACKAGE = "episodic"
 
 _LAYER_LINE = re.compile(r"^\*\*(\w+)\*\*")

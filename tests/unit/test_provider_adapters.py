@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from bench import house
 from episodic.core.errors import ProviderConfigError
 from episodic.pipeline.provider_check import capability_row
 from episodic.providers.adapters import ADAPTERS, build_client
@@ -79,17 +80,7 @@ def _imports(path: Path) -> set[str]:
 def test_only_the_kind_table_imports_an_adapter_outside_the_adapters() -> None:
     """So `providers.adapters` is the one place a client is built (tests and bench build their
     own)."""
-    product = [
-        "core",
-        "storage",
-        "providers",
-        "pipeline",
-        "tasks",
-        "flows",
-        "deployments",
-        "cli",
-        "testing",
-    ]
+    product = house.PRODUCT_PACKAGES
     wrong = {
         str(path.relative_to(ROOT)): sorted(_imports(path) & ADAPTER_MODULES)
         for package in product
